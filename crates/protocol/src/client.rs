@@ -1,0 +1,1 @@
+//! Client side of the protocol: compose requests, parse responses.
