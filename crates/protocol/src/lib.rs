@@ -1,6 +1,7 @@
 //! The memcached text and meta protocol, for both directions.
 //!
 //! - [`request`] parses client requests (server side) and [`response`] composes replies;
+//! - [`meta`] holds the meta commands' keys and flags, shared by both directions;
 //! - [`client`] composes requests and parses replies (used by the proxy, bench and cluster).
 //!
 //! Parsing is incremental and zero-copy: a parsed request borrows its keys and data from the
@@ -8,3 +9,9 @@
 //! not an error.
 
 pub mod client;
+pub mod meta;
+pub mod request;
+pub mod response;
+
+pub use meta::{MetaCommand, MetaError, MetaFlags, MetaKey};
+pub use request::{parse, Keys, Limits, Parsed, ProtocolError, Request, StoreCommand, MAX_KEY_LEN};

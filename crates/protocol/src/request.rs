@@ -1,0 +1,619 @@
+//! Server side: parse client requests, incrementally and without copying.
+//!
+//! [`parse`] looks at the front of an input buffer and returns one of three outcomes:
+//!
+//! - [`Parsed::Request`]: a whole request, borrowing its keys and data from the buffer, and how
+//!   many bytes it used;
+//! - [`Parsed::Incomplete`]: the buffer holds the start of a request and more bytes are needed.
+//!   This is an expected outcome (a TCP read ends wherever it ends), not an error, so it is
+//!   not mapped onto an I/O error kind;
+//! - [`Parsed::Error`]: a bad request, with the reply memcached gives for it, how many bytes
+//!   to drop, how many more bytes of data to discard as they arrive (a refused large value is
+//!   swallowed, not parsed as commands) and whether the connection must close.
+//!
+//! The wording of every error is memcached 1.6's, checked against the real server.
+
+use crate::meta::{MetaCommand, MetaError, MetaFlags, MetaKey};
+
+/// Keys longer than this are refused (memcached's `KEY_MAX_LENGTH`).
+pub const MAX_KEY_LEN: usize = 250;
+
+/// Bounds the parser enforces so that a connection's memory stays bounded.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Largest value accepted by storage commands (memcached `-I`); larger ones are
+    /// answered `SERVER_ERROR object too large for cache` and their data is swallowed.
+    pub item_size_max: usize,
+    /// Longest command line, except for retrieval commands. memcached closes a connection
+    /// whose line passes 2048 bytes without a newline.
+    pub max_line: usize,
+    /// Longest retrieval line (`get`, `gets`, `gat`, `gats` with many keys).
+    pub max_get_line: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { item_size_max: 1024 * 1024, max_line: 2048, max_get_line: 256 * 1024 }
+    }
+}
+
+/// The five storage commands of the text protocol, plus `cas`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StoreCommand {
+    Set,
+    Add,
+    Replace,
+    Append,
+    Prepend,
+    Cas,
+}
+
+impl StoreCommand {
+    fn from_name(name: &[u8]) -> Option<Self> {
+        Some(match name {
+            b"set" => StoreCommand::Set,
+            b"add" => StoreCommand::Add,
+            b"replace" => StoreCommand::Replace,
+            b"append" => StoreCommand::Append,
+            b"prepend" => StoreCommand::Prepend,
+            b"cas" => StoreCommand::Cas,
+            _ => return None,
+        })
+    }
+}
+
+/// The keys of a retrieval command: a borrowed, already validated, space-separated list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Keys<'a>(&'a [u8]);
+
+impl<'a> Keys<'a> {
+    /// The keys in request order.
+    pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.0.split(|&b| b == b' ').filter(|k| !k.is_empty())
+    }
+}
+
+/// One parsed request. Keys and data borrow the input buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    /// `get`/`gets` (`cas` says which).
+    Get { keys: Keys<'a>, cas: bool },
+    /// `gat`/`gats`: get and touch.
+    Gat { exptime: i64, keys: Keys<'a>, cas: bool },
+    /// `set add replace append prepend cas`.
+    Store {
+        command: StoreCommand,
+        key: &'a [u8],
+        flags: u32,
+        exptime: i64,
+        data: &'a [u8],
+        /// The compare value of `cas`; 0 for the other commands.
+        cas_unique: u64,
+        noreply: bool,
+    },
+    /// `incr`/`decr`.
+    Arith { incr: bool, key: &'a [u8], delta: u64, noreply: bool },
+    Delete { key: &'a [u8], noreply: bool },
+    Touch { key: &'a [u8], exptime: i64, noreply: bool },
+    FlushAll { delay: i64, noreply: bool },
+    Verbosity { level: u32, noreply: bool },
+    Version,
+    Quit,
+    /// `stats` with an optional group name (`settings`, `items`, `slabs`, `conns`, `reset`…).
+    Stats { group: Option<&'a [u8]> },
+    /// A meta command (`mg ms md ma mn me`).
+    Meta { command: MetaCommand, key: MetaKey<'a>, flags: MetaFlags<'a>, data: &'a [u8] },
+}
+
+impl Request<'_> {
+    /// Whether the client asked for no reply on success (`noreply`).
+    pub fn noreply(&self) -> bool {
+        match *self {
+            Request::Store { noreply, .. }
+            | Request::Arith { noreply, .. }
+            | Request::Delete { noreply, .. }
+            | Request::Touch { noreply, .. }
+            | Request::FlushAll { noreply, .. }
+            | Request::Verbosity { noreply, .. } => noreply,
+            _ => false,
+        }
+    }
+}
+
+/// What was wrong with a request; [`ProtocolError::reply`] is memcached's answer to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("unknown command or wrong number of arguments")]
+    UnknownCommand,
+    #[error("bad command line format")]
+    BadFormat,
+    #[error("bad data chunk")]
+    BadDataChunk,
+    #[error("object too large for cache")]
+    TooLarge,
+    #[error("invalid exptime argument")]
+    InvalidExptime,
+    #[error("invalid numeric delta argument")]
+    InvalidDelta,
+    #[error("bad delete usage")]
+    DeleteUsage,
+    #[error("line too long")]
+    LineTooLong,
+    #[error("meta: {0}")]
+    Meta(MetaError),
+}
+
+impl ProtocolError {
+    /// The reply line, with its `\r\n`, exactly as memcached 1.6 writes it.
+    pub fn reply(&self) -> &'static [u8] {
+        match self {
+            ProtocolError::UnknownCommand => b"ERROR\r\n",
+            ProtocolError::BadFormat => b"CLIENT_ERROR bad command line format\r\n",
+            ProtocolError::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
+            ProtocolError::TooLarge => b"SERVER_ERROR object too large for cache\r\n",
+            ProtocolError::InvalidExptime => b"CLIENT_ERROR invalid exptime argument\r\n",
+            ProtocolError::InvalidDelta => b"CLIENT_ERROR invalid numeric delta argument\r\n",
+            ProtocolError::DeleteUsage => {
+                b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
+            }
+            ProtocolError::LineTooLong => b"CLIENT_ERROR line too long\r\n",
+            ProtocolError::Meta(e) => e.reply(),
+        }
+    }
+
+    /// Whether the connection is closed after the reply (the input can't be resynchronised).
+    pub fn closes(&self) -> bool {
+        matches!(self, ProtocolError::LineTooLong)
+    }
+}
+
+/// The outcome of looking at the front of an input buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Parsed<'a> {
+    /// A whole request that used `consumed` bytes.
+    Request { request: Request<'a>, consumed: usize },
+    /// More bytes are needed before anything can be said.
+    Incomplete,
+    /// A bad request: reply `error.reply()`, drop `consumed` bytes, then discard the next
+    /// `swallow` bytes as they arrive (possibly more than are buffered now).
+    Error { error: ProtocolError, consumed: usize, swallow: usize },
+}
+
+fn error(error: ProtocolError, consumed: usize) -> Parsed<'static> {
+    Parsed::Error { error, consumed, swallow: 0 }
+}
+
+/// Parses the request at the front of `buf`.
+pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
+    let Some(nl) = memchr::memchr(b'\n', buf) else {
+        return incomplete_line(buf, limits);
+    };
+    let line_end = nl + 1;
+    let mut line = &buf[..nl];
+    if let [rest @ .., b'\r'] = line {
+        line = rest;
+    }
+    if line.len() > limits.max_line && !is_retrieval(line) || line.len() > limits.max_get_line {
+        return error(ProtocolError::LineTooLong, line_end);
+    }
+    let mut tokens = Tokens::new(line);
+    let Some(name) = tokens.next() else {
+        return error(ProtocolError::UnknownCommand, line_end);
+    };
+    match name {
+        b"get" => parse_get(tokens, line_end, false),
+        b"gets" => parse_get(tokens, line_end, true),
+        b"gat" => parse_gat(tokens, line_end, false),
+        b"gats" => parse_gat(tokens, line_end, true),
+        b"mg" | b"ms" | b"md" | b"ma" | b"mn" | b"me" => parse_meta(name, tokens, buf, line_end, limits),
+        b"incr" | b"decr" => parse_arith(name == b"incr", tokens, line_end),
+        b"delete" => parse_delete(tokens, line_end),
+        b"touch" => parse_touch(tokens, line_end),
+        b"flush_all" => parse_flush_all(tokens, line_end),
+        b"verbosity" => parse_verbosity(tokens, line_end),
+        b"version" if tokens.rest_is_empty() => request(Request::Version, line_end),
+        b"quit" if tokens.rest_is_empty() => request(Request::Quit, line_end),
+        b"stats" => {
+            let group = tokens.next();
+            if tokens.rest_is_empty() {
+                request(Request::Stats { group }, line_end)
+            } else {
+                error(ProtocolError::UnknownCommand, line_end)
+            }
+        }
+        _ => match StoreCommand::from_name(name) {
+            Some(command) => parse_store(command, tokens, buf, line_end, limits),
+            None => error(ProtocolError::UnknownCommand, line_end),
+        },
+    }
+}
+
+fn request(request: Request<'_>, consumed: usize) -> Parsed<'_> {
+    Parsed::Request { request, consumed }
+}
+
+/// No newline yet: wait, unless the line is already longer than any valid one.
+fn incomplete_line(buf: &[u8], limits: &Limits) -> Parsed<'static> {
+    let limit = if is_retrieval(buf) { limits.max_get_line } else { limits.max_line };
+    if buf.len() > limit {
+        error(ProtocolError::LineTooLong, buf.len())
+    } else {
+        Parsed::Incomplete
+    }
+}
+
+fn is_retrieval(line: &[u8]) -> bool {
+    let start = line.iter().position(|&b| b != b' ').unwrap_or(line.len());
+    let line = &line[start..];
+    [&b"get "[..], b"gets ", b"gat ", b"gats "].iter().any(|p| line.starts_with(p))
+}
+
+/// Splits a command line on spaces (memcached's tokenizer: runs of spaces are one separator).
+#[derive(Clone)]
+pub(crate) struct Tokens<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Tokens<'a> {
+    pub(crate) fn new(line: &'a [u8]) -> Self {
+        Tokens { rest: line }
+    }
+
+    /// The unsplit remainder, leading spaces removed.
+    pub(crate) fn remainder(&self) -> &'a [u8] {
+        let start = self.rest.iter().position(|&b| b != b' ').unwrap_or(self.rest.len());
+        &self.rest[start..]
+    }
+
+    pub(crate) fn rest_is_empty(&self) -> bool {
+        self.remainder().is_empty()
+    }
+
+    pub(crate) fn token_count(&self) -> usize {
+        self.clone().fold(0, |n, _| n + 1)
+    }
+}
+
+impl<'a> Iterator for Tokens<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = self.remainder();
+        if rest.is_empty() {
+            self.rest = rest;
+            return None;
+        }
+        let end = memchr::memchr(b' ', rest).unwrap_or(rest.len());
+        self.rest = &rest[end..];
+        Some(&rest[..end])
+    }
+}
+
+/// A key as memcached accepts it: 1..=250 bytes, no control characters (spaces can't occur:
+/// they separate tokens).
+pub fn valid_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
+pub(crate) fn parse_u64(t: &[u8]) -> Option<u64> {
+    if t.is_empty() || t.len() > 20 {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &b in t {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(v)
+}
+
+pub(crate) fn parse_i64(t: &[u8]) -> Option<i64> {
+    match t {
+        [b'-', digits @ ..] => parse_u64(digits).and_then(|v| 0i64.checked_sub_unsigned(v)),
+        _ => parse_u64(t).and_then(|v| i64::try_from(v).ok()),
+    }
+}
+
+fn parse_u32(t: &[u8]) -> Option<u32> {
+    parse_u64(t).and_then(|v| u32::try_from(v).ok())
+}
+
+fn is_noreply(t: Option<&[u8]>) -> Option<bool> {
+    match t {
+        None => Some(false),
+        Some(b"noreply") => Some(true),
+        Some(_) => None,
+    }
+}
+
+fn parse_keys<'a>(tokens: &Tokens<'a>, line_end: usize) -> Result<Keys<'a>, Parsed<'static>> {
+    let rest = tokens.remainder();
+    if Tokens::new(rest).any(|k| !valid_key(k)) {
+        return Err(error(ProtocolError::BadFormat, line_end));
+    }
+    Ok(Keys(rest))
+}
+
+fn parse_get(tokens: Tokens<'_>, line_end: usize, cas: bool) -> Parsed<'_> {
+    if tokens.rest_is_empty() {
+        return error(ProtocolError::UnknownCommand, line_end);
+    }
+    match parse_keys(&tokens, line_end) {
+        Ok(keys) => request(Request::Get { keys, cas }, line_end),
+        Err(e) => e,
+    }
+}
+
+fn parse_gat(mut tokens: Tokens<'_>, line_end: usize, cas: bool) -> Parsed<'_> {
+    let Some(t) = tokens.next() else {
+        return error(ProtocolError::UnknownCommand, line_end);
+    };
+    let Some(exptime) = parse_i64(t) else {
+        return error(ProtocolError::InvalidExptime, line_end);
+    };
+    match parse_keys(&tokens, line_end) {
+        Ok(keys) => request(Request::Gat { exptime, keys, cas }, line_end),
+        Err(e) => e,
+    }
+}
+
+fn parse_store<'a>(
+    command: StoreCommand,
+    tokens: Tokens<'a>,
+    buf: &'a [u8],
+    line_end: usize,
+    limits: &Limits,
+) -> Parsed<'a> {
+    let args: [Option<&[u8]>; 6] = {
+        let mut t = tokens.clone();
+        [t.next(), t.next(), t.next(), t.next(), t.next(), t.next()]
+    };
+    let n = tokens.token_count();
+    let want = if command == StoreCommand::Cas { 5 } else { 4 };
+    if n != want && n != want + 1 {
+        return error(ProtocolError::UnknownCommand, line_end);
+    }
+    let [Some(key), Some(flags), Some(exptime), Some(len), extra1, extra2] = args else {
+        return error(ProtocolError::UnknownCommand, line_end);
+    };
+    let (cas_token, noreply_token) =
+        if command == StoreCommand::Cas { (extra1, extra2) } else { (None, extra1) };
+    if !valid_key(key) {
+        return error(ProtocolError::BadFormat, line_end);
+    }
+    let (Some(flags), Some(exptime), Some(len)) = (parse_u32(flags), parse_i64(exptime), parse_i64(len))
+    else {
+        return error(ProtocolError::BadFormat, line_end);
+    };
+    let cas_unique = match cas_token {
+        Some(t) => match parse_u64(t) {
+            Some(v) => v,
+            None => return error(ProtocolError::BadFormat, line_end),
+        },
+        None => 0,
+    };
+    let Some(noreply) = is_noreply(noreply_token) else {
+        return error(ProtocolError::BadFormat, line_end);
+    };
+    data_block(len, buf, line_end, limits, |data| Request::Store {
+        command,
+        key,
+        flags,
+        exptime,
+        data,
+        cas_unique,
+        noreply,
+    })
+}
+
+/// The data block that follows a storage command line: `len` bytes and `\r\n`.
+pub(crate) fn data_block<'a>(
+    len: i64,
+    buf: &'a [u8],
+    line_end: usize,
+    limits: &Limits,
+    make: impl FnOnce(&'a [u8]) -> Request<'a>,
+) -> Parsed<'a> {
+    // memcached refuses negative lengths and those near i32::MAX without reading any data.
+    let Some(len) = usize::try_from(len).ok().filter(|&l| l <= i32::MAX as usize - 2) else {
+        return error(ProtocolError::BadFormat, line_end);
+    };
+    if len > limits.item_size_max {
+        return Parsed::Error { error: ProtocolError::TooLarge, consumed: line_end, swallow: len + 2 };
+    }
+    let end = line_end + len + 2;
+    if buf.len() < end {
+        return Parsed::Incomplete;
+    }
+    if &buf[end - 2..end] != b"\r\n" {
+        return error(ProtocolError::BadDataChunk, end);
+    }
+    request(make(&buf[line_end..end - 2]), end)
+}
+
+fn parse_arith(incr: bool, mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
+    let n = tokens.token_count();
+    let (Some(key), Some(delta)) = (tokens.next(), tokens.next()) else {
+        return error(ProtocolError::UnknownCommand, line_end);
+    };
+    if n > 3 {
+        return error(ProtocolError::UnknownCommand, line_end);
+    }
+    if !valid_key(key) {
+        return error(ProtocolError::BadFormat, line_end);
+    }
+    let Some(delta) = parse_u64(delta) else {
+        return error(ProtocolError::InvalidDelta, line_end);
+    };
+    match is_noreply(tokens.next()) {
+        Some(noreply) => request(Request::Arith { incr, key, delta, noreply }, line_end),
+        None => error(ProtocolError::BadFormat, line_end),
+    }
+}
+
+fn parse_delete(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
+    let n = tokens.token_count();
+    let Some(key) = tokens.next() else {
+        return error(ProtocolError::UnknownCommand, line_end);
+    };
+    if n > 3 {
+        return error(ProtocolError::UnknownCommand, line_end);
+    }
+    if !valid_key(key) {
+        return error(ProtocolError::BadFormat, line_end);
+    }
+    // memcached still accepts the legacy `delete <key> 0 [noreply]`; any other time is an error.
+    let mut next = tokens.next();
+    if next == Some(b"0") {
+        next = tokens.next();
+    } else if n == 3 {
+        return error(ProtocolError::DeleteUsage, line_end);
+    }
+    match is_noreply(next) {
+        Some(noreply) => request(Request::Delete { key, noreply }, line_end),
+        None => error(ProtocolError::DeleteUsage, line_end),
+    }
+}
+
+fn parse_touch(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
+    let n = tokens.token_count();
+    let (Some(key), Some(exptime)) = (tokens.next(), tokens.next()) else {
+        return error(ProtocolError::UnknownCommand, line_end);
+    };
+    if n > 3 {
+        return error(ProtocolError::UnknownCommand, line_end);
+    }
+    if !valid_key(key) {
+        return error(ProtocolError::BadFormat, line_end);
+    }
+    let Some(exptime) = parse_i64(exptime) else {
+        return error(ProtocolError::InvalidExptime, line_end);
+    };
+    match is_noreply(tokens.next()) {
+        Some(noreply) => request(Request::Touch { key, exptime, noreply }, line_end),
+        None => error(ProtocolError::BadFormat, line_end),
+    }
+}
+
+fn parse_flush_all(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
+    let mut delay = 0;
+    let mut noreply = false;
+    if let Some(t) = tokens.next() {
+        if t == b"noreply" {
+            noreply = true;
+        } else {
+            let Some(d) = parse_i64(t) else {
+                return error(ProtocolError::InvalidExptime, line_end);
+            };
+            delay = d;
+            match is_noreply(tokens.next()) {
+                Some(n) => noreply = n,
+                None => return error(ProtocolError::UnknownCommand, line_end),
+            }
+        }
+    }
+    if !tokens.rest_is_empty() {
+        return error(ProtocolError::UnknownCommand, line_end);
+    }
+    request(Request::FlushAll { delay, noreply }, line_end)
+}
+
+fn parse_verbosity(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
+    let Some(level) = tokens.next() else {
+        return error(ProtocolError::UnknownCommand, line_end);
+    };
+    let Some(level) = parse_u32(level) else {
+        return error(ProtocolError::BadFormat, line_end);
+    };
+    match is_noreply(tokens.next()) {
+        Some(noreply) if tokens.rest_is_empty() => {
+            request(Request::Verbosity { level, noreply }, line_end)
+        }
+        _ => error(ProtocolError::UnknownCommand, line_end),
+    }
+}
+
+fn parse_meta<'a>(
+    name: &[u8],
+    mut tokens: Tokens<'a>,
+    buf: &'a [u8],
+    line_end: usize,
+    limits: &Limits,
+) -> Parsed<'a> {
+    let command = match name {
+        b"mg" => MetaCommand::Get,
+        b"ms" => MetaCommand::Set,
+        b"md" => MetaCommand::Delete,
+        b"ma" => MetaCommand::Arith,
+        b"me" => MetaCommand::Debug,
+        _ => {
+            // `mn` takes no key and no flags: anything after it is ignored, as memcached does.
+            return request(
+                Request::Meta {
+                    command: MetaCommand::Noop,
+                    key: MetaKey::empty(),
+                    flags: MetaFlags::default(),
+                    data: &[],
+                },
+                line_end,
+            );
+        }
+    };
+    let Some(raw_key) = tokens.next() else {
+        return error(ProtocolError::UnknownCommand, line_end);
+    };
+    let mut datalen = None;
+    if command == MetaCommand::Set {
+        let Some(len) = tokens.next().and_then(parse_i64) else {
+            return error(ProtocolError::BadFormat, line_end);
+        };
+        datalen = Some(len);
+    }
+    let flags = match MetaFlags::parse(command, tokens.remainder()) {
+        Ok(f) => f,
+        Err(e) => return meta_error(e, command, datalen, buf, line_end, limits),
+    };
+    let key = match MetaKey::new(raw_key, flags.base64) {
+        Ok(k) => k,
+        Err(e) => return meta_error(e, command, datalen, buf, line_end, limits),
+    };
+    match datalen {
+        Some(len) => data_block(len, buf, line_end, limits, |data| Request::Meta {
+            command,
+            key,
+            flags,
+            data,
+        }),
+        None => request(Request::Meta { command, key, flags, data: &[] }, line_end),
+    }
+}
+
+/// A meta request whose line is bad. For `ms`, memcached still consumes the data block
+/// (when it can tell its length), so the value is not parsed as commands.
+fn meta_error<'a>(
+    e: MetaError,
+    command: MetaCommand,
+    datalen: Option<i64>,
+    buf: &'a [u8],
+    line_end: usize,
+    limits: &Limits,
+) -> Parsed<'a> {
+    let err = match e {
+        MetaError::BadKey => ProtocolError::BadFormat,
+        other => ProtocolError::Meta(other),
+    };
+    if command == MetaCommand::Set && err != ProtocolError::BadFormat {
+        if let Some(len) = datalen.and_then(|l| usize::try_from(l).ok()) {
+            if len <= limits.item_size_max {
+                let end = line_end + len + 2;
+                if buf.len() < end {
+                    return Parsed::Incomplete;
+                }
+                return error(err, end);
+            }
+        }
+    }
+    error(err, line_end)
+}
