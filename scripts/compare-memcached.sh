@@ -16,7 +16,7 @@ trap 'kill $kv $mc 2>/dev/null; wait 2>/dev/null' EXIT
 for p in "$kv_port" "$mc_port"; do
   for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$p) 2>/dev/null && break; sleep 0.05; done
 done
-tps() { memcaslap -s "127.0.0.1:$1" -t "${secs}s" -c "$conns" -T 1 2>&1 | awk '/^Run time/ {print $6}'; }
+tps() { memcaslap -s "127.0.0.1:$1" -t "${secs}s" -c "$conns" -T 1 2>&1 | awk '/^Run time/ {print $7}'; }
 kv_runs=(); mc_runs=()
 for i in $(seq "$runs"); do
   k=$(tps "$kv_port"); m=$(tps "$mc_port")

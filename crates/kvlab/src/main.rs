@@ -1,11 +1,16 @@
 //! The `kvlab` binary: one command line over every kvlab crate.
 
 mod bench_cmd;
+mod server_cmd;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "kvlab", version, about = "Run and measure memcached-style caches")]
+#[command(
+    name = "kvlab",
+    version,
+    about = "Run and measure memcached-style caches"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -13,13 +18,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// memcached-compatible cache server (takes memcached's flags).
+    Server(server_cmd::ServerArgs),
     /// Load generator: open and closed loop, honest latencies.
-    Bench(bench_cmd::BenchArgs),
+    Bench(Box<bench_cmd::BenchArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Bench(args) => bench_cmd::run(args),
+        Command::Server(args) => server_cmd::run(args),
+        Command::Bench(args) => bench_cmd::run(*args),
     }
 }

@@ -1,1 +1,297 @@
-//! placeholder
+//! kvlab's memcached-compatible server.
+//!
+//! The request path, outside in:
+//!
+//! ```text
+//! socket ──► I/O driver (reactor) ──► Session (sans-IO) ──► protocol::parse ──► Engine ──► Store
+//!        ◄──                      ◄──                   ◄── protocol::response ◄──
+//! ```
+//!
+//! - [`session`]: bytes in, bytes out; pipelining, ordering, bounded buffers;
+//! - [`engine`]: memcached command semantics over the store, reply composition;
+//! - [`reactor`]: the default I/O driver, one epoll loop per worker thread;
+//! - [`stats`]: memcached's `stats` fields, service-time percentiles, Prometheus text;
+//! - [`metrics`]: the optional HTTP endpoint serving `/metrics`;
+//! - [`http`]: the optional REST interface to the same store.
+
+pub mod engine;
+pub mod http;
+pub mod metrics;
+pub mod reactor;
+pub mod session;
+pub mod stats;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvlab_protocol::Limits;
+use kvlab_store::{Clock, Config as StoreConfig, Policy, Store, SystemClock};
+use parking_lot::{Condvar, Mutex};
+
+use crate::stats::{ServerStats, WorkerStats};
+
+pub use engine::{Engine, Flow};
+pub use session::Session;
+
+/// memcached's reply to a connection over the `-c` limit.
+pub const TOO_MANY_CONNECTIONS: &[u8] = kvlab_protocol::response::TOO_MANY_CONNECTIONS;
+
+/// Which I/O driver runs the sessions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoModel {
+    /// One epoll event loop per worker thread (the default).
+    Reactor,
+}
+
+impl IoModel {
+    /// Every driver, for tests that must pass under each.
+    pub const ALL: &'static [IoModel] = &[IoModel::Reactor];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            IoModel::Reactor => "reactor",
+        }
+    }
+}
+
+impl std::str::FromStr for IoModel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        IoModel::ALL
+            .iter()
+            .copied()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| format!("unknown I/O model {s:?} (known: reactor)"))
+    }
+}
+
+/// Everything `kvlab server` can be told.
+#[derive(Clone)]
+pub struct ServerConfig {
+    /// Address to listen on (`-l`, `-p`); port 0 picks a free one.
+    pub listen: SocketAddr,
+    /// Worker threads (`-t`).
+    pub threads: usize,
+    /// Cache memory limit in bytes (`-m` is in MiB).
+    pub memory_limit: usize,
+    /// Connection limit (`-c`).
+    pub max_connections: usize,
+    /// Largest item (`-I`).
+    pub item_size_max: usize,
+    /// Eviction policy (`--eviction`; `-M` means `none`).
+    pub policy: Policy,
+    /// I/O driver (`--io`).
+    pub io: IoModel,
+    /// Where to serve Prometheus `/metrics` (`--metrics-port`), if anywhere.
+    pub metrics: Option<SocketAddr>,
+    /// Where to serve the REST interface (`--http-port`), if anywhere.
+    pub http: Option<SocketAddr>,
+    /// Bearer token that authorises `POST /shutdown` on the REST interface.
+    pub admin_token: Option<String>,
+    /// The store's clock; tests pass a manual one.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 11211)),
+            threads: 4,
+            memory_limit: 64 * 1024 * 1024,
+            max_connections: 1024,
+            item_size_max: 1024 * 1024,
+            policy: Policy::Lru,
+            io: IoModel::Reactor,
+            metrics: None,
+            http: None,
+            admin_token: None,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// State every thread of a running server shares.
+pub struct Shared {
+    pub store: Arc<Store>,
+    pub stats: Arc<ServerStats>,
+    pub limits: Limits,
+    /// Set when the threads must stop; they check it after every wake-up.
+    pub shutdown: AtomicBool,
+    /// A request to stop (signal, `POST /shutdown`) that [`Server::wait`] is waiting for.
+    stop_requested: Mutex<bool>,
+    stop_cv: Condvar,
+}
+
+impl Shared {
+    /// Asks the owner of the [`Server`] to shut it down; returns at once.
+    pub fn request_stop(&self) {
+        *self.stop_requested.lock() = true;
+        self.stop_cv.notify_all();
+    }
+}
+
+/// A cloneable handle that asks a running server to stop (for signal handlers).
+#[derive(Clone)]
+pub struct StopHandle(Arc<Shared>);
+
+impl StopHandle {
+    pub fn request_stop(&self) {
+        self.0.request_stop();
+    }
+}
+
+/// A running server.
+pub struct Server {
+    addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    shared: Arc<Shared>,
+    reactor: Option<reactor::Reactor>,
+    metrics: Option<metrics::MetricsServer>,
+    http: Option<http::HttpServer>,
+    http_addr: Option<SocketAddr>,
+}
+
+impl Server {
+    /// Binds the listener and starts the driver's threads. Returns once the server accepts
+    /// connections.
+    pub fn start(config: ServerConfig) -> io::Result<Server> {
+        if config.threads == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "threads must be at least 1",
+            ));
+        }
+        let listener = std::net::TcpListener::bind(config.listen)?;
+        let addr = listener.local_addr()?;
+        let store = Arc::new(Store::new(
+            StoreConfig {
+                memory_limit: config.memory_limit,
+                item_size_max: config.item_size_max,
+                policy: config.policy,
+                shards: 0,
+            },
+            config.clock.clone(),
+        ));
+        let stats = Arc::new(ServerStats {
+            started: Instant::now(),
+            started_unix: stats::unix_now(),
+            curr_connections: AtomicUsize::new(0),
+            total_connections: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+            max_connections: config.max_connections,
+            verbosity: AtomicU64::new(0),
+            workers: (0..config.threads)
+                .map(|_| Arc::new(WorkerStats::default()))
+                .collect(),
+            threads: config.threads,
+            item_size_max: config.item_size_max,
+            policy: config.policy.to_string(),
+            port: addr.port(),
+            io_model: config.io.name(),
+        });
+        let limits = Limits {
+            item_size_max: config.item_size_max,
+            ..Limits::default()
+        };
+        let shared = Arc::new(Shared {
+            store,
+            stats,
+            limits,
+            shutdown: AtomicBool::new(false),
+            stop_requested: Mutex::new(false),
+            stop_cv: Condvar::new(),
+        });
+        let metrics = match config.metrics {
+            Some(at) => Some(metrics::MetricsServer::start(at, shared.clone())?),
+            None => None,
+        };
+        let metrics_addr = metrics.as_ref().map(|m| m.addr());
+        let http = match config.http {
+            Some(at) => Some(http::HttpServer::start(
+                at,
+                shared.clone(),
+                config.admin_token.clone(),
+            )?),
+            None => None,
+        };
+        let http_addr = http.as_ref().map(|h| h.addr());
+        let reactor = match config.io {
+            IoModel::Reactor => reactor::Reactor::start(listener, shared.clone())?,
+        };
+        Ok(Server {
+            addr,
+            metrics_addr,
+            shared,
+            reactor: Some(reactor),
+            metrics,
+            http,
+            http_addr,
+        })
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address of the `/metrics` endpoint, when enabled.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The address of the REST interface, when enabled.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http_addr
+    }
+
+    /// The store, shared with every front end.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.shared.store
+    }
+
+    /// The state the front ends share (store, stats, limits).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// A handle that asks this server to stop.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(self.shared.clone())
+    }
+
+    /// Blocks until something asks the server to stop ([`StopHandle::request_stop`]).
+    pub fn wait(&self) {
+        let mut requested = self.shared.stop_requested.lock();
+        while !*requested {
+            self.shared.stop_cv.wait(&mut requested);
+        }
+    }
+
+    /// Stops accepting, closes every connection after flushing what it has composed, and
+    /// waits for the threads to finish.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.shutdown.store(true, SeqCst);
+        if let Some(r) = self.reactor.take() {
+            r.stop();
+        }
+        if let Some(m) = self.metrics.take() {
+            m.stop();
+        }
+        if let Some(h) = self.http.take() {
+            h.stop();
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,157 @@
+//! `kvlab server`: memcached's flags with memcached's meanings, so it is a drop-in
+//! replacement (`kvlab server -p 11211 -t 4 -m 64`).
+
+use std::net::{IpAddr, SocketAddr};
+
+use anyhow::Context as _;
+use clap::Args;
+use kvlab_server::{IoModel, Server, ServerConfig};
+use kvlab_store::Policy;
+
+/// Flags of `kvlab server`.
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// TCP port to listen on (0 picks a free port and prints it).
+    #[arg(short = 'p', long = "port", default_value_t = 11211)]
+    port: u16,
+    /// Interface to listen on.
+    #[arg(short = 'l', long = "listen", default_value = "127.0.0.1")]
+    listen: IpAddr,
+    /// Number of worker threads, each with its own event loop.
+    #[arg(short = 't', long = "threads", default_value_t = 4)]
+    threads: usize,
+    /// Item memory in megabytes: keys, values and per-item overhead never exceed it.
+    #[arg(short = 'm', long = "memory-limit", default_value_t = 64)]
+    memory_mb: usize,
+    /// Maximum simultaneous connections; one more is answered
+    /// "ERROR Too many open connections" and closed.
+    #[arg(short = 'c', long = "conn-limit", default_value_t = 1024)]
+    conn_limit: usize,
+    /// Largest item size, in bytes or with a k/m suffix (1m = 1 MiB); larger values are
+    /// refused with "SERVER_ERROR object too large for cache".
+    #[arg(short = 'I', long = "max-item-size", default_value = "1m", value_parser = parse_size)]
+    item_size_max: usize,
+    /// Return "SERVER_ERROR out of memory storing object" instead of evicting (same as
+    /// --eviction none).
+    #[arg(short = 'M', long = "disable-evictions")]
+    disable_evictions: bool,
+    /// Eviction policy when memory is full: lru, lfu, fifo, largest (largest values
+    /// first) or none (refuse new items, like -M).
+    #[arg(long = "eviction", default_value = "lru")]
+    eviction: Policy,
+    /// I/O model: reactor (one epoll loop per worker thread).
+    #[arg(long = "io", default_value = "reactor")]
+    io: IoModel,
+    /// Serve Prometheus text at http://LISTEN:PORT/metrics.
+    #[arg(long = "metrics-port")]
+    metrics_port: Option<u16>,
+    /// Serve the cache over HTTP/JSON (REST) on this port, sharing the store.
+    #[arg(long = "http-port")]
+    http_port: Option<u16>,
+    /// Bearer token that authorises POST /shutdown on the HTTP port (without it, 403).
+    #[arg(long = "admin-token", env = "KVLAB_ADMIN_TOKEN")]
+    admin_token: Option<String>,
+    /// UDP port; kvlab serves TCP only, so only 0 (off, memcached's default) is accepted.
+    #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
+    udp_port: u16,
+    /// Verbose: -v logs errors and warnings and connection events, -vv each bad request.
+    #[arg(short = 'v', action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let (digits, mult) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 1024),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 1024 * 1024),
+        _ => (s, 1),
+    };
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 1048576, 512k, 1m)"))?;
+    let size = n.checked_mul(mult).ok_or("size too large")?;
+    if !(1024..=1024 * 1024 * 1024).contains(&size) {
+        return Err(format!("item size {size} out of range (1k..1024m)"));
+    }
+    Ok(size)
+}
+
+/// Log level for memcached's -v count.
+pub fn init_logging(verbose: u8) {
+    let level = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs `kvlab server` until SIGINT or SIGTERM.
+pub fn run(args: ServerArgs) -> anyhow::Result<()> {
+    init_logging(args.verbose);
+    if args.udp_port != 0 {
+        anyhow::bail!("UDP is not supported: use -U 0 (the default)");
+    }
+    let policy = if args.disable_evictions {
+        Policy::None
+    } else {
+        args.eviction
+    };
+    let memory_limit = args
+        .memory_mb
+        .checked_mul(1024 * 1024)
+        .context("memory limit too large")?;
+    let config = ServerConfig {
+        listen: SocketAddr::new(args.listen, args.port),
+        threads: args.threads,
+        memory_limit,
+        max_connections: args.conn_limit,
+        item_size_max: args.item_size_max,
+        policy,
+        io: args.io,
+        metrics: args.metrics_port.map(|p| SocketAddr::new(args.listen, p)),
+        http: args.http_port.map(|p| SocketAddr::new(args.listen, p)),
+        admin_token: args.admin_token.clone(),
+        ..ServerConfig::default()
+    };
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .context("installing signal handlers")?;
+    let server = Server::start(config)
+        .with_context(|| format!("starting server on {}:{}", args.listen, args.port))?;
+    eprintln!(
+        "kvlab server listening on {} ({} threads, {} MiB, eviction {}, io {}){}",
+        server.addr(),
+        args.threads,
+        args.memory_mb,
+        policy,
+        args.io.name(),
+        server
+            .metrics_addr()
+            .map(|a| format!(", metrics on http://{a}/metrics"))
+            .unwrap_or_default()
+            + &server
+                .http_addr()
+                .map(|a| format!(", REST on http://{a}/"))
+                .unwrap_or_default()
+    );
+    let stop = server.stop_handle();
+    std::thread::Builder::new()
+        .name("kvlab-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                eprintln!("kvlab server: signal {sig}, shutting down");
+                stop.request_stop();
+            }
+        })?;
+    server.wait();
+    server.shutdown();
+    Ok(())
+}

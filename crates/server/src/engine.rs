@@ -1,0 +1,502 @@
+//! The cache engine: applies parsed requests to the [`Store`] and composes the replies.
+//!
+//! One `Engine` belongs to one worker thread (it holds that worker's counters), so nothing
+//! here takes a lock except the store's own shard locks.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use kvlab_protocol::response::{self as r, push_i64, push_u64};
+use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey, Request, StoreCommand};
+use kvlab_store::{
+    ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
+    SetStatus, Store,
+};
+
+use crate::stats::{ServerStats, WorkerStats, VERSION};
+
+/// What the session does after a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// Flush what is composed, then close (`quit`).
+    Close,
+}
+
+/// Applies requests for one worker thread.
+pub struct Engine {
+    pub store: Arc<Store>,
+    pub server: Arc<ServerStats>,
+    pub worker: Arc<WorkerStats>,
+}
+
+impl Engine {
+    pub fn new(store: Arc<Store>, server: Arc<ServerStats>, worker: Arc<WorkerStats>) -> Self {
+        Engine {
+            store,
+            server,
+            worker,
+        }
+    }
+
+    /// Applies one request and appends its reply (if any) to `out`.
+    pub fn execute(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
+        match *req {
+            Request::Get { keys, cas } => {
+                let mut n = 0;
+                for key in keys.iter() {
+                    n += 1;
+                    if let Some(item) = self.store.get(key) {
+                        r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
+                    }
+                }
+                WorkerStats::add(&self.worker.cmd_get, n);
+                out.extend_from_slice(r::END);
+            }
+            Request::Gat { exptime, keys, cas } => {
+                let mut n = 0;
+                for key in keys.iter() {
+                    n += 1;
+                    if let Some(item) = self.store.get_and_touch(key, exptime) {
+                        r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
+                    }
+                }
+                WorkerStats::add(&self.worker.cmd_get, n);
+                WorkerStats::add(&self.worker.cmd_touch, n);
+                out.extend_from_slice(r::END);
+            }
+            Request::Store {
+                command,
+                key,
+                flags,
+                exptime,
+                data,
+                cas_unique,
+                noreply,
+            } => {
+                WorkerStats::add(&self.worker.cmd_set, 1);
+                let (mode, compare_cas) = match command {
+                    StoreCommand::Set => (SetMode::Set, None),
+                    StoreCommand::Add => (SetMode::Add, None),
+                    StoreCommand::Replace => (SetMode::Replace, None),
+                    StoreCommand::Append => (SetMode::Append, None),
+                    StoreCommand::Prepend => (SetMode::Prepend, None),
+                    StoreCommand::Cas => (SetMode::Set, Some(cas_unique)),
+                };
+                let status = self.store.set(&SetRequest {
+                    mode,
+                    key,
+                    value: data,
+                    flags,
+                    exptime,
+                    compare_cas,
+                    new_cas: None,
+                    invalidate: false,
+                });
+                let reply = match status {
+                    SetStatus::Stored { .. } => r::STORED,
+                    SetStatus::NotStored => r::NOT_STORED,
+                    SetStatus::Exists => r::EXISTS,
+                    SetStatus::NotFound => r::NOT_FOUND,
+                    SetStatus::TooLarge => r::TOO_LARGE,
+                    SetStatus::OutOfMemory => r::OUT_OF_MEMORY,
+                };
+                let is_error = matches!(status, SetStatus::TooLarge | SetStatus::OutOfMemory);
+                if !noreply || is_error {
+                    out.extend_from_slice(reply);
+                }
+            }
+            Request::Arith {
+                incr,
+                key,
+                delta,
+                noreply,
+            } => {
+                let req = ArithRequest {
+                    incr,
+                    delta,
+                    compare_cas: None,
+                    new_cas: None,
+                    vivify: None,
+                    touch: None,
+                };
+                match self.store.arith(key, &req) {
+                    ArithStatus::Ok { value, .. } if !noreply => r::number(out, value),
+                    ArithStatus::Ok { .. } => {}
+                    ArithStatus::NotFound | ArithStatus::Exists if !noreply => {
+                        out.extend_from_slice(r::NOT_FOUND)
+                    }
+                    ArithStatus::NotFound | ArithStatus::Exists => {}
+                    ArithStatus::NonNumeric => out.extend_from_slice(r::NON_NUMERIC),
+                    ArithStatus::OutOfMemory => out.extend_from_slice(r::OUT_OF_MEMORY),
+                }
+            }
+            Request::Delete { key, noreply } => {
+                let reply = if self.store.delete(key) {
+                    r::DELETED
+                } else {
+                    r::NOT_FOUND
+                };
+                if !noreply {
+                    out.extend_from_slice(reply);
+                }
+            }
+            Request::Touch {
+                key,
+                exptime,
+                noreply,
+            } => {
+                WorkerStats::add(&self.worker.cmd_touch, 1);
+                let reply = if self.store.touch(key, exptime) {
+                    r::TOUCHED
+                } else {
+                    r::NOT_FOUND
+                };
+                if !noreply {
+                    out.extend_from_slice(reply);
+                }
+            }
+            Request::FlushAll { delay, noreply } => {
+                WorkerStats::add(&self.worker.cmd_flush, 1);
+                self.store.flush_all(delay);
+                if !noreply {
+                    out.extend_from_slice(r::OK);
+                }
+            }
+            Request::Verbosity { level, noreply } => {
+                self.server.verbosity.store(u64::from(level), Relaxed);
+                if !noreply {
+                    out.extend_from_slice(r::OK);
+                }
+            }
+            Request::Version => r::version(out, VERSION),
+            Request::Quit => return Flow::Close,
+            Request::Stats { group } => self.stats(group, out),
+            Request::Meta {
+                command,
+                key,
+                flags,
+                data,
+            } => {
+                WorkerStats::add(&self.worker.cmd_meta, 1);
+                self.meta(command, key, &flags, data, out);
+            }
+        }
+        Flow::Continue
+    }
+
+    fn stats(&mut self, group: Option<&[u8]>, out: &mut Vec<u8>) {
+        match group {
+            None => {
+                for (name, value) in self.server.snapshot(&self.store).fields {
+                    r::stat(out, name, value);
+                }
+            }
+            Some(b"settings") => {
+                for (name, value) in self.server.settings(&self.store) {
+                    r::stat(out, name, value);
+                }
+            }
+            Some(b"items") => {
+                let s = self.store.stats();
+                r::stat(out, "items:1:number", s.curr_items);
+                r::stat(out, "items:1:evicted", s.evictions);
+                r::stat(out, "items:1:evicted_unfetched", s.evicted_unfetched);
+                r::stat(out, "items:1:expired_unfetched", s.expired_unfetched);
+                r::stat(out, "items:1:reclaimed", s.reclaimed);
+                r::stat(out, "items:1:mem_requested", s.bytes);
+            }
+            Some(b"slabs") => {
+                let s = self.store.stats();
+                r::stat(out, "1:used_chunks", s.curr_items);
+                r::stat(out, "1:mem_requested", s.bytes);
+                r::stat(out, "active_slabs", 1);
+                r::stat(out, "total_malloced", s.bytes);
+            }
+            Some(b"conns") => {
+                r::stat(
+                    out,
+                    "curr_connections",
+                    self.server.curr_connections.load(Relaxed),
+                );
+            }
+            Some(b"reset") => {
+                self.server.reset();
+                out.extend_from_slice(r::RESET);
+                return;
+            }
+            Some(b"detail") => {
+                out.extend_from_slice(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n");
+                return;
+            }
+            Some(_) => {
+                out.extend_from_slice(r::ERROR);
+                return;
+            }
+        }
+        out.extend_from_slice(r::END);
+    }
+
+    fn meta(
+        &mut self,
+        command: MetaCommand,
+        key: MetaKey<'_>,
+        flags: &MetaFlags<'_>,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) {
+        match command {
+            MetaCommand::Noop => out.extend_from_slice(r::MN),
+            MetaCommand::Get => self.meta_get(key, flags, out),
+            MetaCommand::Set => self.meta_set(key, flags, data, out),
+            MetaCommand::Delete => self.meta_delete(key, flags, out),
+            MetaCommand::Arith => self.meta_arith(key, flags, out),
+            MetaCommand::Debug => self.meta_debug(key, out),
+        }
+    }
+
+    fn meta_get(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) {
+        WorkerStats::add(&self.worker.cmd_get, 1);
+        if flags.ttl.is_some() {
+            WorkerStats::add(&self.worker.cmd_touch, 1);
+        }
+        let opts = MetaGetOpts {
+            touch: flags.ttl,
+            vivify: flags.vivify,
+            recache: flags.recache,
+            no_bump: flags.no_bump,
+        };
+        let Some(hit) = key.with(|k| self.store.meta_get(k, &opts)) else {
+            if !flags.quiet {
+                out.extend_from_slice(b"EN");
+                echo_flags(out, key, flags, 0);
+                out.extend_from_slice(b"\r\n");
+            }
+            return;
+        };
+        let value = &hit.item.value;
+        if flags.has(b'v') {
+            out.extend_from_slice(b"VA ");
+            push_u64(out, value.len() as u64);
+        } else {
+            out.extend_from_slice(b"HD");
+        }
+        for letter in flags.letters() {
+            match letter {
+                b'c' => meta_num(out, b'c', hit.item.cas),
+                b'f' => meta_num(out, b'f', u64::from(hit.item.flags)),
+                b'h' => meta_num(out, b'h', u64::from(hit.hit_before)),
+                b'l' => meta_num(out, b'l', hit.last_access_age),
+                b's' => meta_num(out, b's', value.len() as u64),
+                b't' => {
+                    out.extend_from_slice(b" t");
+                    push_i64(out, hit.ttl);
+                }
+                b'k' | b'O' => echo_one(out, letter, key, flags),
+                _ => {}
+            }
+        }
+        if key.is_base64() && flags.has(b'k') {
+            out.extend_from_slice(b" b");
+        }
+        if hit.win_already_sent {
+            out.extend_from_slice(b" Z");
+        }
+        if hit.stale {
+            out.extend_from_slice(b" X");
+        }
+        if hit.won {
+            out.extend_from_slice(b" W");
+        }
+        out.extend_from_slice(b"\r\n");
+        if flags.has(b'v') {
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    fn meta_set(
+        &mut self,
+        key: MetaKey<'_>,
+        flags: &MetaFlags<'_>,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) {
+        WorkerStats::add(&self.worker.cmd_set, 1);
+        let mode = match flags.mode {
+            None | Some(b'S') => SetMode::Set,
+            Some(b'E') => SetMode::Add,
+            Some(b'A') => SetMode::Append,
+            Some(b'P') => SetMode::Prepend,
+            _ => SetMode::Replace,
+        };
+        let status = key.with(|k| {
+            let mut req = SetRequest {
+                mode,
+                key: k,
+                value: data,
+                flags: flags.client_flags.unwrap_or(0),
+                exptime: flags.ttl.unwrap_or(0),
+                compare_cas: flags.compare_cas,
+                new_cas: flags.new_cas,
+                invalidate: flags.invalidate,
+            };
+            let status = self.store.set(&req);
+            // `N` with append/prepend: create the item when it is missing (autovivify).
+            if status == SetStatus::NotStored
+                && matches!(mode, SetMode::Append | SetMode::Prepend)
+                && flags.vivify.is_some()
+            {
+                req.mode = SetMode::Add;
+                req.exptime = flags.vivify.unwrap_or(0);
+                return self.store.set(&req);
+            }
+            status
+        });
+        let (code, cas): (&[u8], u64) = match status {
+            SetStatus::Stored { cas } => (b"HD", cas),
+            SetStatus::NotStored => (b"NS", 0),
+            SetStatus::Exists => (b"EX", 0),
+            SetStatus::NotFound => (b"NF", 0),
+            SetStatus::TooLarge => return out.extend_from_slice(r::TOO_LARGE),
+            SetStatus::OutOfMemory => return out.extend_from_slice(r::OUT_OF_MEMORY),
+        };
+        if flags.quiet && code == b"HD" {
+            return;
+        }
+        out.extend_from_slice(code);
+        echo_flags(out, key, flags, cas);
+        out.extend_from_slice(b"\r\n");
+    }
+
+    fn meta_delete(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) {
+        let opts = MetaDeleteOpts {
+            compare_cas: flags.compare_cas,
+            invalidate: flags.invalidate,
+            ttl: flags.ttl,
+        };
+        let code: &[u8] = match key.with(|k| self.store.meta_delete(k, &opts)) {
+            DeleteStatus::Deleted if flags.quiet => return,
+            DeleteStatus::Deleted => b"HD",
+            DeleteStatus::NotFound => b"NF",
+            DeleteStatus::Exists => b"EX",
+        };
+        out.extend_from_slice(code);
+        echo_flags(out, key, flags, 0);
+        out.extend_from_slice(b"\r\n");
+    }
+
+    fn meta_arith(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) {
+        let req = ArithRequest {
+            incr: !matches!(flags.mode, Some(b'D' | b'-')),
+            delta: flags.delta.unwrap_or(1),
+            compare_cas: flags.compare_cas,
+            new_cas: flags.new_cas,
+            vivify: flags.vivify.map(|ttl| (flags.initial.unwrap_or(0), ttl)),
+            touch: flags.ttl,
+        };
+        let (value, cas, ttl) = match key.with(|k| self.store.arith(k, &req)) {
+            ArithStatus::Ok { value, cas, ttl } => (value, cas, ttl),
+            ArithStatus::NotFound => {
+                out.extend_from_slice(b"NF");
+                echo_flags(out, key, flags, 0);
+                return out.extend_from_slice(b"\r\n");
+            }
+            ArithStatus::Exists => {
+                out.extend_from_slice(b"EX");
+                echo_flags(out, key, flags, 0);
+                return out.extend_from_slice(b"\r\n");
+            }
+            ArithStatus::NonNumeric => return out.extend_from_slice(r::NON_NUMERIC),
+            ArithStatus::OutOfMemory => return out.extend_from_slice(r::OUT_OF_MEMORY),
+        };
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(value).as_bytes();
+        if flags.has(b'v') {
+            out.extend_from_slice(b"VA ");
+            push_u64(out, digits.len() as u64);
+        } else if flags.quiet {
+            return;
+        } else {
+            out.extend_from_slice(b"HD");
+        }
+        for letter in flags.letters() {
+            match letter {
+                b'c' => meta_num(out, b'c', cas),
+                b't' => {
+                    out.extend_from_slice(b" t");
+                    push_i64(out, ttl);
+                }
+                b'k' | b'O' => echo_one(out, letter, key, flags),
+                _ => {}
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+        if flags.has(b'v') {
+            out.extend_from_slice(digits);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+
+    fn meta_debug(&mut self, key: MetaKey<'_>, out: &mut Vec<u8>) {
+        let opts = MetaGetOpts {
+            no_bump: true,
+            ..MetaGetOpts::default()
+        };
+        let Some(hit) = key.with(|k| self.store.meta_get(k, &opts)) else {
+            return out.extend_from_slice(b"EN\r\n");
+        };
+        out.extend_from_slice(b"ME ");
+        out.extend_from_slice(key.raw());
+        out.extend_from_slice(b" exp=");
+        push_i64(out, hit.ttl);
+        out.extend_from_slice(b" la=");
+        push_u64(out, hit.last_access_age);
+        out.extend_from_slice(b" cas=");
+        push_u64(out, hit.item.cas);
+        out.extend_from_slice(if hit.hit_before {
+            b" fetch=yes"
+        } else {
+            b" fetch=no"
+        });
+        out.extend_from_slice(b" cls=1 size=");
+        push_u64(out, (key.raw().len() + hit.item.value.len()) as u64);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+fn meta_num(out: &mut Vec<u8>, letter: u8, n: u64) {
+    out.push(b' ');
+    out.push(letter);
+    push_u64(out, n);
+}
+
+/// Echoes `k` (key) or `O` (opaque) as memcached does.
+fn echo_one(out: &mut Vec<u8>, letter: u8, key: MetaKey<'_>, flags: &MetaFlags<'_>) {
+    match letter {
+        b'k' => {
+            out.extend_from_slice(b" k");
+            out.extend_from_slice(key.raw());
+        }
+        b'O' => {
+            out.extend_from_slice(b" O");
+            out.extend_from_slice(flags.opaque.unwrap_or_default());
+        }
+        _ => {}
+    }
+}
+
+/// The flags every meta reply echoes in request order: `O`, `k` (then `b` for a base64
+/// key), and `c` with the item's CAS where the reply has one.
+fn echo_flags(out: &mut Vec<u8>, key: MetaKey<'_>, flags: &MetaFlags<'_>, cas: u64) {
+    for letter in flags.letters() {
+        match letter {
+            b'k' | b'O' => echo_one(out, letter, key, flags),
+            b'c' if cas != 0 => meta_num(out, b'c', cas),
+            _ => {}
+        }
+    }
+    if key.is_base64() && flags.has(b'k') {
+        out.extend_from_slice(b" b");
+    }
+}

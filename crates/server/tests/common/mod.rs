@@ -1,0 +1,130 @@
+//! Helpers shared by the server's integration tests: start a kvlab server or a reference
+//! memcached on a free 127.0.0.1 port, wait for readiness by probing, talk raw bytes.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvlab_server::{IoModel, Server, ServerConfig};
+use kvlab_store::ManualClock;
+
+/// The manual clock's start: a fixed, realistic Unix time.
+pub const T0: u64 = 1_800_000_000;
+
+pub fn start(io: IoModel, tweak: impl FnOnce(&mut ServerConfig)) -> (Server, Arc<ManualClock>) {
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut config = ServerConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        threads: 2,
+        io,
+        clock: clock.clone(),
+        ..ServerConfig::default()
+    };
+    tweak(&mut config);
+    (Server::start(config).expect("server starts"), clock)
+}
+
+/// A reference memcached on a free port, killed on drop.
+pub struct Memcached {
+    pub child: Child,
+    pub addr: SocketAddr,
+}
+
+impl Memcached {
+    /// Starts `/usr/bin/memcached` (or `memcached` on PATH) with `args`, or None if absent.
+    pub fn start(args: &[&str]) -> Option<Memcached> {
+        let port = free_port();
+        let child = Command::new("memcached")
+            .args([
+                "-U",
+                "0",
+                "-l",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-u",
+                "root",
+            ])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        wait_ready(addr);
+        Some(Memcached { child, addr })
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Readiness probe: connect until the server accepts (bounded to 10 s).
+pub fn wait_ready(addr: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(mut s) = TcpStream::connect(addr) {
+            if s.write_all(b"version\r\n").is_ok() {
+                let mut buf = [0u8; 64];
+                if matches!(s.read(&mut buf), Ok(n) if n > 0) {
+                    return;
+                }
+            }
+        }
+        std::thread::yield_now();
+    }
+    panic!("server at {addr} not ready");
+}
+
+pub fn connect(addr: SocketAddr) -> TcpStream {
+    let s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    s.set_nodelay(true).expect("nodelay");
+    s
+}
+
+/// Sends `req`, then reads until the reply ends with `until` (or EOF, or 5 s).
+pub fn exchange(s: &mut TcpStream, req: &[u8], until: &[u8]) -> Vec<u8> {
+    s.write_all(req).expect("write");
+    read_until(s, until)
+}
+
+pub fn read_until(s: &mut TcpStream, until: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while !got.ends_with(until) {
+        match s.read(&mut buf) {
+            Ok(0) => {
+                got.extend_from_slice(b"<EOF>");
+                break;
+            }
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                got.extend_from_slice(b"<RESET>");
+                break;
+            }
+            Err(_) => {
+                got.extend_from_slice(b"<TIMEOUT>");
+                break;
+            }
+        }
+    }
+    got
+}

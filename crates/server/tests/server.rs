@@ -1,0 +1,247 @@
+//! Server behaviour beyond single replies: stats, the connection limit, TTL driven by the
+//! manual clock, the Prometheus endpoint, eviction under `-m`, and shutdown.
+
+mod common;
+
+use std::io::{Read, Write};
+
+use common::*;
+use kvlab_server::IoModel;
+use kvlab_store::Policy;
+
+fn stats_map(
+    s: &mut std::net::TcpStream,
+    group: &str,
+) -> std::collections::HashMap<String, String> {
+    let req = if group.is_empty() {
+        "stats\r\n".to_string()
+    } else {
+        format!("stats {group}\r\n")
+    };
+    let text = String::from_utf8(exchange(s, req.as_bytes(), b"END\r\n")).expect("utf8");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("STAT "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn stats_has_memcached_fields_and_service_times() {
+    for &io in IoModel::ALL {
+        let (server, _clock) = start(io, |c| c.memory_limit = 8 << 20);
+        let mut s = connect(server.addr());
+        exchange(
+            &mut s,
+            b"set a 0 0 1\r\n1\r\nget a\r\nget b\r\ndelete b\r\nincr a 1\r\ntouch a 1\r\n",
+            b"TOUCHED\r\n",
+        );
+        let st = stats_map(&mut s, "");
+        for field in [
+            "pid",
+            "uptime",
+            "time",
+            "version",
+            "curr_connections",
+            "total_connections",
+            "cmd_get",
+            "cmd_set",
+            "cmd_touch",
+            "get_hits",
+            "get_misses",
+            "get_expired",
+            "delete_hits",
+            "delete_misses",
+            "incr_hits",
+            "incr_misses",
+            "cas_hits",
+            "cas_badval",
+            "curr_items",
+            "total_items",
+            "bytes",
+            "limit_maxbytes",
+            "evictions",
+            "threads",
+            "service_time_p50_us",
+            "service_time_p99_us",
+        ] {
+            assert!(st.contains_key(field), "{} lacks {field}", io.name());
+        }
+        assert_eq!(st["cmd_get"], "2");
+        assert_eq!(st["cmd_set"], "1");
+        assert_eq!(st["get_hits"], "1");
+        assert_eq!(st["get_misses"], "1");
+        assert_eq!(st["delete_misses"], "1");
+        assert_eq!(st["incr_hits"], "1");
+        assert_eq!(st["curr_items"], "1");
+        assert_eq!(st["limit_maxbytes"], (8u64 << 20).to_string());
+        assert_eq!(st["threads"], "2");
+        assert_eq!(st["curr_connections"], "1");
+        assert!(st["service_time_p50_us"].parse::<f64>().expect("number") > 0.0);
+        let settings = stats_map(&mut s, "settings");
+        assert_eq!(settings["item_size_max"], "1048576");
+        assert_eq!(exchange(&mut s, b"stats reset\r\n", b"\r\n"), b"RESET\r\n");
+        assert_eq!(stats_map(&mut s, "")["cmd_get"], "0");
+    }
+}
+
+#[test]
+fn connection_limit_is_refused_cleanly() {
+    for &io in IoModel::ALL {
+        let (server, _clock) = start(io, |c| c.max_connections = 2);
+        let mut a = connect(server.addr());
+        let mut b = connect(server.addr());
+        // Both admitted connections work (and are counted before the third arrives).
+        assert_eq!(exchange(&mut a, b"mn\r\n", b"MN\r\n"), b"MN\r\n");
+        assert_eq!(exchange(&mut b, b"mn\r\n", b"MN\r\n"), b"MN\r\n");
+        let mut c = connect(server.addr());
+        assert_eq!(
+            read_until(&mut c, b"<EOF>"),
+            b"ERROR Too many open connections\r\n<EOF>"
+        );
+        drop(a);
+        // The freed slot is usable again (the close is noticed asynchronously: probe).
+        let mut ok = false;
+        for _ in 0..1000 {
+            let mut d = connect(server.addr());
+            if exchange(&mut d, b"mn\r\n", b"MN\r\n") == b"MN\r\n" {
+                ok = true;
+                break;
+            }
+        }
+        assert!(ok, "slot never freed");
+        let rejected: u64 = stats_map(&mut b, "")["rejected_connections"]
+            .parse()
+            .expect("n");
+        assert!(rejected >= 1, "rejected_connections {rejected}");
+    }
+}
+
+#[test]
+fn ttl_follows_the_clock() {
+    for &io in IoModel::ALL {
+        let (server, clock) = start(io, |_| {});
+        let mut s = connect(server.addr());
+        let abs = T0 + 100;
+        let req =
+            format!("set rel 0 10 1\r\nx\r\nset abs 0 {abs} 1\r\ny\r\nset never 0 0 1\r\nz\r\n");
+        exchange(&mut s, req.as_bytes(), b"STORED\r\nSTORED\r\nSTORED\r\n");
+        clock.advance(9);
+        assert_eq!(
+            exchange(&mut s, b"get rel\r\n", b"END\r\n"),
+            b"VALUE rel 0 1\r\nx\r\nEND\r\n"
+        );
+        clock.advance(2);
+        assert_eq!(exchange(&mut s, b"get rel\r\n", b"END\r\n"), b"END\r\n");
+        assert_eq!(
+            exchange(&mut s, b"get abs\r\n", b"END\r\n"),
+            b"VALUE abs 0 1\r\ny\r\nEND\r\n"
+        );
+        clock.advance(100);
+        assert_eq!(
+            exchange(&mut s, b"get abs never\r\n", b"END\r\n"),
+            b"VALUE never 0 1\r\nz\r\nEND\r\n"
+        );
+        // touch extends, gat too; flush_all with a delay takes effect when the clock gets there.
+        exchange(
+            &mut s,
+            b"set t 0 5 1\r\nt\r\ntouch t 50\r\n",
+            b"TOUCHED\r\n",
+        );
+        clock.advance(20);
+        assert_eq!(
+            exchange(&mut s, b"mg t t v\r\n", b"\r\nt\r\n"),
+            b"VA 1 t30\r\nt\r\n"
+        );
+        assert_eq!(
+            exchange(&mut s, b"flush_all 10\r\nget t\r\n", b"END\r\n"),
+            b"OK\r\nVALUE t 0 1\r\nt\r\nEND\r\n"
+        );
+        clock.advance(11);
+        assert_eq!(exchange(&mut s, b"get t never\r\n", b"END\r\n"), b"END\r\n");
+        let st = stats_map(&mut s, "");
+        assert!(
+            st["get_expired"].parse::<u64>().expect("n") >= 2,
+            "{:?}",
+            st["get_expired"]
+        );
+    }
+}
+
+#[test]
+fn memory_limit_evicts_or_refuses() {
+    for &io in IoModel::ALL {
+        let (server, _clock) = start(io, |c| c.memory_limit = 2 << 20);
+        let mut s = connect(server.addr());
+        let value = vec![b'v'; 10_000];
+        for i in 0..1000 {
+            let mut req = format!("set key{i} 0 0 {}\r\n", value.len()).into_bytes();
+            req.extend_from_slice(&value);
+            req.extend_from_slice(b"\r\n");
+            assert_eq!(exchange(&mut s, &req, b"\r\n"), b"STORED\r\n");
+        }
+        let st = stats_map(&mut s, "");
+        assert!(st["bytes"].parse::<u64>().expect("n") <= 2 << 20);
+        assert!(st["evictions"].parse::<u64>().expect("n") > 0);
+        // The most recent key survived, the first was evicted (LRU).
+        assert_eq!(exchange(&mut s, b"get key0\r\n", b"END\r\n"), b"END\r\n");
+        assert!(exchange(&mut s, b"get key999\r\n", b"END\r\n").starts_with(b"VALUE key999"));
+
+        let (server, _clock) = start(io, |c| {
+            c.memory_limit = 2 << 20;
+            c.policy = Policy::None;
+        });
+        let mut s = connect(server.addr());
+        let mut refused = false;
+        for i in 0..1000 {
+            let mut req = format!("set key{i} 0 0 {}\r\n", value.len()).into_bytes();
+            req.extend_from_slice(&value);
+            req.extend_from_slice(b"\r\n");
+            let reply = exchange(&mut s, &req, b"\r\n");
+            if reply == b"SERVER_ERROR out of memory storing object\r\n" {
+                refused = true;
+                break;
+            }
+            assert_eq!(reply, b"STORED\r\n");
+        }
+        assert!(refused, "-M never refused");
+        assert!(exchange(&mut s, b"get key0\r\n", b"END\r\n").starts_with(b"VALUE key0"));
+    }
+}
+
+#[test]
+fn prometheus_endpoint_serves_the_same_figures() {
+    let (server, _clock) = start(IoModel::Reactor, |c| {
+        c.metrics = Some(([127, 0, 0, 1], 0).into())
+    });
+    let mut s = connect(server.addr());
+    exchange(&mut s, b"set a 0 0 1\r\n1\r\nget a\r\n", b"END\r\n");
+    let mut http = connect(server.metrics_addr().expect("metrics on"));
+    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("write");
+    let mut body = String::new();
+    http.read_to_string(&mut body).expect("read");
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(
+        body.contains("# TYPE kvlab_cmd_get counter\nkvlab_cmd_get 1\n"),
+        "{body}"
+    );
+    assert!(body.contains("kvlab_get_hits 1\n"), "{body}");
+    assert!(body.contains("kvlab_service_time_p99_us "), "{body}");
+}
+
+#[test]
+fn shutdown_closes_connections_and_stops() {
+    for &io in IoModel::ALL {
+        let (server, _clock) = start(io, |_| {});
+        let addr = server.addr();
+        let mut s = connect(addr);
+        assert_eq!(exchange(&mut s, b"mn\r\n", b"MN\r\n"), b"MN\r\n");
+        server.shutdown();
+        assert!(read_until(&mut s, b"<EOF>").ends_with(b"<EOF>"));
+        assert!(
+            std::net::TcpStream::connect(addr).is_err(),
+            "still accepting after shutdown"
+        );
+    }
+}
