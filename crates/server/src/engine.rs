@@ -439,11 +439,7 @@ impl Engine {
     }
 
     fn meta_debug(&mut self, key: MetaKey<'_>, out: &mut Vec<u8>) {
-        let opts = MetaGetOpts {
-            no_bump: true,
-            ..MetaGetOpts::default()
-        };
-        let Some(hit) = key.with(|k| self.store.meta_get(k, &opts)) else {
+        let Some(hit) = key.with(|k| self.store.peek(k)) else {
             return out.extend_from_slice(b"EN\r\n");
         };
         out.extend_from_slice(b"ME ");

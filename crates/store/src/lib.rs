@@ -1,1 +1,84 @@
-//! placeholder
+//! kvlab's item store: items (key, value, flags, exptime, CAS) with memcached 1.6
+//! semantics, memory accounting, eviction policies and TTLs driven by a [`Clock`].
+//!
+//! # Sharding and concurrency
+//!
+//! ```text
+//!  worker threads ──► Store (shared via Arc)
+//!                       │ key ──hash──► shard = bits 32.. of the hash
+//!        ┌──────────────┼──────────────┬─────────── … ──┐
+//!        ▼              ▼              ▼                ▼
+//!    Mutex<Shard>   Mutex<Shard>   Mutex<Shard>     Mutex<Shard>
+//!    │  (a power of two of them; 0 = auto, at least 64)
+//!    ├ HashTable<Slot> 4-byte slots: slab index (24 bits) + 8 more hash bits
+//!    ├ Slab<Entry>     32-byte entries: block ptr, links, times, bits
+//!    ├ Order           eviction lists for the policy
+//!    └ ShardStats      plain counters, summed by stats()
+//!
+//!    Budget: one AtomicUsize of charged bytes, shared by all shards
+//! ```
+//!
+//! A request hashes its key once, locks one shard (`parking_lot::Mutex`), works,
+//! and unlocks; no global lock is on any path. A thread never holds two shard locks
+//! at once. Besides the shard mutex, the shared atomics a request touches are: a
+//! load of the flush state, the reference-count increment of a returned [`Value`],
+//! and — for stores that need more memory than the item they replace — the memory
+//! reservation. CAS values come from a per-shard counter tagged with the shard index
+//! (unique store-wide, increasing per key), so stores share no CAS counter.
+//!
+//! # Items and memory accounting
+//!
+//! An item version is one heap block: header (refcount, lengths, CAS, flags), key,
+//! value — one allocation per store. [`Value`] points into it, so a get clones a
+//! pointer and bumps a refcount, it never allocates or copies. Mutable metadata
+//! (exptime, last access, eviction links, fetched/stale/win bits, LFU count) lives
+//! in the shard's slab entry.
+//!
+//! Each item is charged `key + value +` [`ITEM_OVERHEAD`] (77) bytes, which is its
+//! real footprint (block header, malloc overhead, slab entry, hash-table slot;
+//! measured by RSS, see [`ITEM_OVERHEAD`]; memcached's real cost for the same items
+//! is 87). Charges go to one atomic budget. A store first reserves its bytes with a
+//! compare-and-swap that never passes `Config::memory_limit`, evicting until the
+//! reservation fits, and only then links the item; so [`StoreStats::bytes`] never
+//! exceeds the limit under any interleaving. An item that cannot fit in an empty
+//! store is `OutOfMemory`.
+//!
+//! # Eviction
+//!
+//! A store that needs memory first evicts in its own shard (under the lock it
+//! holds): among the few coldest items it reclaims an expired or flushed one if
+//! there is one (`reclaimed`), else evicts the policy's victim (`evictions`). If its
+//! shard has nothing left, it releases its lock and evicts from the other shards one
+//! lock at a time. The eviction order is therefore per shard — like memcached's
+//! per-slab-class LRUs — and exact with `shards = 1`. Policies ([`Policy`]): `lru`
+//! (intrusive list, O(1)), `lfu` (a list per access count, ties by recency),
+//! `fifo`, `largest`, and `none` (never evict live items; stores fail with
+//! `OutOfMemory`, like memcached `-M`).
+//!
+//! # Time, expiry and flush
+//!
+//! Time comes only from the [`Clock`] (tests use [`ManualClock`]). Wire exptimes
+//! follow memcached: 0 never, negative already expired, up to 30 days relative,
+//! above that absolute unix time. Expired items are unlinked lazily when found, by
+//! eviction scans, or by [`Store::reclaim_expired`]. `flush_all` bumps a flush
+//! generation (see [`Store::flush_all`]), so it is exact even within one second.
+
+mod clock;
+mod item;
+mod memory;
+mod policy;
+mod request;
+mod shard;
+mod slab;
+mod stats;
+mod store;
+
+pub use clock::{Clock, ManualClock, SystemClock, REALTIME_MAXDELTA};
+pub use item::{ItemView, MetaView, Value, ITEM_OVERHEAD, MAX_KEY_LEN};
+pub use policy::{ParsePolicyError, Policy};
+pub use request::{
+    ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
+    SetStatus,
+};
+pub use stats::StoreStats;
+pub use store::{Config, Store};

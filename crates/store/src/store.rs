@@ -1,0 +1,972 @@
+//! [`Store`]: the command semantics (memcached 1.6) over the sharded item storage.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use hashbrown::DefaultHashBuilder;
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::clock::{expiry_from_wire, Clock, Expiry, TimeBase};
+use crate::item::{item_charge, Block, ItemView, MetaView, ITEM_OVERHEAD, MAX_KEY_LEN};
+use crate::memory::Budget;
+use crate::policy::Policy;
+use crate::request::{
+    ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
+    SetStatus,
+};
+use crate::shard::{Lookup, Now, Shard, MAX_SHARD_ITEMS};
+use crate::slab::{STALE, WIN_SENT};
+use crate::stats::StoreStats;
+
+/// Store configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Memory limit in bytes (memcached `-m`, in bytes). See [`crate::ITEM_OVERHEAD`]
+    /// for what counts.
+    pub memory_limit: usize,
+    /// Largest item in bytes, key + value + [`crate::ITEM_OVERHEAD`] (memcached `-I`).
+    pub item_size_max: usize,
+    /// Eviction policy.
+    pub policy: Policy,
+    /// Shard count; rounded up to a power of two. 0 = choose from the number of
+    /// CPUs (at least 64). Raised if needed so that no shard must hold more than
+    /// 2^23 items (one shard per ~0.6 GiB of limit). [`Store::config`] reports the
+    /// count in use.
+    pub shards: usize,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            memory_limit: 64 << 20,
+            item_size_max: 1 << 20,
+            policy: Policy::Lru,
+            shards: 0,
+        }
+    }
+}
+
+/// Upper bound on lock-evict-retry rounds of one command before it reports
+/// out of memory (only reachable under heavy contention on a nearly full store).
+const MAX_ATTEMPTS: usize = 16;
+const MAX_SHARDS: usize = 1 << 16;
+
+/// Keeps each shard's mutex on its own cache lines.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// The cache: items sharded by key hash, each shard behind its own mutex.
+/// `Send + Sync`; share it with `Arc<Store>`.
+pub struct Store {
+    shards: Box<[Padded<Mutex<Shard>>]>,
+    mask: usize,
+    hasher: DefaultHashBuilder,
+    clock: Arc<dyn Clock>,
+    time: TimeBase,
+    /// Flush state: generation in the high 32 bits, pending flush moment (relative
+    /// time, 0 = none) in the low 32 bits. See [`Store::flush_all`].
+    flush: AtomicU64,
+    config: Config,
+    budget: Budget,
+}
+
+fn pack(gen: u32, due: u32) -> u64 {
+    (u64::from(gen) << 32) | u64::from(due)
+}
+
+fn auto_shards() -> usize {
+    let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
+    (cpus * 16).next_power_of_two().clamp(64, 1024)
+}
+
+impl Store {
+    /// A store with `config`, reading time from `clock`.
+    pub fn new(config: Config, clock: Arc<dyn Clock>) -> Store {
+        let mut config = config;
+        let n = if config.shards == 0 {
+            auto_shards()
+        } else {
+            config.shards
+        };
+        // Enough shards that the limit runs out before a shard's 2^24 slab indices
+        // would (with 2x headroom for uneven hashing): only matters above ~0.6 GiB
+        // per shard.
+        let max_items = config.memory_limit / ITEM_OVERHEAD;
+        let min_shards = (max_items / (MAX_SHARD_ITEMS / 2)).saturating_add(1);
+        let n = n.max(min_shards).clamp(1, MAX_SHARDS).next_power_of_two();
+        config.shards = n;
+        let bits = n.trailing_zeros();
+        let hasher = DefaultHashBuilder::default();
+        let shards = (0..n)
+            .map(|i| Padded(Mutex::new(Shard::new(config.policy, hasher, i, bits))))
+            .collect();
+        let epoch = clock.now();
+        Store {
+            shards,
+            mask: n - 1,
+            hasher,
+            clock,
+            time: TimeBase::new(epoch),
+            flush: AtomicU64::new(pack(0, 0)),
+            budget: Budget::new(config.memory_limit),
+            config,
+        }
+    }
+
+    /// The configuration in use (`shards` resolved to the actual count).
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    #[inline]
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The shard for a hash. hashbrown uses the low bits (bucket) and the top 7 bits
+    /// (tag) of the same hash inside the shard, so the shard comes from the middle.
+    #[inline]
+    fn shard_index(&self, hash: u64) -> usize {
+        (hash >> 32) as usize & self.mask
+    }
+
+    #[inline]
+    fn lock(&self, si: usize) -> MutexGuard<'_, Shard> {
+        self.shards[si].0.lock()
+    }
+
+    #[inline]
+    fn now(&self) -> Now {
+        let abs = self.clock.now();
+        let rel = self.time.rel(abs);
+        Now {
+            abs,
+            rel,
+            gen: self.generation(rel),
+        }
+    }
+
+    /// Current flush generation, first applying a delayed flush whose moment came.
+    #[inline]
+    fn generation(&self, rel: u32) -> u32 {
+        let mut s = self.flush.load(Ordering::Acquire);
+        loop {
+            let (gen, due) = ((s >> 32) as u32, s as u32);
+            if due == 0 || rel < due {
+                return gen;
+            }
+            let next = pack(gen.wrapping_add(1), 0);
+            match self
+                .flush
+                .compare_exchange(s, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return gen.wrapping_add(1),
+                Err(actual) => s = actual,
+            }
+        }
+    }
+
+    /// Stored exptime for an expiry, `None` if the item would be invisible at once.
+    fn stored_exptime(&self, e: Expiry) -> Option<u32> {
+        match e {
+            Expiry::Expired => None,
+            e => Some(self.time.exptime(e)),
+        }
+    }
+
+    fn ttl(exptime: u32, now: &Now) -> i64 {
+        if exptime == 0 {
+            -1
+        } else {
+            i64::from(exptime.saturating_sub(now.rel))
+        }
+    }
+
+    fn count_dead(sh: &mut Shard, l: Lookup) {
+        match l {
+            Lookup::Expired => sh.stats.get_expired += 1,
+            Lookup::Flushed => sh.stats.get_flushed += 1,
+            Lookup::Live(_) | Lookup::Miss => {}
+        }
+    }
+
+    /// `get`/`gets`: the live item, counted in `get_hits`/`get_misses` (and
+    /// `get_expired`/`get_flushed`); a hit updates recency.
+    pub fn get(&self, key: &[u8]) -> Option<ItemView> {
+        let now = self.now();
+        let hash = self.hash(key);
+        let mut sh = self.lock(self.shard_index(hash));
+        match sh.lookup(hash, key, &now, &self.budget) {
+            Lookup::Live(idx) => {
+                sh.bump(idx, &now);
+                sh.stats.get_hits += 1;
+                Some(sh.view(idx, self.time))
+            }
+            miss => {
+                Self::count_dead(&mut sh, miss);
+                sh.stats.get_misses += 1;
+                None
+            }
+        }
+    }
+
+    /// Sets a live item's exptime; false if the new exptime is already past, in
+    /// which case the caller unlinks the item.
+    fn retime(sh: &mut Shard, idx: u32, e: Expiry, time: TimeBase) -> bool {
+        match e {
+            Expiry::Expired => false,
+            e => {
+                sh.entry_mut(idx).exptime = time.exptime(e);
+                true
+            }
+        }
+    }
+
+    /// `gat`/`gats`: like `get`, also setting a new exptime. Counted as memcached
+    /// does: in `touch_hits`/`touch_misses` only (not in `get_hits`/`get_misses`).
+    pub fn get_and_touch(&self, key: &[u8], exptime: i64) -> Option<ItemView> {
+        let now = self.now();
+        let e = expiry_from_wire(exptime, now.abs);
+        let hash = self.hash(key);
+        let mut sh = self.lock(self.shard_index(hash));
+        match sh.lookup(hash, key, &now, &self.budget) {
+            Lookup::Live(idx) => {
+                sh.stats.touch_hits += 1;
+                sh.bump(idx, &now);
+                if Self::retime(&mut sh, idx, e, self.time) {
+                    Some(sh.view(idx, self.time))
+                } else {
+                    let mut view = sh.view(idx, self.time);
+                    view.exptime = now.abs;
+                    sh.unlink(idx, hash, &self.budget);
+                    Some(view)
+                }
+            }
+            miss => {
+                Self::count_dead(&mut sh, miss);
+                sh.stats.touch_misses += 1;
+                None
+            }
+        }
+    }
+
+    /// `touch`: sets a new exptime; `touch_hits`/`touch_misses`.
+    pub fn touch(&self, key: &[u8], exptime: i64) -> bool {
+        let now = self.now();
+        let e = expiry_from_wire(exptime, now.abs);
+        let hash = self.hash(key);
+        let mut sh = self.lock(self.shard_index(hash));
+        match sh.lookup(hash, key, &now, &self.budget) {
+            Lookup::Live(idx) => {
+                sh.stats.touch_hits += 1;
+                sh.bump(idx, &now);
+                if !Self::retime(&mut sh, idx, e, self.time) {
+                    sh.unlink(idx, hash, &self.budget);
+                }
+                true
+            }
+            _ => {
+                sh.stats.touch_misses += 1;
+                false
+            }
+        }
+    }
+
+    /// Unlinks whatever item `key` has (after a failed set, like memcached).
+    fn unlink_key(&self, si: usize, hash: u64, key: &[u8]) {
+        let mut sh = self.lock(si);
+        if let Some(idx) = sh.find(hash, key) {
+            sh.unlink(idx, hash, &self.budget);
+        }
+    }
+
+    /// After a shard ran out of evictable items: evicts from the other shards, one
+    /// lock at a time, reserving what it frees until `need` more bytes are reserved.
+    /// False if a pass over the other shards freed nothing (or, under contention
+    /// that keeps taking the freed memory, after a bounded number of passes).
+    fn evict_elsewhere(&self, own: usize, need: usize, reserved: &mut usize, now: &Now) -> bool {
+        /// Items evicted per shard visit: bounds the time one lock is held.
+        const PER_VISIT: usize = 64;
+        const PASSES: usize = 16;
+        let mut need = need;
+        for _ in 0..PASSES {
+            if self.budget.try_reserve(need) {
+                *reserved += need;
+                return true;
+            }
+            let mut progress = false;
+            for k in 1..self.shards.len() {
+                let si = (own + k) & self.mask;
+                let freed = self.lock(si).evict_some(need, PER_VISIT, now, &self.budget);
+                if freed == 0 {
+                    continue;
+                }
+                progress = true;
+                // Take what is free now (others may be taking it too) and go on.
+                let free = self.budget.limit().saturating_sub(self.budget.used());
+                let take = need.min(free);
+                if take > 0 && self.budget.try_reserve(take) {
+                    *reserved += take;
+                    need -= take;
+                    if need == 0 {
+                        return true;
+                    }
+                }
+            }
+            if !progress {
+                return false;
+            }
+        }
+        false
+    }
+
+    /// `set`/`add`/`replace`/`append`/`prepend`/`cas` and meta `ms`; see
+    /// [`SetRequest`] for the CAS and invalidation rules.
+    ///
+    /// A `Set` without CAS that fails as `TooLarge` or `OutOfMemory` unlinks the
+    /// key's existing item, so stale data does not persist (memcached does this). A
+    /// store whose exptime is already past succeeds but leaves nothing visible (the
+    /// old item is unlinked and no new one is linked).
+    pub fn set(&self, req: &SetRequest<'_>) -> SetStatus {
+        let key = req.key;
+        let hash = self.hash(key);
+        let si = self.shard_index(hash);
+        let unlink_on_fail = req.mode == SetMode::Set && req.compare_cas.is_none();
+        let charge = item_charge(key.len(), req.value.len());
+        if key.len() > MAX_KEY_LEN
+            || u32::try_from(req.value.len()).is_err()
+            || charge > self.config.item_size_max
+        {
+            if unlink_on_fail {
+                self.unlink_key(si, hash, key);
+            }
+            return SetStatus::TooLarge;
+        }
+        if charge > self.budget.limit() {
+            if unlink_on_fail {
+                self.unlink_key(si, hash, key);
+            }
+            return SetStatus::OutOfMemory;
+        }
+        let now = self.now();
+        let expiry = expiry_from_wire(req.exptime, now.abs);
+        let appending = matches!(req.mode, SetMode::Append | SetMode::Prepend);
+        // The value of set/add/replace doesn't depend on the old item, so its block
+        // is built before taking the lock.
+        let mut fresh = if appending {
+            None
+        } else {
+            Some(Block::new(key, &[req.value], req.flags))
+        };
+        let cas_mode =
+            req.compare_cas.is_some() && matches!(req.mode, SetMode::Set | SetMode::Replace);
+        let mut reserved = 0;
+        for _ in 0..MAX_ATTEMPTS {
+            let mut sh = self.lock(si);
+            let found = match sh.lookup(hash, key, &now, &self.budget) {
+                Lookup::Live(idx) => Some(idx),
+                _ => None,
+            };
+            let mut exptime = self.stored_exptime(expiry);
+            let mut bits = 0;
+            let mut built = None;
+            if cas_mode {
+                let Some(idx) = found else {
+                    sh.stats.cas_misses += 1;
+                    self.budget.release(reserved);
+                    return SetStatus::NotFound;
+                };
+                let want = req.compare_cas.unwrap_or(0);
+                let cur = sh.entry(idx).block().cas();
+                if want == cur {
+                    // A plain CAS match.
+                } else if req.invalidate && want < cur {
+                    // Stale store: keep TTL and win-token state, mark stale.
+                    let e = sh.entry(idx);
+                    exptime = Some(e.exptime);
+                    bits = STALE | (e.bits & WIN_SENT);
+                } else {
+                    sh.stats.cas_badval += 1;
+                    self.budget.release(reserved);
+                    return SetStatus::Exists;
+                }
+            } else {
+                match (req.mode, found) {
+                    (SetMode::Add, Some(idx)) => {
+                        // memcached: add only adds, but promotes the live item.
+                        sh.touch_order(idx);
+                        self.budget.release(reserved);
+                        return SetStatus::NotStored;
+                    }
+                    (SetMode::Replace | SetMode::Append | SetMode::Prepend, None) => {
+                        self.budget.release(reserved);
+                        return SetStatus::NotStored;
+                    }
+                    (SetMode::Append | SetMode::Prepend, Some(idx)) => {
+                        let e = sh.entry(idx);
+                        let old = e.block();
+                        if req.compare_cas.is_some_and(|c| c != old.cas()) {
+                            self.budget.release(reserved);
+                            return SetStatus::Exists;
+                        }
+                        let len = old.value().len() + req.value.len();
+                        if u32::try_from(len).is_err()
+                            || item_charge(key.len(), len) > self.config.item_size_max
+                        {
+                            // memcached: the combined item can't be allocated.
+                            self.budget.release(reserved);
+                            return SetStatus::NotStored;
+                        }
+                        let parts: [&[u8]; 2] = if req.mode == SetMode::Append {
+                            [old.value(), req.value]
+                        } else {
+                            [req.value, old.value()]
+                        };
+                        built = Some(Block::new(key, &parts, old.flags()));
+                        exptime = Some(e.exptime);
+                    }
+                    _ => {}
+                }
+            }
+            let Some(exptime) = exptime else {
+                // Stored already expired: nothing would be visible.
+                if let Some(idx) = found {
+                    sh.unlink(idx, hash, &self.budget);
+                }
+                self.budget.release(reserved);
+                if cas_mode {
+                    sh.stats.cas_hits += 1;
+                }
+                sh.stats.total_items += 1;
+                let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
+                return SetStatus::Stored { cas };
+            };
+            let block_charge = match (&built, &fresh) {
+                (Some(b), _) | (None, Some(b)) => b.charge(),
+                // Invariant: `fresh` is only consumed when returning Stored below, and
+                // append/prepend set `built` before reaching here.
+                (None, None) => unreachable!("no block to store"),
+            };
+            match sh.reserve(block_charge, found, &mut reserved, &now, &self.budget) {
+                Ok(()) => {
+                    let Some(block) = built.or_else(|| fresh.take()) else {
+                        unreachable!("no block to store")
+                    };
+                    let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
+                    block.set_cas(cas);
+                    sh.install(
+                        hash,
+                        found,
+                        block,
+                        exptime,
+                        bits,
+                        &now,
+                        &mut reserved,
+                        &self.budget,
+                    );
+                    if cas_mode {
+                        sh.stats.cas_hits += 1;
+                    }
+                    return SetStatus::Stored { cas };
+                }
+                Err(need) => {
+                    drop(sh);
+                    if !self.evict_elsewhere(si, need, &mut reserved, &now) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.budget.release(reserved);
+        if unlink_on_fail {
+            self.unlink_key(si, hash, key);
+        }
+        SetStatus::OutOfMemory
+    }
+
+    /// `delete`: `delete_hits`/`delete_misses`.
+    pub fn delete(&self, key: &[u8]) -> bool {
+        let now = self.now();
+        let hash = self.hash(key);
+        let mut sh = self.lock(self.shard_index(hash));
+        match sh.lookup(hash, key, &now, &self.budget) {
+            Lookup::Live(idx) => {
+                sh.unlink(idx, hash, &self.budget);
+                sh.stats.delete_hits += 1;
+                true
+            }
+            _ => {
+                sh.stats.delete_misses += 1;
+                false
+            }
+        }
+    }
+
+    /// Meta get (`mg`). `None` is a miss (also when vivifying fails for lack of
+    /// memory). Counted in `get_hits`/`get_misses`, or `touch_hits`/`touch_misses`
+    /// when `opts.touch` is set; a vivified item counts as a hit (memcached does).
+    ///
+    /// Win token (`won`): on a vivified miss; on a stale item when no token was handed
+    /// out; with `recache` when the remaining TTL is below it and no token was handed
+    /// out. Once handed out, later callers see `win_already_sent` until the item is
+    /// replaced by a store (or re-invalidated by `meta_delete`). `hit_before` and
+    /// `last_access_age` describe the item before this request; the access then
+    /// updates them unless `no_bump`.
+    pub fn meta_get(&self, key: &[u8], opts: &MetaGetOpts) -> Option<MetaView> {
+        let now = self.now();
+        let hash = self.hash(key);
+        let si = self.shard_index(hash);
+        let touch = opts.touch.map(|t| expiry_from_wire(t, now.abs));
+        let mut reserved = 0;
+        let mut fresh: Option<Block> = None;
+        for _ in 0..MAX_ATTEMPTS {
+            let mut sh = self.lock(si);
+            let miss = match sh.lookup(hash, key, &now, &self.budget) {
+                Lookup::Live(idx) => {
+                    self.budget.release(reserved);
+                    return Some(self.meta_hit(&mut sh, idx, hash, opts, touch, &now));
+                }
+                miss => miss,
+            };
+            Self::count_dead(&mut sh, miss);
+            let vivify = match opts.vivify {
+                Some(v) if key.len() <= MAX_KEY_LEN && !self.vivify_too_large(key) => v,
+                _ => {
+                    self.budget.release(reserved);
+                    Self::count_meta_miss(&mut sh, touch.is_some());
+                    return None;
+                }
+            };
+            let Some(exptime) = self.stored_exptime(expiry_from_wire(vivify, now.abs)) else {
+                // Vivified already expired: the caller wins, nothing is stored.
+                self.budget.release(reserved);
+                let cas = sh.next_cas();
+                Self::count_meta_hit(&mut sh, touch.is_some());
+                let block = Block::new(key, &[], 0);
+                block.set_cas(cas);
+                return Some(MetaView {
+                    item: ItemView {
+                        value: crate::item::Value::new(block),
+                        flags: 0,
+                        cas,
+                        exptime: now.abs,
+                    },
+                    hit_before: false,
+                    last_access_age: 0,
+                    ttl: 0,
+                    won: true,
+                    stale: false,
+                    win_already_sent: false,
+                });
+            };
+            let charge = fresh
+                .get_or_insert_with(|| Block::new(key, &[], 0))
+                .charge();
+            match sh.reserve(charge, None, &mut reserved, &now, &self.budget) {
+                Ok(()) => {
+                    let Some(block) = fresh.take() else {
+                        unreachable!("built above")
+                    };
+                    let cas = sh.next_cas();
+                    block.set_cas(cas);
+                    let idx = sh.install(
+                        hash,
+                        None,
+                        block,
+                        exptime,
+                        WIN_SENT,
+                        &now,
+                        &mut reserved,
+                        &self.budget,
+                    );
+                    if !opts.no_bump {
+                        sh.bump(idx, &now);
+                    }
+                    Self::count_meta_hit(&mut sh, touch.is_some());
+                    return Some(MetaView {
+                        item: sh.view(idx, self.time),
+                        hit_before: false,
+                        last_access_age: 0,
+                        ttl: Self::ttl(exptime, &now),
+                        won: true,
+                        stale: false,
+                        win_already_sent: false,
+                    });
+                }
+                Err(need) => {
+                    drop(sh);
+                    if !self.evict_elsewhere(si, need, &mut reserved, &now) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.budget.release(reserved);
+        Self::count_meta_miss(&mut self.lock(si), touch.is_some());
+        None
+    }
+
+    fn count_meta_miss(sh: &mut Shard, touch: bool) {
+        if touch {
+            sh.stats.touch_misses += 1;
+        } else {
+            sh.stats.get_misses += 1;
+        }
+    }
+
+    /// The item and its meta state without counting, bumping or handing out a win
+    /// token (for `me`, debugging and tests). `won` is always false.
+    pub fn peek(&self, key: &[u8]) -> Option<MetaView> {
+        let now = self.now();
+        let hash = self.hash(key);
+        let mut sh = self.lock(self.shard_index(hash));
+        let Lookup::Live(idx) = sh.lookup(hash, key, &now, &self.budget) else {
+            return None;
+        };
+        let e = sh.entry(idx);
+        Some(MetaView {
+            hit_before: e.has(crate::slab::FETCHED),
+            last_access_age: u64::from(now.rel.saturating_sub(e.atime)),
+            ttl: Self::ttl(e.exptime, &now),
+            won: false,
+            stale: e.has(STALE),
+            win_already_sent: e.has(WIN_SENT),
+            item: sh.view(idx, self.time),
+        })
+    }
+
+    fn vivify_too_large(&self, key: &[u8]) -> bool {
+        let c = item_charge(key.len(), 0);
+        c > self.config.item_size_max || c > self.budget.limit()
+    }
+
+    fn count_meta_hit(sh: &mut Shard, touch: bool) {
+        if touch {
+            sh.stats.touch_hits += 1;
+        } else {
+            sh.stats.get_hits += 1;
+        }
+    }
+
+    fn meta_hit(
+        &self,
+        sh: &mut Shard,
+        idx: u32,
+        hash: u64,
+        opts: &MetaGetOpts,
+        touch: Option<Expiry>,
+        now: &Now,
+    ) -> MetaView {
+        let (hit_before, last_access_age, win_sent, stale) = {
+            let e = sh.entry(idx);
+            (
+                e.has(crate::slab::FETCHED),
+                u64::from(now.rel.saturating_sub(e.atime)),
+                e.has(WIN_SENT),
+                e.has(STALE),
+            )
+        };
+        let mut expire_now = false;
+        if let Some(t) = touch {
+            expire_now = !Self::retime(sh, idx, t, self.time);
+        }
+        let exptime = sh.entry(idx).exptime;
+        let mut won = false;
+        if let Some(r) = opts.recache {
+            let remaining = u64::from(exptime.saturating_sub(now.rel));
+            if !win_sent && exptime != 0 && remaining < r {
+                won = true;
+            }
+        }
+        if stale && !win_sent {
+            won = true;
+        }
+        if won {
+            sh.entry_mut(idx).bits |= WIN_SENT;
+        }
+        if !opts.no_bump {
+            sh.bump(idx, now);
+        }
+        Self::count_meta_hit(sh, touch.is_some());
+        let mut item = sh.view(idx, self.time);
+        let ttl = if expire_now {
+            item.exptime = now.abs;
+            sh.unlink(idx, hash, &self.budget);
+            0
+        } else {
+            Self::ttl(exptime, now)
+        };
+        MetaView {
+            item,
+            hit_before,
+            last_access_age,
+            ttl,
+            won,
+            stale,
+            win_already_sent: win_sent,
+        }
+    }
+
+    /// Meta delete (`md`). With `compare_cas`, a mismatch is `Exists`. With
+    /// `invalidate` the item stays but is marked stale, gets a new CAS, has its win
+    /// token reset and (with `ttl`) a new exptime; memcached counts that in neither
+    /// `delete_hits` nor `delete_misses`.
+    pub fn meta_delete(&self, key: &[u8], opts: &MetaDeleteOpts) -> DeleteStatus {
+        let now = self.now();
+        let hash = self.hash(key);
+        let mut sh = self.lock(self.shard_index(hash));
+        let Lookup::Live(idx) = sh.lookup(hash, key, &now, &self.budget) else {
+            sh.stats.delete_misses += 1;
+            return DeleteStatus::NotFound;
+        };
+        if opts
+            .compare_cas
+            .is_some_and(|c| c != sh.entry(idx).block().cas())
+        {
+            sh.stats.delete_misses += 1;
+            return DeleteStatus::Exists;
+        }
+        if opts.invalidate {
+            let new_exptime = opts
+                .ttl
+                .map(|t| self.stored_exptime(expiry_from_wire(t, now.abs)));
+            if new_exptime == Some(None) {
+                // Invalidated with a TTL already past: nothing would be visible.
+                sh.unlink(idx, hash, &self.budget);
+                return DeleteStatus::Deleted;
+            }
+            let cas = sh.next_cas();
+            let e = sh.entry_mut(idx);
+            if let Some(Some(x)) = new_exptime {
+                e.exptime = x;
+            }
+            e.bits = (e.bits | STALE) & !WIN_SENT;
+            e.block().set_cas(cas);
+        } else {
+            sh.unlink(idx, hash, &self.budget);
+            sh.stats.delete_hits += 1;
+        }
+        DeleteStatus::Deleted
+    }
+
+    /// `incr`/`decr` and meta `ma`. The value must be 1 to 20 ASCII digits fitting a
+    /// `u64`; the result is stored as plain decimal digits (memcached pads a shorter
+    /// result with spaces; this store does not), keeping flags, exptime (unless
+    /// `touch`) and item state, with a new CAS.
+    pub fn arith(&self, key: &[u8], req: &ArithRequest) -> ArithStatus {
+        let now = self.now();
+        let hash = self.hash(key);
+        let si = self.shard_index(hash);
+        let touch = req.touch.map(|t| expiry_from_wire(t, now.abs));
+        let mut reserved = 0;
+        for _ in 0..MAX_ATTEMPTS {
+            let mut sh = self.lock(si);
+            let found = match sh.lookup(hash, key, &now, &self.budget) {
+                Lookup::Live(idx) => Some(idx),
+                _ => None,
+            };
+            let mut digits = [0u8; 20];
+            let (value, block, exptime, bits) = match found {
+                Some(idx) => {
+                    let e = sh.entry(idx);
+                    let old = e.block();
+                    if req.compare_cas.is_some_and(|c| c != old.cas()) {
+                        self.budget.release(reserved);
+                        return ArithStatus::Exists;
+                    }
+                    let Some(cur) = parse_u64(old.value()) else {
+                        self.budget.release(reserved);
+                        return ArithStatus::NonNumeric;
+                    };
+                    let value = if req.incr {
+                        cur.wrapping_add(req.delta)
+                    } else {
+                        cur.saturating_sub(req.delta)
+                    };
+                    let n = format_u64(value, &mut digits);
+                    let exptime = match touch {
+                        Some(t) => self.stored_exptime(t),
+                        None => Some(e.exptime),
+                    };
+                    (
+                        value,
+                        Block::new(key, &[&digits[..n]], old.flags()),
+                        exptime,
+                        e.bits,
+                    )
+                }
+                None => {
+                    let Some((initial, exp)) = req.vivify else {
+                        if req.incr {
+                            sh.stats.incr_misses += 1;
+                        } else {
+                            sh.stats.decr_misses += 1;
+                        }
+                        self.budget.release(reserved);
+                        return ArithStatus::NotFound;
+                    };
+                    if key.len() > MAX_KEY_LEN {
+                        self.budget.release(reserved);
+                        return ArithStatus::NotFound;
+                    }
+                    let n = format_u64(initial, &mut digits);
+                    let exptime = self.stored_exptime(expiry_from_wire(exp, now.abs));
+                    (initial, Block::new(key, &[&digits[..n]], 0), exptime, 0)
+                }
+            };
+            let Some(exptime) = exptime else {
+                // The new TTL is already past: the result is never visible.
+                if let Some(idx) = found {
+                    sh.unlink(idx, hash, &self.budget);
+                    self.count_arith_hit(&mut sh, req.incr);
+                }
+                self.budget.release(reserved);
+                let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
+                return ArithStatus::Ok { value, cas, ttl: 0 };
+            };
+            match sh.reserve(block.charge(), found, &mut reserved, &now, &self.budget) {
+                Ok(()) => {
+                    let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
+                    block.set_cas(cas);
+                    sh.install(
+                        hash,
+                        found,
+                        block,
+                        exptime,
+                        bits,
+                        &now,
+                        &mut reserved,
+                        &self.budget,
+                    );
+                    if found.is_some() {
+                        self.count_arith_hit(&mut sh, req.incr);
+                    }
+                    return ArithStatus::Ok {
+                        value,
+                        cas,
+                        ttl: Self::ttl(exptime, &now),
+                    };
+                }
+                Err(need) => {
+                    drop(sh);
+                    if !self.evict_elsewhere(si, need, &mut reserved, &now) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.budget.release(reserved);
+        ArithStatus::OutOfMemory
+    }
+
+    fn count_arith_hit(&self, sh: &mut Shard, incr: bool) {
+        if incr {
+            sh.stats.incr_hits += 1;
+        } else {
+            sh.stats.decr_hits += 1;
+        }
+    }
+
+    /// `flush_all [delay]`: items stored before the flush moment become invisible
+    /// when it comes. `delay` is a wire exptime: 0, negative or a past absolute time
+    /// flush now; otherwise the moment is `now + delay` (or the absolute time). A
+    /// later call replaces a pending delayed flush.
+    ///
+    /// Implemented as a generation number: every item records the generation it was
+    /// stored in, and an item from an older generation is dead. Flushing now bumps
+    /// the generation, so a store right after `flush_all(0)` — even within the same
+    /// second — is visible. A delayed flush records its moment; the first request at
+    /// or after it bumps the generation. Flushed items are unlinked lazily (on
+    /// access, by eviction scans, or by [`Store::reclaim_expired`]), as memcached does.
+    pub fn flush_all(&self, delay: i64) {
+        let abs = self.clock.now();
+        let due = match expiry_from_wire(delay, abs) {
+            Expiry::Never | Expiry::Expired => 0,
+            Expiry::At(t) => self.time.rel(t).max(1),
+        };
+        let mut s = self.flush.load(Ordering::Acquire);
+        loop {
+            let gen = (s >> 32) as u32;
+            let next = if due == 0 {
+                pack(gen.wrapping_add(1), 0)
+            } else {
+                pack(gen, due)
+            };
+            match self
+                .flush
+                .compare_exchange(s, next, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(actual) => s = actual,
+            }
+        }
+    }
+
+    /// Unlinks every expired or flushed item now (like memcached's LRU crawler);
+    /// returns how many. Holds one shard lock at a time, for a scan of that shard.
+    pub fn reclaim_expired(&self) -> u64 {
+        let now = self.now();
+        (0..self.shards.len())
+            .map(|si| self.lock(si).reclaim_all(&now, &self.budget))
+            .sum()
+    }
+
+    /// A snapshot of the counters (each shard's counters are read under its lock,
+    /// one shard at a time).
+    pub fn stats(&self) -> StoreStats {
+        let mut out = StoreStats {
+            limit_maxbytes: self.budget.limit() as u64,
+            ..StoreStats::default()
+        };
+        for si in 0..self.shards.len() {
+            let sh = self.lock(si);
+            out.curr_items += sh.len() as u64;
+            sh.stats.add_to(&mut out);
+        }
+        out.bytes = self.budget.used() as u64;
+        out
+    }
+
+    /// Heap bytes of all shards' index structures (slab chunks, hash tables).
+    #[cfg(test)]
+    pub(crate) fn index_bytes(&self) -> usize {
+        (0..self.shards.len())
+            .map(|si| self.lock(si).index_bytes())
+            .sum()
+    }
+}
+
+/// Parses 1 to 20 ASCII digits that fit a `u64`.
+fn parse_u64(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 20 {
+        return None;
+    }
+    v.iter().try_fold(0u64, |acc, &b| {
+        if b.is_ascii_digit() {
+            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+        } else {
+            None
+        }
+    })
+}
+
+/// Writes `v` in decimal into `buf`, returning the length.
+fn format_u64(mut v: u64, buf: &mut [u8; 20]) -> usize {
+    let mut tmp = [0u8; 20];
+    let mut i = tmp.len();
+    loop {
+        i -= 1;
+        tmp[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    let n = tmp.len() - i;
+    buf[..n].copy_from_slice(&tmp[i..]);
+    n
+}
+
+#[cfg(test)]
+mod tests;
