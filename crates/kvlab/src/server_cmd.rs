@@ -39,7 +39,9 @@ pub struct ServerArgs {
     /// first) or none (refuse new items, like -M).
     #[arg(long = "eviction", default_value = "lru")]
     eviction: Policy,
-    /// I/O model: reactor (one epoll loop per worker thread).
+    /// I/O model: reactor (one epoll loop per worker thread), threaded (a thread per
+    /// connection, blocking I/O), epoll (one event-loop thread, disk work on helper threads),
+    /// signal (one event-loop thread woken by real-time signals).
     #[arg(long = "io", default_value = "reactor")]
     io: IoModel,
     /// Serve Prometheus text at http://LISTEN:PORT/metrics.

@@ -10,7 +10,17 @@ fn bench(c: &mut Criterion) {
     set.extend_from_slice(b"\r\n");
     let cases: [(&str, Vec<u8>); 4] = [
         ("get", b"get key:000000123456\r\n".to_vec()),
-        ("get_10_keys", format!("get {}\r\n", (0..10).map(|i| format!("key:{i:012}")).collect::<Vec<_>>().join(" ")).into_bytes()),
+        (
+            "get_10_keys",
+            format!(
+                "get {}\r\n",
+                (0..10)
+                    .map(|i| format!("key:{i:012}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            )
+            .into_bytes(),
+        ),
         ("set_100B", set),
         ("mg", b"mg key:000000123456 v f t c\r\n".to_vec()),
     ];

@@ -90,7 +90,10 @@ pub struct MetaKey<'a> {
 
 impl<'a> MetaKey<'a> {
     pub(crate) fn empty() -> Self {
-        MetaKey { raw: &[], base64: false }
+        MetaKey {
+            raw: &[],
+            base64: false,
+        }
     }
 
     /// Validates the key (decoding it once if it is base64).
@@ -133,14 +136,16 @@ impl<'a> MetaKey<'a> {
         if self.raw.len() > ENCODED_MAX {
             return None;
         }
-        let n = base64::engine::general_purpose::STANDARD.decode_slice(self.raw, buf).ok()?;
+        let n = base64::engine::general_purpose::STANDARD
+            .decode_slice(self.raw, buf)
+            .ok()?;
         Some(&buf[..n])
     }
 }
 
 /// Room for a decoded key; base64 text longer than [`ENCODED_MAX`] can't be a valid key.
 const DECODED_MAX: usize = MAX_KEY_LEN + 3;
-const ENCODED_MAX: usize = (MAX_KEY_LEN + 2) / 3 * 4;
+const ENCODED_MAX: usize = MAX_KEY_LEN.div_ceil(3) * 4;
 
 /// The flags of one meta request, with their tokens parsed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -189,8 +194,15 @@ fn bit(flag: u8) -> u64 {
 impl<'a> MetaFlags<'a> {
     /// Parses the flag tokens of `command`.
     pub fn parse(command: MetaCommand, raw: &'a [u8]) -> Result<Self, MetaError> {
-        let mut f = MetaFlags { raw, ..MetaFlags::default() };
-        let bad = if command == MetaCommand::Arith { MetaError::BadArithToken } else { MetaError::BadToken };
+        let mut f = MetaFlags {
+            raw,
+            ..MetaFlags::default()
+        };
+        let bad = if command == MetaCommand::Arith {
+            MetaError::BadArithToken
+        } else {
+            MetaError::BadToken
+        };
         for token in raw.split(|&b| b == b' ').filter(|t| !t.is_empty()) {
             let flag = token[0];
             let arg = &token[1..];
@@ -232,7 +244,11 @@ impl<'a> MetaFlags<'a> {
                 }
                 b'M' => {
                     let mode = arg.first().map(u8::to_ascii_uppercase);
-                    let ok: &[u8] = if command == MetaCommand::Set { b"EAPRS" } else { b"I+D-" };
+                    let ok: &[u8] = if command == MetaCommand::Set {
+                        b"EAPRS"
+                    } else {
+                        b"I+D-"
+                    };
                     match mode {
                         Some(m) if arg.len() == 1 && ok.contains(&m) => f.mode = Some(m),
                         _ if command == MetaCommand::Set => return Err(MetaError::SetMode),
@@ -252,7 +268,9 @@ impl<'a> MetaFlags<'a> {
 
     /// The flag letters in the order the client sent them.
     pub fn letters(&self) -> impl Iterator<Item = u8> + 'a {
-        self.raw.split(|&b| b == b' ').filter_map(|t| t.first().copied())
+        self.raw
+            .split(|&b| b == b' ')
+            .filter_map(|t| t.first().copied())
     }
 }
 
@@ -271,14 +289,35 @@ mod tests {
 
     #[test]
     fn flag_errors_use_memcached_wording() {
-        assert_eq!(MetaFlags::parse(MetaCommand::Get, b"zz"), Err(MetaError::InvalidFlag));
-        assert_eq!(MetaFlags::parse(MetaCommand::Get, b"v v"), Err(MetaError::DuplicateFlag));
-        assert_eq!(MetaFlags::parse(MetaCommand::Set, b"Tabc"), Err(MetaError::BadToken));
-        assert_eq!(MetaFlags::parse(MetaCommand::Set, b"MX"), Err(MetaError::SetMode));
-        assert_eq!(MetaFlags::parse(MetaCommand::Arith, b"MX"), Err(MetaError::ArithMode));
-        assert_eq!(MetaFlags::parse(MetaCommand::Arith, b"D-1"), Err(MetaError::BadArithToken));
+        assert_eq!(
+            MetaFlags::parse(MetaCommand::Get, b"zz"),
+            Err(MetaError::InvalidFlag)
+        );
+        assert_eq!(
+            MetaFlags::parse(MetaCommand::Get, b"v v"),
+            Err(MetaError::DuplicateFlag)
+        );
+        assert_eq!(
+            MetaFlags::parse(MetaCommand::Set, b"Tabc"),
+            Err(MetaError::BadToken)
+        );
+        assert_eq!(
+            MetaFlags::parse(MetaCommand::Set, b"MX"),
+            Err(MetaError::SetMode)
+        );
+        assert_eq!(
+            MetaFlags::parse(MetaCommand::Arith, b"MX"),
+            Err(MetaError::ArithMode)
+        );
+        assert_eq!(
+            MetaFlags::parse(MetaCommand::Arith, b"D-1"),
+            Err(MetaError::BadArithToken)
+        );
         let long = [b'O'; 40];
-        assert_eq!(MetaFlags::parse(MetaCommand::Get, &long), Err(MetaError::OpaqueTooLong));
+        assert_eq!(
+            MetaFlags::parse(MetaCommand::Get, &long),
+            Err(MetaError::OpaqueTooLong)
+        );
     }
 
     #[test]

@@ -33,7 +33,11 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { item_size_max: 1024 * 1024, max_line: 2048, max_get_line: 256 * 1024 }
+        Limits {
+            item_size_max: 1024 * 1024,
+            max_line: 2048,
+            max_get_line: 256 * 1024,
+        }
     }
 }
 
@@ -77,9 +81,16 @@ impl<'a> Keys<'a> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request<'a> {
     /// `get`/`gets` (`cas` says which).
-    Get { keys: Keys<'a>, cas: bool },
+    Get {
+        keys: Keys<'a>,
+        cas: bool,
+    },
     /// `gat`/`gats`: get and touch.
-    Gat { exptime: i64, keys: Keys<'a>, cas: bool },
+    Gat {
+        exptime: i64,
+        keys: Keys<'a>,
+        cas: bool,
+    },
     /// `set add replace append prepend cas`.
     Store {
         command: StoreCommand,
@@ -92,17 +103,42 @@ pub enum Request<'a> {
         noreply: bool,
     },
     /// `incr`/`decr`.
-    Arith { incr: bool, key: &'a [u8], delta: u64, noreply: bool },
-    Delete { key: &'a [u8], noreply: bool },
-    Touch { key: &'a [u8], exptime: i64, noreply: bool },
-    FlushAll { delay: i64, noreply: bool },
-    Verbosity { level: u32, noreply: bool },
+    Arith {
+        incr: bool,
+        key: &'a [u8],
+        delta: u64,
+        noreply: bool,
+    },
+    Delete {
+        key: &'a [u8],
+        noreply: bool,
+    },
+    Touch {
+        key: &'a [u8],
+        exptime: i64,
+        noreply: bool,
+    },
+    FlushAll {
+        delay: i64,
+        noreply: bool,
+    },
+    Verbosity {
+        level: u32,
+        noreply: bool,
+    },
     Version,
     Quit,
     /// `stats` with an optional group name (`settings`, `items`, `slabs`, `conns`, `reset`…).
-    Stats { group: Option<&'a [u8]> },
+    Stats {
+        group: Option<&'a [u8]>,
+    },
     /// A meta command (`mg ms md ma mn me`).
-    Meta { command: MetaCommand, key: MetaKey<'a>, flags: MetaFlags<'a>, data: &'a [u8] },
+    Meta {
+        command: MetaCommand,
+        key: MetaKey<'a>,
+        flags: MetaFlags<'a>,
+        data: &'a [u8],
+    },
 }
 
 impl Request<'_> {
@@ -168,23 +204,82 @@ impl ProtocolError {
 }
 
 /// The outcome of looking at the front of an input buffer.
+// A `Parsed` lives on the stack for one request and is never stored in bulk; boxing the large
+// variant would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Parsed<'a> {
     /// A whole request that used `consumed` bytes.
-    Request { request: Request<'a>, consumed: usize },
+    Request {
+        request: Request<'a>,
+        consumed: usize,
+    },
     /// More bytes are needed before anything can be said.
     Incomplete,
-    /// A bad request: reply `error.reply()`, drop `consumed` bytes, then discard the next
-    /// `swallow` bytes as they arrive (possibly more than are buffered now).
-    Error { error: ProtocolError, consumed: usize, swallow: usize },
+    /// A bad request: reply `error.reply()` unless `noreply`, drop `consumed` bytes, then
+    /// discard the next `swallow` bytes as they arrive (possibly more than are buffered now).
+    ///
+    /// `noreply` follows memcached: a command that takes `noreply` and ends with it stays
+    /// silent about its own argument errors too (but not about an unknown command or wrong
+    /// number of arguments, which memcached rejects before looking at `noreply`).
+    Error {
+        error: ProtocolError,
+        consumed: usize,
+        swallow: usize,
+        noreply: bool,
+    },
 }
 
 fn error(error: ProtocolError, consumed: usize) -> Parsed<'static> {
-    Parsed::Error { error, consumed, swallow: 0 }
+    Parsed::Error {
+        error,
+        consumed,
+        swallow: 0,
+        noreply: false,
+    }
 }
 
 /// Parses the request at the front of `buf`.
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
+    let mut parsed = parse_one(buf, limits);
+    if let Parsed::Error { error, noreply, .. } = &mut parsed {
+        if *error != ProtocolError::UnknownCommand && ends_with_noreply(buf) {
+            *noreply = true;
+        }
+    }
+    parsed
+}
+
+/// Whether the command line at the front of `buf` is a command that takes `noreply` and
+/// ends with it.
+fn ends_with_noreply(buf: &[u8]) -> bool {
+    let line = match memchr::memchr(b'\n', buf) {
+        Some(nl) => &buf[..nl],
+        None => return false,
+    };
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut tokens = Tokens::new(line);
+    let takes_noreply = matches!(
+        tokens.next(),
+        Some(
+            b"set"
+                | b"add"
+                | b"replace"
+                | b"append"
+                | b"prepend"
+                | b"cas"
+                | b"incr"
+                | b"decr"
+                | b"delete"
+                | b"touch"
+                | b"verbosity"
+                | b"flush_all"
+        )
+    );
+    takes_noreply && tokens.last() == Some(b"noreply")
+}
+
+fn parse_one<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
     let Some(nl) = memchr::memchr(b'\n', buf) else {
         return incomplete_line(buf, limits);
     };
@@ -205,13 +300,16 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
         b"gets" => parse_get(tokens, line_end, true),
         b"gat" => parse_gat(tokens, line_end, false),
         b"gats" => parse_gat(tokens, line_end, true),
-        b"mg" | b"ms" | b"md" | b"ma" | b"mn" | b"me" => parse_meta(name, tokens, buf, line_end, limits),
+        b"mg" | b"ms" | b"md" | b"ma" | b"mn" | b"me" => {
+            parse_meta(name, tokens, buf, line_end, limits)
+        }
         b"incr" | b"decr" => parse_arith(name == b"incr", tokens, line_end),
         b"delete" => parse_delete(tokens, line_end),
         b"touch" => parse_touch(tokens, line_end),
         b"flush_all" => parse_flush_all(tokens, line_end),
         b"verbosity" => parse_verbosity(tokens, line_end),
-        b"version" if tokens.rest_is_empty() => request(Request::Version, line_end),
+        // memcached ignores anything after `version`.
+        b"version" => request(Request::Version, line_end),
         b"quit" if tokens.rest_is_empty() => request(Request::Quit, line_end),
         b"stats" => {
             let group = tokens.next();
@@ -234,7 +332,11 @@ fn request(request: Request<'_>, consumed: usize) -> Parsed<'_> {
 
 /// No newline yet: wait, unless the line is already longer than any valid one.
 fn incomplete_line(buf: &[u8], limits: &Limits) -> Parsed<'static> {
-    let limit = if is_retrieval(buf) { limits.max_get_line } else { limits.max_line };
+    let limit = if is_retrieval(buf) {
+        limits.max_get_line
+    } else {
+        limits.max_line
+    };
     if buf.len() > limit {
         error(ProtocolError::LineTooLong, buf.len())
     } else {
@@ -245,7 +347,9 @@ fn incomplete_line(buf: &[u8], limits: &Limits) -> Parsed<'static> {
 fn is_retrieval(line: &[u8]) -> bool {
     let start = line.iter().position(|&b| b != b' ').unwrap_or(line.len());
     let line = &line[start..];
-    [&b"get "[..], b"gets ", b"gat ", b"gats "].iter().any(|p| line.starts_with(p))
+    [&b"get "[..], b"gets ", b"gat ", b"gats "]
+        .iter()
+        .any(|p| line.starts_with(p))
 }
 
 /// Splits a command line on spaces (memcached's tokenizer: runs of spaces are one separator).
@@ -261,7 +365,11 @@ impl<'a> Tokens<'a> {
 
     /// The unsplit remainder, leading spaces removed.
     pub(crate) fn remainder(&self) -> &'a [u8] {
-        let start = self.rest.iter().position(|&b| b != b' ').unwrap_or(self.rest.len());
+        let start = self
+            .rest
+            .iter()
+            .position(|&b| b != b' ')
+            .unwrap_or(self.rest.len());
         &self.rest[start..]
     }
 
@@ -328,21 +436,18 @@ fn is_noreply(t: Option<&[u8]>) -> Option<bool> {
     }
 }
 
-fn parse_keys<'a>(tokens: &Tokens<'a>, line_end: usize) -> Result<Keys<'a>, Parsed<'static>> {
+fn parse_keys<'a>(tokens: &Tokens<'a>) -> Option<Keys<'a>> {
     let rest = tokens.remainder();
-    if Tokens::new(rest).any(|k| !valid_key(k)) {
-        return Err(error(ProtocolError::BadFormat, line_end));
-    }
-    Ok(Keys(rest))
+    Tokens::new(rest).all(valid_key).then_some(Keys(rest))
 }
 
 fn parse_get(tokens: Tokens<'_>, line_end: usize, cas: bool) -> Parsed<'_> {
     if tokens.rest_is_empty() {
         return error(ProtocolError::UnknownCommand, line_end);
     }
-    match parse_keys(&tokens, line_end) {
-        Ok(keys) => request(Request::Get { keys, cas }, line_end),
-        Err(e) => e,
+    match parse_keys(&tokens) {
+        Some(keys) => request(Request::Get { keys, cas }, line_end),
+        None => error(ProtocolError::BadFormat, line_end),
     }
 }
 
@@ -353,9 +458,9 @@ fn parse_gat(mut tokens: Tokens<'_>, line_end: usize, cas: bool) -> Parsed<'_> {
     let Some(exptime) = parse_i64(t) else {
         return error(ProtocolError::InvalidExptime, line_end);
     };
-    match parse_keys(&tokens, line_end) {
-        Ok(keys) => request(Request::Gat { exptime, keys, cas }, line_end),
-        Err(e) => e,
+    match parse_keys(&tokens) {
+        Some(keys) => request(Request::Gat { exptime, keys, cas }, line_end),
+        None => error(ProtocolError::BadFormat, line_end),
     }
 }
 
@@ -378,12 +483,16 @@ fn parse_store<'a>(
     let [Some(key), Some(flags), Some(exptime), Some(len), extra1, extra2] = args else {
         return error(ProtocolError::UnknownCommand, line_end);
     };
-    let (cas_token, noreply_token) =
-        if command == StoreCommand::Cas { (extra1, extra2) } else { (None, extra1) };
+    let (cas_token, noreply_token) = if command == StoreCommand::Cas {
+        (extra1, extra2)
+    } else {
+        (None, extra1)
+    };
     if !valid_key(key) {
         return error(ProtocolError::BadFormat, line_end);
     }
-    let (Some(flags), Some(exptime), Some(len)) = (parse_u32(flags), parse_i64(exptime), parse_i64(len))
+    let (Some(flags), Some(exptime), Some(len)) =
+        (parse_u32(flags), parse_i64(exptime), parse_i64(len))
     else {
         return error(ProtocolError::BadFormat, line_end);
     };
@@ -417,11 +526,19 @@ pub(crate) fn data_block<'a>(
     make: impl FnOnce(&'a [u8]) -> Request<'a>,
 ) -> Parsed<'a> {
     // memcached refuses negative lengths and those near i32::MAX without reading any data.
-    let Some(len) = usize::try_from(len).ok().filter(|&l| l <= i32::MAX as usize - 2) else {
+    let Some(len) = usize::try_from(len)
+        .ok()
+        .filter(|&l| l <= i32::MAX as usize - 2)
+    else {
         return error(ProtocolError::BadFormat, line_end);
     };
     if len > limits.item_size_max {
-        return Parsed::Error { error: ProtocolError::TooLarge, consumed: line_end, swallow: len + 2 };
+        return Parsed::Error {
+            error: ProtocolError::TooLarge,
+            consumed: line_end,
+            swallow: len + 2,
+            noreply: false,
+        };
     }
     let end = line_end + len + 2;
     if buf.len() < end {
@@ -448,7 +565,15 @@ fn parse_arith(incr: bool, mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_
         return error(ProtocolError::InvalidDelta, line_end);
     };
     match is_noreply(tokens.next()) {
-        Some(noreply) => request(Request::Arith { incr, key, delta, noreply }, line_end),
+        Some(noreply) => request(
+            Request::Arith {
+                incr,
+                key,
+                delta,
+                noreply,
+            },
+            line_end,
+        ),
         None => error(ProtocolError::BadFormat, line_end),
     }
 }
@@ -492,7 +617,14 @@ fn parse_touch(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
         return error(ProtocolError::InvalidExptime, line_end);
     };
     match is_noreply(tokens.next()) {
-        Some(noreply) => request(Request::Touch { key, exptime, noreply }, line_end),
+        Some(noreply) => request(
+            Request::Touch {
+                key,
+                exptime,
+                noreply,
+            },
+            line_end,
+        ),
         None => error(ProtocolError::BadFormat, line_end),
     }
 }
@@ -521,17 +653,15 @@ fn parse_flush_all(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
 }
 
 fn parse_verbosity(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
-    let Some(level) = tokens.next() else {
+    let n = tokens.token_count();
+    if !(1..=2).contains(&n) {
         return error(ProtocolError::UnknownCommand, line_end);
-    };
-    let Some(level) = parse_u32(level) else {
-        return error(ProtocolError::BadFormat, line_end);
-    };
-    match is_noreply(tokens.next()) {
-        Some(noreply) if tokens.rest_is_empty() => {
-            request(Request::Verbosity { level, noreply }, line_end)
-        }
-        _ => error(ProtocolError::UnknownCommand, line_end),
+    }
+    let level = tokens.next().and_then(parse_u32);
+    let noreply = is_noreply(tokens.next());
+    match (level, noreply) {
+        (Some(level), Some(noreply)) => request(Request::Verbosity { level, noreply }, line_end),
+        _ => error(ProtocolError::BadFormat, line_end),
     }
 }
 
@@ -586,7 +716,15 @@ fn parse_meta<'a>(
             flags,
             data,
         }),
-        None => request(Request::Meta { command, key, flags, data: &[] }, line_end),
+        None => request(
+            Request::Meta {
+                command,
+                key,
+                flags,
+                data: &[],
+            },
+            line_end,
+        ),
     }
 }
 

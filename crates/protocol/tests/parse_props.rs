@@ -15,11 +15,25 @@ fn data() -> impl Strategy<Value = Vec<u8>> {
 /// A valid request in wire form.
 fn valid_request() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
-        prop::collection::vec(key(), 1..5).prop_map(|ks| format!("get {}\r\n", ks.join(" ")).into_bytes()),
-        prop::collection::vec(key(), 1..5).prop_map(|ks| format!("gats 100 {}\r\n", ks.join(" ")).into_bytes()),
-        (prop::sample::select(vec!["set", "add", "replace", "append", "prepend"]), key(), any::<u32>(), -5i64..5_000_000, data(), any::<bool>())
+        prop::collection::vec(key(), 1..5)
+            .prop_map(|ks| format!("get {}\r\n", ks.join(" ")).into_bytes()),
+        prop::collection::vec(key(), 1..5)
+            .prop_map(|ks| format!("gats 100 {}\r\n", ks.join(" ")).into_bytes()),
+        (
+            prop::sample::select(vec!["set", "add", "replace", "append", "prepend"]),
+            key(),
+            any::<u32>(),
+            -5i64..5_000_000,
+            data(),
+            any::<bool>()
+        )
             .prop_map(|(cmd, k, f, e, d, nr)| {
-                let mut v = format!("{cmd} {k} {f} {e} {}{}\r\n", d.len(), if nr { " noreply" } else { "" }).into_bytes();
+                let mut v = format!(
+                    "{cmd} {k} {f} {e} {}{}\r\n",
+                    d.len(),
+                    if nr { " noreply" } else { "" }
+                )
+                .into_bytes();
                 v.extend_from_slice(&d);
                 v.extend_from_slice(b"\r\n");
                 v
@@ -30,14 +44,24 @@ fn valid_request() -> impl Strategy<Value = Vec<u8>> {
             v.extend_from_slice(b"\r\n");
             v
         }),
-        (key(), any::<u64>(), any::<bool>()).prop_map(|(k, d, i)| format!("{} {k} {d}\r\n", if i { "incr" } else { "decr" }).into_bytes()),
+        (key(), any::<u64>(), any::<bool>()).prop_map(|(k, d, i)| format!(
+            "{} {k} {d}\r\n",
+            if i { "incr" } else { "decr" }
+        )
+        .into_bytes()),
         key().prop_map(|k| format!("delete {k} noreply\r\n").into_bytes()),
         (key(), -10i64..100).prop_map(|(k, e)| format!("touch {k} {e}\r\n").into_bytes()),
         (0i64..100).prop_map(|d| format!("flush_all {d}\r\n").into_bytes()),
         Just(b"version\r\n".to_vec()),
         Just(b"stats\r\n".to_vec()),
         Just(b"mn\r\n".to_vec()),
-        (key(), prop::sample::subsequence(vec!["v", "k", "c", "f", "s", "t", "h", "l", "q", "O42", "T30"], 0..8))
+        (
+            key(),
+            prop::sample::subsequence(
+                vec!["v", "k", "c", "f", "s", "t", "h", "l", "q", "O42", "T30"],
+                0..8
+            )
+        )
             .prop_map(|(k, fl)| format!("mg {k} {}\r\n", fl.join(" ")).into_bytes()),
         (key(), data()).prop_map(|(k, d)| {
             let mut v = format!("ms {k} {} T10 F3 c\r\n", d.len()).into_bytes();
@@ -107,7 +131,11 @@ proptest! {
 #[test]
 fn data_is_borrowed_from_the_input() {
     let buf = b"set k 1 2 5\r\nhello\r\n";
-    let Parsed::Request { request: Request::Store { data, key, .. }, .. } = parse(buf, &Limits::default()) else {
+    let Parsed::Request {
+        request: Request::Store { data, key, .. },
+        ..
+    } = parse(buf, &Limits::default())
+    else {
         panic!("no store")
     };
     assert_eq!(data.as_ptr(), buf[13..].as_ptr());

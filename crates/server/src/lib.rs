@@ -14,12 +14,17 @@
 //! - [`metrics`]: the optional HTTP endpoint serving `/metrics`;
 //! - [`http`]: the optional REST interface to the same store.
 
+pub mod driver;
 pub mod engine;
+pub mod epoll;
+pub mod event_loop;
 pub mod http;
 pub mod metrics;
 pub mod reactor;
 pub mod session;
+pub mod signal;
 pub mod stats;
+pub mod threaded;
 
 use std::io;
 use std::net::SocketAddr;
@@ -39,20 +44,66 @@ pub use session::Session;
 /// memcached's reply to a connection over the `-c` limit.
 pub const TOO_MANY_CONNECTIONS: &[u8] = kvlab_protocol::response::TOO_MANY_CONNECTIONS;
 
-/// Which I/O driver runs the sessions.
+/// Which I/O driver runs the sessions; all drive the same [`Session`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IoModel {
-    /// One epoll event loop per worker thread (the default).
+    /// One epoll event loop per worker thread, fed by an acceptor (the default).
     Reactor,
+    /// One thread per connection, blocking I/O.
+    Threaded,
+    /// One epoll event-loop thread for everything; disk work on helper threads.
+    Epoll,
+    /// One event-loop thread woken by real-time signals (`O_ASYNC`, `F_SETSIG`).
+    Signal,
 }
 
 impl IoModel {
     /// Every driver, for tests that must pass under each.
-    pub const ALL: &'static [IoModel] = &[IoModel::Reactor];
+    pub const ALL: &'static [IoModel] = &[
+        IoModel::Reactor,
+        IoModel::Threaded,
+        IoModel::Epoll,
+        IoModel::Signal,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             IoModel::Reactor => "reactor",
+            IoModel::Threaded => "threaded",
+            IoModel::Epoll => "epoll",
+            IoModel::Signal => "signal",
+        }
+    }
+}
+
+/// A running I/O driver.
+enum Driver {
+    Reactor(reactor::Reactor),
+    Threaded(threaded::Threaded),
+    Epoll(epoll::Epoll),
+    Signal(signal::SignalDriver),
+}
+
+impl Driver {
+    fn start(
+        io: IoModel,
+        listener: std::net::TcpListener,
+        shared: Arc<Shared>,
+    ) -> io::Result<Driver> {
+        Ok(match io {
+            IoModel::Reactor => Driver::Reactor(reactor::Reactor::start(listener, shared)?),
+            IoModel::Threaded => Driver::Threaded(threaded::Threaded::start(listener, shared)?),
+            IoModel::Epoll => Driver::Epoll(epoll::Epoll::start(listener, shared)?),
+            IoModel::Signal => Driver::Signal(signal::SignalDriver::start(listener, shared)?),
+        })
+    }
+
+    fn stop(self) {
+        match self {
+            Driver::Reactor(d) => d.stop(),
+            Driver::Threaded(d) => d.stop(),
+            Driver::Epoll(d) => d.stop(),
+            Driver::Signal(d) => d.stop(),
         }
     }
 }
@@ -64,7 +115,9 @@ impl std::str::FromStr for IoModel {
             .iter()
             .copied()
             .find(|m| m.name() == s)
-            .ok_or_else(|| format!("unknown I/O model {s:?} (known: reactor)"))
+            .ok_or_else(|| {
+                format!("unknown I/O model {s:?} (known: reactor, threaded, epoll, signal)")
+            })
     }
 }
 
@@ -148,7 +201,7 @@ pub struct Server {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
-    reactor: Option<reactor::Reactor>,
+    driver: Option<Driver>,
     metrics: Option<metrics::MetricsServer>,
     http: Option<http::HttpServer>,
     http_addr: Option<SocketAddr>,
@@ -218,14 +271,12 @@ impl Server {
             None => None,
         };
         let http_addr = http.as_ref().map(|h| h.addr());
-        let reactor = match config.io {
-            IoModel::Reactor => reactor::Reactor::start(listener, shared.clone())?,
-        };
+        let driver = Driver::start(config.io, listener, shared.clone())?;
         Ok(Server {
             addr,
             metrics_addr,
             shared,
-            reactor: Some(reactor),
+            driver: Some(driver),
             metrics,
             http,
             http_addr,
@@ -278,8 +329,8 @@ impl Server {
 
     fn stop(&mut self) {
         self.shared.shutdown.store(true, SeqCst);
-        if let Some(r) = self.reactor.take() {
-            r.stop();
+        if let Some(d) = self.driver.take() {
+            d.stop();
         }
         if let Some(m) = self.metrics.take() {
             m.stop();

@@ -1,0 +1,181 @@
+//! What every I/O driver shares: admitting connections under the `-c` limit, and pumping
+//! bytes between a non-blocking socket and its [`Session`].
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::SeqCst;
+
+use crate::engine::Engine;
+use crate::session::Session;
+use crate::stats::{ServerStats, WorkerStats};
+use crate::{Shared, TOO_MANY_CONNECTIONS};
+
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+
+/// The listener's token in an acceptor's poll.
+pub const LISTENER: Token = Token(usize::MAX - 1);
+
+/// Counts a new connection in, or refuses it with memcached's message when the server is at
+/// its connection limit. Returns whether the connection was admitted; a refused one should
+/// be dropped (closed) by the caller.
+pub fn admit(stats: &ServerStats, stream: &mut impl Write, peer: std::net::SocketAddr) -> bool {
+    if stats.curr_connections.load(Relaxed) >= stats.max_connections {
+        stats.rejected_connections.fetch_add(1, Relaxed);
+        let _ = stream.write(TOO_MANY_CONNECTIONS);
+        tracing::warn!(%peer, "too many open connections");
+        return false;
+    }
+    stats.curr_connections.fetch_add(1, Relaxed);
+    stats.total_connections.fetch_add(1, Relaxed);
+    tracing::debug!(%peer, "accepted");
+    true
+}
+
+/// Counts a connection out.
+pub fn release(stats: &ServerStats) {
+    stats.curr_connections.fetch_sub(1, Relaxed);
+}
+
+/// Where a pumped connection stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pump {
+    /// Done: peer closed, an error, or the session closed after its replies.
+    Closed,
+    /// Input drained and every reply written: wait for readability.
+    Idle,
+    /// Replies are waiting for the socket to drain: wait for writability.
+    Blocked,
+}
+
+/// Moves bytes for one non-blocking connection until its input is drained or its output
+/// blocks.
+///
+/// A read shorter than the buffer is taken as "drained": on Linux every arrival of data
+/// after that read raises a new edge (epoll) or signal (`O_ASYNC`), so this saves the extra
+/// `read` that would only return `EAGAIN` — one read and one write per batch of pipelined
+/// requests.
+pub fn pump<S: Read + Write>(stream: &mut S, session: &mut Session, engine: &mut Engine) -> Pump {
+    let mut drained = false;
+    loop {
+        session.process(engine);
+        if !flush(stream, session, engine) {
+            return Pump::Closed;
+        }
+        if !session.output().is_empty() {
+            return Pump::Blocked;
+        }
+        if session.is_closing() {
+            return Pump::Closed;
+        }
+        if drained {
+            return Pump::Idle;
+        }
+        drained = true;
+        while session.wants_read() {
+            let space = session.read_space();
+            let room = space.len();
+            if room == 0 {
+                break;
+            }
+            match stream.read(space) {
+                Ok(0) => return Pump::Closed,
+                Ok(n) => {
+                    WorkerStats::add(&engine.worker.bytes_read, n as u64);
+                    session.filled(n);
+                    if n == room {
+                        drained = false;
+                    }
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => return Pump::Closed,
+            }
+        }
+    }
+}
+
+/// Writes as much pending output as the socket takes. False on a dead connection.
+fn flush<S: Write>(stream: &mut S, session: &mut Session, engine: &mut Engine) -> bool {
+    while !session.output().is_empty() {
+        match stream.write(session.output()) {
+            Ok(0) => return false,
+            Ok(n) => {
+                WorkerStats::add(&engine.worker.bytes_written, n as u64);
+                session.wrote(n);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        }
+    }
+    true
+}
+
+/// Best-effort write of whatever a session still holds, for shutdown.
+pub fn flush_on_close<S: Write>(stream: &mut S, session: &Session) {
+    let out = session.output();
+    if !out.is_empty() {
+        let _ = stream.write(out);
+    }
+}
+
+/// Accepts connections until shutdown, admitting each under the connection limit and
+/// handing it to `handoff` (which returns false if it could not take it). `poll` must have
+/// a waker registered so that shutdown can interrupt the wait.
+pub fn accept_loop(
+    mut poll: Poll,
+    mut listener: TcpListener,
+    shared: &Shared,
+    mut handoff: impl FnMut(TcpStream) -> bool,
+) {
+    if let Err(e) = poll
+        .registry()
+        .register(&mut listener, LISTENER, Interest::READABLE)
+    {
+        tracing::error!(%e, "cannot register listener");
+        return;
+    }
+    let mut events = Events::with_capacity(64);
+    while !shared.shutdown.load(SeqCst) {
+        if let Err(e) = poll.poll(&mut events, None) {
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::error!(%e, "acceptor poll failed");
+            return;
+        }
+        while let Some((stream, _peer)) = accept_one(&listener, shared) {
+            if !handoff(stream) {
+                release(&shared.stats);
+            }
+        }
+    }
+}
+
+/// Accepts one admitted connection, or None when the listener would block. Refused
+/// connections are answered and closed here.
+pub fn accept_one(
+    listener: &TcpListener,
+    shared: &Shared,
+) -> Option<(TcpStream, std::net::SocketAddr)> {
+    loop {
+        match listener.accept() {
+            Ok((mut stream, peer)) => {
+                if !admit(&shared.stats, &mut stream, peer) {
+                    continue;
+                }
+                let _ = stream.set_nodelay(true);
+                return Some((stream, peer));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return None,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                // EMFILE and friends: log and wait for the next readiness.
+                tracing::warn!(%e, "accept failed");
+                return None;
+            }
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! The `epoll` I/O driver: a single event-loop thread with non-blocking sockets and epoll
+//! readiness, which also accepts.
+//!
+//! ```text
+//!  clients ──► ┌────────────────────────────────────┐
+//!              │ event loop (1 thread, mio = epoll) │  listener + every connection
+//!              │  accept / read → process → write   │
+//!              └────────────────────────────────────┘
+//! ```
+//!
+//! One thread serves everything, so nothing on it may block: with a durable store, disk work
+//! goes to helper threads and completes through the loop's waker (see the durable-store
+//! integration in `engine`).
+
+use std::io;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use mio::{Poll, Waker};
+
+use crate::engine::Engine;
+use crate::event_loop::{EventLoop, WAKER};
+use crate::Shared;
+
+/// A running single-loop driver.
+pub struct Epoll {
+    thread: Option<JoinHandle<()>>,
+    waker: Arc<Waker>,
+}
+
+impl Epoll {
+    pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> io::Result<Epoll> {
+        listener.set_nonblocking(true)?;
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let engine = Engine::new(
+            shared.store.clone(),
+            shared.stats.clone(),
+            shared.stats.workers[0].clone(),
+        );
+        let event_loop = EventLoop::new(poll, engine, shared)
+            .with_listener(mio::net::TcpListener::from_std(listener))?;
+        let thread = std::thread::Builder::new()
+            .name("kvlab-epoll".into())
+            .spawn(move || event_loop.run())?;
+        Ok(Epoll {
+            thread: Some(thread),
+            waker,
+        })
+    }
+
+    pub fn stop(mut self) {
+        let _ = self.waker.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
