@@ -1,6 +1,7 @@
 //! The `kvlab` binary: one command line over every kvlab crate.
 
 mod bench_cmd;
+mod populate_cmd;
 mod server_cmd;
 
 use clap::{Parser, Subcommand};
@@ -22,6 +23,8 @@ enum Command {
     Server(server_cmd::ServerArgs),
     /// Load generator: open and closed loop, honest latencies.
     Bench(Box<bench_cmd::BenchArgs>),
+    /// Fill a running server (or a data dir) with N keys, fast.
+    Populate(populate_cmd::PopulateArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -29,5 +32,6 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Server(args) => server_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(*args),
+        Command::Populate(args) => populate_cmd::run(args),
     }
 }

@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use crate::durable_shim::{Durability, DurableOps as _};
 use kvlab_protocol::response::{self as r, push_i64, push_u64};
 use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey, Request, StoreCommand};
 use kvlab_store::{
@@ -16,11 +17,42 @@ use kvlab_store::{
 use crate::stats::{ServerStats, WorkerStats, VERSION};
 
 /// What the session does after a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Flow {
     Continue,
     /// Flush what is composed, then close (`quit`).
     Close,
+    /// The request needs disk work that may block (only with a durable store, and only when
+    /// the engine defers instead of blocking): the session waits for it.
+    Defer(Blocking),
+}
+
+/// Disk work that may block, run inline or on a helper thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Blocking {
+    /// Read `key` through from disk into the cache; the request then runs again.
+    Load(Vec<u8>),
+    /// Make `key`'s new state durable; the request's reply leaves only afterwards.
+    Persist(Vec<u8>),
+    /// Make every change durable (`flush_all` under `--durability sync`).
+    SyncAll,
+}
+
+impl Blocking {
+    /// Whether the request runs again after the work (a read-through) rather than
+    /// releasing a reply already composed (a persist).
+    pub fn reruns_request(&self) -> bool {
+        matches!(self, Blocking::Load(_))
+    }
+
+    /// Does the work. Blocks on disk.
+    pub fn run(&self, store: &Store) -> std::io::Result<()> {
+        match self {
+            Blocking::Load(key) => store.load(key).map(|_| ()),
+            Blocking::Persist(key) => store.persist(key),
+            Blocking::SyncAll => store.sync_all(),
+        }
+    }
 }
 
 /// Applies requests for one worker thread.
@@ -28,19 +60,89 @@ pub struct Engine {
     pub store: Arc<Store>,
     pub server: Arc<ServerStats>,
     pub worker: Arc<WorkerStats>,
+    /// The store reads through from disk on a miss.
+    durable: bool,
+    /// Writes are persisted before their reply (`--durability sync`).
+    sync: bool,
+    /// Hand blocking work to the driver (event-loop models) instead of doing it inline.
+    defer: bool,
 }
 
 impl Engine {
     pub fn new(store: Arc<Store>, server: Arc<ServerStats>, worker: Arc<WorkerStats>) -> Self {
+        let durability = store.durability();
         Engine {
+            durable: durability.is_some(),
+            sync: durability == Some(Durability::Sync),
             store,
             server,
             worker,
+            defer: false,
         }
     }
 
-    /// Applies one request and appends its reply (if any) to `out`.
-    pub fn execute(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
+    /// Makes the engine return [`Flow::Defer`] for disk work instead of blocking on it:
+    /// for drivers whose event loop must never block.
+    pub fn deferring(mut self) -> Self {
+        self.defer = true;
+        self
+    }
+
+    /// Applies one request and appends its reply (if any) to `out`. `loaded` lists the keys
+    /// already read through for this request. Disk work either runs here (blocking) or comes
+    /// back as [`Flow::Defer`], as [`Engine::deferring`] chose.
+    pub fn execute(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
+        let start = out.len();
+        let mut owned: Option<Vec<Vec<u8>>> = None;
+        loop {
+            let keys: &[Vec<u8>] = owned.as_deref().unwrap_or(loaded);
+            let flow = self.apply(req, out, keys);
+            let Flow::Defer(work) = flow else {
+                return flow;
+            };
+            if self.defer {
+                return Flow::Defer(work);
+            }
+            match (work.run(&self.store), work) {
+                (Ok(()), Blocking::Load(key)) => {
+                    let mut keys = owned.take().unwrap_or_else(|| loaded.to_vec());
+                    keys.push(key);
+                    owned = Some(keys);
+                }
+                (Ok(()), _) => return Flow::Continue,
+                (Err(e), _) => {
+                    tracing::warn!(%e, "disk operation failed");
+                    out.truncate(start);
+                    out.extend_from_slice(b"SERVER_ERROR ");
+                    out.extend_from_slice(e.to_string().replace(['\r', '\n'], " ").as_bytes());
+                    out.extend_from_slice(b"\r\n");
+                    return Flow::Continue;
+                }
+            }
+        }
+    }
+
+    /// Whether `key` must be read through before a command that depends on its current state.
+    fn must_load(&self, key: &[u8], loaded: &[Vec<u8>]) -> bool {
+        self.durable && self.store.peek(key).is_none() && !loaded.iter().any(|k| k == key)
+    }
+
+    /// After a successful write: persist first under `sync`.
+    fn persisted(&self, key: &[u8]) -> Flow {
+        if self.sync {
+            Flow::Defer(Blocking::Persist(key.to_vec()))
+        } else {
+            Flow::Continue
+        }
+    }
+
+    fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
+        // Read through every key whose current state the command depends on.
+        if self.durable {
+            if let Some(key) = self.needs_load(req, loaded) {
+                return Flow::Defer(Blocking::Load(key));
+            }
+        }
         match *req {
             Request::Get { keys, cas } => {
                 let mut n = 0;
@@ -105,6 +207,9 @@ impl Engine {
                 if !noreply || is_error {
                     out.extend_from_slice(reply);
                 }
+                if let SetStatus::Stored { .. } = status {
+                    return self.persisted(key);
+                }
             }
             Request::Arith {
                 incr,
@@ -121,8 +226,12 @@ impl Engine {
                     touch: None,
                 };
                 match self.store.arith(key, &req) {
-                    ArithStatus::Ok { value, .. } if !noreply => r::number(out, value),
-                    ArithStatus::Ok { .. } => {}
+                    ArithStatus::Ok { value, .. } => {
+                        if !noreply {
+                            r::number(out, value);
+                        }
+                        return self.persisted(key);
+                    }
                     ArithStatus::NotFound | ArithStatus::Exists if !noreply => {
                         out.extend_from_slice(r::NOT_FOUND)
                     }
@@ -162,6 +271,9 @@ impl Engine {
                 if !noreply {
                     out.extend_from_slice(r::OK);
                 }
+                if self.sync {
+                    return Flow::Defer(Blocking::SyncAll);
+                }
             }
             Request::Verbosity { level, noreply } => {
                 self.server.verbosity.store(u64::from(level), Relaxed);
@@ -179,7 +291,9 @@ impl Engine {
                 data,
             } => {
                 WorkerStats::add(&self.worker.cmd_meta, 1);
-                self.meta(command, key, &flags, data, out);
+                if self.meta(command, key, &flags, data, out) {
+                    return key.with(|k| self.persisted(k));
+                }
             }
         }
         Flow::Continue
@@ -237,6 +351,7 @@ impl Engine {
         out.extend_from_slice(r::END);
     }
 
+    /// Runs a meta command; returns whether it changed the key (to persist under `sync`).
     fn meta(
         &mut self,
         command: MetaCommand,
@@ -244,14 +359,55 @@ impl Engine {
         flags: &MetaFlags<'_>,
         data: &[u8],
         out: &mut Vec<u8>,
-    ) {
+    ) -> bool {
         match command {
             MetaCommand::Noop => out.extend_from_slice(r::MN),
             MetaCommand::Get => self.meta_get(key, flags, out),
-            MetaCommand::Set => self.meta_set(key, flags, data, out),
-            MetaCommand::Delete => self.meta_delete(key, flags, out),
-            MetaCommand::Arith => self.meta_arith(key, flags, out),
+            MetaCommand::Set => return self.meta_set(key, flags, data, out),
+            MetaCommand::Delete => return self.meta_delete(key, flags, out),
+            MetaCommand::Arith => return self.meta_arith(key, flags, out),
             MetaCommand::Debug => self.meta_debug(key, out),
+        }
+        false
+    }
+
+    /// The first key of `req` that must be read through from disk first, if any.
+    fn needs_load(&self, req: &Request<'_>, loaded: &[Vec<u8>]) -> Option<Vec<u8>> {
+        let first = |keys: &mut dyn Iterator<Item = &[u8]>| {
+            for k in keys {
+                if self.must_load(k, loaded) {
+                    return Some(k.to_vec());
+                }
+            }
+            None
+        };
+        match *req {
+            Request::Get { keys, .. } | Request::Gat { keys, .. } => first(&mut keys.iter()),
+            // A plain set overwrites whatever is on disk: no need to read it first.
+            Request::Store {
+                command: StoreCommand::Set,
+                ..
+            } => None,
+            Request::Store { key, .. }
+            | Request::Arith { key, .. }
+            | Request::Delete { key, .. }
+            | Request::Touch { key, .. } => first(&mut std::iter::once(key)),
+            Request::Meta {
+                command: MetaCommand::Noop,
+                ..
+            } => None,
+            Request::Meta {
+                command: MetaCommand::Set,
+                ref flags,
+                ..
+            } if matches!(flags.mode, None | Some(b'S'))
+                && flags.compare_cas.is_none()
+                && !flags.invalidate =>
+            {
+                None
+            }
+            Request::Meta { key, .. } => key.with(|k| first(&mut std::iter::once(k))),
+            _ => None,
         }
     }
 
@@ -321,7 +477,7 @@ impl Engine {
         flags: &MetaFlags<'_>,
         data: &[u8],
         out: &mut Vec<u8>,
-    ) {
+    ) -> bool {
         WorkerStats::add(&self.worker.cmd_set, 1);
         let mode = match flags.mode {
             None | Some(b'S') => SetMode::Set,
@@ -358,25 +514,32 @@ impl Engine {
             SetStatus::NotStored => (b"NS", 0),
             SetStatus::Exists => (b"EX", 0),
             SetStatus::NotFound => (b"NF", 0),
-            SetStatus::TooLarge => return out.extend_from_slice(r::TOO_LARGE),
-            SetStatus::OutOfMemory => return out.extend_from_slice(r::OUT_OF_MEMORY),
+            SetStatus::TooLarge => {
+                out.extend_from_slice(r::TOO_LARGE);
+                return false;
+            }
+            SetStatus::OutOfMemory => {
+                out.extend_from_slice(r::OUT_OF_MEMORY);
+                return false;
+            }
         };
-        if flags.quiet && code == b"HD" {
-            return;
+        let stored = code == b"HD";
+        if !(flags.quiet && stored) {
+            out.extend_from_slice(code);
+            echo_flags(out, key, flags, cas);
+            out.extend_from_slice(b"\r\n");
         }
-        out.extend_from_slice(code);
-        echo_flags(out, key, flags, cas);
-        out.extend_from_slice(b"\r\n");
+        stored
     }
 
-    fn meta_delete(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) {
+    fn meta_delete(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) -> bool {
         let opts = MetaDeleteOpts {
             compare_cas: flags.compare_cas,
             invalidate: flags.invalidate,
             ttl: flags.ttl,
         };
         let code: &[u8] = match key.with(|k| self.store.meta_delete(k, &opts)) {
-            DeleteStatus::Deleted if flags.quiet => return,
+            DeleteStatus::Deleted if flags.quiet => return true,
             DeleteStatus::Deleted => b"HD",
             DeleteStatus::NotFound => b"NF",
             DeleteStatus::Exists => b"EX",
@@ -384,9 +547,10 @@ impl Engine {
         out.extend_from_slice(code);
         echo_flags(out, key, flags, 0);
         out.extend_from_slice(b"\r\n");
+        code == b"HD"
     }
 
-    fn meta_arith(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) {
+    fn meta_arith(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) -> bool {
         let req = ArithRequest {
             incr: !matches!(flags.mode, Some(b'D' | b'-')),
             delta: flags.delta.unwrap_or(1),
@@ -397,18 +561,25 @@ impl Engine {
         };
         let (value, cas, ttl) = match key.with(|k| self.store.arith(k, &req)) {
             ArithStatus::Ok { value, cas, ttl } => (value, cas, ttl),
-            ArithStatus::NotFound => {
-                out.extend_from_slice(b"NF");
+            status @ (ArithStatus::NotFound | ArithStatus::Exists) => {
+                let code: &[u8] = if status == ArithStatus::Exists {
+                    b"EX"
+                } else {
+                    b"NF"
+                };
+                out.extend_from_slice(code);
                 echo_flags(out, key, flags, 0);
-                return out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(b"\r\n");
+                return false;
             }
-            ArithStatus::Exists => {
-                out.extend_from_slice(b"EX");
-                echo_flags(out, key, flags, 0);
-                return out.extend_from_slice(b"\r\n");
+            ArithStatus::NonNumeric => {
+                out.extend_from_slice(r::NON_NUMERIC);
+                return false;
             }
-            ArithStatus::NonNumeric => return out.extend_from_slice(r::NON_NUMERIC),
-            ArithStatus::OutOfMemory => return out.extend_from_slice(r::OUT_OF_MEMORY),
+            ArithStatus::OutOfMemory => {
+                out.extend_from_slice(r::OUT_OF_MEMORY);
+                return false;
+            }
         };
         let mut digits = itoa::Buffer::new();
         let digits = digits.format(value).as_bytes();
@@ -416,7 +587,7 @@ impl Engine {
             out.extend_from_slice(b"VA ");
             push_u64(out, digits.len() as u64);
         } else if flags.quiet {
-            return;
+            return true;
         } else {
             out.extend_from_slice(b"HD");
         }
@@ -436,6 +607,7 @@ impl Engine {
             out.extend_from_slice(digits);
             out.extend_from_slice(b"\r\n");
         }
+        true
     }
 
     fn meta_debug(&mut self, key: MetaKey<'_>, out: &mut Vec<u8>) {

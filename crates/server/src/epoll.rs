@@ -9,8 +9,13 @@
 //! ```
 //!
 //! One thread serves everything, so nothing on it may block: with a durable store, disk work
-//! goes to helper threads and completes through the loop's waker (see the durable-store
-//! integration in `engine`).
+//! (read-through on a miss, persisting a write under `--durability sync`) goes to `-t` helper
+//! threads ([`crate::disk`]) and completes through the loop's waker (an eventfd); meanwhile
+//! the loop serves every other connection.
+//!
+//! ```text
+//!  helpers (-t threads): load / persist ──► results ──► waker ──► event loop
+//! ```
 
 use std::io;
 use std::sync::Arc;

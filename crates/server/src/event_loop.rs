@@ -14,6 +14,7 @@ use std::sync::Arc;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
+use crate::disk::{DiskPool, Done};
 use crate::driver::{self, Pump, LISTENER};
 use crate::engine::Engine;
 use crate::session::Session;
@@ -27,6 +28,14 @@ struct Conn {
     session: Session,
     /// Whether writable interest is armed (a write was partial).
     writable: bool,
+    /// Distinguishes this connection from later ones in the same slot.
+    generation: u64,
+}
+
+/// Disk helpers and the channel their results come back on.
+struct Disk {
+    pool: DiskPool,
+    done: mpsc::Receiver<Done>,
 }
 
 /// An event loop and the connections it owns.
@@ -38,6 +47,8 @@ pub struct EventLoop {
     shared: Arc<Shared>,
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
+    disk: Option<Disk>,
+    generation: u64,
 }
 
 impl EventLoop {
@@ -50,7 +61,21 @@ impl EventLoop {
             shared,
             conns: Vec::new(),
             free: Vec::new(),
+            disk: None,
+            generation: 0,
         }
+    }
+
+    /// Blocking disk work goes to `threads` helper threads, whose results wake the loop
+    /// through its waker; the loop itself never blocks on disk.
+    pub fn with_disk_helpers(mut self, threads: usize, waker: Arc<mio::Waker>) -> io::Result<Self> {
+        let (tx, rx) = mpsc::channel();
+        let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
+            let _ = waker.wake();
+        });
+        let pool = DiskPool::start(threads, self.shared.store.clone(), tx, wake)?;
+        self.disk = Some(Disk { pool, done: rx });
+        Ok(self)
     }
 
     /// Connections arrive on `rx` (the waker is woken after each send).
@@ -81,7 +106,10 @@ impl EventLoop {
             }
             for event in events.iter() {
                 match event.token() {
-                    WAKER => self.adopt_new(),
+                    WAKER => {
+                        self.adopt_new();
+                        self.complete_disk_work();
+                    }
                     LISTENER => self.accept(),
                     Token(i) => self.serve(i),
                 }
@@ -117,10 +145,12 @@ impl EventLoop {
             self.free.push(slot);
             return;
         }
+        self.generation += 1;
         self.conns[slot] = Some(Conn {
             stream,
             session: Session::new(self.shared.limits),
             writable: false,
+            generation: self.generation,
         });
         // Edge-triggered: data may already be waiting.
         self.serve(slot);
@@ -137,6 +167,25 @@ impl EventLoop {
         };
         if !keep {
             self.drop_conn(slot);
+            return;
+        }
+        if let (Some(work), Some(disk)) = (conn.session.take_blocking(), &self.disk) {
+            disk.pool.submit((slot, conn.generation), work);
+        }
+    }
+
+    /// Hands finished disk work back to its sessions and lets them carry on.
+    fn complete_disk_work(&mut self) {
+        while let Some(done) = self.disk.as_ref().and_then(|d| d.done.try_recv().ok()) {
+            let (slot, generation) = done.conn;
+            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            if conn.generation != generation {
+                continue;
+            }
+            conn.session.complete(&done.work, done.result);
+            self.serve(slot);
         }
     }
 

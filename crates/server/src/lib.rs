@@ -14,7 +14,9 @@
 //! - [`metrics`]: the optional HTTP endpoint serving `/metrics`;
 //! - [`http`]: the optional REST interface to the same store.
 
+pub mod disk;
 pub mod driver;
+mod durable_shim;
 pub mod engine;
 pub mod epoll;
 pub mod event_loop;

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use kvlab_protocol::{parse, Limits, Parsed};
 
-use crate::engine::{Engine, Flow};
+use crate::engine::{Blocking, Engine, Flow};
 use crate::stats::WorkerStats;
 
 /// Initial and idle size of the input buffer.
@@ -37,8 +37,23 @@ pub struct Session {
     swallow: usize,
     closing: bool,
     limits: Limits,
+    /// Where a reply held back for a not-yet-dispatched persist starts.
+    hold_at: Option<usize>,
     /// Service times of the current batch (ns), recorded into the worker's histogram.
     samples: Vec<u64>,
+    /// Keys read through from disk for the request being executed (so it isn't deferred
+    /// for the same key twice).
+    loaded: Vec<Vec<u8>>,
+    /// Blocking work the current request waits for; processing stops until it completes.
+    waiting: Option<Waiting>,
+}
+
+/// What a session waits for while its blocking work runs.
+enum Waiting {
+    /// Not yet handed to the driver.
+    Ready(Blocking),
+    /// Handed out; `hold` is where the reply held back until completion starts (if any).
+    Running { hold: Option<usize> },
 }
 
 impl Session {
@@ -52,7 +67,10 @@ impl Session {
             swallow: 0,
             closing: false,
             limits,
+            hold_at: None,
             samples: Vec::with_capacity(64),
+            loaded: Vec::new(),
+            waiting: None,
         }
     }
 
@@ -95,14 +113,32 @@ impl Session {
     /// Parses and applies every complete request buffered, composing replies.
     pub fn process(&mut self, engine: &mut Engine) {
         let mut clock = Instant::now();
-        while !self.closing && self.start < self.end && self.pending_output() < OUTPUT_HIGH_WATER {
+        while !self.closing
+            && self.waiting.is_none()
+            && self.start < self.end
+            && self.pending_output() < OUTPUT_HIGH_WATER
+        {
             let parsed = parse(&self.input[self.start..self.end], &self.limits);
             match parsed {
                 Parsed::Request { request, consumed } => {
-                    let flow = engine.execute(&request, &mut self.output);
+                    let hold = self.output.len();
+                    match engine.execute(&request, &mut self.output, &self.loaded) {
+                        Flow::Continue => {}
+                        Flow::Close => self.closing = true,
+                        Flow::Defer(blocking) => {
+                            // A read-through re-runs the request once the key is loaded, so
+                            // it stays unconsumed; a persist holds back the composed reply.
+                            let rerun = blocking.reruns_request();
+                            self.waiting = Some(Waiting::Ready(blocking));
+                            if rerun {
+                                break;
+                            }
+                            self.waiting_hold(hold);
+                        }
+                    }
                     self.start += consumed;
-                    if flow == Flow::Close {
-                        self.closing = true;
+                    if self.waiting.is_none() {
+                        self.loaded.clear();
                     }
                 }
                 Parsed::Incomplete => break,
@@ -139,9 +175,80 @@ impl Session {
         self.samples.clear();
     }
 
-    /// Replies composed and not yet written.
+    fn waiting_hold(&mut self, hold: usize) {
+        if let Some(Waiting::Ready(_)) = &self.waiting {
+            self.hold_at = Some(hold);
+        }
+    }
+
+    /// Takes the blocking work the session waits for, for the driver to run (on a helper
+    /// thread, or inline). The session stays stopped until [`Session::complete`].
+    pub fn take_blocking(&mut self) -> Option<Blocking> {
+        match self.waiting.take() {
+            Some(Waiting::Ready(b)) => {
+                self.waiting = Some(Waiting::Running {
+                    hold: self.hold_at.take(),
+                });
+                Some(b)
+            }
+            other => {
+                self.waiting = other;
+                None
+            }
+        }
+    }
+
+    /// Whether the session waits for blocking work to complete.
+    pub fn is_waiting(&self) -> bool {
+        self.waiting.is_some()
+    }
+
+    /// Reports the outcome of the work from [`Session::take_blocking`]: a loaded key lets the
+    /// request run again; a persisted write releases its reply, or replaces it with a
+    /// `SERVER_ERROR` if the disk failed.
+    pub fn complete(&mut self, done: &Blocking, result: std::io::Result<()>) {
+        let hold = match self.waiting.take() {
+            Some(Waiting::Running { hold }) => hold,
+            other => {
+                self.waiting = other;
+                return;
+            }
+        };
+        if let Err(e) = result {
+            tracing::warn!(%e, "disk operation failed");
+            if let Some(at) = hold {
+                self.output.truncate(at.max(self.written));
+            }
+            self.output.extend_from_slice(b"SERVER_ERROR ");
+            self.output
+                .extend_from_slice(e.to_string().replace(['\r', '\n'], " ").as_bytes());
+            self.output.extend_from_slice(b"\r\n");
+            if done.reruns_request() {
+                // The request can't run without its data: drop it with the error.
+                if let Parsed::Request { consumed, .. } =
+                    parse(&self.input[self.start..self.end], &self.limits)
+                {
+                    self.start += consumed;
+                }
+            }
+            self.loaded.clear();
+            return;
+        }
+        if let Blocking::Load(key) = done {
+            self.loaded.push(key.clone());
+        } else {
+            self.loaded.clear();
+        }
+    }
+
+    /// Replies composed and not yet written (up to a reply held back for a pending persist).
     pub fn output(&self) -> &[u8] {
-        &self.output[self.written..]
+        let end = match &self.waiting {
+            Some(Waiting::Running { hold: Some(at) }) => *at,
+            _ if self.hold_at.is_some() => self.hold_at.unwrap_or(self.output.len()),
+            _ => self.output.len(),
+        };
+        &self.output[self.written..end.max(self.written)]
     }
 
     fn pending_output(&self) -> usize {

@@ -15,17 +15,19 @@
 //! them from a `signalfd`, many at a time. Like edge-triggered epoll, a signal only says that
 //! something changed, so a connection is pumped until its input is drained. If the kernel's
 //! real-time signal queue overflows it raises a plain `SIGIO` without an fd; the loop then
-//! pumps every connection and the listener, so nothing is lost. Other threads (shutdown, disk
-//! helpers) wake the loop by writing to a pipe that is itself signal-driven.
+//! pumps every connection and the listener, so nothing is lost. Other threads (shutdown, the
+//! `-t` disk helpers of [`crate::disk`]) wake the loop by writing to a pipe that is itself
+//! signal-driven; the loop never blocks on disk.
 
 use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
+use crate::disk::{DiskPool, Done};
 use crate::driver::{self, Pump};
 use crate::engine::Engine;
 use crate::session::Session;
@@ -51,19 +53,26 @@ impl SignalDriver {
             shared.store.clone(),
             shared.stats.clone(),
             shared.stats.workers[0].clone(),
-        );
+        )
+        .deferring();
+        let (done_tx, done_rx) = mpsc::channel();
+        let waker = wake_w.clone();
+        let wake_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || wake(&waker));
+        let pool = DiskPool::start(shared.stats.threads, shared.store.clone(), done_tx, wake_fn)?;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kvlab-signal".into())
-            .spawn(move || match Loop::new(listener, wake_r, engine, shared) {
-                Ok(mut l) => {
-                    let _ = ready_tx.send(Ok(()));
-                    l.run();
-                }
-                Err(e) => {
-                    let _ = ready_tx.send(Err(e));
-                }
-            })?;
+            .spawn(
+                move || match Loop::new(listener, wake_r, engine, shared, pool, done_rx) {
+                    Ok(mut l) => {
+                        let _ = ready_tx.send(Ok(()));
+                        l.run();
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                },
+            )?;
         ready_rx
             .recv()
             .map_err(|_| io::Error::other("signal loop died during setup"))??;
@@ -137,6 +146,7 @@ fn make_signal_driven(fd: RawFd, tid: libc::pid_t) -> io::Result<()> {
 struct Conn {
     stream: TcpStream,
     session: Session,
+    generation: u64,
 }
 
 struct Loop {
@@ -148,6 +158,9 @@ struct Loop {
     shared: Arc<Shared>,
     /// Connections indexed by fd (fds are small and dense).
     conns: Vec<Option<Conn>>,
+    generation: u64,
+    pool: DiskPool,
+    done: mpsc::Receiver<Done>,
 }
 
 impl Loop {
@@ -157,6 +170,8 @@ impl Loop {
         wake_r: OwnedFd,
         engine: Engine,
         shared: Arc<Shared>,
+        pool: DiskPool,
+        done: mpsc::Receiver<Done>,
     ) -> io::Result<Loop> {
         // SAFETY: plain libc calls on a local sigset and this thread's mask.
         let signalfd = unsafe {
@@ -183,6 +198,9 @@ impl Loop {
             engine,
             shared,
             conns: Vec::new(),
+            generation: 0,
+            pool,
+            done,
         })
     }
 
@@ -237,6 +255,17 @@ impl Loop {
         while unsafe { libc::read(self.wake_r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0
         {
         }
+        // Finished disk work: complete the sessions and let them carry on.
+        while let Ok(done) = self.done.try_recv() {
+            let (idx, generation) = done.conn;
+            let Some(conn) = self.conns.get_mut(idx).and_then(Option::as_mut) else {
+                continue;
+            };
+            if conn.generation == generation {
+                conn.session.complete(&done.work, done.result);
+                self.serve(idx as RawFd);
+            }
+        }
     }
 
     fn accept(&mut self) {
@@ -257,9 +286,11 @@ impl Loop {
                     if self.conns.len() <= idx {
                         self.conns.resize_with(idx + 1, || None);
                     }
+                    self.generation += 1;
                     self.conns[idx] = Some(Conn {
                         stream,
                         session: Session::new(self.shared.limits),
+                        generation: self.generation,
                     });
                     // Bytes that came before O_ASYNC raised no signal.
                     self.serve(fd);
@@ -285,6 +316,10 @@ impl Loop {
         };
         if driver::pump(&mut conn.stream, &mut conn.session, &mut self.engine) == Pump::Closed {
             self.drop_conn(fd);
+            return;
+        }
+        if let Some(work) = conn.session.take_blocking() {
+            self.pool.submit((fd as usize, conn.generation), work);
         }
     }
 

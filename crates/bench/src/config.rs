@@ -1,0 +1,119 @@
+//! A run's complete description: target, load model, workload, measurement settings. It is
+//! plain data (serde) because the master sends it to agents as JSON.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::schedule::{Arrival, RatePlan};
+use crate::workload::Workload;
+use crate::BenchError;
+
+/// One run against one target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// The server.
+    pub target: SocketAddr,
+    /// Generator threads (per participant: the master and each agent).
+    pub threads: usize,
+    /// Connections per thread.
+    pub connections: usize,
+    /// Requests in flight per connection: the closed-loop pipeline depth; in open loop the
+    /// cap beyond which planned requests wait (their latency still counts from the plan).
+    pub depth: usize,
+    /// Closed loop: pause between a reply and the next request on that slot, microseconds.
+    pub think_us: u64,
+    /// `None`: closed loop. `Some`: open loop with this arrival process.
+    pub open: Option<Arrival>,
+    /// Total target rate over the measured time (closed loop: one segment, rate ignored).
+    pub plan: RatePlan,
+    /// Stop after this many requests in total (all participants) instead of at the plan's end.
+    pub requests: Option<u64>,
+    /// Warm-up before measurement, seconds (run at the first segment's rate, then discarded).
+    pub warmup_s: f64,
+    /// Time-series interval, seconds.
+    pub interval_s: f64,
+    /// A request with no reply after this long counts as a timeout, milliseconds.
+    pub timeout_ms: u64,
+    /// What to send.
+    pub workload: Workload,
+    /// Seed of every random choice.
+    pub seed: u64,
+    /// Set every key once before the run.
+    pub load: bool,
+}
+
+impl Config {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), BenchError> {
+        let bad = |m: &str| Err(BenchError::Spec(m.into()));
+        if self.threads == 0 || self.threads > 1024 {
+            return bad("--threads must be in 1..=1024");
+        }
+        if self.connections == 0 || self.connections > 65_536 {
+            return bad("--connections must be in 1..=65536");
+        }
+        if self.depth == 0 || self.depth > 65_536 {
+            return bad("--depth must be in 1..=65536");
+        }
+        if self.interval_s.is_nan() || self.interval_s <= 0.0 {
+            return bad("--interval must be > 0");
+        }
+        if self.warmup_s.is_nan() || self.warmup_s < 0.0 {
+            return bad("--warmup must be >= 0");
+        }
+        if self.timeout_ms == 0 {
+            return bad("--timeout must be > 0");
+        }
+        if self.plan.segments.is_empty() {
+            return bad("empty rate plan");
+        }
+        if self.requests == Some(0) {
+            return bad("--requests must be > 0");
+        }
+        self.workload.validate()
+    }
+
+    /// Interval in ns.
+    pub fn interval_ns(&self) -> u64 {
+        ((self.interval_s * 1e9) as u64).max(1_000_000)
+    }
+
+    /// Warm-up in ns.
+    pub fn warmup_ns(&self) -> u64 {
+        (self.warmup_s * 1e9) as u64
+    }
+
+    /// End of the run, ns after its start: warm-up plus the plan (unbounded with `--requests`
+    /// and no explicit duration is expressed by a very long plan).
+    pub fn end_ns(&self) -> u64 {
+        self.warmup_ns().saturating_add(self.plan.duration_ns())
+    }
+
+    /// The first interval boundary after `t` (ns after the start): the end of warm-up, every
+    /// interval after it, every segment boundary, and the end.
+    pub fn next_cut(&self, t: u64) -> u64 {
+        let w = self.warmup_ns();
+        let end = self.end_ns();
+        if t < w {
+            return w;
+        }
+        let rel = t - w;
+        let iv = self.interval_ns();
+        let mut cut = (rel / iv + 1) * iv;
+        let mut seg_start = 0u64;
+        for s in &self.plan.segments {
+            seg_start += s.duration_ns;
+            if seg_start > rel {
+                cut = cut.min(seg_start);
+                break;
+            }
+        }
+        w.saturating_add(cut).min(end)
+    }
+
+    /// Total connections of one participant.
+    pub fn conns_per_participant(&self) -> u64 {
+        (self.threads * self.connections) as u64
+    }
+}

@@ -1,0 +1,706 @@
+//! One generator thread: a mio event loop driving many connections.
+//!
+//! ```text
+//!  collector (run.rs) ◄──── mpsc: Ready, Interval(report)…, Done ──── generator thread ×T
+//!                                                                      │ one Poll, one timerfd
+//!                                                                      │ C connections (Conn)
+//!   loop:                                                              ▼
+//!     roll the interval over at its boundary (hand its histograms to the collector)
+//!     open loop / think time: pop due (planned time, conn) from the timer heap, compose
+//!     flush every connection that got requests        (one write per batch)
+//!     poll until the next deadline (timerfd, ns precision) or socket readiness
+//!     read replies → record latency now−planned and now−sent → closed loop: top up to depth
+//! ```
+//!
+//! Closed loop keeps `depth` requests in flight per connection (planned = actual send).
+//! Open loop gives each connection its own arrival schedule; a request whose planned time
+//! has passed is sent at once and its latency still counts from the planned time. When a
+//! connection already has `depth` in flight, its next planned request waits (the schedule
+//! does not move) — the wait is part of its latency, as it would be for a real client.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::{SocketAddr, TcpStream as StdStream};
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::Duration;
+
+use kvlab_client::{Conn, ConnError, Event, Status};
+use mio::net::TcpStream;
+use mio::{Events, Poll, Token};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{mono_ns, thread_cpu_ns, Timer};
+use crate::config::Config;
+use crate::dist::mix64;
+use crate::stats::{record, GapStats, IntervalReport};
+use crate::workload::{Generator, Op};
+use crate::BenchError;
+
+const TIMER: Token = Token(usize::MAX);
+/// Deadlines closer than this are waited for by polling without sleeping, ns.
+const SPIN_NS: u64 = 5_000;
+
+/// Who a generator thread is among all threads of all participants.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct ThreadCtx {
+    /// 0 = the master, 1.. = agents.
+    pub participant: u32,
+    /// Index within the participant.
+    pub thread: u32,
+    /// Unique index over all participants.
+    pub global_thread: u64,
+    /// Threads over all participants.
+    pub total_threads: u64,
+    /// Global index of this thread's first connection.
+    pub conn_offset: u64,
+    /// Connections over all participants.
+    pub total_conns: u64,
+}
+
+/// What a thread reports at the end.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ThreadDone {
+    /// Which thread.
+    pub ctx: ThreadCtx,
+    /// CPU time the thread used from start to end, ns.
+    pub cpu_ns: u64,
+    /// Wall time from start to end, ns.
+    pub wall_ns: u64,
+    /// Normalised inter-arrival gaps of actual sends (open loop).
+    pub gaps: GapStats,
+    /// Connection problems seen (first few).
+    pub notes: Vec<String>,
+}
+
+/// Messages from generator threads (and, relayed, from agents) to the collector.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Msg {
+    /// Connected; waiting for the start time.
+    Ready,
+    /// One finished interval of one thread.
+    Interval(Box<IntervalReport>),
+    /// The thread finished.
+    Done(Box<ThreadDone>),
+    /// The thread could not run.
+    Failed(String),
+}
+
+#[derive(Clone, Copy)]
+struct Meta {
+    planned: u64,
+    sent: u64,
+    key: u64,
+}
+
+struct Slot {
+    conn: Option<Conn<Meta>>,
+    arrivals: Option<crate::schedule::Arrivals>,
+    /// Open loop: the next planned request waits for in-flight < depth.
+    blocked: bool,
+    /// Requests this connection may still send.
+    budget: u64,
+    /// Load phase: next key and end of this connection's range.
+    load_next: u64,
+    load_end: u64,
+    last_sent: u64,
+    dirty: bool,
+}
+
+/// What a thread runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The configured load model.
+    Run,
+    /// Set every key of the thread's share once, closed loop.
+    Load,
+}
+
+fn connect(addr: SocketAddr) -> Result<Conn<Meta>, ConnError> {
+    // A blocking connect with a timeout surfaces "refused" before the start; the socket is
+    // then switched to non-blocking for the event loop.
+    let s = StdStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_nonblocking(true)?;
+    s.set_nodelay(true)?;
+    Ok(Conn::from_stream(TcpStream::from_std(s)))
+}
+
+/// Runs one generator thread: connects, reports `Ready`, waits for the start time (monotonic
+/// ns; `None` aborts), runs, and reports its intervals and `Done` on `tx`.
+pub fn thread_main(
+    cfg: &Config,
+    ctx: ThreadCtx,
+    phase: Phase,
+    start_rx: Receiver<Option<u64>>,
+    tx: Sender<Msg>,
+) {
+    let mut engine = match Engine::new(cfg, ctx, phase, tx.clone()) {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = tx.send(Msg::Failed(e.to_string()));
+            return;
+        }
+    };
+    if tx.send(Msg::Ready).is_err() {
+        return;
+    }
+    let Ok(Some(start)) = start_rx.recv() else {
+        return;
+    };
+    match engine.run(start) {
+        Ok(done) => {
+            let _ = tx.send(Msg::Done(Box::new(done)));
+        }
+        Err(e) => {
+            let _ = tx.send(Msg::Failed(e.to_string()));
+        }
+    }
+}
+
+struct Engine<'c> {
+    cfg: &'c Config,
+    ctx: ThreadCtx,
+    phase: Phase,
+    tx: Sender<Msg>,
+    poll: Poll,
+    events: Events,
+    timer: Timer,
+    slots: Vec<Slot>,
+    heap: BinaryHeap<Reverse<(u64, u32)>>,
+    dirty: Vec<u32>,
+    gen: Generator,
+    rng: ChaCha8Rng,
+    cur: IntervalReport,
+    start: u64,
+    end: u64,
+    warmup_end: u64,
+    timeout_ns: u64,
+    next_timeout_check: u64,
+    gaps: GapStats,
+    notes: Vec<String>,
+    /// Per-connection rate factor: a connection's share of the total rate.
+    conn_share: f64,
+}
+
+impl<'c> Engine<'c> {
+    fn new(
+        cfg: &'c Config,
+        ctx: ThreadCtx,
+        phase: Phase,
+        tx: Sender<Msg>,
+    ) -> Result<Self, BenchError> {
+        let poll = Poll::new()?;
+        let timer = Timer::new(poll.registry(), TIMER)?;
+        let n = cfg.connections;
+        let total_requests = cfg.requests.unwrap_or(u64::MAX);
+        let mut slots = Vec::with_capacity(n);
+        for i in 0..n {
+            let global = ctx.conn_offset + i as u64;
+            let mut conn = connect(cfg.target)
+                .map_err(|e| BenchError::Connect(cfg.target.to_string(), e.to_string()))?;
+            conn.register(poll.registry(), Token(i))?;
+            let budget = if total_requests == u64::MAX {
+                u64::MAX
+            } else {
+                total_requests / ctx.total_conns
+                    + u64::from(global < total_requests % ctx.total_conns)
+            };
+            // Load: this connection's contiguous share of the key space.
+            let keys = cfg.workload.keys;
+            let (lo, hi) = (
+                (keys as u128 * global as u128 / ctx.total_conns as u128) as u64,
+                (keys as u128 * (global + 1) as u128 / ctx.total_conns as u128) as u64,
+            );
+            slots.push(Slot {
+                conn: Some(conn),
+                arrivals: None,
+                blocked: false,
+                budget: if phase == Phase::Load {
+                    hi - lo
+                } else {
+                    budget
+                },
+                load_next: lo,
+                load_end: hi,
+                last_sent: 0,
+                dirty: false,
+            });
+        }
+        let gen = Generator::new(&cfg.workload, ctx.global_thread, ctx.total_threads)?;
+        Ok(Engine {
+            cfg,
+            ctx,
+            phase,
+            tx,
+            poll,
+            events: Events::with_capacity(1024),
+            timer,
+            slots,
+            heap: BinaryHeap::with_capacity(n),
+            dirty: Vec::with_capacity(n),
+            gen,
+            rng: ChaCha8Rng::seed_from_u64(mix64(cfg.seed ^ mix64(ctx.global_thread + 1))),
+            cur: IntervalReport::new(0, 0, 0),
+            start: 0,
+            end: 0,
+            warmup_end: 0,
+            timeout_ns: cfg.timeout_ms * 1_000_000,
+            next_timeout_check: 0,
+            gaps: GapStats::default(),
+            notes: Vec::new(),
+            conn_share: 1.0 / ctx.total_conns as f64,
+        })
+    }
+
+    fn open_loop(&self) -> bool {
+        self.phase == Phase::Run && self.cfg.open.is_some()
+    }
+
+    /// Total rate at absolute time `t` and the absolute end of its segment.
+    fn rate_at(&self, t: u64) -> (f64, u64) {
+        let rel = t.saturating_sub(self.warmup_end);
+        let (i, seg_start) = self.cfg.plan.at(rel);
+        let s = self.cfg.plan.segments[i];
+        (s.qps, self.warmup_end + seg_start + s.duration_ns)
+    }
+
+    fn run(&mut self, start: u64) -> Result<ThreadDone, BenchError> {
+        self.start = start;
+        self.warmup_end = start
+            + if self.phase == Phase::Run {
+                self.cfg.warmup_ns()
+            } else {
+                0
+            };
+        self.end = match self.phase {
+            Phase::Run => start.saturating_add(self.cfg.end_ns()),
+            Phase::Load => u64::MAX,
+        };
+        let first_end = match self.phase {
+            Phase::Run => start + self.cfg.next_cut(0),
+            Phase::Load => u64::MAX,
+        };
+        self.cur = IntervalReport::new(0, 0, first_end - start);
+        // Wait for the common start (a short spin-free wait on the timer).
+        while mono_ns() < start {
+            self.timer.arm(start, mono_ns())?;
+            self.poll
+                .poll(&mut self.events, Some(Duration::from_millis(100)))?;
+            self.timer.fired();
+        }
+        let cpu0 = thread_cpu_ns();
+        let mut now = mono_ns();
+        self.next_timeout_check = now + self.timeout_ns;
+        if self.open_loop() {
+            let arrival = self.cfg.open.unwrap_or(crate::schedule::Arrival::Poisson);
+            for i in 0..self.slots.len() {
+                let (qps, _) = self.rate_at(start);
+                let seed = mix64(self.cfg.seed ^ 0x0a11 ^ mix64(self.ctx.conn_offset + i as u64));
+                let a = crate::schedule::Arrivals::new(arrival, seed, start, qps * self.conn_share);
+                let t = if qps > 0.0 {
+                    a.next_ns()
+                } else {
+                    self.rate_at(start).1
+                };
+                self.slots[i].arrivals = Some(a);
+                self.heap.push(Reverse((t, i as u32)));
+            }
+        } else {
+            for i in 0..self.slots.len() {
+                self.top_up(i, now);
+            }
+        }
+        loop {
+            // Interval boundaries (several if the loop was held up).
+            if now >= self.start + self.cur.end_ns {
+                let last = self.start + self.cur.end_ns >= self.end;
+                self.roll_over();
+                if last {
+                    break;
+                }
+            }
+            if self.all_done() {
+                break;
+            }
+            // Fresh time for the sends: handling the last batch of events took a while.
+            now = mono_ns();
+            while let Some(&Reverse((t, c))) = self.heap.peek() {
+                if t > now {
+                    break;
+                }
+                self.heap.pop();
+                self.fire(c as usize, t, now);
+            }
+            self.flush_dirty();
+            if now >= self.next_timeout_check {
+                self.check_timeouts(now);
+            }
+            let mut deadline = (self.start + self.cur.end_ns)
+                .min(self.end)
+                .min(self.next_timeout_check);
+            if let Some(&Reverse((t, _))) = self.heap.peek() {
+                deadline = deadline.min(t);
+            }
+            // Closer than SPIN_NS, arming a timer and sleeping costs more than the wait.
+            let timeout = if deadline <= now + SPIN_NS {
+                Some(Duration::ZERO)
+            } else {
+                self.timer.arm(deadline, now)?;
+                None
+            };
+            match self.poll.poll(&mut self.events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+            now = mono_ns();
+            // Collect tokens first: handling an event needs `&mut self`.
+            let mut ready: [usize; 64] = [0; 64];
+            let mut batches = Vec::new();
+            let mut n = 0;
+            for ev in self.events.iter() {
+                if ev.token() == TIMER {
+                    self.timer.fired();
+                    continue;
+                }
+                if n == ready.len() {
+                    batches.extend_from_slice(&ready);
+                    n = 0;
+                }
+                ready[n] = ev.token().0;
+                n += 1;
+            }
+            for &c in batches.iter().chain(ready[..n].iter()) {
+                self.on_ready(c, now);
+            }
+            self.flush_dirty();
+        }
+        if self.phase == Phase::Load
+            || self.cur.counters.completed > 0
+            || self.cur.counters.sent > 0
+        {
+            // A partial last interval (request-count runs end between boundaries).
+            let now_rel = mono_ns().saturating_sub(self.start);
+            if self.cur.end_ns > now_rel {
+                self.cur.end_ns = now_rel.max(self.cur.start_ns + 1);
+                self.roll_over();
+            }
+        }
+        Ok(ThreadDone {
+            ctx: self.ctx,
+            cpu_ns: thread_cpu_ns().saturating_sub(cpu0),
+            wall_ns: mono_ns().saturating_sub(start),
+            gaps: std::mem::take(&mut self.gaps),
+            notes: std::mem::take(&mut self.notes),
+        })
+    }
+
+    fn all_done(&self) -> bool {
+        self.slots.iter().all(|s| {
+            s.budget == 0 && s.conn.as_ref().is_none_or(|c| c.in_flight() == 0) || s.conn.is_none()
+        })
+    }
+
+    fn roll_over(&mut self) {
+        let start = self.cur.end_ns;
+        let next_end = match self.phase {
+            Phase::Run => self.cfg.next_cut(start),
+            Phase::Load => u64::MAX - self.start,
+        };
+        let next = IntervalReport::new(self.cur.index + 1, start, next_end.max(start + 1));
+        let done = std::mem::replace(&mut self.cur, next);
+        let _ = self.tx.send(Msg::Interval(Box::new(done)));
+    }
+
+    /// Open loop / think time: planned time `t` of connection `c` has come.
+    fn fire(&mut self, c: usize, t: u64, now: u64) {
+        if !self.open_loop() {
+            // Think time elapsed: one request, timed from when it was due.
+            self.issue(c, t, now);
+            return;
+        }
+        let Some(conn) = self.slots[c].conn.as_ref() else {
+            return;
+        };
+        if self.slots[c].budget == 0 {
+            return;
+        }
+        if conn.in_flight() >= self.cfg.depth {
+            self.slots[c].blocked = true;
+            return;
+        }
+        let (qps, seg_end) = self.rate_at(t);
+        if qps > 0.0 {
+            self.issue(c, t, now);
+        }
+        let rate = qps * self.conn_share;
+        let Some(a) = self.slots[c].arrivals.as_mut() else {
+            return;
+        };
+        let next = if qps > 0.0 {
+            a.advance(rate, seg_end)
+        } else {
+            // A zero-rate segment: resume at its end with the next segment's rate.
+            let (q2, _) = self.rate_at(seg_end);
+            let a = self.slots[c].arrivals.as_mut();
+            match a {
+                Some(a) => {
+                    a.reset_to(seg_end, q2 * self.conn_share);
+                    a.next_ns()
+                }
+                None => return,
+            }
+        };
+        if next < self.end {
+            self.heap.push(Reverse((next, c as u32)));
+        }
+    }
+
+    /// Composes one request on connection `c`, planned at `planned`.
+    fn issue(&mut self, c: usize, planned: u64, now: u64) {
+        let slot = &mut self.slots[c];
+        let Some(conn) = slot.conn.as_mut() else {
+            return;
+        };
+        if slot.budget == 0 {
+            return;
+        }
+        let gen = &mut self.gen;
+        let rng = &mut self.rng;
+        let (op, key) = match self.phase {
+            Phase::Load => {
+                let k = slot.load_next;
+                slot.load_next += 1;
+                (Op::Set, Some(k))
+            }
+            Phase::Run => (gen.op(rng), None),
+        };
+        let r = conn.request(|out| {
+            let (kind, k) = match key {
+                Some(k) => gen.compose_key(op, k, rng, out)?,
+                None => gen.compose(op, rng, out)?,
+            };
+            Ok((
+                kind,
+                Meta {
+                    planned,
+                    sent: now,
+                    key: k,
+                },
+            ))
+        });
+        if let Err(e) = r {
+            // Workload::validate makes every generated key valid; count it if not.
+            self.cur.counters.errors += 1;
+            note(&mut self.notes, format!("compose: {e}"));
+            slot.budget = 0;
+            return;
+        }
+        slot.budget -= 1;
+        self.cur.counters.sent += 1;
+        if slot.load_next >= slot.load_end && self.phase == Phase::Load {
+            slot.budget = 0;
+        }
+        if self.cfg.open.is_some() && self.phase == Phase::Run {
+            if slot.last_sent > 0 {
+                let (i, _) = self.cfg.plan.at(planned.saturating_sub(self.warmup_end));
+                let qps = self.cfg.plan.segments[i].qps;
+                let x = (now - slot.last_sent) as f64 * qps * self.conn_share / 1e9;
+                self.gaps.add(x, self.rng.gen::<f64>());
+            }
+            slot.last_sent = now;
+        }
+        if !slot.dirty {
+            slot.dirty = true;
+            self.dirty.push(c as u32);
+        }
+    }
+
+    /// Closed loop: fill connection `c` up to `depth` in flight.
+    fn top_up(&mut self, c: usize, now: u64) {
+        if self.cfg.think_us > 0 && self.phase == Phase::Run {
+            // With think time, each finished slot waits before its next request.
+            let Some(conn) = self.slots[c].conn.as_ref() else {
+                return;
+            };
+            let waiting = self
+                .heap
+                .iter()
+                .filter(|Reverse((_, i))| *i as usize == c)
+                .count();
+            let free = self.cfg.depth.saturating_sub(conn.in_flight() + waiting);
+            for _ in 0..free {
+                self.heap
+                    .push(Reverse((now + self.cfg.think_us * 1000, c as u32)));
+            }
+            return;
+        }
+        let depth = match self.phase {
+            Phase::Run => self.cfg.depth,
+            Phase::Load => self.cfg.depth.max(32),
+        };
+        while let Some(conn) = self.slots[c].conn.as_ref() {
+            if conn.in_flight() >= depth || self.slots[c].budget == 0 || now >= self.end {
+                break;
+            }
+            self.issue(c, now, now);
+        }
+    }
+
+    fn flush_dirty(&mut self) {
+        while let Some(c) = self.dirty.pop() {
+            let c = c as usize;
+            self.slots[c].dirty = false;
+            let r = match self.slots[c].conn.as_mut() {
+                Some(conn) => conn.flush(),
+                None => continue,
+            };
+            if let Err(e) = r {
+                self.reset(c, Some(ConnError::Io(e)));
+            }
+        }
+    }
+
+    fn on_ready(&mut self, c: usize, now: u64) {
+        let Some(slot) = self.slots.get_mut(c) else {
+            return;
+        };
+        let Some(conn) = slot.conn.as_mut() else {
+            return;
+        };
+        if conn.has_output() {
+            if let Err(e) = conn.flush() {
+                self.reset(c, Some(ConnError::Io(e)));
+                return;
+            }
+        }
+        let counters = &mut self.cur.counters;
+        let lat = &mut self.cur.latency;
+        let lat_send = &mut self.cur.latency_send;
+        let gen = &self.gen;
+        let verify = gen.workload().verify;
+        let single = gen.workload().multiget == 1;
+        let mut bad_values = 0u32;
+        let r = conn.on_readable(|ev| match ev {
+            Event::Value {
+                user, key, data, ..
+            } => {
+                if verify {
+                    // A single get must be answered with its own key; every value must be the
+                    // verifiable value of the key it is returned under.
+                    let ok = gen.check(key, data)
+                        && (!single || gen.workload().key_index(key) == Some(user.key));
+                    if !ok {
+                        bad_values += 1;
+                    }
+                }
+            }
+            Event::Done {
+                user,
+                kind,
+                outcome,
+            } => {
+                counters.completed += 1;
+                match kind {
+                    kvlab_client::ReqKind::Get { .. } => counters.gets += 1,
+                    kvlab_client::ReqKind::Store => counters.sets += 1,
+                    kvlab_client::ReqKind::Delete => counters.deletes += 1,
+                    kvlab_client::ReqKind::Line => {}
+                }
+                counters.hits += u64::from(outcome.hits);
+                counters.misses += u64::from(outcome.misses);
+                if outcome.status == Status::Error || bad_values > 0 {
+                    counters.errors += 1;
+                }
+                if bad_values > 0 {
+                    counters.verify_errors += u64::from(bad_values);
+                    bad_values = 0;
+                }
+                record(lat, now.saturating_sub(user.planned));
+                record(lat_send, now.saturating_sub(user.sent));
+            }
+        });
+        match r {
+            Ok(0) => {}
+            Ok(_) => {
+                if self.open_loop() {
+                    if self.slots[c].blocked {
+                        self.slots[c].blocked = false;
+                        if let Some(a) = self.slots[c].arrivals.as_ref() {
+                            self.heap.push(Reverse((a.next_ns(), c as u32)));
+                        }
+                    }
+                } else {
+                    self.top_up(c, now);
+                }
+            }
+            Err(e) => self.reset(c, Some(e)),
+        }
+    }
+
+    /// Times out connections whose oldest request is older than the timeout.
+    fn check_timeouts(&mut self, now: u64) {
+        let mut next = now + self.timeout_ns;
+        for c in 0..self.slots.len() {
+            let oldest = self.slots[c]
+                .conn
+                .as_ref()
+                .and_then(|k| k.oldest().map(|m| m.sent));
+            if let Some(sent) = oldest {
+                if sent + self.timeout_ns <= now {
+                    self.reset(c, None);
+                } else {
+                    next = next.min(sent + self.timeout_ns);
+                }
+            }
+        }
+        self.next_timeout_check = next;
+    }
+
+    /// Drops connection `c` after an error (`None`: a timeout), counts its pending requests,
+    /// and reconnects.
+    fn reset(&mut self, c: usize, err: Option<ConnError>) {
+        let Some(mut conn) = self.slots[c].conn.take() else {
+            return;
+        };
+        let lost = conn.drain_pending().count() as u64;
+        let _ = conn.deregister(self.poll.registry());
+        drop(conn);
+        match &err {
+            None => self.cur.counters.timeouts += lost,
+            Some(e) => {
+                self.cur.counters.errors += lost;
+                note(&mut self.notes, format!("connection {c}: {e}"));
+            }
+        }
+        match connect(self.cfg.target) {
+            Ok(mut conn) => {
+                if conn.register(self.poll.registry(), Token(c)).is_ok() {
+                    self.slots[c].conn = Some(conn);
+                }
+            }
+            Err(e) => note(&mut self.notes, format!("reconnect {c}: {e}")),
+        }
+        if self.slots[c].conn.is_none() {
+            return;
+        }
+        let now = mono_ns();
+        if self.open_loop() {
+            if self.slots[c].blocked {
+                self.slots[c].blocked = false;
+                if let Some(a) = self.slots[c].arrivals.as_ref() {
+                    self.heap.push(Reverse((a.next_ns(), c as u32)));
+                }
+            }
+        } else {
+            self.top_up(c, now);
+        }
+    }
+}
+
+fn note(notes: &mut Vec<String>, s: String) {
+    if notes.len() < 10 {
+        notes.push(s);
+    }
+}

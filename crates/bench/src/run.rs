@@ -1,0 +1,500 @@
+//! Runs one configuration against one target: load phase, local generator threads and remote
+//! agents started together, and the collector that merges what they measure.
+//!
+//! ```text
+//!   run() ── spawns ──► generator thread ×T (engine.rs) ──┐
+//!     │                                                    │ mpsc<Msg>
+//!     ├── per agent: link thread ◄── JSON lines ◄── agent ─┤ (relayed)
+//!     │                                                    ▼
+//!     └── collector (this thread): merge interval reports of all threads by interval start,
+//!         emit each interval once every thread has reported it, sum the run, self-check
+//! ```
+//!
+//! Start-up: everyone connects first and reports `Ready`; the master then picks a start time
+//! 100 ms ahead (monotonic for its threads, wall-clock for agents) so all begin together.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::agent::AgentLink;
+use crate::clock::{mono_ns, wall_ns};
+use crate::config::Config;
+use crate::engine::{thread_main, Msg, Phase, ThreadCtx, ThreadDone};
+use crate::stats::{
+    ks_critical_001, ks_statistic, Counters, GapStats, IntervalReport, Percentiles,
+};
+use crate::BenchError;
+
+/// One interval of the time series.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IntervalRow {
+    /// Start, ms since the Unix epoch.
+    pub ts_start: u64,
+    /// End, ms since the Unix epoch.
+    pub ts_end: u64,
+    /// Part of the warm-up (not in the totals).
+    pub warmup: bool,
+    /// Index of the rate step (segment) it belongs to.
+    pub step: usize,
+    /// Target total rate, requests/s (`None` in closed loop).
+    pub target_qps: Option<f64>,
+    /// Replies per second.
+    pub achieved_qps: f64,
+    /// Counts.
+    pub counters: Counters,
+    /// Latency from the planned send time, µs.
+    pub latency: Percentiles,
+    /// Latency from the actual send, µs.
+    pub latency_send: Percentiles,
+}
+
+/// One rate step (`--scan` step, trace segment, or the whole run at a fixed rate).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StepRow {
+    /// Index.
+    pub step: usize,
+    /// Target total rate, requests/s (`None` in closed loop).
+    pub target_qps: Option<f64>,
+    /// Measured time, s.
+    pub duration_s: f64,
+    /// Replies per second.
+    pub achieved_qps: f64,
+    /// Counts.
+    pub counters: Counters,
+    /// Latency from the planned send time, µs.
+    pub latency: Percentiles,
+    /// Latency from the actual send, µs.
+    pub latency_send: Percentiles,
+}
+
+/// Inter-arrival self-check figures (open loop).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GapSummary {
+    /// Gaps observed.
+    pub n: u64,
+    /// Mean of gap × rate (1 when the rate is met).
+    pub mean: f64,
+    /// Coefficient of variation (1 for Poisson, 0 for fixed).
+    pub cv: f64,
+    /// KS statistic against Exp(1) on a sample (Poisson arrivals only).
+    pub ks_d: Option<f64>,
+    /// KS critical value at α = 0.001 for that sample.
+    pub ks_critical: Option<f64>,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResult {
+    /// The server.
+    pub target: String,
+    /// The configuration.
+    pub config: Config,
+    /// Participants (1 + agents).
+    pub participants: usize,
+    /// Start of measurement, ms since the Unix epoch.
+    pub ts_start: u64,
+    /// End, ms since the Unix epoch.
+    pub ts_end: u64,
+    /// Measured time, s.
+    pub duration_s: f64,
+    /// Totals over the measured time.
+    pub counters: Counters,
+    /// Replies per second over the measured time.
+    pub throughput_qps: f64,
+    /// Latency from the planned send time, µs.
+    pub latency: Percentiles,
+    /// Latency from the actual send, µs.
+    pub latency_send: Percentiles,
+    /// Rate steps.
+    pub steps: Vec<StepRow>,
+    /// Time series.
+    pub intervals: Vec<IntervalRow>,
+    /// The load phase's counts, if there was one.
+    pub load: Option<Counters>,
+    /// Each generator thread's CPU use over the run, fraction of one core.
+    pub thread_cpu: Vec<f64>,
+    /// Inter-arrival check (open loop).
+    pub gaps: Option<GapSummary>,
+    /// Self-check warnings.
+    pub warnings: Vec<String>,
+    /// Connection problems reported by threads.
+    pub notes: Vec<String>,
+    /// Merged histograms (not serialised; for comparisons).
+    #[serde(skip)]
+    pub hist: Option<Box<IntervalReport>>,
+}
+
+/// Runs `cfg`: the load phase (if asked), then the measured run on local threads and on
+/// `agents`. `progress` sees every interval as soon as all threads have reported it.
+pub fn run(
+    cfg: &Config,
+    agents: &[SocketAddr],
+    progress: &mut dyn FnMut(&IntervalRow),
+) -> Result<RunResult, BenchError> {
+    cfg.validate()?;
+    let load = if cfg.load {
+        Some(load_phase(cfg)?)
+    } else {
+        None
+    };
+    let participants = 1 + agents.len();
+    let mut links = Vec::new();
+    for (i, a) in agents.iter().enumerate() {
+        links.push(AgentLink::prepare(
+            *a,
+            cfg,
+            (i + 1) as u32,
+            participants as u32,
+        )?);
+    }
+    let (tx, rx) = channel();
+    let mut result = std::thread::scope(|s| -> Result<RunResult, BenchError> {
+        let starts = spawn_threads(s, cfg, 0, participants as u32, Phase::Run, &tx)?;
+        wait_ready(&rx, cfg.threads)?;
+        let lead = 100_000_000;
+        let start = mono_ns() + lead;
+        let start_wall = wall_ns() + lead;
+        for st in &starts {
+            let _ = st.send(Some(start));
+        }
+        for link in links {
+            link.start(start_wall, tx.clone(), s)?;
+        }
+        drop(tx);
+        collect(cfg, &rx, participants, start_wall, progress)
+    })?;
+    result.load = load;
+    Ok(result)
+}
+
+/// Sets every key once from local threads (closed loop, pipelined).
+pub fn load_phase(cfg: &Config) -> Result<Counters, BenchError> {
+    let (tx, rx) = channel();
+    std::thread::scope(|s| {
+        let starts = spawn_threads(s, cfg, 0, 1, Phase::Load, &tx)?;
+        wait_ready(&rx, cfg.threads)?;
+        let start = mono_ns();
+        for st in &starts {
+            let _ = st.send(Some(start));
+        }
+        drop(tx);
+        let mut total = Counters::default();
+        let mut done = 0;
+        while done < cfg.threads {
+            match rx.recv_timeout(Duration::from_secs(120)) {
+                Ok(Msg::Interval(r)) => total.add(&r.counters),
+                Ok(Msg::Done(_)) => done += 1,
+                Ok(Msg::Failed(e)) => return Err(BenchError::Run(format!("load phase: {e}"))),
+                Ok(Msg::Ready) => {}
+                Err(_) => return Err(BenchError::Run("load phase: no progress for 120 s".into())),
+            }
+        }
+        if total.completed < cfg.workload.keys || total.errors + total.timeouts > 0 {
+            return Err(BenchError::Run(format!(
+                "load phase set {} of {} keys ({} errors, {} timeouts)",
+                total.completed, cfg.workload.keys, total.errors, total.timeouts
+            )));
+        }
+        Ok(total)
+    })
+}
+
+/// Spawns `cfg.threads` generator threads of participant `participant`; returns their
+/// start-time senders.
+pub(crate) fn spawn_threads<'s, 'e: 's>(
+    s: &'s std::thread::Scope<'s, 'e>,
+    cfg: &'e Config,
+    participant: u32,
+    participants: u32,
+    phase: Phase,
+    tx: &Sender<Msg>,
+) -> Result<Vec<Sender<Option<u64>>>, BenchError> {
+    let threads = cfg.threads as u64;
+    let conns = cfg.connections as u64;
+    let mut starts = Vec::new();
+    for t in 0..cfg.threads {
+        let global = u64::from(participant) * threads + t as u64;
+        let ctx = ThreadCtx {
+            participant,
+            thread: t as u32,
+            global_thread: global,
+            total_threads: u64::from(participants) * threads,
+            conn_offset: global * conns,
+            total_conns: u64::from(participants) * threads * conns,
+        };
+        let (stx, srx) = channel();
+        let tx = tx.clone();
+        std::thread::Builder::new()
+            .name(format!("kvlab-gen-{t}"))
+            .spawn_scoped(s, move || thread_main(cfg, ctx, phase, srx, tx))
+            .map_err(BenchError::Io)?;
+        starts.push(stx);
+    }
+    Ok(starts)
+}
+
+pub(crate) fn wait_ready(rx: &Receiver<Msg>, n: usize) -> Result<(), BenchError> {
+    let mut ready = 0;
+    while ready < n {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(Msg::Ready) => ready += 1,
+            Ok(Msg::Failed(e)) => return Err(BenchError::Run(e)),
+            Ok(_) => {}
+            Err(_) => return Err(BenchError::Run("threads not ready after 30 s".into())),
+        }
+    }
+    Ok(())
+}
+
+struct Pending {
+    report: IntervalReport,
+    seen: usize,
+}
+
+fn collect(
+    cfg: &Config,
+    rx: &Receiver<Msg>,
+    participants: usize,
+    start_wall_ns: u64,
+    progress: &mut dyn FnMut(&IntervalRow),
+) -> Result<RunResult, BenchError> {
+    let total_threads = participants * cfg.threads;
+    let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
+    let mut finished: Vec<IntervalReport> = Vec::new();
+    let mut done: Vec<ThreadDone> = Vec::new();
+    // Generous: the run's end, plus the request timeout, plus slack for a slow machine.
+    let patience = Duration::from_millis(cfg.timeout_ms) + Duration::from_secs(30);
+    let row = |r: &IntervalReport| interval_row(cfg, r, start_wall_ns);
+    while done.len() < total_threads {
+        match rx.recv_timeout(if cfg.requests.is_some() {
+            patience * 4
+        } else {
+            patience + Duration::from_nanos(cfg.end_ns())
+        }) {
+            Ok(Msg::Interval(r)) => {
+                let start = r.start_ns;
+                let p = pending.entry(start).or_insert_with(|| Pending {
+                    report: IntervalReport::new(r.index, r.start_ns, r.end_ns),
+                    seen: 0,
+                });
+                p.report.merge(&r)?;
+                p.seen += 1;
+                if p.seen == total_threads {
+                    // Invariant: the entry was just looked up under `start`.
+                    if let Some(p) = pending.remove(&start) {
+                        progress(&row(&p.report));
+                        finished.push(p.report);
+                    }
+                }
+            }
+            Ok(Msg::Done(d)) => done.push(*d),
+            Ok(Msg::Failed(e)) => return Err(BenchError::Run(e)),
+            Ok(Msg::Ready) => {}
+            Err(RecvTimeoutError::Timeout) => {
+                return Err(BenchError::Run(
+                    "no report from the generator threads in time".into(),
+                ))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(BenchError::Run(format!(
+                    "generators stopped early ({} of {total_threads} finished)",
+                    done.len()
+                )))
+            }
+        }
+    }
+    for (_, p) in std::mem::take(&mut pending) {
+        progress(&row(&p.report));
+        finished.push(p.report);
+    }
+    finished.sort_by_key(|r| r.start_ns);
+    Ok(summarise(
+        cfg,
+        participants,
+        start_wall_ns,
+        &finished,
+        &done,
+    ))
+}
+
+fn secs(r: &IntervalReport) -> f64 {
+    (r.end_ns.saturating_sub(r.start_ns)) as f64 / 1e9
+}
+
+fn target_of(cfg: &Config, step: usize) -> Option<f64> {
+    cfg.open.map(|_| cfg.plan.segments[step].qps)
+}
+
+fn step_of(cfg: &Config, r: &IntervalReport) -> usize {
+    cfg.plan.at(r.start_ns.saturating_sub(cfg.warmup_ns())).0
+}
+
+fn interval_row(cfg: &Config, r: &IntervalReport, start_wall_ns: u64) -> IntervalRow {
+    let step = step_of(cfg, r);
+    IntervalRow {
+        ts_start: (start_wall_ns + r.start_ns) / 1_000_000,
+        ts_end: (start_wall_ns + r.end_ns) / 1_000_000,
+        warmup: r.start_ns < cfg.warmup_ns(),
+        step,
+        target_qps: target_of(cfg, step),
+        achieved_qps: r.counters.completed as f64 / secs(r).max(1e-9),
+        counters: r.counters,
+        latency: Percentiles::of(&r.latency),
+        latency_send: Percentiles::of(&r.latency_send),
+    }
+}
+
+fn summarise(
+    cfg: &Config,
+    participants: usize,
+    start_wall_ns: u64,
+    intervals: &[IntervalReport],
+    done: &[ThreadDone],
+) -> RunResult {
+    let measured: Vec<&IntervalReport> = intervals
+        .iter()
+        .filter(|r| r.start_ns >= cfg.warmup_ns())
+        .collect();
+    let first = measured.first().map_or(cfg.warmup_ns(), |r| r.start_ns);
+    let last = measured.last().map_or(first, |r| r.end_ns);
+    let mut total = IntervalReport::new(0, first, last);
+    let mut steps: BTreeMap<usize, IntervalReport> = BTreeMap::new();
+    let mut step_secs: BTreeMap<usize, f64> = BTreeMap::new();
+    for r in &measured {
+        // Histograms of one configuration always share bounds, so merging cannot fail.
+        let _ = total.merge(r);
+        let s = step_of(cfg, r);
+        let e = steps
+            .entry(s)
+            .or_insert_with(|| IntervalReport::new(0, r.start_ns, r.end_ns));
+        let _ = e.merge(r);
+        *step_secs.entry(s).or_default() += secs(r);
+    }
+    let duration_s = secs(&total);
+    let step_rows: Vec<StepRow> = steps
+        .iter()
+        .map(|(&step, r)| {
+            let d = step_secs.get(&step).copied().unwrap_or(0.0);
+            StepRow {
+                step,
+                target_qps: target_of(cfg, step),
+                duration_s: d,
+                achieved_qps: r.counters.completed as f64 / d.max(1e-9),
+                counters: r.counters,
+                latency: Percentiles::of(&r.latency),
+                latency_send: Percentiles::of(&r.latency_send),
+            }
+        })
+        .collect();
+    let mut warnings = Vec::new();
+    for s in &step_rows {
+        if let Some(target) = s.target_qps {
+            // Poisson arrivals make the planned count itself vary (sd √(rate·T)): warn only
+            // when the shortfall is beyond that noise as well as beyond 1 %.
+            let expected = target * s.duration_s;
+            let got = s.counters.completed as f64;
+            if got < 0.99 * expected && expected - got > 3.0 * expected.sqrt() {
+                warnings.push(format!(
+                    "step {}: achieved {:.0} req/s is {:.1} % below the target {:.0} req/s",
+                    s.step,
+                    s.achieved_qps,
+                    100.0 * (1.0 - got / expected),
+                    target
+                ));
+            }
+        }
+    }
+    let mut thread_cpu = Vec::new();
+    let mut gaps = GapStats::default();
+    let mut notes = Vec::new();
+    for d in done {
+        let u = d.cpu_ns as f64 / d.wall_ns.max(1) as f64;
+        thread_cpu.push(u);
+        if u > 0.95 {
+            warnings.push(format!(
+                "generator thread {}/{} used {:.0} % of a core: the client may be the bottleneck",
+                d.ctx.participant,
+                d.ctx.thread,
+                100.0 * u
+            ));
+        }
+        gaps.merge(&d.gaps);
+        notes.extend(d.notes.iter().cloned());
+    }
+    let gap_summary = if cfg.open.is_some() && gaps.n > 0 {
+        let mut sample = gaps.sample.clone();
+        let ks_d = ks_statistic(&mut sample, |x| 1.0 - (-x).exp());
+        let ks_critical = ks_critical_001(sample.len());
+        let poisson = cfg.open == Some(crate::schedule::Arrival::Poisson);
+        let g = GapSummary {
+            n: gaps.n,
+            mean: gaps.mean(),
+            cv: gaps.cv(),
+            ks_d: poisson.then_some(ks_d),
+            ks_critical: poisson.then_some(ks_critical),
+        };
+        if gaps.n >= 1000 {
+            match cfg.open {
+                Some(crate::schedule::Arrival::Poisson) => {
+                    // Wake-up jitter (tens of µs on a busy machine) blurs the smallest gaps:
+                    // with per-connection gaps of a few hundred µs, D reaches ~0.1 while the
+                    // schedule itself is exact. Beyond that, or a CV off by 10 %, the sends
+                    // are bunched (the generator is behind) or the per-connection rate is too
+                    // high for its timing precision (use more connections).
+                    let limit = ks_critical.max(0.1);
+                    if (g.cv - 1.0).abs() > 0.1 || ks_d > limit {
+                        warnings.push(format!(
+                            "actual inter-arrival times are not exponential (CV {:.2}, KS D {:.3} > {limit:.3}): \
+                             sends are bunched or the per-connection rate is too high",
+                            g.cv, ks_d
+                        ));
+                    }
+                }
+                Some(crate::schedule::Arrival::Fixed) if g.cv > 0.1 => {
+                    warnings.push(format!(
+                        "actual inter-arrival times are not constant (CV {:.2})",
+                        g.cv
+                    ));
+                }
+                Some(crate::schedule::Arrival::Fixed) => {}
+                None => {}
+            }
+        }
+        Some(g)
+    } else {
+        None
+    };
+    if total.counters.errors + total.counters.timeouts > 0 {
+        warnings.push(format!(
+            "{} errors ({} failed verification), {} timeouts",
+            total.counters.errors, total.counters.verify_errors, total.counters.timeouts
+        ));
+    }
+    RunResult {
+        target: cfg.target.to_string(),
+        config: cfg.clone(),
+        participants,
+        ts_start: (start_wall_ns + first) / 1_000_000,
+        ts_end: (start_wall_ns + last) / 1_000_000,
+        duration_s,
+        counters: total.counters,
+        throughput_qps: total.counters.completed as f64 / duration_s.max(1e-9),
+        latency: Percentiles::of(&total.latency),
+        latency_send: Percentiles::of(&total.latency_send),
+        steps: step_rows,
+        intervals: intervals
+            .iter()
+            .map(|r| interval_row(cfg, r, start_wall_ns))
+            .collect(),
+        load: None,
+        thread_cpu,
+        gaps: gap_summary,
+        warnings,
+        notes,
+        hist: Some(Box::new(total)),
+    }
+}

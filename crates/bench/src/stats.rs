@@ -1,0 +1,333 @@
+//! Measurement: counters and latency histograms per generator thread and interval, their
+//! merge, and the figures reported from them.
+//!
+//! Each thread records into its own histograms (no sharing on the hot path) and hands them
+//! over at every interval boundary; the collector merges the hand-overs of all threads (and
+//! agents) for that interval, and the intervals into the run's totals. Latencies are recorded
+//! in nanoseconds twice: from the planned send time (`latency`, free of coordinated omission)
+//! and from the actual send (`latency_send`, what a closed-loop tool would report).
+
+use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
+use hdrhistogram::Histogram;
+use serde::{Deserialize, Serialize};
+
+use crate::BenchError;
+
+/// Highest latency recorded exactly, in nanoseconds (100 s); longer ones are recorded as this.
+pub const MAX_LATENCY_NS: u64 = 100_000_000_000;
+
+/// A new latency histogram: 1 ns .. 100 s, 3 significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    // Invariant: the bounds are valid constants (low 1 ≥ 1, high ≥ 2·low, sigfig 3 ≤ 5).
+    #[allow(clippy::unwrap_used)]
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).unwrap()
+}
+
+/// Records `ns` (clamped to the histogram's range).
+#[inline]
+pub fn record(h: &mut Histogram<u64>, ns: u64) {
+    h.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
+}
+
+/// Event counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Requests sent.
+    pub sent: u64,
+    /// Requests answered (any reply, including error replies).
+    pub completed: u64,
+    /// Of those: gets (multi-gets count once).
+    pub gets: u64,
+    /// Sets.
+    pub sets: u64,
+    /// Deletes.
+    pub deletes: u64,
+    /// Keys found by gets.
+    pub hits: u64,
+    /// Keys not found by gets.
+    pub misses: u64,
+    /// Requests that ended in an error: error replies, wrong values, broken connections.
+    pub errors: u64,
+    /// Of the errors: hits whose value failed `--verify`.
+    pub verify_errors: u64,
+    /// Requests with no reply within the timeout.
+    pub timeouts: u64,
+}
+
+impl Counters {
+    /// Adds `o` to `self`.
+    pub fn add(&mut self, o: &Counters) {
+        self.sent += o.sent;
+        self.completed += o.completed;
+        self.gets += o.gets;
+        self.sets += o.sets;
+        self.deletes += o.deletes;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.errors += o.errors;
+        self.verify_errors += o.verify_errors;
+        self.timeouts += o.timeouts;
+    }
+}
+
+/// Serde adapter: a histogram as base64 of its V2+deflate serialisation (HdrHistogram's
+/// interchange format), so agents can send theirs to the master.
+pub mod hist_serde {
+    use super::*;
+    use base64::Engine;
+    use serde::{de::Error as _, ser::Error as _};
+
+    /// Serialises.
+    pub fn serialize<S: serde::Serializer>(h: &Histogram<u64>, s: S) -> Result<S::Ok, S::Error> {
+        let mut bytes = Vec::new();
+        V2DeflateSerializer::new()
+            .serialize(h, &mut bytes)
+            .map_err(S::Error::custom)?;
+        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    /// Deserialises.
+    pub fn deserialize<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Histogram<u64>, D::Error> {
+        let s: String = serde::Deserialize::deserialize(d)?;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(s)
+            .map_err(D::Error::custom)?;
+        Deserializer::new()
+            .deserialize(&mut bytes.as_slice())
+            .map_err(D::Error::custom)
+    }
+}
+
+/// What one thread measured in one interval.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct IntervalReport {
+    /// Interval number (0 = the first after the start, warm-up included).
+    pub index: u64,
+    /// Start, nanoseconds after the run's start.
+    pub start_ns: u64,
+    /// End, nanoseconds after the run's start.
+    pub end_ns: u64,
+    /// Counts.
+    pub counters: Counters,
+    /// Latency from the planned send time, ns.
+    #[serde(with = "hist_serde")]
+    pub latency: Histogram<u64>,
+    /// Latency from the actual send, ns.
+    #[serde(with = "hist_serde")]
+    pub latency_send: Histogram<u64>,
+}
+
+impl IntervalReport {
+    /// An empty report.
+    pub fn new(index: u64, start_ns: u64, end_ns: u64) -> Self {
+        IntervalReport {
+            index,
+            start_ns,
+            end_ns,
+            counters: Counters::default(),
+            latency: new_histogram(),
+            latency_send: new_histogram(),
+        }
+    }
+
+    /// Adds another thread's report of the same interval.
+    pub fn merge(&mut self, o: &IntervalReport) -> Result<(), BenchError> {
+        self.counters.add(&o.counters);
+        self.latency
+            .add(&o.latency)
+            .map_err(|e| BenchError::Internal(format!("merge: {e:?}")))?;
+        self.latency_send
+            .add(&o.latency_send)
+            .map_err(|e| BenchError::Internal(format!("merge: {e:?}")))?;
+        self.start_ns = self.start_ns.min(o.start_ns);
+        self.end_ns = self.end_ns.max(o.end_ns);
+        Ok(())
+    }
+}
+
+/// Statistics of normalised inter-arrival gaps (gap × rate: Exp(1) for a Poisson process).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GapStats {
+    /// Number of gaps.
+    pub n: u64,
+    /// Sum of normalised gaps.
+    pub sum: f64,
+    /// Sum of squares.
+    pub sum_sq: f64,
+    /// A uniform sample (reservoir) of normalised gaps for a KS test.
+    pub sample: Vec<f64>,
+}
+
+/// Reservoir size for [`GapStats::sample`] per thread.
+pub const GAP_SAMPLE: usize = 2000;
+
+impl GapStats {
+    /// Adds a gap; `r` is a uniform draw in [0,1) used for reservoir sampling.
+    pub fn add(&mut self, x: f64, r: f64) {
+        self.n += 1;
+        self.sum += x;
+        self.sum_sq += x * x;
+        if self.sample.len() < GAP_SAMPLE {
+            self.sample.push(x);
+        } else {
+            let j = (r * self.n as f64) as usize;
+            if j < GAP_SAMPLE {
+                self.sample[j] = x;
+            }
+        }
+    }
+
+    /// Merges another thread's statistics.
+    pub fn merge(&mut self, o: &GapStats) {
+        self.n += o.n;
+        self.sum += o.sum;
+        self.sum_sq += o.sum_sq;
+        self.sample.extend_from_slice(&o.sample);
+    }
+
+    /// Mean of the normalised gaps.
+    pub fn mean(&self) -> f64 {
+        self.sum / self.n.max(1) as f64
+    }
+
+    /// Coefficient of variation (1 for exponential, 0 for constant).
+    pub fn cv(&self) -> f64 {
+        let n = self.n.max(1) as f64;
+        let m = self.sum / n;
+        let var = (self.sum_sq / n - m * m).max(0.0);
+        var.sqrt() / m
+    }
+}
+
+/// Kolmogorov–Smirnov statistic D of `sample` against the CDF `cdf`.
+pub fn ks_statistic(sample: &mut [f64], cdf: impl Fn(f64) -> f64) -> f64 {
+    sample.sort_by(f64::total_cmp);
+    let n = sample.len() as f64;
+    let mut d: f64 = 0.0;
+    for (i, &x) in sample.iter().enumerate() {
+        let f = cdf(x);
+        d = d.max(f - i as f64 / n).max((i + 1) as f64 / n - f);
+    }
+    d
+}
+
+/// The KS critical value at significance 0.001 for `n` samples (asymptotic 1.95/√n).
+pub fn ks_critical_001(n: usize) -> f64 {
+    1.949 / (n.max(1) as f64).sqrt()
+}
+
+/// Latency figures in microseconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Percentiles {
+    /// Mean, µs.
+    pub mean_us: f64,
+    /// 25th percentile, µs.
+    pub p25_us: f64,
+    /// Median, µs.
+    pub p50_us: f64,
+    /// 75th percentile, µs.
+    pub p75_us: f64,
+    /// 90th percentile, µs.
+    pub p90_us: f64,
+    /// 95th percentile, µs.
+    pub p95_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+    /// 99.9th percentile, µs.
+    pub p99_9_us: f64,
+    /// 99.99th percentile, µs.
+    pub p99_99_us: f64,
+    /// Maximum, µs.
+    pub max_us: f64,
+    /// Number of samples.
+    pub count: u64,
+}
+
+impl Percentiles {
+    /// From a nanosecond histogram.
+    pub fn of(h: &Histogram<u64>) -> Self {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let q = |p: f64| {
+            if h.is_empty() {
+                0.0
+            } else {
+                us(h.value_at_quantile(p))
+            }
+        };
+        Percentiles {
+            mean_us: if h.is_empty() { 0.0 } else { h.mean() / 1000.0 },
+            p25_us: q(0.25),
+            p50_us: q(0.50),
+            p75_us: q(0.75),
+            p90_us: q(0.90),
+            p95_us: q(0.95),
+            p99_us: q(0.99),
+            p99_9_us: q(0.999),
+            p99_99_us: q(0.9999),
+            max_us: if h.is_empty() { 0.0 } else { us(h.max()) },
+            count: h.len(),
+        }
+    }
+
+    /// The names and values in print order (name, µs).
+    pub fn columns(&self) -> [(&'static str, f64); 10] {
+        [
+            ("p25", self.p25_us),
+            ("p50", self.p50_us),
+            ("p75", self.p75_us),
+            ("p90", self.p90_us),
+            ("p95", self.p95_us),
+            ("p99", self.p99_us),
+            ("p99.9", self.p99_9_us),
+            ("p99.99", self.p99_99_us),
+            ("max", self.max_us),
+            ("mean", self.mean_us),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_survive_the_wire() {
+        let mut r = IntervalReport::new(3, 10, 20);
+        for v in [1_000u64, 2_000, 3_000, 1_000_000] {
+            record(&mut r.latency, v);
+        }
+        record(&mut r.latency_send, u64::MAX);
+        r.counters.completed = 4;
+        let json = serde_json::to_string(&r).unwrap();
+        let back: IntervalReport = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.latency, r.latency);
+        assert_eq!(back.latency_send.max(), r.latency_send.max());
+        assert_eq!(back.counters, r.counters);
+        let mut m = IntervalReport::new(3, 5, 15);
+        m.merge(&back).unwrap();
+        assert_eq!((m.start_ns, m.end_ns, m.latency.len()), (5, 20, 4));
+    }
+
+    #[test]
+    fn percentiles_are_in_microseconds() {
+        let mut h = new_histogram();
+        for v in 1..=1000u64 {
+            record(&mut h, v * 1000);
+        }
+        let p = Percentiles::of(&h);
+        assert!((p.p50_us - 500.0).abs() < 1.0, "{p:?}");
+        assert!((p.p99_us - 990.0).abs() < 1.0, "{p:?}");
+        assert!((p.max_us - 1000.0).abs() < 1.0, "{p:?}");
+        assert_eq!(p.count, 1000);
+    }
+
+    #[test]
+    fn gap_stats_of_constant_gaps() {
+        let mut g = GapStats::default();
+        for i in 0..5000 {
+            g.add(1.0, (i as f64 * 0.618).fract());
+        }
+        assert!((g.mean() - 1.0).abs() < 1e-9 && g.cv() < 1e-6);
+        assert_eq!(g.sample.len(), GAP_SAMPLE);
+    }
+}

@@ -1,0 +1,467 @@
+//! What requests a run sends: key space, key and value sizes, key choice, operation mix,
+//! multi-get, and verifiable values.
+//!
+//! Requests are composed straight into a connection's output buffer (no allocation per
+//! request): keys are written into a small stack buffer, values come from a shared filler or,
+//! with `verify`, are generated in place from the key and a version.
+//!
+//! Verifiable values: `<key index>.<version>.` followed by bytes derived from both, and a
+//! length derived from both. A hit is checked against its key: a value of another key, of the
+//! wrong length, or with any byte changed is a verification error. The version a server holds
+//! is not known in advance (several connections write), so it is read from the value itself.
+
+use kvlab_client::ReqKind;
+use kvlab_protocol::client::{self as proto, ComposeError, MultiGet, StoreCmd};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::dist::{mix64, unit, KeyChooser, KeyDist, SizeDist};
+use crate::BenchError;
+
+/// Largest value the generator composes, in bytes (memcached's default item limit is 1 MiB,
+/// including item overhead).
+pub const MAX_VALUE: u64 = 1_000_000;
+
+/// Operation weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mix {
+    /// Weight of gets (multi-gets when `multiget > 1`).
+    pub get: u32,
+    /// Weight of sets.
+    pub set: u32,
+    /// Weight of deletes.
+    pub delete: u32,
+}
+
+impl Mix {
+    /// Parses `get=9,set=1,delete=0` (any subset, any order; weights are integers).
+    pub fn parse(s: &str) -> Result<Self, BenchError> {
+        let mut m = Mix {
+            get: 0,
+            set: 0,
+            delete: 0,
+        };
+        for part in s.split(',').filter(|p| !p.is_empty()) {
+            let (op, w) = part.split_once('=').ok_or_else(|| {
+                BenchError::Spec(format!("bad mix entry {part:?}: want op=weight"))
+            })?;
+            let w: u32 = w
+                .trim()
+                .parse()
+                .map_err(|_| BenchError::Spec(format!("bad weight in mix entry {part:?}")))?;
+            match op.trim() {
+                "get" => m.get = w,
+                "set" => m.set = w,
+                "delete" | "del" => m.delete = w,
+                other => {
+                    return Err(BenchError::Spec(format!(
+                        "unknown operation {other:?} in mix"
+                    )))
+                }
+            }
+        }
+        if m.get + m.set + m.delete == 0 {
+            return Err(BenchError::Spec(format!(
+                "mix {s:?} has no operation with weight > 0"
+            )));
+        }
+        Ok(m)
+    }
+}
+
+/// The whole workload description (sent to agents as JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Workload {
+    /// Number of distinct keys.
+    pub keys: u64,
+    /// Key prefix (part of the key size).
+    pub key_prefix: String,
+    /// Key sizes in bytes (each key's size is fixed by a hash of the key).
+    pub key_size: SizeDist,
+    /// Key choice.
+    pub key_dist: KeyDist,
+    /// Value sizes in bytes.
+    pub value_size: SizeDist,
+    /// Operation weights.
+    pub mix: Mix,
+    /// Keys per get request.
+    pub multiget: u32,
+    /// Generate verifiable values and check every hit.
+    pub verify: bool,
+    /// Expiry time sent with sets (seconds; 0 = never).
+    pub exptime: u32,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload {
+            keys: 100_000,
+            key_prefix: "key:".into(),
+            key_size: SizeDist::Fixed { n: 16 },
+            key_dist: KeyDist::Uniform,
+            value_size: SizeDist::Fixed { n: 100 },
+            mix: Mix {
+                get: 9,
+                set: 1,
+                delete: 0,
+            },
+            multiget: 1,
+            verify: false,
+            exptime: 0,
+        }
+    }
+}
+
+impl Workload {
+    /// Checks that the workload can be generated.
+    pub fn validate(&self) -> Result<(), BenchError> {
+        if self.keys == 0 {
+            return Err(BenchError::Spec("--keys must be > 0".into()));
+        }
+        if self.multiget == 0 || self.multiget > 1000 {
+            return Err(BenchError::Spec("--multiget must be in 1..=1000".into()));
+        }
+        let min = self.min_key_len(self.keys - 1);
+        if min > proto::MAX_KEY_LEN {
+            return Err(BenchError::Spec(format!(
+                "key prefix too long: keys need {min} bytes"
+            )));
+        }
+        let mut buf = [0u8; 256];
+        let k = self.key(0, &mut buf);
+        proto::check_key(k).map_err(|e| BenchError::Spec(format!("keys are invalid: {e}")))?;
+        Ok(())
+    }
+
+    fn min_key_len(&self, k: u64) -> usize {
+        self.key_prefix.len() + digits(k)
+    }
+
+    /// Writes key `k` into `buf` and returns it: the prefix, the decimal index, then `x`
+    /// padding up to the key's size (never shorter than prefix and index).
+    pub fn key<'b>(&self, k: u64, buf: &'b mut [u8; 256]) -> &'b [u8] {
+        let min = self.min_key_len(k);
+        let size = match self.key_size {
+            SizeDist::Fixed { n } => n as usize,
+            d => d.size(unit(mix64(k ^ 0x6b65_7973)), 1, proto::MAX_KEY_LEN as u64) as usize,
+        }
+        .clamp(min, proto::MAX_KEY_LEN);
+        let p = self.key_prefix.as_bytes();
+        buf[..p.len()].copy_from_slice(p);
+        let mut end = p.len() + digits(k);
+        let mut n = k;
+        for i in (p.len()..end).rev() {
+            buf[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+        while end < size {
+            buf[end] = b'x';
+            end += 1;
+        }
+        &buf[..size]
+    }
+
+    /// The key index encoded in `key`, if it is one of ours.
+    pub fn key_index(&self, key: &[u8]) -> Option<u64> {
+        let rest = key.strip_prefix(self.key_prefix.as_bytes())?;
+        let n = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        if rest[n..].iter().any(|&b| b != b'x') {
+            return None;
+        }
+        proto::parse_u64(&rest[..n])
+    }
+
+    /// The size of a verifiable value for key `k` at version `v`.
+    pub fn verified_len(&self, k: u64, v: u64) -> usize {
+        let header = digits(k) + digits(v) + 2;
+        let d = self
+            .value_size
+            .size(unit(mix64(mix64(k) ^ v)), 0, MAX_VALUE) as usize;
+        d.max(header)
+    }
+
+    /// Appends the verifiable value of key `k` at version `v`.
+    pub fn write_verified(&self, k: u64, v: u64, out: &mut Vec<u8>) {
+        let len = self.verified_len(k, v);
+        let start = out.len();
+        proto::push_u64(out, k);
+        out.push(b'.');
+        proto::push_u64(out, v);
+        out.push(b'.');
+        let header = out.len() - start;
+        out.resize(start + len, 0);
+        fill_body(&mut out[start + header..], k, v);
+    }
+
+    /// Checks a value returned for `key`: ok when it is the verifiable value of that key at
+    /// the version it names.
+    pub fn check_value(&self, key: &[u8], data: &[u8]) -> bool {
+        let Some(k) = self.key_index(key) else {
+            return false;
+        };
+        let mut parts = data.splitn(3, |&b| b == b'.');
+        let (Some(ks), Some(vs), Some(body)) = (parts.next(), parts.next(), parts.next()) else {
+            return false;
+        };
+        let (Some(k2), Some(v)) = (proto::parse_u64(ks), proto::parse_u64(vs)) else {
+            return false;
+        };
+        k2 == k && data.len() == self.verified_len(k, v) && body_matches(body, k, v)
+    }
+}
+
+fn digits(mut n: u64) -> usize {
+    let mut d = 1;
+    while n >= 10 {
+        n /= 10;
+        d += 1;
+    }
+    d
+}
+
+/// Printable pseudo-random bytes derived from (k, v), 8 per hash.
+fn body_byte_block(k: u64, v: u64, i: usize) -> [u8; 8] {
+    let h = mix64(mix64(k.wrapping_mul(31) ^ v) ^ i as u64);
+    let mut b = h.to_le_bytes();
+    for x in &mut b {
+        *x = b'a' + (*x % 26);
+    }
+    b
+}
+
+fn fill_body(out: &mut [u8], k: u64, v: u64) {
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        let b = body_byte_block(k, v, i);
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+fn body_matches(body: &[u8], k: u64, v: u64) -> bool {
+    body.chunks(8)
+        .enumerate()
+        .all(|(i, c)| c == &body_byte_block(k, v, i)[..c.len()])
+}
+
+/// The operation of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// get / multi-get
+    Get,
+    /// set
+    Set,
+    /// delete
+    Delete,
+}
+
+/// Generates one thread's requests.
+pub struct Generator {
+    wl: Workload,
+    keys: KeyChooser,
+    filler: Vec<u8>,
+    version: u64,
+    key_buf: [u8; 256],
+    get_cut: u32,
+    set_cut: u32,
+    total: u32,
+}
+
+impl Generator {
+    /// A generator; `thread_id` makes versions and sequential starting points distinct.
+    pub fn new(wl: &Workload, thread_id: u64, threads: u64) -> Result<Self, BenchError> {
+        wl.validate()?;
+        let start = wl.keys / threads.max(1) * thread_id;
+        let max_value = wl.value_size.max_hint().unwrap_or(MAX_VALUE).min(MAX_VALUE) as usize;
+        Ok(Generator {
+            keys: KeyChooser::new(wl.key_dist, wl.keys, start)?,
+            filler: vec![b'x'; max_value],
+            version: thread_id << 40,
+            key_buf: [0; 256],
+            get_cut: wl.mix.get,
+            set_cut: wl.mix.get + wl.mix.set,
+            total: wl.mix.get + wl.mix.set + wl.mix.delete,
+            wl: wl.clone(),
+        })
+    }
+
+    /// The workload.
+    pub fn workload(&self) -> &Workload {
+        &self.wl
+    }
+
+    /// Draws an operation from the mix.
+    pub fn op<R: Rng + ?Sized>(&self, rng: &mut R) -> Op {
+        let x = rng.gen_range(0..self.total);
+        if x < self.get_cut {
+            Op::Get
+        } else if x < self.set_cut {
+            Op::Set
+        } else {
+            Op::Delete
+        }
+    }
+
+    /// Composes one request of operation `op` into `out`; returns what it expects back and
+    /// its (first) key index.
+    pub fn compose<R: Rng + ?Sized>(
+        &mut self,
+        op: Op,
+        rng: &mut R,
+        out: &mut Vec<u8>,
+    ) -> Result<(ReqKind, u64), ComposeError> {
+        let k = self.keys.next(rng);
+        self.compose_key(op, k, rng, out)
+    }
+
+    /// Composes one request for key `k` (multi-gets add further random keys).
+    pub fn compose_key<R: Rng + ?Sized>(
+        &mut self,
+        op: Op,
+        k: u64,
+        rng: &mut R,
+        out: &mut Vec<u8>,
+    ) -> Result<(ReqKind, u64), ComposeError> {
+        match op {
+            Op::Get if self.wl.multiget > 1 => {
+                let mut g = MultiGet::begin(out, false);
+                g.key(self.wl.key(k, &mut self.key_buf))?;
+                for _ in 1..self.wl.multiget {
+                    let k2 = self.keys.next(rng);
+                    g.key(self.wl.key(k2, &mut self.key_buf))?;
+                }
+                let n = g.finish()?;
+                Ok((ReqKind::Get { keys: n as u32 }, k))
+            }
+            Op::Get => {
+                proto::get(out, self.wl.key(k, &mut self.key_buf))?;
+                Ok((ReqKind::Get { keys: 1 }, k))
+            }
+            Op::Set => {
+                let key = self.wl.key(k, &mut self.key_buf);
+                if self.wl.verify {
+                    self.version += 1;
+                    let v = self.version;
+                    let len = self.wl.verified_len(k, v);
+                    proto::store_header(out, StoreCmd::Set, key, 0, self.wl.exptime, len, false)?;
+                    self.wl.write_verified(k, v, out);
+                    proto::finish_data(out);
+                } else {
+                    let len = self.wl.value_size.sample(rng, 0, self.filler.len() as u64) as usize;
+                    proto::store(
+                        out,
+                        StoreCmd::Set,
+                        key,
+                        0,
+                        self.wl.exptime,
+                        &self.filler[..len],
+                        false,
+                    )?;
+                }
+                Ok((ReqKind::Store, k))
+            }
+            Op::Delete => {
+                proto::delete(out, self.wl.key(k, &mut self.key_buf), false)?;
+                Ok((ReqKind::Delete, k))
+            }
+        }
+    }
+
+    /// Checks a hit when verifying (always true otherwise).
+    pub fn check(&self, key: &[u8], data: &[u8]) -> bool {
+        !self.wl.verify || self.wl.check_value(key, data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    #[test]
+    fn keys_have_their_size_and_round_trip() {
+        let wl = Workload {
+            key_size: crate::dist::etc_key_size(),
+            ..Workload::default()
+        };
+        let mut buf = [0u8; 256];
+        let mut sizes = std::collections::HashSet::new();
+        for k in [0u64, 7, 12345, 99_999] {
+            let key = wl.key(k, &mut buf).to_vec();
+            assert_eq!(
+                wl.key_index(&key),
+                Some(k),
+                "{}",
+                String::from_utf8_lossy(&key)
+            );
+            assert_eq!(wl.key(k, &mut buf), &key[..], "a key's size is stable");
+            sizes.insert(key.len());
+        }
+        assert!(sizes.len() > 1, "sizes vary under a distribution");
+        let fixed = Workload::default();
+        assert_eq!(fixed.key(5, &mut buf), b"key:5xxxxxxxxxxx");
+        assert_eq!(fixed.key_index(b"key:5xxxxxxxxxxx"), Some(5));
+        assert_eq!(fixed.key_index(b"key:5xxy"), None);
+    }
+
+    #[test]
+    fn verified_values_check_and_corruption_is_caught() {
+        let wl = Workload {
+            verify: true,
+            value_size: SizeDist::Uniform { min: 1, max: 300 },
+            ..Workload::default()
+        };
+        let mut buf = [0u8; 256];
+        let key = wl.key(42, &mut buf).to_vec();
+        let mut v = Vec::new();
+        wl.write_verified(42, 7, &mut v);
+        assert!(wl.check_value(&key, &v));
+        let other = wl.key(43, &mut buf).to_vec();
+        assert!(!wl.check_value(&other, &v), "value of another key");
+        let mut bad = v.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 1;
+        assert!(!wl.check_value(&key, &bad), "flipped byte");
+        assert!(!wl.check_value(&key, &v[..v.len() - 1]), "truncated");
+        assert!(!wl.check_value(&key, b"garbage"));
+    }
+
+    #[test]
+    fn generator_follows_the_mix() {
+        let wl = Workload {
+            mix: Mix::parse("get=21,delete=8,set=1").unwrap(),
+            ..Workload::default()
+        };
+        let g = Generator::new(&wl, 0, 1).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut n = [0u32; 3];
+        for _ in 0..30_000 {
+            n[g.op(&mut rng) as usize] += 1;
+        }
+        // Expected 21000 / 1000 / 8000 with sd < 90: 5 sd bounds.
+        assert!((n[0] as i64 - 21_000).abs() < 450, "{n:?}");
+        assert!((n[1] as i64 - 1_000).abs() < 160, "{n:?}");
+        assert!((n[2] as i64 - 8_000).abs() < 400, "{n:?}");
+    }
+
+    #[test]
+    fn composes_multiget_and_sets() {
+        let wl = Workload {
+            multiget: 3,
+            verify: true,
+            ..Workload::default()
+        };
+        let mut g = Generator::new(&wl, 0, 1).unwrap();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut out = Vec::new();
+        let (kind, _) = g.compose(Op::Get, &mut rng, &mut out).unwrap();
+        assert_eq!(kind, ReqKind::Get { keys: 3 });
+        assert_eq!(out.iter().filter(|&&b| b == b' ').count(), 3);
+        out.clear();
+        g.compose_key(Op::Set, 9, &mut rng, &mut out).unwrap();
+        let s = String::from_utf8(out).unwrap();
+        assert!(s.starts_with("set key:9xxxxxxxxxxx 0 0 "), "{s}");
+        assert!(s.ends_with("\r\n"));
+        assert!(Mix::parse("get=0").is_err());
+        assert!(Mix::parse("put=1").is_err());
+    }
+}

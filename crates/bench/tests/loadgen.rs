@@ -1,0 +1,259 @@
+//! The load generator end to end, against Debian's memcached and against test servers with
+//! injected faults.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod common;
+
+use std::time::Duration;
+
+use common::{closed, run, test_server, Faults};
+use kvlab_bench::schedule::{Arrival, RatePlan};
+use kvlab_bench::workload::Mix;
+use kvlab_client::testing::Memcached;
+
+#[test]
+fn closed_loop_against_memcached_counts_every_request() {
+    let m = Memcached::start(1).expect("memcached");
+    let mut cfg = closed(m.addr, 20_000);
+    cfg.load = true;
+    cfg.workload.mix = Mix {
+        get: 8,
+        set: 1,
+        delete: 1,
+    };
+    cfg.workload.multiget = 2;
+    let r = run(&cfg);
+    let c = r.counters;
+    assert_eq!(
+        r.load.map(|l| l.completed),
+        Some(1000),
+        "load sets every key"
+    );
+    assert_eq!(c.completed, 20_000);
+    assert_eq!(c.sent, 20_000);
+    assert_eq!(c.gets + c.sets + c.deletes, c.completed);
+    assert_eq!(c.hits + c.misses, 2 * c.gets, "two keys per multi-get");
+    assert!(c.hits > 0 && c.deletes > 0);
+    assert_eq!(c.errors + c.timeouts, 0, "{:?}", r.notes);
+    assert_eq!(r.latency.count, 20_000);
+    assert!(r.latency.p50_us > 0.0 && r.latency.p50_us <= r.latency.p99_us);
+    assert!(r.latency.p99_us <= r.latency.max_us);
+}
+
+#[test]
+fn verify_passes_on_memcached_and_catches_one_corrupted_reply() {
+    let m = Memcached::start(1).expect("memcached");
+    let mut cfg = closed(m.addr, 5_000);
+    cfg.load = true;
+    cfg.workload.verify = true;
+    cfg.workload.value_size = kvlab_bench::dist::SizeDist::Uniform { min: 10, max: 2000 };
+    let good = run(&cfg);
+    assert!(good.counters.hits > 4000, "{:?}", good.counters);
+    assert_eq!(good.counters.errors, 0, "memcached returns what was set");
+
+    let addr = test_server(Faults {
+        corrupt_hit: Some(1000),
+        ..Faults::default()
+    });
+    cfg.target = addr;
+    let bad = run(&cfg);
+    assert!(bad.counters.hits > 4000);
+    assert_eq!(bad.counters.verify_errors, 1, "{:?}", bad.counters);
+    assert_eq!(bad.counters.errors, 1);
+    assert!(bad
+        .warnings
+        .iter()
+        .any(|w| w.contains("failed verification")));
+}
+
+#[test]
+fn open_loop_corrected_latency_shows_a_stall_the_uncorrected_hides() {
+    // 2 connections, one request in flight each, 2000 req/s for 3 s; the server stops
+    // for 500 ms once, about 1 s in.
+    let addr = test_server(Faults {
+        stall: Some((2000, Duration::from_millis(500))),
+        ..Faults::default()
+    });
+    let mut cfg = closed(addr, 1);
+    cfg.requests = None;
+    cfg.depth = 1;
+    cfg.open = Some(Arrival::Poisson);
+    cfg.plan = RatePlan::fixed(2000.0, 3.0).unwrap();
+    cfg.workload.mix = Mix {
+        get: 1,
+        set: 0,
+        delete: 0,
+    };
+    let r = run(&cfg);
+    assert_eq!(r.counters.errors + r.counters.timeouts, 0);
+    // ~1000 of ~6000 requests were planned during the stall: the corrected p99 sits
+    // near 500 ms; only the two requests in flight saw it from their actual send.
+    assert!(
+        r.latency.p99_us > 300_000.0,
+        "corrected p99 {} µs",
+        r.latency.p99_us
+    );
+    assert!(
+        r.latency_send.p99_us < 100_000.0,
+        "uncorrected p99 {} µs",
+        r.latency_send.p99_us
+    );
+    assert!(
+        r.latency_send.max_us > 400_000.0,
+        "the in-flight request saw the stall"
+    );
+    assert!(r.latency.max_us >= r.latency_send.max_us);
+}
+
+#[test]
+fn open_loop_meets_its_rate_when_the_server_keeps_up() {
+    let m = Memcached::start(1).expect("memcached");
+    let mut cfg = closed(m.addr, 1);
+    cfg.requests = None;
+    // 32 connections: per-connection gaps of 1.3 ms, far above wake-up jitter.
+    cfg.connections = 32;
+    cfg.depth = 64;
+    cfg.open = Some(Arrival::Poisson);
+    // 100 000 planned requests: Poisson noise in the count is 0.3 %, well inside 1 %.
+    cfg.plan = RatePlan::fixed(25_000.0, 4.0).unwrap();
+    let r = run(&cfg);
+    let ratio = r.throughput_qps / 25_000.0;
+    assert!(
+        (ratio - 1.0).abs() < 0.01,
+        "achieved {} req/s",
+        r.throughput_qps
+    );
+    assert_eq!(r.counters.errors + r.counters.timeouts, 0);
+    assert_eq!(r.intervals.len(), 4, "one row per 1 s interval");
+    for i in &r.intervals {
+        assert_eq!(i.target_qps, Some(25_000.0));
+        assert!(i.ts_end > i.ts_start);
+    }
+    let g = r.gaps.expect("inter-arrival check");
+    assert!(
+        (g.cv - 1.0).abs() < 0.1,
+        "actual sends are Poisson: CV {}",
+        g.cv
+    );
+    assert!(
+        !r.warnings.iter().any(|w| w.contains("below the target")),
+        "{:?}",
+        r.warnings
+    );
+}
+
+#[test]
+fn scan_gives_one_row_per_step_and_warmup_is_discarded() {
+    let addr = test_server(Faults::default());
+    let mut cfg = closed(addr, 1);
+    cfg.requests = None;
+    cfg.open = Some(Arrival::Fixed);
+    cfg.plan = RatePlan::scan(500.0, 1500.0, 500.0, 0.5).unwrap();
+    cfg.warmup_s = 0.3;
+    cfg.interval_s = 0.25;
+    let r = run(&cfg);
+    let steps: Vec<_> = r.steps.iter().map(|s| (s.step, s.target_qps)).collect();
+    assert_eq!(
+        steps,
+        [(0, Some(500.0)), (1, Some(1000.0)), (2, Some(1500.0))]
+    );
+    assert!(r.intervals[0].warmup && !r.intervals[1].warmup);
+    // 0.5 s per step: 250, 500, 750 requests (fixed arrivals, at most one off at the edges).
+    for (s, want) in r.steps.iter().zip([250.0, 500.0, 750.0]) {
+        assert!(
+            (s.counters.completed as f64 - want).abs() <= 3.0,
+            "{:?}",
+            s.counters
+        );
+    }
+    let measured: u64 = r
+        .intervals
+        .iter()
+        .filter(|i| !i.warmup)
+        .map(|i| i.counters.completed)
+        .sum();
+    assert_eq!(measured, r.counters.completed, "totals exclude the warm-up");
+}
+
+#[test]
+fn unanswered_requests_time_out() {
+    let addr = test_server(Faults {
+        blackhole: true,
+        ..Faults::default()
+    });
+    let mut cfg = closed(addr, 1);
+    cfg.requests = None;
+    cfg.plan = RatePlan::fixed(0.0, 1.0).unwrap();
+    cfg.timeout_ms = 200;
+    cfg.depth = 1;
+    let r = run(&cfg);
+    assert_eq!(r.counters.completed, 0);
+    assert!(r.counters.timeouts >= 2, "{:?}", r.counters);
+}
+
+#[test]
+fn two_targets_compare_side_by_side() {
+    let a = Memcached::start(1).expect("memcached");
+    let b = Memcached::start(1).expect("memcached");
+    let mut runs = Vec::new();
+    for _round in 0..2 {
+        for addr in [a.addr, b.addr] {
+            runs.push(run(&closed(addr, 3000)));
+        }
+    }
+    let cmp = kvlab_bench::report::compare(&runs);
+    assert_eq!(cmp.len(), 2);
+    assert_eq!(cmp[0].runs, 2);
+    assert_eq!(cmp[0].throughput_ratio, 1.0);
+    assert!(cmp[1].throughput_ratio > 0.0 && cmp[1].p99_ratio > 0.0);
+    let table = kvlab_bench::report::comparison_table(&cmp);
+    assert!(table.contains(&a.addr.to_string()) && table.contains("req/s"));
+}
+
+#[test]
+fn agents_share_the_load_and_the_master_merges_their_histograms() {
+    let m = Memcached::start(1).expect("memcached");
+    let mut agents = Vec::new();
+    for _ in 0..2 {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            kvlab_bench::agent::serve("127.0.0.1:0".parse().unwrap(), true, |a| {
+                tx.send(a).unwrap()
+            })
+            .unwrap()
+        });
+        agents.push(rx.recv().unwrap());
+    }
+    // Closed loop with a request budget: 3 participants × 2 connections share 9000 exactly.
+    let cfg = closed(m.addr, 9000);
+    let r = kvlab_bench::run(&cfg, &agents, &mut |_| {}).unwrap();
+    assert_eq!(r.participants, 3);
+    assert_eq!(r.counters.completed, 9000);
+    assert_eq!(r.latency.count, 9000, "agents' histograms are merged");
+    assert_eq!(r.thread_cpu.len(), 3);
+    assert_eq!(r.counters.errors, 0);
+}
+
+#[test]
+fn agents_split_an_open_loop_rate() {
+    let m = Memcached::start(1).expect("memcached");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        kvlab_bench::agent::serve("127.0.0.1:0".parse().unwrap(), true, |a| {
+            tx.send(a).unwrap()
+        })
+        .unwrap()
+    });
+    let agent = rx.recv().unwrap();
+    let mut cfg = closed(m.addr, 1);
+    cfg.requests = None;
+    cfg.depth = 64;
+    cfg.open = Some(Arrival::Fixed);
+    cfg.plan = RatePlan::fixed(4000.0, 2.0).unwrap();
+    let r = kvlab_bench::run(&cfg, &[agent], &mut |_| {}).unwrap();
+    // Fixed arrivals: the count is exact up to one request per connection at the edges.
+    let got = r.counters.completed as f64;
+    assert!((got - 8000.0).abs() <= 8.0, "completed {got}");
+    assert_eq!(r.intervals.len(), 2);
+}

@@ -1,0 +1,540 @@
+//! A non-blocking, pipelined memcached connection for an event loop.
+//!
+//! The caller owns the loop (one mio `Poll` per thread driving many connections). A [`Conn`]
+//! owns the socket, one output buffer, one input buffer and the FIFO of requests in flight:
+//!
+//! ```text
+//!  request(compose)  ──────────► out buffer ──flush()──► socket (one write per batch)
+//!                                   pending FIFO: (kind, user) … in request order
+//!  on_readable(f) ◄── parse frames in place ◄── in buffer ◄── socket (read until drained)
+//!        └─► f(Event::Value{..}) for every VALUE of the head request (borrowed, zero-copy)
+//!        └─► f(Event::Done{user, outcome}) when the head request's reply is complete
+//! ```
+//!
+//! memcached answers requests on a connection in order, so matching is by position: the
+//! oldest pending request owns the next reply frame. `user` is the caller's per-request data
+//! (for the load generator: the planned and actual send times), returned with the outcome.
+//! After a [`ConnError`] the stream is out of step: drop the connection (its pending requests
+//! are available through [`Conn::drain_pending`] to be counted).
+
+use std::collections::VecDeque;
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+
+use kvlab_protocol::client::{parse_reply, ComposeError, ParsedReply, Reply, ReplyError};
+use mio::net::TcpStream;
+use mio::{Interest, Registry, Token};
+use thiserror::Error;
+
+/// Initial input buffer size, in bytes: large enough for a deep pipeline of small replies in
+/// one `read`; grows only when one frame is larger.
+const IN_BUF: usize = 64 * 1024;
+/// Compact or grow the input buffer when less than this many bytes are free at its end.
+const MIN_READ: usize = 16 * 1024;
+
+/// What a request expects back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReqKind {
+    /// `get`/`gets` of `keys` keys: zero or more `VALUE` frames, then `END`.
+    Get {
+        /// Number of keys asked for.
+        keys: u32,
+    },
+    /// A storage command: `STORED`, `NOT_STORED`, `EXISTS` or `NOT_FOUND`.
+    Store,
+    /// `delete`: `DELETED` or `NOT_FOUND`.
+    Delete,
+    /// Any command answered by exactly one line (`incr`, `touch`, `version`, meta without value).
+    Line,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// `END` after a retrieval, `STORED`, `DELETED`, `TOUCHED`, `OK`, a number, `VERSION`, `HD`.
+    Ok,
+    /// `NOT_FOUND`, `NOT_STORED`, `EXISTS`, meta `EN`/`NF`/`NS`/`EX`.
+    Negative,
+    /// `ERROR`, `CLIENT_ERROR`, `SERVER_ERROR`.
+    Error,
+}
+
+/// The outcome of one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// How it ended.
+    pub status: Status,
+    /// For a get: keys found.
+    pub hits: u32,
+    /// For a get: keys asked for and not found.
+    pub misses: u32,
+}
+
+/// What [`Conn::on_readable`] reports.
+#[derive(Debug)]
+pub enum Event<'a, T> {
+    /// One value of the head request (a get), borrowed from the input buffer.
+    Value {
+        /// The request's user data.
+        user: &'a T,
+        /// The key in the `VALUE` line.
+        key: &'a [u8],
+        /// Client flags.
+        flags: u32,
+        /// The data block.
+        data: &'a [u8],
+    },
+    /// The head request is complete.
+    Done {
+        /// Its user data.
+        user: T,
+        /// What it was.
+        kind: ReqKind,
+        /// How it ended.
+        outcome: Outcome,
+    },
+}
+
+/// A connection failure; the connection must be dropped afterwards.
+#[derive(Debug, Error)]
+pub enum ConnError {
+    /// The socket failed.
+    #[error("socket: {0}")]
+    Io(#[from] io::Error),
+    /// The server sent bytes that are not a reply.
+    #[error("protocol: {0}")]
+    Protocol(#[from] ReplyError),
+    /// A valid reply that does not answer the request in front.
+    #[error("unexpected reply {reply} to a {kind:?} request")]
+    Unexpected {
+        /// The reply (debug form).
+        reply: String,
+        /// The request it was matched to (`None`: nothing was pending).
+        kind: Option<ReqKind>,
+    },
+    /// The server closed the connection.
+    #[error("server closed the connection")]
+    Closed,
+}
+
+struct Pending<T> {
+    kind: ReqKind,
+    user: T,
+}
+
+/// A non-blocking pipelined connection; `T` is the caller's per-request data.
+pub struct Conn<T> {
+    stream: TcpStream,
+    out: Vec<u8>,
+    out_pos: usize,
+    inb: Vec<u8>,
+    in_start: usize,
+    in_end: usize,
+    pending: VecDeque<Pending<T>>,
+    /// Values seen so far for the head request.
+    head_hits: u32,
+}
+
+impl<T> Conn<T> {
+    /// Starts connecting (non-blocking; requests may be queued at once and go out when the
+    /// connection is established). Sets `TCP_NODELAY`.
+    pub fn connect(addr: SocketAddr) -> io::Result<Self> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        Ok(Self::from_stream(stream))
+    }
+
+    /// Wraps an already connected non-blocking stream.
+    pub fn from_stream(stream: TcpStream) -> Self {
+        Conn {
+            stream,
+            out: Vec::with_capacity(16 * 1024),
+            out_pos: 0,
+            inb: vec![0; IN_BUF],
+            in_start: 0,
+            in_end: 0,
+            pending: VecDeque::with_capacity(64),
+            head_hits: 0,
+        }
+    }
+
+    /// Registers the socket for read and write readiness (edge-triggered).
+    pub fn register(&mut self, registry: &Registry, token: Token) -> io::Result<()> {
+        registry.register(
+            &mut self.stream,
+            token,
+            Interest::READABLE | Interest::WRITABLE,
+        )
+    }
+
+    /// Removes the socket from the poller.
+    pub fn deregister(&mut self, registry: &Registry) -> io::Result<()> {
+        registry.deregister(&mut self.stream)
+    }
+
+    /// Requests sent or queued and not yet answered.
+    pub fn in_flight(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// True when composed bytes wait to be written.
+    pub fn has_output(&self) -> bool {
+        self.out_pos < self.out.len()
+    }
+
+    /// The socket, e.g. to read its peer address or error.
+    pub fn stream(&self) -> &TcpStream {
+        &self.stream
+    }
+
+    /// Queues one request: `compose` appends its bytes to the output buffer and returns what
+    /// the request expects back and its user data; on a compose error nothing is queued.
+    pub fn request(
+        &mut self,
+        compose: impl FnOnce(&mut Vec<u8>) -> Result<(ReqKind, T), ComposeError>,
+    ) -> Result<(), ComposeError> {
+        let mark = self.out.len();
+        match compose(&mut self.out) {
+            Ok((kind, user)) => {
+                self.pending.push_back(Pending { kind, user });
+                Ok(())
+            }
+            Err(e) => {
+                self.out.truncate(mark);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes queued bytes until done or the socket would block. Returns true when all were
+    /// written. A connection still being established counts as "would block".
+    pub fn flush(&mut self) -> io::Result<bool> {
+        while self.out_pos < self.out.len() {
+            match self.stream.write(&self.out[self.out_pos..]) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => self.out_pos += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        self.out.clear();
+        self.out_pos = 0;
+        Ok(true)
+    }
+
+    /// Reads everything available and reports values and completed requests to `f`, in
+    /// order. Returns the number of completed requests.
+    pub fn on_readable(&mut self, mut f: impl FnMut(Event<'_, T>)) -> Result<usize, ConnError> {
+        let mut done = 0;
+        loop {
+            if self.inb.len() - self.in_end < MIN_READ {
+                self.make_room();
+            }
+            let space = self.inb.len() - self.in_end;
+            let n = match self.stream.read(&mut self.inb[self.in_end..]) {
+                Ok(0) => return Err(ConnError::Closed),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e.into()),
+            };
+            self.in_end += n;
+            done += self.parse(&mut f)?;
+            // A short read means the socket was drained at that moment; data arriving later
+            // raises a new edge, so the extra read that would only say EAGAIN is skipped.
+            if n < space {
+                break;
+            }
+        }
+        Ok(done)
+    }
+
+    /// Moves unparsed bytes to the front; grows the buffer when a frame needs more room.
+    fn make_room(&mut self) {
+        let unparsed = self.in_end - self.in_start;
+        if self.in_start > 0 {
+            self.inb.copy_within(self.in_start..self.in_end, 0);
+            self.in_start = 0;
+            self.in_end = unparsed;
+        }
+        if self.inb.len() - self.in_end < MIN_READ {
+            // Bounded: parse_reply rejects frames above MAX_DATA_LEN before we get here again.
+            let new_len = (self.inb.len() * 2).max(self.in_end + MIN_READ);
+            self.inb.resize(new_len, 0);
+        }
+    }
+
+    fn parse(&mut self, f: &mut impl FnMut(Event<'_, T>)) -> Result<usize, ConnError> {
+        let mut done = 0;
+        loop {
+            let buf = &self.inb[self.in_start..self.in_end];
+            let (reply, len) = match parse_reply(buf)? {
+                ParsedReply::Incomplete => break,
+                ParsedReply::Complete { reply, len } => (reply, len),
+            };
+            let Some(head) = self.pending.front() else {
+                return Err(unexpected(&reply, None));
+            };
+            let kind = head.kind;
+            let status = match (kind, &reply) {
+                (
+                    ReqKind::Get { .. },
+                    Reply::Value {
+                        key, flags, data, ..
+                    },
+                ) => {
+                    self.head_hits += 1;
+                    f(Event::Value {
+                        user: &head.user,
+                        key,
+                        flags: *flags,
+                        data,
+                    });
+                    self.in_start += len;
+                    continue;
+                }
+                (_, r) if r.is_error() => Status::Error,
+                (ReqKind::Get { .. }, Reply::End) => Status::Ok,
+                (ReqKind::Store, Reply::Stored) => Status::Ok,
+                (ReqKind::Store, Reply::NotStored | Reply::Exists | Reply::NotFound) => {
+                    Status::Negative
+                }
+                (ReqKind::Delete, Reply::Deleted) => Status::Ok,
+                (ReqKind::Delete, Reply::NotFound) => Status::Negative,
+                (
+                    ReqKind::Line,
+                    Reply::Ok
+                    | Reply::Touched
+                    | Reply::Number(_)
+                    | Reply::Version(_)
+                    | Reply::MetaHeader(_)
+                    | Reply::MetaNoop
+                    | Reply::Stored
+                    | Reply::Deleted,
+                ) => Status::Ok,
+                (
+                    ReqKind::Line,
+                    Reply::NotFound
+                    | Reply::NotStored
+                    | Reply::Exists
+                    | Reply::MetaMiss
+                    | Reply::MetaNotFound
+                    | Reply::MetaNotStored
+                    | Reply::MetaExists,
+                ) => Status::Negative,
+                (kind, r) => return Err(unexpected(r, Some(kind))),
+            };
+            self.in_start += len;
+            let hits = std::mem::take(&mut self.head_hits);
+            let misses = match kind {
+                ReqKind::Get { keys } if status == Status::Ok => keys.saturating_sub(hits),
+                _ => 0,
+            };
+            // Invariant: `head` above proved the queue is non-empty and nothing popped since.
+            let Some(p) = self.pending.pop_front() else {
+                break;
+            };
+            f(Event::Done {
+                user: p.user,
+                kind,
+                outcome: Outcome {
+                    status,
+                    hits,
+                    misses,
+                },
+            });
+            done += 1;
+        }
+        if self.in_start == self.in_end {
+            self.in_start = 0;
+            self.in_end = 0;
+        }
+        Ok(done)
+    }
+
+    /// Removes and returns the user data of every request still pending (after an error or
+    /// timeout, to count them), and discards buffered bytes.
+    pub fn drain_pending(&mut self) -> impl Iterator<Item = (ReqKind, T)> + '_ {
+        self.out.clear();
+        self.out_pos = 0;
+        self.in_start = 0;
+        self.in_end = 0;
+        self.head_hits = 0;
+        self.pending.drain(..).map(|p| (p.kind, p.user))
+    }
+
+    /// The oldest pending request's user data.
+    pub fn oldest(&self) -> Option<&T> {
+        self.pending.front().map(|p| &p.user)
+    }
+
+    /// The socket's pending error (`SO_ERROR`), e.g. a refused connection.
+    pub fn take_error(&self) -> io::Result<Option<io::Error>> {
+        self.stream.take_error()
+    }
+}
+
+fn unexpected(reply: &Reply<'_>, kind: Option<ReqKind>) -> ConnError {
+    let mut s = format!("{reply:?}");
+    s.truncate(100);
+    ConnError::Unexpected { reply: s, kind }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kvlab_protocol::client as proto;
+    use mio::{Events, Poll};
+    use std::io::{BufRead, BufReader};
+    use std::time::{Duration, Instant};
+
+    /// A one-connection server thread that answers with canned bytes after reading `lines`
+    /// request lines, split into small writes to exercise partial reads.
+    fn canned_server(lines: usize, reply: &'static [u8]) -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            let mut line = String::new();
+            for _ in 0..lines {
+                line.clear();
+                r.read_line(&mut line).unwrap();
+                if line.starts_with("set") {
+                    line.clear();
+                    r.read_line(&mut line).unwrap();
+                }
+            }
+            let mut s = s;
+            for chunk in reply.chunks(3) {
+                s.write_all(chunk).unwrap();
+                s.flush().unwrap();
+            }
+        });
+        addr
+    }
+
+    fn run_until<T>(conn: &mut Conn<T>, want: usize, mut f: impl FnMut(Event<'_, T>)) {
+        let mut poll = Poll::new().unwrap();
+        conn.register(poll.registry(), Token(0)).unwrap();
+        let mut events = Events::with_capacity(8);
+        let mut done = 0;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while done < want {
+            assert!(Instant::now() < deadline, "timed out");
+            conn.flush().unwrap();
+            poll.poll(&mut events, Some(Duration::from_millis(100)))
+                .unwrap();
+            done += conn.on_readable(&mut f).unwrap();
+        }
+    }
+
+    #[test]
+    fn matches_pipelined_replies_in_order() {
+        let addr = canned_server(
+            4,
+            b"VALUE a 1 3\r\nxyz\r\nVALUE c 0 0\r\n\r\nEND\r\nSTORED\r\nNOT_FOUND\r\nSERVER_ERROR oops\r\n",
+        );
+        let mut conn: Conn<u32> = Conn::connect(addr).unwrap();
+        conn.request(|o| {
+            let mut g = proto::MultiGet::begin(o, false);
+            g.key(b"a")?;
+            g.key(b"b")?;
+            g.key(b"c")?;
+            g.finish().map(|_| (ReqKind::Get { keys: 3 }, 1))
+        })
+        .unwrap();
+        conn.request(|o| {
+            proto::store(o, proto::StoreCmd::Set, b"a", 0, 0, b"v", false)
+                .map(|_| (ReqKind::Store, 2))
+        })
+        .unwrap();
+        conn.request(|o| proto::delete(o, b"a", false).map(|_| (ReqKind::Delete, 3)))
+            .unwrap();
+        conn.request(|o| proto::get(o, b"z").map(|_| (ReqKind::Get { keys: 1 }, 4)))
+            .unwrap();
+        assert_eq!(conn.in_flight(), 4);
+        let mut seen = Vec::new();
+        run_until(&mut conn, 4, |e| match e {
+            Event::Value {
+                user, key, data, ..
+            } => seen.push(format!("{user}:{}={}", s(key), s(data))),
+            Event::Done { user, outcome, .. } => seen.push(format!(
+                "{user}:{:?} h{} m{}",
+                outcome.status, outcome.hits, outcome.misses
+            )),
+        });
+        assert_eq!(
+            seen,
+            [
+                "1:a=xyz",
+                "1:c=",
+                "1:Ok h2 m1",
+                "2:Ok h0 m0",
+                "3:Negative h0 m0",
+                "4:Error h0 m0"
+            ]
+        );
+        assert_eq!(conn.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_reply_that_does_not_fit_the_request_is_an_error() {
+        let addr = canned_server(1, b"STORED\r\n");
+        let mut conn: Conn<()> = Conn::connect(addr).unwrap();
+        conn.request(|o| proto::get(o, b"k").map(|_| (ReqKind::Get { keys: 1 }, ())))
+            .unwrap();
+        let mut poll = Poll::new().unwrap();
+        conn.register(poll.registry(), Token(0)).unwrap();
+        let mut events = Events::with_capacity(8);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < deadline);
+            conn.flush().unwrap();
+            poll.poll(&mut events, Some(Duration::from_millis(100)))
+                .unwrap();
+            match conn.on_readable(|_| {}) {
+                Ok(_) => continue,
+                Err(ConnError::Unexpected { kind, .. }) => {
+                    assert_eq!(kind, Some(ReqKind::Get { keys: 1 }));
+                    break;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert_eq!(conn.drain_pending().count(), 1);
+    }
+
+    #[test]
+    fn large_values_grow_the_buffer() {
+        let mut reply = b"VALUE big 0 200000\r\n".to_vec();
+        reply.resize(reply.len() + 200_000, b'x');
+        reply.extend_from_slice(b"\r\nEND\r\n");
+        let reply: &'static [u8] = Box::leak(reply.into_boxed_slice());
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut b = [0u8; 64];
+            let _ = s.read(&mut b).unwrap();
+            s.write_all(reply).unwrap();
+        });
+        let mut conn: Conn<()> = Conn::connect(addr).unwrap();
+        conn.request(|o| proto::get(o, b"big").map(|_| (ReqKind::Get { keys: 1 }, ())))
+            .unwrap();
+        let mut len = 0;
+        run_until(&mut conn, 1, |e| {
+            if let Event::Value { data, .. } = e {
+                len = data.len();
+            }
+        });
+        assert_eq!(len, 200_000);
+    }
+
+    fn s(b: &[u8]) -> String {
+        String::from_utf8_lossy(b).into_owned()
+    }
+}

@@ -1,0 +1,13 @@
+//! kvlab's memcached client, built on the shared `kvlab-protocol` crate.
+//!
+//! - [`conn`]: a non-blocking, pipelined connection for event loops (mio). Requests are
+//!   composed into one reusable output buffer and written in one `write` per batch; replies
+//!   are parsed in place from one reusable input buffer and matched to requests in order.
+//! - [`blocking`]: a small blocking client for tools and tests.
+
+pub mod blocking;
+pub mod conn;
+
+pub use blocking::Client;
+pub use conn::{Conn, ConnError, Event, Outcome, ReqKind, Status};
+pub mod testing;
