@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use anyhow::Context as _;
 use clap::Args;
 use kvlab_server::{IoModel, Server, ServerConfig};
-use kvlab_store::Policy;
+use kvlab_store::{Durability, DurableConfig, Policy};
 
 /// Flags of `kvlab server`.
 #[derive(Debug, Args)]
@@ -53,6 +53,23 @@ pub struct ServerArgs {
     /// Bearer token that authorises POST /shutdown on the HTTP port (without it, 403).
     #[arg(long = "admin-token", env = "KVLAB_ADMIN_TOKEN")]
     admin_token: Option<String>,
+    /// Keep the items on disk in DIR (an embedded fjall database): memory becomes a
+    /// write-back cache over it, bounded by -m, and a restart recovers the data.
+    #[arg(long = "data-dir")]
+    data_dir: Option<std::path::PathBuf>,
+    /// With --data-dir: none (dirty items reach disk only on eviction or clean shutdown; a
+    /// crash loses the rest), interval (every --flush-interval, fsynced; a crash loses at
+    /// most about one interval), sync (every acknowledged write is fsynced before its
+    /// reply; a crash loses nothing acknowledged).
+    #[arg(long = "durability", default_value = "interval", requires = "data_dir")]
+    durability: Durability,
+    /// With --data-dir: how often dirty items are written, in milliseconds.
+    #[arg(
+        long = "flush-interval-ms",
+        default_value_t = 1000,
+        requires = "data_dir"
+    )]
+    flush_interval_ms: u64,
     /// UDP port; kvlab serves TCP only, so only 0 (off, memcached's default) is accepted.
     #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
     udp_port: u16,
@@ -118,6 +135,11 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         io: args.io,
         metrics: args.metrics_port.map(|p| SocketAddr::new(args.listen, p)),
         http: args.http_port.map(|p| SocketAddr::new(args.listen, p)),
+        durable: args.data_dir.clone().map(|dir| DurableConfig {
+            dir,
+            durability: args.durability,
+            flush_interval: std::time::Duration::from_millis(args.flush_interval_ms.max(1)),
+        }),
         admin_token: args.admin_token.clone(),
         ..ServerConfig::default()
     };
@@ -129,12 +151,16 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     let server = Server::start(config)
         .with_context(|| format!("starting server on {}:{}", args.listen, args.port))?;
     eprintln!(
-        "kvlab server listening on {} ({} threads, {} MiB, eviction {}, io {}){}",
+        "kvlab server listening on {} ({} threads, {} MiB, eviction {}, io {}{}){}",
         server.addr(),
         args.threads,
         args.memory_mb,
         policy,
         args.io.name(),
+        match &args.data_dir {
+            Some(d) => format!(", data {} durability {}", d.display(), args.durability),
+            None => String::new(),
+        },
         server
             .metrics_addr()
             .map(|a| format!(", metrics on http://{a}/metrics"))

@@ -6,12 +6,11 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use crate::durable_shim::{Durability, DurableOps as _};
 use kvlab_protocol::response::{self as r, push_i64, push_u64};
 use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey, Request, StoreCommand};
 use kvlab_store::{
-    ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
-    SetStatus, Store,
+    ArithRequest, ArithStatus, DeleteStatus, Durability, MetaDeleteOpts, MetaGetOpts, SetMode,
+    SetRequest, SetStatus, Store,
 };
 
 use crate::stats::{ServerStats, WorkerStats, VERSION};

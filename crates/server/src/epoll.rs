@@ -42,9 +42,12 @@ impl Epoll {
             shared.store.clone(),
             shared.stats.clone(),
             shared.stats.workers[0].clone(),
-        );
+        )
+        .deferring();
+        let helpers = shared.stats.threads;
         let event_loop = EventLoop::new(poll, engine, shared)
-            .with_listener(mio::net::TcpListener::from_std(listener))?;
+            .with_listener(mio::net::TcpListener::from_std(listener))?
+            .with_disk_helpers(helpers, waker.clone())?;
         let thread = std::thread::Builder::new()
             .name("kvlab-epoll".into())
             .spawn(move || event_loop.run())?;

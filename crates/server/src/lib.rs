@@ -16,7 +16,6 @@
 
 pub mod disk;
 pub mod driver;
-mod durable_shim;
 pub mod engine;
 pub mod epoll;
 pub mod event_loop;
@@ -35,7 +34,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvlab_protocol::Limits;
-use kvlab_store::{Clock, Config as StoreConfig, Policy, Store, SystemClock};
+use kvlab_store::{Clock, Config as StoreConfig, DurableConfig, Policy, Store, SystemClock};
 use parking_lot::{Condvar, Mutex};
 
 use crate::stats::{ServerStats, WorkerStats};
@@ -148,6 +147,9 @@ pub struct ServerConfig {
     pub admin_token: Option<String>,
     /// The store's clock; tests pass a manual one.
     pub clock: Arc<dyn Clock>,
+    /// Keep the items on disk (`--data-dir`, `--durability`, `--flush-interval`): memory
+    /// becomes a write-back cache over an embedded storage engine.
+    pub durable: Option<DurableConfig>,
 }
 
 impl Default for ServerConfig {
@@ -164,6 +166,7 @@ impl Default for ServerConfig {
             http: None,
             admin_token: None,
             clock: Arc::new(SystemClock),
+            durable: None,
         }
     }
 }
@@ -221,15 +224,16 @@ impl Server {
         }
         let listener = std::net::TcpListener::bind(config.listen)?;
         let addr = listener.local_addr()?;
-        let store = Arc::new(Store::new(
-            StoreConfig {
-                memory_limit: config.memory_limit,
-                item_size_max: config.item_size_max,
-                policy: config.policy,
-                shards: 0,
-            },
-            config.clock.clone(),
-        ));
+        let store_config = StoreConfig {
+            memory_limit: config.memory_limit,
+            item_size_max: config.item_size_max,
+            policy: config.policy,
+            shards: 0,
+        };
+        let store = Arc::new(match &config.durable {
+            Some(durable) => Store::open(store_config, config.clock.clone(), durable.clone())?,
+            None => Store::new(store_config, config.clock.clone()),
+        });
         let stats = Arc::new(ServerStats {
             started: Instant::now(),
             started_unix: stats::unix_now(),
@@ -339,6 +343,12 @@ impl Server {
         }
         if let Some(h) = self.http.take() {
             h.stop();
+        }
+        // With a durable store, everything dirty reaches disk before the server is gone.
+        if self.shared.store.durability().is_some() {
+            if let Err(e) = self.shared.store.sync_all() {
+                tracing::error!(%e, "writing the cache to disk at shutdown failed");
+            }
         }
     }
 }

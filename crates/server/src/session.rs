@@ -245,10 +245,10 @@ impl Session {
     pub fn output(&self) -> &[u8] {
         let end = match &self.waiting {
             Some(Waiting::Running { hold: Some(at) }) => *at,
-            _ if self.hold_at.is_some() => self.hold_at.unwrap_or(self.output.len()),
-            _ => self.output.len(),
+            _ => self.hold_at.unwrap_or(self.output.len()),
         };
-        &self.output[self.written..end.max(self.written)]
+        let end = end.min(self.output.len());
+        &self.output[self.written.min(end)..end]
     }
 
     fn pending_output(&self) -> usize {
@@ -259,6 +259,11 @@ impl Session {
     pub fn wrote(&mut self, n: usize) {
         self.written += n;
         if self.written == self.output.len() {
+            // A held-back reply (pending persist) is empty here: its start becomes 0.
+            self.hold_at = self.hold_at.map(|_| 0);
+            if let Some(Waiting::Running { hold: Some(at) }) = &mut self.waiting {
+                *at = 0;
+            }
             self.output.clear();
             self.written = 0;
             if self.output.capacity() > SHRINK_ABOVE {

@@ -181,6 +181,30 @@ fn table_passes_under_every_io_model() {
     }
 }
 
+/// The same table over a durable store with `--durability sync`: every miss reads through
+/// from disk and every write is fsynced before its reply, on helper threads in the
+/// event-loop models, inline in the others. Replies must not change.
+#[test]
+fn table_passes_over_a_durable_store_under_every_io_model() {
+    for &io in IoModel::ALL {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (server, _clock) = start(io, |c| {
+            c.durable = Some(kvlab_store::DurableConfig {
+                dir: dir.path().to_path_buf(),
+                durability: kvlab_store::Durability::Sync,
+                flush_interval: std::time::Duration::from_millis(200),
+            })
+        });
+        let failures = run_table(server.addr(), false);
+        assert!(
+            failures.is_empty(),
+            "io model {} (durable):\n{}",
+            io.name(),
+            failures.join("\n")
+        );
+    }
+}
+
 /// The table's claim that a reply is memcached's own is checked against memcached itself.
 #[test]
 fn table_matches_memcached() {

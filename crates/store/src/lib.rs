@@ -62,8 +62,38 @@
 //! above that absolute unix time. Expired items are unlinked lazily when found, by
 //! eviction scans, or by [`Store::reclaim_expired`]. `flush_all` bumps a flush
 //! generation (see [`Store::flush_all`]), so it is exact even within one second.
+//!
+//! # Durable stores
+//!
+//! [`Store::open`] makes the memory a write-back cache over an embedded engine in a
+//! data directory: every store leaves its item dirty, a dirty item that leaves
+//! memory (eviction) and every delete are queued per shard (write-behind,
+//! tombstones) and written by a flusher thread or by [`Store::persist`] /
+//! [`Store::sync_all`] in group-committed batches; a miss reads through with
+//! [`Store::load`]. The memory calls never touch the disk; only `load`,
+//! `persist` and `sync_all` block (and a write when the write-behind queue is over
+//! its bound: see `durable/mod.rs`). What a crash can lose: [`Durability`].
+//! `-m` bounds the cache only; the engine's block cache (16 MiB) and the queue are
+//! extra.
+//!
+//! The engine is `fjall` 3.1 (LSM tree + journal), chosen over `redb` 4.4 by
+//! measuring on the project machine (2 cores, virtual disk; ad-hoc release-build
+//! bench, two runs each, 100-byte values, 20-byte keys):
+//!
+//! | operation                                   | fjall         | redb          |
+//! |---------------------------------------------|---------------|---------------|
+//! | 100 puts, one commit + fdatasync             | 1.6–2.1 ms    | 2.3–2.8 ms    |
+//! | 1 put, one commit + fdatasync (`sync` path)  | 0.23–0.84 ms  | 1.1–1.6 ms    |
+//! | point read, hit                             | 2.2–3.4 µs    | 0.6–1.4 µs    |
+//! | point read, miss                            | 0.9–1.0 µs    | 0.3–1.0 µs    |
+//!
+//! The durable commit, which every acknowledged write waits for under `sync`,
+//! is 2–5× faster with fjall; reads only serve cache misses, where both are far
+//! below a network round trip. fjall costs more dependencies (~45 crates against
+//! none) and background threads.
 
 mod clock;
+mod durable;
 mod item;
 mod memory;
 mod policy;
@@ -74,6 +104,7 @@ mod stats;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, REALTIME_MAXDELTA};
+pub use durable::{Durability, DurableConfig, DurableStats, ParseDurabilityError};
 pub use item::{ItemView, MetaView, Value, ITEM_OVERHEAD, MAX_KEY_LEN};
 pub use policy::{ParsePolicyError, Policy};
 pub use request::{

@@ -8,10 +8,11 @@ use std::ops::ControlFlow;
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::clock::TimeBase;
+use crate::durable::{Op, Rec, WbShared};
 use crate::item::{Block, ItemView};
 use crate::memory::Budget;
 use crate::policy::{Order, Policy};
-use crate::slab::{Entry, Slab, FETCHED, NIL};
+use crate::slab::{Entry, Slab, DIRTY, FETCHED, NIL};
 use crate::stats::ShardStats;
 
 /// Coldest items an eviction examines for an expired or flushed one before it
@@ -92,6 +93,65 @@ pub(crate) struct Shard {
     cas_shift: u32,
     cas_tag: u64,
     pub(crate) stats: ShardStats,
+    /// Write-behind state; `None` for a memory-only store.
+    pub(crate) wb: Option<Box<Wb>>,
+}
+
+/// A durable store's per-shard write-behind state (see `durable/mod.rs`). Lives
+/// under the shard lock, so recording a dirty item or a tombstone takes no other
+/// lock.
+pub(crate) struct Wb {
+    /// Ops waiting for the next commit round, newest per key (a put of an evicted
+    /// dirty item, a put `persist` took, or a tombstone).
+    pub pending: hashbrown::HashMap<Box<[u8]>, Op>,
+    /// Ops of the commit round in progress: not yet in the engine, so `load` must
+    /// see them. Only the committer (one at a time) fills and clears this.
+    pub inflight: hashbrown::HashMap<Box<[u8]>, Op>,
+    /// Slab indices that turned dirty since the last interval flush (may hold stale
+    /// or repeated indices; the flusher rechecks the DIRTY bit). Only kept when
+    /// `track_dirty`.
+    pub dirty: Vec<u32>,
+    pub track_dirty: bool,
+    /// Incremented by every push: `load` compares it across its unlocked disk read.
+    pub pushes: u64,
+    /// Disk generation = `gen_base` + the entry's flush generation.
+    pub gen_base: u64,
+    pub time: TimeBase,
+    pub shared: std::sync::Arc<WbShared>,
+}
+
+impl Wb {
+    /// Queues `op` for `key`, replacing an older pending op of the key.
+    pub(crate) fn push(&mut self, key: &[u8], op: Op) {
+        self.pushes += 1;
+        let add = op.weight(key.len());
+        let old = self.pending.insert(key.into(), op);
+        let sub = old.map_or(0, |o| o.weight(key.len()));
+        self.shared.add_pending(add, sub);
+    }
+
+    /// The record of an entry as it would be written to disk.
+    pub(crate) fn rec(&self, e: &Entry) -> Rec {
+        let b = e.block();
+        Rec {
+            block: b.clone(),
+            cas: b.cas(),
+            exptime: if e.exptime == 0 {
+                0
+            } else {
+                self.time.abs(e.exptime)
+            },
+            gen: self.gen_base + u64::from(e.gen),
+        }
+    }
+
+    /// The newest queued op for `key` (pending, else in flight).
+    pub(crate) fn queued(&mut self, key: &[u8]) -> Option<&mut Op> {
+        if self.pending.contains_key(key) {
+            return self.pending.get_mut(key);
+        }
+        self.inflight.get_mut(key)
+    }
 }
 
 impl Shard {
@@ -112,6 +172,121 @@ impl Shard {
             cas_shift: shard_bits,
             cas_tag: index as u64,
             stats: ShardStats::default(),
+            wb: None,
+        }
+    }
+
+    /// Starts CAS values above `max_cas` plus a gap of `gap` sequence numbers.
+    pub(crate) fn set_cas_floor(&mut self, max_cas: u64, gap: u64) {
+        let seq = (max_cas >> self.cas_shift)
+            .saturating_add(1)
+            .saturating_add(gap);
+        self.cas_seq = self.cas_seq.max(seq);
+    }
+
+    /// Makes sure later CAS values exceed `cas` (an item loaded from disk).
+    pub(crate) fn observe_cas(&mut self, cas: u64) {
+        self.set_cas_floor(cas, 0);
+    }
+
+    /// The highest CAS this shard has handed out (0 if none).
+    pub(crate) fn last_cas(&self) -> u64 {
+        (self.cas_seq << self.cas_shift) | self.cas_tag
+    }
+
+    /// Marks a live item as changed since it was last written (durable stores).
+    #[inline]
+    pub(crate) fn mark_dirty(&mut self, idx: u32) {
+        let Some(wb) = &mut self.wb else { return };
+        let e = self.slab.get_mut(idx);
+        if e.bits & DIRTY == 0 {
+            e.bits |= DIRTY;
+            if wb.track_dirty {
+                wb.dirty.push(idx);
+            }
+        }
+    }
+
+    /// Marks an item as identical to its disk (or queued) version.
+    pub(crate) fn mark_clean(&mut self, idx: u32) {
+        self.slab.get_mut(idx).bits &= !DIRTY;
+    }
+
+    /// Records a deletion of `key` (durable stores): a tombstone that supersedes
+    /// the disk version. `blind`: the key was not resident, so whether it existed
+    /// is unknown until `load` reads the disk.
+    pub(crate) fn tombstone(&mut self, key: &[u8], blind: bool) {
+        if let Some(wb) = &mut self.wb {
+            wb.push(
+                key,
+                Op::Delete {
+                    blind,
+                    existed: None,
+                },
+            );
+        }
+    }
+
+    /// A delete of a key that is not resident (durable stores): if `load` found
+    /// out that a queued blind tombstone removed a live disk version, consumes that
+    /// and returns true (the delete hit); otherwise queues a blind tombstone.
+    pub(crate) fn blind_delete(&mut self, key: &[u8]) -> bool {
+        let Some(wb) = &mut self.wb else { return false };
+        if let Some(Op::Delete { existed, .. }) = wb.queued(key) {
+            if *existed == Some(true) {
+                *existed = Some(false);
+                return true;
+            }
+            if existed.is_some() {
+                // Already resolved as absent: nothing new to record.
+                return false;
+            }
+        }
+        self.tombstone(key, true);
+        false
+    }
+
+    /// Queues a put of a live dirty item and marks it clean.
+    pub(crate) fn write_back(&mut self, idx: u32) -> bool {
+        let Some(wb) = &mut self.wb else { return false };
+        let e = self.slab.get_mut(idx);
+        if e.bits & DIRTY == 0 {
+            return false;
+        }
+        e.bits &= !DIRTY;
+        let e = self.slab.get(idx);
+        let rec = wb.rec(e);
+        let key: Box<[u8]> = e.block().key().into();
+        wb.push(&key, Op::Put(rec));
+        true
+    }
+
+    /// Write-back of every dirty item whose index is in the dirty list (at most
+    /// `max` indices); returns whether the list is now empty.
+    pub(crate) fn write_back_listed(&mut self, max: usize) -> bool {
+        let Some(wb) = &mut self.wb else { return true };
+        let n = wb.dirty.len().min(max);
+        let start = wb.dirty.len() - n;
+        let idxs: Vec<u32> = wb.dirty.drain(start..).collect();
+        for idx in idxs {
+            if self.slab.is_occupied(idx) {
+                self.write_back(idx);
+            }
+        }
+        match &self.wb {
+            Some(wb) => wb.dirty.is_empty(),
+            None => true,
+        }
+    }
+
+    /// Write-back of every dirty item of the shard.
+    pub(crate) fn write_back_all(&mut self) {
+        let idxs: Vec<u32> = self.slab.occupied().collect();
+        for idx in idxs {
+            self.write_back(idx);
+        }
+        if let Some(wb) = &mut self.wb {
+            wb.dirty.clear();
         }
     }
 
@@ -165,7 +340,13 @@ impl Shard {
     }
 
     /// Removes item `idx` (whose key hashes to `hash`) and releases its charge.
+    /// On a durable store a dirty item is queued for writing first (write-behind);
+    /// a dead (expired or flushed) one too — the disk filters it, and it replaces an
+    /// older disk version that would otherwise come back.
     pub(crate) fn unlink(&mut self, idx: u32, hash: u64, budget: &Budget) {
+        if self.wb.is_some() {
+            self.write_back(idx);
+        }
         let Shard {
             table, slab, order, ..
         } = self;
@@ -380,11 +561,15 @@ impl Shard {
                 let e = slab.get_mut(idx);
                 // An overwrite keeps the key's LFU count and counts as an access.
                 let freq = e.freq().saturating_add(1);
+                let was_dirty = e.has(DIRTY);
                 let old_block = e.block.replace(block);
                 e.exptime = exptime;
                 e.atime = now.rel;
                 e.gen = now.gen;
-                e.bits = bits;
+                e.bits = bits & !DIRTY;
+                if was_dirty {
+                    e.bits |= DIRTY;
+                }
                 e.set_freq(freq);
                 order.insert(slab, idx);
                 drop(old_block);
@@ -398,7 +583,7 @@ impl Shard {
                 e.exptime = exptime;
                 e.atime = now.rel;
                 e.gen = now.gen;
-                e.bits = bits;
+                e.bits = bits & !DIRTY;
                 e.set_freq(0);
                 let idx = slab.insert(e);
                 table.insert_unique(hash, Slot::new(idx, hash), |s| {
@@ -410,6 +595,8 @@ impl Shard {
             }
         };
         *reserved = 0;
+        // Every store on a durable store leaves the item dirty.
+        self.mark_dirty(idx);
         idx
     }
 

@@ -18,6 +18,8 @@ pub(crate) const FETCHED: u32 = 1;
 pub(crate) const STALE: u32 = 1 << 1;
 /// Entry bit: a win token was handed out (memcached `ITEM_TOKEN_SENT`).
 pub(crate) const WIN_SENT: u32 = 1 << 2;
+/// Entry bit (durable stores): changed since last written to the engine or queued.
+pub(crate) const DIRTY: u32 = 1 << 3;
 const FREQ_SHIFT: u32 = 8;
 const FREQ_MASK: u32 = 0xff << FREQ_SHIFT;
 
@@ -41,7 +43,7 @@ pub(crate) struct Entry {
     /// Flush generation the item was stored in; a different current generation
     /// means `flush_all` has hidden it.
     pub gen: u32,
-    /// `FETCHED | STALE | WIN_SENT`, and the LFU access count in bits 8..16.
+    /// `FETCHED | STALE | WIN_SENT | DIRTY`, and the LFU access count in bits 8..16.
     pub bits: u32,
 }
 
@@ -147,6 +149,14 @@ impl Slab {
     #[inline]
     pub(crate) fn get_mut(&mut self, idx: u32) -> &mut Entry {
         &mut self.chunks[(idx >> CHUNK_BITS) as usize][(idx & CHUNK_MASK) as usize]
+    }
+
+    /// Whether `idx` is a slot of the slab holding an item.
+    pub(crate) fn is_occupied(&self, idx: u32) -> bool {
+        self.chunks
+            .get((idx >> CHUNK_BITS) as usize)
+            .and_then(|c| c.get((idx & CHUNK_MASK) as usize))
+            .is_some_and(|e| e.block.is_some())
     }
 
     /// Indices of all occupied slots.

@@ -1,13 +1,21 @@
 //! [`Store`]: the command semantics (memcached 1.6) over the sharded item storage.
 
 use std::hash::BuildHasher;
+use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::clock::{expiry_from_wire, Clock, Expiry, TimeBase};
+use crate::durable::backend::{Fjall, Instrumented};
+use crate::durable::{
+    self, decode, decode_pair, DiskRec, Durability, Durable, DurableConfig, DurableStats, Op,
+    Shards, WbShared, CAS_GAP, META_CAS, META_GEN,
+};
 use crate::item::{item_charge, Block, ItemView, MetaView, ITEM_OVERHEAD, MAX_KEY_LEN};
 use crate::memory::Budget;
 use crate::policy::Policy;
@@ -15,7 +23,7 @@ use crate::request::{
     ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
     SetStatus,
 };
-use crate::shard::{Lookup, Now, Shard, MAX_SHARD_ITEMS};
+use crate::shard::{Lookup, Now, Shard, Wb, MAX_SHARD_ITEMS};
 use crate::slab::{STALE, WIN_SENT};
 use crate::stats::StoreStats;
 
@@ -54,12 +62,12 @@ const MAX_SHARDS: usize = 1 << 16;
 
 /// Keeps each shard's mutex on its own cache lines.
 #[repr(align(128))]
-struct Padded<T>(T);
+pub(crate) struct Padded<T>(pub(crate) T);
 
 /// The cache: items sharded by key hash, each shard behind its own mutex.
 /// `Send + Sync`; share it with `Arc<Store>`.
 pub struct Store {
-    shards: Box<[Padded<Mutex<Shard>>]>,
+    shards: Shards,
     mask: usize,
     hasher: DefaultHashBuilder,
     clock: Arc<dyn Clock>,
@@ -69,6 +77,9 @@ pub struct Store {
     flush: AtomicU64,
     config: Config,
     budget: Budget,
+    /// The engine and write-behind state of a durable store ([`Store::open`]).
+    durable: Option<Arc<Durable>>,
+    flusher: Option<JoinHandle<()>>,
 }
 
 fn pack(gen: u32, due: u32) -> u64 {
@@ -111,7 +122,250 @@ impl Store {
             flush: AtomicU64::new(pack(0, 0)),
             budget: Budget::new(config.memory_limit),
             config,
+            durable: None,
+            flusher: None,
         }
+    }
+
+    /// Opens (creating if needed) the data directory `durable.dir` and returns a
+    /// store whose memory is a write-back cache over it (see the crate docs,
+    /// "Durable stores", and [`Durability`] for what a crash can lose). Existing
+    /// items come back lazily, through [`Store::load`]; the flush generation and the
+    /// CAS high-water mark are read now. Starts the flusher thread.
+    pub fn open(
+        config: Config,
+        clock: Arc<dyn Clock>,
+        durable: DurableConfig,
+    ) -> io::Result<Store> {
+        let backend = Instrumented::new(Box::new(Fjall::open(&durable.dir)?));
+        let mut store = Store::new(config, clock);
+        let now = store.clock.now();
+        let (mut gen, mut due) = backend
+            .get_meta(META_GEN)?
+            .and_then(|v| decode_pair(&v))
+            .unwrap_or((0, 0));
+        let due_passed = due != 0 && due <= now;
+        if due_passed {
+            gen += 1;
+            due = 0;
+        }
+        if due != 0 {
+            store
+                .flush
+                .store(pack(0, store.time.rel(due).max(1)), Ordering::Release);
+        }
+        let max_cas = backend
+            .get_meta(META_CAS)?
+            .and_then(|v| v.get(..8).and_then(|b| b.try_into().ok()))
+            .map_or(0, u64::from_le_bytes);
+        let shared = Arc::new(WbShared::new(store.config.memory_limit));
+        for shard in store.shards.iter() {
+            let mut sh = shard.0.lock();
+            sh.wb = Some(Box::new(Wb {
+                pending: Default::default(),
+                inflight: Default::default(),
+                dirty: Vec::new(),
+                track_dirty: durable.durability != Durability::None,
+                pushes: 0,
+                gen_base: gen,
+                time: store.time,
+                shared: Arc::clone(&shared),
+            }));
+            if max_cas != 0 {
+                sh.set_cas_floor(max_cas, CAS_GAP);
+            }
+        }
+        let d = Arc::new(Durable::new(
+            Arc::clone(&store.shards),
+            backend,
+            &durable,
+            shared,
+            gen,
+        ));
+        if due_passed {
+            d.set_flush_meta(gen, 0);
+        }
+        let d2 = Arc::clone(&d);
+        store.flusher = Some(
+            std::thread::Builder::new()
+                .name("kvlab-flusher".into())
+                .spawn(move || durable::flusher(d2))?,
+        );
+        store.durable = Some(d);
+        Ok(store)
+    }
+
+    /// The durability of a store made by [`Store::open`]; `None` for a memory-only
+    /// store.
+    pub fn durability(&self) -> Option<Durability> {
+        self.durable.as_ref().map(|d| d.mode)
+    }
+
+    /// Engine counters of a durable store.
+    pub fn durable_stats(&self) -> Option<DurableStats> {
+        self.durable.as_ref().map(|d| d.stats())
+    }
+
+    /// Test hook: every engine read, write and fsync first sleeps `d` (a slow
+    /// disk). `Duration::ZERO` removes it. No effect on a memory-only store.
+    pub fn set_backend_delay(&self, d: Duration) {
+        if let Some(dur) = &self.durable {
+            dur.backend.set_delay(d);
+        }
+    }
+
+    /// Waits while a durable store's write-behind queue is over its bound.
+    #[inline]
+    fn throttle(&self) {
+        if let Some(d) = &self.durable {
+            d.shared.throttle();
+        }
+    }
+
+    /// Read-through: if `key` is neither resident nor queued (written-behind or
+    /// deleted), reads it from the engine and inserts it, clean, unless a newer
+    /// version became resident meanwhile. Returns whether the key now exists.
+    /// Blocks on disk, except when the key is resident or has a queued op. A blind
+    /// tombstone (a delete of a non-resident key) costs one disk read, the first
+    /// time, to find out whether the delete removed something (the re-executed
+    /// delete then answers `DELETED`). A memory-only store just reports residency.
+    pub fn load(&self, key: &[u8]) -> io::Result<bool> {
+        let Some(d) = &self.durable else {
+            return Ok(self.peek(key).is_some());
+        };
+        if key.len() > MAX_KEY_LEN {
+            return Ok(false);
+        }
+        d.shared.throttle();
+        let hash = self.hash(key);
+        let si = self.shard_index(hash);
+        let mut reserved = 0;
+        // The disk read and the shard's push count it is valid for.
+        let mut disk: Option<(u64, Option<DiskRec>)> = None;
+        for _ in 0..MAX_ATTEMPTS * 2 {
+            let now = self.now();
+            let mut sh = self.lock(si);
+            if let Lookup::Live(_) = sh.lookup(hash, key, &now, &self.budget) {
+                self.budget.release(reserved);
+                return Ok(true);
+            }
+            let Some(wb) = sh.wb.as_mut() else {
+                unreachable!("durable stores have write-behind state in every shard")
+            };
+            let pushes = wb.pushes;
+            let valid = match &disk {
+                Some((p, _)) => *p == pushes,
+                None => false,
+            };
+            let rec = match wb.queued(key) {
+                Some(Op::Put(r)) => Some(DiskRec::from_rec(r)),
+                Some(Op::Delete {
+                    blind: true,
+                    existed,
+                }) if existed.is_none() => {
+                    if !valid {
+                        drop(sh);
+                        disk = Some((pushes, d.backend.get(key)?.and_then(decode)));
+                        continue;
+                    }
+                    let gen = d.gen_base + u64::from(now.gen);
+                    let live = disk
+                        .as_ref()
+                        .and_then(|(_, r)| r.as_ref())
+                        .is_some_and(|r| r.visible(now.abs, gen));
+                    *existed = Some(live);
+                    self.budget.release(reserved);
+                    return Ok(false);
+                }
+                Some(Op::Delete { .. }) => {
+                    self.budget.release(reserved);
+                    return Ok(false);
+                }
+                None => {
+                    if !valid {
+                        drop(sh);
+                        disk = Some((pushes, d.backend.get(key)?.and_then(decode)));
+                        continue;
+                    }
+                    disk.take().and_then(|(_, r)| r)
+                }
+            };
+            let gen = d.gen_base + u64::from(now.gen);
+            let Some(rec) = rec.filter(|r| r.visible(now.abs, gen)) else {
+                self.budget.release(reserved);
+                return Ok(false);
+            };
+            let exptime = if rec.exptime == 0 {
+                0
+            } else {
+                self.time.exptime(Expiry::At(rec.exptime))
+            };
+            let block = Block::new(key, &[&rec.value], rec.flags);
+            if key.len() > MAX_KEY_LEN
+                || block.charge() > self.config.item_size_max
+                || u32::try_from(rec.value.len()).is_err()
+            {
+                self.budget.release(reserved);
+                return Ok(false);
+            }
+            match sh.reserve(block.charge(), None, &mut reserved, &now, &self.budget) {
+                Ok(()) => {
+                    block.set_cas(rec.cas);
+                    sh.observe_cas(rec.cas);
+                    let idx = sh.install(
+                        hash,
+                        None,
+                        block,
+                        exptime,
+                        0,
+                        &now,
+                        &mut reserved,
+                        &self.budget,
+                    );
+                    sh.mark_clean(idx);
+                    return Ok(true);
+                }
+                Err(need) => {
+                    // Keep what was read: the push count tells whether it is still valid.
+                    disk = Some((pushes, Some(rec)));
+                    drop(sh);
+                    if !self.evict_elsewhere(si, need, &mut reserved, &now) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.budget.release(reserved);
+        Ok(false)
+    }
+
+    /// Makes `key`'s current state durable — its value or its deletion — with an
+    /// fsync before returning (in every mode). Blocking. Concurrent callers share
+    /// commit rounds and fsyncs (group commit). No effect on a memory-only store.
+    pub fn persist(&self, key: &[u8]) -> io::Result<()> {
+        let Some(d) = &self.durable else {
+            return Ok(());
+        };
+        d.persists.fetch_add(1, Ordering::Relaxed);
+        {
+            let now = self.now();
+            let hash = self.hash(key);
+            let mut sh = self.lock(self.shard_index(hash));
+            if let Lookup::Live(idx) = sh.lookup(hash, key, &now, &self.budget) {
+                sh.write_back(idx);
+            }
+        }
+        d.commit(true)
+    }
+
+    /// Writes every dirty item and queued deletion and the flush state, then
+    /// fsyncs. Blocking. No effect on a memory-only store.
+    pub fn sync_all(&self) -> io::Result<()> {
+        let Some(d) = &self.durable else {
+            return Ok(());
+        };
+        d.collect_all();
+        d.commit(true)
     }
 
     /// The configuration in use (`shards` resolved to the actual count).
@@ -218,6 +472,7 @@ impl Store {
             Expiry::Expired => false,
             e => {
                 sh.entry_mut(idx).exptime = time.exptime(e);
+                sh.mark_dirty(idx);
                 true
             }
         }
@@ -240,6 +495,7 @@ impl Store {
                     let mut view = sh.view(idx, self.time);
                     view.exptime = now.abs;
                     sh.unlink(idx, hash, &self.budget);
+                    sh.tombstone(key, false);
                     Some(view)
                 }
             }
@@ -253,6 +509,7 @@ impl Store {
 
     /// `touch`: sets a new exptime; `touch_hits`/`touch_misses`.
     pub fn touch(&self, key: &[u8], exptime: i64) -> bool {
+        self.throttle();
         let now = self.now();
         let e = expiry_from_wire(exptime, now.abs);
         let hash = self.hash(key);
@@ -263,6 +520,7 @@ impl Store {
                 sh.bump(idx, &now);
                 if !Self::retime(&mut sh, idx, e, self.time) {
                     sh.unlink(idx, hash, &self.budget);
+                    sh.tombstone(key, false);
                 }
                 true
             }
@@ -273,12 +531,14 @@ impl Store {
         }
     }
 
-    /// Unlinks whatever item `key` has (after a failed set, like memcached).
+    /// Unlinks whatever item `key` has (after a failed set, like memcached); a
+    /// durable store also forgets the disk version.
     fn unlink_key(&self, si: usize, hash: u64, key: &[u8]) {
         let mut sh = self.lock(si);
         if let Some(idx) = sh.find(hash, key) {
             sh.unlink(idx, hash, &self.budget);
         }
+        sh.tombstone(key, false);
     }
 
     /// After a shard ran out of evictable items: evicts from the other shards, one
@@ -329,6 +589,7 @@ impl Store {
     /// store whose exptime is already past succeeds but leaves nothing visible (the
     /// old item is unlinked and no new one is linked).
     pub fn set(&self, req: &SetRequest<'_>) -> SetStatus {
+        self.throttle();
         let key = req.key;
         let hash = self.hash(key);
         let si = self.shard_index(hash);
@@ -434,6 +695,7 @@ impl Store {
                 if let Some(idx) = found {
                     sh.unlink(idx, hash, &self.budget);
                 }
+                sh.tombstone(key, false);
                 self.budget.release(reserved);
                 if cas_mode {
                     sh.stats.cas_hits += 1;
@@ -486,17 +748,28 @@ impl Store {
     }
 
     /// `delete`: `delete_hits`/`delete_misses`.
+    ///
+    /// On a durable store a delete always queues a tombstone, also for a key that
+    /// is not resident (a *blind* one). A blind delete answers false; after
+    /// [`Store::load`] found out that the disk had the key, the same delete run
+    /// again answers true (once).
     pub fn delete(&self, key: &[u8]) -> bool {
+        self.throttle();
         let now = self.now();
         let hash = self.hash(key);
         let mut sh = self.lock(self.shard_index(hash));
         match sh.lookup(hash, key, &now, &self.budget) {
             Lookup::Live(idx) => {
                 sh.unlink(idx, hash, &self.budget);
+                sh.tombstone(key, false);
                 sh.stats.delete_hits += 1;
                 true
             }
             _ => {
+                if sh.blind_delete(key) {
+                    sh.stats.delete_hits += 1;
+                    return true;
+                }
                 sh.stats.delete_misses += 1;
                 false
             }
@@ -514,6 +787,9 @@ impl Store {
     /// `last_access_age` describe the item before this request; the access then
     /// updates them unless `no_bump`.
     pub fn meta_get(&self, key: &[u8], opts: &MetaGetOpts) -> Option<MetaView> {
+        if opts.vivify.is_some() || opts.touch.is_some() {
+            self.throttle();
+        }
         let now = self.now();
         let hash = self.hash(key);
         let si = self.shard_index(hash);
@@ -692,7 +968,9 @@ impl Store {
         let mut item = sh.view(idx, self.time);
         let ttl = if expire_now {
             item.exptime = now.abs;
+            let key: Box<[u8]> = sh.entry(idx).block().key().into();
             sh.unlink(idx, hash, &self.budget);
+            sh.tombstone(&key, false);
             0
         } else {
             Self::ttl(exptime, now)
@@ -712,11 +990,20 @@ impl Store {
     /// `invalidate` the item stays but is marked stale, gets a new CAS, has its win
     /// token reset and (with `ttl`) a new exptime; memcached counts that in neither
     /// `delete_hits` nor `delete_misses`.
+    ///
+    /// On a durable store a plain `md` of a non-resident key queues a blind
+    /// tombstone, as [`Store::delete`] does; with a CAS or `I` it does not (it
+    /// needs the item: load it first).
     pub fn meta_delete(&self, key: &[u8], opts: &MetaDeleteOpts) -> DeleteStatus {
+        self.throttle();
         let now = self.now();
         let hash = self.hash(key);
         let mut sh = self.lock(self.shard_index(hash));
         let Lookup::Live(idx) = sh.lookup(hash, key, &now, &self.budget) else {
+            if opts.compare_cas.is_none() && !opts.invalidate && sh.blind_delete(key) {
+                sh.stats.delete_hits += 1;
+                return DeleteStatus::Deleted;
+            }
             sh.stats.delete_misses += 1;
             return DeleteStatus::NotFound;
         };
@@ -734,6 +1021,7 @@ impl Store {
             if new_exptime == Some(None) {
                 // Invalidated with a TTL already past: nothing would be visible.
                 sh.unlink(idx, hash, &self.budget);
+                sh.tombstone(key, false);
                 return DeleteStatus::Deleted;
             }
             let cas = sh.next_cas();
@@ -743,8 +1031,10 @@ impl Store {
             }
             e.bits = (e.bits | STALE) & !WIN_SENT;
             e.block().set_cas(cas);
+            sh.mark_dirty(idx);
         } else {
             sh.unlink(idx, hash, &self.budget);
+            sh.tombstone(key, false);
             sh.stats.delete_hits += 1;
         }
         DeleteStatus::Deleted
@@ -755,6 +1045,7 @@ impl Store {
     /// result with spaces; this store does not), keeping flags, exptime (unless
     /// `touch`) and item state, with a new CAS.
     pub fn arith(&self, key: &[u8], req: &ArithRequest) -> ArithStatus {
+        self.throttle();
         let now = self.now();
         let hash = self.hash(key);
         let si = self.shard_index(hash);
@@ -819,6 +1110,7 @@ impl Store {
                 // The new TTL is already past: the result is never visible.
                 if let Some(idx) = found {
                     sh.unlink(idx, hash, &self.budget);
+                    sh.tombstone(key, false);
                     self.count_arith_hit(&mut sh, req.incr);
                 }
                 self.budget.release(reserved);
@@ -897,9 +1189,17 @@ impl Store {
                 .flush
                 .compare_exchange(s, next, Ordering::AcqRel, Ordering::Acquire)
             {
-                Ok(_) => return,
+                Ok(_) => break,
                 Err(actual) => s = actual,
             }
+        }
+        if let Some(d) = &self.durable {
+            // The disk filters records of older generations (see durable/mod.rs);
+            // a pending delayed flush is recorded as its absolute moment.
+            let st = self.flush.load(Ordering::Acquire);
+            let (gen, due) = ((st >> 32) as u32, st as u32);
+            let disk_due = if due == 0 { 0 } else { self.time.abs(due) };
+            d.set_flush_meta(d.gen_base + u64::from(gen), disk_due);
         }
     }
 
@@ -934,6 +1234,22 @@ impl Store {
         (0..self.shards.len())
             .map(|si| self.lock(si).index_bytes())
             .sum()
+    }
+}
+
+impl Drop for Store {
+    /// A durable store stops its flusher and writes and fsyncs everything dirty
+    /// (errors are ignored here; call [`Store::sync_all`] to see them).
+    fn drop(&mut self) {
+        let Some(d) = self.durable.take() else {
+            return;
+        };
+        d.stop();
+        if let Some(t) = self.flusher.take() {
+            let _ = t.join();
+        }
+        d.collect_all();
+        let _ = d.commit(true);
     }
 }
 

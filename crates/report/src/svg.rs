@@ -1,0 +1,701 @@
+//! Plots as SVG text, written by hand.
+//!
+//! Why not plotters: a plot here is a handful of lines, markers, error bars and labels, and
+//! the browser lays out the text, so no font metrics are needed at build or run time. The
+//! output is small, deterministic, well-formed XML (tested), uses no ids that could clash
+//! when several plots are inlined into one HTML page (each plot gets a prefix), and escapes
+//! every piece of text.
+//!
+//! Layout (pixels):
+//!
+//! ```text
+//!  ┌──────────────────── WIDTH ─────────────────────┐
+//!  │ title                                          │
+//!  │     ┌──────────────────────────────────────┐   │
+//!  │ y   │ plot area: grid, error bars, lines,  │   │
+//!  │ lbl │ markers (clipped), or grouped bars   │   │
+//!  │     └──────────────────────────────────────┘   │
+//!  │       tick labels / x label                    │
+//!  │ legend rows (wrapping)                         │
+//!  └────────────────────────────────────────────────┘
+//! ```
+
+use std::fmt::Write;
+
+use crate::axis::Axis;
+use crate::escape::escape;
+use crate::model::{Histogram, HistogramY, LinePlot, LineStyle, Scale};
+
+const WIDTH: f64 = 760.0;
+const LEFT: f64 = 76.0;
+const RIGHT: f64 = 24.0;
+const TOP: f64 = 44.0;
+const PLOT_H: f64 = 300.0;
+const FONT: &str = "DejaVu Sans, Liberation Sans, Arial, Helvetica, sans-serif";
+/// A rough width of one character at 12 px, for wrapping legends (the browser does the real
+/// layout; this only has to avoid overlaps).
+const CHAR_W: f64 = 7.0;
+
+/// Okabe–Ito colours: distinguishable with the common colour-vision deficiencies, and
+/// readable on white (their yellow is left out for that reason).
+const PALETTE: [&str; 7] = [
+    "#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
+];
+
+fn color(i: usize) -> &'static str {
+    PALETTE[i % PALETTE.len()]
+}
+
+/// One marker shape per colour slot, so series differ by more than colour.
+fn marker(out: &mut String, i: usize, x: f64, y: f64, stroke: &str, fill: &str) {
+    let r = 3.6;
+    let _ = match i % 4 {
+        0 => write!(
+            out,
+            r#"<circle cx="{x:.1}" cy="{y:.1}" r="{r}" fill="{fill}" stroke="{stroke}" stroke-width="1.5"/>"#
+        ),
+        1 => write!(
+            out,
+            r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{fill}" stroke="{stroke}" stroke-width="1.5"/>"#,
+            x - r,
+            y - r,
+            2.0 * r,
+            2.0 * r
+        ),
+        2 => write!(
+            out,
+            r#"<path d="M{x:.1},{:.1} L{:.1},{:.1} L{:.1},{:.1} Z" fill="{fill}" stroke="{stroke}" stroke-width="1.5"/>"#,
+            y - r - 0.8,
+            x + r + 0.6,
+            y + r,
+            x - r - 0.6,
+            y + r
+        ),
+        _ => write!(
+            out,
+            r#"<path d="M{x:.1},{:.1} L{:.1},{y:.1} L{x:.1},{:.1} L{:.1},{y:.1} Z" fill="{fill}" stroke="{stroke}" stroke-width="1.5"/>"#,
+            y - r - 0.8,
+            x + r + 0.8,
+            y + r + 0.8,
+            x - r - 0.8
+        ),
+    };
+}
+
+/// Legend entries laid out in rows under the plot.
+struct Legend {
+    entries: Vec<(String, Swatch)>,
+}
+
+enum Swatch {
+    Line { color: usize, style: LineStyle },
+    Bar { color: usize },
+    ErrorBar,
+}
+
+impl Legend {
+    /// Writes the legend starting at `y`; returns the y below it.
+    fn write(&self, out: &mut String, y: f64) -> f64 {
+        let (x0, x1) = (LEFT, WIDTH - RIGHT);
+        let (mut x, mut y) = (x0, y);
+        out.push_str(r#"<g class="legend" font-size="12">"#);
+        for (label, swatch) in &self.entries {
+            let w = 34.0 + CHAR_W * label.chars().count() as f64 + 18.0;
+            if x > x0 && x + w > x1 {
+                x = x0;
+                y += 20.0;
+            }
+            match swatch {
+                Swatch::Line { color: c, style } => {
+                    let dash = match style {
+                        LineStyle::Solid => "",
+                        LineStyle::Dashed => r#" stroke-dasharray="6 4""#,
+                    };
+                    let _ = write!(
+                        out,
+                        r#"<line x1="{:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{}" stroke-width="2"{dash}/>"#,
+                        x,
+                        x + 28.0,
+                        color(*c)
+                    );
+                    let fill = match style {
+                        LineStyle::Solid => color(*c),
+                        LineStyle::Dashed => "#ffffff",
+                    };
+                    marker(out, *c, x + 14.0, y, color(*c), fill);
+                }
+                Swatch::Bar { color: c } => {
+                    let _ = write!(
+                        out,
+                        r#"<rect x="{:.1}" y="{:.1}" width="22" height="11" fill="{}"/>"#,
+                        x + 3.0,
+                        y - 5.5,
+                        color(*c)
+                    );
+                }
+                Swatch::ErrorBar => {
+                    let cx = x + 14.0;
+                    let _ = write!(
+                        out,
+                        r##"<path d="M{cx:.1},{:.1} V{:.1} M{:.1},{:.1} H{:.1} M{:.1},{:.1} H{:.1}" stroke="#444" stroke-width="1.3" fill="none"/>"##,
+                        y - 7.0,
+                        y + 7.0,
+                        cx - 4.0,
+                        y - 7.0,
+                        cx + 4.0,
+                        cx - 4.0,
+                        y + 7.0,
+                        cx + 4.0
+                    );
+                }
+            }
+            let _ = write!(
+                out,
+                r#"<text x="{:.1}" y="{:.1}">{}</text>"#,
+                x + 34.0,
+                y + 4.0,
+                escape(label)
+            );
+            x += w;
+        }
+        out.push_str("</g>");
+        y + 18.0
+    }
+}
+
+fn open_svg(out: &mut String, title: &str) {
+    let _ = write!(
+        out,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" class="plot" role="img" aria-label="{t}" width="{WIDTH}" height="@@HEIGHT@@" viewBox="0 0 {WIDTH} @@HEIGHT@@" font-family="{FONT}" font-size="12" fill="#222"><title>{t}</title><rect width="100%" height="100%" fill="#ffffff"/><text class="plot-title" x="{:.1}" y="24" font-size="15" font-weight="bold" text-anchor="middle">{t}</text>"##,
+        WIDTH / 2.0,
+        t = escape(title)
+    );
+}
+
+fn close_svg(mut out: String, height: f64) -> String {
+    out.push_str("</svg>\n");
+    out.replace("@@HEIGHT@@", &format!("{height:.0}"))
+}
+
+/// Frame, grid, y ticks and labels of a plot area; `ylab` is rotated on the left.
+fn y_axis(out: &mut String, y: &Axis, ylab: &str) {
+    let (x0, x1, b) = (LEFT, WIDTH - RIGHT, TOP + PLOT_H);
+    out.push_str(r##"<g class="y-axis" font-size="11">"##);
+    for (v, label) in &y.ticks {
+        let py = b - y.frac(*v) * PLOT_H;
+        let _ = write!(
+            out,
+            r##"<line x1="{x0:.1}" y1="{py:.1}" x2="{x1:.1}" y2="{py:.1}" stroke="#e4e4e4"/><line x1="{:.1}" y1="{py:.1}" x2="{x0:.1}" y2="{py:.1}" stroke="#333"/><text x="{:.1}" y="{:.1}" text-anchor="end">{}</text>"##,
+            x0 - 5.0,
+            x0 - 8.0,
+            py + 4.0,
+            escape(label)
+        );
+    }
+    let _ = write!(
+        out,
+        r#"<text class="axis-label" transform="translate(18,{:.1}) rotate(-90)" text-anchor="middle" font-size="13">{}</text></g>"#,
+        TOP + PLOT_H / 2.0,
+        escape(ylab)
+    );
+}
+
+fn frame(out: &mut String) {
+    let _ = write!(
+        out,
+        r##"<rect x="{LEFT}" y="{TOP}" width="{:.1}" height="{PLOT_H}" fill="none" stroke="#333"/>"##,
+        WIDTH - LEFT - RIGHT
+    );
+}
+
+/// A plot's x axis from its data, fixed range or named ticks.
+fn x_axis(plot: &LinePlot, lo: f64, hi: f64) -> Axis {
+    if let Some((a, b)) = plot
+        .x_range
+        .filter(|(a, b)| a.is_finite() && b.is_finite() && a < b)
+    {
+        if plot.x_scale == Scale::Linear || a > 0.0 {
+            return Axis::fixed(plot.x_scale, a, b, 8);
+        }
+    }
+    if let Some(ticks) = &plot.x_ticks {
+        let finite: Vec<f64> = ticks
+            .iter()
+            .map(|t| t.0)
+            .filter(|v| v.is_finite())
+            .collect();
+        let tlo = finite.iter().copied().fold(lo, f64::min);
+        let thi = finite.iter().copied().fold(hi, f64::max);
+        let (a, b) = match plot.x_scale {
+            Scale::Linear => {
+                let pad = if thi > tlo { (thi - tlo) * 0.06 } else { 0.5 };
+                (tlo - pad, thi + pad)
+            }
+            Scale::Log10 => (tlo / 1.25, thi * 1.25),
+        };
+        return Axis {
+            scale: plot.x_scale,
+            lo: a,
+            hi: b,
+            ticks: ticks.clone(),
+        };
+    }
+    match plot.x_scale {
+        Scale::Linear => Axis::new(Scale::Linear, lo, hi, 8),
+        // A little room so end markers are not cut in half by the frame.
+        Scale::Log10 => Axis::fixed(Scale::Log10, lo / 1.15, hi * 1.15, 8),
+    }
+}
+
+/// Renders a line plot. `id` must be unique within the page (it prefixes the clip path).
+pub fn line_plot(plot: &LinePlot, id: &str) -> String {
+    let log = plot.x_scale == Scale::Log10;
+    let drawable = |x: f64, y: f64| x.is_finite() && y.is_finite() && (!log || x > 0.0);
+    let (mut xlo, mut xhi, mut ylo, mut yhi) = (
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    );
+    for p in plot.series.iter().flat_map(|s| &s.points) {
+        if !drawable(p.x, p.y) {
+            continue;
+        }
+        xlo = xlo.min(p.x);
+        xhi = xhi.max(p.x);
+        for v in [Some(p.y), p.ci_low, p.ci_high].into_iter().flatten() {
+            if v.is_finite() {
+                ylo = ylo.min(v);
+                yhi = yhi.max(v);
+            }
+        }
+    }
+    if !xlo.is_finite() {
+        (xlo, xhi, ylo, yhi) = if log {
+            (1.0, 10.0, 0.0, 1.0)
+        } else {
+            (0.0, 1.0, 0.0, 1.0)
+        };
+    }
+    if plot.y_from_zero {
+        ylo = ylo.min(0.0);
+        yhi = yhi.max(0.0);
+    }
+    let xa = x_axis(plot, xlo, xhi);
+    let ya = Axis::new(Scale::Linear, ylo, yhi, 6);
+    let (x0, x1, b) = (LEFT, WIDTH - RIGHT, TOP + PLOT_H);
+    let px = |x: f64| x0 + xa.frac(x) * (x1 - x0);
+    let py = |y: f64| b - ya.frac(y) * PLOT_H;
+
+    let mut out = String::new();
+    open_svg(&mut out, &plot.title);
+    let clip = format!("{}-clip", crate::escape::slug(id));
+    let _ = write!(
+        out,
+        r#"<defs><clipPath id="{clip}"><rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}"/></clipPath></defs>"#,
+        x0 - 6.0,
+        TOP - 6.0,
+        x1 - x0 + 12.0,
+        PLOT_H + 12.0
+    );
+    y_axis(&mut out, &ya, &plot.y_label);
+    // Vertical grid and x ticks.
+    out.push_str(r#"<g class="x-axis" font-size="11">"#);
+    for (v, label) in &xa.ticks {
+        if !(v.is_finite() && (!log || *v > 0.0)) {
+            continue;
+        }
+        let f = xa.frac(*v);
+        if !(-1e-9..=1.0 + 1e-9).contains(&f) {
+            continue;
+        }
+        let x = px(*v);
+        let _ = write!(
+            out,
+            r##"<line x1="{x:.1}" y1="{TOP:.1}" x2="{x:.1}" y2="{b:.1}" stroke="#e4e4e4"/><line x1="{x:.1}" y1="{b:.1}" x2="{x:.1}" y2="{:.1}" stroke="#333"/><text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"##,
+            b + 5.0,
+            b + 18.0,
+            escape(label)
+        );
+    }
+    let _ = write!(
+        out,
+        r#"<text class="axis-label" x="{:.1}" y="{:.1}" text-anchor="middle" font-size="13">{}</text></g>"#,
+        (x0 + x1) / 2.0,
+        b + 38.0,
+        escape(&plot.x_label)
+    );
+    frame(&mut out);
+
+    let mut legend = Legend {
+        entries: Vec::new(),
+    };
+    let _ = write!(out, r#"<g clip-path="url(#{clip})">"#);
+    for (i, s) in plot.series.iter().enumerate() {
+        let c = s.color.unwrap_or(i);
+        let col = color(c);
+        let mut pts: Vec<_> = s.points.iter().filter(|p| drawable(p.x, p.y)).collect();
+        pts.sort_by(|a, b| a.x.total_cmp(&b.x));
+        let _ = write!(out, r#"<g class="series" data-name="{}">"#, escape(&s.name));
+        // Error bars first, so lines and markers sit on top of them.
+        for p in &pts {
+            let (lo, hi) = (p.ci_low.unwrap_or(p.y), p.ci_high.unwrap_or(p.y));
+            if (p.ci_low.is_none() && p.ci_high.is_none()) || !lo.is_finite() || !hi.is_finite() {
+                continue;
+            }
+            let (x, ylo, yhi) = (px(p.x), py(lo), py(hi));
+            let _ = write!(
+                out,
+                r#"<path class="errorbar" d="M{x:.1},{ylo:.1} V{yhi:.1} M{:.1},{ylo:.1} H{:.1} M{:.1},{yhi:.1} H{:.1}" stroke="{col}" stroke-width="1.3" fill="none"/>"#,
+                x - 4.0,
+                x + 4.0,
+                x - 4.0,
+                x + 4.0
+            );
+        }
+        if pts.len() > 1 {
+            let d: Vec<String> = pts
+                .iter()
+                .enumerate()
+                .map(|(k, p)| {
+                    format!(
+                        "{}{:.1},{:.1}",
+                        if k == 0 { 'M' } else { 'L' },
+                        px(p.x),
+                        py(p.y)
+                    )
+                })
+                .collect();
+            let dash = match s.style {
+                LineStyle::Solid => "",
+                LineStyle::Dashed => r#" stroke-dasharray="6 4""#,
+            };
+            let _ = write!(
+                out,
+                r#"<path class="line" d="{}" stroke="{col}" stroke-width="2" fill="none"{dash}/>"#,
+                d.join(" ")
+            );
+        }
+        // Markers on every point of short series; long ones (time series) are lines only.
+        if pts.len() <= 60 {
+            let fill = match s.style {
+                LineStyle::Solid => col,
+                LineStyle::Dashed => "#ffffff",
+            };
+            for p in &pts {
+                marker(&mut out, c, px(p.x), py(p.y), col, fill);
+            }
+        }
+        out.push_str("</g>");
+        legend.entries.push((
+            s.name.clone(),
+            Swatch::Line {
+                color: c,
+                style: s.style,
+            },
+        ));
+    }
+    out.push_str("</g>");
+    if let Some(e) = &plot.error_bars {
+        legend.entries.push((e.clone(), Swatch::ErrorBar));
+    }
+    let h = legend.write(&mut out, b + 62.0);
+    close_svg(out, h)
+}
+
+/// A short edge label: about 3 significant digits, k/M/G for large values.
+fn edge_label(v: f64) -> String {
+    if v == 0.0 || !v.is_finite() {
+        return format!("{v}");
+    }
+    let (div, suffix) = match v.abs() {
+        a if a >= 1e9 => (1e9, "G"),
+        a if a >= 1e6 => (1e6, "M"),
+        a if a >= 1e4 => (1e3, "k"),
+        _ => (1.0, ""),
+    };
+    let x = v / div;
+    let decimals = (2 - x.abs().log10().floor() as i32).clamp(0, 12) as usize;
+    let mut s = format!("{x:.decimals$}");
+    if s.contains('.') {
+        s = s.trim_end_matches('0').trim_end_matches('.').to_string();
+    }
+    s + suffix
+}
+
+/// Renders a histogram as grouped bars over equal-width buckets labelled by their edges.
+pub fn histogram(h: &Histogram) -> String {
+    let n = h.buckets();
+    let drawn: Vec<(usize, &crate::model::HistogramSeries)> = h
+        .series
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.counts.len() == n && n > 0)
+        .collect();
+    let value = |s: &crate::model::HistogramSeries, c: u64| -> f64 {
+        match h.y {
+            HistogramY::Count => c as f64,
+            HistogramY::Percent => {
+                let total = s.counts.iter().sum::<u64>() + s.below + s.above;
+                if total == 0 {
+                    0.0
+                } else {
+                    100.0 * c as f64 / total as f64
+                }
+            }
+        }
+    };
+    let ymax = drawn
+        .iter()
+        .flat_map(|(_, s)| s.counts.iter().map(|c| value(s, *c)))
+        .fold(0.0, f64::max);
+    let ya = Axis::new(Scale::Linear, 0.0, if ymax > 0.0 { ymax } else { 1.0 }, 6);
+    let (x0, x1, b) = (LEFT, WIDTH - RIGHT, TOP + PLOT_H);
+    let bw = (x1 - x0) / n.max(1) as f64;
+
+    let mut out = String::new();
+    open_svg(&mut out, &h.title);
+    let ylab = match h.y {
+        HistogramY::Count => "count",
+        HistogramY::Percent => "share of requests (%)",
+    };
+    y_axis(&mut out, &ya, ylab);
+
+    let k = drawn.len().max(1) as f64;
+    let inner = bw * 0.84;
+    for (i, s) in &drawn {
+        let _ = write!(
+            out,
+            r#"<g class="series" data-name="{}" fill="{}">"#,
+            escape(&s.name),
+            color(*i)
+        );
+        for (j, c) in s.counts.iter().enumerate() {
+            let v = value(s, *c);
+            let pos = drawn.iter().position(|(q, _)| q == i).unwrap_or(0) as f64;
+            let x = x0 + bw * j as f64 + (bw - inner) / 2.0 + inner / k * pos;
+            let top = b - ya.frac(v) * PLOT_H;
+            let _ = write!(
+                out,
+                r#"<rect class="bar" x="{x:.1}" y="{top:.1}" width="{:.1}" height="{:.1}"><title>{}: [{}, {}) {}</title></rect>"#,
+                (inner / k - 0.5).max(0.5),
+                (b - top).max(0.0),
+                escape(&s.name),
+                escape(&edge_label(h.edges[j])),
+                escape(&edge_label(h.edges[j + 1])),
+                match h.y {
+                    HistogramY::Count => format!("{c}"),
+                    HistogramY::Percent => format!("{v:.2}% ({c})"),
+                }
+            );
+        }
+        out.push_str("</g>");
+    }
+    // Edge labels at bucket boundaries; rotated when they would not fit side by side.
+    let labels: Vec<String> = h.edges.iter().map(|e| edge_label(*e)).collect();
+    let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(1) as f64;
+    let rotate = longest * 6.5 > bw - 4.0;
+    out.push_str(r#"<g class="x-axis" font-size="11">"#);
+    for (j, l) in labels.iter().enumerate() {
+        let x = x0 + bw * j as f64;
+        let _ = write!(
+            out,
+            r##"<line x1="{x:.1}" y1="{b:.1}" x2="{x:.1}" y2="{:.1}" stroke="#333"/>"##,
+            b + 5.0
+        );
+        if rotate {
+            let _ = write!(
+                out,
+                r#"<text transform="translate({:.1},{:.1}) rotate(-40)" text-anchor="end">{}</text>"#,
+                x + 3.0,
+                b + 16.0,
+                escape(l)
+            );
+        } else {
+            let _ = write!(
+                out,
+                r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                b + 18.0,
+                escape(l)
+            );
+        }
+    }
+    let label_y = if rotate {
+        b + 22.0 + longest * 5.0
+    } else {
+        b + 38.0
+    };
+    let _ = write!(
+        out,
+        r#"<text class="axis-label" x="{:.1}" y="{label_y:.1}" text-anchor="middle" font-size="13">{} — {n} buckets [low, high)</text></g>"#,
+        (x0 + x1) / 2.0,
+        escape(&h.x_label)
+    );
+    frame(&mut out);
+
+    let mut legend = Legend {
+        entries: Vec::new(),
+    };
+    for (i, s) in &drawn {
+        let total: u64 = s.counts.iter().sum::<u64>() + s.below + s.above;
+        let mut label = format!("{} (n = {total}", s.name);
+        if s.below > 0 {
+            let _ = write!(label, "; {} below {}", s.below, edge_label(h.edges[0]));
+        }
+        if s.above > 0 {
+            let _ = write!(
+                label,
+                "; {} at or above {}",
+                s.above,
+                edge_label(h.edges[n])
+            );
+        }
+        label.push(')');
+        legend.entries.push((label, Swatch::Bar { color: *i }));
+    }
+    let hgt = legend.write(&mut out, label_y + 24.0);
+    close_svg(out, hgt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{HistogramSeries, Point, Series};
+
+    fn sample_plot() -> LinePlot {
+        LinePlot {
+            title: "Throughput <vs> clients & \"friends\"".into(),
+            x_label: "clients (N)".into(),
+            y_label: "throughput (req/s)".into(),
+            y_from_zero: true,
+            error_bars: Some("95% CI".into()),
+            series: vec![
+                Series {
+                    name: "kvlab <epoll>".into(),
+                    points: vec![
+                        Point::with_ci(1.0, 10.0, 9.0, 11.0),
+                        Point::with_ci(4.0, 35.0, 33.0, 37.0),
+                        Point::new(f64::NAN, 1.0),
+                    ],
+                    ..Series::default()
+                },
+                Series {
+                    name: "model".into(),
+                    style: LineStyle::Dashed,
+                    color: Some(0),
+                    points: vec![Point::new(1.0, 10.5), Point::new(4.0, 40.0)],
+                },
+            ],
+            ..LinePlot::default()
+        }
+    }
+
+    fn parse(svg: &str) -> roxmltree::Document<'_> {
+        roxmltree::Document::parse(svg).unwrap_or_else(|e| panic!("malformed SVG: {e}\n{svg}"))
+    }
+
+    #[test]
+    fn line_plot_is_well_formed_and_escaped() {
+        let svg = line_plot(&sample_plot(), "p1");
+        let doc = parse(&svg);
+        let root = doc.root_element();
+        assert_eq!(root.tag_name().name(), "svg");
+        assert!(!svg.contains("@@HEIGHT@@"));
+        assert!(!svg.contains("NaN") && !svg.contains("inf"));
+        let texts: Vec<&str> = doc.descendants().filter_map(|n| n.text()).collect();
+        assert!(texts.contains(&"Throughput <vs> clients & \"friends\""));
+        assert!(texts.contains(&"kvlab <epoll>"));
+        assert!(texts.contains(&"95% CI"));
+        let class = |c: &str| {
+            doc.descendants()
+                .filter(|n| n.attribute("class") == Some(c))
+                .count()
+        };
+        assert_eq!(class("series"), 2);
+        assert_eq!(class("errorbar"), 2);
+        assert_eq!(class("line"), 2);
+        assert!(svg.contains("stroke-dasharray"));
+    }
+
+    #[test]
+    fn points_lie_inside_the_plot_area() {
+        let svg = line_plot(&sample_plot(), "p1");
+        let doc = parse(&svg);
+        for c in doc.descendants().filter(|n| n.has_tag_name("circle")) {
+            let cx: f64 = c
+                .attribute("cx")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1.0);
+            let cy: f64 = c
+                .attribute("cy")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(-1.0);
+            // Legend markers sit below the plot area; data markers inside it.
+            assert!((LEFT..=WIDTH - RIGHT).contains(&cx), "cx {cx}");
+            assert!(cy >= TOP, "cy {cy}");
+        }
+    }
+
+    #[test]
+    fn empty_and_log_plots_render() {
+        let mut p = sample_plot();
+        p.series.clear();
+        parse(&line_plot(&p, "e"));
+        let mut p = sample_plot();
+        p.x_scale = Scale::Log10;
+        p.series[0].points.push(Point::new(0.0, 3.0));
+        let svg = line_plot(&p, "l");
+        parse(&svg);
+        assert!(!svg.contains("NaN") && !svg.contains("inf"));
+    }
+
+    #[test]
+    fn histogram_is_well_formed_with_one_bar_per_bucket_and_series() {
+        let edges: Vec<f64> = (0..=12).map(|i| 50.0 * 1.5f64.powi(i)).collect();
+        let h = Histogram {
+            title: "Latency".into(),
+            x_label: "latency (µs)".into(),
+            edges,
+            series: vec![
+                HistogramSeries {
+                    name: "a".into(),
+                    counts: (0..12).collect(),
+                    above: 3,
+                    ..HistogramSeries::default()
+                },
+                HistogramSeries {
+                    name: "b & c".into(),
+                    counts: (0..12).rev().collect(),
+                    ..HistogramSeries::default()
+                },
+                HistogramSeries {
+                    name: "wrong length".into(),
+                    counts: vec![1, 2],
+                    ..HistogramSeries::default()
+                },
+            ],
+            ..Histogram::default()
+        };
+        let svg = histogram(&h);
+        let doc = parse(&svg);
+        let bars = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("bar"))
+            .count();
+        assert_eq!(bars, 24);
+        assert!(svg.contains("3 at or above"));
+        assert!(svg.contains("b &amp; c"));
+    }
+
+    #[test]
+    fn edge_labels_are_short() {
+        assert_eq!(edge_label(50.0), "50");
+        assert_eq!(edge_label(75.0), "75");
+        assert_eq!(edge_label(112.4), "112");
+        assert_eq!(edge_label(100.0), "100");
+        assert_eq!(edge_label(1_281.0), "1281");
+        assert_eq!(edge_label(12_345.0), "12.3k");
+        assert_eq!(edge_label(0.25), "0.25");
+        assert_eq!(edge_label(0.0), "0");
+    }
+}

@@ -1,0 +1,115 @@
+//! The server over a durable store: restart recovery, durable deletes, and an event loop
+//! that keeps serving while the disk is slow.
+
+mod common;
+
+use std::io::Read;
+use std::time::Duration;
+
+use common::*;
+use kvlab_server::IoModel;
+use kvlab_store::{Durability, DurableConfig};
+
+fn durable(dir: &std::path::Path, durability: Durability) -> Option<DurableConfig> {
+    Some(DurableConfig {
+        dir: dir.to_path_buf(),
+        durability,
+        flush_interval: Duration::from_millis(100),
+    })
+}
+
+#[test]
+fn restart_recovers_data_and_deletes_stay_deleted() {
+    for &io in IoModel::ALL {
+        for durability in [Durability::None, Durability::Interval, Durability::Sync] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            {
+                let (server, _clock) = start(io, |c| c.durable = durable(dir.path(), durability));
+                let mut s = connect(server.addr());
+                let req = b"set a 1 0 2\r\naa\r\nset b 2 0 2\r\nbb\r\nset gone 0 0 1\r\nx\r\ndelete gone\r\nincr a 1\r\nset n 0 0 2\r\n41\r\nincr n 1\r\n";
+                let got = exchange(&mut s, req, b"42\r\n");
+                assert!(
+                    got.ends_with(b"STORED\r\n42\r\n"),
+                    "{}",
+                    String::from_utf8_lossy(&got)
+                );
+                server.shutdown();
+            }
+            let (server, _clock) = start(io, |c| c.durable = durable(dir.path(), durability));
+            let mut s = connect(server.addr());
+            // `incr a` failed (not a number), so `a` is unchanged; `gone` stays deleted.
+            let got = exchange(&mut s, b"get a b gone n\r\n", b"END\r\n");
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                "VALUE a 1 2\r\naa\r\nVALUE b 2 2\r\nbb\r\nVALUE n 0 2\r\n42\r\nEND\r\n",
+                "io {} durability {durability}",
+                io.name()
+            );
+        }
+    }
+}
+
+/// With the disk made slow, a write that must be fsynced before its reply (sync) and a
+/// read-through of a key only on disk both wait on helper threads; meanwhile the single
+/// event loop keeps answering cache hits on other connections.
+#[test]
+fn a_slow_disk_does_not_stall_the_event_loop() {
+    for io in [IoModel::Epoll, IoModel::Signal] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // First life: put `cold` on disk.
+        {
+            let (server, _clock) = start(io, |c| c.durable = durable(dir.path(), Durability::Sync));
+            let mut s = connect(server.addr());
+            assert_eq!(
+                exchange(&mut s, b"set cold 0 0 4\r\ncold\r\n", b"\r\n"),
+                b"STORED\r\n"
+            );
+            server.shutdown();
+        }
+        let (server, _clock) = start(io, |c| c.durable = durable(dir.path(), Durability::Sync));
+        let mut hot = connect(server.addr());
+        assert_eq!(
+            exchange(&mut hot, b"set hot 0 0 3\r\nhot\r\n", b"\r\n"),
+            b"STORED\r\n"
+        );
+        assert_eq!(
+            exchange(&mut hot, b"get hot\r\n", b"END\r\n"),
+            b"VALUE hot 0 3\r\nhot\r\nEND\r\n"
+        );
+
+        server.store().set_backend_delay(Duration::from_secs(3));
+        let mut writer = connect(server.addr());
+        let mut reader = connect(server.addr());
+        std::io::Write::write_all(&mut writer, b"set slow 0 0 4\r\nslow\r\n").expect("write");
+        std::io::Write::write_all(&mut reader, b"get cold\r\n").expect("write");
+        // Both now wait on the disk. The loop still serves hits, many round trips of them.
+        for i in 0..20 {
+            let got = exchange(&mut hot, b"get hot\r\n", b"END\r\n");
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                "VALUE hot 0 3\r\nhot\r\nEND\r\n",
+                "io {}: hit {i} while the disk is slow",
+                io.name()
+            );
+        }
+        // ...and the slow requests have not been answered yet (they are on the disk's time).
+        for s in [&mut writer, &mut reader] {
+            s.set_nonblocking(true).expect("nonblocking");
+            let mut buf = [0u8; 64];
+            let early = s.read(&mut buf);
+            assert!(
+                matches!(&early, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+                "io {}: a disk-bound reply came before the hits finished: {early:?}",
+                io.name()
+            );
+            s.set_nonblocking(false).expect("blocking");
+        }
+        // Then they complete, in order, with the right answers.
+        assert_eq!(read_until(&mut writer, b"\r\n"), b"STORED\r\n");
+        assert_eq!(
+            read_until(&mut reader, b"END\r\n"),
+            b"VALUE cold 0 4\r\ncold\r\nEND\r\n"
+        );
+        server.store().set_backend_delay(Duration::ZERO);
+    }
+}

@@ -1,0 +1,456 @@
+//! Durable store tests: round trips through the engine, recovery, tombstones,
+//! write-behind read-back, expiry and flush across restarts, group commit, the
+//! delay hook, and a model-based property test with restarts.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use crate::{
+    Config, Durability, DurableConfig, ManualClock, Policy, SetMode, SetRequest, SetStatus, Store,
+};
+
+const T0: u64 = 1_700_000_000;
+
+fn cfg(memory_limit: usize) -> Config {
+    Config {
+        memory_limit,
+        item_size_max: 1 << 20,
+        policy: Policy::Lru,
+        shards: 1,
+    }
+}
+
+fn dcfg(dir: &std::path::Path, durability: Durability) -> DurableConfig {
+    DurableConfig {
+        dir: dir.to_path_buf(),
+        durability,
+        // Long: tests drive flushes with sync_all/persist, not time.
+        flush_interval: Duration::from_secs(3600),
+    }
+}
+
+fn open(dir: &std::path::Path, d: Durability, limit: usize, clock: &Arc<ManualClock>) -> Store {
+    Store::open(cfg(limit), clock.clone(), dcfg(dir, d)).unwrap()
+}
+
+fn set_full(s: &Store, key: &[u8], value: &[u8], flags: u32, exptime: i64) -> u64 {
+    let mut r = SetRequest::new(SetMode::Set, key, value);
+    r.flags = flags;
+    r.exptime = exptime;
+    match s.set(&r) {
+        SetStatus::Stored { cas } => cas,
+        other => panic!("set {key:?}: {other:?}"),
+    }
+}
+
+fn set(s: &Store, key: &[u8], value: &[u8]) -> u64 {
+    set_full(s, key, value, 0, 0)
+}
+
+/// get, loading on a miss as the server does.
+fn get_through(s: &Store, key: &[u8]) -> Option<Vec<u8>> {
+    if let Some(v) = s.get(key) {
+        return Some(v.value.to_vec());
+    }
+    s.load(key).unwrap();
+    s.get(key).map(|v| v.value.to_vec())
+}
+
+fn key(i: usize) -> Vec<u8> {
+    format!("key:{i:05}").into_bytes()
+}
+
+#[test]
+fn durability_names() {
+    for d in [Durability::None, Durability::Interval, Durability::Sync] {
+        assert_eq!(d.to_string().parse::<Durability>(), Ok(d));
+    }
+    assert!("fast".parse::<Durability>().is_err());
+    let clock = Arc::new(ManualClock::new(T0));
+    assert_eq!(Store::new(cfg(1 << 20), clock).durability(), None);
+}
+
+#[test]
+fn round_trip_through_disk_after_eviction() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = open(dir.path(), Durability::Interval, 16 << 10, &clock);
+    let value = [b'v'; 200];
+    let first_cas = set_full(&s, &key(0), &value, 77, 1000);
+    for i in 1..200 {
+        set(&s, &key(i), &value);
+    }
+    assert!(s.stats().evictions > 0);
+    assert!(s.get(&key(0)).is_none(), "key 0 was evicted");
+    assert!(s.load(&key(0)).unwrap());
+    let v = s.get(&key(0)).unwrap();
+    assert_eq!(&*v.value, &value[..]);
+    assert_eq!(v.flags, 77);
+    assert_eq!(v.exptime, T0 + 1000);
+    assert_eq!(v.cas, first_cas);
+    // Loaded clean: a key absent everywhere stays absent.
+    assert!(!s.load(b"never-set").unwrap());
+}
+
+#[test]
+fn restart_recovers_items_with_flags_exptime_and_cas() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut cases = Vec::new();
+    {
+        let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+        for i in 0..50 {
+            let cas = set_full(&s, &key(i), &key(i + 1000), i as u32, (i as i64 + 1) * 100);
+            cases.push(cas);
+        }
+        // Dropped without sync_all: drop writes and fsyncs.
+    }
+    let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+    for (i, &cas) in cases.iter().enumerate() {
+        assert!(s.get(&key(i)).is_none(), "recovery is lazy");
+        assert!(s.load(&key(i)).unwrap());
+        let v = s.get(&key(i)).unwrap();
+        assert_eq!(&*v.value, &key(i + 1000)[..]);
+        assert_eq!(v.flags, i as u32);
+        assert_eq!(v.exptime, T0 + (i as u64 + 1) * 100);
+        assert_eq!(v.cas, cas);
+    }
+    // New CAS values lie above every recovered one.
+    let max = cases.iter().copied().max().unwrap();
+    assert!(set(&s, &key(0), b"new") > max);
+    assert!(set(&s, b"other", b"new") > max);
+}
+
+#[test]
+fn interval_flusher_writes_dirty_items_by_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut dc = dcfg(dir.path(), Durability::Interval);
+    dc.flush_interval = Duration::from_millis(5);
+    let s = Store::open(cfg(1 << 20), clock, dc).unwrap();
+    for i in 0..10 {
+        set(&s, &key(i), b"v");
+    }
+    // Wait for the flusher's round (a condition with a deadline, not a sleep).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let st = s.durable_stats().unwrap();
+        if st.items_written >= 10 && st.pending_bytes == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "flusher never wrote");
+        std::thread::yield_now();
+    }
+    let st = s.durable_stats().unwrap();
+    assert!(st.fsyncs >= 1 && st.commits >= 1, "{st:?}");
+}
+
+#[test]
+fn deletes_are_durable_including_non_resident_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let s = open(dir.path(), Durability::Sync, 1 << 20, &clock);
+        for i in 0..3 {
+            set(&s, &key(i), b"v");
+            s.persist(&key(i)).unwrap();
+        }
+    }
+    {
+        let s = open(dir.path(), Durability::Sync, 1 << 20, &clock);
+        // Resident delete.
+        assert!(s.load(&key(0)).unwrap());
+        assert!(s.delete(&key(0)));
+        s.persist(&key(0)).unwrap();
+        // Non-resident delete, the server's way: miss, load, run again → hit.
+        assert!(!s.delete(&key(1)));
+        assert!(!s.load(&key(1)).unwrap());
+        assert!(s.delete(&key(1)), "the re-run delete reports the disk hit");
+        assert!(!s.delete(&key(1)), "only once");
+        s.persist(&key(1)).unwrap();
+        // Non-resident delete without any load: still durable.
+        assert!(!s.delete(&key(2)));
+        s.persist(&key(2)).unwrap();
+        // A delete of a key that never existed stays a miss.
+        assert!(!s.delete(b"nothing"));
+        assert!(!s.load(b"nothing").unwrap());
+        assert!(!s.delete(b"nothing"));
+    }
+    let s = open(dir.path(), Durability::Sync, 1 << 20, &clock);
+    for i in 0..3 {
+        assert!(!s.load(&key(i)).unwrap(), "key {i} came back");
+    }
+}
+
+#[test]
+fn tombstone_hides_disk_value_without_a_disk_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+    set(&s, b"k", b"on disk");
+    s.sync_all().unwrap();
+    assert!(s.delete(b"k"));
+    let reads = s.durable_stats().unwrap().reads;
+    assert!(!s.load(b"k").unwrap());
+    assert_eq!(
+        s.durable_stats().unwrap().reads,
+        reads,
+        "tombstone answered"
+    );
+    // Also after the tombstone reached the engine.
+    s.sync_all().unwrap();
+    assert!(!s.load(b"k").unwrap());
+    // A resident key costs no read either.
+    set(&s, b"r", b"x");
+    let reads = s.durable_stats().unwrap().reads;
+    assert!(s.load(b"r").unwrap());
+    assert_eq!(s.durable_stats().unwrap().reads, reads);
+}
+
+#[test]
+fn write_behind_buffer_is_read_back_before_the_flusher_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    // `none`: evictions are queued, the flusher only runs when kicked (queue over
+    // 1 MiB) or hourly.
+    let s = open(dir.path(), Durability::None, 16 << 10, &clock);
+    let value = [b'w'; 100];
+    set_full(&s, &key(0), &value, 5, 0);
+    for i in 1..100 {
+        set(&s, &key(i), &value);
+    }
+    assert!(s.get(&key(0)).is_none());
+    let st = s.durable_stats().unwrap();
+    assert_eq!(st.commits, 0, "nothing written yet");
+    assert!(st.pending_bytes > 0);
+    assert!(s.load(&key(0)).unwrap());
+    assert_eq!(
+        s.durable_stats().unwrap().reads,
+        0,
+        "answered from the queue"
+    );
+    let v = s.get(&key(0)).unwrap();
+    assert_eq!((&*v.value, v.flags), (&value[..], 5));
+}
+
+#[test]
+fn expired_items_are_not_resurrected() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+        set_full(&s, b"ttl", b"v", 0, 10);
+        // An older, immortal version on disk, then a short-lived one in memory.
+        set(&s, b"old", b"v1");
+        s.sync_all().unwrap();
+        set_full(&s, b"old", b"v2", 0, 5);
+        clock.advance(6);
+        assert!(s.get(b"old").is_none());
+        assert!(!s.load(b"old").unwrap(), "v1 must not come back");
+    }
+    clock.advance(10);
+    let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+    assert!(!s.load(b"ttl").unwrap());
+    assert!(!s.load(b"old").unwrap());
+}
+
+#[test]
+fn flush_all_is_not_undone_by_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+        set(&s, b"a", b"1");
+        set(&s, b"b", b"1");
+        s.sync_all().unwrap();
+        s.flush_all(0);
+        assert!(!s.load(b"a").unwrap(), "flushed, also on disk");
+        set(&s, b"c", b"after");
+    }
+    {
+        let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+        assert!(!s.load(b"a").unwrap());
+        assert!(!s.load(b"b").unwrap());
+        assert!(s.load(b"c").unwrap());
+        // A delayed flush that comes due while the server is down.
+        s.flush_all(100);
+        set(&s, b"d", b"1");
+    }
+    clock.advance(101);
+    let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+    assert!(!s.load(b"c").unwrap());
+    assert!(!s.load(b"d").unwrap());
+    set(&s, b"e", b"1");
+    assert_eq!(get_through(&s, b"e").as_deref(), Some(&b"1"[..]));
+}
+
+#[test]
+fn concurrent_persists_share_fsyncs() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = Arc::new(open(dir.path(), Durability::Sync, 1 << 20, &clock));
+    // A slow disk makes rounds overlap reliably.
+    s.set_backend_delay(Duration::from_millis(2));
+    const THREADS: usize = 8;
+    const EACH: usize = 10;
+    let barrier = Arc::new(Barrier::new(THREADS));
+    let handles: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let s = s.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                barrier.wait();
+                for i in 0..EACH {
+                    let k = key(t * 100 + i);
+                    set(&s, &k, b"x");
+                    s.persist(&k).unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let st = s.durable_stats().unwrap();
+    assert_eq!(st.persists, (THREADS * EACH) as u64);
+    assert!(st.fsyncs < st.persists, "{st:?}");
+    assert_eq!(st.items_written, (THREADS * EACH) as u64);
+    s.set_backend_delay(Duration::ZERO);
+    drop(s);
+    let s = open(dir.path(), Durability::Sync, 1 << 20, &clock);
+    for t in 0..THREADS {
+        for i in 0..EACH {
+            assert!(s.load(&key(t * 100 + i)).unwrap());
+        }
+    }
+}
+
+#[test]
+fn delay_hook_slows_the_backend_but_not_memory_hits() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = Arc::new(open(dir.path(), Durability::Sync, 1 << 20, &clock));
+    set(&s, b"hot", b"1");
+    set(&s, b"cold", b"1");
+    s.sync_all().unwrap();
+    let d = Duration::from_millis(300);
+    s.set_backend_delay(d);
+    let done = Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = {
+        let (s, done) = (s.clone(), done.clone());
+        std::thread::spawn(move || {
+            set(&s, b"cold", b"2");
+            tx.send(()).unwrap();
+            let start = Instant::now();
+            s.persist(b"cold").unwrap();
+            done.store(true, Ordering::SeqCst);
+            start.elapsed()
+        })
+    };
+    rx.recv().unwrap();
+    // While the persist sits in the slow backend, memory hits are served.
+    for _ in 0..1000 {
+        assert!(s.get(b"hot").is_some());
+    }
+    assert!(
+        !done.load(Ordering::SeqCst),
+        "hits did not wait for the disk"
+    );
+    assert!(t.join().unwrap() >= d);
+    s.set_backend_delay(Duration::ZERO);
+    let start = Instant::now();
+    s.persist(b"cold").unwrap();
+    assert!(start.elapsed() < d, "delay removed");
+}
+
+#[test]
+fn memory_only_store_ignores_durable_calls() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = Store::new(cfg(1 << 20), clock);
+    set(&s, b"k", b"v");
+    assert!(s.load(b"k").unwrap());
+    assert!(!s.load(b"x").unwrap());
+    s.persist(b"k").unwrap();
+    s.sync_all().unwrap();
+    s.set_backend_delay(Duration::from_secs(1));
+    assert!(s.durable_stats().is_none());
+    assert!(s.delete(b"k"));
+    assert!(!s.delete(b"k"));
+}
+
+#[derive(Clone, Debug)]
+enum MOp {
+    Set(u8, u8),
+    Delete(u8),
+    Get(u8),
+    Persist(u8),
+    Flush,
+    Restart,
+}
+
+fn mop() -> impl Strategy<Value = MOp> {
+    prop_oneof![
+        6 => (0u8..24, any::<u8>()).prop_map(|(k, v)| MOp::Set(k, v)),
+        3 => (0u8..24).prop_map(MOp::Delete),
+        4 => (0u8..24).prop_map(MOp::Get),
+        1 => (0u8..24).prop_map(MOp::Persist),
+        1 => Just(MOp::Flush),
+        1 => Just(MOp::Restart),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// Random sets, deletes, gets and flushes with clean restarts (drop, reopen)
+    /// under a memory limit that forces evictions, against a HashMap.
+    #[test]
+    fn matches_a_map_across_restarts(
+        ops in proptest::collection::vec(mop(), 1..80),
+        durability in prop_oneof![Just(Durability::None), Just(Durability::Interval), Just(Durability::Sync)],
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(T0));
+        let limit = 4 << 10;
+        let mut s = open(dir.path(), durability, limit, &clock);
+        let mut model: HashMap<u8, Vec<u8>> = HashMap::new();
+        for op in ops {
+            match op {
+                MOp::Set(k, v) => {
+                    let val = vec![v; 100 + usize::from(v)];
+                    set(&s, &key(k.into()), &val);
+                    model.insert(k, val);
+                }
+                MOp::Delete(k) => {
+                    let kk = key(k.into());
+                    let mut hit = s.delete(&kk);
+                    if !hit {
+                        s.load(&kk).unwrap();
+                        hit = s.delete(&kk);
+                    }
+                    prop_assert_eq!(hit, model.remove(&k).is_some(), "delete {}", k);
+                }
+                MOp::Get(k) => {
+                    prop_assert_eq!(get_through(&s, &key(k.into())), model.get(&k).cloned(), "get {}", k);
+                }
+                MOp::Persist(k) => s.persist(&key(k.into())).unwrap(),
+                MOp::Flush => {
+                    s.flush_all(0);
+                    model.clear();
+                }
+                MOp::Restart => {
+                    drop(s);
+                    s = open(dir.path(), durability, limit, &clock);
+                }
+            }
+        }
+        for k in 0..24u8 {
+            prop_assert_eq!(get_through(&s, &key(k.into())), model.get(&k).cloned(), "final {}", k);
+        }
+    }
+}
