@@ -431,6 +431,37 @@ fn wants_raw(headers: &HeaderMap) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Durable store: the REST front end keeps the same guarantees as the memcached port.
+
+/// With a durable store, brings `key` into memory from disk before a command that depends
+/// on it (a miss reads through). Runs on this runtime's worker thread, marked as blocking.
+fn read_through(app: &App, key: &[u8]) -> Result<(), ApiError> {
+    let store = &app.shared.store;
+    if store.durability().is_some() && store.peek(key).is_none() {
+        tokio::task::block_in_place(|| store.load(key)).map_err(disk_error)?;
+    }
+    Ok(())
+}
+
+/// Under `--durability sync`, makes a write durable before it is acknowledged.
+fn persist(app: &App, key: &[u8]) -> Result<(), ApiError> {
+    let store = &app.shared.store;
+    if store.durability() == Some(kvlab_store::Durability::Sync) {
+        tokio::task::block_in_place(|| store.persist(key)).map_err(disk_error)?;
+    }
+    Ok(())
+}
+
+fn disk_error(e: std::io::Error) -> ApiError {
+    tracing::warn!(%e, "disk operation failed");
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, &format!("disk: {e}"))
+}
+
+fn count(counter: &std::sync::atomic::AtomicU64) {
+    crate::stats::WorkerStats::add(counter, 1);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Handlers.
 
 async fn get_key(State(app): State<App>, uri: Uri, headers: HeaderMap) -> Response {
@@ -438,6 +469,10 @@ async fn get_key(State(app): State<App>, uri: Uri, headers: HeaderMap) -> Respon
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
+    count(&app.shared.stats.http.cmd_get);
+    if let Err(e) = read_through(&app, &key) {
+        return e.into_response();
+    }
     let Some(item) = app.shared.store.get(&key) else {
         return ApiError::new(StatusCode::NOT_FOUND, "no such key").into_response();
     };
@@ -496,6 +531,9 @@ async fn head_key(State(app): State<App>, uri: Uri, version: Version) -> Respons
         Ok(k) => k,
         Err(e) => return e.0.into_response(),
     };
+    if let Err(e) = read_through(&app, &key) {
+        return e.0.into_response();
+    }
     // `peek` neither counts a get nor bumps recency: HEAD only looks.
     let Some(view) = app.shared.store.peek(&key) else {
         return StatusCode::NOT_FOUND.into_response();
@@ -606,6 +644,11 @@ async fn drain(mut body: Body, mut seen: usize) {
 }
 
 fn store_value(app: &App, key: &[u8], value: &[u8], opts: &PutOptions) -> Response {
+    count(&app.shared.stats.http.cmd_set);
+    // Whether the key exists decides 201 or 200, so a durable store looks on disk first.
+    if let Err(e) = read_through(app, key) {
+        return e.into_response();
+    }
     let store = &app.shared.store;
     let mut req = SetRequest::new(SetMode::Add, key, value);
     req.flags = opts.flags;
@@ -620,6 +663,9 @@ fn store_value(app: &App, key: &[u8], value: &[u8], opts: &PutOptions) -> Respon
     }
     match status {
         SetStatus::Stored { cas } => {
+            if let Err(e) = persist(app, key) {
+                return e.into_response();
+            }
             let mut obj = key_json(key);
             obj.insert("created".into(), created.into());
             obj.insert("cas".into(), cas.into());
@@ -657,8 +703,14 @@ async fn delete_key(State(app): State<App>, uri: Uri) -> Response {
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
+    if let Err(e) = read_through(&app, &key) {
+        return e.into_response();
+    }
     if !app.shared.store.delete(&key) {
         return ApiError::new(StatusCode::NOT_FOUND, "no such key").into_response();
+    }
+    if let Err(e) = persist(&app, &key) {
+        return e.into_response();
     }
     let mut obj = key_json(&key);
     obj.insert("deleted".into(), true.into());

@@ -245,6 +245,7 @@ impl Server {
             workers: (0..config.threads)
                 .map(|_| Arc::new(WorkerStats::default()))
                 .collect(),
+            http: Arc::default(),
             threads: config.threads,
             item_size_max: config.item_size_max,
             policy: config.policy.to_string(),

@@ -80,6 +80,8 @@ pub struct ServerStats {
     pub max_connections: usize,
     pub verbosity: AtomicU64,
     pub workers: Vec<Arc<WorkerStats>>,
+    /// Counters of the REST front end (its requests count in `cmd_get`/`cmd_set` too).
+    pub http: Arc<WorkerStats>,
     pub threads: usize,
     pub item_size_max: usize,
     pub policy: String,
@@ -103,7 +105,11 @@ impl ServerStats {
         let now_unix = unix_now();
         let s: StoreStats = store.stats();
         let sum = |f: fn(&WorkerStats) -> &AtomicU64| -> u64 {
-            self.workers.iter().map(|w| f(w).load(Relaxed)).sum()
+            self.workers
+                .iter()
+                .chain([&self.http])
+                .map(|w| f(w).load(Relaxed))
+                .sum()
         };
         let (user, system) = rusage();
         let mut fields: Vec<(&'static str, String)> = vec![
@@ -192,6 +198,7 @@ impl ServerStats {
             verbosity: AtomicU64::new(0),
             threads: workers.len(),
             workers,
+            http: Arc::default(),
             item_size_max: 1024 * 1024,
             policy: "lru".into(),
             port: 0,
@@ -222,7 +229,7 @@ impl ServerStats {
     pub fn reset(&self) {
         self.total_connections.store(0, Relaxed);
         self.rejected_connections.store(0, Relaxed);
-        for w in &self.workers {
+        for w in self.workers.iter().chain([&self.http]) {
             w.reset();
         }
     }
