@@ -454,7 +454,7 @@ fn persist(app: &App, key: &[u8]) -> Result<(), ApiError> {
 
 fn disk_error(e: std::io::Error) -> ApiError {
     tracing::warn!(%e, "disk operation failed");
-    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, &format!("disk: {e}"))
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("disk: {e}"))
 }
 
 fn count(counter: &std::sync::atomic::AtomicU64) {
