@@ -8,13 +8,29 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port")
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("port")
 }
 
+// The child is handed to the caller, which kills and reaps it; clippy can't see through the
+// return inside the readiness loop.
+#[allow(clippy::zombie_processes)]
 fn start(dir: &std::path::Path, io: &str) -> (Child, SocketAddr) {
     let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
-        .args(["server", "-p", &port.to_string(), "-t", "2", "--io", io, "--durability", "sync"])
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+        .args([
+            "server",
+            "-p",
+            &port.to_string(),
+            "-t",
+            "2",
+            "--io",
+            io,
+            "--durability",
+            "sync",
+        ])
         .arg("--data-dir")
         .arg(dir)
         .stdout(Stdio::null())
@@ -26,17 +42,24 @@ fn start(dir: &std::path::Path, io: &str) -> (Child, SocketAddr) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(mut s) = TcpStream::connect(addr) {
-            if s.write_all(b"version\r\n").is_ok() && read_until(&mut s, b"\r\n").starts_with(b"VERSION") {
+            if s.write_all(b"version\r\n").is_ok()
+                && read_until(&mut s, b"\r\n").starts_with(b"VERSION")
+            {
                 return (child, addr);
             }
         }
-        assert!(Instant::now() < deadline, "server on {addr} never became ready");
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("server on {addr} never became ready");
+        }
         std::thread::yield_now();
     }
 }
 
 fn read_until(s: &mut TcpStream, end: &[u8]) -> Vec<u8> {
-    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
     let mut got = Vec::new();
     let mut buf = [0u8; 8192];
     while !got.ends_with(end) {
@@ -62,7 +85,8 @@ fn acknowledged_writes_survive_kill_9() {
         // One at a time: each STORED is an acknowledgement.
         for i in 0..100 {
             let v = value(i);
-            s.write_all(format!("set k{i} {i} 0 {}\r\n{v}\r\n", v.len()).as_bytes()).expect("write");
+            s.write_all(format!("set k{i} {i} 0 {}\r\n{v}\r\n", v.len()).as_bytes())
+                .expect("write");
             assert_eq!(read_until(&mut s, b"\r\n"), b"STORED\r\n", "{io}: set k{i}");
             acked.push(i);
         }
@@ -73,15 +97,29 @@ fn acknowledged_writes_survive_kill_9() {
             batch.extend_from_slice(format!("set k{i} {i} 0 {}\r\n{v}\r\n", v.len()).as_bytes());
         }
         s.write_all(&batch).expect("write");
-        assert_eq!(read_until(&mut s, &b"STORED\r\n".repeat(100)), b"STORED\r\n".repeat(100), "{io}");
+        assert_eq!(
+            read_until(&mut s, &b"STORED\r\n".repeat(100)),
+            b"STORED\r\n".repeat(100),
+            "{io}"
+        );
         acked.extend(100..200);
         // Deletes and an overwrite, acknowledged.
         for i in (0..200).step_by(4) {
-            s.write_all(format!("delete k{i}\r\n").as_bytes()).expect("write");
-            assert_eq!(read_until(&mut s, b"\r\n"), b"DELETED\r\n", "{io}: delete k{i}");
+            s.write_all(format!("delete k{i}\r\n").as_bytes())
+                .expect("write");
+            assert_eq!(
+                read_until(&mut s, b"\r\n"),
+                b"DELETED\r\n",
+                "{io}: delete k{i}"
+            );
         }
-        s.write_all(b"set k1 0 0 9\r\noverwrite\r\nincr n 1\r\nset n 0 0 1\r\n7\r\nincr n 5\r\n").expect("write");
-        assert_eq!(read_until(&mut s, b"12\r\n"), b"STORED\r\nNOT_FOUND\r\nSTORED\r\n12\r\n", "{io}");
+        s.write_all(b"set k1 0 0 9\r\noverwrite\r\nincr n 1\r\nset n 0 0 1\r\n7\r\nincr n 5\r\n")
+            .expect("write");
+        assert_eq!(
+            read_until(&mut s, b"12\r\n"),
+            b"STORED\r\nNOT_FOUND\r\nSTORED\r\n12\r\n",
+            "{io}"
+        );
 
         server.kill().expect("kill -9");
         server.wait().expect("reaped");
@@ -89,7 +127,8 @@ fn acknowledged_writes_survive_kill_9() {
         let (mut server, addr) = start(dir.path(), io);
         let mut s = TcpStream::connect(addr).expect("connect");
         for &i in &acked {
-            s.write_all(format!("get k{i}\r\n").as_bytes()).expect("write");
+            s.write_all(format!("get k{i}\r\n").as_bytes())
+                .expect("write");
             let got = String::from_utf8(read_until(&mut s, b"END\r\n")).expect("utf8");
             let want = if i % 4 == 0 {
                 "END\r\n".to_string()
@@ -102,7 +141,11 @@ fn acknowledged_writes_survive_kill_9() {
             assert_eq!(got, want, "{io}: k{i} after kill -9");
         }
         s.write_all(b"get n\r\n").expect("write");
-        assert_eq!(read_until(&mut s, b"END\r\n"), b"VALUE n 0 2\r\n12\r\nEND\r\n", "{io}");
+        assert_eq!(
+            read_until(&mut s, b"END\r\n"),
+            b"VALUE n 0 2\r\n12\r\nEND\r\n",
+            "{io}"
+        );
         let _ = server.kill();
         let _ = server.wait();
     }
