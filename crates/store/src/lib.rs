@@ -49,11 +49,27 @@
 //! holds): among the few coldest items it reclaims an expired or flushed one if
 //! there is one (`reclaimed`), else evicts the policy's victim (`evictions`). If its
 //! shard has nothing left, it releases its lock and evicts from the other shards one
-//! lock at a time. The eviction order is therefore per shard — like memcached's
-//! per-slab-class LRUs — and exact with `shards = 1`. Policies ([`Policy`]): `lru`
-//! (intrusive list, O(1)), `lfu` (a list per access count, ties by recency),
-//! `fifo`, `largest`, and `none` (never evict live items; stores fail with
-//! `OutOfMemory`, like memcached `-M`).
+//! lock at a time. The eviction order of `lru`, `lfu` and `fifo` is therefore per
+//! shard — like memcached's per-slab-class LRUs — and exact with `shards = 1`.
+//! Policies ([`Policy`]): `lru` (intrusive list, O(1)), `lfu` (a list per access
+//! count, ties by recency), `fifo`, `largest`, and `none` (never evict live items;
+//! stores fail with `OutOfMemory`, like memcached `-M`).
+//!
+//! `largest` orders store-wide instead: each shard publishes the charge of its
+//! largest item in an atomic hint, written under its lock whenever that changes. A
+//! store evicts in its own shard only while the item it would evict there (never the
+//! key being stored) is at least as large as every other shard's hint; otherwise it
+//! releases its lock and repeatedly scans the hints (no locks), locks only the shard
+//! with the largest one and evicts there while that shard's largest item is at least
+//! the runner-up's hint, until its reservation fits. Guarantee: without concurrent
+//! writers, every eviction takes a largest item of the whole store (ties across
+//! shards in no particular order; within a shard the oldest store first), except
+//! that an expired or flushed item among the chosen shard's 5 largest is reclaimed
+//! instead. With concurrent writers the victim is the largest of a shard whose hint
+//! was the maximum when scanned, so an item stored or resized meanwhile elsewhere
+//! can be passed over by that one eviction. The cost is a scan of one atomic per
+//! shard per eviction and, when the largest item is in another shard, one more lock
+//! round trip per store.
 //!
 //! # Time, expiry and flush
 //!

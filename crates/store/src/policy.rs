@@ -15,6 +15,11 @@
 //! LFU counts saturate at 255 and never decay; within one count the least recently
 //! accessed item goes first. An overwrite keeps the key's count and counts as an
 //! access. Among equally large items `largest` evicts the oldest store first.
+//!
+//! These orders are per shard. `lru`, `lfu` and `fifo` use them as they are (exact
+//! with one shard); `largest` also publishes each shard's largest size
+//! (`Order::largest_size`, see `shard::LargestHints`) so that the store evicts the
+//! store-wide largest item first (crate docs, "Eviction").
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -33,7 +38,9 @@ pub enum Policy {
     Lfu,
     /// Oldest store first; reads do not matter.
     Fifo,
-    /// Largest item first.
+    /// Largest item (key + value) of the whole store first, across shards; among
+    /// equal sizes in one shard the oldest store first. Exact without concurrent
+    /// writers; see the crate docs ("Eviction") for what concurrency relaxes.
     Largest,
     /// Never evict live items: a store that does not fit fails with
     /// `SetStatus::OutOfMemory` (memcached `-M`).
@@ -262,6 +269,15 @@ impl Order {
                     }
                 }
             }
+        }
+    }
+
+    /// Key + value size of the largest item (`largest` policy only).
+    #[inline]
+    pub(crate) fn largest_size(&self) -> Option<u64> {
+        match self {
+            Order::Largest(by_size) => by_size.last_key_value().map(|(&k, _)| k),
+            _ => None,
         }
     }
 

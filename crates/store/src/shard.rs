@@ -4,12 +4,14 @@
 
 use std::hash::BuildHasher;
 use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 use crate::clock::TimeBase;
 use crate::durable::{Op, Rec, WbShared};
-use crate::item::{Block, ItemView};
+use crate::item::{Block, ItemView, ITEM_OVERHEAD};
 use crate::memory::Budget;
 use crate::policy::{Order, Policy};
 use crate::slab::{Entry, Slab, DIRTY, FETCHED, NIL};
@@ -95,6 +97,38 @@ pub(crate) struct Shard {
     pub(crate) stats: ShardStats,
     /// Write-behind state; `None` for a memory-only store.
     pub(crate) wb: Option<Box<Wb>>,
+    /// `largest` policy only: every shard's [largest-charge hint](LargestHints),
+    /// and this shard's index in it.
+    hints: Option<(LargestHints, usize)>,
+}
+
+/// `largest` policy: per shard, the charge of its largest linked item (0 if it has
+/// none). A shard writes its own entry under its lock whenever its largest size
+/// changes, so the entry is exact whenever nobody holds that lock; readers load the
+/// entries without locks to find the shard holding the store-wide largest item.
+pub(crate) type LargestHints = Arc<[AtomicU64]>;
+
+/// A lock-free scan of `hints`: the index and hint of the shard with the largest
+/// one, and the largest hint among the others. Shard `own` counts with at most
+/// `own_cap` (its largest item other than the key being stored, if known).
+pub(crate) fn scan_hints(
+    hints: &[AtomicU64],
+    own: usize,
+    own_cap: Option<u64>,
+) -> (usize, u64, u64) {
+    let (mut best, mut best_v, mut second_v) = (0, 0, 0);
+    for (i, h) in hints.iter().enumerate() {
+        let mut v = h.load(Ordering::Relaxed);
+        if i == own {
+            v = own_cap.map_or(v, |c| c.min(v));
+        }
+        if v > best_v {
+            (best, best_v, second_v) = (i, v, best_v);
+        } else if v > second_v {
+            second_v = v;
+        }
+    }
+    (best, best_v, second_v)
 }
 
 /// A durable store's per-shard write-behind state (see `durable/mod.rs`). Lives
@@ -160,6 +194,7 @@ impl Shard {
         hasher: DefaultHashBuilder,
         index: usize,
         shard_bits: u32,
+        hints: Option<LargestHints>,
     ) -> Shard {
         Shard {
             table: HashTable::new(),
@@ -173,7 +208,51 @@ impl Shard {
             cas_tag: index as u64,
             stats: ShardStats::default(),
             wb: None,
+            hints: hints.map(|h| (h, index)),
         }
+    }
+
+    /// `largest` policy: writes this shard's largest charge to its hint if it
+    /// changed. Called after every change of the order, under the lock.
+    #[inline]
+    fn publish_largest(&self) {
+        if let Some((hints, i)) = &self.hints {
+            let v = self
+                .order
+                .largest_size()
+                .map_or(0, |n| n + ITEM_OVERHEAD as u64);
+            if hints[*i].load(Ordering::Relaxed) != v {
+                hints[*i].store(v, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Charge of the next victim other than `keep` by the eviction order, dead or
+    /// not (0 if none). Used by the `largest` policy, where that is the
+    /// largest item of the shard other than `keep`.
+    pub(crate) fn largest_except(&self, keep: u32) -> u64 {
+        let slab = &self.slab;
+        match self.order.walk_cold(slab, |i| {
+            if i == keep {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(i)
+            }
+        }) {
+            ControlFlow::Break(i) => slab.get(i).block().charge() as u64,
+            ControlFlow::Continue(()) => 0,
+        }
+    }
+
+    /// Whether the item `largest` evicts next in this shard (never `keep`) is at
+    /// least as large as every other shard's largest (by their hints): then the
+    /// store-wide largest item is here and the eviction can stay under this lock.
+    fn holds_store_largest(&self, keep: u32) -> bool {
+        let Some((hints, own)) = &self.hints else {
+            return true;
+        };
+        let c = self.largest_except(keep);
+        c != 0 && c >= scan_hints(hints, *own, Some(0)).1
     }
 
     /// Starts CAS values above `max_cas` plus a gap of `gap` sequence numbers.
@@ -358,6 +437,7 @@ impl Shard {
             budget.release(block.charge());
         }
         self.len -= 1;
+        self.publish_largest();
     }
 
     fn unlink_unhashed(&mut self, idx: u32, budget: &Budget) {
@@ -522,10 +602,43 @@ impl Shard {
                 *reserved += need;
                 return Ok(());
             }
+            // `largest` evicts here only while this shard holds the store-wide
+            // largest item; otherwise the caller releases the lock and evicts
+            // elsewhere (`Store::evict_elsewhere`).
+            if self.policy == Policy::Largest && !self.holds_store_largest(keep) {
+                return Err(need);
+            }
             if self.evict_one(now, budget, keep) == 0 {
                 return Err(need);
             }
         }
+    }
+
+    /// `largest` policy: evicts (as [`Shard::evict_one`], never `keep`) while the
+    /// next victim's charge is at least `floor` (the largest of the other shards),
+    /// until `want` bytes are freed or `max_items` items went. Returns the bytes
+    /// freed and the charge of the next victim afterwards (0 if none).
+    pub(crate) fn evict_largest(
+        &mut self,
+        want: usize,
+        max_items: usize,
+        floor: u64,
+        keep: u32,
+        now: &Now,
+        budget: &Budget,
+    ) -> (usize, u64) {
+        let mut freed = 0;
+        for _ in 0..max_items {
+            let c = self.largest_except(keep);
+            if freed >= want || c == 0 || c < floor {
+                return (freed, c);
+            }
+            match self.evict_one(now, budget, keep) {
+                0 => return (freed, 0),
+                n => freed += n,
+            }
+        }
+        (freed, self.largest_except(keep))
     }
 
     /// Links `block` as the item for its key — in place of `existing` if given —
@@ -595,6 +708,7 @@ impl Shard {
             }
         };
         *reserved = 0;
+        self.publish_largest();
         // Every store on a durable store leaves the item dirty.
         self.mark_dirty(idx);
         idx

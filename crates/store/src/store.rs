@@ -23,8 +23,8 @@ use crate::request::{
     ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
     SetStatus,
 };
-use crate::shard::{Lookup, Now, Shard, Wb, MAX_SHARD_ITEMS};
-use crate::slab::{STALE, WIN_SENT};
+use crate::shard::{scan_hints, LargestHints, Lookup, Now, Shard, Wb, MAX_SHARD_ITEMS};
+use crate::slab::{NIL, STALE, WIN_SENT};
 use crate::stats::StoreStats;
 
 /// Store configuration.
@@ -59,6 +59,11 @@ impl Default for Config {
 /// out of memory (only reachable under heavy contention on a nearly full store).
 const MAX_ATTEMPTS: usize = 16;
 const MAX_SHARDS: usize = 1 << 16;
+/// Most items one shard visit of [`Store::evict_elsewhere`] evicts: bounds the time
+/// one lock is held.
+const PER_VISIT: usize = 64;
+/// Rounds over the shards [`Store::evict_elsewhere`] makes before it gives up.
+const PASSES: usize = 16;
 
 /// Keeps each shard's mutex on its own cache lines.
 #[repr(align(128))]
@@ -80,6 +85,8 @@ pub struct Store {
     /// The engine and write-behind state of a durable store ([`Store::open`]).
     durable: Option<Arc<Durable>>,
     flusher: Option<JoinHandle<()>>,
+    /// `largest` policy only: each shard's largest charge (see [`LargestHints`]).
+    hints: Option<LargestHints>,
 }
 
 fn pack(gen: u32, due: u32) -> u64 {
@@ -109,8 +116,13 @@ impl Store {
         config.shards = n;
         let bits = n.trailing_zeros();
         let hasher = DefaultHashBuilder::default();
+        let hints: Option<LargestHints> =
+            (config.policy == Policy::Largest).then(|| (0..n).map(|_| AtomicU64::new(0)).collect());
         let shards = (0..n)
-            .map(|i| Padded(Mutex::new(Shard::new(config.policy, hasher, i, bits))))
+            .map(|i| {
+                let sh = Shard::new(config.policy, hasher, i, bits, hints.clone());
+                Padded(Mutex::new(sh))
+            })
             .collect();
         let epoch = clock.now();
         Store {
@@ -124,6 +136,7 @@ impl Store {
             config,
             durable: None,
             flusher: None,
+            hints,
         }
     }
 
@@ -329,7 +342,7 @@ impl Store {
                     // Keep what was read: the push count tells whether it is still valid.
                     disk = Some((pushes, Some(rec)));
                     drop(sh);
-                    if !self.evict_elsewhere(si, need, &mut reserved, &now) {
+                    if !self.evict_elsewhere(si, (hash, key), need, &mut reserved, &now) {
                         break;
                     }
                 }
@@ -541,14 +554,26 @@ impl Store {
         sh.tombstone(key, false);
     }
 
-    /// After a shard ran out of evictable items: evicts from the other shards, one
-    /// lock at a time, reserving what it frees until `need` more bytes are reserved.
-    /// False if a pass over the other shards freed nothing (or, under contention
-    /// that keeps taking the freed memory, after a bounded number of passes).
-    fn evict_elsewhere(&self, own: usize, need: usize, reserved: &mut usize, now: &Now) -> bool {
-        /// Items evicted per shard visit: bounds the time one lock is held.
-        const PER_VISIT: usize = 64;
-        const PASSES: usize = 16;
+    /// After a store in shard `own` (of the key `key`, hashing to `hash`) could not
+    /// reserve its memory under the shard's lock: evicts elsewhere, without that
+    /// lock, reserving what it frees until `need` more bytes are reserved. False if
+    /// nothing could be freed (or, under contention that keeps taking the freed
+    /// memory, after a bounded amount of work).
+    ///
+    /// `lru`, `lfu`, `fifo`: the own shard ran out of evictable items, so this
+    /// evicts from the other shards, one lock at a time. `largest`: see
+    /// [`Store::evict_largest`].
+    fn evict_elsewhere(
+        &self,
+        own: usize,
+        (hash, key): (u64, &[u8]),
+        need: usize,
+        reserved: &mut usize,
+        now: &Now,
+    ) -> bool {
+        if let Some(hints) = &self.hints {
+            return self.evict_largest(hints, own, (hash, key), need, reserved, now);
+        }
         let mut need = need;
         for _ in 0..PASSES {
             if self.budget.try_reserve(need) {
@@ -563,19 +588,80 @@ impl Store {
                     continue;
                 }
                 progress = true;
-                // Take what is free now (others may be taking it too) and go on.
-                let free = self.budget.limit().saturating_sub(self.budget.used());
-                let take = need.min(free);
-                if take > 0 && self.budget.try_reserve(take) {
-                    *reserved += take;
-                    need -= take;
-                    if need == 0 {
-                        return true;
-                    }
+                if self.take_freed(&mut need, reserved) {
+                    return true;
                 }
             }
             if !progress {
                 return false;
+            }
+        }
+        false
+    }
+
+    /// Reserves what is free now, up to `need` (others may be taking it too);
+    /// true once `need` is reserved.
+    fn take_freed(&self, need: &mut usize, reserved: &mut usize) -> bool {
+        let free = self.budget.limit().saturating_sub(self.budget.used());
+        let take = (*need).min(free);
+        if take > 0 && self.budget.try_reserve(take) {
+            *reserved += take;
+            *need -= take;
+        }
+        *need == 0
+    }
+
+    /// `largest`: evicts the store-wide largest item until `need` bytes are
+    /// reserved. Each round scans every shard's hint without locks, locks only the
+    /// shard with the largest one, and evicts its largest items while they are at
+    /// least as large as the runner-up's hint (at most [`PER_VISIT`] per visit). In
+    /// the own shard the key being stored is never evicted: that shard counts with
+    /// its largest other item.
+    fn evict_largest(
+        &self,
+        hints: &[AtomicU64],
+        own: usize,
+        (hash, key): (u64, &[u8]),
+        need: usize,
+        reserved: &mut usize,
+        now: &Now,
+    ) -> bool {
+        let mut need = need;
+        // The own shard's largest evictable charge as last seen under its lock.
+        let mut own_cap = None;
+        let mut idle = 0;
+        for _ in 0..PASSES * PER_VISIT * self.shards.len() {
+            if self.budget.try_reserve(need) {
+                *reserved += need;
+                return true;
+            }
+            let (si, top, floor) = scan_hints(hints, own, own_cap);
+            if top == 0 {
+                return false;
+            }
+            let mut sh = self.lock(si);
+            let keep = if si == own {
+                sh.find(hash, key).unwrap_or(NIL)
+            } else {
+                NIL
+            };
+            let (freed, next) = sh.evict_largest(need, PER_VISIT, floor, keep, now, &self.budget);
+            drop(sh);
+            if si == own {
+                own_cap = Some(next);
+            }
+            if freed == 0 {
+                // The shard changed since the scan (or holds only the own key):
+                // rescan, but give up if that keeps happening.
+                idle += 1;
+                if idle > 2 * self.shards.len() {
+                    return false;
+                }
+                continue;
+            }
+            idle = 0;
+            if self.take_freed(&mut need, reserved) {
+                return true;
             }
         }
         false
@@ -734,7 +820,7 @@ impl Store {
                 }
                 Err(need) => {
                     drop(sh);
-                    if !self.evict_elsewhere(si, need, &mut reserved, &now) {
+                    if !self.evict_elsewhere(si, (hash, key), need, &mut reserved, &now) {
                         break;
                     }
                 }
@@ -872,7 +958,7 @@ impl Store {
                 }
                 Err(need) => {
                     drop(sh);
-                    if !self.evict_elsewhere(si, need, &mut reserved, &now) {
+                    if !self.evict_elsewhere(si, (hash, key), need, &mut reserved, &now) {
                         break;
                     }
                 }
@@ -1142,7 +1228,7 @@ impl Store {
                 }
                 Err(need) => {
                     drop(sh);
-                    if !self.evict_elsewhere(si, need, &mut reserved, &now) {
+                    if !self.evict_elsewhere(si, (hash, key), need, &mut reserved, &now) {
                         break;
                     }
                 }

@@ -454,3 +454,28 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn largest_policy_writes_back_victims_from_any_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let config = Config {
+        policy: Policy::Largest,
+        shards: 16,
+        ..cfg(16 << 10)
+    };
+    let s = Store::open(
+        config,
+        clock.clone(),
+        dcfg(dir.path(), Durability::Interval),
+    )
+    .unwrap();
+    let value = |i: usize| vec![b'a' + (i % 26) as u8; 50 + (i * 131) % 1_500];
+    for i in 0..100 {
+        set(&s, &key(i), &value(i));
+    }
+    assert!(s.stats().evictions > 0);
+    for i in 0..100 {
+        assert_eq!(get_through(&s, &key(i)), Some(value(i)), "{i}");
+    }
+}

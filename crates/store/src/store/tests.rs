@@ -1003,3 +1003,155 @@ fn shared_types_are_send_and_sync() {
     check::<ItemView>();
     check::<MetaView>();
 }
+
+/// A 2 MiB store with the default shard count is filled with 5000 64-byte values
+/// (keys `s…`) and 16 values of 60–100 KB (keys `L…`, distinct sizes), without
+/// eviction, then pushed past its limit by 2000 more small and 8 more large ones.
+/// Returns the store and every store made (key, value length), in order.
+fn mixed_workload(policy: Policy) -> (Store, Vec<(String, usize)>) {
+    let (s, _) = store_with(policy, 2 << 20, 0);
+    assert!(s.config().shards >= 64);
+    let (mut sets, mut n_small, mut n_large) = (Vec::new(), 0, 0);
+    for (small_n, large_n) in [(5_000, 16), (2_000, 8)] {
+        let step = small_n / large_n;
+        for j in 0..small_n {
+            if j % step == 0 && j / step < large_n {
+                sets.push((format!("L{n_large}"), 60_000 + (n_large * 7_919) % 40_001));
+                n_large += 1;
+            }
+            sets.push((format!("s{n_small}"), 64));
+            n_small += 1;
+        }
+        for (k, len) in &sets[sets.len() - small_n - large_n..] {
+            let st = set(&s, k.as_bytes(), &vec![1; *len]);
+            assert!(matches!(st, SetStatus::Stored { .. }), "{k}: {st:?}");
+        }
+        if small_n == 5_000 {
+            assert_eq!(s.stats().evictions, 0, "phase 1 fits");
+        }
+    }
+    assert!(s.stats().bytes <= 2 << 20);
+    (s, sets)
+}
+
+/// Keys of `sets` with prefix `p` that are still stored, and how many were stored.
+fn alive(s: &Store, sets: &[(String, usize)], p: &str) -> (Vec<String>, usize) {
+    let keys: Vec<&String> = sets
+        .iter()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with(p))
+        .collect();
+    let n = keys.len();
+    let live = keys.into_iter().filter(|k| s.peek(k.as_bytes()).is_some());
+    (live.cloned().collect(), n)
+}
+
+#[test]
+fn largest_evicts_store_wide_largest_first() {
+    let (s, sets) = mixed_workload(Policy::Largest);
+    let (lru, lru_sets) = mixed_workload(Policy::Lru);
+    let ((small_ok, n_small), (large_ok, n_large)) = (alive(&s, &sets, "s"), alive(&s, &sets, "L"));
+    let (lru_small_ok, _) = alive(&lru, &lru_sets, "s");
+    let (lru_large_ok, _) = alive(&lru, &lru_sets, "L");
+    eprintln!(
+        "largest: small {}/{n_small}, large {}/{n_large}, {} evictions; \
+         lru: small {}/{n_small}, large {}/{n_large}, {} evictions",
+        small_ok.len(),
+        large_ok.len(),
+        s.stats().evictions,
+        lru_small_ok.len(),
+        lru_large_ok.len(),
+        lru.stats().evictions,
+    );
+    // Every small item survives, and the large ones left are exactly those a single
+    // store-wide largest-first order leaves (replayed on the charges: each store
+    // evicts until it fits, then is linked).
+    assert_eq!(small_ok.len(), n_small);
+    let (mut live, mut bytes): (Vec<(&str, usize)>, usize) = (Vec::new(), 0);
+    for (k, len) in &sets {
+        let c = charge(k, *len);
+        while bytes + c > 2 << 20 {
+            let (i, _) = live
+                .iter()
+                .enumerate()
+                .max_by_key(|(_, (_, c))| *c)
+                .unwrap();
+            bytes -= live.remove(i).1;
+        }
+        live.push((k, c));
+        bytes += c;
+    }
+    let model: Vec<&str> = live
+        .iter()
+        .map(|(k, _)| *k)
+        .filter(|k| k.starts_with('L'))
+        .collect();
+    assert_eq!(large_ok, model);
+    let st = s.stats();
+    assert_eq!(st.evictions as usize, n_large - large_ok.len());
+    assert_eq!(st.evicted_unfetched, st.evictions);
+    assert_eq!(st.bytes as usize, bytes);
+    // Per-shard LRU loses many small items on the same sequence.
+    assert!(
+        lru_small_ok.len() < n_small * 9 / 10,
+        "{}",
+        lru_small_ok.len()
+    );
+}
+
+#[test]
+fn largest_growing_overwrite_never_evicts_itself_across_shards() {
+    let (s, _) = store_with(Policy::Largest, 64 << 10, 64);
+    // "big" is the store-wide largest item; then fill up with 1-4 KB items.
+    set(&s, b"big", &[0; 20_000]);
+    let mut i = 0;
+    while s.stats().evictions == 0 {
+        set(
+            &s,
+            format!("k{i}").as_bytes(),
+            &vec![0; 1_000 + (i * 37) % 3_000],
+        );
+        i += 1;
+    }
+    // The store just evicted big, the largest item. Store it again, the largest.
+    assert!(s.peek(b"big").is_none());
+    set(&s, b"big", &[0; 20_000]);
+    let before = s.stats();
+    let mut sizes: Vec<usize> = (0..i)
+        .filter_map(|j| s.peek(format!("k{j}").as_bytes()))
+        .map(|v| v.item.value.len())
+        .collect();
+    sizes.sort_unstable();
+    // Growing big (in its shard, the largest item there and store-wide) evicts the
+    // largest other items, wherever they are, never big itself.
+    let ext = [1; 5_000];
+    let st = s.set(&req(SetMode::Append, b"big", &ext));
+    assert!(matches!(st, SetStatus::Stored { .. }), "{st:?}");
+    assert_eq!(val(&s, b"big").unwrap().len(), 25_000);
+    let after = s.stats();
+    let gone = (after.evictions - before.evictions) as usize;
+    assert!(gone >= 1);
+    let mut left: Vec<usize> = (0..i)
+        .filter_map(|j| s.peek(format!("k{j}").as_bytes()))
+        .map(|v| v.item.value.len())
+        .collect();
+    left.sort_unstable();
+    assert_eq!(left, sizes[..sizes.len() - gone]);
+    assert!(after.bytes as usize <= s.config().memory_limit);
+}
+
+#[test]
+fn largest_reclaims_an_expired_largest_item() {
+    let (s, clock) = store_with(Policy::Largest, 64 << 10, 64);
+    set_ttl(&s, b"big", &[0; 30_000], 5);
+    let mut i = 0;
+    while s.stats().bytes as usize + charge("k000", 2_000) <= 64 << 10 {
+        set(&s, format!("k{i:03}").as_bytes(), &[0; 2_000]);
+        i += 1;
+    }
+    clock.advance(5);
+    set(&s, b"new", &[0; 2_000]);
+    let st = s.stats();
+    assert_eq!((st.evictions, st.reclaimed), (0, 1));
+    assert_eq!(st.curr_items as usize, i + 1);
+}
