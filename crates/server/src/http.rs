@@ -136,6 +136,12 @@ impl HttpServer {
                         }
                     };
                     let mut graceful = stop_rx.clone();
+                    // Without TCP_NODELAY, Nagle holds a reply that follows another on the
+                    // same connection until the client's delayed ACK (~40 ms).
+                    use axum::serve::ListenerExt as _;
+                    let listener = listener.tap_io(|tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    });
                     let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
                         let _ = graceful.wait_for(|stop| *stop).await;
                     });
