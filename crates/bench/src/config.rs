@@ -9,11 +9,36 @@ use crate::schedule::{Arrival, RatePlan};
 use crate::workload::Workload;
 use crate::BenchError;
 
+/// The protocol the generator speaks to the target.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// memcached's text protocol.
+    #[default]
+    Memcached,
+    /// HTTP/1.1 to kvlab's REST interface (`GET`/`PUT`/`DELETE /key/{k}`), keep-alive,
+    /// pipelined.
+    Http,
+}
+
+impl Protocol {
+    /// The client connection's wire protocol.
+    pub fn wire(self) -> kvlab_client::Wire {
+        match self {
+            Protocol::Memcached => kvlab_client::Wire::Memcached,
+            Protocol::Http => kvlab_client::Wire::Http,
+        }
+    }
+}
+
 /// One run against one target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Config {
     /// The server.
     pub target: SocketAddr,
+    /// What to speak to it.
+    #[serde(default)]
+    pub protocol: Protocol,
     /// Generator threads (per participant: the master and each agent).
     pub threads: usize,
     /// Connections per thread.

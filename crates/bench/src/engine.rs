@@ -15,11 +15,13 @@
 //! Closed loop keeps `depth` requests in flight per connection (planned = actual send).
 //! Open loop gives each connection its own arrival schedule; a request whose planned time
 //! has passed is sent at once and its latency still counts from the planned time. When a
-//! connection already has `depth` in flight, its next planned request waits (the schedule
-//! does not move) — the wait is part of its latency, as it would be for a real client.
+//! connection already has `depth` in flight, its planned requests wait in the connection's
+//! backlog (the schedule keeps moving, so every planned request is counted as `planned` in
+//! the interval it was planned in) and go out, oldest first, as replies free the pipeline —
+//! the wait is part of their latency, as it would be for a real client.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::net::{SocketAddr, TcpStream as StdStream};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Duration;
@@ -41,6 +43,9 @@ use crate::BenchError;
 const TIMER: Token = Token(usize::MAX);
 /// Deadlines closer than this are waited for by polling without sleeping, ns.
 const SPIN_NS: u64 = 5_000;
+/// Open loop: planned requests one connection may hold back while its pipeline is full; past
+/// this (a server that stopped answering), further planned requests count as timeouts.
+const BACKLOG_MAX: usize = 1 << 16;
 
 /// Who a generator thread is among all threads of all participants.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -97,8 +102,8 @@ struct Meta {
 struct Slot {
     conn: Option<Conn<Meta>>,
     arrivals: Option<crate::schedule::Arrivals>,
-    /// Open loop: the next planned request waits for in-flight < depth.
-    blocked: bool,
+    /// Open loop: planned times of requests waiting for in-flight < depth, oldest first.
+    backlog: VecDeque<u64>,
     /// Requests this connection may still send.
     budget: u64,
     /// Load phase: next key and end of this connection's range.
@@ -117,13 +122,13 @@ pub enum Phase {
     Load,
 }
 
-fn connect(addr: SocketAddr) -> Result<Conn<Meta>, ConnError> {
+fn connect(addr: SocketAddr, wire: kvlab_client::Wire) -> Result<Conn<Meta>, ConnError> {
     // A blocking connect with a timeout surfaces "refused" before the start; the socket is
     // then switched to non-blocking for the event loop.
     let s = StdStream::connect_timeout(&addr, Duration::from_secs(2))?;
     s.set_nonblocking(true)?;
     s.set_nodelay(true)?;
-    Ok(Conn::from_stream(TcpStream::from_std(s)))
+    Ok(Conn::with_wire(TcpStream::from_std(s), wire))
 }
 
 /// Runs one generator thread: connects, reports `Ready`, waits for the start time (monotonic
@@ -197,7 +202,7 @@ impl<'c> Engine<'c> {
         let mut slots = Vec::with_capacity(n);
         for i in 0..n {
             let global = ctx.conn_offset + i as u64;
-            let mut conn = connect(cfg.target)
+            let mut conn = connect(cfg.target, cfg.protocol.wire())
                 .map_err(|e| BenchError::Connect(cfg.target.to_string(), e.to_string()))?;
             conn.register(poll.registry(), Token(i))?;
             let budget = if total_requests == u64::MAX {
@@ -215,7 +220,7 @@ impl<'c> Engine<'c> {
             slots.push(Slot {
                 conn: Some(conn),
                 arrivals: None,
-                blocked: false,
+                backlog: VecDeque::new(),
                 budget: if phase == Phase::Load {
                     hi - lo
                 } else {
@@ -227,7 +232,10 @@ impl<'c> Engine<'c> {
                 dirty: false,
             });
         }
-        let gen = Generator::new(&cfg.workload, ctx.global_thread, ctx.total_threads)?;
+        let mut gen = Generator::new(&cfg.workload, ctx.global_thread, ctx.total_threads)?;
+        if cfg.protocol == crate::config::Protocol::Http {
+            gen = gen.http(&cfg.target.to_string());
+        }
         Ok(Engine {
             cfg,
             ctx,
@@ -420,19 +428,26 @@ impl<'c> Engine<'c> {
             self.issue(c, t, now);
             return;
         }
-        let Some(conn) = self.slots[c].conn.as_ref() else {
-            return;
-        };
         if self.slots[c].budget == 0 {
-            return;
-        }
-        if conn.in_flight() >= self.cfg.depth {
-            self.slots[c].blocked = true;
             return;
         }
         let (qps, seg_end) = self.rate_at(t);
         if qps > 0.0 {
-            self.issue(c, t, now);
+            self.cur.counters.planned += 1;
+            let slot = &mut self.slots[c];
+            let full = slot
+                .conn
+                .as_ref()
+                .is_none_or(|k| k.in_flight() >= self.cfg.depth);
+            if full || !slot.backlog.is_empty() {
+                if slot.backlog.len() < BACKLOG_MAX {
+                    slot.backlog.push_back(t);
+                } else {
+                    self.cur.counters.timeouts += 1;
+                }
+            } else {
+                self.issue(c, t, now);
+            }
         }
         let rate = qps * self.conn_share;
         let Some(a) = self.slots[c].arrivals.as_mut() else {
@@ -454,6 +469,24 @@ impl<'c> Engine<'c> {
         };
         if next < self.end {
             self.heap.push(Reverse((next, c as u32)));
+        }
+    }
+
+    /// Open loop: sends held-back planned requests of connection `c` while its pipeline has
+    /// room.
+    fn drain_backlog(&mut self, c: usize, now: u64) {
+        loop {
+            let slot = &mut self.slots[c];
+            let Some(conn) = slot.conn.as_ref() else {
+                return;
+            };
+            if conn.in_flight() >= self.cfg.depth || slot.budget == 0 {
+                return;
+            }
+            let Some(t) = slot.backlog.pop_front() else {
+                return;
+            };
+            self.issue(c, t, now);
         }
     }
 
@@ -588,9 +621,19 @@ impl<'c> Engine<'c> {
             } => {
                 if verify {
                     // A single get must be answered with its own key; every value must be the
-                    // verifiable value of the key it is returned under.
-                    let ok = gen.check(key, data)
-                        && (!single || gen.workload().key_index(key) == Some(user.key));
+                    // verifiable value of the key it is returned under. HTTP responses do not
+                    // name their key: a single get's value must be its key's, a multi-get's
+                    // the valid value of the key it names.
+                    let wl = gen.workload();
+                    let ok = if key.is_empty() {
+                        if single {
+                            wl.check_value_of(user.key, data)
+                        } else {
+                            wl.check_value_any(data)
+                        }
+                    } else {
+                        gen.check(key, data) && (!single || wl.key_index(key) == Some(user.key))
+                    };
                     if !ok {
                         bad_values += 1;
                     }
@@ -625,12 +668,7 @@ impl<'c> Engine<'c> {
             Ok(0) => {}
             Ok(_) => {
                 if self.open_loop() {
-                    if self.slots[c].blocked {
-                        self.slots[c].blocked = false;
-                        if let Some(a) = self.slots[c].arrivals.as_ref() {
-                            self.heap.push(Reverse((a.next_ns(), c as u32)));
-                        }
-                    }
+                    self.drain_backlog(c, now);
                 } else {
                     self.top_up(c, now);
                 }
@@ -674,7 +712,7 @@ impl<'c> Engine<'c> {
                 note(&mut self.notes, format!("connection {c}: {e}"));
             }
         }
-        match connect(self.cfg.target) {
+        match connect(self.cfg.target, self.cfg.protocol.wire()) {
             Ok(mut conn) => {
                 if conn.register(self.poll.registry(), Token(c)).is_ok() {
                     self.slots[c].conn = Some(conn);
@@ -687,12 +725,7 @@ impl<'c> Engine<'c> {
         }
         let now = mono_ns();
         if self.open_loop() {
-            if self.slots[c].blocked {
-                self.slots[c].blocked = false;
-                if let Some(a) = self.slots[c].arrivals.as_ref() {
-                    self.heap.push(Reverse((a.next_ns(), c as u32)));
-                }
-            }
+            self.drain_backlog(c, now);
         } else {
             self.top_up(c, now);
         }

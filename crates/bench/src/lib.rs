@@ -13,6 +13,8 @@
 //! - [`engine`]: one generator thread: a mio event loop over many pipelined connections;
 //! - [`stats`]: counters, HdrHistograms per thread and interval, percentiles, KS statistics;
 //! - [`run`]: starts threads and agents together, merges their reports, self-checks;
+//! - [`populate`]: filling a server with the key space of a workload, and checking a sample;
+//! - [`sustained`]: the search for the largest rate sustained within a latency bound;
 //! - [`agent`]: `kvlab bench agent` and the master's link to it;
 //! - [`report`]: terminal summary, JSON, CSV, and side-by-side comparison of targets.
 
@@ -21,13 +23,15 @@ pub mod clock;
 pub mod config;
 pub mod dist;
 pub mod engine;
+pub mod populate;
 pub mod report;
 pub mod run;
 pub mod schedule;
 pub mod stats;
+pub mod sustained;
 pub mod workload;
 
-pub use config::Config;
+pub use config::{Config, Protocol};
 pub use run::{run, RunResult};
 
 use thiserror::Error;

@@ -32,6 +32,10 @@ pub fn record(h: &mut Histogram<u64>, ns: u64) {
 /// Event counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
+    /// Open loop: requests planned (their planned send time fell in the interval), whether
+    /// or not they could be sent.
+    #[serde(default)]
+    pub planned: u64,
     /// Requests sent.
     pub sent: u64,
     /// Requests answered (any reply, including error replies).
@@ -57,6 +61,7 @@ pub struct Counters {
 impl Counters {
     /// Adds `o` to `self`.
     pub fn add(&mut self, o: &Counters) {
+        self.planned += o.planned;
         self.sent += o.sent;
         self.completed += o.completed;
         self.gets += o.gets;

@@ -10,7 +10,7 @@
 //! wrong length, or with any byte changed is a verification error. The version a server holds
 //! is not known in advance (several connections write), so it is read from the value itself.
 
-use kvlab_client::ReqKind;
+use kvlab_client::{http, ReqKind};
 use kvlab_protocol::client::{self as proto, ComposeError, MultiGet, StoreCmd};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
@@ -196,9 +196,26 @@ impl Workload {
     /// Checks a value returned for `key`: ok when it is the verifiable value of that key at
     /// the version it names.
     pub fn check_value(&self, key: &[u8], data: &[u8]) -> bool {
-        let Some(k) = self.key_index(key) else {
-            return false;
-        };
+        match self.key_index(key) {
+            Some(k) => self.check_value_of(k, data),
+            None => false,
+        }
+    }
+
+    /// Checks a value returned for key index `k`.
+    pub fn check_value_of(&self, k: u64, data: &[u8]) -> bool {
+        self.value_key(data) == Some(k) && self.check_value_any(data)
+    }
+
+    /// The key index a verifiable value names.
+    fn value_key(&self, data: &[u8]) -> Option<u64> {
+        let end = data.iter().position(|&b| b == b'.')?;
+        proto::parse_u64(&data[..end])
+    }
+
+    /// Checks a value whose key is not known (an HTTP multi-get's raw responses do not name
+    /// their key): ok when it is the verifiable value of the key and version it names.
+    pub fn check_value_any(&self, data: &[u8]) -> bool {
         let mut parts = data.splitn(3, |&b| b == b'.');
         let (Some(ks), Some(vs), Some(body)) = (parts.next(), parts.next(), parts.next()) else {
             return false;
@@ -206,7 +223,7 @@ impl Workload {
         let (Some(k2), Some(v)) = (proto::parse_u64(ks), proto::parse_u64(vs)) else {
             return false;
         };
-        k2 == k && data.len() == self.verified_len(k, v) && body_matches(body, k, v)
+        k2 < self.keys && data.len() == self.verified_len(k2, v) && body_matches(body, k2, v)
     }
 }
 
@@ -263,6 +280,8 @@ pub struct Generator {
     get_cut: u32,
     set_cut: u32,
     total: u32,
+    /// `Some(Host header)`: compose HTTP requests for kvlab's REST interface.
+    http_host: Option<Vec<u8>>,
 }
 
 impl Generator {
@@ -280,7 +299,15 @@ impl Generator {
             set_cut: wl.mix.get + wl.mix.set,
             total: wl.mix.get + wl.mix.set + wl.mix.delete,
             wl: wl.clone(),
+            http_host: None,
         })
+    }
+
+    /// Composes HTTP/1.1 requests to kvlab's REST interface instead, with `host` as the
+    /// `Host` header.
+    pub fn http(mut self, host: &str) -> Self {
+        self.http_host = Some(host.as_bytes().to_vec());
+        self
     }
 
     /// The workload.
@@ -320,6 +347,9 @@ impl Generator {
         rng: &mut R,
         out: &mut Vec<u8>,
     ) -> Result<(ReqKind, u64), ComposeError> {
+        if self.http_host.is_some() {
+            return self.compose_http(op, k, rng, out);
+        }
         match op {
             Op::Get if self.wl.multiget > 1 => {
                 let mut g = MultiGet::begin(out, false);
@@ -360,6 +390,51 @@ impl Generator {
             }
             Op::Delete => {
                 proto::delete(out, self.wl.key(k, &mut self.key_buf), false)?;
+                Ok((ReqKind::Delete, k))
+            }
+        }
+    }
+
+    /// [`Generator::compose_key`] over HTTP: a multi-get is `multiget` pipelined GETs.
+    fn compose_http<R: Rng + ?Sized>(
+        &mut self,
+        op: Op,
+        k: u64,
+        rng: &mut R,
+        out: &mut Vec<u8>,
+    ) -> Result<(ReqKind, u64), ComposeError> {
+        let host: &[u8] = self.http_host.as_deref().unwrap_or(b"");
+        // Keys were validated once (Workload::validate); HTTP encodes any byte anyway.
+        match op {
+            Op::Get => {
+                http::get(out, host, self.wl.key(k, &mut self.key_buf));
+                for _ in 1..self.wl.multiget {
+                    let k2 = self.keys.next(rng);
+                    http::get(out, host, self.wl.key(k2, &mut self.key_buf));
+                }
+                Ok((
+                    ReqKind::Get {
+                        keys: self.wl.multiget,
+                    },
+                    k,
+                ))
+            }
+            Op::Set => {
+                let key = self.wl.key(k, &mut self.key_buf);
+                if self.wl.verify {
+                    self.version += 1;
+                    let v = self.version;
+                    let len = self.wl.verified_len(k, v);
+                    http::put_header(out, host, key, self.wl.exptime, len);
+                    self.wl.write_verified(k, v, out);
+                } else {
+                    let len = self.wl.value_size.sample(rng, 0, self.filler.len() as u64) as usize;
+                    http::put(out, host, key, self.wl.exptime, &self.filler[..len]);
+                }
+                Ok((ReqKind::Store, k))
+            }
+            Op::Delete => {
+                http::delete(out, host, self.wl.key(k, &mut self.key_buf));
                 Ok((ReqKind::Delete, k))
             }
         }

@@ -257,3 +257,45 @@ fn agents_split_an_open_loop_rate() {
     assert!((got - 8000.0).abs() <= 8.0, "completed {got}");
     assert_eq!(r.intervals.len(), 2);
 }
+
+#[test]
+fn populate_fills_memcached_and_a_bench_run_then_hits() {
+    use std::io::{BufRead, BufReader, Write};
+    let m = Memcached::start(1).expect("memcached");
+    let wl = kvlab_bench::workload::Workload {
+        keys: 20_000,
+        value_size: kvlab_bench::dist::SizeDist::Uniform { min: 10, max: 200 },
+        ..Default::default()
+    };
+    let r = kvlab_bench::populate::populate(m.addr, &wl, 1, 3, 64).unwrap();
+    assert_eq!(r.keys, 20_000);
+    assert!(r.keys_per_s > 0.0);
+    let s = kvlab_bench::populate::verify_sample(m.addr, &wl, 500).unwrap();
+    assert_eq!((s.checked, s.correct), (500, 500), "{s:?}");
+    // memcached's own count.
+    let mut conn = std::net::TcpStream::connect(m.addr).unwrap();
+    conn.write_all(b"stats\r\n").unwrap();
+    let mut items = None;
+    for line in BufReader::new(conn).lines() {
+        let line = line.unwrap();
+        if let Some(n) = line.strip_prefix("STAT curr_items ") {
+            items = Some(n.trim().parse::<u64>().unwrap());
+        }
+        if line == "END" {
+            break;
+        }
+    }
+    assert_eq!(items, Some(20_000));
+    // The bench names keys the same way: with --noload and --verify, every get hits.
+    let mut cfg = closed(m.addr, 3000);
+    cfg.workload = wl.clone();
+    cfg.workload.verify = true;
+    cfg.workload.mix = Mix {
+        get: 1,
+        set: 0,
+        delete: 0,
+    };
+    let b = run(&cfg);
+    assert_eq!(b.counters.hits, 3000, "{:?}", b.counters);
+    assert_eq!(b.counters.errors, 0);
+}

@@ -16,12 +16,20 @@
 //! (for the load generator: the planned and actual send times), returned with the outcome.
 //! After a [`ConnError`] the stream is out of step: drop the connection (its pending requests
 //! are available through [`Conn::drain_pending`] to be counted).
+//!
+//! The same connection speaks HTTP/1.1 to kvlab's REST interface ([`Wire::Http`], requests
+//! composed with [`crate::http`]): keep-alive, pipelined, responses matched in order too. A
+//! `Get { keys: K }` is then K pipelined `GET`s reported as one request: each `200` is an
+//! [`Event::Value`] (with an empty `key`: the raw-bytes response does not repeat it), each
+//! `404` a miss, and the request is done after the K-th response.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
 use kvlab_protocol::client::{parse_reply, ComposeError, ParsedReply, Reply, ReplyError};
+
+use crate::http::{self, HttpError, Method, ParsedResponse};
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use thiserror::Error;
@@ -48,14 +56,25 @@ pub enum ReqKind {
     Line,
 }
 
+/// The protocol a connection speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Wire {
+    /// memcached's text (and meta) protocol.
+    #[default]
+    Memcached,
+    /// HTTP/1.1 to kvlab's REST interface.
+    Http,
+}
+
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     /// `END` after a retrieval, `STORED`, `DELETED`, `TOUCHED`, `OK`, a number, `VERSION`, `HD`.
     Ok,
-    /// `NOT_FOUND`, `NOT_STORED`, `EXISTS`, meta `EN`/`NF`/`NS`/`EX`.
+    /// `NOT_FOUND`, `NOT_STORED`, `EXISTS`, meta `EN`/`NF`/`NS`/`EX`; HTTP 404 to a
+    /// `DELETE`.
     Negative,
-    /// `ERROR`, `CLIENT_ERROR`, `SERVER_ERROR`.
+    /// `ERROR`, `CLIENT_ERROR`, `SERVER_ERROR`; HTTP 4xx (but 404) and 5xx.
     Error,
 }
 
@@ -77,7 +96,7 @@ pub enum Event<'a, T> {
     Value {
         /// The request's user data.
         user: &'a T,
-        /// The key in the `VALUE` line.
+        /// The key in the `VALUE` line (empty over HTTP, whose raw response does not carry it).
         key: &'a [u8],
         /// Client flags.
         flags: u32,
@@ -104,6 +123,9 @@ pub enum ConnError {
     /// The server sent bytes that are not a reply.
     #[error("protocol: {0}")]
     Protocol(#[from] ReplyError),
+    /// The server sent bytes that are not an HTTP response.
+    #[error("HTTP: {0}")]
+    Http(#[from] HttpError),
     /// A valid reply that does not answer the request in front.
     #[error("unexpected reply {reply} to a {kind:?} request")]
     Unexpected {
@@ -133,6 +155,11 @@ pub struct Conn<T> {
     pending: VecDeque<Pending<T>>,
     /// Values seen so far for the head request.
     head_hits: u32,
+    /// HTTP: responses seen so far for the head request (a multi-get is several GETs).
+    head_responses: u32,
+    /// HTTP: one of the head request's GETs was answered with an error.
+    head_failed: bool,
+    wire: Wire,
 }
 
 impl<T> Conn<T> {
@@ -144,8 +171,13 @@ impl<T> Conn<T> {
         Ok(Self::from_stream(stream))
     }
 
-    /// Wraps an already connected non-blocking stream.
+    /// Wraps an already connected non-blocking stream (memcached protocol).
     pub fn from_stream(stream: TcpStream) -> Self {
+        Self::with_wire(stream, Wire::Memcached)
+    }
+
+    /// Wraps an already connected non-blocking stream speaking `wire`.
+    pub fn with_wire(stream: TcpStream, wire: Wire) -> Self {
         Conn {
             stream,
             out: Vec::with_capacity(16 * 1024),
@@ -155,7 +187,15 @@ impl<T> Conn<T> {
             in_end: 0,
             pending: VecDeque::with_capacity(64),
             head_hits: 0,
+            head_responses: 0,
+            head_failed: false,
+            wire,
         }
+    }
+
+    /// The protocol this connection speaks.
+    pub fn wire(&self) -> Wire {
+        self.wire
     }
 
     /// Registers the socket for read and write readiness (edge-triggered).
@@ -268,6 +308,9 @@ impl<T> Conn<T> {
     }
 
     fn parse(&mut self, f: &mut impl FnMut(Event<'_, T>)) -> Result<usize, ConnError> {
+        if self.wire == Wire::Http {
+            return self.parse_http(f);
+        }
         let mut done = 0;
         loop {
             let buf = &self.inb[self.in_start..self.in_end];
@@ -355,6 +398,107 @@ impl<T> Conn<T> {
         Ok(done)
     }
 
+    fn parse_http(&mut self, f: &mut impl FnMut(Event<'_, T>)) -> Result<usize, ConnError> {
+        let mut done = 0;
+        loop {
+            let Some(head) = self.pending.front() else {
+                if self.in_start < self.in_end {
+                    return Err(ConnError::Unexpected {
+                        reply: lossy_head(&self.inb[self.in_start..self.in_end]),
+                        kind: None,
+                    });
+                }
+                break;
+            };
+            let kind = head.kind;
+            let method = match kind {
+                ReqKind::Get { .. } | ReqKind::Line => Method::Get,
+                ReqKind::Store => Method::Put,
+                ReqKind::Delete => Method::Delete,
+            };
+            let buf = &self.inb[self.in_start..self.in_end];
+            let (resp, len) = match http::parse_response(buf, method)? {
+                ParsedResponse::Incomplete => break,
+                ParsedResponse::Complete { response, len } => (response, len),
+            };
+            // Interim responses (100 Continue, 103 Early Hints) precede the real one.
+            if (100..200).contains(&resp.status) {
+                self.in_start += len;
+                continue;
+            }
+            let code = resp.status;
+            let status = match (kind, code) {
+                (ReqKind::Get { keys }, 200 | 404) => {
+                    if code == 200 {
+                        self.head_hits += 1;
+                        f(Event::Value {
+                            user: &head.user,
+                            key: &[],
+                            flags: 0,
+                            data: resp.body,
+                        });
+                    }
+                    self.head_responses += 1;
+                    self.in_start += len;
+                    if self.head_responses < keys {
+                        continue;
+                    }
+                    Status::Ok
+                }
+                (ReqKind::Get { keys }, _) => {
+                    // An error answers one GET of the group; the group fails as a whole once
+                    // all its responses are in.
+                    self.head_responses += 1;
+                    self.head_failed = true;
+                    self.in_start += len;
+                    if self.head_responses < keys {
+                        continue;
+                    }
+                    Status::Error
+                }
+                (ReqKind::Store, 200 | 201 | 204) => Status::Ok,
+                (ReqKind::Delete, 200 | 204) => Status::Ok,
+                (ReqKind::Delete | ReqKind::Line, 404) => Status::Negative,
+                (ReqKind::Line, 200..=299) => Status::Ok,
+                _ => Status::Error,
+            };
+            if !matches!(kind, ReqKind::Get { .. }) {
+                self.in_start += len;
+            }
+            let hits = std::mem::take(&mut self.head_hits);
+            let status = if std::mem::take(&mut self.head_failed) {
+                Status::Error
+            } else {
+                status
+            };
+            let responses = std::mem::take(&mut self.head_responses);
+            let misses = match kind {
+                ReqKind::Get { .. } => responses.saturating_sub(hits),
+                _ => 0,
+            };
+            let misses = if status == Status::Error { 0 } else { misses };
+            // Invariant: `head` above proved the queue is non-empty and nothing popped since.
+            let Some(p) = self.pending.pop_front() else {
+                break;
+            };
+            f(Event::Done {
+                user: p.user,
+                kind,
+                outcome: Outcome {
+                    status,
+                    hits,
+                    misses,
+                },
+            });
+            done += 1;
+        }
+        if self.in_start == self.in_end {
+            self.in_start = 0;
+            self.in_end = 0;
+        }
+        Ok(done)
+    }
+
     /// Removes and returns the user data of every request still pending (after an error or
     /// timeout, to count them), and discards buffered bytes.
     pub fn drain_pending(&mut self) -> impl Iterator<Item = (ReqKind, T)> + '_ {
@@ -363,6 +507,8 @@ impl<T> Conn<T> {
         self.in_start = 0;
         self.in_end = 0;
         self.head_hits = 0;
+        self.head_responses = 0;
+        self.head_failed = false;
         self.pending.drain(..).map(|p| (p.kind, p.user))
     }
 
@@ -375,6 +521,10 @@ impl<T> Conn<T> {
     pub fn take_error(&self) -> io::Result<Option<io::Error>> {
         self.stream.take_error()
     }
+}
+
+fn lossy_head(b: &[u8]) -> String {
+    String::from_utf8_lossy(&b[..b.len().min(100)]).into_owned()
 }
 
 fn unexpected(reply: &Reply<'_>, kind: Option<ReqKind>) -> ConnError {
@@ -532,6 +682,120 @@ mod tests {
             }
         });
         assert_eq!(len, 200_000);
+    }
+
+    /// A one-connection HTTP server thread: reads `n` pipelined requests (heads and bodies),
+    /// then answers with canned bytes in 5-byte writes.
+    fn canned_http_server(n: usize, reply: &'static [u8]) -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            for _ in 0..n {
+                let mut len = 0usize;
+                loop {
+                    let mut line = String::new();
+                    r.read_line(&mut line).unwrap();
+                    if line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap();
+                    }
+                }
+                let mut body = vec![0u8; len];
+                r.read_exact(&mut body).unwrap();
+            }
+            let mut s = s;
+            for chunk in reply.chunks(5) {
+                s.write_all(chunk).unwrap();
+                s.flush().unwrap();
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn http_replies_are_matched_in_order_across_partial_reads() {
+        // A 3-key multi-get (hit, miss with a chunked body, hit), a PUT, a DELETE of a missing
+        // key, a GET answered with 500, after an interim 100 Continue.
+        let addr = canned_http_server(
+            6,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nxyz\
+HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n\
+HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n\
+HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}\
+HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\n{}\
+HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 500 Oops\r\ncontent-length: 0\r\n\r\n",
+        );
+        let stream = TcpStream::connect(addr).unwrap();
+        let mut conn: Conn<u32> = Conn::with_wire(stream, Wire::Http);
+        conn.request(|o| {
+            for k in [&b"a"[..], b"b", b"c"] {
+                http::get(o, b"h", k);
+            }
+            Ok((ReqKind::Get { keys: 3 }, 1))
+        })
+        .unwrap();
+        conn.request(|o| {
+            http::put(o, b"h", b"a/b", 0, b"v\r\n");
+            Ok((ReqKind::Store, 2))
+        })
+        .unwrap();
+        conn.request(|o| {
+            http::delete(o, b"h", b"z");
+            Ok((ReqKind::Delete, 3))
+        })
+        .unwrap();
+        conn.request(|o| {
+            http::get(o, b"h", b"q");
+            Ok((ReqKind::Get { keys: 1 }, 4))
+        })
+        .unwrap();
+        let mut seen = Vec::new();
+        run_until(&mut conn, 4, |e| match e {
+            Event::Value {
+                user, key, data, ..
+            } => seen.push(format!("{user}:{}={}", s(key), s(data))),
+            Event::Done { user, outcome, .. } => seen.push(format!(
+                "{user}:{:?} h{} m{}",
+                outcome.status, outcome.hits, outcome.misses
+            )),
+        });
+        assert_eq!(
+            seen,
+            [
+                "1:=xyz",
+                "1:=",
+                "1:Ok h2 m1",
+                "2:Ok h0 m0",
+                "3:Negative h0 m0",
+                "4:Error h0 m0"
+            ]
+        );
+        assert_eq!(conn.in_flight(), 0);
+    }
+
+    #[test]
+    fn an_http_response_with_nothing_pending_is_an_error() {
+        let addr = canned_http_server(0, b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+        let stream = TcpStream::connect(addr).unwrap();
+        let mut conn: Conn<()> = Conn::with_wire(stream, Wire::Http);
+        let mut poll = Poll::new().unwrap();
+        conn.register(poll.registry(), Token(0)).unwrap();
+        let mut events = Events::with_capacity(8);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(Instant::now() < deadline);
+            poll.poll(&mut events, Some(Duration::from_millis(100)))
+                .unwrap();
+            match conn.on_readable(|_| {}) {
+                Ok(_) => continue,
+                Err(ConnError::Unexpected { kind: None, .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
     }
 
     fn s(b: &[u8]) -> String {

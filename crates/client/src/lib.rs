@@ -3,11 +3,14 @@
 //! - [`conn`]: a non-blocking, pipelined connection for event loops (mio). Requests are
 //!   composed into one reusable output buffer and written in one `write` per batch; replies
 //!   are parsed in place from one reusable input buffer and matched to requests in order.
+//! - [`http`]: the HTTP/1.1 side of kvlab's REST interface (compose requests, parse responses
+//!   incrementally); [`Conn`] speaks it with [`Wire::Http`].
 //! - [`blocking`]: a small blocking client for tools and tests.
 
 pub mod blocking;
 pub mod conn;
+pub mod http;
 
 pub use blocking::Client;
-pub use conn::{Conn, ConnError, Event, Outcome, ReqKind, Status};
+pub use conn::{Conn, ConnError, Event, Outcome, ReqKind, Status, Wire};
 pub mod testing;

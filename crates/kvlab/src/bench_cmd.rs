@@ -3,6 +3,8 @@
 //! Parses flags into [`kvlab_bench::Config`]s (one per target), runs them A B A B … for
 //! `--repeat` rounds, prints a summary per run and the per-target comparison, and writes
 //! `--json` / `--csv`. `kvlab bench agent` serves masters for distributed load.
+//! `--find-sustained` searches each target for the largest open-loop rate whose latency stays
+//! under `--mean-below` or `--p95-below` (see [`kvlab_bench::sustained`]).
 
 use std::io::IsTerminal;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -13,8 +15,9 @@ use clap::{Args, Subcommand};
 use kvlab_bench::dist::{etc_key_size, etc_value_size, KeyDist, SizeDist};
 use kvlab_bench::report;
 use kvlab_bench::schedule::{Arrival, RatePlan};
+use kvlab_bench::sustained::{self, Bound, SearchSpec};
 use kvlab_bench::workload::{Mix, Workload};
-use kvlab_bench::Config;
+use kvlab_bench::{Config, Protocol};
 
 /// Flags of `kvlab bench`.
 #[derive(Debug, Args)]
@@ -50,6 +53,10 @@ struct RunArgs {
     /// Rounds over all targets.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Protocol: `memcached` (text protocol) or `http` (kvlab's REST interface, keep-alive,
+    /// pipelined; the target is the server's --http-port).
+    #[arg(long, value_enum, default_value = "memcached")]
+    protocol: ProtocolArg,
 
     // --- load model ---
     /// Generator threads.
@@ -84,11 +91,13 @@ struct RunArgs {
     /// --qps-list or --qps-file).
     #[arg(long)]
     qps_interval: Option<f64>,
-    /// Random trace: lowest rate, requests/s.
-    #[arg(long, requires = "qps_max")]
+    /// Random trace: lowest rate, requests/s. With --find-sustained: the first rate tried
+    /// (default 1000).
+    #[arg(long)]
     qps_min: Option<f64>,
-    /// Random trace: highest rate, requests/s.
-    #[arg(long, requires = "qps_min")]
+    /// Random trace: highest rate, requests/s. With --find-sustained: the highest rate tried
+    /// (default 10 000 000).
+    #[arg(long)]
     qps_max: Option<f64>,
     /// Random trace: seed (the same seed gives the same trace).
     #[arg(long, default_value_t = 1)]
@@ -137,9 +146,32 @@ struct RunArgs {
     /// Do not fill keys before the run.
     #[arg(long)]
     noload: bool,
-    /// Warm-up seconds, run and discarded.
-    #[arg(long, default_value_t = 0.0)]
-    warmup: f64,
+    /// Warm-up seconds, run and discarded (default 0; with --find-sustained 0.5 per step).
+    #[arg(long)]
+    warmup: Option<f64>,
+
+    // --- sustained-throughput search ---
+    /// Search the largest open-loop rate whose latency (from the planned send) stays under
+    /// --mean-below or --p95-below while ≥ 99 % of planned requests are answered; --duration
+    /// is then per step (default 2 s).
+    #[arg(long, conflicts_with_all = ["qps", "scan", "qps_interval", "qps_list", "qps_file", "requests"])]
+    find_sustained: bool,
+    /// Search bound on the mean latency, e.g. 1ms, 500us.
+    #[arg(long, requires = "find_sustained", conflicts_with = "p95_below", value_parser = parse_duration_us)]
+    mean_below: Option<f64>,
+    /// Search bound on the 95th percentile latency, e.g. 2ms.
+    #[arg(long, requires = "find_sustained", value_parser = parse_duration_us)]
+    p95_below: Option<f64>,
+    /// Search precision: stop when the bracket (bad − good) / good is at most this.
+    #[arg(long, default_value_t = 0.05, requires = "find_sustained")]
+    precision: f64,
+    /// Search time budget, seconds (the search stops with what it has).
+    #[arg(long, default_value_t = 300.0, requires = "find_sustained")]
+    max_time: f64,
+    /// Search: fill the key space again before every step (with the load phase on), so a mix
+    /// with deletes starts each step from a full cache.
+    #[arg(long, requires = "find_sustained")]
+    reload_each_step: bool,
 
     // --- measurement and output ---
     /// Time-series interval, seconds.
@@ -163,6 +195,33 @@ struct RunArgs {
     /// No progress line.
     #[arg(long, short = 'q')]
     quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ProtocolArg {
+    Memcached,
+    Http,
+}
+
+/// Parses a latency such as `1ms`, `500us`, `0.5s`, `250µs`, `800ns` into microseconds.
+fn parse_duration_us(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .ok_or_else(|| format!("{s:?}: give a unit (ns, us, ms, s)"))?;
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("{s:?}: bad number"))?;
+    let scale = match unit.trim() {
+        "ns" => 1e-3,
+        "us" | "µs" => 1.0,
+        "ms" => 1e3,
+        "s" => 1e6,
+        u => return Err(format!("{s:?}: unknown unit {u:?} (ns, us, ms, s)")),
+    };
+    if !(n > 0.0 && n.is_finite()) {
+        return Err(format!("{s:?}: must be > 0"));
+    }
+    Ok(n * scale)
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -231,6 +290,7 @@ impl RunArgs {
         }
         if let Some(iv) = self.qps_interval {
             let (Some(lo), Some(hi)) = (self.qps_min, self.qps_max) else {
+                // (clap cannot express "both or neither" next to --find-sustained's use.)
                 bail!("--qps-interval needs --qps-min and --qps-max, --qps-list or --qps-file");
             };
             return Ok((
@@ -238,8 +298,8 @@ impl RunArgs {
                 RatePlan::random(iv, lo, hi, self.qps_seed, self.duration)?,
             ));
         }
-        if self.qps_min.is_some() {
-            bail!("--qps-min/--qps-max need --qps-interval");
+        if (self.qps_min.is_some() || self.qps_max.is_some()) && !self.find_sustained {
+            bail!("--qps-min/--qps-max need --qps-interval (or --find-sustained)");
         }
         Ok((None, RatePlan::fixed(0.0, duration)?))
     }
@@ -294,6 +354,10 @@ impl RunArgs {
         for t in &self.targets {
             let cfg = Config {
                 target: resolve(t)?,
+                protocol: match self.protocol {
+                    ProtocolArg::Memcached => Protocol::Memcached,
+                    ProtocolArg::Http => Protocol::Http,
+                },
                 threads: self.threads,
                 connections: self.connections,
                 depth,
@@ -301,7 +365,7 @@ impl RunArgs {
                 open,
                 plan: plan.clone(),
                 requests: self.requests,
-                warmup_s: self.warmup,
+                warmup_s: self.warmup.unwrap_or(0.0),
                 interval_s: self.interval,
                 timeout_ms: self.timeout_ms,
                 workload: workload.clone(),
@@ -313,6 +377,91 @@ impl RunArgs {
         }
         Ok(out)
     }
+
+    fn search_spec(&self) -> anyhow::Result<SearchSpec> {
+        let (bound, us) = match (self.mean_below, self.p95_below) {
+            (Some(us), None) => (Bound::Mean, us),
+            (None, Some(us)) => (Bound::P95, us),
+            _ => bail!("--find-sustained needs --mean-below DUR or --p95-below DUR"),
+        };
+        let mut spec = SearchSpec::new(bound, us);
+        if let Some(q) = self.qps_min {
+            spec.start = q;
+            spec.min = spec.min.min(q);
+        }
+        if let Some(q) = self.qps_max {
+            spec.max = q;
+        }
+        spec.precision = self.precision;
+        spec.reload_each_step = self.reload_each_step;
+        spec.max_time_s = self.max_time;
+        if duration_given() {
+            spec.step_s = self.duration;
+        }
+        if let Some(w) = self.warmup {
+            spec.warmup_s = w;
+        }
+        spec.arrival = match self.arrival {
+            ArrivalArg::Poisson => Arrival::Poisson,
+            ArrivalArg::Fixed => Arrival::Fixed,
+        };
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+/// `--find-sustained`: one search per target (and round).
+fn run_search(r: &RunArgs, agents: &[SocketAddr]) -> anyhow::Result<()> {
+    let spec = r.search_spec()?;
+    let mut configs = r.configs()?;
+    if r.depth.is_none() {
+        // Open loop's default cap on requests in flight per connection.
+        for c in &mut configs {
+            c.depth = 1024;
+        }
+    }
+    let mut results = Vec::new();
+    for round in 0..r.repeat {
+        for cfg in &configs {
+            let mut cfg = cfg.clone();
+            // Fill each target once, before its first search.
+            cfg.load = cfg.load && round == 0;
+            if !r.quiet {
+                eprintln!(
+                    "searching {} ({:?}){}",
+                    cfg.target,
+                    cfg.protocol,
+                    if cfg.load { ", filling it first" } else { "" }
+                );
+            }
+            let quiet = r.quiet;
+            let res = sustained::find_sustained(&cfg, &spec, agents, &mut |s| {
+                if !quiet {
+                    eprintln!(
+                        "  step {:>2}: offered {:>10.0} req/s, achieved {:>10.0} req/s, mean {:>9.1} µs, p95 {:>9.1} µs: {}",
+                        s.index,
+                        s.offered_qps,
+                        s.achieved_qps,
+                        s.mean_us,
+                        s.p95_us,
+                        s.verdict.text()
+                    );
+                }
+            })
+            .with_context(|| format!("search on {}", cfg.target))?;
+            print!("{}", sustained::table(&res));
+            results.push(res);
+        }
+    }
+    if let Some(p) = &r.json {
+        std::fs::write(p, sustained::to_json(&results))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &r.csv {
+        std::fs::write(p, sustained::to_csv(&results))
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
 }
 
 /// True when `--duration` was on the command line (clap's default is otherwise used).
@@ -333,12 +482,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if r.repeat == 0 {
         bail!("--repeat must be >= 1");
     }
-    let configs = r.configs()?;
     let agents: Vec<SocketAddr> = r
         .agents
         .iter()
         .map(|a| resolve(a))
         .collect::<Result<_, _>>()?;
+    if r.find_sustained {
+        return run_search(&r, &agents);
+    }
+    let configs = r.configs()?;
     let show_progress = !r.quiet && std::io::stderr().is_terminal();
     let mut runs = Vec::new();
     let mut loaded = vec![false; configs.len()];

@@ -1,5 +1,5 @@
-//! Shared test support: a small memcached-text test server with injectable faults, and
-//! configuration helpers.
+//! Shared test support: small memcached-text and HTTP/1.1 (kvlab REST) test servers with
+//! injectable faults, and configuration helpers.
 #![allow(dead_code, clippy::unwrap_used)] // helpers of tests: a failed unwrap fails the test
 
 use std::collections::HashMap;
@@ -22,6 +22,12 @@ pub struct Faults {
     pub corrupt_hit: Option<u64>,
     /// Read requests, never answer.
     pub blackhole: bool,
+    /// (rate, delay, offered): while the offered rate (f64 bits in `offered`, set by the test
+    /// before each run) exceeds `rate` req/s, every request is answered `delay` late — a server
+    /// whose latency jumps past a throughput threshold. The test tells the server the offer
+    /// rather than the server estimating it from arrivals: on a loaded machine a descheduled
+    /// generator catches up in bursts that no estimate could tell from a higher rate.
+    pub slow_above: Option<(f64, Duration, Arc<AtomicU64>)>,
 }
 
 struct Shared {
@@ -33,18 +39,54 @@ struct Shared {
     faults: Faults,
 }
 
+impl Shared {
+    fn new(faults: Faults) -> Arc<Shared> {
+        Arc::new(Shared {
+            data: Mutex::new(HashMap::new()),
+            gate: Mutex::new(()),
+            requests: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            faults,
+        })
+    }
+
+    /// Per request: counts it, applies the stall and slow-above faults.
+    fn pace(&self) {
+        let n = self.requests.fetch_add(1, Ordering::SeqCst) + 1;
+        match self.faults.stall {
+            Some((at, d)) if n == at => {
+                let _g = self.gate.lock().unwrap();
+                // The fault under test: the whole server stops answering for `d`.
+                std::thread::sleep(d);
+            }
+            _ => drop(self.gate.lock().unwrap()),
+        }
+        if let Some((rate, delay, offered)) = &self.faults.slow_above {
+            if f64::from_bits(offered.load(Ordering::SeqCst)) > *rate {
+                // The fault under test: service slows down above the threshold.
+                std::thread::sleep(*delay);
+            }
+        }
+    }
+
+    /// A get: the value (corrupted if this hit is the chosen one).
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        let mut v = self.data.lock().unwrap().get(key).cloned()?;
+        let h = self.hits.fetch_add(1, Ordering::SeqCst) + 1;
+        if self.faults.corrupt_hit == Some(h) && !v.is_empty() {
+            let last = v.len() - 1;
+            v[last] ^= 0x01;
+        }
+        Some(v)
+    }
+}
+
 /// Starts the test server on 127.0.0.1:0 (ready when this returns: the socket is bound and
 /// listening). Threads live until the test process ends.
 pub fn test_server(faults: Faults) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
-    let shared = Arc::new(Shared {
-        data: Mutex::new(HashMap::new()),
-        gate: Mutex::new(()),
-        requests: AtomicU64::new(0),
-        hits: AtomicU64::new(0),
-        faults,
-    });
+    let shared = Shared::new(faults);
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(s) = s else { return };
@@ -55,6 +97,134 @@ pub fn test_server(faults: Faults) -> SocketAddr {
         }
     });
     addr
+}
+
+/// Starts an HTTP/1.1 test server speaking kvlab's REST interface (`GET`/`PUT`/`DELETE
+/// /key/{k}`, percent-encoded keys, raw values with `Accept: application/octet-stream`,
+/// keep-alive, pipelining) on 127.0.0.1:0. Its 404s have chunked JSON bodies, to exercise
+/// that framing too. Threads live until the test process ends.
+pub fn http_test_server(faults: Faults) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let shared = Shared::new(faults);
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { return };
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                let _ = handle_http(s, &shared);
+            });
+        }
+    });
+    addr
+}
+
+fn percent_decode(s: &str) -> Option<Vec<u8>> {
+    let b = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let h = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(h, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Some(out)
+}
+
+fn handle_http(s: TcpStream, sh: &Shared) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    let mut r = BufReader::new(s.try_clone()?);
+    let mut w = BufWriter::new(s);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if r.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let mut parts = line.split_whitespace();
+        let (method, target) = (
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("").to_string(),
+        );
+        assert_eq!(parts.next(), Some("HTTP/1.1"), "request line {line:?}");
+        let (mut len, mut host, mut raw) = (0usize, false, false);
+        loop {
+            line.clear();
+            r.read_line(&mut line)?;
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            let (k, v) = l.split_once(':').unwrap();
+            match k.to_ascii_lowercase().as_str() {
+                "content-length" => len = v.trim().parse().unwrap(),
+                "host" => host = true,
+                "accept" => raw = v.contains("application/octet-stream"),
+                _ => {}
+            }
+        }
+        let mut body = vec![0u8; len];
+        r.read_exact(&mut body)?;
+        sh.pace();
+        let path = target.split('?').next().unwrap_or("");
+        let key = path.strip_prefix("/key/").and_then(percent_decode);
+        let reply = |w: &mut BufWriter<TcpStream>, status: &str, body: &[u8]| {
+            write!(
+                w,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\n\r\n",
+                body.len()
+            )?;
+            w.write_all(body)
+        };
+        match (method.as_str(), key) {
+            _ if !host => reply(&mut w, "400 Bad Request", b"{\"error\":\"no Host\"}")?,
+            ("GET", Some(k)) => match sh.get(&k) {
+                Some(v) => {
+                    assert!(raw, "the generator asks for raw values");
+                    write!(
+                        w,
+                        "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\nFlags: 0\r\nContent-Length: {}\r\n\r\n",
+                        v.len()
+                    )?;
+                    w.write_all(&v)?;
+                }
+                None => {
+                    let b = b"{\"error\":\"no such key\",\"status\":404}";
+                    write!(
+                        w,
+                        "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n",
+                        b.len()
+                    )?;
+                    w.write_all(b)?;
+                    w.write_all(b"\r\n0\r\n\r\n")?;
+                }
+            },
+            ("PUT", Some(k)) => {
+                let created = sh.data.lock().unwrap().insert(k, body).is_none();
+                if created {
+                    reply(&mut w, "201 Created", b"{\"created\":true}")?
+                } else {
+                    reply(&mut w, "200 OK", b"{\"created\":false}")?
+                }
+            }
+            ("DELETE", Some(k)) => {
+                if sh.data.lock().unwrap().remove(&k).is_some() {
+                    reply(&mut w, "200 OK", b"{\"deleted\":true}")?
+                } else {
+                    reply(&mut w, "404 Not Found", b"{\"error\":\"no such key\"}")?
+                }
+            }
+            _ => reply(&mut w, "400 Bad Request", b"{\"error\":\"bad request\"}")?,
+        }
+        if r.buffer().is_empty() {
+            w.flush()?;
+        }
+    }
 }
 
 fn handle(s: TcpStream, sh: &Shared) -> std::io::Result<()> {
@@ -68,25 +238,11 @@ fn handle(s: TcpStream, sh: &Shared) -> std::io::Result<()> {
             return Ok(());
         }
         let words: Vec<&str> = line.split_whitespace().collect();
-        let n = sh.requests.fetch_add(1, Ordering::SeqCst) + 1;
-        match sh.faults.stall {
-            Some((at, d)) if n == at => {
-                let _g = sh.gate.lock().unwrap();
-                // The fault under test: the whole server stops answering for `d`.
-                std::thread::sleep(d);
-            }
-            _ => drop(sh.gate.lock().unwrap()),
-        }
+        sh.pace();
         match words.first().copied() {
             Some("get") | Some("gets") => {
                 for k in &words[1..] {
-                    let v = sh.data.lock().unwrap().get(k.as_bytes()).cloned();
-                    if let Some(mut v) = v {
-                        let h = sh.hits.fetch_add(1, Ordering::SeqCst) + 1;
-                        if sh.faults.corrupt_hit == Some(h) && !v.is_empty() {
-                            let last = v.len() - 1;
-                            v[last] ^= 0x01;
-                        }
+                    if let Some(v) = sh.get(k.as_bytes()) {
                         write!(w, "VALUE {k} 0 {}\r\n", v.len())?;
                         w.write_all(&v)?;
                         w.write_all(b"\r\n")?;
@@ -135,6 +291,7 @@ fn handle(s: TcpStream, sh: &Shared) -> std::io::Result<()> {
 pub fn closed(target: SocketAddr, requests: u64) -> Config {
     Config {
         target,
+        protocol: Default::default(),
         threads: 1,
         connections: 2,
         depth: 4,
