@@ -1,6 +1,7 @@
 //! The `kvlab` binary: one command line over every kvlab crate.
 
 mod bench_cmd;
+mod lab;
 mod populate_cmd;
 mod server_cmd;
 
@@ -23,6 +24,8 @@ enum Command {
     Server(server_cmd::ServerArgs),
     /// Load generator: open and closed loop, honest latencies.
     Bench(Box<bench_cmd::BenchArgs>),
+    /// Experiments end to end: start systems, load them, repeat, analyse, write a report.
+    Lab(lab::LabArgs),
     /// Fill a running server (or a data dir) with N keys, fast.
     Populate(populate_cmd::PopulateArgs),
 }
@@ -33,5 +36,6 @@ fn main() -> anyhow::Result<()> {
         Command::Server(args) => server_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(*args),
         Command::Populate(args) => populate_cmd::run(args),
+        Command::Lab(args) => lab::run(args),
     }
 }

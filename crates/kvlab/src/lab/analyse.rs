@@ -1,0 +1,1597 @@
+//! From raw runs to the report: statistics over repetitions, the knee, operational laws and
+//! queueing models beside the measurements, 2^k effects, and the terminal summary.
+//!
+//! Everything here is a pure function of the experiment text, `meta.json` and `raw/*.json`,
+//! so `kvlab lab analyse DIR` rewrites the same report from the same data.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use hdrhistogram::Histogram as Hdr;
+use kvlab_analysis::queueing::{self, Center};
+use kvlab_analysis::saturation::{find_knee, KneeOptions, LoadPoint};
+use kvlab_analysis::{factorial, summarize, Summary};
+use kvlab_report::helpers::{self as h, Curve};
+use kvlab_report::{
+    format_value, Estimate, HistogramSeries, Item, LinePlot, LineStyle, Note, Point, Report, Row,
+    Section, Series, Table,
+};
+
+use super::runner::{Meta, RawRun};
+use super::spec::{Design, Experiment, Level, Part};
+
+/// The report and the terminal summary.
+pub struct Analysis {
+    /// The report.
+    pub report: Report,
+    /// What `kvlab lab` prints at the end.
+    pub summary: String,
+}
+
+/// Writes the report into `dir/report`; returns the path of `index.html`.
+pub fn write(dir: &Path, a: &Analysis) -> anyhow::Result<PathBuf> {
+    let files = kvlab_report::write_report(dir.join("report"), &a.report)
+        .with_context(|| format!("writing the report in {}", dir.display()))?;
+    Ok(files.index)
+}
+
+/// Statistics of one point of one part against one system, over its repetitions.
+struct Pt<'a> {
+    system: String,
+    levels: Vec<(String, Level)>,
+    runs: Vec<&'a RawRun>,
+    failed: usize,
+    x: Summary,
+    mean: Summary,
+    p95: Summary,
+    p99: Summary,
+    pct: h::Percentiles,
+    cpu: Option<Summary>,
+    s_cpu: Option<Summary>,
+    gen_d: Option<f64>,
+    population: usize,
+    think_s: f64,
+    server_threads: u32,
+    hist: Option<Hdr<u64>>,
+}
+
+impl Pt<'_> {
+    /// The interactive law's R = N/X − Z (s), averaged over repetitions (each with its own
+    /// X, so a mean of R is compared with a mean of R).
+    fn law_r(&self) -> f64 {
+        let v: Vec<f64> = self
+            .runs
+            .iter()
+            .filter_map(|r| r.result.as_ref())
+            .filter(|r| r.throughput_qps > 0.0)
+            .map(|r| h::interactive_law(self.population as f64, r.throughput_qps, self.think_s))
+            .collect();
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    }
+
+    fn level(&self, f: &str) -> Option<&Level> {
+        self.levels.iter().find(|(n, _)| n == f).map(|(_, l)| l)
+    }
+
+    /// System and the levels of every factor but `axis`.
+    fn config(&self, axis: Option<&str>) -> String {
+        let rest: Vec<String> = self
+            .levels
+            .iter()
+            .filter(|(f, _)| Some(f.as_str()) != axis)
+            .map(|(f, l)| format!("{f}={l}"))
+            .collect();
+        if rest.is_empty() {
+            self.system.clone()
+        } else {
+            format!("{} ({})", self.system, rest.join(", "))
+        }
+    }
+
+    fn describe(&self) -> String {
+        let lv: Vec<String> = self
+            .levels
+            .iter()
+            .map(|(f, l)| format!("{f}={l}"))
+            .collect();
+        if lv.is_empty() {
+            self.system.clone()
+        } else {
+            format!("{} {}", self.system, lv.join(" "))
+        }
+    }
+}
+
+fn est(s: &Summary) -> Estimate {
+    match s.ci() {
+        Some((l, h)) => Estimate::with_ci(s.mean, l, h),
+        None => Estimate::exact(s.mean),
+    }
+}
+
+fn ci_text(s: &Summary) -> String {
+    match s.ci_half_width {
+        Some(h) => format!("{} ± {}", format_value(s.mean), format_value(h)),
+        None => format_value(s.mean),
+    }
+}
+
+fn summ(v: &[f64], conf: f64) -> Option<Summary> {
+    let v: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    summarize(&v, conf).ok()
+}
+
+fn points<'a>(exp: &Experiment, part: &Part, raws: &'a [RawRun]) -> (Vec<Pt<'a>>, Vec<String>) {
+    let conf = exp.confidence;
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for (k, levels) in part.points.iter().enumerate() {
+        for &s in &part.systems {
+            let name = &exp.systems[s].name;
+            let all: Vec<&RawRun> = raws
+                .iter()
+                .filter(|r| r.part == part.name && r.point == k && &r.system == name)
+                .collect();
+            if all.is_empty() {
+                continue;
+            }
+            let ok: Vec<&RawRun> = all
+                .iter()
+                .copied()
+                .filter(|r| r.error.is_none() && r.result.is_some())
+                .collect();
+            for r in &all {
+                if let Some(e) = &r.error {
+                    problems.push(format!("run {} ({}) failed: {e}", r.index, r.system));
+                }
+            }
+            let res = |f: &dyn Fn(&kvlab_bench::RunResult) -> f64| -> Vec<f64> {
+                ok.iter().filter_map(|r| r.result.as_ref()).map(f).collect()
+            };
+            let xs = res(&|r| r.throughput_qps);
+            let Some(x) = summ(&xs, conf) else {
+                problems.push(format!("{name} at point {}: no successful run", k + 1));
+                continue;
+            };
+            let zero = || summ(&[0.0], conf);
+            let mean = summ(&res(&|r| r.latency.mean_us), conf).or_else(zero);
+            let p95 = summ(&res(&|r| r.latency.p95_us), conf).or_else(zero);
+            let p99 = summ(&res(&|r| r.latency.p99_us), conf).or_else(zero);
+            let (Some(mean), Some(p95), Some(p99)) = (mean, p95, p99) else {
+                continue;
+            };
+            let avg = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
+            let pct = h::Percentiles {
+                p25: avg(res(&|r| r.latency.p25_us)),
+                p50: avg(res(&|r| r.latency.p50_us)),
+                p75: avg(res(&|r| r.latency.p75_us)),
+                p90: avg(res(&|r| r.latency.p90_us)),
+                p99: avg(res(&|r| r.latency.p99_us)),
+            };
+            let cpus: Vec<f64> = ok
+                .iter()
+                .filter_map(|r| r.cpu.as_ref().map(|c| c.utilization))
+                .collect();
+            let s_cpus: Vec<f64> = ok
+                .iter()
+                .filter_map(|r| {
+                    let c = r.cpu.as_ref()?;
+                    let x = r.result.as_ref()?.throughput_qps;
+                    (x > 0.0).then(|| c.utilization / x)
+                })
+                .collect();
+            let gen: Vec<f64> = ok
+                .iter()
+                .filter_map(|r| {
+                    let res = r.result.as_ref()?;
+                    (res.throughput_qps > 0.0)
+                        .then(|| res.thread_cpu.iter().sum::<f64>() / res.throughput_qps)
+                })
+                .collect();
+            let mut hist: Option<Hdr<u64>> = None;
+            for r in &ok {
+                if let Some(hh) = &r.latency_hist {
+                    match &mut hist {
+                        None => hist = Some(hh.0.clone()),
+                        Some(acc) => {
+                            let _ = acc.add(&hh.0);
+                        }
+                    }
+                }
+            }
+            let first = ok.first().copied().unwrap_or(all[0]);
+            out.push(Pt {
+                system: name.clone(),
+                levels: levels.clone(),
+                failed: all.len() - ok.len(),
+                x,
+                mean,
+                p95,
+                p99,
+                pct,
+                cpu: if cpus.len() == ok.len() {
+                    summ(&cpus, conf)
+                } else {
+                    None
+                },
+                s_cpu: if s_cpus.len() == ok.len() {
+                    summ(&s_cpus, conf)
+                } else {
+                    None
+                },
+                gen_d: (!gen.is_empty()).then(|| avg(gen.clone())),
+                population: first.population,
+                think_s: first.think_s,
+                server_threads: first.server_threads,
+                hist,
+                runs: ok,
+            });
+        }
+    }
+    (out, problems)
+}
+
+/// Points grouped by configuration (system + levels other than `axis`), in first-seen order.
+fn by_config<'p, 'a>(pts: &'p [Pt<'a>], axis: Option<&str>) -> Vec<(String, Vec<&'p Pt<'a>>)> {
+    let mut out: Vec<(String, Vec<&Pt>)> = Vec::new();
+    for p in pts {
+        let c = p.config(axis);
+        match out.iter_mut().find(|(n, _)| *n == c) {
+            Some((_, v)) => v.push(p),
+            None => out.push((c, vec![p])),
+        }
+    }
+    out
+}
+
+/// The run's checks collected for the summary.
+#[derive(Default)]
+struct Tally {
+    checks: usize,
+    disagree: Vec<String>,
+}
+
+impl Tally {
+    fn add(&mut self, cs: &[h::ModelCheck]) {
+        self.checks += cs.len();
+        for c in cs.iter().filter(|c| c.disagrees()) {
+            self.disagree.push(format!("{} ({})", c.quantity, c.model));
+        }
+    }
+}
+
+const CI: &str = "95% confidence interval";
+
+fn ci_label(conf: f64) -> String {
+    if (conf - 0.95).abs() < 1e-9 {
+        CI.into()
+    } else {
+        format!("{:.0}% confidence interval", conf * 100.0)
+    }
+}
+
+/// Analyses an experiment's raw runs.
+pub fn analyse(exp: &Experiment, meta: &Meta, raws: &[RawRun]) -> anyhow::Result<Analysis> {
+    let ci = ci_label(exp.confidence);
+    let mut sections = Vec::new();
+    let mut summary = String::new();
+    let mut tally = Tally::default();
+    let edges = common_edges(raws);
+    let mut overview = Vec::new();
+    for part in &exp.parts {
+        let (pts, problems) = points(exp, part, raws);
+        if pts.is_empty() {
+            overview.push(Item::Note(Note::warning(
+                format!("Part {}: no results", part.name),
+                if problems.is_empty() {
+                    "No run of this part was stored.".to_string()
+                } else {
+                    problems.join("\n")
+                },
+            )));
+            continue;
+        }
+        let mut sec = Section {
+            title: format!("Part {}", part.name),
+            text: part_text(exp, part, &pts),
+            items: Vec::new(),
+        };
+        if !problems.is_empty() {
+            sec.items.push(Item::Note(Note::warning(
+                "Failed runs",
+                problems.join("\n"),
+            )));
+        }
+        let warns = bench_warnings(&pts);
+        if !warns.is_empty() {
+            sec.items.push(Item::Note(Note::warning(
+                "Load generator self-checks",
+                warns.join("\n"),
+            )));
+        }
+        let open = pts.iter().all(|p| p.population == 0);
+        let has = |f: &str| part.factors.iter().any(|(n, ls)| n == f && ls.len() > 1);
+        if part.is_trace() {
+            trace_section(&part.name, &pts, &edges, &mut sec, &mut summary);
+        } else if part.design == Design::TwoK {
+            twok_section(exp, part, &pts, &ci, &mut sec, &mut summary);
+        } else if has("clients") && !open {
+            clients_section(
+                &part.name,
+                exp,
+                meta,
+                &pts,
+                &ci,
+                &mut sec,
+                &mut summary,
+                &mut tally,
+            );
+        } else if has("qps") && open {
+            rates_section(
+                &part.name,
+                exp,
+                &pts,
+                &ci,
+                &mut sec,
+                &mut summary,
+                &mut tally,
+            );
+        }
+        if !part.is_trace() {
+            sec.items
+                .push(Item::Table(all_points_table(part, &pts, &ci)));
+            percentile_items(part, &pts, &edges, &mut sec);
+        }
+        sections.push(sec);
+    }
+    if tally.checks > 0 {
+        let _ = writeln!(
+            summary,
+            "\nmodel checks: {} of {} disagree with the measurement{}",
+            tally.disagree.len(),
+            tally.checks,
+            if tally.disagree.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (see the report), e.g. {}",
+                    tally
+                        .disagree
+                        .iter()
+                        .take(3)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )
+            }
+        );
+        overview.push(Item::Note(if tally.disagree.is_empty() {
+            Note::info(
+                "Models",
+                format!(
+                    "All {} model checks agree with the measurements.",
+                    tally.checks
+                ),
+            )
+        } else {
+            Note::warning(
+                "Models disagree with measurements",
+                format!(
+                    "{} of {} model checks disagree (highlighted in the model-vs-measurement \
+                     tables below):\n{}",
+                    tally.disagree.len(),
+                    tally.checks,
+                    tally.disagree.join("\n")
+                ),
+            )
+        }));
+    }
+    let few: Vec<String> = exp
+        .parts
+        .iter()
+        .filter(|p| p.repetitions == 2)
+        .map(|p| p.name.clone())
+        .collect();
+    if !few.is_empty() {
+        overview.push(Item::Note(Note::warning(
+            "Wide confidence intervals",
+            format!(
+                "Part(s) {} have 2 repetitions per point: their {ci}s use t = 12.7 (1 degree of \
+                 freedom) and are wide, so a model that \"agrees (inside the interval)\" there is \
+                 weak evidence; compare the model error column, or raise repetitions.",
+                few.join(", ")
+            ),
+        )));
+    }
+    for (s, why) in &meta.skipped {
+        overview.push(Item::Note(Note::warning(
+            format!("System {s} skipped"),
+            why.clone(),
+        )));
+    }
+    let mut all = Vec::new();
+    all.push(Section {
+        title: "Overview".into(),
+        text: vec![
+            exp.description.clone().unwrap_or_default(),
+            format!(
+                "{} runs in {} part(s); each point was repeated and is shown with its {ci} \
+                 (Student t over repetitions). Latencies are measured by the load generator \
+                 from each request's planned send time (µs); server CPU is read from \
+                 /proc/<pid>/stat over each run's measured time (utilization law: U = CPU \
+                 seconds per second, service demand D = U / X).",
+                raws.len(),
+                exp.parts.len()
+            ),
+            format!(
+                "The load generator and the servers share this machine's {} core(s): at high \
+                 load they compete for CPU, which the single-resource queueing models below do \
+                 not capture; where a model disagrees, the report says so.",
+                meta.cores
+            ),
+        ],
+        items: overview,
+    });
+    all.extend(sections);
+    let mut metadata = vec![
+        ("kvlab version".to_string(), meta.kvlab_version.clone()),
+        ("commit".into(), meta.commit.clone()),
+        ("date".into(), meta.date.clone()),
+        (
+            "machine".into(),
+            format!(
+                "{} cores{}, {:.1} GiB, Linux {}{}",
+                meta.cores,
+                if meta.cpu_model.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", meta.cpu_model)
+                },
+                meta.memory_bytes as f64 / (1u64 << 30) as f64,
+                meta.kernel,
+                if meta.host.is_empty() {
+                    String::new()
+                } else {
+                    format!(", host {}", meta.host)
+                }
+            ),
+        ),
+        ("command".into(), meta.command.join(" ")),
+        ("experiment".into(), meta.experiment_file.clone()),
+        (
+            "runs".into(),
+            format!(
+                "{} stored of {} planned, {:.0} s",
+                raws.len(),
+                meta.runs,
+                meta.elapsed_s
+            ),
+        ),
+    ];
+    let mut systems: Vec<(String, String)> = Vec::new();
+    for r in raws {
+        let key = format!("system {}", r.system);
+        let val = format!("{} — {}", r.version, r.command.join(" "));
+        if !systems.iter().any(|(k, v)| *k == key && *v == val) {
+            systems.push((key, val));
+        }
+    }
+    systems.truncate(12);
+    metadata.extend(systems);
+    let report = Report {
+        title: format!("kvlab lab: {}", exp.name),
+        subtitle: exp.description.clone(),
+        metadata,
+        sections: all,
+    };
+    Ok(Analysis { report, summary })
+}
+
+fn part_text(exp: &Experiment, part: &Part, pts: &[Pt]) -> Vec<String> {
+    let mut t = Vec::new();
+    if let Some(d) = &part.description {
+        t.push(d.clone());
+    }
+    let factors: Vec<String> = part
+        .factors
+        .iter()
+        .map(|(f, ls)| {
+            format!(
+                "{f} ∈ {{{}}}",
+                ls.iter()
+                    .map(|l| l.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
+        .collect();
+    let systems: Vec<&str> = part
+        .systems
+        .iter()
+        .map(|&s| exp.systems[s].name.as_str())
+        .collect();
+    let wl: Vec<String> = part
+        .workload
+        .iter()
+        .map(|(k, v)| format!("{k} = {v}"))
+        .collect();
+    t.push(format!(
+        "Systems: {}. Design: {}{}. {} repetition(s), {} s warm-up + {} s measured per run{}.",
+        systems.join(", "),
+        match part.design {
+            Design::Full => "full factorial",
+            Design::TwoK => "2^k factorial",
+            Design::Points => "listed points",
+        },
+        if factors.is_empty() {
+            String::new()
+        } else {
+            format!(" over {}", factors.join(" × "))
+        },
+        part.repetitions,
+        part.warmup,
+        part.duration,
+        if part.is_trace() {
+            " (a trace lasts its rate list)"
+        } else {
+            ""
+        }
+    ));
+    if !wl.is_empty() {
+        t.push(format!("Workload: {}.", wl.join(", ")));
+    }
+    let n: usize = pts.iter().map(|p| p.runs.len()).sum();
+    t.push(format!("{} successful runs.", n));
+    t
+}
+
+fn bench_warnings(pts: &[Pt]) -> Vec<String> {
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for p in pts {
+        for r in &p.runs {
+            if let Some(res) = &r.result {
+                for w in &res.warnings {
+                    // Group by the message without its numbers.
+                    let key: String = w
+                        .chars()
+                        .map(|c| if c.is_ascii_digit() { '#' } else { c })
+                        .collect();
+                    let e = counts.entry(key).or_default();
+                    *e += 1;
+                    let _ = e;
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for p in pts {
+        for r in &p.runs {
+            if let Some(res) = &r.result {
+                for w in &res.warnings {
+                    let key: String = w
+                        .chars()
+                        .map(|c| if c.is_ascii_digit() { '#' } else { c })
+                        .collect();
+                    if let Some(n) = counts.remove(&key) {
+                        out.push(format!(
+                            "{} at {}: {w}{}",
+                            if n > 1 {
+                                format!("{n} runs, e.g.")
+                            } else {
+                                "1 run".into()
+                            },
+                            p.describe(),
+                            ""
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out.truncate(12);
+    out
+}
+
+fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
+    let mut columns: Vec<String> = vec!["system".into()];
+    columns.extend(part.factors.iter().map(|(f, _)| f.clone()));
+    columns.extend(
+        [
+            "runs",
+            &format!("throughput (req/s), mean ± {ci} half-width"),
+            "mean latency (µs)",
+            "p95 (µs)",
+            "p99 (µs)",
+            "server CPU (cores)",
+            "server CPU per request (µs)",
+        ]
+        .map(String::from),
+    );
+    let rows = pts
+        .iter()
+        .map(|p| {
+            let mut cells = vec![p.system.clone()];
+            for (f, _) in &part.factors {
+                cells.push(p.level(f).map(|l| l.to_string()).unwrap_or_default());
+            }
+            cells.push(format!(
+                "{}{}",
+                p.runs.len(),
+                if p.failed > 0 {
+                    format!(" ({} failed)", p.failed)
+                } else {
+                    String::new()
+                }
+            ));
+            cells.push(ci_text(&p.x));
+            cells.push(ci_text(&p.mean));
+            cells.push(ci_text(&p.p95));
+            cells.push(ci_text(&p.p99));
+            cells.push(p.cpu.as_ref().map(ci_text).unwrap_or_else(|| "—".into()));
+            cells.push(
+                p.s_cpu
+                    .as_ref()
+                    .map(|s| format_value(s.mean * 1e6))
+                    .unwrap_or_else(|| "—".into()),
+            );
+            Row::new(cells).highlighted(p.failed > 0)
+        })
+        .collect();
+    Table {
+        title: format!("All points of part {}", part.name),
+        columns,
+        rows,
+        caption: Some(
+            "Means over repetitions; ± is the half-width of the confidence interval. Latency \
+             from the planned send time. Server CPU from /proc/<pid>/stat over the measured \
+             time (1 = one core busy)."
+                .into(),
+        ),
+    }
+}
+
+/// Histogram buckets shared by every histogram of the report: 24 log-spaced buckets from
+/// the smallest 0.1th to the largest 99.9th percentile of all runs.
+fn common_edges(raws: &[RawRun]) -> Vec<f64> {
+    let mut lo = f64::INFINITY;
+    let mut hi: f64 = 0.0;
+    for r in raws {
+        if let Some(hh) = &r.latency_hist {
+            if hh.0.is_empty() {
+                continue;
+            }
+            lo = lo.min(hh.0.value_at_quantile(0.001) as f64 / 1000.0);
+            hi = hi.max(hh.0.value_at_quantile(0.999) as f64 / 1000.0);
+        }
+    }
+    if !(lo.is_finite() && lo > 0.0 && hi > lo) {
+        return h::log_edges(1.0, 10_000.0, 24);
+    }
+    // Round outwards to "nice" bounds so small changes in data keep the same buckets.
+    let lo = 10f64.powf((lo.log10() * 4.0).floor() / 4.0);
+    let hi = 10f64.powf((hi.log10() * 4.0).ceil() / 4.0);
+    h::log_edges(lo, hi, 24)
+}
+
+fn series_of(name: &str, edges: &[f64], hist: &Hdr<u64>) -> HistogramSeries {
+    HistogramSeries::from_weighted(
+        name,
+        edges,
+        hist.iter_recorded()
+            .map(|v| (v.value_iterated_to() as f64 / 1000.0, v.count_at_value())),
+    )
+}
+
+/// Percentiles vs the first factor and latency histograms (same buckets everywhere).
+fn percentile_items(part: &Part, pts: &[Pt], edges: &[f64], sec: &mut Section) {
+    let Some((axis, levels)) = part.factors.first() else {
+        // A single point: one histogram comparing the systems.
+        let cases: Vec<HistogramSeries> = pts
+            .iter()
+            .filter_map(|p| p.hist.as_ref().map(|hh| series_of(&p.system, edges, hh)))
+            .collect();
+        if !cases.is_empty() {
+            sec.items.push(Item::Histogram(h::latency_histogram(
+                "Latency distribution",
+                "µs",
+                edges.to_vec(),
+                cases,
+            )));
+        }
+        return;
+    };
+    if part.design == Design::TwoK || levels.len() < 2 {
+        return;
+    }
+    let groups = by_config(pts, Some(axis));
+    for (cfg, ps) in groups.iter().take(4) {
+        let lv: Vec<(String, h::Percentiles)> = ps
+            .iter()
+            .map(|p| {
+                (
+                    p.level(axis).map(|l| l.to_string()).unwrap_or_default(),
+                    p.pct,
+                )
+            })
+            .collect();
+        sec.items.push(Item::LinePlot(h::percentiles_vs_factor(
+            &format!("Latency percentiles vs {axis}: {cfg}"),
+            axis,
+            &lv,
+            "µs",
+        )));
+        // One histogram per configuration over (at most 6) levels of the axis.
+        let n = ps.len();
+        let pick: Vec<usize> = if n <= 6 {
+            (0..n).collect()
+        } else {
+            let mut v: Vec<usize> = (0..6).map(|i| i * (n - 1) / 5).collect();
+            v.dedup();
+            v
+        };
+        let cases: Vec<HistogramSeries> = pick
+            .iter()
+            .filter_map(|&i| {
+                let p = ps[i];
+                let l = p.level(axis)?;
+                p.hist
+                    .as_ref()
+                    .map(|hh| series_of(&format!("{axis}={l}"), edges, hh))
+            })
+            .collect();
+        if cases.len() >= 2 {
+            let mut hg = h::latency_histogram(
+                &format!("Latency distribution by {axis}: {cfg}"),
+                "µs",
+                edges.to_vec(),
+                cases,
+            );
+            hg.caption = Some(
+                "Percent of each case's requests per bucket; every histogram in this report \
+                 uses the same buckets."
+                    .into(),
+            );
+            sec.items.push(Item::Histogram(hg));
+        }
+    }
+    // The systems side by side at the middle level of the axis.
+    let systems: Vec<&str> = {
+        let mut v: Vec<&str> = Vec::new();
+        for p in pts {
+            if !v.contains(&p.system.as_str()) {
+                v.push(&p.system);
+            }
+        }
+        v
+    };
+    if systems.len() >= 2 {
+        let mid = &levels[levels.len() / 2];
+        let others = &pts[0].levels;
+        let cases: Vec<HistogramSeries> = pts
+            .iter()
+            .filter(|p| {
+                p.level(axis) == Some(mid)
+                    && p.levels
+                        .iter()
+                        .zip(others)
+                        .all(|((f, l), (_, o))| f == axis || l == o)
+            })
+            .filter_map(|p| p.hist.as_ref().map(|hh| series_of(&p.system, edges, hh)))
+            .collect();
+        if cases.len() >= 2 {
+            sec.items.push(Item::Histogram(h::latency_histogram(
+                &format!("Latency distribution at {axis}={mid}: systems compared"),
+                "µs",
+                edges.to_vec(),
+                cases,
+            )));
+        }
+    }
+}
+
+fn line(name: String, style: LineStyle, color: usize, points: Vec<Point>) -> Series {
+    Series {
+        name,
+        style,
+        color: Some(color),
+        points,
+    }
+}
+
+// The section builders share one shape: inputs, then the section, summary and tally to fill.
+#[allow(clippy::too_many_arguments)]
+fn clients_section(
+    part_name: &str,
+    exp: &Experiment,
+    meta: &Meta,
+    pts: &[Pt],
+    ci: &str,
+    sec: &mut Section,
+    summary: &mut String,
+    tally: &mut Tally,
+) {
+    let groups = by_config(pts, Some("clients"));
+    let mut tput = Vec::new();
+    let mut resp = Vec::new();
+    let mut pred = Vec::new();
+    let mut checks = Vec::new();
+    let mut maxes = Vec::new();
+    let mut knee_rows = Vec::new();
+    let _ = writeln!(
+        summary,
+        "part {} — closed loop, throughput vs clients\n  {:<34} {:>24} {:>6} {:>7} {:>14}",
+        part_name, "system", "max throughput (req/s)", "at N", "knee N", "p99 at knee"
+    );
+    for (cfg, ps) in &groups {
+        let mut ps: Vec<&Pt> = ps.clone();
+        ps.sort_by_key(|p| p.population);
+        tput.push(Curve {
+            name: cfg.clone(),
+            points: ps
+                .iter()
+                .map(|p| (p.population as f64, est(&p.x)))
+                .collect(),
+        });
+        resp.push(Curve {
+            name: cfg.clone(),
+            points: ps
+                .iter()
+                .map(|p| (p.population as f64, est(&p.mean)))
+                .collect(),
+        });
+        pred.push(Curve {
+            name: format!("{cfg} (interactive law)"),
+            points: ps
+                .iter()
+                .map(|p| (p.population as f64, Estimate::exact(p.law_r() * 1e6)))
+                .collect(),
+        });
+        for p in &ps {
+            checks.push(h::ModelCheck {
+                quantity: format!("{cfg}: mean response time at N = {}", p.population),
+                model: "interactive law R = N/X − Z".into(),
+                unit: "µs".into(),
+                predicted: p.law_r() * 1e6,
+                measured: est(&p.mean),
+                tolerance: exp.tolerance,
+            });
+        }
+        let best = ps
+            .iter()
+            .max_by(|a, b| a.x.mean.total_cmp(&b.x.mean))
+            .copied();
+        if let Some(b) = best {
+            maxes.push(h::MaxThroughput {
+                config: cfg.clone(),
+                max: est(&b.x),
+                at_clients: b.population as f64,
+            });
+        }
+        let lps: Vec<LoadPoint> = ps
+            .iter()
+            .map(|p| LoadPoint {
+                clients: p.population as f64,
+                throughput: p.x.mean,
+                ci_half_width: p.x.ci_half_width,
+            })
+            .collect();
+        let knee = find_knee(&lps, KneeOptions::default()).ok();
+        let knee_pt = knee.as_ref().and_then(|k| {
+            ps.iter()
+                .find(|p| (p.population as f64 - k.clients).abs() < 1e-9)
+                .copied()
+        });
+        if let Some(b) = best {
+            let _ = writeln!(
+                summary,
+                "  {:<34} {:>24} {:>6} {:>7} {:>14}",
+                cfg,
+                ci_text(&b.x),
+                b.population,
+                knee.as_ref()
+                    .map(|k| format_value(k.clients))
+                    .unwrap_or("—".into()),
+                knee_pt
+                    .map(|p| format!("{} µs", format_value(p.p99.mean)))
+                    .unwrap_or("—".into())
+            );
+        }
+        if let Some(k) = &knee {
+            knee_rows.push(Row::new([
+                cfg.clone(),
+                format_value(k.clients),
+                format_value(k.throughput),
+                knee_pt
+                    .map(|p| format_value(p.p99.mean))
+                    .unwrap_or("—".into()),
+                format!("{:?}", k.rule),
+                if k.saturated {
+                    "yes"
+                } else {
+                    "no (still rising)"
+                }
+                .into(),
+            ]));
+        }
+    }
+    let mut tp = h::throughput_vs_clients(&tput, ci);
+    let mut rp = h::response_time_vs_clients(&resp, &pred, "µs", ci);
+    if tput.iter().flat_map(|c| &c.points).all(|p| p.0 > 0.0) {
+        tp.x_scale = kvlab_report::Scale::Log10;
+        rp.x_scale = kvlab_report::Scale::Log10;
+    }
+    sec.items.push(Item::LinePlot(tp));
+    sec.items
+        .push(Item::Table(h::max_throughput_table(&maxes, ci)));
+    sec.items.push(Item::Table(Table {
+        title: "Knee of throughput vs clients".into(),
+        columns: [
+            "configuration",
+            "knee (clients N)",
+            "throughput at knee (req/s)",
+            "p99 at knee (µs)",
+            "rule",
+            "saturated",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: knee_rows,
+        caption: Some(
+            "The knee: the last N before the throughput gain per added client falls below 10 % \
+             of the initial slope, or the first N reaching 95 % of the maximum."
+                .into(),
+        ),
+    }));
+    sec.items.push(Item::LinePlot(rp));
+    tally.add(&checks);
+    sec.items.extend(h::model_vs_measurement(&checks, ci));
+    mva_items(exp, meta, &groups, ci, sec, tally);
+}
+
+/// MVA with measured demands, and its asymptotic bounds, beside the measured curves.
+fn mva_items(
+    exp: &Experiment,
+    meta: &Meta,
+    groups: &[(String, Vec<&Pt>)],
+    ci: &str,
+    sec: &mut Section,
+    tally: &mut Tally,
+) {
+    let mut xs = Vec::new();
+    let mut rs = Vec::new();
+    let mut checks = Vec::new();
+    let mut inputs = Vec::new();
+    for (k, (cfg, ps)) in groups.iter().enumerate() {
+        let mut ps: Vec<&Pt> = ps.clone();
+        ps.sort_by_key(|p| p.population);
+        let Some(low) = ps.first().copied() else {
+            continue;
+        };
+        let n1 = low.population.max(1) as f64;
+        let z = low.think_s;
+        // R at the lowest load, from the interactive law's measured side.
+        let r1 = low.mean.mean / 1e6;
+        let m = low.server_threads.clamp(1, meta.cores.max(1) as u32);
+        let mut centers = Vec::new();
+        let mut rest = r1;
+        match &low.s_cpu {
+            Some(d) if d.mean > 0.0 => {
+                let dcpu = d.mean;
+                centers.push(Center::queueing(
+                    format!("server CPU ({m} thread(s): D/m queueing)"),
+                    dcpu / f64::from(m),
+                ));
+                if m > 1 {
+                    centers.push(Center::delay(
+                        "server CPU (D·(m−1)/m delay)",
+                        dcpu * f64::from(m - 1) / f64::from(m),
+                    ));
+                }
+                rest -= dcpu;
+            }
+            _ => {}
+        }
+        if let Some(g) = low.gen_d {
+            if g > 0.0 {
+                centers.push(Center::queueing("load generator CPU", g));
+                rest -= g;
+            }
+        }
+        if centers.is_empty() {
+            centers.push(Center::queueing("server (D = R at the lowest load)", r1));
+            rest = 0.0;
+        }
+        if rest > 0.0 {
+            centers.push(Center::delay("network, kernel and wake-ups", rest));
+        }
+        let max_n = ps.last().map_or(1, |p| p.population.max(1)) as u32;
+        let Ok(sol) = queueing::mva_centers(&centers, z, max_n.min(100_000)) else {
+            continue;
+        };
+        for c in &centers {
+            inputs.push(Row::new([
+                cfg.clone(),
+                c.name.clone(),
+                format!("{:?}", c.kind),
+                format_value(c.demand * 1e6),
+            ]));
+        }
+        inputs.push(Row::new([
+            cfg.clone(),
+            "think time Z".into(),
+            "Delay".into(),
+            format_value(z * 1e6),
+        ]));
+        let _ = n1;
+        let mut mx = Vec::new();
+        let mut mr = Vec::new();
+        let mut px = Vec::new();
+        let mut pr = Vec::new();
+        let mut bx = Vec::new();
+        let mut br = Vec::new();
+        for p in &ps {
+            let n = p.population.max(1);
+            let Some(s) = sol.get(n - 1) else { continue };
+            let nf = n as f64;
+            mx.push(Point::at(nf, est(&p.x)));
+            mr.push(Point::at(nf, est(&p.mean)));
+            px.push(Point::new(nf, s.throughput));
+            pr.push(Point::new(nf, s.response_time * 1e6));
+            if let Ok(b) = queueing::asymptotic_bounds_centers(&centers, z, nf) {
+                bx.push(Point::new(nf, b.throughput_upper));
+                br.push(Point::new(nf, b.response_time_lower * 1e6));
+            }
+            checks.push(h::ModelCheck {
+                quantity: format!("{cfg}: throughput at N = {n}"),
+                model: "MVA".into(),
+                unit: "req/s".into(),
+                predicted: s.throughput,
+                measured: est(&p.x),
+                tolerance: exp.tolerance,
+            });
+            checks.push(h::ModelCheck {
+                quantity: format!("{cfg}: mean response time at N = {n}"),
+                model: "MVA".into(),
+                unit: "µs".into(),
+                predicted: s.response_time * 1e6,
+                measured: est(&p.mean),
+                tolerance: exp.tolerance,
+            });
+        }
+        xs.push(line(format!("{cfg}: measured"), LineStyle::Solid, k, mx));
+        xs.push(line(format!("{cfg}: MVA"), LineStyle::Dashed, k, px));
+        xs.push(line(
+            format!("{cfg}: upper bound min(N/(D+Z), 1/Dmax)"),
+            LineStyle::Dashed,
+            k + 4,
+            bx,
+        ));
+        rs.push(line(format!("{cfg}: measured"), LineStyle::Solid, k, mr));
+        rs.push(line(format!("{cfg}: MVA"), LineStyle::Dashed, k, pr));
+        rs.push(line(
+            format!("{cfg}: lower bound max(D, N·Dmax − Z)"),
+            LineStyle::Dashed,
+            k + 4,
+            br,
+        ));
+    }
+    if xs.is_empty() {
+        return;
+    }
+    let log = groups
+        .iter()
+        .flat_map(|(_, ps)| ps.iter())
+        .all(|p| p.population > 0);
+    let scale = if log {
+        kvlab_report::Scale::Log10
+    } else {
+        kvlab_report::Scale::Linear
+    };
+    sec.items.push(Item::Note(Note::info(
+        "MVA inputs",
+        "Exact MVA of a closed network whose service demands are measured at the lowest load: \
+         the server's CPU seconds per request D = U/X (utilization law, U from \
+         /proc/<pid>/stat), split for m worker threads into a queueing center D/m and a delay \
+         D(m−1)/m (Seidmann's approximation of an m-server center); the load generator's CPU \
+         seconds per request as a queueing center; and the rest of the measured response time \
+         at that load (network stack, scheduling) as a delay center. The generator and the \
+         server share the machine's cores, which this network does not model.",
+    )));
+    sec.items.push(Item::Table(Table {
+        title: "MVA service demands (measured)".into(),
+        columns: ["configuration", "center", "kind", "demand (µs per request)"]
+            .map(String::from)
+            .to_vec(),
+        rows: inputs,
+        caption: None,
+    }));
+    sec.items.push(Item::LinePlot(LinePlot {
+        title: "Throughput vs clients: measured, MVA and asymptotic bound".into(),
+        x_label: "clients (N)".into(),
+        y_label: "throughput (req/s)".into(),
+        x_scale: scale,
+        y_from_zero: true,
+        error_bars: Some(ci.into()),
+        series: xs,
+        ..LinePlot::default()
+    }));
+    sec.items.push(Item::LinePlot(LinePlot {
+        title: "Response time vs clients: measured, MVA and asymptotic bound".into(),
+        x_label: "clients (N)".into(),
+        y_label: "mean response time (µs)".into(),
+        x_scale: scale,
+        y_from_zero: true,
+        error_bars: Some(ci.into()),
+        series: rs,
+        ..LinePlot::default()
+    }));
+    tally.add(&checks);
+    let mut items = h::model_vs_measurement(&checks, ci);
+    if let Some(Item::Table(t)) = items.first_mut() {
+        t.title = "Model vs measurement: MVA".into();
+    }
+    sec.items.extend(items);
+}
+
+fn rates_section(
+    part_name: &str,
+    exp: &Experiment,
+    pts: &[Pt],
+    ci: &str,
+    sec: &mut Section,
+    summary: &mut String,
+    tally: &mut Tally,
+) {
+    let groups = by_config(pts, Some("qps"));
+    let offered = |p: &Pt| p.level("qps").and_then(Level::number).unwrap_or(0.0);
+    let mut p95s = Vec::new();
+    let mut cpus = Vec::new();
+    let mut achieved = Vec::new();
+    let mut means = Vec::new();
+    let mut checks = Vec::new();
+    let mut util_checks = Vec::new();
+    let mut inputs = Vec::new();
+    let _ = writeln!(
+        summary,
+        "part {} — open loop, rate scan\n  {:<34} {:>10} {:>12} {:>12} {:>12}",
+        part_name, "system", "offered", "achieved", "p95 (µs)", "server CPU"
+    );
+    for (k, (cfg, ps)) in groups.iter().enumerate() {
+        let mut ps: Vec<&Pt> = ps.clone();
+        ps.sort_by(|a, b| offered(a).total_cmp(&offered(b)));
+        p95s.push(line(
+            cfg.clone(),
+            LineStyle::Solid,
+            k,
+            ps.iter()
+                .map(|p| Point::at(offered(p), est(&p.p95)))
+                .collect(),
+        ));
+        achieved.push(line(
+            cfg.clone(),
+            LineStyle::Solid,
+            k,
+            ps.iter()
+                .map(|p| Point::at(offered(p), est(&p.x)))
+                .collect(),
+        ));
+        cpus.push(line(
+            cfg.clone(),
+            LineStyle::Solid,
+            k,
+            ps.iter()
+                .filter_map(|p| p.cpu.as_ref().map(|c| Point::at(offered(p), est(c))))
+                .collect(),
+        ));
+        for p in &ps {
+            let _ = writeln!(
+                summary,
+                "  {:<34} {:>10} {:>12} {:>12} {:>12}",
+                cfg,
+                format_value(offered(p)),
+                format_value(p.x.mean),
+                format_value(p.p95.mean),
+                p.cpu
+                    .as_ref()
+                    .map(|c| format!("{:.2} cores", c.mean))
+                    .unwrap_or("—".into())
+            );
+        }
+        // Queueing models from the lowest rate's measurements.
+        let Some(low) = ps.first().copied() else {
+            continue;
+        };
+        let Some(s) = low.s_cpu.as_ref().map(|s| s.mean).filter(|s| *s > 0.0) else {
+            continue;
+        };
+        let m = low.server_threads.max(1);
+        let delay = (low.mean.mean / 1e6 - s).max(0.0);
+        inputs.push(Row::new([
+            cfg.clone(),
+            format_value(s * 1e6),
+            m.to_string(),
+            format_value(delay * 1e6),
+            format_value(offered(low)),
+        ]));
+        let mut m1 = Vec::new();
+        let mut mm = Vec::new();
+        let mut meas = Vec::new();
+        for p in &ps {
+            let lambda = p.x.mean;
+            let r1 = queueing::mm1(lambda, s)
+                .map(|q| (q.response_time + delay) * 1e6)
+                .unwrap_or(f64::INFINITY);
+            let rm = queueing::mmm(lambda, s, m)
+                .map(|q| (q.response_time + delay) * 1e6)
+                .unwrap_or(f64::INFINITY);
+            let o = offered(p);
+            meas.push(Point::at(o, est(&p.mean)));
+            if r1.is_finite() {
+                m1.push(Point::new(o, r1));
+            }
+            if rm.is_finite() {
+                mm.push(Point::new(o, rm));
+            }
+            for (model, v) in [("M/M/1", r1), (format!("M/M/{m} (Erlang C)").as_str(), rm)] {
+                checks.push(h::ModelCheck {
+                    quantity: format!("{cfg}: mean response time at {} req/s", format_value(o)),
+                    model: model.to_string(),
+                    unit: "µs".into(),
+                    predicted: v,
+                    measured: est(&p.mean),
+                    tolerance: exp.tolerance,
+                });
+            }
+            if let Some(c) = &p.cpu {
+                util_checks.push(h::ModelCheck {
+                    quantity: format!("{cfg}: server CPU at {} req/s", format_value(o)),
+                    model: "utilization law U = X·S".into(),
+                    unit: "cores".into(),
+                    predicted: lambda * s,
+                    measured: est(c),
+                    tolerance: exp.tolerance,
+                });
+            }
+        }
+        means.push(line(format!("{cfg}: measured"), LineStyle::Solid, k, meas));
+        means.push(line(format!("{cfg}: M/M/1"), LineStyle::Dashed, k, m1));
+        means.push(line(
+            format!("{cfg}: M/M/{m}"),
+            LineStyle::Dashed,
+            k + 4,
+            mm,
+        ));
+    }
+    let plot = |title: &str, y: &str, series: Vec<Series>| {
+        Item::LinePlot(LinePlot {
+            title: title.into(),
+            x_label: "offered rate (req/s)".into(),
+            y_label: y.into(),
+            y_from_zero: true,
+            error_bars: Some(ci.into()),
+            series,
+            ..LinePlot::default()
+        })
+    };
+    sec.items.push(plot(
+        "p95 latency vs offered rate",
+        "p95 latency (µs)",
+        p95s,
+    ));
+    sec.items.push(plot(
+        "Server CPU vs offered rate",
+        "server CPU (cores busy)",
+        cpus,
+    ));
+    sec.items.push(plot(
+        "Achieved vs offered rate",
+        "throughput (req/s)",
+        achieved,
+    ));
+    if inputs.is_empty() {
+        sec.items.push(Item::Note(Note::warning(
+            "No queueing models",
+            "The server's CPU time was not measured (an external system without pid), so the \
+             service time S = U/X is unknown.",
+        )));
+        return;
+    }
+    sec.items.push(Item::Note(Note::info(
+        "Queueing models",
+        "Service time S = U/X: the server's CPU seconds per request at the lowest rate \
+         (utilization law, U from /proc/<pid>/stat). M/M/1 treats the server as one queue with \
+         that service time; M/M/m as m worker threads (Erlang C). Both are given the measured \
+         arrival rate λ = X and add a fixed delay d = R − S measured at the lowest rate (network \
+         stack, client). An unstable queue (λS/m ≥ 1) predicts an infinite response time.",
+    )));
+    sec.items.push(Item::Table(Table {
+        title: "Queueing model inputs (measured)".into(),
+        columns: [
+            "configuration",
+            "service time S (µs CPU per request)",
+            "servers m (worker threads)",
+            "fixed delay d (µs)",
+            "measured at (req/s)",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: inputs,
+        caption: None,
+    }));
+    sec.items.push(plot(
+        "Mean response time vs offered rate: measured, M/M/1, M/M/m",
+        "mean response time (µs)",
+        means,
+    ));
+    tally.add(&checks);
+    let mut items = h::model_vs_measurement(&checks, ci);
+    if let Some(Item::Table(t)) = items.first_mut() {
+        t.title = "Model vs measurement: M/M/1 and M/M/m".into();
+    }
+    sec.items.extend(items);
+    tally.add(&util_checks);
+    let mut items = h::model_vs_measurement(&util_checks, ci);
+    if let Some(Item::Table(t)) = items.first_mut() {
+        t.title = "Model vs measurement: utilization law with S from the lowest rate".into();
+        t.caption = Some(
+            "Whether the CPU cost per request stays what it was at the lowest rate. Model \
+             error = (predicted − measured) / measured."
+                .into(),
+        );
+    }
+    sec.items.extend(items);
+}
+
+fn twok_section(
+    exp: &Experiment,
+    part: &Part,
+    pts: &[Pt],
+    ci: &str,
+    sec: &mut Section,
+    summary: &mut String,
+) {
+    let names: Vec<&str> = part.factors.iter().map(|(f, _)| f.as_str()).collect();
+    let letters: Vec<String> = (0..names.len())
+        .map(|i| char::from(b'A' + i as u8).to_string())
+        .collect();
+    let letter_refs: Vec<&str> = letters.iter().map(String::as_str).collect();
+    let legend: Vec<String> = part
+        .factors
+        .iter()
+        .zip(&letters)
+        .map(|((f, ls), l)| format!("{l} = {f} ({} / {})", ls[0], ls[1]))
+        .collect();
+    sec.items.push(Item::Note(Note::info(
+        "2^k design",
+        format!(
+            "{} factors, {} runs, r = {} repetitions each; effects with {ci}s. Factors: {}.",
+            names.len(),
+            part.points.len(),
+            part.repetitions,
+            legend.join("; ")
+        ),
+    )));
+    let _ = writeln!(summary, "part {} — 2^k design", part.name);
+    let systems: Vec<String> = {
+        let mut v: Vec<String> = Vec::new();
+        for p in pts {
+            if !v.contains(&p.system) {
+                v.push(p.system.clone());
+            }
+        }
+        v
+    };
+    for sys in &systems {
+        let mut runs_x: Vec<Vec<f64>> = Vec::new();
+        let mut runs_r: Vec<Vec<f64>> = Vec::new();
+        let mut rows = Vec::new();
+        for (k, lv) in part.points.iter().enumerate() {
+            let Some(p) = pts.iter().find(|p| &p.system == sys && &p.levels == lv) else {
+                continue;
+            };
+            let _ = k;
+            runs_x.push(
+                p.runs
+                    .iter()
+                    .filter_map(|r| r.result.as_ref().map(|r| r.throughput_qps))
+                    .collect(),
+            );
+            runs_r.push(
+                p.runs
+                    .iter()
+                    .filter_map(|r| r.result.as_ref().map(|r| r.latency.mean_us))
+                    .collect(),
+            );
+            let mut cells: Vec<String> = lv.iter().map(|(_, l)| l.to_string()).collect();
+            cells.push(ci_text(&p.x));
+            cells.push(ci_text(&p.mean));
+            rows.push(Row::new(cells));
+        }
+        if runs_x.len() != part.points.len() {
+            sec.items.push(Item::Note(Note::warning(
+                format!("{sys}: design incomplete"),
+                "Some points of the design have no successful run; effects are not computed.",
+            )));
+            continue;
+        }
+        // Equal replications: keep the first r of each (a failed run shortens all).
+        let r = runs_x.iter().map(Vec::len).min().unwrap_or(0);
+        for v in runs_x.iter_mut().chain(runs_r.iter_mut()) {
+            v.truncate(r);
+        }
+        let mut cols: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        cols.push(format!("throughput (req/s) ± {ci} half-width"));
+        cols.push("mean latency (µs)".into());
+        sec.items.push(Item::Table(Table {
+            title: format!("2^k runs (standard order): {sys}"),
+            columns: cols,
+            rows,
+            caption: None,
+        }));
+        for (resp, unit, runs) in [
+            ("throughput", "req/s", &runs_x),
+            ("mean latency", "µs", &runs_r),
+        ] {
+            match factorial::analyze(&letter_refs, runs, exp.confidence) {
+                Ok(fa) => {
+                    let mut effects: Vec<h::Effect> = fa
+                        .effects
+                        .iter()
+                        .filter(|e| e.mask != 0)
+                        .map(|e| h::Effect {
+                            name: e.label.clone(),
+                            description: if e.factors.len() == 1 {
+                                let j = e.mask.trailing_zeros() as usize;
+                                legend.get(j).cloned().unwrap_or_default()
+                            } else {
+                                format!(
+                                    "interaction {}",
+                                    e.factors
+                                        .iter()
+                                        .filter_map(|l| letters.iter().position(|x| x == l))
+                                        .map(|j| names[j])
+                                        .collect::<Vec<_>>()
+                                        .join(" × ")
+                                )
+                            },
+                            effect: Some(match (e.ci_low, e.ci_high) {
+                                (Some(l), Some(hh)) => Estimate::with_ci(e.estimate, l, hh),
+                                _ => Estimate::exact(e.estimate),
+                            }),
+                            fraction: e.percent_variation.unwrap_or(0.0) / 100.0,
+                        })
+                        .collect();
+                    if let Some(err) = fa.error_percent_variation {
+                        effects.push(h::Effect {
+                            name: "error".into(),
+                            description: format!("residuals (r = {r} repetitions)"),
+                            effect: None,
+                            fraction: err / 100.0,
+                        });
+                    }
+                    let mut t =
+                        h::allocation_of_variation_table(&format!("{resp}, {sys}"), unit, &effects);
+                    t.caption = Some(format!(
+                        "Mean {} {unit}. Effect q: half the change of the response from the low \
+                         to the high level. Variation explained: SS of the term / SST.",
+                        format_value(fa.mean())
+                    ));
+                    if resp == "throughput" {
+                        let mut top: Vec<&h::Effect> = effects.iter().collect();
+                        top.sort_by(|a, b| b.fraction.total_cmp(&a.fraction));
+                        let _ = writeln!(
+                            summary,
+                            "  {sys}: mean {} req/s; variation explained: {}",
+                            format_value(fa.mean()),
+                            top.iter()
+                                .take(4)
+                                .map(|e| format!("{} {:.1}%", e.name, e.fraction * 100.0))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
+                    sec.items.push(Item::Table(t));
+                }
+                Err(e) => sec.items.push(Item::Note(Note::warning(
+                    format!("{sys}: no 2^k analysis of {resp}"),
+                    e.to_string(),
+                ))),
+            }
+        }
+    }
+    let _ = writeln!(summary, "  ({})", legend.join("; "));
+}
+
+fn trace_section(
+    part_name: &str,
+    pts: &[Pt],
+    edges: &[f64],
+    sec: &mut Section,
+    summary: &mut String,
+) {
+    let _ = writeln!(summary, "part {part_name} — trace (changing rate)");
+    let mut cases = Vec::new();
+    for (k, p) in pts.iter().enumerate() {
+        let Some(run) = p.runs.first() else { continue };
+        let Some(res) = &run.result else { continue };
+        let measured: Vec<&kvlab_bench::run::IntervalRow> =
+            res.intervals.iter().filter(|i| !i.warmup).collect();
+        let Some(first) = measured.first().map(|i| i.ts_start) else {
+            continue;
+        };
+        let tp: Vec<h::TracePoint> = measured
+            .iter()
+            .map(|i| h::TracePoint {
+                t: i.ts_end.saturating_sub(first) as f64 / 1000.0,
+                p95: i.latency.p95_us,
+                rate: i.achieved_qps,
+            })
+            .collect();
+        let name = p.describe();
+        let [mut p95, mut rate] = h::trace_plots(&name, &tp, "µs");
+        rate.series.push(line(
+            "target rate".into(),
+            LineStyle::Dashed,
+            2,
+            measured
+                .iter()
+                .filter_map(|i| {
+                    i.target_qps
+                        .map(|q| Point::new(i.ts_end.saturating_sub(first) as f64 / 1000.0, q))
+                })
+                .collect(),
+        ));
+        p95.caption = Some(format!(
+            "Repetition 1; {} intervals of {} s.",
+            tp.len(),
+            res.config.interval_s
+        ));
+        sec.items.push(Item::LinePlot(p95));
+        sec.items.push(Item::LinePlot(rate));
+        if let Some(c) = &run.cpu {
+            sec.items.push(Item::LinePlot(LinePlot {
+                title: format!("Server CPU over time: {name}"),
+                x_label: "time (s)".into(),
+                y_label: "server CPU (cores busy)".into(),
+                y_from_zero: true,
+                series: vec![line(
+                    name.clone(),
+                    LineStyle::Solid,
+                    k,
+                    c.intervals
+                        .iter()
+                        .map(|(t, u)| Point::new(*t, *u))
+                        .collect(),
+                )],
+                ..LinePlot::default()
+            }));
+        }
+        if let Some(hh) = &p.hist {
+            cases.push(series_of(&p.system, edges, hh));
+        }
+        let max_p95 = tp.iter().map(|t| t.p95).fold(0.0, f64::max);
+        let _ = writeln!(
+            summary,
+            "  {:<34} mean {} req/s, p95 over the run {} µs, worst interval p95 {} µs",
+            name,
+            format_value(res.throughput_qps),
+            format_value(res.latency.p95_us),
+            format_value(max_p95)
+        );
+        let _ = k;
+    }
+    if !cases.is_empty() {
+        sec.items.push(Item::Histogram(h::latency_histogram(
+            "Latency distribution over the trace",
+            "µs",
+            edges.to_vec(),
+            cases,
+        )));
+    }
+}

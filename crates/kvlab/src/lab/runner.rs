@@ -1,0 +1,526 @@
+//! Runs every point × repetition of an experiment and stores the raw results.
+//!
+//! ```text
+//! results/<experiment>-<date>/
+//!   meta.json            kvlab version + commit, machine, date, command, the experiment text
+//!   raw/NNNN.json        one per run: levels, system, flags, bench RunResult, latency
+//!                        histogram, the system's CPU time from /proc/<pid>/stat
+//!   logs/<system>-N.log  each started system's output
+//!   report/index.html    written by the analysis (`kvlab lab analyse DIR` rewrites it)
+//! ```
+//!
+//! Runs are interleaved (repetition-major: every point and system once, then again) so a
+//! slow drift of the machine spreads over all points instead of biasing one.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use hdrhistogram::Histogram;
+use kvlab_analysis::laws;
+use kvlab_bench::run::IntervalRow;
+use kvlab_bench::RunResult;
+use serde::{Deserialize, Serialize};
+
+use super::spec::{Experiment, Level, PlannedRun};
+use super::system::{self, Instance};
+
+/// The system's CPU time over a run's measured time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CpuSample {
+    /// The process read.
+    pub pid: u32,
+    /// utime + stime at the start of measurement, clock ticks.
+    pub start_ticks: u64,
+    /// utime + stime at the end, clock ticks.
+    pub end_ticks: u64,
+    /// Clock ticks per second.
+    pub ticks_per_second: u64,
+    /// Wall time between the readings, s.
+    pub elapsed_s: f64,
+    /// CPU-seconds per second (1 = one core busy).
+    pub utilization: f64,
+    /// Per interval: (seconds since the start of measurement, utilization in the interval).
+    #[serde(default)]
+    pub intervals: Vec<(f64, f64)>,
+}
+
+/// A latency histogram (ns) that serialises in HdrHistogram's interchange format.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hist(#[serde(with = "kvlab_bench::stats::hist_serde")] pub Histogram<u64>);
+
+/// One run as stored in `raw/NNNN.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RawRun {
+    /// Index in measurement order.
+    pub index: usize,
+    /// Part name.
+    pub part: String,
+    /// Point index in the part.
+    pub point: usize,
+    /// The point's levels, in factor order.
+    pub levels: Vec<(String, Level)>,
+    /// System name.
+    pub system: String,
+    /// Repetition, from 0.
+    pub repetition: usize,
+    /// The system's flags (rendered).
+    pub args: Vec<String>,
+    /// How it was started.
+    pub command: Vec<String>,
+    /// Its answer to `version`.
+    pub version: String,
+    /// Its worker threads (from `-t`).
+    pub server_threads: u32,
+    /// Closed-loop clients (connections × depth), 0 in open loop.
+    pub population: usize,
+    /// Closed-loop think time, s.
+    pub think_s: f64,
+    /// Start, RFC 3339 UTC.
+    pub started: String,
+    /// The system's CPU time, when its pid is known.
+    pub cpu: Option<CpuSample>,
+    /// What the load generator measured.
+    pub result: Option<RunResult>,
+    /// Latency from the planned send, ns, over the measured time.
+    pub latency_hist: Option<Hist>,
+    /// Why the run failed.
+    pub error: Option<String>,
+}
+
+/// Facts about the experiment and the machine, `meta.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Meta {
+    /// kvlab version.
+    pub kvlab_version: String,
+    /// Git commit kvlab was built from.
+    pub commit: String,
+    /// Start, RFC 3339 UTC.
+    pub date: String,
+    /// Wall time of the whole experiment, s (0 while it runs).
+    pub elapsed_s: f64,
+    /// Host name.
+    pub host: String,
+    /// Kernel release.
+    pub kernel: String,
+    /// CPU model.
+    pub cpu_model: String,
+    /// Cores available to kvlab.
+    pub cores: usize,
+    /// Physical memory, bytes.
+    pub memory_bytes: u64,
+    /// The command line.
+    pub command: Vec<String>,
+    /// The experiment file's path (or "(built in)").
+    pub experiment_file: String,
+    /// Its text.
+    pub experiment_text: String,
+    /// Systems skipped, with the reason.
+    pub skipped: Vec<(String, String)>,
+    /// Runs planned.
+    pub runs: usize,
+}
+
+/// The commit kvlab was built from (build.rs), or "unknown".
+pub fn commit() -> &'static str {
+    option_env!("KVLAB_GIT_COMMIT").unwrap_or("unknown")
+}
+
+fn read_trim(p: &str) -> String {
+    std::fs::read_to_string(p)
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+impl Meta {
+    /// Collects the facts now.
+    pub fn collect(file: &str, text: &str) -> Meta {
+        let memory_bytes = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| l.split_whitespace().nth(1))
+                    .and_then(|kb| kb.parse::<u64>().ok())
+            })
+            .map_or(0, |kb| kb * 1024);
+        let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|c| {
+                c.lines()
+                    .find(|l| l.starts_with("model name"))
+                    .and_then(|l| l.split_once(':'))
+                    .map(|(_, v)| v.trim().to_string())
+            })
+            .unwrap_or_default();
+        Meta {
+            kvlab_version: env!("CARGO_PKG_VERSION").into(),
+            commit: commit().into(),
+            date: rfc3339(std::time::SystemTime::now()),
+            elapsed_s: 0.0,
+            host: read_trim("/proc/sys/kernel/hostname"),
+            kernel: read_trim("/proc/sys/kernel/osrelease"),
+            cpu_model,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            memory_bytes,
+            command: std::env::args().collect(),
+            experiment_file: file.into(),
+            experiment_text: text.into(),
+            skipped: Vec::new(),
+            runs: 0,
+        }
+    }
+}
+
+/// `t` as `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let (y, mo, d, h, mi, s) = civil(t);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+/// `t` as `YYYYMMDD-HHMMSS` (UTC), for directory names.
+pub fn stamp(t: std::time::SystemTime) -> String {
+    let (y, mo, d, h, mi, s) = civil(t);
+    format!("{y:04}{mo:02}{d:02}-{h:02}{mi:02}{s:02}")
+}
+
+fn civil(t: std::time::SystemTime) -> (i64, u32, u32, u64, u64, u64) {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's days-to-civil.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+fn fmt_secs(s: f64) -> String {
+    let s = s.max(0.0).round() as u64;
+    format!("{}:{:02}", s / 60, s % 60)
+}
+
+/// Runs the experiment into `out`. Returns the stored runs.
+pub fn run_experiment(
+    exp: &Experiment,
+    meta: &mut Meta,
+    out: &Path,
+) -> anyhow::Result<Vec<RawRun>> {
+    let raw_dir = out.join("raw");
+    std::fs::create_dir_all(&raw_dir).with_context(|| format!("creating {}", raw_dir.display()))?;
+    // Systems that cannot start (a missing optional binary) are skipped with a note.
+    let mut available = vec![true; exp.systems.len()];
+    for (i, s) in exp.systems.iter().enumerate() {
+        if let Err(e) = system::program(s) {
+            if s.optional {
+                eprintln!("note: skipping system {:?}: {e:#}", s.name);
+                meta.skipped.push((s.name.clone(), format!("{e:#}")));
+                available[i] = false;
+            } else {
+                return Err(e);
+            }
+        }
+    }
+    let runs: Vec<PlannedRun> = exp
+        .runs()
+        .into_iter()
+        .filter(|r| available[r.system])
+        .collect();
+    if runs.is_empty() {
+        anyhow::bail!("no runs: every system was skipped");
+    }
+    meta.runs = runs.len();
+    write_json(&out.join("meta.json"), meta)?;
+    let planned_total: f64 = runs.iter().map(|r| exp.planned_seconds(r)).sum();
+    eprintln!(
+        "experiment {}: {} runs ({} parts, {} systems), about {} of measurement; results in {}",
+        exp.name,
+        runs.len(),
+        exp.parts.len(),
+        available.iter().filter(|a| **a).count(),
+        fmt_secs(planned_total),
+        out.display()
+    );
+    let t0 = Instant::now();
+    let mut planned_done = 0.0;
+    let mut stored = Vec::new();
+    let mut running: Vec<Instance> = Vec::new();
+    let mut starts = 0usize;
+    let mut current_part = usize::MAX;
+    let tty = std::io::stderr().is_terminal();
+    for (i, r) in runs.iter().enumerate() {
+        let part = &exp.parts[r.part];
+        if r.part != current_part {
+            // Each part starts from fresh systems.
+            for inst in running.drain(..) {
+                inst.stop();
+            }
+            current_part = r.part;
+            match &part.description {
+                Some(d) => eprintln!("part {}: {d}", part.name),
+                None => eprintln!("part {}", part.name),
+            }
+        }
+        let spec = &exp.systems[r.system];
+        let levels = part.points[r.point].clone();
+        let args = spec.render_args(&levels);
+        // Stop this system's instances with other flags; start one with these if needed.
+        let mut keep = Vec::new();
+        for inst in running.drain(..) {
+            if inst.system == r.system && inst.args != args {
+                inst.stop();
+            } else {
+                keep.push(inst);
+            }
+        }
+        running = keep;
+        let mut pos = running.iter().position(|x| x.system == r.system);
+        if let Some(p) = pos {
+            if running[p].exited() {
+                eprintln!("note: system {:?} exited; restarting it", spec.name);
+                running.remove(p).stop();
+                pos = None;
+            }
+        }
+        let inst_index = match pos {
+            Some(p) => p,
+            None => {
+                starts += 1;
+                let log = out.join("logs").join(format!("{}-{starts}.log", spec.name));
+                let inst = Instance::start(r.system, spec, args.clone(), &log)?;
+                running.push(inst);
+                running.len() - 1
+            }
+        };
+        let inst = &mut running[inst_index];
+        let desc = levels
+            .iter()
+            .map(|(f, l)| format!("{f}={l}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let elapsed = t0.elapsed().as_secs_f64();
+        let eta = if planned_done > 0.0 {
+            (planned_total - planned_done) * elapsed / planned_done
+        } else {
+            planned_total
+        };
+        eprintln!(
+            "[{:>3}/{}] {} {} {} rep {}/{}   elapsed {}, about {} left",
+            i + 1,
+            runs.len(),
+            part.name,
+            spec.name,
+            desc,
+            r.repetition + 1,
+            part.repetitions,
+            fmt_secs(elapsed),
+            fmt_secs(eta)
+        );
+        let raw = one_run(exp, r, i, inst, tty);
+        if let Some(e) = &raw.error {
+            eprintln!("        failed: {e}");
+        } else if let Some(res) = &raw.result {
+            eprintln!(
+                "        {:.0} req/s, mean {:.1} µs, p99 {:.1} µs{}",
+                res.throughput_qps,
+                res.latency.mean_us,
+                res.latency.p99_us,
+                raw.cpu
+                    .as_ref()
+                    .map(|c| format!(", server CPU {:.2} cores", c.utilization))
+                    .unwrap_or_default()
+            );
+        }
+        write_json(&raw_dir.join(format!("{i:04}.json")), &raw)?;
+        stored.push(raw);
+        planned_done += exp.planned_seconds(r);
+    }
+    for inst in running.drain(..) {
+        inst.stop();
+    }
+    meta.elapsed_s = t0.elapsed().as_secs_f64();
+    write_json(&out.join("meta.json"), meta)?;
+    Ok(stored)
+}
+
+fn one_run(
+    exp: &Experiment,
+    r: &PlannedRun,
+    index: usize,
+    inst: &mut Instance,
+    tty: bool,
+) -> RawRun {
+    let part = &exp.parts[r.part];
+    let levels = part.points[r.point].clone();
+    let mut raw = RawRun {
+        index,
+        part: part.name.clone(),
+        point: r.point,
+        levels: levels.clone(),
+        system: exp.systems[r.system].name.clone(),
+        repetition: r.repetition,
+        args: inst.args.clone(),
+        command: inst.command.clone(),
+        version: inst.version.clone(),
+        server_threads: system::server_threads(&inst.args),
+        population: 0,
+        think_s: 0.0,
+        started: rfc3339(std::time::SystemTime::now()),
+        cpu: None,
+        result: None,
+        latency_hist: None,
+        error: None,
+    };
+    let wl = match part.workload_of(&levels) {
+        Ok(w) => w,
+        Err(e) => {
+            raw.error = Some(format!("{e:#}"));
+            return raw;
+        }
+    };
+    raw.population = if wl.is_open() { 0 } else { wl.population() };
+    raw.think_s = wl.think_us as f64 / 1e6;
+    let seed = exp.seed.wrapping_add(r.repetition as u64);
+    let mut cfg = match wl.config(inst.addr, part.duration, part.warmup, seed) {
+        Ok(c) => c,
+        Err(e) => {
+            raw.error = Some(format!("{e:#}"));
+            return raw;
+        }
+    };
+    let sig = wl.data_signature();
+    cfg.load = cfg.load && inst.loaded.as_deref() != Some(sig.as_str());
+    // CPU readings at every interval boundary the generator reports: the measured window
+    // starts at the end of the last warm-up interval (or, without warm-up, at the end of the
+    // first interval, so the load phase never counts).
+    let pid = inst.pid;
+    let ticks = laws::clock_ticks_per_second();
+    let read = || pid.and_then(|p| laws::read_proc_stat(p).ok());
+    let mut readings: Vec<(bool, Instant, Option<laws::ProcStat>, f64)> = Vec::new();
+    let total_s = cfg.end_ns() as f64 / 1e9;
+    let mut first_ts: Option<u64> = None;
+    let mut progress = |row: &IntervalRow| {
+        readings.push((row.warmup, Instant::now(), read(), 0.0));
+        if tty {
+            let first = *first_ts.get_or_insert(row.ts_start);
+            let el = row.ts_end.saturating_sub(first) as f64 / 1000.0;
+            eprint!(
+                "\r        {}",
+                kvlab_bench::report::progress_line(row, el, total_s)
+            );
+        }
+    };
+    let result = kvlab_bench::run(&cfg, &[], &mut progress);
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
+    match result {
+        Ok(mut res) => {
+            if cfg.load {
+                inst.loaded = Some(sig);
+            }
+            raw.latency_hist = res.hist.take().map(|h| Hist(h.latency));
+            raw.cpu = cpu_sample(pid, ticks, &readings);
+            raw.result = Some(res);
+        }
+        Err(e) => raw.error = Some(format!("{e}")),
+    }
+    raw
+}
+
+fn cpu_sample(
+    pid: Option<u32>,
+    ticks: u64,
+    readings: &[(bool, Instant, Option<laws::ProcStat>, f64)],
+) -> Option<CpuSample> {
+    let pid = pid?;
+    let start = match readings.iter().rposition(|r| r.0) {
+        Some(i) => i,
+        None if readings.len() >= 2 => 0,
+        None => return None,
+    };
+    let end = readings.len() - 1;
+    if end <= start {
+        return None;
+    }
+    let (_, t_start, s_start, _) = readings[start].clone();
+    let (_, t_end, s_end, _) = readings[end].clone();
+    let (s_start, s_end) = (s_start?, s_end?);
+    let elapsed = (t_end - t_start).as_secs_f64();
+    let utilization = laws::cpu_utilization(&s_start, &s_end, elapsed, ticks).ok()?;
+    let mut intervals = Vec::new();
+    for w in readings[start..=end].windows(2) {
+        if let (Some(a), Some(b)) = (&w[0].2, &w[1].2) {
+            let dt = (w[1].1 - w[0].1).as_secs_f64();
+            if let Ok(u) = laws::cpu_utilization(a, b, dt, ticks) {
+                intervals.push(((w[1].1 - t_start).as_secs_f64(), u));
+            }
+        }
+    }
+    Some(CpuSample {
+        pid,
+        start_ticks: s_start.cpu_ticks(),
+        end_ticks: s_end.cpu_ticks(),
+        ticks_per_second: ticks,
+        elapsed_s: elapsed,
+        utilization,
+        intervals,
+    })
+}
+
+/// Writes `v` as pretty JSON.
+pub fn write_json<T: Serialize>(path: &Path, v: &T) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(v)?;
+    std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+/// Reads `meta.json` and `raw/*.json` of a results directory.
+pub fn load(dir: &Path) -> anyhow::Result<(Meta, Vec<RawRun>)> {
+    let mp = dir.join("meta.json");
+    let text = std::fs::read_to_string(&mp).with_context(|| {
+        format!(
+            "reading {} (is {} a results directory of `kvlab lab run`?)",
+            mp.display(),
+            dir.display()
+        )
+    })?;
+    let meta: Meta =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", mp.display()))?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("raw"))
+        .with_context(|| format!("reading {}", dir.join("raw").display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let mut runs = Vec::new();
+    for f in files {
+        let text =
+            std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        let r: RawRun =
+            serde_json::from_str(&text).with_context(|| format!("parsing {}", f.display()))?;
+        runs.push(r);
+    }
+    runs.sort_by_key(|r| r.index);
+    Ok((meta, runs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        assert_eq!(rfc3339(t), "2023-11-14T22:13:20Z");
+        assert_eq!(stamp(t), "20231114-221320");
+    }
+}

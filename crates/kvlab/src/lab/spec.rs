@@ -1,0 +1,1035 @@
+//! Experiment files: parsing, checking, and expansion into the list of runs.
+//!
+//! The format is documented in the module doc of [`crate::lab`]. Parsing is strict
+//! (unknown keys are errors, with the key's name) so a typo never silently falls back to a
+//! default.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use anyhow::{bail, Context};
+use kvlab_bench::dist::{etc_key_size, etc_value_size, KeyDist, SizeDist};
+use kvlab_bench::schedule::{Arrival, RatePlan};
+use kvlab_bench::workload::{Mix, Workload};
+use kvlab_bench::{Config, Protocol};
+use serde::{Deserialize, Serialize};
+
+/// Default repetitions per point.
+pub const DEFAULT_REPETITIONS: usize = 3;
+/// Default measured seconds per run.
+pub const DEFAULT_DURATION: f64 = 10.0;
+/// Default warm-up seconds per run.
+pub const DEFAULT_WARMUP: f64 = 1.0;
+/// Default confidence level of intervals.
+pub const DEFAULT_CONFIDENCE: f64 = 0.95;
+/// Default relative tolerance of model checks.
+pub const DEFAULT_TOLERANCE: f64 = 0.10;
+
+/// The file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSpec {
+    name: Option<String>,
+    description: Option<String>,
+    repetitions: Option<usize>,
+    duration: Option<f64>,
+    warmup: Option<f64>,
+    confidence: Option<f64>,
+    tolerance: Option<f64>,
+    seed: Option<u64>,
+    #[serde(default, rename = "system")]
+    systems: Vec<SystemSpec>,
+    #[serde(default)]
+    workload: toml::Table,
+    #[serde(default)]
+    factors: toml::Table,
+    design: Option<String>,
+    #[serde(default)]
+    points: Vec<toml::Table>,
+    #[serde(default, rename = "part")]
+    parts: Vec<PartSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PartSpec {
+    name: Option<String>,
+    description: Option<String>,
+    systems: Option<Vec<String>>,
+    repetitions: Option<usize>,
+    duration: Option<f64>,
+    warmup: Option<f64>,
+    #[serde(default)]
+    workload: toml::Table,
+    #[serde(default)]
+    factors: toml::Table,
+    design: Option<String>,
+    #[serde(default)]
+    points: Vec<toml::Table>,
+}
+
+/// How a system under test is started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SystemKind {
+    /// `kvlab server` (this executable unless `binary` says otherwise).
+    Kvlab,
+    /// A memcached binary (`binary`, default `memcached` on PATH).
+    Memcached,
+    /// Already running at `address`; not started or stopped.
+    External,
+}
+
+/// One system under test.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SystemSpec {
+    /// Unique name, used in the report.
+    pub name: String,
+    /// How it starts; default: `kvlab` or `memcached` when the name is one of those.
+    pub kind: Option<SystemKind>,
+    /// Extra flags (`{factor}` is replaced by the point's level of that factor).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The program to run.
+    pub binary: Option<String>,
+    /// External systems: host:port.
+    pub address: Option<String>,
+    /// External systems: a pid whose CPU time is read from /proc.
+    pub pid: Option<u32>,
+    /// Skip the system (with a note) when its binary is missing.
+    #[serde(default)]
+    pub optional: bool,
+    /// Seconds to wait for it to answer `version`.
+    pub start_timeout: Option<f64>,
+}
+
+impl SystemSpec {
+    /// The kind, defaulted from the name.
+    pub fn kind(&self) -> anyhow::Result<SystemKind> {
+        match (self.kind, self.name.as_str()) {
+            (Some(k), _) => Ok(k),
+            (None, "kvlab") => Ok(SystemKind::Kvlab),
+            (None, "memcached") => Ok(SystemKind::Memcached),
+            (None, n) => bail!("system {n:?}: say kind = \"kvlab\", \"memcached\" or \"external\""),
+        }
+    }
+
+    /// The `{placeholders}` used in `args`.
+    pub fn placeholders(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for a in &self.args {
+            let mut rest = a.as_str();
+            while let Some(i) = rest.find('{') {
+                let after = &rest[i + 1..];
+                match after.find('}') {
+                    Some(j) => {
+                        out.push(after[..j].to_string());
+                        rest = &after[j + 1..];
+                    }
+                    None => break,
+                }
+            }
+        }
+        out
+    }
+
+    /// `args` with the point's levels filled in.
+    pub fn render_args(&self, levels: &[(String, Level)]) -> Vec<String> {
+        self.args
+            .iter()
+            .map(|a| {
+                let mut s = a.clone();
+                for (f, l) in levels {
+                    s = s.replace(&format!("{{{f}}}"), &l.to_string());
+                }
+                s
+            })
+            .collect()
+    }
+}
+
+/// A factor's level: a TOML integer, float, string or boolean.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Level {
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+    /// A string.
+    Str(String),
+}
+
+impl Level {
+    fn from_toml(v: &toml::Value, what: &str) -> anyhow::Result<Level> {
+        Ok(match v {
+            toml::Value::Integer(i) => Level::Int(*i),
+            toml::Value::Float(f) => Level::Float(*f),
+            toml::Value::Boolean(b) => Level::Bool(*b),
+            toml::Value::String(s) => Level::Str(s.clone()),
+            other => bail!("{what}: a level must be a number, string or boolean, not {other}"),
+        })
+    }
+
+    fn to_toml(&self) -> toml::Value {
+        match self {
+            Level::Int(i) => toml::Value::Integer(*i),
+            Level::Float(f) => toml::Value::Float(*f),
+            Level::Bool(b) => toml::Value::Boolean(*b),
+            Level::Str(s) => toml::Value::String(s.clone()),
+        }
+    }
+
+    /// The level as a number, if it is one.
+    pub fn number(&self) -> Option<f64> {
+        match self {
+            Level::Int(i) => Some(*i as f64),
+            Level::Float(f) => Some(*f),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Level::Int(i) => write!(f, "{i}"),
+            Level::Float(x) => write!(f, "{x}"),
+            Level::Bool(b) => write!(f, "{b}"),
+            Level::Str(s) => f.write_str(s),
+        }
+    }
+}
+
+/// How a part's points are chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Design {
+    /// Every combination of the factors' levels.
+    Full,
+    /// 2^k: every factor has exactly two levels (low, high); analysed for effects.
+    TwoK,
+    /// The listed `points` only.
+    Points,
+}
+
+/// One part of an experiment, resolved.
+#[derive(Debug, Clone)]
+pub struct Part {
+    /// Name (unique in the experiment).
+    pub name: String,
+    /// What it is for.
+    pub description: Option<String>,
+    /// Indices into [`Experiment::systems`].
+    pub systems: Vec<usize>,
+    /// Repetitions per point.
+    pub repetitions: usize,
+    /// Measured seconds per run.
+    pub duration: f64,
+    /// Warm-up seconds per run.
+    pub warmup: f64,
+    /// The workload table (experiment's, overridden by the part's).
+    pub workload: toml::Table,
+    /// Factors and their levels, in file order.
+    pub factors: Vec<(String, Vec<Level>)>,
+    /// The design.
+    pub design: Design,
+    /// The points: each a level per factor, in factor order.
+    pub points: Vec<Vec<(String, Level)>>,
+}
+
+impl Part {
+    /// The workload of one point.
+    pub fn workload_of(&self, levels: &[(String, Level)]) -> anyhow::Result<WorkloadSpec> {
+        let mut t = self.workload.clone();
+        for (f, l) in levels {
+            if WORKLOAD_KEYS.contains(&f.as_str()) {
+                t.insert(f.clone(), l.to_toml());
+            }
+        }
+        toml::Value::Table(t)
+            .try_into::<WorkloadSpec>()
+            .map_err(|e| anyhow::anyhow!("part {:?}: workload: {}", self.name, e.message()))
+    }
+
+    /// Whether the part is a trace run (a changing open-loop rate).
+    pub fn is_trace(&self) -> bool {
+        self.workload.contains_key("qps_list")
+    }
+}
+
+/// A whole experiment, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct Experiment {
+    /// Name (used in the output directory).
+    pub name: String,
+    /// What it is for.
+    pub description: Option<String>,
+    /// Confidence level of intervals.
+    pub confidence: f64,
+    /// Relative tolerance of model checks.
+    pub tolerance: f64,
+    /// Base seed (repetition i uses seed + i).
+    pub seed: u64,
+    /// Systems under test.
+    pub systems: Vec<SystemSpec>,
+    /// Parts, run in order.
+    pub parts: Vec<Part>,
+}
+
+/// The keys of the `[workload]` table.
+pub const WORKLOAD_KEYS: &[&str] = &[
+    "clients",
+    "threads",
+    "connections",
+    "depth",
+    "think_us",
+    "qps",
+    "arrival",
+    "qps_list",
+    "qps_interval",
+    "preset",
+    "keys",
+    "key_prefix",
+    "key_size",
+    "key_dist",
+    "value_size",
+    "mix",
+    "multiget",
+    "verify",
+    "load",
+    "interval",
+    "timeout_ms",
+];
+
+/// A size given as a number of bytes or a distribution string.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum SizeSpec {
+    /// Bytes.
+    Bytes(u64),
+    /// `A-B`, `normal:M,SD`, … (as `kvlab bench --value-size`).
+    Text(String),
+}
+
+impl SizeSpec {
+    fn parse(&self) -> anyhow::Result<SizeDist> {
+        Ok(match self {
+            SizeSpec::Bytes(n) => SizeDist::Fixed { n: *n },
+            SizeSpec::Text(s) => SizeDist::parse(s)?,
+        })
+    }
+}
+
+/// The workload of one run: everything `kvlab bench` takes.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    /// Closed loop: total connections (sets threads × connections).
+    pub clients: Option<usize>,
+    /// Generator threads (the most used for `clients`).
+    #[serde(default = "one")]
+    pub threads: usize,
+    /// Connections per generator thread.
+    #[serde(default = "four")]
+    pub connections: usize,
+    /// Requests in flight per connection.
+    pub depth: Option<usize>,
+    /// Closed loop think time, µs.
+    #[serde(default)]
+    pub think_us: u64,
+    /// Open loop total rate, req/s.
+    pub qps: Option<f64>,
+    /// Open loop arrivals: poisson or fixed.
+    #[serde(default = "poisson")]
+    pub arrival: String,
+    /// Trace: rates, each for `qps_interval` seconds.
+    pub qps_list: Option<Vec<f64>>,
+    /// Trace step, s.
+    #[serde(default = "one_f")]
+    pub qps_interval: f64,
+    /// Preset: `etc`.
+    pub preset: Option<String>,
+    /// Distinct keys.
+    #[serde(default = "keys")]
+    pub keys: u64,
+    /// Key prefix.
+    #[serde(default = "prefix")]
+    pub key_prefix: String,
+    /// Key size.
+    pub key_size: Option<SizeSpec>,
+    /// Key choice.
+    #[serde(default = "uniform")]
+    pub key_dist: String,
+    /// Value size.
+    pub value_size: Option<SizeSpec>,
+    /// Mix.
+    pub mix: Option<String>,
+    /// Keys per get.
+    #[serde(default = "one_u32")]
+    pub multiget: u32,
+    /// Verify values.
+    #[serde(default)]
+    pub verify: bool,
+    /// Fill keys before the first run on a fresh server.
+    pub load: Option<bool>,
+    /// Time-series interval, s.
+    #[serde(default = "one_f")]
+    pub interval: f64,
+    /// Request timeout, ms.
+    #[serde(default = "timeout")]
+    pub timeout_ms: u64,
+}
+
+fn one() -> usize {
+    1
+}
+fn four() -> usize {
+    4
+}
+fn one_u32() -> u32 {
+    1
+}
+fn one_f() -> f64 {
+    1.0
+}
+fn keys() -> u64 {
+    100_000
+}
+fn timeout() -> u64 {
+    5000
+}
+fn poisson() -> String {
+    "poisson".into()
+}
+fn uniform() -> String {
+    "uniform".into()
+}
+fn prefix() -> String {
+    "key:".into()
+}
+
+impl WorkloadSpec {
+    /// Open loop (a rate or a trace).
+    pub fn is_open(&self) -> bool {
+        self.qps.is_some() || self.qps_list.is_some()
+    }
+
+    /// Total closed-loop clients: connections × depth (requests in flight).
+    pub fn population(&self) -> usize {
+        let (t, c) = self.threads_connections();
+        t * c * self.depth.unwrap_or(1)
+    }
+
+    /// Generator threads and connections per thread.
+    pub fn threads_connections(&self) -> (usize, usize) {
+        match self.clients {
+            Some(n) => {
+                let max = self.threads.clamp(1, n.max(1));
+                let t = (1..=max).rev().find(|t| n % t == 0).unwrap_or(1);
+                (t, n / t)
+            }
+            None => (self.threads, self.connections),
+        }
+    }
+
+    /// The bench workload.
+    pub fn bench_workload(&self) -> anyhow::Result<Workload> {
+        let mut wl = Workload {
+            keys: self.keys,
+            key_prefix: self.key_prefix.clone(),
+            ..Workload::default()
+        };
+        match self.preset.as_deref() {
+            None | Some("default") => {}
+            Some("etc") => {
+                wl.key_size = etc_key_size();
+                wl.value_size = etc_value_size();
+                wl.mix = Mix {
+                    get: 30,
+                    set: 1,
+                    delete: 0,
+                };
+            }
+            Some(o) => bail!("unknown preset {o:?} (known: etc)"),
+        }
+        if let Some(s) = &self.key_size {
+            wl.key_size = s.parse().context("key_size")?;
+        }
+        if let Some(s) = &self.value_size {
+            wl.value_size = s.parse().context("value_size")?;
+        }
+        if let Some(m) = &self.mix {
+            wl.mix = Mix::parse(m).context("mix")?;
+        }
+        wl.key_dist = KeyDist::parse(&self.key_dist).context("key_dist")?;
+        wl.multiget = self.multiget;
+        wl.verify = self.verify;
+        wl.validate()?;
+        Ok(wl)
+    }
+
+    /// The bench configuration of one run against `target`.
+    pub fn config(
+        &self,
+        target: std::net::SocketAddr,
+        duration: f64,
+        warmup: f64,
+        seed: u64,
+    ) -> anyhow::Result<Config> {
+        if self.qps.is_some() && self.qps_list.is_some() {
+            bail!("give qps or qps_list, not both");
+        }
+        let arrival = match self.arrival.as_str() {
+            "poisson" => Arrival::Poisson,
+            "fixed" => Arrival::Fixed,
+            o => bail!("arrival {o:?}: poisson or fixed"),
+        };
+        let (open, plan) = if let Some(list) = &self.qps_list {
+            (
+                Some(arrival),
+                RatePlan::from_rates(list, self.qps_interval)?,
+            )
+        } else if let Some(q) = self.qps {
+            (Some(arrival), RatePlan::fixed(q, duration)?)
+        } else {
+            (None, RatePlan::fixed(0.0, duration)?)
+        };
+        let workload = self.bench_workload()?;
+        let (threads, connections) = self.threads_connections();
+        let load = self.load.unwrap_or(workload.mix.get > 0);
+        let cfg = Config {
+            target,
+            protocol: Protocol::Memcached,
+            threads,
+            connections,
+            depth: self.depth.unwrap_or(if open.is_some() { 1024 } else { 1 }),
+            think_us: self.think_us,
+            open,
+            plan,
+            requests: None,
+            warmup_s: warmup,
+            interval_s: self.interval,
+            timeout_ms: self.timeout_ms,
+            workload,
+            seed,
+            load,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// What a server holds after the load phase: reload when it changes.
+    pub fn data_signature(&self) -> String {
+        format!(
+            "{}|{}|{:?}|{:?}|{}",
+            self.keys,
+            self.key_prefix,
+            self.key_size.as_ref().map(|s| format!("{s:?}")),
+            self.value_size.as_ref().map(|s| format!("{s:?}")),
+            self.preset.as_deref().unwrap_or("")
+        )
+    }
+}
+
+fn levels_of(name: &str, v: &toml::Value) -> anyhow::Result<Vec<Level>> {
+    let what = format!("factor {name:?}");
+    let levels = match v {
+        toml::Value::Array(a) => a
+            .iter()
+            .map(|x| Level::from_toml(x, &what))
+            .collect::<anyhow::Result<Vec<_>>>()?,
+        toml::Value::Table(t) => {
+            // { from = 5000, to = 125000, step = 5000 } or { values = [...] }
+            let num = |k: &str| -> anyhow::Result<Option<f64>> {
+                match t.get(k) {
+                    None => Ok(None),
+                    Some(toml::Value::Integer(i)) => Ok(Some(*i as f64)),
+                    Some(toml::Value::Float(f)) => Ok(Some(*f)),
+                    Some(o) => bail!("{what}: {k} must be a number, not {o}"),
+                }
+            };
+            for k in t.keys() {
+                if !["from", "to", "step", "times"].contains(&k.as_str()) {
+                    bail!("{what}: unknown key {k:?} (a range has from, to, and step or times)");
+                }
+            }
+            let (Some(from), Some(to)) = (num("from")?, num("to")?) else {
+                bail!("{what}: a range needs from and to");
+            };
+            let ints = t.values().all(|v| v.is_integer());
+            let mut out = Vec::new();
+            match (num("step")?, num("times")?) {
+                (Some(step), None) if step > 0.0 && to >= from => {
+                    let n = ((to - from) / step + 1e-9).floor() as usize;
+                    if n > 10_000 {
+                        bail!("{what}: more than 10 000 levels");
+                    }
+                    for i in 0..=n {
+                        out.push(from + step * i as f64);
+                    }
+                }
+                (None, Some(times)) if times > 1.0 && to >= from && from > 0.0 => {
+                    let mut x = from;
+                    while x <= to * (1.0 + 1e-9) {
+                        out.push(x);
+                        x *= times;
+                        if out.len() > 10_000 {
+                            bail!("{what}: more than 10 000 levels");
+                        }
+                    }
+                }
+                _ => bail!(
+                    "{what}: a range needs step > 0 (arithmetic) or times > 1 (geometric), \
+                     and from <= to"
+                ),
+            }
+            out.into_iter()
+                .map(|x| {
+                    if ints {
+                        Level::Int(x.round() as i64)
+                    } else {
+                        Level::Float(x)
+                    }
+                })
+                .collect()
+        }
+        other => Level::from_toml(other, &what).map(|l| vec![l])?,
+    };
+    if levels.is_empty() {
+        bail!("{what} has no levels");
+    }
+    Ok(levels)
+}
+
+fn expand_full(factors: &[(String, Vec<Level>)]) -> Vec<Vec<(String, Level)>> {
+    // Standard order: the first factor varies fastest (as in a 2^k sign table).
+    let total: usize = factors.iter().map(|(_, l)| l.len()).product();
+    (0..total)
+        .map(|mut i| {
+            factors
+                .iter()
+                .map(|(f, ls)| {
+                    let l = ls[i % ls.len()].clone();
+                    i /= ls.len();
+                    (f.clone(), l)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+impl Experiment {
+    /// Parses and checks an experiment file; `default_name` names it when the file does not.
+    pub fn parse(text: &str, default_name: &str) -> anyhow::Result<Experiment> {
+        let mut f: FileSpec = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let confidence = f.confidence.unwrap_or(DEFAULT_CONFIDENCE);
+        if !(confidence > 0.0 && confidence < 1.0) {
+            bail!("confidence must be in (0, 1), e.g. 0.95");
+        }
+        let tolerance = f.tolerance.unwrap_or(DEFAULT_TOLERANCE);
+        if !(tolerance >= 0.0 && tolerance.is_finite()) {
+            bail!("tolerance must be >= 0, e.g. 0.10");
+        }
+        if f.systems.is_empty() {
+            bail!("no systems: add at least one [[system]] (e.g. name = \"kvlab\")");
+        }
+        let mut names = BTreeSet::new();
+        for s in &f.systems {
+            if !names.insert(s.name.clone()) {
+                bail!("two systems are named {:?}", s.name);
+            }
+            let kind = s.kind()?;
+            match kind {
+                SystemKind::External if s.address.is_none() => {
+                    bail!(
+                        "system {:?}: kind = \"external\" needs address = \"host:port\"",
+                        s.name
+                    )
+                }
+                SystemKind::Kvlab | SystemKind::Memcached if s.address.is_some() => bail!(
+                    "system {:?}: address is only for kind = \"external\" (the lab picks a port)",
+                    s.name
+                ),
+                _ => {}
+            }
+        }
+        let top = PartSpec {
+            name: None,
+            description: None,
+            systems: None,
+            repetitions: None,
+            duration: None,
+            warmup: None,
+            workload: toml::Table::new(),
+            factors: f.factors.clone(),
+            design: f.design.clone(),
+            points: f.points.clone(),
+        };
+        let has_top_design = !f.factors.is_empty() || f.design.is_some() || !f.points.is_empty();
+        let specs: Vec<PartSpec> = if f.parts.is_empty() {
+            vec![top]
+        } else {
+            if has_top_design {
+                bail!("with [[part]]s, put factors, design and points inside each part");
+            }
+            std::mem::take(&mut f.parts)
+        };
+        let mut parts = Vec::new();
+        let mut part_names = BTreeSet::new();
+        for (i, p) in specs.into_iter().enumerate() {
+            let name = p.name.clone().unwrap_or_else(|| {
+                if i == 0 {
+                    "main".into()
+                } else {
+                    format!("part{}", i + 1)
+                }
+            });
+            if !part_names.insert(name.clone()) {
+                bail!("two parts are named {name:?}");
+            }
+            let part =
+                resolve_part(&f, p, name.clone()).with_context(|| format!("part {name:?}"))?;
+            parts.push(part);
+        }
+        let name = f.name.clone().unwrap_or_else(|| default_name.to_string());
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        {
+            bail!("name {name:?}: use letters, digits, '-', '_' or '.' (it names a directory)");
+        }
+        Ok(Experiment {
+            name,
+            description: f.description,
+            confidence,
+            tolerance,
+            seed: f.seed.unwrap_or(1),
+            systems: f.systems,
+            parts,
+        })
+    }
+
+    /// Runs in the order they are measured.
+    pub fn runs(&self) -> Vec<PlannedRun> {
+        let mut out = Vec::new();
+        for (pi, p) in self.parts.iter().enumerate() {
+            for rep in 0..p.repetitions {
+                for (k, _) in p.points.iter().enumerate() {
+                    for &s in &p.systems {
+                        out.push(PlannedRun {
+                            part: pi,
+                            point: k,
+                            system: s,
+                            repetition: rep,
+                        });
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Planned seconds of one run (warm-up + measured), for the progress estimate.
+    pub fn planned_seconds(&self, r: &PlannedRun) -> f64 {
+        let p = &self.parts[r.part];
+        let secs = match p.workload_of(&p.points[r.point]) {
+            Ok(w) => match &w.qps_list {
+                Some(l) => l.len() as f64 * w.qps_interval,
+                None => p.duration,
+            },
+            Err(_) => p.duration,
+        };
+        secs + p.warmup
+    }
+}
+
+/// One run to do: a point of a part against a system, one repetition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedRun {
+    /// Index of the part.
+    pub part: usize,
+    /// Index of the point in the part.
+    pub point: usize,
+    /// Index of the system.
+    pub system: usize,
+    /// Repetition, from 0.
+    pub repetition: usize,
+}
+
+fn positive_secs(what: &str, v: f64, zero_ok: bool) -> anyhow::Result<f64> {
+    if !v.is_finite() || v < 0.0 || (!zero_ok && v == 0.0) || v > 86_400.0 {
+        bail!(
+            "{what} = {v}: must be {} seconds (at most a day)",
+            if zero_ok { ">= 0" } else { "> 0" }
+        );
+    }
+    Ok(v)
+}
+
+fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part> {
+    let systems: Vec<usize> = match &p.systems {
+        None => (0..f.systems.len()).collect(),
+        Some(names) => names
+            .iter()
+            .map(|n| {
+                f.systems
+                    .iter()
+                    .position(|s| &s.name == n)
+                    .with_context(|| format!("unknown system {n:?} in systems"))
+            })
+            .collect::<anyhow::Result<_>>()?,
+    };
+    if systems.is_empty() {
+        bail!("no systems");
+    }
+    let repetitions = p
+        .repetitions
+        .or(f.repetitions)
+        .unwrap_or(DEFAULT_REPETITIONS);
+    if !(1..=1000).contains(&repetitions) {
+        bail!("repetitions must be in 1..=1000");
+    }
+    let duration = positive_secs(
+        "duration",
+        p.duration.or(f.duration).unwrap_or(DEFAULT_DURATION),
+        false,
+    )?;
+    let warmup = positive_secs(
+        "warmup",
+        p.warmup.or(f.warmup).unwrap_or(DEFAULT_WARMUP),
+        true,
+    )?;
+    let mut workload = f.workload.clone();
+    for (k, v) in p.workload {
+        workload.insert(k, v);
+    }
+    for k in workload.keys() {
+        if !WORKLOAD_KEYS.contains(&k.as_str()) {
+            bail!(
+                "unknown workload key {k:?} (known: {})",
+                WORKLOAD_KEYS.join(", ")
+            );
+        }
+    }
+    let mut factors = Vec::new();
+    for (k, v) in &p.factors {
+        if [
+            "design",
+            "points",
+            "repetitions",
+            "duration",
+            "warmup",
+            "systems",
+        ]
+        .contains(&k.as_str())
+        {
+            bail!(
+                "{k:?} is inside [factors]: in TOML, keys after a [table] header belong to that \
+                 table; move `{k} = …` above the [factors] header"
+            );
+        }
+        factors.push((k.clone(), levels_of(k, v)?));
+    }
+    let design = match p.design.as_deref() {
+        None if !p.points.is_empty() => Design::Points,
+        None | Some("full") => Design::Full,
+        Some("2k") => Design::TwoK,
+        Some("points") => Design::Points,
+        Some(o) => bail!("design {o:?}: full, 2k or points"),
+    };
+    let points: Vec<Vec<(String, Level)>> = match design {
+        Design::Full => {
+            if !p.points.is_empty() {
+                bail!("points are listed but design = \"full\": use design = \"points\"");
+            }
+            expand_full(&factors)
+        }
+        Design::TwoK => {
+            if factors.is_empty() {
+                bail!("design = \"2k\" needs factors");
+            }
+            if factors.len() > 10 {
+                bail!("design = \"2k\": at most 10 factors");
+            }
+            for (f, ls) in &factors {
+                if ls.len() != 2 {
+                    bail!(
+                        "design = \"2k\": factor {f:?} has {} levels; give exactly two [low, high]",
+                        ls.len()
+                    );
+                }
+            }
+            if !p.points.is_empty() {
+                bail!("points are listed but design = \"2k\"");
+            }
+            expand_full(&factors)
+        }
+        Design::Points => {
+            if p.points.is_empty() {
+                bail!("design = \"points\" needs points = [{{ factor = level, … }}, …]");
+            }
+            // Factor order: the factors table, then keys in order of first appearance.
+            let mut order: Vec<String> = factors.iter().map(|(f, _)| f.clone()).collect();
+            for pt in &p.points {
+                for k in pt.keys() {
+                    if !order.contains(k) {
+                        order.push(k.clone());
+                    }
+                }
+            }
+            let mut pts = Vec::new();
+            for (i, pt) in p.points.iter().enumerate() {
+                let mut row = Vec::new();
+                for f in &order {
+                    let l = match pt.get(f) {
+                        Some(v) => Level::from_toml(v, &format!("point {} factor {f:?}", i + 1))?,
+                        None => match factors.iter().find(|(n, _)| n == f) {
+                            Some((_, ls)) if ls.len() == 1 => ls[0].clone(),
+                            _ => bail!("point {} has no level for factor {f:?}", i + 1),
+                        },
+                    };
+                    row.push((f.clone(), l));
+                }
+                pts.push(row);
+            }
+            factors = order
+                .iter()
+                .map(|f| {
+                    let mut ls: Vec<Level> = Vec::new();
+                    for row in &pts {
+                        for (n, l) in row {
+                            if n == f && !ls.contains(l) {
+                                ls.push(l.clone());
+                            }
+                        }
+                    }
+                    (f.clone(), ls)
+                })
+                .collect();
+            pts
+        }
+    };
+    if points.len() > 100_000 {
+        bail!("{} points: too many", points.len());
+    }
+    // Every factor must act on something, and every placeholder must be defined.
+    let used: BTreeSet<String> = systems
+        .iter()
+        .flat_map(|&s| f.systems[s].placeholders())
+        .collect();
+    for (fname, _) in &factors {
+        if !WORKLOAD_KEYS.contains(&fname.as_str()) && !used.contains(fname) {
+            bail!(
+                "factor {fname:?} is neither a workload key ({}) nor used as {{{fname}}} in a \
+                 system's args",
+                WORKLOAD_KEYS.join(", ")
+            );
+        }
+    }
+    for u in &used {
+        if !factors.iter().any(|(f, _)| f == u) {
+            bail!("a system's args use {{{u}}} but the part has no factor {u:?}");
+        }
+    }
+    let part = Part {
+        name,
+        description: p.description,
+        systems,
+        repetitions,
+        duration,
+        warmup,
+        workload,
+        factors,
+        design,
+        points,
+    };
+    // Check every point's workload now, not an hour into the run.
+    let dummy: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
+    for pt in &part.points {
+        let w = part.workload_of(pt)?;
+        let desc = pt
+            .iter()
+            .map(|(f, l)| format!("{f}={l}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        w.config(dummy, duration, warmup, 1)
+            .with_context(|| format!("point {desc}"))?;
+    }
+    Ok(part)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_experiments_parse() {
+        for (name, text) in super::super::SHIPPED {
+            let e = Experiment::parse(text, name).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            assert!(!e.runs().is_empty(), "{name}");
+        }
+    }
+
+    #[test]
+    fn ranges_and_2k_expand() {
+        let e = Experiment::parse(
+            r#"
+            design = "2k"
+            [[system]]
+            name = "kvlab"
+            args = ["-t", "{server_threads}"]
+            [workload]
+            clients = 4
+            [factors]
+            server_threads = [1, 4]
+            value_size = [100, 10000]
+            "#,
+            "x",
+        )
+        .unwrap();
+        let p = &e.parts[0];
+        assert_eq!(p.points.len(), 4);
+        assert_eq!(p.points[1][0].1, Level::Int(4));
+        assert_eq!(p.points[1][1].1, Level::Int(100));
+        let e = Experiment::parse(
+            r#"
+            [[system]]
+            name = "kvlab"
+            [factors]
+            qps = { from = 5000, to = 125000, step = 5000 }
+            "#,
+            "x",
+        )
+        .unwrap();
+        assert_eq!(e.parts[0].points.len(), 25);
+    }
+
+    #[test]
+    fn typos_are_errors() {
+        let err = Experiment::parse(
+            "[[system]]\nname = \"kvlab\"\n[workload]\nclient = 3\n",
+            "x",
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("client"), "{err:#}");
+        let err = Experiment::parse(
+            "[[system]]\nname = \"kvlab\"\n[factors]\nserver_threads = [1, 2]\n",
+            "x",
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("server_threads"), "{err:#}");
+    }
+
+    #[test]
+    fn clients_split_over_threads() {
+        let mut w: WorkloadSpec = toml::from_str("clients = 6\nthreads = 4").unwrap();
+        assert_eq!(w.threads_connections(), (3, 2));
+        w.clients = Some(1);
+        assert_eq!(w.threads_connections(), (1, 1));
+    }
+}
