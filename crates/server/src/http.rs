@@ -104,28 +104,34 @@ struct App {
 }
 
 impl HttpServer {
-    /// Binds `at` and serves until [`HttpServer::stop`].
+    /// Binds `at` and serves the REST interface until [`HttpServer::stop`].
     pub fn start(
         at: SocketAddr,
         shared: Arc<Shared>,
         admin_token: Option<String>,
     ) -> io::Result<HttpServer> {
+        let app = router(App {
+            shared,
+            admin_token: admin_token.map(Arc::from),
+        });
+        Self::serve(at, app, "kvlab-http")
+    }
+
+    /// Binds `at` and serves `app` on a thread named `name` with its own two-worker tokio
+    /// runtime, until [`HttpServer::stop`]. Shared by the REST interface and `/metrics`.
+    pub(crate) fn serve(at: SocketAddr, app: Router, name: &str) -> io::Result<HttpServer> {
         let listener = std::net::TcpListener::bind(at)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
-            .thread_name("kvlab-http-rt")
+            .thread_name(format!("{name}-rt"))
             .enable_io()
             .enable_time()
             .build()?;
         let (stop_tx, stop_rx) = watch::channel(false);
-        let app = router(App {
-            shared,
-            admin_token: admin_token.map(Arc::from),
-        });
         let thread = std::thread::Builder::new()
-            .name("kvlab-http".into())
+            .name(name.into())
             .spawn(move || {
                 runtime.block_on(async move {
                     let listener = match tokio::net::TcpListener::from_std(listener) {

@@ -265,7 +265,7 @@ impl Server {
             stop_cv: Condvar::new(),
         });
         let metrics = match config.metrics {
-            Some(at) => Some(metrics::MetricsServer::start(at, shared.clone())?),
+            Some(at) => Some(metrics::start(at, shared.clone())?),
             None => None,
         };
         let metrics_addr = metrics.as_ref().map(|m| m.addr());
