@@ -11,10 +11,8 @@
 # The search: largest open-loop rate whose mean latency from the planned send is below
 # $BOUND with >= 99 % of planned requests answered (kvlab bench --find-sustained).
 #
-# Known issue (2026-11): kvlab server's REST listener does not set TCP_NODELAY, so a response
-# that follows another on the same connection waits ~40 ms for the client's delayed ACK;
-# open-loop HTTP (requests overlap on a connection) then fails the bound at a few hundred
-# req/s. Until the server sets it, the HTTP figures measure that, not the REST path.
+# (The REST listener sets TCP_NODELAY; without it a response that follows another on the same
+# connection waited ~40 ms for the client's delayed ACK, which this script first exposed.)
 #
 # Usage: experiments/sustained-etc.sh            (builds target/release/kvlab if missing)
 # Env:   KVLAB (binary), BOUND (1ms), KEYS (100000), STEP (2 seconds per step),
