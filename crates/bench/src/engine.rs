@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::{mono_ns, thread_cpu_ns, Timer};
 use crate::config::Config;
 use crate::dist::mix64;
-use crate::stats::{record, GapStats, IntervalReport};
+use crate::stats::{record, GapStats, IntervalReport, OpKind};
 use crate::workload::{Generator, Op};
 use crate::BenchError;
 
@@ -611,6 +611,7 @@ impl<'c> Engine<'c> {
         let counters = &mut self.cur.counters;
         let lat = &mut self.cur.latency;
         let lat_send = &mut self.cur.latency_send;
+        let by_op = &mut self.cur.latency_by_op;
         let gen = &self.gen;
         let verify = gen.workload().verify;
         let single = gen.workload().multiget == 1;
@@ -645,12 +646,21 @@ impl<'c> Engine<'c> {
                 outcome,
             } => {
                 counters.completed += 1;
-                match kind {
-                    kvlab_client::ReqKind::Get { .. } => counters.gets += 1,
-                    kvlab_client::ReqKind::Store => counters.sets += 1,
-                    kvlab_client::ReqKind::Delete => counters.deletes += 1,
-                    kvlab_client::ReqKind::Line => {}
-                }
+                let op = match kind {
+                    kvlab_client::ReqKind::Get { .. } => {
+                        counters.gets += 1;
+                        Some(OpKind::Get)
+                    }
+                    kvlab_client::ReqKind::Store => {
+                        counters.sets += 1;
+                        Some(OpKind::Set)
+                    }
+                    kvlab_client::ReqKind::Delete => {
+                        counters.deletes += 1;
+                        Some(OpKind::Delete)
+                    }
+                    kvlab_client::ReqKind::Line => None,
+                };
                 counters.hits += u64::from(outcome.hits);
                 counters.misses += u64::from(outcome.misses);
                 if outcome.status == Status::Error || bad_values > 0 {
@@ -661,6 +671,9 @@ impl<'c> Engine<'c> {
                     bad_values = 0;
                 }
                 record(lat, now.saturating_sub(user.planned));
+                if let Some(op) = op {
+                    record(by_op.of_mut(op), now.saturating_sub(user.planned));
+                }
                 record(lat_send, now.saturating_sub(user.sent));
             }
         });

@@ -145,6 +145,12 @@ pub fn summary(r: &RunResult) -> String {
     lat_header(&mut out);
     lat_line(&mut out, "from planned", &r.latency);
     lat_line(&mut out, "from send", &r.latency_send);
+    let by_op = r.latency_by_op.present();
+    if by_op.len() > 1 {
+        for (kind, p) in by_op {
+            lat_line(&mut out, &format!("{}s (planned)", kind.name()), p);
+        }
+    }
     if r.steps.len() > 1 {
         let _ = writeln!(
             out,

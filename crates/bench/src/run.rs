@@ -25,7 +25,7 @@ use crate::clock::{mono_ns, wall_ns};
 use crate::config::Config;
 use crate::engine::{thread_main, Msg, Phase, ThreadCtx, ThreadDone};
 use crate::stats::{
-    ks_critical_001, ks_statistic, Counters, GapStats, IntervalReport, Percentiles,
+    ks_critical_001, ks_statistic, Counters, GapStats, IntervalReport, OpPercentiles, Percentiles,
 };
 use crate::BenchError;
 
@@ -69,6 +69,9 @@ pub struct StepRow {
     pub latency: Percentiles,
     /// Latency from the actual send, µs.
     pub latency_send: Percentiles,
+    /// Latency from the planned send time per kind of request, µs.
+    #[serde(default)]
+    pub latency_by_op: OpPercentiles,
 }
 
 /// Inter-arrival self-check figures (open loop).
@@ -109,6 +112,10 @@ pub struct RunResult {
     pub latency: Percentiles,
     /// Latency from the actual send, µs.
     pub latency_send: Percentiles,
+    /// Latency from the planned send time per kind of request (gets, sets, deletes), µs;
+    /// kinds the mix did not issue are absent.
+    #[serde(default)]
+    pub latency_by_op: OpPercentiles,
     /// Rate steps.
     pub steps: Vec<StepRow>,
     /// Time series.
@@ -387,6 +394,7 @@ fn summarise(
                 counters: r.counters,
                 latency: Percentiles::of(&r.latency),
                 latency_send: Percentiles::of(&r.latency_send),
+                latency_by_op: r.latency_by_op.percentiles(),
             }
         })
         .collect();
@@ -485,6 +493,7 @@ fn summarise(
         throughput_qps: total.counters.completed as f64 / duration_s.max(1e-9),
         latency: Percentiles::of(&total.latency),
         latency_send: Percentiles::of(&total.latency_send),
+        latency_by_op: total.latency_by_op.percentiles(),
         steps: step_rows,
         intervals: intervals
             .iter()

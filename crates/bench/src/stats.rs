@@ -103,6 +103,132 @@ pub mod hist_serde {
     }
 }
 
+/// Which kind of request a latency belongs to (index into [`OpLatency`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    /// Get (a multi-get counts once).
+    Get = 0,
+    /// Set.
+    Set = 1,
+    /// Delete.
+    Delete = 2,
+}
+
+impl OpKind {
+    /// All kinds, in index order.
+    pub const ALL: [OpKind; 3] = [OpKind::Get, OpKind::Set, OpKind::Delete];
+
+    /// The lowercase name (`get`, `set`, `delete`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Get => "get",
+            OpKind::Set => "set",
+            OpKind::Delete => "delete",
+        }
+    }
+}
+
+/// Latency from the planned send time per kind of request, ns: a fixed array indexed by
+/// [`OpKind`], so recording on the hot path neither allocates nor looks anything up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpLatency(pub [Histogram<u64>; 3]);
+
+impl Default for OpLatency {
+    fn default() -> Self {
+        OpLatency([new_histogram(), new_histogram(), new_histogram()])
+    }
+}
+
+impl OpLatency {
+    /// The histogram of `kind`.
+    #[inline]
+    pub fn of(&self, kind: OpKind) -> &Histogram<u64> {
+        &self.0[kind as usize]
+    }
+
+    /// The histogram of `kind`, to record into.
+    #[inline]
+    pub fn of_mut(&mut self, kind: OpKind) -> &mut Histogram<u64> {
+        &mut self.0[kind as usize]
+    }
+
+    /// Adds another report's histograms.
+    pub fn add(&mut self, o: &OpLatency) -> Result<(), BenchError> {
+        for (a, b) in self.0.iter_mut().zip(o.0.iter()) {
+            a.add(b)
+                .map_err(|e| BenchError::Internal(format!("merge: {e:?}")))?;
+        }
+        Ok(())
+    }
+
+    /// Percentiles of every kind that has samples.
+    pub fn percentiles(&self) -> OpPercentiles {
+        let p = |k: OpKind| {
+            let h = self.of(k);
+            (!h.is_empty()).then(|| Percentiles::of(h))
+        };
+        OpPercentiles {
+            get: p(OpKind::Get),
+            set: p(OpKind::Set),
+            delete: p(OpKind::Delete),
+        }
+    }
+}
+
+/// Wire form of [`OpLatency`]: one serialised histogram per kind.
+#[derive(Serialize, Deserialize)]
+struct OpLatencyWire {
+    #[serde(with = "hist_serde")]
+    get: Histogram<u64>,
+    #[serde(with = "hist_serde")]
+    set: Histogram<u64>,
+    #[serde(with = "hist_serde")]
+    delete: Histogram<u64>,
+}
+
+impl Serialize for OpLatency {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let [get, set, delete] = self.0.clone();
+        OpLatencyWire { get, set, delete }.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for OpLatency {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let w = OpLatencyWire::deserialize(d)?;
+        Ok(OpLatency([w.get, w.set, w.delete]))
+    }
+}
+
+/// Latency figures (from the planned send time) per kind of request, µs; a kind without
+/// samples is absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct OpPercentiles {
+    /// Gets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub get: Option<Percentiles>,
+    /// Sets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<Percentiles>,
+    /// Deletes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delete: Option<Percentiles>,
+}
+
+impl OpPercentiles {
+    /// The kinds with samples, in [`OpKind`] order.
+    pub fn present(&self) -> Vec<(OpKind, &Percentiles)> {
+        [
+            (OpKind::Get, &self.get),
+            (OpKind::Set, &self.set),
+            (OpKind::Delete, &self.delete),
+        ]
+        .into_iter()
+        .filter_map(|(k, p)| p.as_ref().map(|p| (k, p)))
+        .collect()
+    }
+}
+
 /// What one thread measured in one interval.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct IntervalReport {
@@ -120,6 +246,9 @@ pub struct IntervalReport {
     /// Latency from the actual send, ns.
     #[serde(with = "hist_serde")]
     pub latency_send: Histogram<u64>,
+    /// Latency from the planned send time per kind of request, ns.
+    #[serde(default)]
+    pub latency_by_op: OpLatency,
 }
 
 impl IntervalReport {
@@ -132,6 +261,7 @@ impl IntervalReport {
             counters: Counters::default(),
             latency: new_histogram(),
             latency_send: new_histogram(),
+            latency_by_op: OpLatency::default(),
         }
     }
 
@@ -144,6 +274,7 @@ impl IntervalReport {
         self.latency_send
             .add(&o.latency_send)
             .map_err(|e| BenchError::Internal(format!("merge: {e:?}")))?;
+        self.latency_by_op.add(&o.latency_by_op)?;
         self.start_ns = self.start_ns.min(o.start_ns);
         self.end_ns = self.end_ns.max(o.end_ns);
         Ok(())
@@ -302,15 +433,21 @@ mod tests {
             record(&mut r.latency, v);
         }
         record(&mut r.latency_send, u64::MAX);
+        record(r.latency_by_op.of_mut(OpKind::Set), 7_000);
         r.counters.completed = 4;
         let json = serde_json::to_string(&r).unwrap();
         let back: IntervalReport = serde_json::from_str(&json).unwrap();
         assert_eq!(back.latency, r.latency);
         assert_eq!(back.latency_send.max(), r.latency_send.max());
         assert_eq!(back.counters, r.counters);
+        assert_eq!(back.latency_by_op, r.latency_by_op);
+        assert!(back.latency_by_op.of(OpKind::Get).is_empty());
         let mut m = IntervalReport::new(3, 5, 15);
         m.merge(&back).unwrap();
         assert_eq!((m.start_ns, m.end_ns, m.latency.len()), (5, 20, 4));
+        let p = m.latency_by_op.percentiles();
+        assert_eq!(p.set.map(|p| p.count), Some(1));
+        assert!(p.get.is_none() && p.delete.is_none());
     }
 
     #[test]

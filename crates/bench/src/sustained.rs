@@ -538,6 +538,7 @@ mod tests {
             throughput_qps: completed as f64 / 2.0,
             latency: lat,
             latency_send: lat,
+            latency_by_op: Default::default(),
             steps: Vec::<StepRow>::new(),
             intervals: Vec::new(),
             load: None,

@@ -28,6 +28,8 @@ pub struct Faults {
     /// rather than the server estimating it from arrivals: on a loaded machine a descheduled
     /// generator catches up in bursts that no estimate could tell from a higher rate.
     pub slow_above: Option<(f64, Duration, Arc<AtomicU64>)>,
+    /// Answer every set this late (gets and deletes are not delayed).
+    pub slow_sets: Option<Duration>,
 }
 
 struct Shared {
@@ -255,6 +257,10 @@ fn handle(s: TcpStream, sh: &Shared) -> std::io::Result<()> {
                 let mut data = vec![0u8; len + 2];
                 r.read_exact(&mut data)?;
                 data.truncate(len);
+                if let Some(d) = sh.faults.slow_sets {
+                    // The fault under test: only sets are slow.
+                    std::thread::sleep(d);
+                }
                 sh.data
                     .lock()
                     .unwrap()
