@@ -17,6 +17,8 @@
 # Usage: experiments/sustained-etc.sh            (builds target/release/kvlab if missing)
 # Env:   KVLAB (binary), BOUND (1ms), KEYS (100000), STEP (2 seconds per step),
 #        CONNS (connections per thread, 8), THREADS (generator threads, 1),
+#        DEPTH (requests in flight per connection, 1: arrivals stay independent; larger
+#        values let requests queue up and leave as pipelined bursts at high rates),
 #        SERVER_THREADS (4), SERVER_MEM (MiB, 64), OUT (directory for JSON/CSV, ./sustained-out)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +27,7 @@ BOUND=${BOUND:-1ms}
 KEYS=${KEYS:-100000}
 STEP=${STEP:-2}
 CONNS=${CONNS:-8}
+DEPTH=${DEPTH:-1}
 THREADS=${THREADS:-1}
 SERVER_THREADS=${SERVER_THREADS:-4}
 SERVER_MEM=${SERVER_MEM:-64}
@@ -61,7 +64,7 @@ for proto in memcached http; do
     name="$OUT/$proto-$cache"
     "$KVLAB" bench -s "127.0.0.1:$port" --protocol "$proto" \
       --workload etc --mix get=21,delete=8,set=1 --keys "$KEYS" \
-      -T "$THREADS" -c "$CONNS" --duration "$STEP" \
+      -T "$THREADS" -c "$CONNS" -d "$DEPTH" --duration "$STEP" \
       --find-sustained --mean-below "$BOUND" "${load[@]}" \
       --json "$name.json" --csv "$name.csv" | tee "$name.txt"
     RESULT[$proto-$cache]=$(python3 -c 'import json,sys; s=json.load(open(sys.argv[1]))["searches"][0]; q=s["sustained_qps"]; print("none" if q is None else "%.0f" % q)' "$name.json")
