@@ -113,6 +113,36 @@ impl Default for Workload {
 }
 
 impl Workload {
+    /// The workload of a named preset with `keys` keys named `key_prefix…`: `default` (or
+    /// none) is [`Workload::default`]; `etc` is Facebook's ETC model as mutilate uses it
+    /// (GEV key sizes, generalized Pareto value sizes, 30:1 get:set). The one place both
+    /// `kvlab bench --workload` and `kvlab lab`'s `preset` turn a name into a workload.
+    pub fn preset(name: Option<&str>, keys: u64, key_prefix: &str) -> Result<Workload, BenchError> {
+        let mut wl = Workload {
+            keys,
+            key_prefix: key_prefix.to_string(),
+            ..Workload::default()
+        };
+        match name {
+            None | Some("default") => {}
+            Some("etc") => {
+                wl.key_size = crate::dist::etc_key_size();
+                wl.value_size = crate::dist::etc_value_size();
+                wl.mix = Mix {
+                    get: 30,
+                    set: 1,
+                    delete: 0,
+                };
+            }
+            Some(other) => {
+                return Err(BenchError::Spec(format!(
+                    "unknown workload preset {other:?} (known: etc)"
+                )))
+            }
+        }
+        Ok(wl)
+    }
+
     /// Checks that the workload can be generated.
     pub fn validate(&self) -> Result<(), BenchError> {
         if self.keys == 0 {

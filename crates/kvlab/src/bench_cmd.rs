@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use kvlab_bench::dist::{etc_key_size, etc_value_size, KeyDist, SizeDist};
+use kvlab_bench::dist::{KeyDist, SizeDist};
 use kvlab_bench::report;
 use kvlab_bench::schedule::{Arrival, RatePlan};
 use kvlab_bench::sustained::{self, Bound, SearchSpec};
@@ -305,24 +305,7 @@ impl RunArgs {
     }
 
     fn workload(&self) -> anyhow::Result<Workload> {
-        let mut wl = Workload {
-            keys: self.keys,
-            key_prefix: self.key_prefix.clone(),
-            ..Workload::default()
-        };
-        match self.workload.as_deref() {
-            None | Some("default") => {}
-            Some("etc") => {
-                wl.key_size = etc_key_size();
-                wl.value_size = etc_value_size();
-                wl.mix = Mix {
-                    get: 30,
-                    set: 1,
-                    delete: 0,
-                };
-            }
-            Some(other) => bail!("unknown --workload {other:?} (known: etc)"),
-        }
+        let mut wl = Workload::preset(self.workload.as_deref(), self.keys, &self.key_prefix)?;
         if let Some(s) = &self.key_size {
             wl.key_size = SizeDist::parse(s)?;
         }

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use anyhow::{bail, Context};
-use kvlab_bench::dist::{etc_key_size, etc_value_size, KeyDist, SizeDist};
+use kvlab_bench::dist::{KeyDist, SizeDist};
 use kvlab_bench::schedule::{Arrival, RatePlan};
 use kvlab_bench::workload::{Mix, Workload};
 use kvlab_bench::{Config, Protocol};
@@ -438,24 +438,7 @@ impl WorkloadSpec {
 
     /// The bench workload.
     pub fn bench_workload(&self) -> anyhow::Result<Workload> {
-        let mut wl = Workload {
-            keys: self.keys,
-            key_prefix: self.key_prefix.clone(),
-            ..Workload::default()
-        };
-        match self.preset.as_deref() {
-            None | Some("default") => {}
-            Some("etc") => {
-                wl.key_size = etc_key_size();
-                wl.value_size = etc_value_size();
-                wl.mix = Mix {
-                    get: 30,
-                    set: 1,
-                    delete: 0,
-                };
-            }
-            Some(o) => bail!("unknown preset {o:?} (known: etc)"),
-        }
+        let mut wl = Workload::preset(self.preset.as_deref(), self.keys, &self.key_prefix)?;
         if let Some(s) = &self.key_size {
             wl.key_size = s.parse().context("key_size")?;
         }
