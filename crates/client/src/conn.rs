@@ -376,25 +376,20 @@ impl<T> Conn<T> {
                 ReqKind::Get { keys } if status == Status::Ok => keys.saturating_sub(hits),
                 _ => 0,
             };
-            // Invariant: `head` above proved the queue is non-empty and nothing popped since.
-            let Some(p) = self.pending.pop_front() else {
-                break;
-            };
-            f(Event::Done {
-                user: p.user,
+            if !self.complete_head(
                 kind,
-                outcome: Outcome {
+                Outcome {
                     status,
                     hits,
                     misses,
                 },
-            });
+                f,
+            ) {
+                break;
+            }
             done += 1;
         }
-        if self.in_start == self.in_end {
-            self.in_start = 0;
-            self.in_end = 0;
-        }
+        self.reset_if_drained();
         Ok(done)
     }
 
@@ -477,26 +472,48 @@ impl<T> Conn<T> {
                 _ => 0,
             };
             let misses = if status == Status::Error { 0 } else { misses };
-            // Invariant: `head` above proved the queue is non-empty and nothing popped since.
-            let Some(p) = self.pending.pop_front() else {
-                break;
-            };
-            f(Event::Done {
-                user: p.user,
+            if !self.complete_head(
                 kind,
-                outcome: Outcome {
+                Outcome {
                     status,
                     hits,
                     misses,
                 },
-            });
+                f,
+            ) {
+                break;
+            }
             done += 1;
         }
+        self.reset_if_drained();
+        Ok(done)
+    }
+
+    /// Pops the request at the head of the queue and reports it `Done` with `outcome`.
+    /// False if the queue was empty (callers only call it after `head` proved otherwise).
+    fn complete_head(
+        &mut self,
+        kind: ReqKind,
+        outcome: Outcome,
+        f: &mut impl FnMut(Event<'_, T>),
+    ) -> bool {
+        let Some(p) = self.pending.pop_front() else {
+            return false;
+        };
+        f(Event::Done {
+            user: p.user,
+            kind,
+            outcome,
+        });
+        true
+    }
+
+    /// Rewinds the input buffer once everything in it has been parsed.
+    fn reset_if_drained(&mut self) {
         if self.in_start == self.in_end {
             self.in_start = 0;
             self.in_end = 0;
         }
-        Ok(done)
     }
 
     /// Removes and returns the user data of every request still pending (after an error or
