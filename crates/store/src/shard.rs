@@ -311,7 +311,13 @@ impl Shard {
     /// and returns true (the delete hit); otherwise queues a blind tombstone.
     pub(crate) fn blind_delete(&mut self, key: &[u8]) -> bool {
         let Some(wb) = &mut self.wb else { return false };
-        if let Some(Op::Delete { existed, .. }) = wb.queued(key) {
+        if let Some(Op::Delete { blind, existed }) = wb.queued(key) {
+            if !*blind {
+                // A resident delete already queued this tombstone: the key is
+                // known absent, and the disk version (not yet overwritten) must
+                // not be reported as a fresh hit.
+                return false;
+            }
             if *existed == Some(true) {
                 *existed = Some(false);
                 return true;

@@ -187,6 +187,22 @@ fn deletes_are_durable_including_non_resident_keys() {
 }
 
 #[test]
+fn a_second_delete_misses_while_the_first_tombstone_is_queued() {
+    for durability in [Durability::None, Durability::Interval, Durability::Sync] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Arc::new(ManualClock::new(T0));
+        let s = open(dir.path(), durability, 1 << 20, &clock);
+        set(&s, b"k", b"on disk");
+        s.persist(b"k").unwrap();
+        assert!(s.delete(b"k"), "{durability}: resident delete");
+        // The server's way for a miss: load, then run the delete again.
+        assert!(!s.delete(b"k"), "{durability}: second delete");
+        assert!(!s.load(b"k").unwrap(), "{durability}: load after delete");
+        assert!(!s.delete(b"k"), "{durability}: re-run delete");
+    }
+}
+
+#[test]
 fn tombstone_hides_disk_value_without_a_disk_read() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
