@@ -33,6 +33,8 @@ pub enum Blocking {
     Load(Vec<u8>),
     /// Make `key`'s new state durable; the request's reply leaves only afterwards.
     Persist(Vec<u8>),
+    /// The same for several keys, in one commit round (`gat` of many keys).
+    PersistKeys(Vec<Vec<u8>>),
     /// Make every change durable (`flush_all` under `--durability sync`).
     SyncAll,
 }
@@ -49,6 +51,7 @@ impl Blocking {
         match self {
             Blocking::Load(key) => store.load(key).map(|_| ()),
             Blocking::Persist(key) => store.persist(key),
+            Blocking::PersistKeys(keys) => store.persist_keys(keys.iter().map(Vec::as_slice)),
             Blocking::SyncAll => store.sync_all(),
         }
     }
@@ -156,15 +159,23 @@ impl Engine {
             }
             Request::Gat { exptime, keys, cas } => {
                 let mut n = 0;
+                // Under `sync` a new TTL is a write: the touched keys are persisted.
+                let mut touched = Vec::new();
                 for key in keys.iter() {
                     n += 1;
                     if let Some(item) = self.store.get_and_touch(key, exptime) {
                         r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
+                        if self.sync {
+                            touched.push(key.to_vec());
+                        }
                     }
                 }
                 WorkerStats::add(&self.worker.cmd_get, n);
                 WorkerStats::add(&self.worker.cmd_touch, n);
                 out.extend_from_slice(r::END);
+                if !touched.is_empty() {
+                    return Flow::Defer(Blocking::PersistKeys(touched));
+                }
             }
             Request::Store {
                 command,
@@ -240,13 +251,12 @@ impl Engine {
                 }
             }
             Request::Delete { key, noreply } => {
-                let reply = if self.store.delete(key) {
-                    r::DELETED
-                } else {
-                    r::NOT_FOUND
-                };
+                let deleted = self.store.delete(key);
                 if !noreply {
-                    out.extend_from_slice(reply);
+                    out.extend_from_slice(if deleted { r::DELETED } else { r::NOT_FOUND });
+                }
+                if deleted {
+                    return self.persisted(key);
                 }
             }
             Request::Touch {
@@ -255,13 +265,12 @@ impl Engine {
                 noreply,
             } => {
                 WorkerStats::add(&self.worker.cmd_touch, 1);
-                let reply = if self.store.touch(key, exptime) {
-                    r::TOUCHED
-                } else {
-                    r::NOT_FOUND
-                };
+                let touched = self.store.touch(key, exptime);
                 if !noreply {
-                    out.extend_from_slice(reply);
+                    out.extend_from_slice(if touched { r::TOUCHED } else { r::NOT_FOUND });
+                }
+                if touched {
+                    return self.persisted(key);
                 }
             }
             Request::FlushAll { delay, noreply } => {
@@ -361,7 +370,7 @@ impl Engine {
     ) -> bool {
         match command {
             MetaCommand::Noop => out.extend_from_slice(r::MN),
-            MetaCommand::Get => self.meta_get(key, flags, out),
+            MetaCommand::Get => return self.meta_get(key, flags, out),
             MetaCommand::Set => return self.meta_set(key, flags, data, out),
             MetaCommand::Delete => return self.meta_delete(key, flags, out),
             MetaCommand::Arith => return self.meta_arith(key, flags, out),
@@ -410,7 +419,9 @@ impl Engine {
         }
     }
 
-    fn meta_get(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) {
+    /// Returns whether it changed the key: a new TTL (`T`) on a hit. (An item created
+    /// by `N` is a placeholder, and win tokens are not kept on disk.)
+    fn meta_get(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) -> bool {
         WorkerStats::add(&self.worker.cmd_get, 1);
         if flags.ttl.is_some() {
             WorkerStats::add(&self.worker.cmd_touch, 1);
@@ -427,7 +438,7 @@ impl Engine {
                 echo_flags(out, key, flags, 0);
                 out.extend_from_slice(b"\r\n");
             }
-            return;
+            return false;
         };
         let value = &hit.item.value;
         if flags.has(b'v') {
@@ -468,6 +479,7 @@ impl Engine {
             out.extend_from_slice(value);
             out.extend_from_slice(b"\r\n");
         }
+        flags.ttl.is_some()
     }
 
     fn meta_set(

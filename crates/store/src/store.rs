@@ -356,12 +356,17 @@ impl Store {
     /// fsync before returning (in every mode). Blocking. Concurrent callers share
     /// commit rounds and fsyncs (group commit). No effect on a memory-only store.
     pub fn persist(&self, key: &[u8]) -> io::Result<()> {
+        self.persist_keys(std::iter::once(key))
+    }
+
+    /// [`Store::persist`] for several keys with one commit round (a `gat` of many keys).
+    pub fn persist_keys<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>) -> io::Result<()> {
         let Some(d) = &self.durable else {
             return Ok(());
         };
         d.persists.fetch_add(1, Ordering::Relaxed);
-        {
-            let now = self.now();
+        let now = self.now();
+        for key in keys {
             let hash = self.hash(key);
             let mut sh = self.lock(self.shard_index(hash));
             if let Lookup::Live(idx) = sh.lookup(hash, key, &now, &self.budget) {
