@@ -319,26 +319,33 @@ impl<'c> Engine<'c> {
                 self.top_up(i, now);
             }
         }
+        let mut ended = false;
         loop {
-            // Interval boundaries (several if the loop was held up).
-            if now >= self.start + self.cur.end_ns {
-                let last = self.start + self.cur.end_ns >= self.end;
-                self.roll_over();
-                if last {
-                    break;
-                }
-            }
-            if self.all_done() {
-                break;
-            }
             // Fresh time for the sends: handling the last batch of events took a while.
             now = mono_ns();
-            while let Some(&Reverse((t, c))) = self.heap.peek() {
-                if t > now {
-                    break;
+            // Due sends and interval boundaries in plan order: a send planned before a
+            // boundary is counted in the interval that boundary closes, however late the
+            // loop got to it. A held-up generator sends late (timed from the plan); it
+            // never skips a planned request.
+            loop {
+                let boundary = self.start + self.cur.end_ns;
+                match self.heap.peek() {
+                    Some(&Reverse((t, c))) if t <= now && t < boundary => {
+                        self.heap.pop();
+                        self.fire(c as usize, t, now);
+                    }
+                    _ if now >= boundary => {
+                        if boundary >= self.end {
+                            ended = true;
+                            break;
+                        }
+                        self.roll_over();
+                    }
+                    _ => break,
                 }
-                self.heap.pop();
-                self.fire(c as usize, t, now);
+            }
+            if ended || self.all_done() {
+                break;
             }
             self.flush_dirty();
             if now >= self.next_timeout_check {
@@ -350,41 +357,12 @@ impl<'c> Engine<'c> {
             if let Some(&Reverse((t, _))) = self.heap.peek() {
                 deadline = deadline.min(t);
             }
-            // Closer than SPIN_NS, arming a timer and sleeping costs more than the wait.
-            let timeout = if deadline <= now + SPIN_NS {
-                Some(Duration::ZERO)
-            } else {
-                self.timer.arm(deadline, now)?;
-                None
-            };
-            match self.poll.poll(&mut self.events, timeout) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e.into()),
-            }
-            now = mono_ns();
-            // Collect tokens first: handling an event needs `&mut self`.
-            let mut ready: [usize; 64] = [0; 64];
-            let mut batches = Vec::new();
-            let mut n = 0;
-            for ev in self.events.iter() {
-                if ev.token() == TIMER {
-                    self.timer.fired();
-                    continue;
-                }
-                if n == ready.len() {
-                    batches.extend_from_slice(&ready);
-                    n = 0;
-                }
-                ready[n] = ev.token().0;
-                n += 1;
-            }
-            for &c in batches.iter().chain(ready[..n].iter()) {
-                self.on_ready(c, now);
-            }
-            self.flush_dirty();
+            self.poll_once(deadline, now)?;
         }
-        if self.phase == Phase::Load
+        if ended {
+            self.drain()?;
+            self.roll_over();
+        } else if self.phase == Phase::Load
             || self.cur.counters.completed > 0
             || self.cur.counters.sent > 0
         {
@@ -402,6 +380,80 @@ impl<'c> Engine<'c> {
             gaps: std::mem::take(&mut self.gaps),
             notes: std::mem::take(&mut self.notes),
         })
+    }
+
+    /// Waits for socket readiness or `deadline` (absolute, ns), handles what is ready,
+    /// and flushes the connections that got requests.
+    fn poll_once(&mut self, deadline: u64, now: u64) -> Result<(), BenchError> {
+        // Closer than SPIN_NS, arming a timer and sleeping costs more than the wait.
+        let timeout = if deadline <= now + SPIN_NS {
+            Some(Duration::ZERO)
+        } else {
+            self.timer.arm(deadline, now)?;
+            None
+        };
+        match self.poll.poll(&mut self.events, timeout) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+        let now = mono_ns();
+        // Collect tokens first: handling an event needs `&mut self`.
+        let mut ready: [usize; 64] = [0; 64];
+        let mut batches = Vec::new();
+        let mut n = 0;
+        for ev in self.events.iter() {
+            if ev.token() == TIMER {
+                self.timer.fired();
+                continue;
+            }
+            if n == ready.len() {
+                batches.extend_from_slice(&ready);
+                n = 0;
+            }
+            ready[n] = ev.token().0;
+            n += 1;
+        }
+        for &c in batches.iter().chain(ready[..n].iter()) {
+            self.on_ready(c, now);
+        }
+        self.flush_dirty();
+        Ok(())
+    }
+
+    /// After the end nothing new is sent, but replies to requests already sent are still
+    /// waited for — up to the timeout or one interval, whichever is shorter — and recorded
+    /// in the last interval, so a run's slowest requests are measured rather than dropped.
+    /// Requests still unanswered then are left out (`sent` − `completed` shows them);
+    /// open-loop requests still held back in a backlog stay unsent (`planned` − `sent`).
+    fn drain(&mut self) -> Result<(), BenchError> {
+        let grace = self.timeout_ns.min(self.cfg.interval_ns());
+        let limit = mono_ns().saturating_add(grace);
+        loop {
+            let unanswered: usize = self
+                .slots
+                .iter()
+                .map(|s| s.conn.as_ref().map_or(0, |c| c.in_flight()))
+                .sum();
+            let now = mono_ns();
+            if unanswered == 0 {
+                return Ok(());
+            }
+            if now >= limit {
+                note(
+                    &mut self.notes,
+                    format!(
+                        "{unanswered} requests were still unanswered {:.2} s after the end and are left out",
+                        grace as f64 / 1e9
+                    ),
+                );
+                return Ok(());
+            }
+            if now >= self.next_timeout_check {
+                self.check_timeouts(now);
+            }
+            self.poll_once(limit.min(self.next_timeout_check), now)?;
+        }
     }
 
     fn all_done(&self) -> bool {
@@ -480,7 +532,7 @@ impl<'c> Engine<'c> {
             let Some(conn) = slot.conn.as_ref() else {
                 return;
             };
-            if conn.in_flight() >= self.cfg.depth || slot.budget == 0 {
+            if conn.in_flight() >= self.cfg.depth || slot.budget == 0 || now >= self.end {
                 return;
             }
             let Some(t) = slot.backlog.pop_front() else {

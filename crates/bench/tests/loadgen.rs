@@ -132,11 +132,16 @@ fn open_loop_meets_its_rate_when_the_server_keeps_up() {
         assert!(i.ts_end > i.ts_start);
     }
     let g = r.gaps.expect("inter-arrival check");
-    assert!(
-        (g.cv - 1.0).abs() < 0.1,
-        "actual sends are Poisson: CV {}",
-        g.cv
-    );
+    // Planned gaps are exactly exponential (tests/generators.rs). Actual sends add the
+    // loop's wake-up jitter; on a starved machine they bunch, and then the run must say so.
+    if (g.cv - 1.0).abs() >= 0.1 {
+        assert!(
+            r.warnings.iter().any(|w| w.contains("not exponential")),
+            "CV {} of actual sends without a warning: {:?}",
+            g.cv,
+            r.warnings
+        );
+    }
     assert!(
         !r.warnings.iter().any(|w| w.contains("below the target")),
         "{:?}",
@@ -160,15 +165,27 @@ fn scan_gives_one_row_per_step_and_warmup_is_discarded() {
         [(0, Some(500.0)), (1, Some(1000.0)), (2, Some(1500.0))]
     );
     assert!(r.intervals[0].warmup && !r.intervals[1].warmup);
-    // 0.5 s per step: 250, 500, 750 requests (fixed arrivals). Sends planned just before a
-    // step ends are cut if the generator wakes late, so allow 1% (at least 3) at the edges.
+    // 0.5 s per step: 250, 500, 750 requests planned (fixed arrivals; each of the 2
+    // connections starts at its own phase, so ±1 each at the edges) — however late the
+    // generator wakes. A request completes in the step it was planned in, or (in flight at
+    // the boundary, at most connections × depth) in the next.
     for (s, want) in r.steps.iter().zip([250.0, 500.0, 750.0]) {
         assert!(
-            (s.counters.completed as f64 - want).abs() <= (want * 0.01).max(3.0),
+            (s.counters.planned as f64 - want).abs() <= 2.0,
+            "{:?}",
+            s.counters
+        );
+        assert!(
+            s.counters.completed.abs_diff(s.counters.planned) <= 8,
             "{:?}",
             s.counters
         );
     }
+    // Nothing planned is lost at the end: the run waits for the last replies.
+    let all = r.intervals.iter().fold((0, 0), |(p, c), i| {
+        (p + i.counters.planned, c + i.counters.completed)
+    });
+    assert_eq!(all.0, all.1, "every planned request was answered");
     let measured: u64 = r
         .intervals
         .iter()
@@ -229,7 +246,10 @@ fn agents_share_the_load_and_the_master_merges_their_histograms() {
     }
     // Closed loop with a request budget: 3 participants × 2 connections share 9000 exactly.
     let cfg = closed(m.addr, 9000);
-    let r = kvlab_bench::run(&cfg, &agents, &mut |_| {}).unwrap();
+    let r = {
+        let _one = common::serial();
+        kvlab_bench::run(&cfg, &agents, &mut |_| {}).unwrap()
+    };
     assert_eq!(r.participants, 3);
     assert_eq!(r.counters.completed, 9000);
     assert_eq!(r.latency.count, 9000, "agents' histograms are merged");
@@ -253,7 +273,10 @@ fn agents_split_an_open_loop_rate() {
     cfg.depth = 64;
     cfg.open = Some(Arrival::Fixed);
     cfg.plan = RatePlan::fixed(4000.0, 2.0).unwrap();
-    let r = kvlab_bench::run(&cfg, &[agent], &mut |_| {}).unwrap();
+    let r = {
+        let _one = common::serial();
+        kvlab_bench::run(&cfg, &[agent], &mut |_| {}).unwrap()
+    };
     // Fixed arrivals: the count is exact up to one request per connection at the edges.
     let got = r.counters.completed as f64;
     assert!((got - 8000.0).abs() <= 8.0, "completed {got}");

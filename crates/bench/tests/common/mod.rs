@@ -322,7 +322,16 @@ pub fn closed(target: SocketAddr, requests: u64) -> Config {
     }
 }
 
-/// Runs without progress output.
+/// Runs without progress output, one run at a time in this test binary.
 pub fn run(cfg: &Config) -> kvlab_bench::RunResult {
+    let _one = serial();
     kvlab_bench::run(cfg, &[], &mut |_| {}).unwrap()
+}
+
+/// Load runs of one test binary take turns: the tests check rates and latencies, and runs
+/// sharing the machine's two cores with each other would measure each other.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    // A failed test poisons the lock; the next run is still valid.
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
 }
