@@ -308,9 +308,19 @@ impl Shard {
 
     /// A delete of a key that is not resident (durable stores): if `load` found
     /// out that a queued blind tombstone removed a live disk version, consumes that
-    /// and returns true (the delete hit); otherwise queues a blind tombstone.
-    pub(crate) fn blind_delete(&mut self, key: &[u8]) -> bool {
+    /// and returns true (the delete hit); if the key's newest version is a queued
+    /// put (written behind on eviction or expiry), replaces it with a tombstone and
+    /// returns whether that version was live at `now`; otherwise queues a blind
+    /// tombstone.
+    pub(crate) fn blind_delete(&mut self, key: &[u8], now: &Now) -> bool {
         let Some(wb) = &mut self.wb else { return false };
+        let gen = wb.gen_base + u64::from(now.gen);
+        if let Some(Op::Put(r)) = wb.queued(key) {
+            // Newer than anything on disk, so the disk version does not matter.
+            let live = r.visible(now.abs, gen);
+            self.tombstone(key, false);
+            return live;
+        }
         if let Some(Op::Delete { blind, existed }) = wb.queued(key) {
             if !*blind {
                 // A resident delete already queued this tombstone: the key is

@@ -857,7 +857,7 @@ impl Store {
                 true
             }
             _ => {
-                if sh.blind_delete(key) {
+                if sh.blind_delete(key, &now) {
                     sh.stats.delete_hits += 1;
                     return true;
                 }
@@ -1091,7 +1091,7 @@ impl Store {
         let hash = self.hash(key);
         let mut sh = self.lock(self.shard_index(hash));
         let Lookup::Live(idx) = sh.lookup(hash, key, &now, &self.budget) else {
-            if opts.compare_cas.is_none() && !opts.invalidate && sh.blind_delete(key) {
+            if opts.compare_cas.is_none() && !opts.invalidate && sh.blind_delete(key, &now) {
                 sh.stats.delete_hits += 1;
                 return DeleteStatus::Deleted;
             }

@@ -188,6 +188,13 @@ pub(crate) struct Rec {
     pub gen: u64,
 }
 
+impl Rec {
+    /// Whether the version is live at `now_abs` in disk generation `gen`.
+    pub(crate) fn visible(&self, now_abs: u64, gen: u64) -> bool {
+        self.gen >= gen && (self.exptime == 0 || self.exptime > now_abs)
+    }
+}
+
 /// Bytes a queued op counts against the write-behind bound.
 const OP_OVERHEAD: usize = 64;
 

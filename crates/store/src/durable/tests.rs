@@ -202,6 +202,46 @@ fn a_second_delete_misses_while_the_first_tombstone_is_queued() {
     }
 }
 
+/// The server's way: a delete that misses loads the key and runs again.
+fn delete_through(s: &Store, key: &[u8]) -> bool {
+    if s.delete(key) {
+        return true;
+    }
+    s.load(key).unwrap();
+    s.delete(key)
+}
+
+#[test]
+fn a_delete_of_a_key_only_in_the_write_behind_queue_hits_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = open(dir.path(), Durability::None, 16 << 10, &clock);
+    let value = [b'w'; 100];
+    set(&s, &key(0), &value);
+    for i in 1..100 {
+        set(&s, &key(i), &value);
+    }
+    assert!(s.get(&key(0)).is_none(), "evicted, its put queued");
+    assert!(delete_through(&s, &key(0)));
+    assert!(!delete_through(&s, &key(0)));
+    assert_eq!(get_through(&s, &key(0)), None);
+}
+
+#[test]
+fn a_delete_of_an_expired_item_misses_even_with_an_older_live_version_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let s = open(dir.path(), Durability::None, 1 << 20, &clock);
+        set(&s, b"k", b"immortal");
+    }
+    let s = open(dir.path(), Durability::None, 1 << 20, &clock);
+    set_full(&s, b"k", b"short", 0, 1);
+    clock.advance(1);
+    assert!(!delete_through(&s, b"k"));
+    assert_eq!(get_through(&s, b"k"), None);
+}
+
 #[test]
 fn tombstone_hides_disk_value_without_a_disk_read() {
     let dir = tempfile::tempdir().unwrap();
