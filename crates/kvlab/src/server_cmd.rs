@@ -63,7 +63,8 @@ pub struct ServerArgs {
     /// reply; a crash loses nothing acknowledged).
     #[arg(long = "durability", default_value = "interval", requires = "data_dir")]
     durability: Durability,
-    /// With --data-dir: how often dirty items are written, in milliseconds.
+    /// With --data-dir: how often dirty items are written, in milliseconds (expired
+    /// records are purged from the disk at most every 60 intervals).
     #[arg(
         long = "flush-interval-ms",
         default_value_t = 1000,

@@ -86,9 +86,11 @@
 //! memory (eviction) and every delete are queued per shard (write-behind,
 //! tombstones) and written by a flusher thread or by [`Store::persist`] /
 //! [`Store::sync_all`] in group-committed batches; a miss reads through with
-//! [`Store::load`]. The memory calls never touch the disk; only `load`,
-//! `persist` and `sync_all` block (and a write when the write-behind queue is over
-//! its bound: see `durable/mod.rs`). What a crash can lose: [`Durability`].
+//! [`Store::load`]. Records that `flush_all` or expiry killed are deleted from the
+//! disk in the background ([`Store::purge_disk`] does it at once). The memory
+//! calls never touch the disk; only `load`, `persist`, `sync_all` and
+//! `purge_disk` block (and a write when the write-behind queue is over its bound:
+//! see `durable/mod.rs`). What a crash can lose: [`Durability`].
 //! `-m` bounds the cache only; the engine's block cache (16 MiB) and the queue are
 //! extra.
 //!

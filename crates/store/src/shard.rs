@@ -314,6 +314,10 @@ impl Shard {
     /// tombstone.
     pub(crate) fn blind_delete(&mut self, key: &[u8], now: &Now) -> bool {
         let Some(wb) = &mut self.wb else { return false };
+        if let Some(Op::Purge) = wb.queued(key) {
+            // `load` found only a dead record: known absent.
+            return false;
+        }
         let gen = wb.gen_base + u64::from(now.gen);
         if let Some(Op::Put(r)) = wb.queued(key) {
             // Newer than anything on disk, so the disk version does not matter.
@@ -339,6 +343,24 @@ impl Shard {
         }
         self.tombstone(key, true);
         false
+    }
+
+    /// Whether the purge may delete `key`'s disk record, which it found dead with
+    /// CAS `cas`: no op of the key is queued or in flight (a newer version or a
+    /// delete is coming), and no version of it is resident other than the clean copy
+    /// of that same record (which is then as dead as the record).
+    pub(crate) fn purge_allowed(&mut self, hash: u64, key: &[u8], cas: u64) -> bool {
+        let Some(wb) = &mut self.wb else { return false };
+        if wb.queued(key).is_some() {
+            return false;
+        }
+        match self.find(hash, key) {
+            None => true,
+            Some(idx) => {
+                let e = self.slab.get(idx);
+                !e.has(DIRTY) && e.block().cas() == cas
+            }
+        }
     }
 
     /// Queues a put of a live dirty item and marks it clean.

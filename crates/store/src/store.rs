@@ -89,6 +89,13 @@ pub struct Store {
     hints: Option<LargestHints>,
 }
 
+/// The shard for a hash. hashbrown uses the low bits (bucket) and the top 7 bits
+/// (tag) of the same hash inside the shard, so the shard comes from the middle.
+#[inline]
+pub(crate) fn shard_of(hash: u64, mask: usize) -> usize {
+    (hash >> 32) as usize & mask
+}
+
 fn pack(gen: u32, due: u32) -> u64 {
     (u64::from(gen) << 32) | u64::from(due)
 }
@@ -153,10 +160,11 @@ impl Store {
         let backend = Instrumented::new(Box::new(Fjall::open(&durable.dir)?));
         let mut store = Store::new(config, clock);
         let now = store.clock.now();
-        let (mut gen, mut due) = backend
+        let on_disk = backend
             .get_meta(META_GEN)?
             .and_then(|v| decode_pair(&v))
             .unwrap_or((0, 0));
+        let (mut gen, mut due) = on_disk;
         let due_passed = due != 0 && due <= now;
         if due_passed {
             gen += 1;
@@ -188,13 +196,16 @@ impl Store {
                 sh.set_cas_floor(max_cas, CAS_GAP);
             }
         }
-        let d = Arc::new(Durable::new(
-            Arc::clone(&store.shards),
-            backend,
-            &durable,
+        let parts = durable::Parts {
+            shards: Arc::clone(&store.shards),
+            clock: Arc::clone(&store.clock),
+            hasher: store.hasher,
+            mask: store.mask,
             shared,
-            gen,
-        ));
+            gen_base: gen,
+            committed_flush: on_disk,
+        };
+        let d = Arc::new(Durable::new(parts, backend, &durable));
         if due_passed {
             d.set_flush_meta(gen, 0);
         }
@@ -217,6 +228,29 @@ impl Store {
     /// Engine counters of a durable store.
     pub fn durable_stats(&self) -> Option<DurableStats> {
         self.durable.as_ref().map(|d| d.stats())
+    }
+
+    /// Deletes every dead record from a durable store's engine now — of a flush
+    /// generation before the last `flush_all`, or expired by the clock — and returns
+    /// how many. Blocking (a scan of the whole engine, in steps that each hold up
+    /// commits for at most a chunk of records); the flusher does the same in the
+    /// background after a `flush_all` and, for expired records, periodically (see
+    /// `durable/mod.rs`). First commits what is queued, so a preceding `flush_all`
+    /// counts. 0 on a memory-only store.
+    pub fn purge_disk(&self) -> io::Result<u64> {
+        match &self.durable {
+            Some(d) => d.purge_all(),
+            None => Ok(0),
+        }
+    }
+
+    /// Item records in a durable store's engine, dead or alive (a full scan: for
+    /// tests and tools). 0 on a memory-only store.
+    pub fn disk_records(&self) -> io::Result<u64> {
+        match &self.durable {
+            Some(d) => d.backend.count(),
+            None => Ok(0),
+        }
     }
 
     /// Test hook: every engine read, write and fsync first sleeps `d` (a slow
@@ -290,7 +324,7 @@ impl Store {
                     self.budget.release(reserved);
                     return Ok(false);
                 }
-                Some(Op::Delete { .. }) => {
+                Some(Op::Delete { .. } | Op::Purge) => {
                     self.budget.release(reserved);
                     return Ok(false);
                 }
@@ -300,7 +334,19 @@ impl Store {
                         disk = Some((pushes, d.backend.get(key)?.and_then(decode)));
                         continue;
                     }
-                    disk.take().and_then(|(_, r)| r)
+                    let rec = disk.take().and_then(|(_, r)| r);
+                    if rec
+                        .as_ref()
+                        .is_some_and(|r| !r.visible(now.abs, d.committed_gen(now.abs)))
+                    {
+                        // Dead by what is on disk, and nothing was queued for the key
+                        // since the read (the push count is unchanged): delete it with
+                        // the next round, before any later op of the key.
+                        wb.push(key, Op::Purge);
+                        self.budget.release(reserved);
+                        return Ok(false);
+                    }
+                    rec
                 }
             };
             let gen = d.gen_base + u64::from(now.gen);
@@ -396,11 +442,9 @@ impl Store {
         self.hasher.hash_one(key)
     }
 
-    /// The shard for a hash. hashbrown uses the low bits (bucket) and the top 7 bits
-    /// (tag) of the same hash inside the shard, so the shard comes from the middle.
     #[inline]
     fn shard_index(&self, hash: u64) -> usize {
-        (hash >> 32) as usize & self.mask
+        shard_of(hash, self.mask)
     }
 
     #[inline]
@@ -1317,6 +1361,25 @@ impl Store {
         }
         out.bytes = self.budget.used() as u64;
         out
+    }
+
+    /// The durable state, for tests.
+    #[cfg(test)]
+    pub(crate) fn durable_state(&self) -> Option<&Arc<Durable>> {
+        self.durable.as_ref()
+    }
+
+    /// Test helper: queues a put of `key`'s resident dirty item without committing
+    /// it (what an eviction does, but the item stays); false if there is none.
+    #[cfg(test)]
+    pub(crate) fn write_behind(&self, key: &[u8]) -> bool {
+        let now = self.now();
+        let hash = self.hash(key);
+        let mut sh = self.lock(self.shard_index(hash));
+        match sh.lookup(hash, key, &now, &self.budget) {
+            Lookup::Live(idx) => sh.write_back(idx),
+            _ => false,
+        }
     }
 
     /// Heap bytes of all shards' index structures (slab chunks, hash tables).

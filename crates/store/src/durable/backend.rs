@@ -13,6 +13,7 @@
 //! across both.
 
 use std::io;
+use std::ops::Bound;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -47,6 +48,18 @@ pub(crate) trait Backend: Send + Sync + 'static {
     fn write(&self, batch: Batch, sync: bool) -> io::Result<()>;
     /// fdatasync of everything written so far.
     fn sync(&self) -> io::Result<()>;
+    /// Calls `f` with up to `limit` item records in key order, starting after the
+    /// key `after` (from the first key if `None`); returns how many it visited.
+    /// Sees every write committed before the call (no snapshot isolation is needed:
+    /// the purge re-checks what it found, see `Durable::purge_step`).
+    fn scan(
+        &self,
+        after: Option<&[u8]>,
+        limit: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> io::Result<usize>;
+    /// Item records in the engine (a full scan: for tests and tools).
+    fn count(&self) -> io::Result<u64>;
 }
 
 fn io_err(e: fjall::Error) -> io::Error {
@@ -111,6 +124,31 @@ impl Backend for Fjall {
 
     fn sync(&self) -> io::Result<()> {
         self.db.persist(PersistMode::SyncData).map_err(io_err)
+    }
+
+    fn scan(
+        &self,
+        after: Option<&[u8]>,
+        limit: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> io::Result<usize> {
+        let iter = match after {
+            Some(a) => self
+                .items
+                .range::<&[u8], _>((Bound::Excluded(a), Bound::Unbounded)),
+            None => self.items.iter(),
+        };
+        let mut n = 0;
+        for guard in iter.take(limit) {
+            let (k, v) = guard.into_inner().map_err(io_err)?;
+            f(&k, &v);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn count(&self) -> io::Result<u64> {
+        Ok(self.items.len().map_err(io_err)? as u64)
     }
 }
 
@@ -179,5 +217,25 @@ impl Instrumented {
         self.delay();
         self.counters.fsyncs.fetch_add(1, Ordering::Relaxed);
         self.inner.sync()
+    }
+
+    /// A point read by the purge (not a read-through: not counted in `reads`).
+    pub(crate) fn get_uncounted(&self, key: &[u8]) -> io::Result<Option<Vec<u8>>> {
+        self.delay();
+        self.inner.get(key)
+    }
+
+    pub(crate) fn scan(
+        &self,
+        after: Option<&[u8]>,
+        limit: usize,
+        f: &mut dyn FnMut(&[u8], &[u8]),
+    ) -> io::Result<usize> {
+        self.delay();
+        self.inner.scan(after, limit, f)
+    }
+
+    pub(crate) fn count(&self) -> io::Result<u64> {
+        self.inner.count()
     }
 }

@@ -12,6 +12,13 @@
 //!    per shard: pending → inflight (still visible to load)
 //!    one engine batch (+ flush generation, CAS high-water mark), fsync unless `none`
 //!    per shard: inflight cleared
+//!
+//!  purge step (the flusher between rounds, or `purge_disk`)
+//!    scan ≤ PURGE_CHUNK records after the cursor (no lock held)
+//!    per PURGE_BATCH dead records, as leader (no round runs meanwhile):
+//!      re-read them if a round ran since the scan; per key, under its shard lock:
+//!      skip if an op is queued or a newer version is resident
+//!      one engine batch of deletes (no fsync)
 //! ```
 //!
 //! * **Dirty tracking.** Every store on a durable store leaves the item with the
@@ -36,7 +43,19 @@
 //!   pending delayed flush, CAS high-water mark); items come back through `load`.
 //!   Records carry flags, absolute exptime, CAS and the disk flush generation;
 //!   `load` treats expired records and records of an older generation as absent,
-//!   so `flush_all` needs no scan of the disk.
+//!   so `flush_all` needs no scan of the disk before it takes effect.
+//! * **Purge.** Those dead records are then deleted from the disk in the
+//!   background, so the data directory stays bounded (like memcached's LRU
+//!   crawler, over the disk). The flusher runs a pass — one step of
+//!   [`PURGE_CHUNK`] records per turn, resuming after the last key scanned, still
+//!   committing at once when kicked — as soon as a new flush generation is
+//!   committed, and for expired records when one on disk may have expired (it
+//!   tracks the earliest exptime written and seen; after opening it does not
+//!   know), at most once per [`PURGE_EVERY`] flush intervals. `load` queues the deletion of a dead record
+//!   it read. Deadness is judged by the *committed* flush generation only, so a
+//!   crash cannot leave a `flush_all` half applied. A purge delete never removes
+//!   a newer version: see [`Durable::purge_step`]. The engine (an LSM tree) frees
+//!   the space of deleted records when it compacts, which may lag.
 //! * **CAS** values after a restart start above the recorded high-water mark plus
 //!   2^24 per shard, so a CAS handed out for a write that a crash lost is not
 //!   handed out again for another version (unless a shard issued more than 2^24
@@ -45,6 +64,7 @@
 pub(crate) mod backend;
 
 use std::fmt;
+use std::hash::BuildHasher;
 use std::io;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -54,6 +74,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use hashbrown::DefaultHashBuilder;
+
+use crate::clock::Clock;
 use crate::item::Block;
 use crate::shard::Shard;
 use backend::{Batch, Instrumented};
@@ -161,8 +184,17 @@ pub struct DurableStats {
     pub persists: u64,
     /// Bytes of queued ops not yet in the engine (write-behind buffer and tombstones).
     pub pending_bytes: u64,
-    /// Commit rounds of the flusher that failed (their ops stay queued).
+    /// Commit rounds or purge steps of the flusher that failed (a failed round's
+    /// ops stay queued; a failed purge pass is retried later).
     pub flush_errors: u64,
+    /// Dead records (of an older flush generation, or expired) deleted from the
+    /// engine by the purge, or by `load` finding one. A rare race between the two
+    /// can delete (and count) one record twice.
+    pub purged: u64,
+    /// Records the purge examined.
+    pub purge_scanned: u64,
+    /// Purge passes over the whole engine completed.
+    pub purge_passes: u64,
 }
 
 /// A queued change of one key.
@@ -175,6 +207,8 @@ pub(crate) enum Op {
         blind: bool,
         existed: Option<bool>,
     },
+    /// A delete of a dead disk record that `load` read (the key is known absent).
+    Purge,
 }
 
 /// An item version to write.
@@ -191,7 +225,7 @@ pub(crate) struct Rec {
 impl Rec {
     /// Whether the version is live at `now_abs` in disk generation `gen`.
     pub(crate) fn visible(&self, now_abs: u64, gen: u64) -> bool {
-        self.gen >= gen && (self.exptime == 0 || self.exptime > now_abs)
+        visible(self.exptime, self.gen, now_abs, gen)
     }
 }
 
@@ -202,7 +236,7 @@ impl Op {
     pub(crate) fn weight(&self, key_len: usize) -> usize {
         match self {
             Op::Put(r) => key_len + r.block.value().len() + OP_OVERHEAD,
-            Op::Delete { .. } => key_len + OP_OVERHEAD,
+            Op::Delete { .. } | Op::Purge => key_len + OP_OVERHEAD,
         }
     }
 
@@ -215,7 +249,7 @@ impl Op {
                 r.gen,
                 r.block.value(),
             )),
-            Op::Delete { .. } => None,
+            Op::Delete { .. } | Op::Purge => None,
         }
     }
 }
@@ -242,7 +276,36 @@ impl DiskRec {
 
     /// Whether the record is live at `now_abs` in disk generation `gen`.
     pub(crate) fn visible(&self, now_abs: u64, gen: u64) -> bool {
-        self.gen >= gen && (self.exptime == 0 || self.exptime > now_abs)
+        visible(self.exptime, self.gen, now_abs, gen)
+    }
+}
+
+fn visible(exptime: u64, rec_gen: u64, now_abs: u64, gen: u64) -> bool {
+    rec_gen >= gen && (exptime == 0 || exptime > now_abs)
+}
+
+/// A record's header, as the purge reads it (without copying the value).
+#[derive(Clone, Copy)]
+struct Head {
+    exptime: u64,
+    cas: u64,
+    gen: u64,
+}
+
+impl Head {
+    fn decode(b: &[u8]) -> Option<Head> {
+        if b.len() < REC_HEADER || b[0] != REC_V1 {
+            return None;
+        }
+        Some(Head {
+            exptime: u64_at(b, 5)?,
+            cas: u64_at(b, 13)?,
+            gen: u64_at(b, 21)?,
+        })
+    }
+
+    fn visible(&self, now_abs: u64, gen: u64) -> bool {
+        visible(self.exptime, self.gen, now_abs, gen)
     }
 }
 
@@ -272,9 +335,7 @@ pub(crate) fn decode(mut b: Vec<u8>) -> Option<DiskRec> {
         return None;
     }
     let flags = u32::from_le_bytes(b.get(1..5)?.try_into().ok()?);
-    let exptime = u64_at(&b, 5)?;
-    let cas = u64_at(&b, 13)?;
-    let gen = u64_at(&b, 21)?;
+    let Head { exptime, cas, gen } = Head::decode(&b)?;
     b.drain(..REC_HEADER);
     Some(DiskRec {
         flags,
@@ -393,7 +454,51 @@ struct CommitState {
     started: u64,
     done: u64,
     synced: u64,
+    /// A commit round or a purge write runs: only the leader writes to the engine.
     leader: bool,
+    /// Leaderships ended (rounds and purge writes): the purge compares it across
+    /// its unlocked scan to know whether the engine may have changed.
+    epoch: u64,
+}
+
+/// Records one purge step scans (holding no lock) before it yields to the
+/// flusher's other work.
+pub(crate) const PURGE_CHUNK: usize = 1024;
+/// Dead records a purge step re-checks and deletes per turn as leader: bounds how
+/// long a commit waits for the purge (at most this many point reads and one
+/// unsynced batch).
+const PURGE_BATCH: usize = 128;
+/// The flusher starts a purge pass for expired records at most once per this many
+/// flush intervals (and only when a record on disk may have expired since the
+/// last pass). A pass for a new flush generation starts at once.
+const PURGE_EVERY: u32 = 60;
+
+/// Where a purge pass over the engine is.
+pub(crate) struct PurgePass {
+    /// The last key scanned; `None` at the start.
+    after: Option<Box<[u8]>>,
+    /// The committed flush generation the pass judges by.
+    gen: u64,
+    /// The earliest exptime among the live records scanned (`u64::MAX` if none).
+    min_exp: u64,
+}
+
+impl PurgePass {
+    pub(crate) fn new(gen: u64) -> PurgePass {
+        PurgePass {
+            after: None,
+            gen,
+            min_exp: u64::MAX,
+        }
+    }
+}
+
+/// The flusher's purge state.
+struct Background {
+    pass: Option<PurgePass>,
+    /// Generation the last pass judged by (or the one at open).
+    gen: u64,
+    last_start: Instant,
 }
 
 pub(crate) struct Durable {
@@ -406,32 +511,84 @@ pub(crate) struct Durable {
     pub gen_base: u64,
     /// Flush-generation meta entry to write with the next round.
     flush_meta: Mutex<Option<(u64, u64)>>,
+    /// The flush-generation meta entry last committed (generation, pending delayed
+    /// flush as absolute time or 0). The purge judges by this, never by a flush not
+    /// yet on disk: a crash must not leave a flush half applied.
+    committed_flush: Mutex<(u64, u64)>,
+    /// The earliest exptime a live record on disk may have (0: unknown or a dead
+    /// record was written; `u64::MAX`: none): when the next expiry purge is due.
+    next_expiry: AtomicU64,
     commit: Mutex<CommitState>,
     commit_cv: Condvar,
+    clock: Arc<dyn Clock>,
+    /// The store's key hasher and shard mask (to find a key's shard).
+    hasher: DefaultHashBuilder,
+    mask: usize,
     pub persists: AtomicU64,
     pub flush_errors: AtomicU64,
+    purged: AtomicU64,
+    purge_scanned: AtomicU64,
+    purge_passes: AtomicU64,
+    /// Test hook: runs once, in the next purge step that found dead records,
+    /// between its scan and its deletes.
+    #[cfg(test)]
+    pub after_scan: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Test hook: the flusher does not purge (so a test's own purge is the only one).
+    #[cfg(test)]
+    pub no_background_purge: AtomicBool,
+}
+
+/// What [`Durable::new`] needs from the store besides the engine.
+pub(crate) struct Parts {
+    pub shards: Shards,
+    pub clock: Arc<dyn Clock>,
+    pub hasher: DefaultHashBuilder,
+    pub mask: usize,
+    pub shared: Arc<WbShared>,
+    /// Disk flush generation at open.
+    pub gen_base: u64,
+    /// The flush meta entry as found on disk.
+    pub committed_flush: (u64, u64),
 }
 
 impl Durable {
-    pub(crate) fn new(
-        shards: Shards,
-        backend: Instrumented,
-        config: &DurableConfig,
-        shared: Arc<WbShared>,
-        gen_base: u64,
-    ) -> Durable {
+    pub(crate) fn new(parts: Parts, backend: Instrumented, config: &DurableConfig) -> Durable {
         Durable {
-            shards,
+            shards: parts.shards,
             backend,
             mode: config.durability,
             interval: config.flush_interval.max(Duration::from_millis(1)),
-            shared,
-            gen_base,
+            shared: parts.shared,
+            gen_base: parts.gen_base,
             flush_meta: Mutex::new(None),
+            committed_flush: Mutex::new(parts.committed_flush),
+            // Unknown until a pass has looked.
+            next_expiry: AtomicU64::new(0),
             commit: Mutex::new(CommitState::default()),
             commit_cv: Condvar::new(),
+            clock: parts.clock,
+            hasher: parts.hasher,
+            mask: parts.mask,
             persists: AtomicU64::new(0),
             flush_errors: AtomicU64::new(0),
+            purged: AtomicU64::new(0),
+            purge_scanned: AtomicU64::new(0),
+            purge_passes: AtomicU64::new(0),
+            #[cfg(test)]
+            after_scan: Mutex::new(None),
+            #[cfg(test)]
+            no_background_purge: AtomicBool::new(false),
+        }
+    }
+
+    /// The flush generation the disk is committed to at `now_abs`: records of an
+    /// older one are dead, and stay dead whatever happens.
+    pub(crate) fn committed_gen(&self, now_abs: u64) -> u64 {
+        let (gen, due) = *self.committed_flush.lock();
+        if due != 0 && due <= now_abs {
+            gen + 1
+        } else {
+            gen
         }
     }
 
@@ -451,6 +608,9 @@ impl Durable {
             persists: self.persists.load(Ordering::Relaxed),
             pending_bytes: self.shared.pending() as u64,
             flush_errors: self.flush_errors.load(Ordering::Relaxed),
+            purged: self.purged.load(Ordering::Relaxed),
+            purge_scanned: self.purge_scanned.load(Ordering::Relaxed),
+            purge_passes: self.purge_passes.load(Ordering::Relaxed),
         }
     }
 
@@ -477,6 +637,7 @@ impl Durable {
             let res = self.run_round(sync, force_sync);
             st = self.commit.lock();
             st.leader = false;
+            st.epoch += 1;
             if res.is_ok() {
                 st.done = round;
                 if sync {
@@ -495,6 +656,9 @@ impl Durable {
         let mut weight = 0;
         let mut touched = Vec::new();
         let mut max_cas = 0;
+        // For the purge: the earliest exptime and generation of the puts, and the
+        // dead-record deletes `load` queued.
+        let (mut min_exp, mut min_gen, mut purges) = (u64::MAX, u64::MAX, 0);
         for (si, shard) in self.shards.iter().enumerate() {
             let mut sh = shard.0.lock();
             max_cas = max_cas.max(sh.last_cas());
@@ -506,6 +670,16 @@ impl Durable {
             std::mem::swap(&mut wb.pending, &mut wb.inflight);
             for (k, op) in &wb.inflight {
                 weight += op.weight(k.len());
+                match op {
+                    Op::Put(r) => {
+                        if r.exptime != 0 {
+                            min_exp = min_exp.min(r.exptime);
+                        }
+                        min_gen = min_gen.min(r.gen);
+                    }
+                    Op::Purge => purges += 1,
+                    Op::Delete { .. } => {}
+                }
                 batch.items.push((k.clone(), op.encode()));
             }
             touched.push(si);
@@ -524,6 +698,17 @@ impl Durable {
         } else {
             Ok(())
         };
+        if res.is_ok() {
+            if let Some(m) = meta {
+                *self.committed_flush.lock() = m;
+            }
+            if min_gen < self.committed_gen(self.clock.now()) {
+                // A flushed item was written back: due for a purge.
+                min_exp = 0;
+            }
+            self.next_expiry.fetch_min(min_exp, Ordering::Relaxed);
+            self.purged.fetch_add(purges, Ordering::Relaxed);
+        }
         let mut dropped = 0;
         for si in touched {
             let mut sh = self.shards[si].0.lock();
@@ -569,6 +754,210 @@ impl Durable {
         }
     }
 
+    /// Takes the leader role (waiting for a round or purge write in progress): no
+    /// one else writes to the engine until [`Durable::release_leader`].
+    fn acquire_leader(&self) {
+        let mut st = self.commit.lock();
+        while st.leader {
+            self.commit_cv.wait(&mut st);
+        }
+        st.leader = true;
+    }
+
+    /// Gives the leader role up; returns the epoch it ended.
+    fn release_leader(&self) -> u64 {
+        let mut st = self.commit.lock();
+        st.leader = false;
+        st.epoch += 1;
+        self.commit_cv.notify_all();
+        st.epoch
+    }
+
+    /// One step of a purge pass: scans up to [`PURGE_CHUNK`] records after the
+    /// pass's cursor and deletes the dead ones that nothing newer is about to
+    /// replace. Returns how many it deleted and whether the pass is complete. If
+    /// the committed flush generation moved on, the pass starts over (what it
+    /// scanned was judged by the older one).
+    ///
+    /// Never holds a shard lock during engine I/O. A delete must not remove a
+    /// record that a round rewrote after the scan saw it dead, so the deletes are
+    /// decided and written while holding the leader role (no round writes then),
+    /// [`PURGE_BATCH`] at a time: if any other round or purge write ran since the
+    /// scan started (or since the previous batch), each dead record is read again
+    /// first. Then, under its shard's lock, a key is skipped if it has a
+    /// queued op (a newer version or delete is coming) or a resident version other
+    /// than the clean copy of that very record (which is then as dead as it is).
+    /// A write after that check queues an op that a later round commits, after
+    /// this delete.
+    pub(crate) fn purge_step(&self, pass: &mut PurgePass) -> io::Result<(u64, bool)> {
+        let now = self.clock.now();
+        let gen = self.committed_gen(now);
+        if gen > pass.gen {
+            *pass = PurgePass::new(gen);
+        }
+        let (epoch, busy) = {
+            let st = self.commit.lock();
+            (st.epoch, st.leader)
+        };
+        let mut dead: Vec<(Box<[u8]>, u64)> = Vec::new();
+        let mut last = Vec::new();
+        let mut min_exp = pass.min_exp;
+        let n = self
+            .backend
+            .scan(pass.after.as_deref(), PURGE_CHUNK, &mut |k, v| {
+                last.clear();
+                last.extend_from_slice(k);
+                match Head::decode(v) {
+                    Some(h) if !h.visible(now, gen) => dead.push((k.into(), h.cas)),
+                    Some(h) if h.exptime != 0 => min_exp = min_exp.min(h.exptime),
+                    // Live forever, or a format this version does not know: kept.
+                    _ => {}
+                }
+            })?;
+        self.purge_scanned.fetch_add(n as u64, Ordering::Relaxed);
+        pass.min_exp = min_exp;
+        let mut deleted = 0;
+        if !dead.is_empty() {
+            #[cfg(test)]
+            {
+                let hook = self.after_scan.lock().take();
+                if let Some(f) = hook {
+                    f();
+                }
+            }
+            // In batches, so that a commit waits for at most one batch.
+            let (mut idle, mut epoch) = (!busy, epoch);
+            let mut dead = dead.into_iter();
+            loop {
+                let batch: Vec<_> = dead.by_ref().take(PURGE_BATCH).collect();
+                if batch.is_empty() {
+                    break;
+                }
+                self.acquire_leader();
+                let res = self.purge_delete(batch, now, gen, idle, epoch, &mut pass.min_exp);
+                // Only another leader between now and the next batch changes it.
+                (idle, epoch) = (true, self.release_leader());
+                deleted += res?;
+            }
+        }
+        if n < PURGE_CHUNK {
+            return Ok((deleted, true));
+        }
+        pass.after = Some(last.into_boxed_slice());
+        Ok((deleted, false))
+    }
+
+    /// The write half of [`Durable::purge_step`]; the caller holds the leader role.
+    /// `idle`: no leader was active when the scan started, which began at `epoch`.
+    fn purge_delete(
+        &self,
+        dead: Vec<(Box<[u8]>, u64)>,
+        now: u64,
+        gen: u64,
+        idle: bool,
+        epoch: u64,
+        min_exp: &mut u64,
+    ) -> io::Result<u64> {
+        let unchanged = idle && self.commit.lock().epoch == epoch;
+        let mut batch = Batch::default();
+        for (k, cas) in dead {
+            let cas = if unchanged {
+                cas
+            } else {
+                match self
+                    .backend
+                    .get_uncounted(&k)?
+                    .as_deref()
+                    .and_then(Head::decode)
+                {
+                    Some(h) if !h.visible(now, gen) => h.cas,
+                    Some(h) => {
+                        // Rewritten since the scan: live now.
+                        if h.exptime != 0 {
+                            *min_exp = (*min_exp).min(h.exptime);
+                        }
+                        continue;
+                    }
+                    None => continue,
+                }
+            };
+            let hash = self.hasher.hash_one(&*k);
+            let si = crate::store::shard_of(hash, self.mask);
+            if self.shards[si].0.lock().purge_allowed(hash, &k, cas) {
+                batch.items.push((k, None));
+            }
+        }
+        let n = batch.items.len() as u64;
+        if n > 0 {
+            // Not fsynced: a lost delete of a dead record is harmless, and the
+            // journal keeps it behind the flush-generation entry it relies on.
+            self.backend.write(batch, false)?;
+            self.purged.fetch_add(n, Ordering::Relaxed);
+        }
+        Ok(n)
+    }
+
+    /// A whole purge pass on the calling thread (after a commit round, so that a
+    /// preceding `flush_all` counts); returns the records it deleted.
+    pub(crate) fn purge_all(&self) -> io::Result<u64> {
+        self.commit(false)?;
+        let mut pass = PurgePass::new(self.committed_gen(self.clock.now()));
+        let mut deleted = 0;
+        loop {
+            let (n, done) = self.purge_step(&mut pass)?;
+            deleted += n;
+            if done {
+                break;
+            }
+        }
+        self.purge_passes.fetch_add(1, Ordering::Relaxed);
+        Ok(deleted)
+    }
+
+    /// The flusher's share of the purge: starts a pass when the committed flush
+    /// generation moved on, or (at an interval `tick`) when a record on disk may
+    /// have expired and the last pass started [`PURGE_EVERY`] intervals ago; then
+    /// runs one step of the pass in progress.
+    fn purge_background(&self, bg: &mut Background, tick: bool) {
+        #[cfg(test)]
+        if self.no_background_purge.load(Ordering::Relaxed) {
+            return;
+        }
+        let pass = match &mut bg.pass {
+            Some(p) => p,
+            None => {
+                let now = self.clock.now();
+                let gen = self.committed_gen(now);
+                let expiry_due = tick
+                    && self.next_expiry.load(Ordering::Relaxed) <= now
+                    && bg.last_start.elapsed() >= self.interval * PURGE_EVERY;
+                if gen <= bg.gen && !expiry_due {
+                    return;
+                }
+                bg.last_start = Instant::now();
+                // Writes during the pass lower it again; the pass adds what it saw.
+                self.next_expiry.store(u64::MAX, Ordering::Relaxed);
+                bg.pass.insert(PurgePass::new(gen))
+            }
+        };
+        match self.purge_step(pass) {
+            Ok((_, false)) => {}
+            Ok((_, true)) => {
+                self.next_expiry.fetch_min(pass.min_exp, Ordering::Relaxed);
+                bg.gen = bg.gen.max(pass.gen);
+                bg.pass = None;
+                self.purge_passes.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.flush_errors.fetch_add(1, Ordering::Relaxed);
+                bg.gen = bg.gen.max(pass.gen);
+                // Retried by the next expiry pass.
+                self.next_expiry.store(0, Ordering::Relaxed);
+                bg.pass = None;
+            }
+        }
+    }
+
     /// Asks the flusher to stop (the store is being dropped).
     pub(crate) fn stop(&self) {
         let mut s = self.shared.signal.lock();
@@ -579,17 +968,25 @@ impl Durable {
 }
 
 /// The flusher thread: every `interval` (in `interval`/`sync` modes) queues the
-/// dirty items, and on every wake-up (interval or kick) runs a commit round.
+/// dirty items, and on every wake-up (interval or kick) runs a commit round. While
+/// a purge pass is in progress it runs one purge step per turn without waiting,
+/// still committing at once when kicked.
 pub(crate) fn flusher(d: Arc<Durable>) {
     let mut next = Instant::now() + d.interval;
+    let mut bg = Background {
+        pass: None,
+        gen: d.committed_gen(d.clock.now()),
+        last_start: Instant::now(),
+    };
     loop {
+        let kicked;
         {
             let mut s = d.shared.signal.lock();
             loop {
                 if s.stop {
                     return;
                 }
-                if s.kicked {
+                if s.kicked || bg.pass.is_some() {
                     break;
                 }
                 let now = Instant::now();
@@ -598,19 +995,22 @@ pub(crate) fn flusher(d: Arc<Durable>) {
                 }
                 d.shared.wake.wait_for(&mut s, next - now);
             }
+            kicked = s.kicked;
             s.kicked = false;
             d.shared.kicked.store(false, Ordering::Release);
         }
         let now = Instant::now();
-        if now >= next {
+        let tick = now >= next;
+        if tick {
             if d.mode != Durability::None {
                 d.collect_dirty();
             }
             next = now + d.interval;
         }
-        if d.commit(false).is_err() {
+        if (kicked || tick) && d.commit(false).is_err() {
             d.flush_errors.fetch_add(1, Ordering::Relaxed);
         }
+        d.purge_background(&mut bg, tick);
     }
 }
 

@@ -1,6 +1,7 @@
 //! Durable store tests: round trips through the engine, recovery, tombstones,
 //! write-behind read-back, expiry and flush across restarts, group commit, the
-//! delay hook, and a model-based property test with restarts.
+//! delay hook, the purge of dead records, and a model-based property test with
+//! restarts and purges.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,7 +11,8 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use crate::{
-    Config, Durability, DurableConfig, ManualClock, Policy, SetMode, SetRequest, SetStatus, Store,
+    Clock, Config, Durability, DurableConfig, ManualClock, Policy, SetMode, SetRequest, SetStatus,
+    Store,
 };
 
 const T0: u64 = 1_700_000_000;
@@ -439,9 +441,207 @@ fn memory_only_store_ignores_durable_calls() {
     assert!(!s.delete(b"k"));
 }
 
+/// Waits (bounded, no sleep) until the flusher completed `passes` purge passes.
+fn no_background_purge(s: &Store) {
+    let d = s.durable_state().unwrap();
+    d.no_background_purge.store(true, Ordering::SeqCst);
+}
+
+fn wait_for_passes(s: &Store, passes: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while s.durable_stats().unwrap().purge_passes < passes {
+        assert!(Instant::now() < deadline, "no purge pass");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn purge_removes_every_record_of_an_older_flush_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        // Enough records for several purge steps.
+        let n = super::PURGE_CHUNK * 2 + 100;
+        let s = open(dir.path(), Durability::Interval, 8 << 20, &clock);
+        no_background_purge(&s);
+        for i in 0..n {
+            set(&s, &key(i), b"old");
+        }
+        s.sync_all().unwrap();
+        assert_eq!(s.disk_records().unwrap(), n as u64);
+        s.flush_all(0);
+        set(&s, b"new", b"after the flush");
+        // Queued, not committed: the purge commits it (and the flush) first.
+        assert!(s.write_behind(b"new"));
+        assert_eq!(s.purge_disk().unwrap(), n as u64);
+        assert_eq!(s.disk_records().unwrap(), 1, "only the new record is left");
+        let st = s.durable_stats().unwrap();
+        assert_eq!(st.purged, n as u64, "{st:?}");
+        assert_eq!((st.purge_scanned, st.purge_passes), (n as u64 + 1, 1));
+        assert_eq!(get_through(&s, &key(0)), None);
+    }
+    let s = open(dir.path(), Durability::Interval, 8 << 20, &clock);
+    assert_eq!(
+        get_through(&s, b"new").as_deref(),
+        Some(&b"after the flush"[..])
+    );
+    assert_eq!(get_through(&s, &key(1)), None);
+}
+
+#[test]
+fn purge_removes_expired_records_and_keeps_live_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+    for i in 0..100 {
+        set_full(&s, &key(i), b"short", 0, 10);
+        set_full(&s, &key(1000 + i), b"long", 0, 1000);
+        set(&s, &key(2000 + i), b"forever");
+    }
+    s.sync_all().unwrap();
+    assert_eq!(s.purge_disk().unwrap(), 0, "nothing expired yet");
+    clock.advance(10);
+    assert_eq!(s.purge_disk().unwrap(), 100);
+    assert_eq!(s.disk_records().unwrap(), 200);
+    assert_eq!(get_through(&s, &key(0)), None);
+    assert_eq!(get_through(&s, &key(1000)).as_deref(), Some(&b"long"[..]));
+    clock.advance(1000);
+    assert_eq!(s.purge_disk().unwrap(), 100);
+    assert_eq!(s.disk_records().unwrap(), 100);
+    assert_eq!(s.durable_stats().unwrap().purged, 200);
+    assert_eq!(
+        get_through(&s, &key(2000)).as_deref(),
+        Some(&b"forever"[..])
+    );
+}
+
+#[test]
+fn load_of_a_dead_record_queues_its_deletion() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+        set_full(&s, b"ttl", b"v", 0, 10);
+        set(&s, b"keep", b"v");
+    }
+    clock.advance(10);
+    let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+    assert_eq!(s.disk_records().unwrap(), 2);
+    assert!(!s.load(b"ttl").unwrap());
+    assert!(
+        s.durable_stats().unwrap().pending_bytes > 0,
+        "deletion queued"
+    );
+    // Known absent now: no second disk read, and a delete misses.
+    let reads = s.durable_stats().unwrap().reads;
+    assert!(!s.load(b"ttl").unwrap());
+    assert!(!s.delete(b"ttl"));
+    assert_eq!(s.durable_stats().unwrap().reads, reads);
+    s.sync_all().unwrap();
+    assert_eq!(s.disk_records().unwrap(), 1);
+    assert_eq!(s.durable_stats().unwrap().purged, 1);
+    assert_eq!(get_through(&s, b"keep").as_deref(), Some(&b"v"[..]));
+}
+
+#[test]
+fn a_key_rewritten_after_the_flush_survives_the_purge() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    {
+        let s = Arc::new(open(dir.path(), Durability::Interval, 1 << 20, &clock));
+        no_background_purge(&s);
+        for k in [&b"dirty"[..], b"queued", b"persisted", b"gone"] {
+            set(&s, k, b"old");
+        }
+        s.sync_all().unwrap();
+        s.flush_all(0);
+        // Resident and dirty (not yet written).
+        set(&s, b"dirty", b"new");
+        // Already on disk again.
+        set(&s, b"persisted", b"new");
+        s.persist(b"persisted").unwrap();
+        // Written behind (a queued put, as an eviction leaves it) after the purge's
+        // first commit, before its scan.
+        let s2 = Arc::downgrade(&s);
+        *s.durable_state().unwrap().after_scan.lock() = Some(Box::new(move || {
+            let s = s2.upgrade().unwrap();
+            set(&s, b"queued", b"new");
+            assert!(s.write_behind(b"queued"));
+        }));
+        assert_eq!(s.purge_disk().unwrap(), 1, "only `gone` is dead and free");
+        assert_eq!(s.disk_records().unwrap(), 3);
+    }
+    let s = open(dir.path(), Durability::Interval, 1 << 20, &clock);
+    assert_eq!(get_through(&s, b"dirty").as_deref(), Some(&b"new"[..]));
+    assert_eq!(get_through(&s, b"queued").as_deref(), Some(&b"new"[..]));
+    assert_eq!(get_through(&s, b"persisted").as_deref(), Some(&b"new"[..]));
+    assert_eq!(get_through(&s, b"gone"), None);
+}
+
+/// The race the purge must not lose: its scan sees a dead record, then, before it
+/// deletes, a round commits a new version of the key that is not resident (written
+/// behind after an eviction). The purge must notice and keep the new record.
+#[test]
+fn a_rewrite_committed_between_scan_and_delete_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = Arc::new(open(dir.path(), Durability::Interval, 16 << 10, &clock));
+    no_background_purge(&s);
+    let value = [b'v'; 200];
+    set(&s, &key(0), &value);
+    s.sync_all().unwrap();
+    s.flush_all(0);
+    s.sync_all().unwrap();
+    let hit = Arc::new(AtomicBool::new(false));
+    {
+        let (s2, hit) = (Arc::downgrade(&s), hit.clone());
+        *s.durable_state().unwrap().after_scan.lock() = Some(Box::new(move || {
+            let Some(s) = s2.upgrade() else { return };
+            set(&s, &key(0), b"rewritten");
+            // Evict it: its put is queued, then committed; it is no longer resident.
+            for i in 1..200 {
+                set(&s, &key(i), &value);
+            }
+            s.sync_all().unwrap();
+            assert!(s.get(&key(0)).is_none(), "evicted");
+            hit.store(true, Ordering::SeqCst);
+        }));
+    }
+    s.purge_disk().unwrap();
+    assert!(hit.load(Ordering::SeqCst), "the hook ran");
+    assert_eq!(get_through(&s, &key(0)).as_deref(), Some(&b"rewritten"[..]));
+}
+
+#[test]
+fn disk_stays_bounded_across_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let s = open(dir.path(), Durability::Interval, 8 << 20, &clock);
+    const ROUND: usize = 2000;
+    let mut max_records = 0;
+    for round in 0..20 {
+        for i in 0..ROUND {
+            set(&s, &key(round * ROUND + i), b"0123456789");
+        }
+        s.sync_all().unwrap();
+        max_records = max_records.max(s.disk_records().unwrap());
+        let passes = s.durable_stats().unwrap().purge_passes;
+        s.flush_all(0);
+        // The flusher, kicked by the flush, purges by itself.
+        wait_for_passes(&s, passes + 1);
+    }
+    assert!(max_records <= ROUND as u64 + 10, "{max_records} records");
+    assert_eq!(s.disk_records().unwrap(), 0);
+    assert_eq!(s.durable_stats().unwrap().purged, 20 * ROUND as u64);
+}
+
 #[derive(Clone, Debug)]
 enum MOp {
     Set(u8, u8),
+    /// A set with a TTL of 1 to 3 seconds.
+    SetTtl(u8, u8, u8),
+    Advance(u8),
+    Purge,
     Delete(u8),
     Get(u8),
     Persist(u8),
@@ -449,9 +649,21 @@ enum MOp {
     Restart,
 }
 
+/// `PROPTEST_CASES` if set, else `default` (an explicit `cases` in a config would
+/// otherwise ignore the variable).
+fn cases_or(default: u32) -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 fn mop() -> impl Strategy<Value = MOp> {
     prop_oneof![
         6 => (0u8..24, any::<u8>()).prop_map(|(k, v)| MOp::Set(k, v)),
+        2 => (0u8..24, any::<u8>(), 1u8..4).prop_map(|(k, v, t)| MOp::SetTtl(k, v, t)),
+        1 => (1u8..3).prop_map(MOp::Advance),
+        1 => Just(MOp::Purge),
         3 => (0u8..24).prop_map(MOp::Delete),
         4 => (0u8..24).prop_map(MOp::Get),
         1 => (0u8..24).prop_map(MOp::Persist),
@@ -461,9 +673,11 @@ fn mop() -> impl Strategy<Value = MOp> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+    // 32 cases by default (each opens several engines); PROPTEST_CASES overrides.
+    #![proptest_config(ProptestConfig { cases: cases_or(32), ..ProptestConfig::default() })]
 
-    /// Random sets, deletes, gets and flushes with clean restarts (drop, reopen)
+    /// Random sets (some with a TTL, with the clock moving), deletes, gets, flushes
+    /// and purges (besides the flusher's own) with clean restarts (drop, reopen)
     /// under a memory limit that forces evictions, against a HashMap.
     #[test]
     fn matches_a_map_across_restarts(
@@ -474,13 +688,25 @@ proptest! {
         let clock = Arc::new(ManualClock::new(T0));
         let limit = 4 << 10;
         let mut s = open(dir.path(), durability, limit, &clock);
-        let mut model: HashMap<u8, Vec<u8>> = HashMap::new();
+        // Value and absolute expiry (0 never).
+        let mut model: HashMap<u8, (Vec<u8>, u64)> = HashMap::new();
         for op in ops {
+            let now = clock.now();
+            model.retain(|_, (_, exp)| *exp == 0 || *exp > now);
             match op {
                 MOp::Set(k, v) => {
                     let val = vec![v; 100 + usize::from(v)];
                     set(&s, &key(k.into()), &val);
-                    model.insert(k, val);
+                    model.insert(k, (val, 0));
+                }
+                MOp::SetTtl(k, v, t) => {
+                    let val = vec![v; 100 + usize::from(v)];
+                    set_full(&s, &key(k.into()), &val, 0, t.into());
+                    model.insert(k, (val, now + u64::from(t)));
+                }
+                MOp::Advance(secs) => clock.advance(secs.into()),
+                MOp::Purge => {
+                    s.purge_disk().unwrap();
                 }
                 MOp::Delete(k) => {
                     let kk = key(k.into());
@@ -492,7 +718,8 @@ proptest! {
                     prop_assert_eq!(hit, model.remove(&k).is_some(), "delete {}", k);
                 }
                 MOp::Get(k) => {
-                    prop_assert_eq!(get_through(&s, &key(k.into())), model.get(&k).cloned(), "get {}", k);
+                    let want = model.get(&k).map(|(v, _)| v.clone());
+                    prop_assert_eq!(get_through(&s, &key(k.into())), want, "get {}", k);
                 }
                 MOp::Persist(k) => s.persist(&key(k.into())).unwrap(),
                 MOp::Flush => {
@@ -505,9 +732,16 @@ proptest! {
                 }
             }
         }
+        let now = clock.now();
+        model.retain(|_, (_, exp)| *exp == 0 || *exp > now);
         for k in 0..24u8 {
-            prop_assert_eq!(get_through(&s, &key(k.into())), model.get(&k).cloned(), "final {}", k);
+            let want = model.get(&k).map(|(v, _)| v.clone());
+            prop_assert_eq!(get_through(&s, &key(k.into())), want, "final {}", k);
         }
+        // Once everything is written and purged, the disk holds exactly the live keys.
+        s.sync_all().unwrap();
+        s.purge_disk().unwrap();
+        prop_assert_eq!(s.disk_records().unwrap(), model.len() as u64);
     }
 }
 
