@@ -1,5 +1,6 @@
-//! Server-wide figures: connection counts, per-worker command counters and request
-//! service-time histograms, rendered as memcached `stats` lines or Prometheus text.
+//! Server-wide figures: connection counts, per-worker command counters, request
+//! service-time histograms and, over a durable store, its engine figures (`durable_*`),
+//! rendered as memcached `stats` lines, JSON (`/stats`) or Prometheus text.
 //!
 //! Each worker thread owns a [`WorkerStats`]; only that thread writes it (relaxed atomic
 //! adds on its own cache lines), and readers sum over all workers when `stats` is asked.
@@ -11,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
-use kvlab_store::{Store, StoreStats};
+use kvlab_store::{DurableStats, Store, StoreStats};
 use parking_lot::Mutex;
 
 /// Per-worker command counters; written by one thread, read by any.
@@ -168,6 +169,9 @@ impl ServerStats {
             ("evictions", s.evictions.to_string()),
             ("reclaimed", s.reclaimed.to_string()),
         ];
+        if let Some(d) = store.durable_stats() {
+            fields.extend(durable_fields(&d));
+        }
         let mut merged = new_histogram();
         for w in &self.workers {
             if let Some(h) = w.service_ns.lock().as_ref() {
@@ -233,6 +237,27 @@ impl ServerStats {
             w.reset();
         }
     }
+}
+
+/// The durable store's engine figures (only for a store with `--data-dir`).
+fn durable_fields(d: &DurableStats) -> [(&'static str, String); 10] {
+    [
+        // Read-through misses served from the engine.
+        ("durable_reads", d.reads.to_string()),
+        // Engine batches (commit rounds and purge batches).
+        ("durable_commits", d.commits.to_string()),
+        ("durable_fsyncs", d.fsyncs.to_string()),
+        // Item puts and deletes written.
+        ("durable_items_written", d.items_written.to_string()),
+        ("durable_persists", d.persists.to_string()),
+        // Bytes of changes queued for the engine (write-behind and tombstones).
+        ("durable_queued_bytes", d.pending_bytes.to_string()),
+        ("durable_flush_errors", d.flush_errors.to_string()),
+        // Dead records (flushed or expired) deleted from the engine.
+        ("durable_purged", d.purged.to_string()),
+        ("durable_purge_scanned", d.purge_scanned.to_string()),
+        ("durable_purge_passes", d.purge_passes.to_string()),
+    ]
 }
 
 /// Service-time percentiles appended to `stats` (microseconds).
@@ -311,6 +336,15 @@ const COUNTERS: &[&str] = &[
     "evicted_unfetched",
     "evictions",
     "reclaimed",
+    "durable_reads",
+    "durable_commits",
+    "durable_fsyncs",
+    "durable_items_written",
+    "durable_persists",
+    "durable_flush_errors",
+    "durable_purged",
+    "durable_purge_scanned",
+    "durable_purge_passes",
     "rusage_user",
     "rusage_system",
 ];

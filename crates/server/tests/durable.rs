@@ -1,10 +1,11 @@
-//! The server over a durable store: restart recovery, durable deletes, and an event loop
-//! that keeps serving while the disk is slow.
+//! The server over a durable store: restart recovery, durable deletes, an event loop
+//! that keeps serving while the disk is slow, and the `durable_*` figures of `stats`.
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::Read;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use kvlab_server::IoModel;
@@ -112,4 +113,77 @@ fn a_slow_disk_does_not_stall_the_event_loop() {
         );
         server.store().set_backend_delay(Duration::ZERO);
     }
+}
+
+const DURABLE_FIELDS: [&str; 10] = [
+    "durable_reads",
+    "durable_commits",
+    "durable_fsyncs",
+    "durable_items_written",
+    "durable_persists",
+    "durable_queued_bytes",
+    "durable_flush_errors",
+    "durable_purged",
+    "durable_purge_scanned",
+    "durable_purge_passes",
+];
+
+/// `stats` as numbers (non-numeric fields left out).
+fn stats_numbers(s: &mut std::net::TcpStream) -> HashMap<String, u64> {
+    let text = String::from_utf8(exchange(s, b"stats\r\n", b"END\r\n")).expect("utf8");
+    text.lines()
+        .filter_map(|l| l.strip_prefix("STAT "))
+        .filter_map(|l| l.split_once(' '))
+        .filter_map(|(k, v)| Some((k.to_string(), v.parse().ok()?)))
+        .collect()
+}
+
+/// `stats` shows the durable store's engine figures, and they move: persisted sets are
+/// committed, fsynced and written; a `flush_all` has the flusher purge the old records;
+/// a restart reads through.
+#[test]
+fn stats_show_durable_figures_that_move() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let (server, _clock) = start(IoModel::Reactor, |c| {
+            c.durable = durable(dir.path(), Durability::Sync)
+        });
+        let mut s = connect(server.addr());
+        let before = stats_numbers(&mut s);
+        for f in DURABLE_FIELDS {
+            assert!(before.contains_key(f), "{f} missing: {before:?}");
+        }
+        let req = b"set a 0 0 1\r\n1\r\nset b 0 0 1\r\n2\r\nflush_all\r\nset c 0 0 1\r\n3\r\n";
+        exchange(&mut s, req, b"OK\r\nSTORED\r\n");
+        // The flusher purges `a` and `b` in the background: wait for it (bounded).
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let after = loop {
+            let st = stats_numbers(&mut s);
+            if st["durable_purged"] >= 2 && st["durable_purge_passes"] >= 1 {
+                break st;
+            }
+            assert!(Instant::now() < deadline, "no purge: {st:?}");
+            std::thread::yield_now();
+        };
+        let moved = |f: &str| after[f] - before[f];
+        assert!(moved("durable_persists") >= 3, "{after:?}");
+        assert!(moved("durable_commits") >= 3, "{after:?}");
+        assert!(moved("durable_fsyncs") >= 3, "{after:?}");
+        // Three puts and two purge deletes.
+        assert!(moved("durable_items_written") >= 5, "{after:?}");
+        assert_eq!(moved("durable_purged"), 2, "{after:?}");
+        assert!(moved("durable_purge_scanned") >= 2, "{after:?}");
+        assert_eq!(after["durable_flush_errors"], 0);
+        server.shutdown();
+    }
+    let (server, _clock) = start(IoModel::Reactor, |c| {
+        c.durable = durable(dir.path(), Durability::Sync)
+    });
+    let mut s = connect(server.addr());
+    assert_eq!(stats_numbers(&mut s)["durable_reads"], 0);
+    assert_eq!(
+        exchange(&mut s, b"get c\r\n", b"END\r\n"),
+        b"VALUE c 0 1\r\n3\r\nEND\r\n"
+    );
+    assert_eq!(stats_numbers(&mut s)["durable_reads"], 1);
 }

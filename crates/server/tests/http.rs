@@ -571,6 +571,13 @@ fn stats_and_metrics() {
         "{text}"
     );
     assert!(text.contains("kvlab_curr_items 2\n"), "{text}");
+    // A memory-only store has no disk figures.
+    assert!(!text.contains("durable_"), "{text}");
+    assert!(!j
+        .as_object()
+        .expect("object")
+        .keys()
+        .any(|k| k.starts_with("durable_")));
 }
 
 #[test]
@@ -920,4 +927,28 @@ fn durable_store_reads_through_and_persists_over_http() {
     assert_eq!(get(&a, &format!("{}/key/gone", base(&server))).status, 404);
     let stats = get(&a, &format!("{}/stats", base(&server))).json();
     assert!(stats["cmd_get"].as_u64().expect("cmd_get") >= 2, "{stats}");
+    // The engine's figures: both GETs read through (`kept` found, `gone` not).
+    assert_eq!(stats["durable_reads"], 2, "{stats}");
+    for f in [
+        "durable_commits",
+        "durable_fsyncs",
+        "durable_queued_bytes",
+        "durable_purged",
+    ] {
+        assert!(stats[f].is_u64(), "{f}: {stats}");
+    }
+    let text =
+        String::from_utf8(get(&a, &format!("{}/metrics", base(&server))).body).expect("utf8");
+    assert!(
+        text.contains("# TYPE kvlab_durable_reads counter\nkvlab_durable_reads 2\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE kvlab_durable_queued_bytes gauge\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE kvlab_durable_purged counter\n"),
+        "{text}"
+    );
 }
