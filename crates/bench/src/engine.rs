@@ -583,7 +583,10 @@ impl<'c> Engine<'c> {
             return;
         }
         slot.budget -= 1;
-        self.cur.counters.sent += 1;
+        // A warm-up request sent late, after the warm-up, is not part of the measurement.
+        if planned >= self.warmup_end || self.cur.start_ns < self.cfg.warmup_ns() {
+            self.cur.counters.sent += 1;
+        }
         if slot.load_next >= slot.load_end && self.phase == Phase::Load {
             slot.budget = 0;
         }
@@ -668,6 +671,11 @@ impl<'c> Engine<'c> {
         let verify = gen.workload().verify;
         let single = gen.workload().multiget == 1;
         let mut bad_values = 0u32;
+        // A warm-up request answered after the warm-up is left out of the measurement:
+        // a measured interval counts only requests planned (closed loop: sent) in it or
+        // after the warm-up, so nothing is counted twice or measured from the warm-up.
+        let warmup_end = self.warmup_end;
+        let measuring = self.cur.start_ns >= self.cfg.warmup_ns();
         let r = conn.on_readable(|ev| match ev {
             Event::Value {
                 user, key, data, ..
@@ -691,6 +699,9 @@ impl<'c> Engine<'c> {
                         bad_values += 1;
                     }
                 }
+            }
+            Event::Done { user, .. } if measuring && user.planned < warmup_end => {
+                bad_values = 0;
             }
             Event::Done {
                 user,

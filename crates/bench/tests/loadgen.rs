@@ -196,6 +196,33 @@ fn scan_gives_one_row_per_step_and_warmup_is_discarded() {
 }
 
 #[test]
+fn warm_up_requests_answered_late_are_not_measured() {
+    // The server stops for 400 ms from 0.35 s, across the end of the 0.5 s warm-up, so
+    // the warm-up's last requests are answered in the measured second: they must not
+    // count there.
+    let addr = test_server(Faults {
+        stall: Some((700, Duration::from_millis(400))),
+        ..Faults::default()
+    });
+    let mut cfg = closed(addr, 1);
+    cfg.requests = None;
+    cfg.depth = 64;
+    cfg.open = Some(Arrival::Fixed);
+    cfg.plan = RatePlan::fixed(2000.0, 1.0).unwrap();
+    cfg.warmup_s = 0.5;
+    let r = run(&cfg);
+    let c = &r.counters;
+    assert!((c.planned as f64 - 2000.0).abs() <= 2.0, "{c:?}");
+    assert!(c.sent <= c.planned && c.completed <= c.sent, "{c:?}");
+    assert!(
+        r.throughput_qps <= 2000.0 * 1.01,
+        "{} req/s",
+        r.throughput_qps
+    );
+    assert_eq!(c.errors + c.timeouts, 0, "{c:?}");
+}
+
+#[test]
 fn unanswered_requests_time_out() {
     let addr = test_server(Faults {
         blackhole: true,
