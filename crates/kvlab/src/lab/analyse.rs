@@ -4,7 +4,6 @@
 //! Everything here is a pure function of the experiment text, `meta.json` and `raw/*.json`,
 //! so `kvlab lab analyse DIR` rewrites the same report from the same data.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -15,8 +14,8 @@ use kvlab_analysis::saturation::{find_knee, KneeOptions, LoadPoint};
 use kvlab_analysis::{factorial, summarize, Summary};
 use kvlab_report::helpers::{self as h, Curve};
 use kvlab_report::{
-    format_value, Estimate, HistogramSeries, Item, LinePlot, LineStyle, Note, Point, Report, Row,
-    Section, Series, Table,
+    format_value, Estimate, Histogram, HistogramSeries, Item, LinePlot, LineStyle, Note, Point,
+    Report, Row, Section, Series, Table,
 };
 
 use super::runner::{Meta, RawRun};
@@ -62,11 +61,10 @@ impl Pt<'_> {
     /// X, so a mean of R is compared with a mean of R).
     fn law_r(&self) -> f64 {
         let v: Vec<f64> = self
-            .runs
-            .iter()
-            .filter_map(|r| r.result.as_ref())
-            .filter(|r| r.throughput_qps > 0.0)
-            .map(|r| h::interactive_law(self.population as f64, r.throughput_qps, self.think_s))
+            .each_run(|r| r.throughput_qps)
+            .into_iter()
+            .filter(|x| *x > 0.0)
+            .map(|x| h::interactive_law(self.population as f64, x, self.think_s))
             .collect();
         if v.is_empty() {
             f64::NAN
@@ -75,18 +73,31 @@ impl Pt<'_> {
         }
     }
 
+    /// `f` of each successful repetition's result.
+    fn each_run(&self, f: impl Fn(&kvlab_bench::RunResult) -> f64) -> Vec<f64> {
+        self.runs
+            .iter()
+            .filter_map(|r| r.result.as_ref())
+            .map(f)
+            .collect()
+    }
+
     fn level(&self, f: &str) -> Option<&Level> {
         self.levels.iter().find(|(n, _)| n == f).map(|(_, l)| l)
     }
 
-    /// System and the levels of every factor but `axis`.
-    fn config(&self, axis: Option<&str>) -> String {
-        let rest: Vec<String> = self
-            .levels
+    /// `factor=level` for every factor but `axis`.
+    fn levels_text(&self, axis: Option<&str>) -> Vec<String> {
+        self.levels
             .iter()
             .filter(|(f, _)| Some(f.as_str()) != axis)
             .map(|(f, l)| format!("{f}={l}"))
-            .collect();
+            .collect()
+    }
+
+    /// System and the levels of every factor but `axis`.
+    fn config(&self, axis: Option<&str>) -> String {
+        let rest = self.levels_text(axis);
         if rest.is_empty() {
             self.system.clone()
         } else {
@@ -95,11 +106,7 @@ impl Pt<'_> {
     }
 
     fn describe(&self) -> String {
-        let lv: Vec<String> = self
-            .levels
-            .iter()
-            .map(|(f, l)| format!("{f}={l}"))
-            .collect();
+        let lv = self.levels_text(None);
         if lv.is_empty() {
             self.system.clone()
         } else {
@@ -276,13 +283,29 @@ fn ci_label(conf: f64) -> String {
     }
 }
 
+/// The analysis under way: what every part's builders read (the experiment, the machine, the
+/// confidence-interval label, the histogram buckets shared by the whole report) and what they
+/// add to besides their own section (the terminal summary, the tally of model checks).
+struct Analyser<'a> {
+    exp: &'a Experiment,
+    meta: &'a Meta,
+    ci: String,
+    edges: Vec<f64>,
+    summary: String,
+    tally: Tally,
+}
+
 /// Analyses an experiment's raw runs.
 pub fn analyse(exp: &Experiment, meta: &Meta, raws: &[RawRun]) -> anyhow::Result<Analysis> {
-    let ci = ci_label(exp.confidence);
+    let mut an = Analyser {
+        exp,
+        meta,
+        ci: ci_label(exp.confidence),
+        edges: common_edges(raws),
+        summary: String::new(),
+        tally: Tally::default(),
+    };
     let mut sections = Vec::new();
-    let mut summary = String::new();
-    let mut tally = Tally::default();
-    let edges = common_edges(raws);
     let mut overview = Vec::new();
     for part in &exp.parts {
         let (pts, problems) = points(exp, part, raws);
@@ -297,59 +320,14 @@ pub fn analyse(exp: &Experiment, meta: &Meta, raws: &[RawRun]) -> anyhow::Result
             )));
             continue;
         }
-        let mut sec = Section {
-            title: format!("Part {}", part.name),
-            text: part_text(exp, part, &pts),
-            items: Vec::new(),
-        };
-        if !problems.is_empty() {
-            sec.items.push(Item::Note(Note::warning(
-                "Failed runs",
-                problems.join("\n"),
-            )));
-        }
-        let warns = bench_warnings(&pts);
-        if !warns.is_empty() {
-            sec.items.push(Item::Note(Note::warning(
-                "Load generator self-checks",
-                warns.join("\n"),
-            )));
-        }
-        let open = pts.iter().all(|p| p.population == 0);
-        let has = |f: &str| part.factors.iter().any(|(n, ls)| n == f && ls.len() > 1);
-        if part.is_trace() {
-            trace_section(&part.name, &pts, &edges, &mut sec, &mut summary);
-        } else if part.design == Design::TwoK {
-            twok_section(exp, part, &pts, &ci, &mut sec, &mut summary);
-        } else if has("clients") && !open {
-            clients_section(
-                &part.name,
-                exp,
-                meta,
-                &pts,
-                &ci,
-                &mut sec,
-                &mut summary,
-                &mut tally,
-            );
-        } else if has("qps") && open {
-            rates_section(
-                &part.name,
-                exp,
-                &pts,
-                &ci,
-                &mut sec,
-                &mut summary,
-                &mut tally,
-            );
-        }
-        if !part.is_trace() {
-            sec.items
-                .push(Item::Table(all_points_table(part, &pts, &ci)));
-            percentile_items(part, &pts, &edges, &mut sec);
-        }
-        sections.push(sec);
+        sections.push(an.part_section(part, &pts, &problems));
     }
+    let Analyser {
+        ci,
+        mut summary,
+        tally,
+        ..
+    } = an;
     if tally.checks > 0 {
         let _ = writeln!(
             summary,
@@ -493,6 +471,88 @@ pub fn analyse(exp: &Experiment, meta: &Meta, raws: &[RawRun]) -> anyhow::Result
     Ok(Analysis { report, summary })
 }
 
+impl Analyser<'_> {
+    /// A part's section: its description, notes on failed runs and generator warnings, the
+    /// analysis its factors call for, and the table and distributions of all its points.
+    fn part_section(&mut self, part: &Part, pts: &[Pt], problems: &[String]) -> Section {
+        let mut sec = Section {
+            title: format!("Part {}", part.name),
+            text: part_text(self.exp, part, pts),
+            items: Vec::new(),
+        };
+        if !problems.is_empty() {
+            sec.items.push(Item::Note(Note::warning(
+                "Failed runs",
+                problems.join("\n"),
+            )));
+        }
+        let warns = bench_warnings(pts);
+        if !warns.is_empty() {
+            sec.items.push(Item::Note(Note::warning(
+                "Load generator self-checks",
+                warns.join("\n"),
+            )));
+        }
+        let open = pts.iter().all(|p| p.population == 0);
+        let has = |f: &str| part.factors.iter().any(|(n, ls)| n == f && ls.len() > 1);
+        if part.is_trace() {
+            self.trace_section(part, pts, &mut sec);
+        } else if part.design == Design::TwoK {
+            self.twok_section(part, pts, &mut sec);
+        } else if has("clients") && !open {
+            self.clients_section(part, pts, &mut sec);
+        } else if has("qps") && open {
+            self.rates_section(part, pts, &mut sec);
+        }
+        if !part.is_trace() {
+            sec.items
+                .push(Item::Table(all_points_table(part, pts, &self.ci)));
+            self.percentile_items(part, pts, &mut sec);
+        }
+        sec
+    }
+
+    /// A model check at the experiment's tolerance.
+    fn check(
+        &self,
+        quantity: String,
+        model: &str,
+        unit: &str,
+        predicted: f64,
+        measured: Estimate,
+    ) -> h::ModelCheck {
+        h::ModelCheck {
+            quantity,
+            model: model.into(),
+            unit: unit.into(),
+            predicted,
+            measured,
+            tolerance: self.exp.tolerance,
+        }
+    }
+
+    /// Tallies `checks` and returns their model-vs-measurement table (with `title` and
+    /// `caption` when given) and notes.
+    fn model_items(
+        &mut self,
+        checks: &[h::ModelCheck],
+        title: Option<&str>,
+        caption: Option<&str>,
+    ) -> Vec<Item> {
+        self.tally.add(checks);
+        let mut items = h::model_vs_measurement(checks, &self.ci);
+        if let Some(Item::Table(t)) = items.first_mut() {
+            if let Some(title) = title {
+                t.title = title.into();
+            }
+            if let Some(caption) = caption {
+                t.caption = Some(caption.into());
+            }
+        }
+        items
+    }
+}
+
 fn part_text(exp: &Experiment, part: &Part, pts: &[Pt]) -> Vec<String> {
     let mut t = Vec::new();
     if let Some(d) = &part.description {
@@ -551,51 +611,32 @@ fn part_text(exp: &Experiment, part: &Part, pts: &[Pt]) -> Vec<String> {
     t
 }
 
+/// The load generator's self-check warnings, one line per kind (the message with its numbers
+/// masked): how often it came and its first occurrence, in order of first appearance.
 fn bench_warnings(pts: &[Pt]) -> Vec<String> {
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    let mut kinds: Vec<(String, usize, String)> = Vec::new();
     for p in pts {
-        for r in &p.runs {
-            if let Some(res) = &r.result {
-                for w in &res.warnings {
-                    // Group by the message without its numbers.
-                    let key: String = w
-                        .chars()
-                        .map(|c| if c.is_ascii_digit() { '#' } else { c })
-                        .collect();
-                    let e = counts.entry(key).or_default();
-                    *e += 1;
-                    let _ = e;
+        for res in p.runs.iter().filter_map(|r| r.result.as_ref()) {
+            for w in &res.warnings {
+                let kind: String = w
+                    .chars()
+                    .map(|c| if c.is_ascii_digit() { '#' } else { c })
+                    .collect();
+                match kinds.iter_mut().find(|(k, _, _)| *k == kind) {
+                    Some((_, n, _)) => *n += 1,
+                    None => kinds.push((kind, 1, format!("at {}: {w}", p.describe()))),
                 }
             }
         }
     }
-    let mut out = Vec::new();
-    for p in pts {
-        for r in &p.runs {
-            if let Some(res) = &r.result {
-                for w in &res.warnings {
-                    let key: String = w
-                        .chars()
-                        .map(|c| if c.is_ascii_digit() { '#' } else { c })
-                        .collect();
-                    if let Some(n) = counts.remove(&key) {
-                        out.push(format!(
-                            "{} at {}: {w}{}",
-                            if n > 1 {
-                                format!("{n} runs, e.g.")
-                            } else {
-                                "1 run".into()
-                            },
-                            p.describe(),
-                            ""
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    out.truncate(12);
-    out
+    kinds
+        .into_iter()
+        .take(12)
+        .map(|(_, n, first)| match n {
+            1 => format!("1 run {first}"),
+            n => format!("{n} runs, e.g. {first}"),
+        })
+        .collect()
 }
 
 fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
@@ -688,111 +729,15 @@ fn series_of(name: &str, edges: &[f64], hist: &Hdr<u64>) -> HistogramSeries {
     )
 }
 
-/// Percentiles vs the first factor and latency histograms (same buckets everywhere).
-fn percentile_items(part: &Part, pts: &[Pt], edges: &[f64], sec: &mut Section) {
-    let Some((axis, levels)) = part.factors.first() else {
-        // A single point: one histogram comparing the systems.
-        let cases: Vec<HistogramSeries> = pts
-            .iter()
-            .filter_map(|p| p.hist.as_ref().map(|hh| series_of(&p.system, edges, hh)))
-            .collect();
-        if !cases.is_empty() {
-            sec.items.push(Item::Histogram(h::latency_histogram(
-                "Latency distribution",
-                "µs",
-                edges.to_vec(),
-                cases,
-            )));
-        }
-        return;
-    };
-    if part.design == Design::TwoK || levels.len() < 2 {
-        return;
-    }
-    let groups = by_config(pts, Some(axis));
-    for (cfg, ps) in groups.iter().take(4) {
-        let lv: Vec<(String, h::Percentiles)> = ps
-            .iter()
-            .map(|p| {
-                (
-                    p.level(axis).map(|l| l.to_string()).unwrap_or_default(),
-                    p.pct,
-                )
-            })
-            .collect();
-        sec.items.push(Item::LinePlot(h::percentiles_vs_factor(
-            &format!("Latency percentiles vs {axis}: {cfg}"),
-            axis,
-            &lv,
-            "µs",
-        )));
-        // One histogram per configuration over (at most 6) levels of the axis.
-        let n = ps.len();
-        let pick: Vec<usize> = if n <= 6 {
-            (0..n).collect()
-        } else {
-            let mut v: Vec<usize> = (0..6).map(|i| i * (n - 1) / 5).collect();
-            v.dedup();
-            v
-        };
-        let cases: Vec<HistogramSeries> = pick
-            .iter()
-            .filter_map(|&i| {
-                let p = ps[i];
-                let l = p.level(axis)?;
-                p.hist
-                    .as_ref()
-                    .map(|hh| series_of(&format!("{axis}={l}"), edges, hh))
-            })
-            .collect();
-        if cases.len() >= 2 {
-            let mut hg = h::latency_histogram(
-                &format!("Latency distribution by {axis}: {cfg}"),
-                "µs",
-                edges.to_vec(),
-                cases,
-            );
-            hg.caption = Some(
-                "Percent of each case's requests per bucket; every histogram in this report \
-                 uses the same buckets."
-                    .into(),
-            );
-            sec.items.push(Item::Histogram(hg));
+/// The systems of `pts`, in order of first appearance.
+fn systems_of<'p>(pts: &'p [Pt]) -> Vec<&'p str> {
+    let mut v: Vec<&str> = Vec::new();
+    for p in pts {
+        if !v.contains(&p.system.as_str()) {
+            v.push(&p.system);
         }
     }
-    // The systems side by side at the middle level of the axis.
-    let systems: Vec<&str> = {
-        let mut v: Vec<&str> = Vec::new();
-        for p in pts {
-            if !v.contains(&p.system.as_str()) {
-                v.push(&p.system);
-            }
-        }
-        v
-    };
-    if systems.len() >= 2 {
-        let mid = &levels[levels.len() / 2];
-        let others = &pts[0].levels;
-        let cases: Vec<HistogramSeries> = pts
-            .iter()
-            .filter(|p| {
-                p.level(axis) == Some(mid)
-                    && p.levels
-                        .iter()
-                        .zip(others)
-                        .all(|((f, l), (_, o))| f == axis || l == o)
-            })
-            .filter_map(|p| p.hist.as_ref().map(|hh| series_of(&p.system, edges, hh)))
-            .collect();
-        if cases.len() >= 2 {
-            sec.items.push(Item::Histogram(h::latency_histogram(
-                &format!("Latency distribution at {axis}={mid}: systems compared"),
-                "µs",
-                edges.to_vec(),
-                cases,
-            )));
-        }
-    }
+    v
 }
 
 fn line(name: String, style: LineStyle, color: usize, points: Vec<Point>) -> Series {
@@ -804,794 +749,861 @@ fn line(name: String, style: LineStyle, color: usize, points: Vec<Point>) -> Ser
     }
 }
 
-// The section builders share one shape: inputs, then the section, summary and tally to fill.
-#[allow(clippy::too_many_arguments)]
-fn clients_section(
-    part_name: &str,
-    exp: &Experiment,
-    meta: &Meta,
-    pts: &[Pt],
-    ci: &str,
-    sec: &mut Section,
-    summary: &mut String,
-    tally: &mut Tally,
-) {
-    let groups = by_config(pts, Some("clients"));
-    let mut tput = Vec::new();
-    let mut resp = Vec::new();
-    let mut pred = Vec::new();
-    let mut checks = Vec::new();
-    let mut maxes = Vec::new();
-    let mut knee_rows = Vec::new();
-    let _ = writeln!(
-        summary,
-        "part {} — closed loop, throughput vs clients\n  {:<34} {:>24} {:>6} {:>7} {:>14}",
-        part_name, "system", "max throughput (req/s)", "at N", "knee N", "p99 at knee"
-    );
-    for (cfg, ps) in &groups {
-        let mut ps: Vec<&Pt> = ps.clone();
-        ps.sort_by_key(|p| p.population);
-        tput.push(Curve {
-            name: cfg.clone(),
-            points: ps
-                .iter()
-                .map(|p| (p.population as f64, est(&p.x)))
-                .collect(),
-        });
-        resp.push(Curve {
-            name: cfg.clone(),
-            points: ps
-                .iter()
-                .map(|p| (p.population as f64, est(&p.mean)))
-                .collect(),
-        });
-        pred.push(Curve {
-            name: format!("{cfg} (interactive law)"),
-            points: ps
-                .iter()
-                .map(|p| (p.population as f64, Estimate::exact(p.law_r() * 1e6)))
-                .collect(),
-        });
-        for p in &ps {
-            checks.push(h::ModelCheck {
-                quantity: format!("{cfg}: mean response time at N = {}", p.population),
-                model: "interactive law R = N/X − Z".into(),
-                unit: "µs".into(),
-                predicted: p.law_r() * 1e6,
-                measured: est(&p.mean),
-                tolerance: exp.tolerance,
-            });
+/// A configuration's measured line (solid, colour `k`) and two model lines (dashed: the first
+/// in the same colour, the second in the paired colour `k + 4`).
+fn measured_and_models(
+    cfg: &str,
+    k: usize,
+    measured: Vec<Point>,
+    [(m1, p1), (m2, p2)]: [(&str, Vec<Point>); 2],
+) -> [Series; 3] {
+    [
+        line(format!("{cfg}: measured"), LineStyle::Solid, k, measured),
+        line(format!("{cfg}: {m1}"), LineStyle::Dashed, k, p1),
+        line(format!("{cfg}: {m2}"), LineStyle::Dashed, k + 4, p2),
+    ]
+}
+
+/// Appends a row of a terminal summary table: `first` left-aligned in 34 columns, then each
+/// cell right-aligned in its column's width (a table's header and rows share `widths`).
+fn summary_row(out: &mut String, first: &str, cells: &[impl AsRef<str>], widths: &[usize]) {
+    let _ = write!(out, "  {first:<34}");
+    for (c, w) in cells.iter().zip(widths) {
+        let _ = write!(out, " {:>w$}", c.as_ref());
+    }
+    out.push('\n');
+}
+
+/// A curve over clients (N): `y` of each point, `ps` sorted by N.
+fn curve(name: String, ps: &[&Pt], y: impl Fn(&Pt) -> Estimate) -> Curve {
+    Curve {
+        name,
+        points: ps.iter().map(|p| (p.population as f64, y(p))).collect(),
+    }
+}
+
+/// A line plot from zero with error bars of `ci`.
+fn ci_plot(title: &str, x_label: &str, y_label: &str, ci: &str, series: Vec<Series>) -> LinePlot {
+    LinePlot {
+        title: title.into(),
+        x_label: x_label.into(),
+        y_label: y_label.into(),
+        y_from_zero: true,
+        error_bars: Some(ci.into()),
+        series,
+        ..LinePlot::default()
+    }
+}
+
+/// A table with fixed columns.
+fn table(title: &str, columns: &[&str], rows: Vec<Row>, caption: Option<&str>) -> Table {
+    Table {
+        title: title.into(),
+        columns: columns.iter().map(|c| c.to_string()).collect(),
+        rows,
+        caption: caption.map(String::from),
+    }
+}
+
+impl Analyser<'_> {
+    /// A latency histogram over the report's shared buckets.
+    fn histogram(&self, title: &str, cases: Vec<HistogramSeries>) -> Histogram {
+        h::latency_histogram(title, "µs", self.edges.clone(), cases)
+    }
+
+    /// The latency histograms of `pts`, each named by its system.
+    fn system_cases<'p, 'a: 'p>(
+        &self,
+        pts: impl Iterator<Item = &'p Pt<'a>>,
+    ) -> Vec<HistogramSeries> {
+        pts.filter_map(|p| {
+            p.hist
+                .as_ref()
+                .map(|hh| series_of(&p.system, &self.edges, hh))
+        })
+        .collect()
+    }
+
+    /// Percentiles vs the first factor and latency histograms (same buckets everywhere).
+    fn percentile_items(&self, part: &Part, pts: &[Pt], sec: &mut Section) {
+        let Some((axis, levels)) = part.factors.first() else {
+            // A single point: one histogram comparing the systems.
+            let cases = self.system_cases(pts.iter());
+            if !cases.is_empty() {
+                sec.items.push(Item::Histogram(
+                    self.histogram("Latency distribution", cases),
+                ));
+            }
+            return;
+        };
+        if part.design == Design::TwoK || levels.len() < 2 {
+            return;
         }
-        let best = ps
-            .iter()
-            .max_by(|a, b| a.x.mean.total_cmp(&b.x.mean))
-            .copied();
-        if let Some(b) = best {
-            maxes.push(h::MaxThroughput {
-                config: cfg.clone(),
-                max: est(&b.x),
-                at_clients: b.population as f64,
-            });
+        let groups = by_config(pts, Some(axis));
+        for (cfg, ps) in groups.iter().take(4) {
+            let lv: Vec<(String, h::Percentiles)> = ps
+                .iter()
+                .map(|p| {
+                    (
+                        p.level(axis).map(|l| l.to_string()).unwrap_or_default(),
+                        p.pct,
+                    )
+                })
+                .collect();
+            sec.items.push(Item::LinePlot(h::percentiles_vs_factor(
+                &format!("Latency percentiles vs {axis}: {cfg}"),
+                axis,
+                &lv,
+                "µs",
+            )));
+            // One histogram per configuration over (at most 6) levels of the axis.
+            let n = ps.len();
+            let pick: Vec<usize> = if n <= 6 {
+                (0..n).collect()
+            } else {
+                let mut v: Vec<usize> = (0..6).map(|i| i * (n - 1) / 5).collect();
+                v.dedup();
+                v
+            };
+            let cases: Vec<HistogramSeries> = pick
+                .iter()
+                .filter_map(|&i| {
+                    let p = ps[i];
+                    let l = p.level(axis)?;
+                    p.hist
+                        .as_ref()
+                        .map(|hh| series_of(&format!("{axis}={l}"), &self.edges, hh))
+                })
+                .collect();
+            if cases.len() >= 2 {
+                let mut hg =
+                    self.histogram(&format!("Latency distribution by {axis}: {cfg}"), cases);
+                hg.caption = Some(
+                    "Percent of each case's requests per bucket; every histogram in this report \
+                     uses the same buckets."
+                        .into(),
+                );
+                sec.items.push(Item::Histogram(hg));
+            }
         }
-        let lps: Vec<LoadPoint> = ps
+        // The systems side by side at the middle level of the axis.
+        if systems_of(pts).len() >= 2 {
+            let mid = &levels[levels.len() / 2];
+            let others = &pts[0].levels;
+            let cases = self.system_cases(pts.iter().filter(|p| {
+                p.level(axis) == Some(mid)
+                    && p.levels
+                        .iter()
+                        .zip(others)
+                        .all(|((f, l), (_, o))| f == axis || l == o)
+            }));
+            if cases.len() >= 2 {
+                sec.items.push(Item::Histogram(self.histogram(
+                    &format!("Latency distribution at {axis}={mid}: systems compared"),
+                    cases,
+                )));
+            }
+        }
+    }
+
+    /// Closed loop over clients: throughput and response time vs clients, the maximum and the
+    /// knee of each configuration, the interactive response-time law, then MVA.
+    fn clients_section(&mut self, part: &Part, pts: &[Pt], sec: &mut Section) {
+        let mut groups = by_config(pts, Some("clients"));
+        for (_, ps) in &mut groups {
+            ps.sort_by_key(|p| p.population);
+        }
+        let tput: Vec<Curve> = groups
             .iter()
-            .map(|p| LoadPoint {
-                clients: p.population as f64,
-                throughput: p.x.mean,
-                ci_half_width: p.x.ci_half_width,
+            .map(|(cfg, ps)| curve(cfg.clone(), ps, |p| est(&p.x)))
+            .collect();
+        let resp: Vec<Curve> = groups
+            .iter()
+            .map(|(cfg, ps)| curve(cfg.clone(), ps, |p| est(&p.mean)))
+            .collect();
+        let pred: Vec<Curve> = groups
+            .iter()
+            .map(|(cfg, ps)| {
+                curve(format!("{cfg} (interactive law)"), ps, |p| {
+                    Estimate::exact(p.law_r() * 1e6)
+                })
             })
             .collect();
-        let knee = find_knee(&lps, KneeOptions::default()).ok();
-        let knee_pt = knee.as_ref().and_then(|k| {
-            ps.iter()
-                .find(|p| (p.population as f64 - k.clients).abs() < 1e-9)
-                .copied()
-        });
-        if let Some(b) = best {
-            let _ = writeln!(
-                summary,
-                "  {:<34} {:>24} {:>6} {:>7} {:>14}",
-                cfg,
-                ci_text(&b.x),
-                b.population,
-                knee.as_ref()
-                    .map(|k| format_value(k.clients))
-                    .unwrap_or("—".into()),
-                knee_pt
-                    .map(|p| format!("{} µs", format_value(p.p99.mean)))
-                    .unwrap_or("—".into())
-            );
-        }
-        if let Some(k) = &knee {
-            knee_rows.push(Row::new([
-                cfg.clone(),
-                format_value(k.clients),
-                format_value(k.throughput),
-                knee_pt
-                    .map(|p| format_value(p.p99.mean))
-                    .unwrap_or("—".into()),
-                format!("{:?}", k.rule),
-                if k.saturated {
-                    "yes"
-                } else {
-                    "no (still rising)"
-                }
-                .into(),
-            ]));
-        }
-    }
-    let mut tp = h::throughput_vs_clients(&tput, ci);
-    let mut rp = h::response_time_vs_clients(&resp, &pred, "µs", ci);
-    if tput.iter().flat_map(|c| &c.points).all(|p| p.0 > 0.0) {
-        tp.x_scale = kvlab_report::Scale::Log10;
-        rp.x_scale = kvlab_report::Scale::Log10;
-    }
-    sec.items.push(Item::LinePlot(tp));
-    sec.items
-        .push(Item::Table(h::max_throughput_table(&maxes, ci)));
-    sec.items.push(Item::Table(Table {
-        title: "Knee of throughput vs clients".into(),
-        columns: [
-            "configuration",
-            "knee (clients N)",
-            "throughput at knee (req/s)",
-            "p99 at knee (µs)",
-            "rule",
-            "saturated",
-        ]
-        .map(String::from)
-        .to_vec(),
-        rows: knee_rows,
-        caption: Some(
-            "The knee: the last N before the throughput gain per added client falls below 10 % \
-             of the initial slope, or the first N reaching 95 % of the maximum."
-                .into(),
-        ),
-    }));
-    sec.items.push(Item::LinePlot(rp));
-    tally.add(&checks);
-    sec.items.extend(h::model_vs_measurement(&checks, ci));
-    mva_items(exp, meta, &groups, ci, sec, tally);
-}
-
-/// MVA with measured demands, and its asymptotic bounds, beside the measured curves.
-fn mva_items(
-    exp: &Experiment,
-    meta: &Meta,
-    groups: &[(String, Vec<&Pt>)],
-    ci: &str,
-    sec: &mut Section,
-    tally: &mut Tally,
-) {
-    let mut xs = Vec::new();
-    let mut rs = Vec::new();
-    let mut checks = Vec::new();
-    let mut inputs = Vec::new();
-    for (k, (cfg, ps)) in groups.iter().enumerate() {
-        let mut ps: Vec<&Pt> = ps.clone();
-        ps.sort_by_key(|p| p.population);
-        let Some(low) = ps.first().copied() else {
-            continue;
-        };
-        let n1 = low.population.max(1) as f64;
-        let z = low.think_s;
-        // R at the lowest load, from the interactive law's measured side.
-        let r1 = low.mean.mean / 1e6;
-        let m = low.server_threads.clamp(1, meta.cores.max(1) as u32);
-        let mut centers = Vec::new();
-        let mut rest = r1;
-        match &low.s_cpu {
-            Some(d) if d.mean > 0.0 => {
-                let dcpu = d.mean;
-                centers.push(Center::queueing(
-                    format!("server CPU ({m} thread(s): D/m queueing)"),
-                    dcpu / f64::from(m),
-                ));
-                if m > 1 {
-                    centers.push(Center::delay(
-                        "server CPU (D·(m−1)/m delay)",
-                        dcpu * f64::from(m - 1) / f64::from(m),
-                    ));
-                }
-                rest -= dcpu;
-            }
-            _ => {}
-        }
-        if let Some(g) = low.gen_d {
-            if g > 0.0 {
-                centers.push(Center::queueing("load generator CPU", g));
-                rest -= g;
-            }
-        }
-        if centers.is_empty() {
-            centers.push(Center::queueing("server (D = R at the lowest load)", r1));
-            rest = 0.0;
-        }
-        if rest > 0.0 {
-            centers.push(Center::delay("network, kernel and wake-ups", rest));
-        }
-        let max_n = ps.last().map_or(1, |p| p.population.max(1)) as u32;
-        let Ok(sol) = queueing::mva_centers(&centers, z, max_n.min(100_000)) else {
-            continue;
-        };
-        for c in &centers {
-            inputs.push(Row::new([
-                cfg.clone(),
-                c.name.clone(),
-                format!("{:?}", c.kind),
-                format_value(c.demand * 1e6),
-            ]));
-        }
-        inputs.push(Row::new([
-            cfg.clone(),
-            "think time Z".into(),
-            "Delay".into(),
-            format_value(z * 1e6),
-        ]));
-        let _ = n1;
-        let mut mx = Vec::new();
-        let mut mr = Vec::new();
-        let mut px = Vec::new();
-        let mut pr = Vec::new();
-        let mut bx = Vec::new();
-        let mut br = Vec::new();
-        for p in &ps {
-            let n = p.population.max(1);
-            let Some(s) = sol.get(n - 1) else { continue };
-            let nf = n as f64;
-            mx.push(Point::at(nf, est(&p.x)));
-            mr.push(Point::at(nf, est(&p.mean)));
-            px.push(Point::new(nf, s.throughput));
-            pr.push(Point::new(nf, s.response_time * 1e6));
-            if let Ok(b) = queueing::asymptotic_bounds_centers(&centers, z, nf) {
-                bx.push(Point::new(nf, b.throughput_upper));
-                br.push(Point::new(nf, b.response_time_lower * 1e6));
-            }
-            checks.push(h::ModelCheck {
-                quantity: format!("{cfg}: throughput at N = {n}"),
-                model: "MVA".into(),
-                unit: "req/s".into(),
-                predicted: s.throughput,
-                measured: est(&p.x),
-                tolerance: exp.tolerance,
-            });
-            checks.push(h::ModelCheck {
-                quantity: format!("{cfg}: mean response time at N = {n}"),
-                model: "MVA".into(),
-                unit: "µs".into(),
-                predicted: s.response_time * 1e6,
-                measured: est(&p.mean),
-                tolerance: exp.tolerance,
-            });
-        }
-        xs.push(line(format!("{cfg}: measured"), LineStyle::Solid, k, mx));
-        xs.push(line(format!("{cfg}: MVA"), LineStyle::Dashed, k, px));
-        xs.push(line(
-            format!("{cfg}: upper bound min(N/(D+Z), 1/Dmax)"),
-            LineStyle::Dashed,
-            k + 4,
-            bx,
-        ));
-        rs.push(line(format!("{cfg}: measured"), LineStyle::Solid, k, mr));
-        rs.push(line(format!("{cfg}: MVA"), LineStyle::Dashed, k, pr));
-        rs.push(line(
-            format!("{cfg}: lower bound max(D, N·Dmax − Z)"),
-            LineStyle::Dashed,
-            k + 4,
-            br,
-        ));
-    }
-    if xs.is_empty() {
-        return;
-    }
-    let log = groups
-        .iter()
-        .flat_map(|(_, ps)| ps.iter())
-        .all(|p| p.population > 0);
-    let scale = if log {
-        kvlab_report::Scale::Log10
-    } else {
-        kvlab_report::Scale::Linear
-    };
-    sec.items.push(Item::Note(Note::info(
-        "MVA inputs",
-        "Exact MVA of a closed network whose service demands are measured at the lowest load: \
-         the server's CPU seconds per request D = U/X (utilization law, U from \
-         /proc/<pid>/stat), split for m worker threads into a queueing center D/m and a delay \
-         D(m−1)/m (Seidmann's approximation of an m-server center); the load generator's CPU \
-         seconds per request as a queueing center; and the rest of the measured response time \
-         at that load (network stack, scheduling) as a delay center. The generator and the \
-         server share the machine's cores, which this network does not model.",
-    )));
-    sec.items.push(Item::Table(Table {
-        title: "MVA service demands (measured)".into(),
-        columns: ["configuration", "center", "kind", "demand (µs per request)"]
-            .map(String::from)
-            .to_vec(),
-        rows: inputs,
-        caption: None,
-    }));
-    sec.items.push(Item::LinePlot(LinePlot {
-        title: "Throughput vs clients: measured, MVA and asymptotic bound".into(),
-        x_label: "clients (N)".into(),
-        y_label: "throughput (req/s)".into(),
-        x_scale: scale,
-        y_from_zero: true,
-        error_bars: Some(ci.into()),
-        series: xs,
-        ..LinePlot::default()
-    }));
-    sec.items.push(Item::LinePlot(LinePlot {
-        title: "Response time vs clients: measured, MVA and asymptotic bound".into(),
-        x_label: "clients (N)".into(),
-        y_label: "mean response time (µs)".into(),
-        x_scale: scale,
-        y_from_zero: true,
-        error_bars: Some(ci.into()),
-        series: rs,
-        ..LinePlot::default()
-    }));
-    tally.add(&checks);
-    let mut items = h::model_vs_measurement(&checks, ci);
-    if let Some(Item::Table(t)) = items.first_mut() {
-        t.title = "Model vs measurement: MVA".into();
-    }
-    sec.items.extend(items);
-}
-
-fn rates_section(
-    part_name: &str,
-    exp: &Experiment,
-    pts: &[Pt],
-    ci: &str,
-    sec: &mut Section,
-    summary: &mut String,
-    tally: &mut Tally,
-) {
-    let groups = by_config(pts, Some("qps"));
-    let offered = |p: &Pt| p.level("qps").and_then(Level::number).unwrap_or(0.0);
-    let mut p95s = Vec::new();
-    let mut cpus = Vec::new();
-    let mut achieved = Vec::new();
-    let mut means = Vec::new();
-    let mut checks = Vec::new();
-    let mut util_checks = Vec::new();
-    let mut inputs = Vec::new();
-    let _ = writeln!(
-        summary,
-        "part {} — open loop, rate scan\n  {:<34} {:>10} {:>12} {:>12} {:>12}",
-        part_name, "system", "offered", "achieved", "p95 (µs)", "server CPU"
-    );
-    for (k, (cfg, ps)) in groups.iter().enumerate() {
-        let mut ps: Vec<&Pt> = ps.clone();
-        ps.sort_by(|a, b| offered(a).total_cmp(&offered(b)));
-        p95s.push(line(
-            cfg.clone(),
-            LineStyle::Solid,
-            k,
-            ps.iter()
-                .map(|p| Point::at(offered(p), est(&p.p95)))
-                .collect(),
-        ));
-        achieved.push(line(
-            cfg.clone(),
-            LineStyle::Solid,
-            k,
-            ps.iter()
-                .map(|p| Point::at(offered(p), est(&p.x)))
-                .collect(),
-        ));
-        cpus.push(line(
-            cfg.clone(),
-            LineStyle::Solid,
-            k,
-            ps.iter()
-                .filter_map(|p| p.cpu.as_ref().map(|c| Point::at(offered(p), est(c))))
-                .collect(),
-        ));
-        for p in &ps {
-            let _ = writeln!(
-                summary,
-                "  {:<34} {:>10} {:>12} {:>12} {:>12}",
-                cfg,
-                format_value(offered(p)),
-                format_value(p.x.mean),
-                format_value(p.p95.mean),
-                p.cpu
-                    .as_ref()
-                    .map(|c| format!("{:.2} cores", c.mean))
-                    .unwrap_or("—".into())
-            );
-        }
-        // Queueing models from the lowest rate's measurements.
-        let Some(low) = ps.first().copied() else {
-            continue;
-        };
-        let Some(s) = low.s_cpu.as_ref().map(|s| s.mean).filter(|s| *s > 0.0) else {
-            continue;
-        };
-        let m = low.server_threads.max(1);
-        let delay = (low.mean.mean / 1e6 - s).max(0.0);
-        inputs.push(Row::new([
-            cfg.clone(),
-            format_value(s * 1e6),
-            m.to_string(),
-            format_value(delay * 1e6),
-            format_value(offered(low)),
-        ]));
-        let mut m1 = Vec::new();
-        let mut mm = Vec::new();
-        let mut meas = Vec::new();
-        for p in &ps {
-            let lambda = p.x.mean;
-            let r1 = queueing::mm1(lambda, s)
-                .map(|q| (q.response_time + delay) * 1e6)
-                .unwrap_or(f64::INFINITY);
-            let rm = queueing::mmm(lambda, s, m)
-                .map(|q| (q.response_time + delay) * 1e6)
-                .unwrap_or(f64::INFINITY);
-            let o = offered(p);
-            meas.push(Point::at(o, est(&p.mean)));
-            if r1.is_finite() {
-                m1.push(Point::new(o, r1));
-            }
-            if rm.is_finite() {
-                mm.push(Point::new(o, rm));
-            }
-            for (model, v) in [("M/M/1", r1), (format!("M/M/{m} (Erlang C)").as_str(), rm)] {
-                checks.push(h::ModelCheck {
-                    quantity: format!("{cfg}: mean response time at {} req/s", format_value(o)),
-                    model: model.to_string(),
-                    unit: "µs".into(),
-                    predicted: v,
-                    measured: est(&p.mean),
-                    tolerance: exp.tolerance,
-                });
-            }
-            if let Some(c) = &p.cpu {
-                util_checks.push(h::ModelCheck {
-                    quantity: format!("{cfg}: server CPU at {} req/s", format_value(o)),
-                    model: "utilization law U = X·S".into(),
-                    unit: "cores".into(),
-                    predicted: lambda * s,
-                    measured: est(c),
-                    tolerance: exp.tolerance,
-                });
-            }
-        }
-        means.push(line(format!("{cfg}: measured"), LineStyle::Solid, k, meas));
-        means.push(line(format!("{cfg}: M/M/1"), LineStyle::Dashed, k, m1));
-        means.push(line(
-            format!("{cfg}: M/M/{m}"),
-            LineStyle::Dashed,
-            k + 4,
-            mm,
-        ));
-    }
-    let plot = |title: &str, y: &str, series: Vec<Series>| {
-        Item::LinePlot(LinePlot {
-            title: title.into(),
-            x_label: "offered rate (req/s)".into(),
-            y_label: y.into(),
-            y_from_zero: true,
-            error_bars: Some(ci.into()),
-            series,
-            ..LinePlot::default()
-        })
-    };
-    sec.items.push(plot(
-        "p95 latency vs offered rate",
-        "p95 latency (µs)",
-        p95s,
-    ));
-    sec.items.push(plot(
-        "Server CPU vs offered rate",
-        "server CPU (cores busy)",
-        cpus,
-    ));
-    sec.items.push(plot(
-        "Achieved vs offered rate",
-        "throughput (req/s)",
-        achieved,
-    ));
-    if inputs.is_empty() {
-        sec.items.push(Item::Note(Note::warning(
-            "No queueing models",
-            "The server's CPU time was not measured (an external system without pid), so the \
-             service time S = U/X is unknown.",
-        )));
-        return;
-    }
-    sec.items.push(Item::Note(Note::info(
-        "Queueing models",
-        "Service time S = U/X: the server's CPU seconds per request at the lowest rate \
-         (utilization law, U from /proc/<pid>/stat). M/M/1 treats the server as one queue with \
-         that service time; M/M/m as m worker threads (Erlang C). Both are given the measured \
-         arrival rate λ = X and add a fixed delay d = R − S measured at the lowest rate (network \
-         stack, client). An unstable queue (λS/m ≥ 1) predicts an infinite response time.",
-    )));
-    sec.items.push(Item::Table(Table {
-        title: "Queueing model inputs (measured)".into(),
-        columns: [
-            "configuration",
-            "service time S (µs CPU per request)",
-            "servers m (worker threads)",
-            "fixed delay d (µs)",
-            "measured at (req/s)",
-        ]
-        .map(String::from)
-        .to_vec(),
-        rows: inputs,
-        caption: None,
-    }));
-    sec.items.push(plot(
-        "Mean response time vs offered rate: measured, M/M/1, M/M/m",
-        "mean response time (µs)",
-        means,
-    ));
-    tally.add(&checks);
-    let mut items = h::model_vs_measurement(&checks, ci);
-    if let Some(Item::Table(t)) = items.first_mut() {
-        t.title = "Model vs measurement: M/M/1 and M/M/m".into();
-    }
-    sec.items.extend(items);
-    tally.add(&util_checks);
-    let mut items = h::model_vs_measurement(&util_checks, ci);
-    if let Some(Item::Table(t)) = items.first_mut() {
-        t.title = "Model vs measurement: utilization law with S from the lowest rate".into();
-        t.caption = Some(
-            "Whether the CPU cost per request stays what it was at the lowest rate. Model \
-             error = (predicted − measured) / measured."
-                .into(),
+        const WIDTHS: [usize; 4] = [24, 6, 7, 14];
+        let _ = writeln!(
+            self.summary,
+            "part {} — closed loop, throughput vs clients",
+            part.name
         );
-    }
-    sec.items.extend(items);
-}
-
-fn twok_section(
-    exp: &Experiment,
-    part: &Part,
-    pts: &[Pt],
-    ci: &str,
-    sec: &mut Section,
-    summary: &mut String,
-) {
-    let names: Vec<&str> = part.factors.iter().map(|(f, _)| f.as_str()).collect();
-    let letters: Vec<String> = (0..names.len())
-        .map(|i| char::from(b'A' + i as u8).to_string())
-        .collect();
-    let letter_refs: Vec<&str> = letters.iter().map(String::as_str).collect();
-    let legend: Vec<String> = part
-        .factors
-        .iter()
-        .zip(&letters)
-        .map(|((f, ls), l)| format!("{l} = {f} ({} / {})", ls[0], ls[1]))
-        .collect();
-    sec.items.push(Item::Note(Note::info(
-        "2^k design",
-        format!(
-            "{} factors, {} runs, r = {} repetitions each; effects with {ci}s. Factors: {}.",
-            names.len(),
-            part.points.len(),
-            part.repetitions,
-            legend.join("; ")
-        ),
-    )));
-    let _ = writeln!(summary, "part {} — 2^k design", part.name);
-    let systems: Vec<String> = {
-        let mut v: Vec<String> = Vec::new();
-        for p in pts {
-            if !v.contains(&p.system) {
-                v.push(p.system.clone());
+        summary_row(
+            &mut self.summary,
+            "system",
+            &["max throughput (req/s)", "at N", "knee N", "p99 at knee"],
+            &WIDTHS,
+        );
+        let mut checks = Vec::new();
+        let mut maxes = Vec::new();
+        let mut knee_rows = Vec::new();
+        for (cfg, ps) in &groups {
+            for p in ps {
+                checks.push(self.check(
+                    format!("{cfg}: mean response time at N = {}", p.population),
+                    "interactive law R = N/X − Z",
+                    "µs",
+                    p.law_r() * 1e6,
+                    est(&p.mean),
+                ));
             }
-        }
-        v
-    };
-    for sys in &systems {
-        let mut runs_x: Vec<Vec<f64>> = Vec::new();
-        let mut runs_r: Vec<Vec<f64>> = Vec::new();
-        let mut rows = Vec::new();
-        for (k, lv) in part.points.iter().enumerate() {
-            let Some(p) = pts.iter().find(|p| &p.system == sys && &p.levels == lv) else {
+            let Some(best) = ps.iter().max_by(|a, b| a.x.mean.total_cmp(&b.x.mean)) else {
                 continue;
             };
-            let _ = k;
-            runs_x.push(
-                p.runs
-                    .iter()
-                    .filter_map(|r| r.result.as_ref().map(|r| r.throughput_qps))
-                    .collect(),
+            maxes.push(h::MaxThroughput {
+                config: cfg.clone(),
+                max: est(&best.x),
+                at_clients: best.population as f64,
+            });
+            let lps: Vec<LoadPoint> = ps
+                .iter()
+                .map(|p| LoadPoint {
+                    clients: p.population as f64,
+                    throughput: p.x.mean,
+                    ci_half_width: p.x.ci_half_width,
+                })
+                .collect();
+            let knee = find_knee(&lps, KneeOptions::default()).ok();
+            let knee_p99 = knee
+                .as_ref()
+                .and_then(|k| {
+                    ps.iter()
+                        .find(|p| (p.population as f64 - k.clients).abs() < 1e-9)
+                })
+                .map(|p| p.p99.mean);
+            summary_row(
+                &mut self.summary,
+                cfg,
+                &[
+                    ci_text(&best.x),
+                    best.population.to_string(),
+                    knee.as_ref()
+                        .map(|k| format_value(k.clients))
+                        .unwrap_or("—".into()),
+                    knee_p99
+                        .map(|v| format!("{} µs", format_value(v)))
+                        .unwrap_or("—".into()),
+                ],
+                &WIDTHS,
             );
-            runs_r.push(
-                p.runs
-                    .iter()
-                    .filter_map(|r| r.result.as_ref().map(|r| r.latency.mean_us))
-                    .collect(),
-            );
-            let mut cells: Vec<String> = lv.iter().map(|(_, l)| l.to_string()).collect();
-            cells.push(ci_text(&p.x));
-            cells.push(ci_text(&p.mean));
-            rows.push(Row::new(cells));
-        }
-        if runs_x.len() != part.points.len() {
-            sec.items.push(Item::Note(Note::warning(
-                format!("{sys}: design incomplete"),
-                "Some points of the design have no successful run; effects are not computed.",
-            )));
-            continue;
-        }
-        // Equal replications: keep the first r of each (a failed run shortens all).
-        let r = runs_x.iter().map(Vec::len).min().unwrap_or(0);
-        for v in runs_x.iter_mut().chain(runs_r.iter_mut()) {
-            v.truncate(r);
-        }
-        let mut cols: Vec<String> = names.iter().map(|s| s.to_string()).collect();
-        cols.push(format!("throughput (req/s) ± {ci} half-width"));
-        cols.push("mean latency (µs)".into());
-        sec.items.push(Item::Table(Table {
-            title: format!("2^k runs (standard order): {sys}"),
-            columns: cols,
-            rows,
-            caption: None,
-        }));
-        for (resp, unit, runs) in [
-            ("throughput", "req/s", &runs_x),
-            ("mean latency", "µs", &runs_r),
-        ] {
-            match factorial::analyze(&letter_refs, runs, exp.confidence) {
-                Ok(fa) => {
-                    let mut effects: Vec<h::Effect> = fa
-                        .effects
-                        .iter()
-                        .filter(|e| e.mask != 0)
-                        .map(|e| h::Effect {
-                            name: e.label.clone(),
-                            description: if e.factors.len() == 1 {
-                                let j = e.mask.trailing_zeros() as usize;
-                                legend.get(j).cloned().unwrap_or_default()
-                            } else {
-                                format!(
-                                    "interaction {}",
-                                    e.factors
-                                        .iter()
-                                        .filter_map(|l| letters.iter().position(|x| x == l))
-                                        .map(|j| names[j])
-                                        .collect::<Vec<_>>()
-                                        .join(" × ")
-                                )
-                            },
-                            effect: Some(match (e.ci_low, e.ci_high) {
-                                (Some(l), Some(hh)) => Estimate::with_ci(e.estimate, l, hh),
-                                _ => Estimate::exact(e.estimate),
-                            }),
-                            fraction: e.percent_variation.unwrap_or(0.0) / 100.0,
-                        })
-                        .collect();
-                    if let Some(err) = fa.error_percent_variation {
-                        effects.push(h::Effect {
-                            name: "error".into(),
-                            description: format!("residuals (r = {r} repetitions)"),
-                            effect: None,
-                            fraction: err / 100.0,
-                        });
+            if let Some(k) = &knee {
+                knee_rows.push(Row::new([
+                    cfg.clone(),
+                    format_value(k.clients),
+                    format_value(k.throughput),
+                    knee_p99.map(format_value).unwrap_or("—".into()),
+                    format!("{:?}", k.rule),
+                    if k.saturated {
+                        "yes"
+                    } else {
+                        "no (still rising)"
                     }
-                    let mut t =
-                        h::allocation_of_variation_table(&format!("{resp}, {sys}"), unit, &effects);
-                    t.caption = Some(format!(
+                    .into(),
+                ]));
+            }
+        }
+        let mut tp = h::throughput_vs_clients(&tput, &self.ci);
+        let mut rp = h::response_time_vs_clients(&resp, &pred, "µs", &self.ci);
+        if tput.iter().flat_map(|c| &c.points).all(|p| p.0 > 0.0) {
+            tp.x_scale = kvlab_report::Scale::Log10;
+            rp.x_scale = kvlab_report::Scale::Log10;
+        }
+        sec.items.push(Item::LinePlot(tp));
+        sec.items
+            .push(Item::Table(h::max_throughput_table(&maxes, &self.ci)));
+        sec.items.push(Item::Table(table(
+            "Knee of throughput vs clients",
+            &[
+                "configuration",
+                "knee (clients N)",
+                "throughput at knee (req/s)",
+                "p99 at knee (µs)",
+                "rule",
+                "saturated",
+            ],
+            knee_rows,
+            Some(
+                "The knee: the last N before the throughput gain per added client falls below \
+                 10 % of the initial slope, or the first N reaching 95 % of the maximum.",
+            ),
+        )));
+        sec.items.push(Item::LinePlot(rp));
+        let items = self.model_items(&checks, None, None);
+        sec.items.extend(items);
+        self.mva_items(&groups, sec);
+    }
+
+    /// MVA with measured demands, and its asymptotic bounds, beside the measured curves
+    /// (`groups`: each configuration's points sorted by clients).
+    fn mva_items(&mut self, groups: &[(String, Vec<&Pt>)], sec: &mut Section) {
+        let mut xs = Vec::new();
+        let mut rs = Vec::new();
+        let mut checks = Vec::new();
+        let mut inputs = Vec::new();
+        for (k, (cfg, ps)) in groups.iter().enumerate() {
+            let Some(low) = ps.first().copied() else {
+                continue;
+            };
+            let z = low.think_s;
+            // R at the lowest load, from the interactive law's measured side.
+            let r1 = low.mean.mean / 1e6;
+            let m = low.server_threads.clamp(1, self.meta.cores.max(1) as u32);
+            let mut centers = Vec::new();
+            let mut rest = r1;
+            match &low.s_cpu {
+                Some(d) if d.mean > 0.0 => {
+                    let dcpu = d.mean;
+                    centers.push(Center::queueing(
+                        format!("server CPU ({m} thread(s): D/m queueing)"),
+                        dcpu / f64::from(m),
+                    ));
+                    if m > 1 {
+                        centers.push(Center::delay(
+                            "server CPU (D·(m−1)/m delay)",
+                            dcpu * f64::from(m - 1) / f64::from(m),
+                        ));
+                    }
+                    rest -= dcpu;
+                }
+                _ => {}
+            }
+            if let Some(g) = low.gen_d {
+                if g > 0.0 {
+                    centers.push(Center::queueing("load generator CPU", g));
+                    rest -= g;
+                }
+            }
+            if centers.is_empty() {
+                centers.push(Center::queueing("server (D = R at the lowest load)", r1));
+                rest = 0.0;
+            }
+            if rest > 0.0 {
+                centers.push(Center::delay("network, kernel and wake-ups", rest));
+            }
+            let max_n = ps.last().map_or(1, |p| p.population.max(1)) as u32;
+            let Ok(sol) = queueing::mva_centers(&centers, z, max_n.min(100_000)) else {
+                continue;
+            };
+            for c in &centers {
+                inputs.push(Row::new([
+                    cfg.clone(),
+                    c.name.clone(),
+                    format!("{:?}", c.kind),
+                    format_value(c.demand * 1e6),
+                ]));
+            }
+            inputs.push(Row::new([
+                cfg.clone(),
+                "think time Z".into(),
+                "Delay".into(),
+                format_value(z * 1e6),
+            ]));
+            let mut mx = Vec::new();
+            let mut mr = Vec::new();
+            let mut px = Vec::new();
+            let mut pr = Vec::new();
+            let mut bx = Vec::new();
+            let mut br = Vec::new();
+            for p in ps {
+                let n = p.population.max(1);
+                let Some(s) = sol.get(n - 1) else { continue };
+                let nf = n as f64;
+                mx.push(Point::at(nf, est(&p.x)));
+                mr.push(Point::at(nf, est(&p.mean)));
+                px.push(Point::new(nf, s.throughput));
+                pr.push(Point::new(nf, s.response_time * 1e6));
+                if let Ok(b) = queueing::asymptotic_bounds_centers(&centers, z, nf) {
+                    bx.push(Point::new(nf, b.throughput_upper));
+                    br.push(Point::new(nf, b.response_time_lower * 1e6));
+                }
+                checks.push(self.check(
+                    format!("{cfg}: throughput at N = {n}"),
+                    "MVA",
+                    "req/s",
+                    s.throughput,
+                    est(&p.x),
+                ));
+                checks.push(self.check(
+                    format!("{cfg}: mean response time at N = {n}"),
+                    "MVA",
+                    "µs",
+                    s.response_time * 1e6,
+                    est(&p.mean),
+                ));
+            }
+            xs.extend(measured_and_models(
+                cfg,
+                k,
+                mx,
+                [("MVA", px), ("upper bound min(N/(D+Z), 1/Dmax)", bx)],
+            ));
+            rs.extend(measured_and_models(
+                cfg,
+                k,
+                mr,
+                [("MVA", pr), ("lower bound max(D, N·Dmax − Z)", br)],
+            ));
+        }
+        if xs.is_empty() {
+            return;
+        }
+        let log = groups
+            .iter()
+            .flat_map(|(_, ps)| ps.iter())
+            .all(|p| p.population > 0);
+        let x_scale = if log {
+            kvlab_report::Scale::Log10
+        } else {
+            kvlab_report::Scale::Linear
+        };
+        sec.items.push(Item::Note(Note::info(
+            "MVA inputs",
+            "Exact MVA of a closed network whose service demands are measured at the lowest \
+             load: the server's CPU seconds per request D = U/X (utilization law, U from \
+             /proc/<pid>/stat), split for m worker threads into a queueing center D/m and a \
+             delay D(m−1)/m (Seidmann's approximation of an m-server center); the load \
+             generator's CPU seconds per request as a queueing center; and the rest of the \
+             measured response time at that load (network stack, scheduling) as a delay \
+             center. The generator and the server share the machine's cores, which this \
+             network does not model.",
+        )));
+        sec.items.push(Item::Table(table(
+            "MVA service demands (measured)",
+            &["configuration", "center", "kind", "demand (µs per request)"],
+            inputs,
+            None,
+        )));
+        for (title, y_label, series) in [
+            (
+                "Throughput vs clients: measured, MVA and asymptotic bound",
+                "throughput (req/s)",
+                xs,
+            ),
+            (
+                "Response time vs clients: measured, MVA and asymptotic bound",
+                "mean response time (µs)",
+                rs,
+            ),
+        ] {
+            sec.items.push(Item::LinePlot(LinePlot {
+                x_scale,
+                ..ci_plot(title, "clients (N)", y_label, &self.ci, series)
+            }));
+        }
+        let items = self.model_items(&checks, Some("Model vs measurement: MVA"), None);
+        sec.items.extend(items);
+    }
+
+    /// Open loop over offered rates: p95, server CPU and achieved rate vs offered rate, and
+    /// M/M/1, M/M/m and the utilization law from the lowest rate's measurements.
+    fn rates_section(&mut self, part: &Part, pts: &[Pt], sec: &mut Section) {
+        let offered = |p: &Pt| p.level("qps").and_then(Level::number).unwrap_or(0.0);
+        let mut groups = by_config(pts, Some("qps"));
+        for (_, ps) in &mut groups {
+            ps.sort_by(|a, b| offered(a).total_cmp(&offered(b)));
+        }
+        // One measured line per configuration: `y` of each point vs its offered rate.
+        let measured = |y: &dyn Fn(&Pt) -> Option<Estimate>| -> Vec<Series> {
+            groups
+                .iter()
+                .enumerate()
+                .map(|(k, (cfg, ps))| {
+                    let points = ps
+                        .iter()
+                        .filter_map(|p| Some(Point::at(offered(p), y(p)?)))
+                        .collect();
+                    line(cfg.clone(), LineStyle::Solid, k, points)
+                })
+                .collect()
+        };
+        let p95s = measured(&|p| Some(est(&p.p95)));
+        let achieved = measured(&|p| Some(est(&p.x)));
+        let cpus = measured(&|p| p.cpu.as_ref().map(est));
+        const WIDTHS: [usize; 4] = [10, 12, 12, 12];
+        let _ = writeln!(self.summary, "part {} — open loop, rate scan", part.name);
+        summary_row(
+            &mut self.summary,
+            "system",
+            &["offered", "achieved", "p95 (µs)", "server CPU"],
+            &WIDTHS,
+        );
+        for (cfg, ps) in &groups {
+            for p in ps {
+                summary_row(
+                    &mut self.summary,
+                    cfg,
+                    &[
+                        format_value(offered(p)),
+                        format_value(p.x.mean),
+                        format_value(p.p95.mean),
+                        p.cpu
+                            .as_ref()
+                            .map(|c| format!("{:.2} cores", c.mean))
+                            .unwrap_or("—".into()),
+                    ],
+                    &WIDTHS,
+                );
+            }
+        }
+        let mut means = Vec::new();
+        let mut checks = Vec::new();
+        let mut util_checks = Vec::new();
+        let mut inputs = Vec::new();
+        for (k, (cfg, ps)) in groups.iter().enumerate() {
+            // Queueing models from the lowest rate's measurements.
+            let Some(low) = ps.first().copied() else {
+                continue;
+            };
+            let Some(s) = low.s_cpu.as_ref().map(|s| s.mean).filter(|s| *s > 0.0) else {
+                continue;
+            };
+            let m = low.server_threads.max(1);
+            let delay = (low.mean.mean / 1e6 - s).max(0.0);
+            inputs.push(Row::new([
+                cfg.clone(),
+                format_value(s * 1e6),
+                m.to_string(),
+                format_value(delay * 1e6),
+                format_value(offered(low)),
+            ]));
+            let mut m1 = Vec::new();
+            let mut mm = Vec::new();
+            let mut meas = Vec::new();
+            for p in ps {
+                let lambda = p.x.mean;
+                let r1 = queueing::mm1(lambda, s)
+                    .map(|q| (q.response_time + delay) * 1e6)
+                    .unwrap_or(f64::INFINITY);
+                let rm = queueing::mmm(lambda, s, m)
+                    .map(|q| (q.response_time + delay) * 1e6)
+                    .unwrap_or(f64::INFINITY);
+                let o = offered(p);
+                meas.push(Point::at(o, est(&p.mean)));
+                if r1.is_finite() {
+                    m1.push(Point::new(o, r1));
+                }
+                if rm.is_finite() {
+                    mm.push(Point::new(o, rm));
+                }
+                for (model, v) in [("M/M/1", r1), (format!("M/M/{m} (Erlang C)").as_str(), rm)] {
+                    checks.push(self.check(
+                        format!("{cfg}: mean response time at {} req/s", format_value(o)),
+                        model,
+                        "µs",
+                        v,
+                        est(&p.mean),
+                    ));
+                }
+                if let Some(c) = &p.cpu {
+                    util_checks.push(self.check(
+                        format!("{cfg}: server CPU at {} req/s", format_value(o)),
+                        "utilization law U = X·S",
+                        "cores",
+                        lambda * s,
+                        est(c),
+                    ));
+                }
+            }
+            means.extend(measured_and_models(
+                cfg,
+                k,
+                meas,
+                [("M/M/1", m1), (&format!("M/M/{m}"), mm)],
+            ));
+        }
+        let plot = |title: &str, y_label: &str, series: Vec<Series>| {
+            Item::LinePlot(ci_plot(
+                title,
+                "offered rate (req/s)",
+                y_label,
+                &self.ci,
+                series,
+            ))
+        };
+        sec.items.push(plot(
+            "p95 latency vs offered rate",
+            "p95 latency (µs)",
+            p95s,
+        ));
+        sec.items.push(plot(
+            "Server CPU vs offered rate",
+            "server CPU (cores busy)",
+            cpus,
+        ));
+        sec.items.push(plot(
+            "Achieved vs offered rate",
+            "throughput (req/s)",
+            achieved,
+        ));
+        if inputs.is_empty() {
+            sec.items.push(Item::Note(Note::warning(
+                "No queueing models",
+                "The server's CPU time was not measured (an external system without pid), so \
+                 the service time S = U/X is unknown.",
+            )));
+            return;
+        }
+        sec.items.push(Item::Note(Note::info(
+            "Queueing models",
+            "Service time S = U/X: the server's CPU seconds per request at the lowest rate \
+             (utilization law, U from /proc/<pid>/stat). M/M/1 treats the server as one queue \
+             with that service time; M/M/m as m worker threads (Erlang C). Both are given the \
+             measured arrival rate λ = X and add a fixed delay d = R − S measured at the lowest \
+             rate (network stack, client). An unstable queue (λS/m ≥ 1) predicts an infinite \
+             response time.",
+        )));
+        sec.items.push(Item::Table(table(
+            "Queueing model inputs (measured)",
+            &[
+                "configuration",
+                "service time S (µs CPU per request)",
+                "servers m (worker threads)",
+                "fixed delay d (µs)",
+                "measured at (req/s)",
+            ],
+            inputs,
+            None,
+        )));
+        sec.items.push(plot(
+            "Mean response time vs offered rate: measured, M/M/1, M/M/m",
+            "mean response time (µs)",
+            means,
+        ));
+        let items = self.model_items(&checks, Some("Model vs measurement: M/M/1 and M/M/m"), None);
+        sec.items.extend(items);
+        let items = self.model_items(
+            &util_checks,
+            Some("Model vs measurement: utilization law with S from the lowest rate"),
+            Some(
+                "Whether the CPU cost per request stays what it was at the lowest rate. Model \
+                 error = (predicted − measured) / measured.",
+            ),
+        );
+        sec.items.extend(items);
+    }
+
+    /// A 2^k design: per system, the runs in standard order and the effects and allocation
+    /// of variation of throughput and mean latency.
+    fn twok_section(&mut self, part: &Part, pts: &[Pt], sec: &mut Section) {
+        let ci = &self.ci;
+        let names: Vec<&str> = part.factors.iter().map(|(f, _)| f.as_str()).collect();
+        let letters: Vec<String> = (0..names.len())
+            .map(|i| char::from(b'A' + i as u8).to_string())
+            .collect();
+        let letter_refs: Vec<&str> = letters.iter().map(String::as_str).collect();
+        let legend: Vec<String> = part
+            .factors
+            .iter()
+            .zip(&letters)
+            .map(|((f, ls), l)| format!("{l} = {f} ({} / {})", ls[0], ls[1]))
+            .collect();
+        sec.items.push(Item::Note(Note::info(
+            "2^k design",
+            format!(
+                "{} factors, {} runs, r = {} repetitions each; effects with {ci}s. Factors: {}.",
+                names.len(),
+                part.points.len(),
+                part.repetitions,
+                legend.join("; ")
+            ),
+        )));
+        let _ = writeln!(self.summary, "part {} — 2^k design", part.name);
+        for sys in systems_of(pts) {
+            let mut runs_x: Vec<Vec<f64>> = Vec::new();
+            let mut runs_r: Vec<Vec<f64>> = Vec::new();
+            let mut rows = Vec::new();
+            for lv in &part.points {
+                let Some(p) = pts.iter().find(|p| p.system == sys && &p.levels == lv) else {
+                    continue;
+                };
+                runs_x.push(p.each_run(|r| r.throughput_qps));
+                runs_r.push(p.each_run(|r| r.latency.mean_us));
+                let mut cells: Vec<String> = lv.iter().map(|(_, l)| l.to_string()).collect();
+                cells.push(ci_text(&p.x));
+                cells.push(ci_text(&p.mean));
+                rows.push(Row::new(cells));
+            }
+            if runs_x.len() != part.points.len() {
+                sec.items.push(Item::Note(Note::warning(
+                    format!("{sys}: design incomplete"),
+                    "Some points of the design have no successful run; effects are not computed.",
+                )));
+                continue;
+            }
+            // Equal replications: keep the first r of each (a failed run shortens all).
+            let r = runs_x.iter().map(Vec::len).min().unwrap_or(0);
+            for v in runs_x.iter_mut().chain(runs_r.iter_mut()) {
+                v.truncate(r);
+            }
+            let mut cols: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+            cols.push(format!("throughput (req/s) ± {ci} half-width"));
+            cols.push("mean latency (µs)".into());
+            sec.items.push(Item::Table(Table {
+                title: format!("2^k runs (standard order): {sys}"),
+                columns: cols,
+                rows,
+                caption: None,
+            }));
+            for (resp, unit, runs) in [
+                ("throughput", "req/s", &runs_x),
+                ("mean latency", "µs", &runs_r),
+            ] {
+                match factorial::analyze(&letter_refs, runs, self.exp.confidence) {
+                    Ok(fa) => {
+                        let mut effects: Vec<h::Effect> = fa
+                            .effects
+                            .iter()
+                            .filter(|e| e.mask != 0)
+                            .map(|e| h::Effect {
+                                name: e.label.clone(),
+                                description: if e.factors.len() == 1 {
+                                    let j = e.mask.trailing_zeros() as usize;
+                                    legend.get(j).cloned().unwrap_or_default()
+                                } else {
+                                    format!(
+                                        "interaction {}",
+                                        e.factors
+                                            .iter()
+                                            .filter_map(|l| letters.iter().position(|x| x == l))
+                                            .map(|j| names[j])
+                                            .collect::<Vec<_>>()
+                                            .join(" × ")
+                                    )
+                                },
+                                effect: Some(match (e.ci_low, e.ci_high) {
+                                    (Some(l), Some(hh)) => Estimate::with_ci(e.estimate, l, hh),
+                                    _ => Estimate::exact(e.estimate),
+                                }),
+                                fraction: e.percent_variation.unwrap_or(0.0) / 100.0,
+                            })
+                            .collect();
+                        if let Some(err) = fa.error_percent_variation {
+                            effects.push(h::Effect {
+                                name: "error".into(),
+                                description: format!("residuals (r = {r} repetitions)"),
+                                effect: None,
+                                fraction: err / 100.0,
+                            });
+                        }
+                        let mut t = h::allocation_of_variation_table(
+                            &format!("{resp}, {sys}"),
+                            unit,
+                            &effects,
+                        );
+                        t.caption = Some(format!(
                         "Mean {} {unit}. Effect q: half the change of the response from the low \
                          to the high level. Variation explained: SS of the term / SST.",
                         format_value(fa.mean())
                     ));
-                    if resp == "throughput" {
-                        let mut top: Vec<&h::Effect> = effects.iter().collect();
-                        top.sort_by(|a, b| b.fraction.total_cmp(&a.fraction));
-                        let _ = writeln!(
-                            summary,
-                            "  {sys}: mean {} req/s; variation explained: {}",
-                            format_value(fa.mean()),
-                            top.iter()
-                                .take(4)
-                                .map(|e| format!("{} {:.1}%", e.name, e.fraction * 100.0))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        );
+                        if resp == "throughput" {
+                            let mut top: Vec<&h::Effect> = effects.iter().collect();
+                            top.sort_by(|a, b| b.fraction.total_cmp(&a.fraction));
+                            let _ = writeln!(
+                                self.summary,
+                                "  {sys}: mean {} req/s; variation explained: {}",
+                                format_value(fa.mean()),
+                                top.iter()
+                                    .take(4)
+                                    .map(|e| format!("{} {:.1}%", e.name, e.fraction * 100.0))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            );
+                        }
+                        sec.items.push(Item::Table(t));
                     }
-                    sec.items.push(Item::Table(t));
+                    Err(e) => sec.items.push(Item::Note(Note::warning(
+                        format!("{sys}: no 2^k analysis of {resp}"),
+                        e.to_string(),
+                    ))),
                 }
-                Err(e) => sec.items.push(Item::Note(Note::warning(
-                    format!("{sys}: no 2^k analysis of {resp}"),
-                    e.to_string(),
-                ))),
             }
         }
+        let _ = writeln!(self.summary, "  ({})", legend.join("; "));
     }
-    let _ = writeln!(summary, "  ({})", legend.join("; "));
-}
 
-fn trace_section(
-    part_name: &str,
-    pts: &[Pt],
-    edges: &[f64],
-    sec: &mut Section,
-    summary: &mut String,
-) {
-    let _ = writeln!(summary, "part {part_name} — trace (changing rate)");
-    let mut cases = Vec::new();
-    for (k, p) in pts.iter().enumerate() {
-        let Some(run) = p.runs.first() else { continue };
-        let Some(res) = &run.result else { continue };
-        let measured: Vec<&kvlab_bench::run::IntervalRow> =
-            res.intervals.iter().filter(|i| !i.warmup).collect();
-        let Some(first) = measured.first().map(|i| i.ts_start) else {
-            continue;
-        };
-        let tp: Vec<h::TracePoint> = measured
-            .iter()
-            .map(|i| h::TracePoint {
-                t: i.ts_end.saturating_sub(first) as f64 / 1000.0,
-                p95: i.latency.p95_us,
-                rate: i.achieved_qps,
-            })
-            .collect();
-        let name = p.describe();
-        let [mut p95, mut rate] = h::trace_plots(&name, &tp, "µs");
-        rate.series.push(line(
-            "target rate".into(),
-            LineStyle::Dashed,
-            2,
-            measured
+    /// A trace (changing rate): p95, rate and server CPU over time, latency distributions.
+    fn trace_section(&mut self, part: &Part, pts: &[Pt], sec: &mut Section) {
+        let _ = writeln!(self.summary, "part {} — trace (changing rate)", part.name);
+        let mut cases = Vec::new();
+        for (k, p) in pts.iter().enumerate() {
+            let Some(run) = p.runs.first() else { continue };
+            let Some(res) = &run.result else { continue };
+            let measured: Vec<&kvlab_bench::run::IntervalRow> =
+                res.intervals.iter().filter(|i| !i.warmup).collect();
+            let Some(first) = measured.first().map(|i| i.ts_start) else {
+                continue;
+            };
+            let tp: Vec<h::TracePoint> = measured
                 .iter()
-                .filter_map(|i| {
-                    i.target_qps
-                        .map(|q| Point::new(i.ts_end.saturating_sub(first) as f64 / 1000.0, q))
+                .map(|i| h::TracePoint {
+                    t: i.ts_end.saturating_sub(first) as f64 / 1000.0,
+                    p95: i.latency.p95_us,
+                    rate: i.achieved_qps,
                 })
-                .collect(),
-        ));
-        p95.caption = Some(format!(
-            "Repetition 1; {} intervals of {} s.",
-            tp.len(),
-            res.config.interval_s
-        ));
-        sec.items.push(Item::LinePlot(p95));
-        sec.items.push(Item::LinePlot(rate));
-        if let Some(c) = &run.cpu {
-            sec.items.push(Item::LinePlot(LinePlot {
-                title: format!("Server CPU over time: {name}"),
-                x_label: "time (s)".into(),
-                y_label: "server CPU (cores busy)".into(),
-                y_from_zero: true,
-                series: vec![line(
-                    name.clone(),
-                    LineStyle::Solid,
-                    k,
-                    c.intervals
-                        .iter()
-                        .map(|(t, u)| Point::new(*t, *u))
-                        .collect(),
-                )],
-                ..LinePlot::default()
-            }));
+                .collect();
+            let name = p.describe();
+            let [mut p95, mut rate] = h::trace_plots(&name, &tp, "µs");
+            rate.series.push(line(
+                "target rate".into(),
+                LineStyle::Dashed,
+                2,
+                measured
+                    .iter()
+                    .filter_map(|i| {
+                        i.target_qps
+                            .map(|q| Point::new(i.ts_end.saturating_sub(first) as f64 / 1000.0, q))
+                    })
+                    .collect(),
+            ));
+            p95.caption = Some(format!(
+                "Repetition 1; {} intervals of {} s.",
+                tp.len(),
+                res.config.interval_s
+            ));
+            sec.items.push(Item::LinePlot(p95));
+            sec.items.push(Item::LinePlot(rate));
+            if let Some(c) = &run.cpu {
+                sec.items.push(Item::LinePlot(LinePlot {
+                    title: format!("Server CPU over time: {name}"),
+                    x_label: "time (s)".into(),
+                    y_label: "server CPU (cores busy)".into(),
+                    y_from_zero: true,
+                    series: vec![line(
+                        name.clone(),
+                        LineStyle::Solid,
+                        k,
+                        c.intervals
+                            .iter()
+                            .map(|(t, u)| Point::new(*t, *u))
+                            .collect(),
+                    )],
+                    ..LinePlot::default()
+                }));
+            }
+            if let Some(hh) = &p.hist {
+                cases.push(series_of(&p.system, &self.edges, hh));
+            }
+            let max_p95 = tp.iter().map(|t| t.p95).fold(0.0, f64::max);
+            let _ = writeln!(
+                self.summary,
+                "  {:<34} mean {} req/s, p95 over the run {} µs, worst interval p95 {} µs",
+                name,
+                format_value(res.throughput_qps),
+                format_value(res.latency.p95_us),
+                format_value(max_p95)
+            );
         }
-        if let Some(hh) = &p.hist {
-            cases.push(series_of(&p.system, edges, hh));
+        if !cases.is_empty() {
+            sec.items.push(Item::Histogram(
+                self.histogram("Latency distribution over the trace", cases),
+            ));
         }
-        let max_p95 = tp.iter().map(|t| t.p95).fold(0.0, f64::max);
-        let _ = writeln!(
-            summary,
-            "  {:<34} mean {} req/s, p95 over the run {} µs, worst interval p95 {} µs",
-            name,
-            format_value(res.throughput_qps),
-            format_value(res.latency.p95_us),
-            format_value(max_p95)
-        );
-        let _ = k;
-    }
-    if !cases.is_empty() {
-        sec.items.push(Item::Histogram(h::latency_histogram(
-            "Latency distribution over the trace",
-            "µs",
-            edges.to_vec(),
-            cases,
-        )));
     }
 }
