@@ -326,90 +326,79 @@ impl SizeSpec {
 
 /// The workload of one run: everything `kvlab bench` takes.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct WorkloadSpec {
     /// Closed loop: total connections (sets threads × connections).
     pub clients: Option<usize>,
     /// Generator threads (the most used for `clients`).
-    #[serde(default = "one")]
     pub threads: usize,
     /// Connections per generator thread.
-    #[serde(default = "four")]
     pub connections: usize,
     /// Requests in flight per connection.
     pub depth: Option<usize>,
     /// Closed loop think time, µs.
-    #[serde(default)]
     pub think_us: u64,
     /// Open loop total rate, req/s.
     pub qps: Option<f64>,
     /// Open loop arrivals: poisson or fixed.
-    #[serde(default = "poisson")]
     pub arrival: String,
     /// Trace: rates, each for `qps_interval` seconds.
     pub qps_list: Option<Vec<f64>>,
     /// Trace step, s.
-    #[serde(default = "one_f")]
     pub qps_interval: f64,
     /// Preset: `etc`.
     pub preset: Option<String>,
     /// Distinct keys.
-    #[serde(default = "keys")]
     pub keys: u64,
     /// Key prefix.
-    #[serde(default = "prefix")]
     pub key_prefix: String,
     /// Key size.
     pub key_size: Option<SizeSpec>,
     /// Key choice.
-    #[serde(default = "uniform")]
     pub key_dist: String,
     /// Value size.
     pub value_size: Option<SizeSpec>,
     /// Mix.
     pub mix: Option<String>,
     /// Keys per get.
-    #[serde(default = "one_u32")]
     pub multiget: u32,
     /// Verify values.
-    #[serde(default)]
     pub verify: bool,
     /// Fill keys before the first run on a fresh server.
     pub load: Option<bool>,
     /// Time-series interval, s.
-    #[serde(default = "one_f")]
     pub interval: f64,
     /// Request timeout, ms.
-    #[serde(default = "timeout")]
     pub timeout_ms: u64,
 }
 
-fn one() -> usize {
-    1
-}
-fn four() -> usize {
-    4
-}
-fn one_u32() -> u32 {
-    1
-}
-fn one_f() -> f64 {
-    1.0
-}
-fn keys() -> u64 {
-    100_000
-}
-fn timeout() -> u64 {
-    5000
-}
-fn poisson() -> String {
-    "poisson".into()
-}
-fn uniform() -> String {
-    "uniform".into()
-}
-fn prefix() -> String {
-    "key:".into()
+impl Default for WorkloadSpec {
+    /// The defaults documented in [`crate::lab`]; a key the file leaves out keeps its value here.
+    fn default() -> Self {
+        WorkloadSpec {
+            clients: None,
+            threads: 1,
+            connections: 4,
+            depth: None,
+            think_us: 0,
+            qps: None,
+            arrival: "poisson".into(),
+            qps_list: None,
+            qps_interval: 1.0,
+            preset: None,
+            keys: 100_000,
+            key_prefix: "key:".into(),
+            key_size: None,
+            key_dist: "uniform".into(),
+            value_size: None,
+            mix: None,
+            multiget: 1,
+            verify: false,
+            load: None,
+            interval: 1.0,
+            timeout_ms: 5000,
+        }
+    }
 }
 
 impl WorkloadSpec {
