@@ -1,9 +1,11 @@
 //! `kvlab lab` end to end through the real binary: a tiny experiment (2 points × 2
 //! repetitions × 1 s, kvlab's server, and memcached beside it when installed) writes raw
 //! results, metadata and a report with the expected sections; `lab analyse` rewrites the
-//! same report from the raw data; a bad experiment file is a clear error.
+//! same report from the raw data; a bad experiment file is a clear error. A tiny experiment
+//! with `protocol` as a factor loads one kvlab server over memcached and HTTP (memcached,
+//! which cannot serve HTTP, runs only the memcached points).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 fn kvlab(args: &[&str], cwd: &Path) -> Output {
@@ -23,18 +25,49 @@ fn text(o: &Output) -> String {
     )
 }
 
+/// Writes the experiment [`experiment`]`(head, tail)` into a new temporary directory and runs
+/// `kvlab lab run FILE --out DIR/out` and `extra` there; returns the directory, the results
+/// directory and the outcome.
+fn run_tiny(head: &str, tail: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf, Output) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dir = tmp.path();
+    let path = dir.join("tiny.toml");
+    std::fs::write(&path, experiment(head, tail)).expect("write experiment");
+    let out = dir.join("out");
+    let mut args = vec![
+        "lab",
+        "run",
+        path.to_str().expect("utf-8 path"),
+        "--out",
+        out.to_str().expect("utf-8 path"),
+    ];
+    args.extend(extra);
+    let o = kvlab(&args, dir);
+    (tmp, out, o)
+}
+
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(p).expect("read json")).expect("json")
+}
+
+/// The stored runs of a results directory, in measurement order.
+fn raw_runs(out: &Path) -> Vec<serde_json::Value> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(out.join("raw"))
+        .expect("raw dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    files.iter().map(|f| read_json(f)).collect()
+}
+
 fn memcached_installed() -> bool {
     std::env::var_os("PATH")
         .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("memcached").is_file()))
 }
 
-const TINY: &str = r#"
-name = "tiny"
-description = "two client counts, two repetitions"
-repetitions = 2
-duration = 1.0
-warmup = 0.3
-
+/// The systems of every tiny experiment: kvlab's server, and memcached beside it with the
+/// same threads and memory when it is installed.
+const SYSTEMS: &str = r#"
 [[system]]
 name = "kvlab"
 args = ["-t", "1", "-m", "16"]
@@ -43,7 +76,22 @@ args = ["-t", "1", "-m", "16"]
 name = "memcached"
 args = ["-t", "1", "-m", "16"]
 optional = true
+"#;
 
+/// An experiment file: `head` (top-level keys), [`SYSTEMS`], then `tail` (tables).
+fn experiment(head: &str, tail: &str) -> String {
+    format!("{head}\n{SYSTEMS}\n{tail}")
+}
+
+const TINY_HEAD: &str = r#"
+name = "tiny"
+description = "two client counts, two repetitions"
+repetitions = 2
+duration = 1.0
+warmup = 0.3
+"#;
+
+const TINY_TAIL: &str = r#"
 [workload]
 keys = 1000
 value_size = 64
@@ -54,34 +102,17 @@ clients = [1, 2]
 
 #[test]
 fn tiny_experiment_runs_stores_reports_and_reanalyses() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("tiny.toml");
-    std::fs::write(&file, TINY).expect("write experiment");
-    let out = dir.path().join("out");
-    let o = kvlab(
-        &[
-            "lab",
-            "run",
-            file.to_str().expect("utf-8 path"),
-            "--out",
-            out.to_str().expect("utf-8 path"),
-        ],
-        dir.path(),
-    );
+    let (dir, out, o) = run_tiny(TINY_HEAD, TINY_TAIL, &[]);
     assert!(o.status.success(), "{}", text(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("max throughput"), "{}", text(&o));
     assert!(stdout.contains("report: "), "{}", text(&o));
 
     let systems = if memcached_installed() { 2 } else { 1 };
-    let raws: Vec<_> = std::fs::read_dir(out.join("raw"))
-        .expect("raw dir")
-        .map(|e| e.expect("entry").path())
-        .collect();
-    assert_eq!(raws.len(), 2 * 2 * systems, "{raws:?}");
-    for r in &raws {
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(r).expect("read raw")).expect("json");
+    let raws = raw_runs(&out);
+    assert_eq!(raws.len(), 2 * 2 * systems, "{}", text(&o));
+    for v in &raws {
+        let r = &v["index"];
         assert!(v["error"].is_null(), "{r:?}: {}", v["error"]);
         assert!(v["result"]["throughput_qps"].as_f64().expect("throughput") > 0.0);
         assert!(
@@ -91,9 +122,7 @@ fn tiny_experiment_runs_stores_reports_and_reanalyses() {
         assert!(v["latency_hist"].is_string(), "{r:?}: no histogram");
         assert!(v["args"].as_array().is_some_and(|a| !a.is_empty()));
     }
-    let meta: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("meta.json")).expect("meta.json"))
-            .expect("meta json");
+    let meta = read_json(&out.join("meta.json"));
     for key in ["kvlab_version", "commit", "date", "experiment_text"] {
         assert!(
             meta[key].as_str().is_some_and(|s| !s.is_empty()),
@@ -140,6 +169,87 @@ fn tiny_experiment_runs_stores_reports_and_reanalyses() {
     );
 }
 
+const TINY_HTTP_HEAD: &str = r#"
+name = "tiny-http"
+repetitions = 1
+duration = 0.5
+warmup = 0.2
+"#;
+
+const TINY_HTTP_TAIL: &str = r#"
+[workload]
+keys = 500
+value_size = 32
+mix = "get=9,set=1"
+
+[factors]
+clients = [1, 2]
+protocol = ["memcached", "http"]
+"#;
+
+#[test]
+fn http_experiment_loads_kvlab_over_http() {
+    let (_dir, out, o) = run_tiny(TINY_HTTP_HEAD, TINY_HTTP_TAIL, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let raws = raw_runs(&out);
+    let (http, other): (Vec<_>, Vec<_>) = raws.iter().partition(|v| v["protocol"] == "http");
+    // kvlab: 2 clients x 2 protocols; memcached (when installed): the 2 memcached points only.
+    let systems = if memcached_installed() { 2 } else { 1 };
+    assert_eq!(http.len(), 2, "{}", text(&o));
+    assert_eq!(other.len(), 2 * systems, "{}", text(&o));
+    for v in &http {
+        assert_eq!(v["system"], "kvlab");
+        assert!(v["error"].is_null(), "{}", v["error"]);
+        let res = &v["result"];
+        assert_eq!(res["config"]["protocol"], "http");
+        let c = &res["counters"];
+        assert!(c["completed"].as_u64().expect("completed") > 0, "{c}");
+        assert!(
+            c["hits"].as_u64().expect("hits") > 0,
+            "no get found its key: {c}"
+        );
+        assert_eq!(c["errors"], 0, "{c}");
+        assert_eq!(c["timeouts"], 0, "{c}");
+        let command: Vec<&str> = v["command"]
+            .as_array()
+            .expect("command")
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        let i = command
+            .iter()
+            .position(|a| *a == "--http-port")
+            .expect("started with --http-port");
+        // The generator spoke HTTP to that port, not to the memcached one.
+        let port = command[i + 1];
+        assert!(
+            res["target"]
+                .as_str()
+                .is_some_and(|t| t.ends_with(&format!(":{port}"))),
+            "target {} vs --http-port {port}",
+            res["target"]
+        );
+    }
+    for v in &other {
+        assert_eq!(v["protocol"], "memcached");
+        assert_eq!(v["result"]["config"]["protocol"], "memcached");
+        assert!(v["error"].is_null(), "{}", v["error"]);
+    }
+    // memcached's HTTP points are left out with a note, kept in meta.json.
+    let meta = read_json(&out.join("meta.json"));
+    let skipped = meta["skipped"].to_string();
+    assert!(
+        skipped.contains("memcached") && skipped.contains("http"),
+        "{skipped}"
+    );
+    let html =
+        std::fs::read_to_string(out.join("report").join("index.html")).expect("report/index.html");
+    assert!(
+        html.contains("kvlab (protocol=http)"),
+        "report lacks the HTTP curve"
+    );
+}
+
 #[test]
 fn bad_experiment_files_are_clear_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -156,6 +266,16 @@ fn bad_experiment_files_are_clear_errors() {
             "exactly two",
         ),
         ("syntax.toml", "[[system]\nname = \"kvlab\"\n", "TOML"),
+        (
+            "http-memcached.toml",
+            "[[system]]\nname = \"memcached\"\n[workload]\nprotocol = \"http\"\n",
+            "cannot serve protocol = \"http\"",
+        ),
+        (
+            "protocol.toml",
+            "[[system]]\nname = \"kvlab\"\n[workload]\nprotocol = \"gopher\"\n",
+            "expected `memcached` or `http`",
+        ),
     ];
     for (name, body, expect) in cases {
         let f = dir.path().join(name);
@@ -186,7 +306,13 @@ fn shipped_experiments_are_listed() {
     let o = kvlab(&["lab", "list"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
     let s = String::from_utf8_lossy(&o.stdout);
-    for name in ["quick", "baseline-clients", "rate-scan", "factorial-2k"] {
+    for name in [
+        "quick",
+        "baseline-clients",
+        "rate-scan",
+        "factorial-2k",
+        "protocols",
+    ] {
         assert!(s.contains(name), "{s}");
     }
     let o = kvlab(&["lab", "show", "factorial-2k"], dir.path());

@@ -33,13 +33,16 @@
 //!                             # (kvlab and memcached), required otherwise
 //! args = []                   # extra flags; "{factor}" takes the point's level, e.g.
 //!                             # ["-t", "{server_threads}", "-m", "64"]. The lab adds the
-//!                             # address: kvlab `server -l 127.0.0.1 -p PORT`, memcached
-//!                             # `-U 0 -l 127.0.0.1 -p PORT` (and `-u root` as root)
+//!                             # address: kvlab `server -l 127.0.0.1 -p PORT` (and
+//!                             # `--http-port PORT2` when a point of the part speaks HTTP),
+//!                             # memcached `-U 0 -l 127.0.0.1 -p PORT` (and `-u root` as root)
 //! binary = <this kvlab> | "memcached"   # program, looked up on PATH
 //! address = ""                # external: host:port (*required* for external)
 //! pid = <none>                # external: a pid whose CPU is read from /proc/<pid>/stat
-//! optional = false            # a missing binary skips the system instead of failing
-//! start_timeout = 10.0        # seconds to wait for an answer to `version`
+//! optional = false            # a missing binary skips the system instead of failing; so
+//!                             # does a point it cannot serve (HTTP on memcached), with a note
+//! start_timeout = 10.0        # seconds to wait for an answer to `version` (and to `GET /`
+//!                             # on the HTTP port)
 //!
 //! [workload]                  # everything `kvlab bench` takes
 //! clients = <none>            # closed loop: total connections (= threads x connections,
@@ -64,6 +67,11 @@
 //! load = <gets in mix>        # fill the key space once per fresh server (and workload)
 //! interval = 1.0              # time-series interval, s
 //! timeout_ms = 5000
+//! protocol = "memcached"      # memcached | http: HTTP/1.1 to a kvlab server's REST interface
+//!                             # (keep-alive, pipelined); only kind = "kvlab" serves it, so a
+//!                             # memcached or external system in such a part is an error
+//!                             # unless optional. A factor too: protocol = ["memcached", "http"]
+//!                             # compares both on one server
 //!
 //! [factors]                   # factor = [levels]; a workload key, or a {name} in args
 //! clients = [1, 2, 4, 8]
@@ -107,6 +115,10 @@ pub(crate) const SHIPPED: &[(&str, &str)] = &[
     (
         "factorial-2k",
         include_str!("../../../../experiments/factorial-2k.toml"),
+    ),
+    (
+        "protocols",
+        include_str!("../../../../experiments/protocols.toml"),
     ),
 ];
 

@@ -20,10 +20,10 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use kvlab_analysis::laws;
 use kvlab_bench::run::IntervalRow;
-use kvlab_bench::RunResult;
+use kvlab_bench::{Protocol, RunResult};
 use serde::{Deserialize, Serialize};
 
-use super::spec::{Experiment, Level, PlannedRun};
+use super::spec::{levels_text, Experiment, Level, PlannedRun};
 use super::system::{self, Instance};
 
 /// The system's CPU time over a run's measured time.
@@ -63,6 +63,9 @@ pub struct RawRun {
     pub levels: Vec<(String, Level)>,
     /// System name.
     pub system: String,
+    /// The protocol the load generator spoke.
+    #[serde(default)]
+    pub protocol: Protocol,
     /// Repetition, from 0.
     pub repetition: usize,
     /// The system's flags (rendered).
@@ -230,6 +233,10 @@ pub fn run_experiment(
             }
         }
     }
+    for (name, why) in exp.unserved() {
+        eprintln!("note: system {name:?}: {why}");
+        meta.skipped.push((name, why));
+    }
     let runs: Vec<PlannedRun> = exp
         .runs()
         .into_iter()
@@ -296,17 +303,14 @@ pub fn run_experiment(
             None => {
                 starts += 1;
                 let log = out.join("logs").join(format!("{}-{starts}.log", spec.name));
-                let inst = Instance::start(r.system, spec, args.clone(), &log)?;
+                let http = part.uses_http(spec);
+                let inst = Instance::start(r.system, spec, args.clone(), http, &log)?;
                 running.push(inst);
                 running.len() - 1
             }
         };
         let inst = &mut running[inst_index];
-        let desc = levels
-            .iter()
-            .map(|(f, l)| format!("{f}={l}"))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let desc = levels_text(&levels);
         let elapsed = t0.elapsed().as_secs_f64();
         let eta = if planned_done > 0.0 {
             (planned_total - planned_done) * elapsed / planned_done
@@ -367,6 +371,7 @@ fn one_run(
         point: r.point,
         levels: levels.clone(),
         system: exp.systems[r.system].name.clone(),
+        protocol: part.protocols[r.point],
         repetition: r.repetition,
         args: inst.args.clone(),
         command: inst.command.clone(),
@@ -390,7 +395,15 @@ fn one_run(
     raw.population = if wl.is_open() { 0 } else { wl.population() };
     raw.think_s = wl.think_us as f64 / 1e6;
     let seed = exp.seed.wrapping_add(r.repetition as u64);
-    let mut cfg = match wl.config(inst.addr, part.duration, part.warmup, seed) {
+    let target = match (wl.protocol, inst.http) {
+        (Protocol::Memcached, _) => inst.addr,
+        (Protocol::Http, Some(h)) => h,
+        (Protocol::Http, None) => {
+            raw.error = Some("the system was started without an HTTP port".into());
+            return raw;
+        }
+    };
+    let mut cfg = match wl.config(target, part.duration, part.warmup, seed) {
         Ok(c) => c,
         Err(e) => {
             raw.error = Some(format!("{e:#}"));

@@ -104,6 +104,14 @@ pub struct SystemSpec {
     pub start_timeout: Option<f64>,
 }
 
+impl SystemKind {
+    /// Whether a system of this kind can be loaded over `protocol` (only a kvlab server the
+    /// lab starts has an HTTP interface).
+    pub fn serves(self, protocol: Protocol) -> bool {
+        protocol == Protocol::Memcached || self == SystemKind::Kvlab
+    }
+}
+
 impl SystemSpec {
     /// The kind, defaulted from the name.
     pub fn kind(&self) -> anyhow::Result<SystemKind> {
@@ -239,6 +247,8 @@ pub struct Part {
     pub design: Design,
     /// The points: each a level per factor, in factor order.
     pub points: Vec<Vec<(String, Level)>>,
+    /// The protocol each point speaks (parallel to `points`).
+    pub protocols: Vec<Protocol>,
 }
 
 impl Part {
@@ -258,6 +268,36 @@ impl Part {
     /// Whether the part is a trace run (a changing open-loop rate).
     pub fn is_trace(&self) -> bool {
         self.workload.contains_key("qps_list")
+    }
+
+    /// Whether `system` can serve point `k` (its protocol).
+    pub fn serves(&self, system: &SystemSpec, k: usize) -> bool {
+        system
+            .kind()
+            .is_ok_and(|kind| kind.serves(self.protocols[k]))
+    }
+
+    /// Whether the part loads `system` over HTTP at some point: the lab then starts it with
+    /// `--http-port`.
+    pub fn uses_http(&self, system: &SystemSpec) -> bool {
+        (0..self.points.len())
+            .any(|k| self.protocols[k] == Protocol::Http && self.serves(system, k))
+    }
+}
+
+/// `factor=level …`, for messages.
+pub fn levels_text(levels: &[(String, Level)]) -> String {
+    levels
+        .iter()
+        .map(|(f, l)| format!("{f}={l}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Memcached => "memcached",
+        Protocol::Http => "http",
     }
 }
 
@@ -303,6 +343,7 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "load",
     "interval",
     "timeout_ms",
+    "protocol",
 ];
 
 /// A size given as a number of bytes or a distribution string.
@@ -370,6 +411,9 @@ pub struct WorkloadSpec {
     pub interval: f64,
     /// Request timeout, ms.
     pub timeout_ms: u64,
+    /// What the generator speaks: memcached's text protocol or HTTP (a kvlab server's REST
+    /// interface, which the lab then starts with `--http-port`).
+    pub protocol: Protocol,
 }
 
 impl Default for WorkloadSpec {
@@ -397,6 +441,7 @@ impl Default for WorkloadSpec {
             load: None,
             interval: 1.0,
             timeout_ms: 5000,
+            protocol: Protocol::Memcached,
         }
     }
 }
@@ -475,7 +520,7 @@ impl WorkloadSpec {
         let load = self.load.unwrap_or(workload.mix.get > 0);
         let cfg = Config {
             target,
-            protocol: Protocol::Memcached,
+            protocol: self.protocol,
             threads,
             connections,
             depth: self.depth.unwrap_or(if open.is_some() { 1024 } else { 1 }),
@@ -691,8 +736,8 @@ impl Experiment {
         let mut out = Vec::new();
         for (pi, p) in self.parts.iter().enumerate() {
             for rep in 0..p.repetitions {
-                for (k, _) in p.points.iter().enumerate() {
-                    for &s in &p.systems {
+                for k in 0..p.points.len() {
+                    for &s in p.systems.iter().filter(|&&s| p.serves(&self.systems[s], k)) {
                         out.push(PlannedRun {
                             part: pi,
                             point: k,
@@ -700,6 +745,40 @@ impl Experiment {
                             repetition: rep,
                         });
                     }
+                }
+            }
+        }
+        out
+    }
+
+    /// Runs left out because an optional system cannot serve a point's protocol: (system,
+    /// why), one per part and system.
+    pub fn unserved(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for p in &self.parts {
+            for &s in &p.systems {
+                let sys = &self.systems[s];
+                let not: Vec<usize> = (0..p.points.len()).filter(|&k| !p.serves(sys, k)).collect();
+                if let Some(&k) = not.first() {
+                    let which = if not.len() == p.points.len() {
+                        "any point".to_string()
+                    } else {
+                        format!(
+                            "{} of {} points, e.g. {}",
+                            not.len(),
+                            p.points.len(),
+                            levels_text(&p.points[k])
+                        )
+                    };
+                    out.push((
+                        sys.name.clone(),
+                        format!(
+                            "part {}: not run at {which}: protocol = \"{}\" is served only by \
+                             a kvlab system",
+                            p.name,
+                            protocol_name(p.protocols[k])
+                        ),
+                    ));
                 }
             }
         }
@@ -908,7 +987,7 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
             bail!("a system's args use {{{u}}} but the part has no factor {u:?}");
         }
     }
-    let part = Part {
+    let mut part = Part {
         name,
         description: p.description,
         systems,
@@ -919,20 +998,56 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
         factors,
         design,
         points,
+        protocols: Vec::new(),
     };
     // Check every point's workload now, not an hour into the run.
     let dummy: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
     for pt in &part.points {
         let w = part.workload_of(pt)?;
-        let desc = pt
-            .iter()
-            .map(|(f, l)| format!("{f}={l}"))
-            .collect::<Vec<_>>()
-            .join(" ");
         w.config(dummy, duration, warmup, 1)
-            .with_context(|| format!("point {desc}"))?;
+            .with_context(|| format!("point {}", levels_text(pt)))?;
+        part.protocols.push(w.protocol);
     }
+    check_protocols(&f.systems, &part)?;
     Ok(part)
+}
+
+/// Every system of the part must serve every point's protocol, unless it is optional (then
+/// its runs at those points are left out, see [`Experiment::unserved`]); a kvlab system that
+/// speaks HTTP gets its `--http-port` from the lab.
+fn check_protocols(systems: &[SystemSpec], part: &Part) -> anyhow::Result<()> {
+    for &s in &part.systems {
+        let sys = &systems[s];
+        let kind = sys.kind()?;
+        if let Some(&p) = part.protocols.iter().find(|&&p| !kind.serves(p)) {
+            if !sys.optional {
+                bail!(
+                    "system {:?} cannot serve protocol = \"{}\": only a kvlab system has an HTTP \
+                     interface; leave it out of this part (systems = [...]), or mark it \
+                     optional = true to skip its runs at those points",
+                    sys.name,
+                    protocol_name(p)
+                );
+            }
+        }
+        if part.uses_http(sys)
+            && sys
+                .args
+                .iter()
+                .any(|a| a == "--http-port" || a.starts_with("--http-port="))
+        {
+            bail!(
+                "system {:?}: remove --http-port from args; the lab picks the HTTP port itself",
+                sys.name
+            );
+        }
+    }
+    let runnable =
+        (0..part.points.len()).any(|k| part.systems.iter().any(|&s| part.serves(&systems[s], k)));
+    if !runnable {
+        bail!("no system of this part serves its protocol (only a kvlab system serves HTTP)");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -995,6 +1110,35 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{err:#}").contains("server_threads"), "{err:#}");
+    }
+
+    #[test]
+    fn http_points_leave_out_optional_systems_that_cannot_serve_them() {
+        let e = Experiment::parse(
+            r#"
+            [[system]]
+            name = "kvlab"
+            [[system]]
+            name = "memcached"
+            optional = true
+            [factors]
+            protocol = ["memcached", "http"]
+            "#,
+            "x",
+        )
+        .unwrap();
+        let p = &e.parts[0];
+        assert_eq!(p.protocols, [Protocol::Memcached, Protocol::Http]);
+        let runs: Vec<(usize, usize)> = e.runs().iter().map(|r| (r.point, r.system)).collect();
+        assert_eq!(runs.len(), 3 * DEFAULT_REPETITIONS);
+        assert!(!runs.contains(&(1, 1)), "memcached at the HTTP point");
+        assert!(p.uses_http(&e.systems[0]) && !p.uses_http(&e.systems[1]));
+        assert_eq!(e.unserved().len(), 1);
+        assert!(
+            e.unserved()[0].1.contains("protocol=http"),
+            "{:?}",
+            e.unserved()
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! Systems under test as separate processes: start on a free port, wait until they answer
-//! `version`, read their CPU time from /proc/<pid>/stat, stop with SIGTERM (SIGKILL after a
-//! timeout).
+//! Systems under test as separate processes: start on a free port (and a kvlab server that
+//! will be loaded over HTTP on a second one, `--http-port`), wait until they answer `version`
+//! (and `GET /`), read their CPU time from /proc/<pid>/stat, stop with SIGTERM (SIGKILL after
+//! a timeout).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -20,8 +21,10 @@ pub struct Instance {
     pub args: Vec<String>,
     /// Program and arguments as started (or the address, external).
     pub command: Vec<String>,
-    /// Where it listens.
+    /// Where it listens (memcached protocol).
     pub addr: SocketAddr,
+    /// Where it serves HTTP, when started with `--http-port`.
+    pub http: Option<SocketAddr>,
     /// Its process id, when known.
     pub pid: Option<u32>,
     /// What it answered to `version`.
@@ -75,27 +78,50 @@ pub fn program(spec: &SystemSpec) -> anyhow::Result<Option<PathBuf>> {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    let l = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(l.local_addr()?.port())
+/// `n` distinct free ports (each listener is held until all are found, so the kernel cannot
+/// hand out the same port twice).
+fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
+    let listeners = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").context("finding a free port"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect()
+}
+
+/// Sends `request` to `addr` and returns the first reply line if it starts with `expect`,
+/// within `timeout`.
+fn ask(
+    addr: SocketAddr,
+    request: &[u8],
+    expect: &str,
+    timeout: Duration,
+) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    s.write_all(request)?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    let line = line.trim_end().to_string();
+    if line.starts_with(expect) {
+        Ok(line)
+    } else {
+        Err(std::io::Error::other(format!("unexpected reply: {line:?}")))
+    }
 }
 
 /// Sends `version` and returns the reply line, within `timeout`.
 pub fn probe(addr: SocketAddr, timeout: Duration) -> std::io::Result<String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout)?;
-    s.set_read_timeout(Some(timeout))?;
-    s.set_write_timeout(Some(timeout))?;
-    s.write_all(b"version\r\n")?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line)?;
-    let line = line.trim_end().to_string();
-    if line.starts_with("VERSION") {
-        Ok(line)
-    } else {
-        Err(std::io::Error::other(format!(
-            "unexpected reply to version: {line:?}"
-        )))
-    }
+    ask(addr, b"version\r\n", "VERSION", timeout)
+}
+
+/// Sends `GET /` to a kvlab server's REST interface and returns its status line if it is
+/// 200, within `timeout`.
+pub fn probe_http(addr: SocketAddr, timeout: Duration) -> std::io::Result<String> {
+    let request = format!("GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    ask(addr, request.as_bytes(), "HTTP/1.1 200", timeout)
 }
 
 fn is_root() -> bool {
@@ -104,11 +130,13 @@ fn is_root() -> bool {
 }
 
 impl Instance {
-    /// Starts system `index` (`spec`) with `args`, its output going to `log`.
+    /// Starts system `index` (`spec`) with `args`, its output going to `log`; with `http`, a
+    /// kvlab server also serves HTTP (`--http-port`), and is ready when both ports answer.
     pub fn start(
         index: usize,
         spec: &SystemSpec,
         args: Vec<String>,
+        http: bool,
         log: &Path,
     ) -> anyhow::Result<Instance> {
         let timeout = Duration::from_secs_f64(spec.start_timeout.unwrap_or(10.0).clamp(0.1, 600.0));
@@ -119,25 +147,43 @@ impl Instance {
                 .with_context(|| format!("system {:?}: bad address {a:?}", spec.name))?
                 .next()
                 .with_context(|| format!("system {:?}: {a:?} resolves to nothing", spec.name))?;
-            let version = wait_ready(addr, timeout, &mut || Ok(()))
-                .with_context(|| format!("system {:?} at {addr} does not answer", spec.name))?;
+            if http {
+                bail!(
+                    "system {:?}: an external system is not loaded over HTTP",
+                    spec.name
+                );
+            }
+            let version = wait_ready("`version`", timeout, &mut || Ok(()), &|| {
+                probe(addr, PROBE_TIMEOUT)
+            })
+            .with_context(|| format!("system {:?} at {addr} does not answer", spec.name))?;
             return Ok(Instance {
                 system: index,
                 command: vec![addr.to_string()],
                 args,
                 addr,
+                http: None,
                 pid: spec.pid,
                 version,
                 loaded: None,
                 child: None,
             });
         };
-        let port = free_port()?;
+        let kind = spec.kind()?;
+        if http && kind != SystemKind::Kvlab {
+            bail!("system {:?}: only a kvlab server serves HTTP", spec.name);
+        }
+        let ports = free_ports(if http { 2 } else { 1 })?;
+        let port = ports[0];
+        let http_addr: Option<SocketAddr> = ports.get(1).map(|&p| ([127, 0, 0, 1], p).into());
         let mut full: Vec<String> = Vec::new();
-        match spec.kind()? {
+        match kind {
             SystemKind::Kvlab => {
                 full.extend(["server".into(), "-l".into(), "127.0.0.1".into()]);
                 full.extend(["-p".into(), port.to_string()]);
+                if let Some(h) = http_addr {
+                    full.extend(["--http-port".into(), h.port().to_string()]);
+                }
             }
             SystemKind::Memcached => {
                 if is_root() {
@@ -165,9 +211,22 @@ impl Instance {
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
         let mut command = vec![prog.display().to_string()];
         command.extend(full);
-        let ready = wait_ready(addr, timeout, &mut || match child.try_wait() {
+        let deadline = Instant::now() + timeout;
+        let mut alive = || match child.try_wait() {
             Ok(Some(status)) => bail!("it exited ({status})"),
             _ => Ok(()),
+        };
+        let ready = wait_ready("`version`", timeout, &mut alive, &|| {
+            probe(addr, PROBE_TIMEOUT)
+        })
+        .and_then(|version| {
+            if let Some(h) = http_addr {
+                let left = deadline.saturating_duration_since(Instant::now());
+                wait_ready("`GET /` over HTTP", left, &mut alive, &|| {
+                    probe_http(h, PROBE_TIMEOUT)
+                })?;
+            }
+            Ok(version)
         });
         let version = match ready {
             Ok(v) => v,
@@ -194,6 +253,7 @@ impl Instance {
             args,
             command,
             addr,
+            http: http_addr,
             pid: Some(child.id()),
             version,
             loaded: None,
@@ -249,22 +309,26 @@ impl Drop for Instance {
     }
 }
 
-/// Polls `version` until the server answers (bounded back-off between attempts), calling
-/// `alive` before each attempt to notice a process that died.
+/// How long one readiness probe waits for its answer.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Polls `probe` (asking `what`) until the server answers (bounded back-off between
+/// attempts), calling `alive` before each attempt to notice a process that died.
 fn wait_ready(
-    addr: SocketAddr,
+    what: &str,
     timeout: Duration,
     alive: &mut dyn FnMut() -> anyhow::Result<()>,
+    probe: &dyn Fn() -> std::io::Result<String>,
 ) -> anyhow::Result<String> {
     let deadline = Instant::now() + timeout;
     let mut wait = Duration::from_millis(1);
     loop {
         alive()?;
-        match probe(addr, Duration::from_millis(500)) {
+        match probe() {
             Ok(v) => return Ok(v),
             Err(e) if Instant::now() >= deadline => {
                 bail!(
-                    "no answer to `version` within {:.1} s: {e}",
+                    "no answer to {what} within {:.1} s: {e}",
                     timeout.as_secs_f64()
                 )
             }
