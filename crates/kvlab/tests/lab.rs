@@ -3,7 +3,8 @@
 //! results, metadata and a report with the expected sections; `lab analyse` rewrites the
 //! same report from the raw data; a bad experiment file is a clear error. A tiny experiment
 //! with `protocol` as a factor loads one kvlab server over memcached and HTTP (memcached,
-//! which cannot serve HTTP, runs only the memcached points).
+//! which cannot serve HTTP, runs only the memcached points). Command-line overrides shrink a
+//! two-part file for every part, are recorded and re-analysed, and fail like the file.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -12,6 +13,7 @@ fn kvlab(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvlab"))
         .args(args)
         .current_dir(cwd)
+        .env("RUST_BACKTRACE", "0")
         .output()
         .expect("kvlab runs")
 }
@@ -248,6 +250,144 @@ fn http_experiment_loads_kvlab_over_http() {
         html.contains("kvlab (protocol=http)"),
         "report lacks the HTTP curve"
     );
+}
+
+/// Two parts over [`TINY_HEAD`]'s 2 repetitions of 1 s: one with 4 repetitions, one with 8 s
+/// runs and larger values.
+const PARTS_TAIL: &str = r#"
+[workload]
+keys = 100000
+value_size = 64
+
+[[part]]
+name = "sweep"
+repetitions = 4
+[part.factors]
+clients = [1, 2]
+
+[[part]]
+name = "single"
+duration = 8.0
+[part.workload]
+clients = 1
+value_size = 1000
+"#;
+
+/// The innermost cause of a failed run's error (`Caused by:` … last line).
+fn root_cause(o: &Output) -> String {
+    let err = String::from_utf8_lossy(&o.stderr);
+    let last = err
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    let last = last.trim();
+    match last.split_once(": ") {
+        Some((n, rest)) if n.chars().all(|c| c.is_ascii_digit()) => rest.to_string(),
+        _ => last.to_string(),
+    }
+}
+
+#[test]
+fn command_line_overrides_apply_to_every_part_and_are_recorded() {
+    let flags = [
+        "--repetitions",
+        "1",
+        "--duration",
+        "0.3",
+        "--warmup",
+        "0.1",
+        "--set",
+        "keys=300",
+        "--set",
+        "value_size=16",
+    ];
+    let (dir, out, o) = run_tiny(TINY_HEAD, PARTS_TAIL, &flags);
+    assert!(o.status.success(), "{}", text(&o));
+    let systems = if memcached_installed() { 2 } else { 1 };
+    let raws = raw_runs(&out);
+    // Part sweep: 2 points, part single: 1 point; one repetition each, not 4 and 2.
+    assert_eq!(raws.len(), 3 * systems, "{}", text(&o));
+    for v in &raws {
+        assert!(v["error"].is_null(), "{}", v["error"]);
+        assert_eq!(v["repetition"], 0);
+        let c = &v["result"]["config"];
+        assert_eq!(c["plan"]["segments"][0]["duration_ns"], 300_000_000, "{c}");
+        assert_eq!(c["warmup_s"], 0.1);
+        assert_eq!(c["workload"]["keys"], 300);
+        assert_eq!(c["workload"]["value_size"]["n"], 16, "part {}", v["part"]);
+    }
+    let meta = read_json(&out.join("meta.json"));
+    assert_eq!(
+        meta["overrides"],
+        serde_json::json!({
+            "repetitions": 1,
+            "duration": 0.3,
+            "warmup": 0.1,
+            "set": ["keys=300", "value_size=16"],
+        })
+    );
+    let index = out.join("report").join("index.html");
+    let html = std::fs::read_to_string(&index).expect("report/index.html");
+    for needle in [
+        "--repetitions 1 --duration 0.3 --warmup 0.1 --set keys=300 --set value_size=16",
+        "keys = 300",
+    ] {
+        assert!(html.contains(needle), "report lacks {needle:?}");
+    }
+    // Re-analysis resolves the experiment with the same overrides.
+    let report_json = out.join("report").join("report.json");
+    let before = std::fs::read(&report_json).expect("report.json");
+    let o = kvlab(
+        &["lab", "analyse", out.to_str().expect("utf-8")],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(before == std::fs::read(&report_json).expect("report.json"));
+
+    // A bad override fails as the same value in the file does (file: top-level keys, tables),
+    // before anything starts.
+    let cases: [(&[&str], &str, &str); 6] = [
+        (&["--set", "clinets=4"], "", "[workload]\nclinets = 4"),
+        (
+            &["--set", "value_size=abc"],
+            "",
+            "[workload]\nvalue_size = \"abc\"",
+        ),
+        (&["--set", "keys=0.5"], "", "[workload]\nkeys = 0.5"),
+        (
+            &["--set", "mix=get=1,put=1"],
+            "",
+            "[workload]\nmix = \"get=1,put=1\"",
+        ),
+        (&["--repetitions", "0"], "repetitions = 0", ""),
+        (&["--duration=-1"], "duration = -1.0", ""),
+    ];
+    for (flags, head, tail) in cases {
+        let (_d, _, by_flag) = run_tiny("", "", flags);
+        let (_d, _, by_file) = run_tiny(head, tail, &[]);
+        assert!(!by_flag.status.success(), "{flags:?}: {}", text(&by_flag));
+        assert!(
+            !by_file.status.success(),
+            "{head}{tail}: {}",
+            text(&by_file)
+        );
+        let cause = root_cause(&by_file);
+        assert!(!cause.is_empty(), "{}", text(&by_file));
+        assert_eq!(root_cause(&by_flag), cause, "{flags:?}");
+    }
+    for (args, expect) in [
+        (&["--set", "keys"][..], "expected KEY=VALUE"),
+        (&["--set", "clients=4"][..], "varies clients as a factor"),
+    ] {
+        let (_d, _, o) = run_tiny(TINY_HEAD, PARTS_TAIL, args);
+        assert!(!o.status.success(), "{args:?}: {}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains(expect),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
 }
 
 #[test]

@@ -443,6 +443,14 @@ pub fn analyse(exp: &Experiment, meta: &Meta, raws: &[RawRun]) -> anyhow::Result
         ("command".into(), meta.command.join(" ")),
         ("experiment".into(), meta.experiment_file.clone()),
         (
+            "overrides".into(),
+            if meta.overrides.is_empty() {
+                "none".into()
+            } else {
+                meta.overrides.flags()
+            },
+        ),
+        (
             "runs".into(),
             format!(
                 "{} stored of {} planned, {:.0} s",

@@ -12,6 +12,24 @@
 //!
 //! Results go to `results/<name>-<YYYYMMDD-HHMMSS>/` (see [`runner`] for the layout).
 //!
+//! `kvlab lab run` (and `kvlab lab`) take overrides of the file's values for a quick run of a
+//! big file, applied to every part alike (the top level and each `[[part]]`):
+//!
+//! ```text
+//! --repetitions N          every `repetitions`
+//! --duration S             every `duration` (a trace still lasts its qps_list)
+//! --warmup S               every `warmup`
+//! --set KEY=VALUE          a workload key, in every part's workload (repeatable; a later one
+//!                          wins). VALUE is read as TOML (4096, 0.5, true, [1, 2], "text") or
+//!                          else taken as text (mix=get=9,set=1, protocol=http). A key that a
+//!                          part varies as a factor is an error.
+//! ```
+//!
+//! They are checked with the file's rules and messages, printed at the start, stored in
+//! `meta.json` (`overrides`, so `kvlab lab analyse DIR` resolves the experiment as it was
+//! run) and shown in the report's metadata; the report's part descriptions give the resolved
+//! values.
+//!
 //! # Experiment files (TOML)
 //!
 //! Every key is optional unless marked *required*; the default follows `=`.
@@ -131,6 +149,8 @@ pub struct LabArgs {
     /// Results directory (default results/<experiment>-<date>).
     #[arg(long)]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: spec::Overrides,
 }
 
 #[derive(Debug, Subcommand)]
@@ -142,6 +162,8 @@ enum LabCommand {
         /// Results directory (default results/<experiment>-<date>).
         #[arg(long)]
         out: Option<PathBuf>,
+        #[command(flatten)]
+        overrides: spec::Overrides,
     },
     /// Re-analyse a results directory's raw data and rewrite its report.
     #[command(alias = "analyze")]
@@ -166,8 +188,13 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             SHIPPED[0].1,
             "quick",
             args.out,
+            &args.overrides,
         ),
-        Some(LabCommand::Run { file, out }) => {
+        Some(LabCommand::Run {
+            file,
+            out,
+            overrides,
+        }) => {
             let path = Path::new(&file);
             if path.exists() {
                 let text = std::fs::read_to_string(path)
@@ -176,13 +203,14 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
                     .file_stem()
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_else(|| "experiment".into());
-                run_text(&file, &text, &stem, out)
+                run_text(&file, &text, &stem, out, &overrides)
             } else if let Some((name, text)) = SHIPPED.iter().find(|(n, _)| *n == file) {
                 run_text(
                     &format!("(built in) experiments/{name}.toml"),
                     text,
                     name,
                     out,
+                    &overrides,
                 )
             } else {
                 bail!(
@@ -197,7 +225,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         }
         Some(LabCommand::Analyse { dir }) => {
             let (meta, raws) = runner::load(&dir)?;
-            let exp = spec::Experiment::parse(&meta.experiment_text, "experiment")
+            let exp = spec::Experiment::parse(&meta.experiment_text, "experiment", &meta.overrides)
                 .context("the experiment stored in meta.json")?;
             let a = analyse::analyse(&exp, &meta, &raws)?;
             let index = analyse::write(&dir, &a)?;
@@ -207,7 +235,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
         }
         Some(LabCommand::List) => {
             for (name, text) in SHIPPED {
-                let desc = spec::Experiment::parse(text, name)
+                let desc = spec::Experiment::parse(text, name, &spec::Overrides::default())
                     .ok()
                     .and_then(|e| e.description)
                     .unwrap_or_default();
@@ -226,8 +254,20 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
     }
 }
 
-fn run_text(file: &str, text: &str, stem: &str, out: Option<PathBuf>) -> anyhow::Result<()> {
-    let exp = spec::Experiment::parse(text, stem).with_context(|| format!("experiment {file}"))?;
+fn run_text(
+    file: &str,
+    text: &str,
+    stem: &str,
+    out: Option<PathBuf>,
+    overrides: &spec::Overrides,
+) -> anyhow::Result<()> {
+    let exp = spec::Experiment::parse(text, stem, overrides).with_context(|| {
+        if overrides.is_empty() {
+            format!("experiment {file}")
+        } else {
+            format!("experiment {file} with {}", overrides.flags())
+        }
+    })?;
     let now = std::time::SystemTime::now();
     let out = match out {
         Some(o) => o,
@@ -244,7 +284,10 @@ fn run_text(file: &str, text: &str, stem: &str, out: Option<PathBuf>) -> anyhow:
         }
     };
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    let mut meta = runner::Meta::collect(file, text);
+    if !overrides.is_empty() {
+        eprintln!("overrides: {}", overrides.flags());
+    }
+    let mut meta = runner::Meta::collect(file, text, overrides);
     let raws = runner::run_experiment(&exp, &mut meta, &out)?;
     let a = analyse::analyse(&exp, &meta, &raws)?;
     let index = analyse::write(&out, &a)?;

@@ -23,7 +23,7 @@ use kvlab_bench::run::IntervalRow;
 use kvlab_bench::{Protocol, RunResult};
 use serde::{Deserialize, Serialize};
 
-use super::spec::{levels_text, Experiment, Level, PlannedRun};
+use super::spec::{levels_text, Experiment, Level, Overrides, PlannedRun};
 use super::system::{self, Instance};
 
 /// The system's CPU time over a run's measured time.
@@ -119,6 +119,9 @@ pub struct Meta {
     pub experiment_file: String,
     /// Its text.
     pub experiment_text: String,
+    /// The command line's overrides of the file's values.
+    #[serde(default)]
+    pub overrides: Overrides,
     /// Systems skipped, with the reason.
     pub skipped: Vec<(String, String)>,
     /// Runs planned.
@@ -138,7 +141,7 @@ fn read_trim(p: &str) -> String {
 
 impl Meta {
     /// Collects the facts now.
-    pub fn collect(file: &str, text: &str) -> Meta {
+    pub fn collect(file: &str, text: &str, overrides: &Overrides) -> Meta {
         let memory_bytes = std::fs::read_to_string("/proc/meminfo")
             .ok()
             .and_then(|m| {
@@ -170,6 +173,7 @@ impl Meta {
             command: std::env::args().collect(),
             experiment_file: file.into(),
             experiment_text: text.into(),
+            overrides: overrides.clone(),
             skipped: Vec::new(),
             runs: 0,
         }

@@ -640,9 +640,15 @@ fn expand_full(factors: &[(String, Vec<Level>)]) -> Vec<Vec<(String, Level)>> {
 }
 
 impl Experiment {
-    /// Parses and checks an experiment file; `default_name` names it when the file does not.
-    pub fn parse(text: &str, default_name: &str) -> anyhow::Result<Experiment> {
+    /// Parses and checks an experiment file with command-line `overrides`; `default_name`
+    /// names it when the file does not.
+    pub fn parse(
+        text: &str,
+        default_name: &str,
+        overrides: &Overrides,
+    ) -> anyhow::Result<Experiment> {
         let mut f: FileSpec = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let sets = overrides.apply(&mut f)?;
         let confidence = f.confidence.unwrap_or(DEFAULT_CONFIDENCE);
         if !(confidence > 0.0 && confidence < 1.0) {
             bail!("confidence must be in (0, 1), e.g. 0.95");
@@ -710,6 +716,15 @@ impl Experiment {
             }
             let part =
                 resolve_part(&f, p, name.clone()).with_context(|| format!("part {name:?}"))?;
+            for (k, _) in &sets {
+                if let Some((_, levels)) = part.factors.iter().find(|(f, _)| f == k) {
+                    bail!(
+                        "--set {k}: part {name:?} varies {k} as a factor ({} levels); a --set \
+                         value would replace them all, so change the levels in the file instead",
+                        levels.len()
+                    );
+                }
+            }
             parts.push(part);
         }
         let name = f.name.clone().unwrap_or_else(|| default_name.to_string());
@@ -799,6 +814,92 @@ impl Experiment {
     }
 }
 
+/// Command-line overrides of an experiment file's values, for every part (the file's top
+/// level and each `[[part]]` alike). Stored in `meta.json`, so a re-analysis resolves the
+/// experiment as it was run.
+#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+pub struct Overrides {
+    /// Runs per point and system (overrides every `repetitions` of the file).
+    #[arg(long, value_name = "N")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetitions: Option<usize>,
+    /// Measured seconds per run (overrides every `duration`; a trace still lasts its
+    /// qps_list).
+    #[arg(long, value_name = "S")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<f64>,
+    /// Warm-up seconds per run (overrides every `warmup`).
+    #[arg(long, value_name = "S")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<f64>,
+    /// A workload key for every part, as in [workload]; repeatable, a later one wins. VALUE is
+    /// read as TOML (4096, 0.5, true, [1, 2], "text") or else taken as text (get=9,set=1).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub set: Vec<String>,
+}
+
+impl Overrides {
+    /// Whether nothing is overridden.
+    pub fn is_empty(&self) -> bool {
+        *self == Overrides::default()
+    }
+
+    /// The overrides as the flags that give them, e.g. `--repetitions 1 --set keys=1000`.
+    pub fn flags(&self) -> String {
+        let mut out: Vec<String> = Vec::new();
+        if let Some(n) = self.repetitions {
+            out.push(format!("--repetitions {n}"));
+        }
+        if let Some(s) = self.duration {
+            out.push(format!("--duration {s}"));
+        }
+        if let Some(s) = self.warmup {
+            out.push(format!("--warmup {s}"));
+        }
+        out.extend(self.set.iter().map(|kv| format!("--set {kv}")));
+        out.join(" ")
+    }
+
+    /// The `--set` assignments, each key checked and its value read.
+    fn assignments(&self) -> anyhow::Result<Vec<(String, toml::Value)>> {
+        self.set
+            .iter()
+            .map(|kv| {
+                let Some((k, v)) = kv.split_once('=') else {
+                    bail!("--set {kv}: expected KEY=VALUE, e.g. --set keys=1000");
+                };
+                let k = k.trim();
+                check_workload_key(k).with_context(|| format!("--set {kv}"))?;
+                // A TOML value when it is one (numbers, booleans, arrays, quoted strings),
+                // else the text as a string: `mix=get=9,set=1`, `protocol=http`.
+                let value = toml::from_str::<toml::Table>(&format!("v = {v}"))
+                    .ok()
+                    .and_then(|mut t| t.remove("v"))
+                    .unwrap_or_else(|| toml::Value::String(v.to_string()));
+                Ok((k.to_string(), value))
+            })
+            .collect()
+    }
+
+    /// Writes the overrides into the file's values (top level and every part); returns the
+    /// `--set` assignments.
+    fn apply(&self, f: &mut FileSpec) -> anyhow::Result<Vec<(String, toml::Value)>> {
+        let sets = self.assignments()?;
+        f.repetitions = self.repetitions.or(f.repetitions);
+        f.duration = self.duration.or(f.duration);
+        f.warmup = self.warmup.or(f.warmup);
+        f.workload.extend(sets.iter().cloned());
+        for p in &mut f.parts {
+            p.repetitions = self.repetitions.or(p.repetitions);
+            p.duration = self.duration.or(p.duration);
+            p.warmup = self.warmup.or(p.warmup);
+            p.workload.extend(sets.iter().cloned());
+        }
+        Ok(sets)
+    }
+}
+
 /// One run to do: a point of a part against a system, one repetition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PlannedRun {
@@ -810,6 +911,16 @@ pub struct PlannedRun {
     pub system: usize,
     /// Repetition, from 0.
     pub repetition: usize,
+}
+
+fn check_workload_key(k: &str) -> anyhow::Result<()> {
+    if !WORKLOAD_KEYS.contains(&k) {
+        bail!(
+            "unknown workload key {k:?} (known: {})",
+            WORKLOAD_KEYS.join(", ")
+        );
+    }
+    Ok(())
 }
 
 fn positive_secs(what: &str, v: f64, zero_ok: bool) -> anyhow::Result<f64> {
@@ -860,12 +971,7 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
         workload.insert(k, v);
     }
     for k in workload.keys() {
-        if !WORKLOAD_KEYS.contains(&k.as_str()) {
-            bail!(
-                "unknown workload key {k:?} (known: {})",
-                WORKLOAD_KEYS.join(", ")
-            );
-        }
+        check_workload_key(k)?;
     }
     let mut factors = Vec::new();
     for (k, v) in &p.factors {
@@ -1005,7 +1111,10 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
     for pt in &part.points {
         let w = part.workload_of(pt)?;
         w.config(dummy, duration, warmup, 1)
-            .with_context(|| format!("point {}", levels_text(pt)))?;
+            .with_context(|| match pt.is_empty() {
+                true => "the workload".to_string(),
+                false => format!("point {}", levels_text(pt)),
+            })?;
         part.protocols.push(w.protocol);
     }
     check_protocols(&f.systems, &part)?;
@@ -1057,7 +1166,8 @@ mod tests {
     #[test]
     fn shipped_experiments_parse() {
         for (name, text) in super::super::SHIPPED {
-            let e = Experiment::parse(text, name).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+            let e = Experiment::parse(text, name, &Overrides::default())
+                .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(!e.runs().is_empty(), "{name}");
         }
     }
@@ -1077,6 +1187,7 @@ mod tests {
             value_size = [100, 10000]
             "#,
             "x",
+            &Overrides::default(),
         )
         .unwrap();
         let p = &e.parts[0];
@@ -1091,6 +1202,7 @@ mod tests {
             qps = { from = 5000, to = 125000, step = 5000 }
             "#,
             "x",
+            &Overrides::default(),
         )
         .unwrap();
         assert_eq!(e.parts[0].points.len(), 25);
@@ -1101,12 +1213,14 @@ mod tests {
         let err = Experiment::parse(
             "[[system]]\nname = \"kvlab\"\n[workload]\nclient = 3\n",
             "x",
+            &Overrides::default(),
         )
         .unwrap_err();
         assert!(format!("{err:#}").contains("client"), "{err:#}");
         let err = Experiment::parse(
             "[[system]]\nname = \"kvlab\"\n[factors]\nserver_threads = [1, 2]\n",
             "x",
+            &Overrides::default(),
         )
         .unwrap_err();
         assert!(format!("{err:#}").contains("server_threads"), "{err:#}");
@@ -1125,6 +1239,7 @@ mod tests {
             protocol = ["memcached", "http"]
             "#,
             "x",
+            &Overrides::default(),
         )
         .unwrap();
         let p = &e.parts[0];
@@ -1138,6 +1253,33 @@ mod tests {
             e.unserved()[0].1.contains("protocol=http"),
             "{:?}",
             e.unserved()
+        );
+    }
+
+    #[test]
+    fn set_values_are_toml_or_text() {
+        let ov = Overrides {
+            set: [
+                "keys=1000",
+                "mix=get=9,set=1",
+                "verify=true",
+                "qps_list=[1, 2.5]",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..Overrides::default()
+        };
+        let a = ov.assignments().unwrap();
+        assert_eq!(a[0], ("keys".into(), toml::Value::Integer(1000)));
+        assert_eq!(
+            a[1],
+            ("mix".into(), toml::Value::String("get=9,set=1".into()))
+        );
+        assert_eq!(a[2], ("verify".into(), toml::Value::Boolean(true)));
+        assert!(a[3].1.is_array());
+        assert_eq!(
+            ov.flags(),
+            "--set keys=1000 --set mix=get=9,set=1 --set verify=true --set qps_list=[1, 2.5]"
         );
     }
 
