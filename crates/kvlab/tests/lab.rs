@@ -93,6 +93,7 @@ duration = 1.0
 warmup = 0.3
 "#;
 
+/// Ends inside `[factors]`, so a test can add a factor by appending a line.
 const TINY_TAIL: &str = r#"
 [workload]
 keys = 1000
@@ -171,27 +172,12 @@ fn tiny_experiment_runs_stores_reports_and_reanalyses() {
     );
 }
 
-const TINY_HTTP_HEAD: &str = r#"
-name = "tiny-http"
-repetitions = 1
-duration = 0.5
-warmup = 0.2
-"#;
-
-const TINY_HTTP_TAIL: &str = r#"
-[workload]
-keys = 500
-value_size = 32
-mix = "get=9,set=1"
-
-[factors]
-clients = [1, 2]
-protocol = ["memcached", "http"]
-"#;
-
 #[test]
 fn http_experiment_loads_kvlab_over_http() {
-    let (_dir, out, o) = run_tiny(TINY_HTTP_HEAD, TINY_HTTP_TAIL, &[]);
+    // The tiny experiment with the protocol as a second factor, one short repetition.
+    let tail = format!("{TINY_TAIL}protocol = [\"memcached\", \"http\"]\n");
+    let quick = ["--repetitions", "1", "--duration", "0.5", "--warmup", "0.2"];
+    let (_dir, out, o) = run_tiny(TINY_HEAD, &tail, &quick);
     assert!(o.status.success(), "{}", text(&o));
     let raws = raw_runs(&out);
     let (http, other): (Vec<_>, Vec<_>) = raws.iter().partition(|v| v["protocol"] == "http");
