@@ -29,11 +29,18 @@ kvbench() {
     --duration "$secs" --keys 10000 --key-size 64 --value-size 1024 --mix get=9,set=1 2>&1 |
     awk '/measured/ {for (i=1;i<=NF;i++) if ($i=="req/s;") tps=$(i-1)} /from planned/ {avg=$NF} END {print tps, avg}'
 }
+# memcached's CPU time (utime + stime, clock ticks) from /proc: its share of CPU 0 during a
+# run tells whether the server was the bottleneck (near 100 %) or the generator was.
+ticks() { awk '{print $14 + $15}' "/proc/$mc/stat"; }
+hz=$(getconf CLK_TCK)
+busy() { awk -v a="$1" -v b="$2" -v hz="$hz" -v s="$secs" 'BEGIN {printf "%.0f", 100 * (b - a) / hz / s}'; }
 kb=(); kl=(); cb=(); cl=()
 for i in $(seq "$pairs"); do
-  read -r t1 l1 < <(kvbench); read -r t2 l2 < <(caslap)
+  # The kvlab run includes its load phase (10k keys), a fraction of a second.
+  a=$(ticks); read -r t1 l1 < <(kvbench); b=$(ticks)
+  read -r t2 l2 < <(caslap); c=$(ticks)
   kb+=("$t1"); kl+=("$l1"); cb+=("$t2"); cl+=("$l2")
-  echo "pair $i: kvlab bench ${t1} req/s mean ${l1} µs   memcaslap ${t2} ops/s mean ${l2} µs"
+  echo "pair $i: kvlab bench ${t1} req/s mean ${l1} µs (memcached CPU ~$(busy "$a" "$b") %)   memcaslap ${t2} ops/s mean ${l2} µs (memcached CPU ~$(busy "$b" "$c") %)"
 done
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 a=$(median "${kb[@]}"); b=$(median "${cb[@]}"); c=$(median "${kl[@]}"); d=$(median "${cl[@]}")
