@@ -251,6 +251,17 @@ fn x_axis(plot: &LinePlot, lo: f64, hi: f64) -> Axis {
 pub fn line_plot(plot: &LinePlot, id: &str) -> String {
     let log = plot.x_scale == Scale::Log10;
     let drawable = |x: f64, y: f64| x.is_finite() && y.is_finite() && (!log || x > 0.0);
+    // A plot from zero of values that are never negative (rates, latencies): a t-interval
+    // reaching below zero (few repetitions, wide intervals) is drawn down to zero only.
+    // The data files keep the interval as computed.
+    let floor = (plot.y_from_zero
+        && plot
+            .series
+            .iter()
+            .flat_map(|s| &s.points)
+            .all(|p| !p.y.is_finite() || p.y >= 0.0))
+    .then_some(0.0);
+    let clamp = |v: f64| floor.map_or(v, |f: f64| v.max(f));
     let (mut xlo, mut xhi, mut ylo, mut yhi) = (
         f64::INFINITY,
         f64::NEG_INFINITY,
@@ -263,7 +274,10 @@ pub fn line_plot(plot: &LinePlot, id: &str) -> String {
         }
         xlo = xlo.min(p.x);
         xhi = xhi.max(p.x);
-        for v in [Some(p.y), p.ci_low, p.ci_high].into_iter().flatten() {
+        for v in [Some(p.y), p.ci_low.map(clamp), p.ci_high]
+            .into_iter()
+            .flatten()
+        {
             if v.is_finite() {
                 ylo = ylo.min(v);
                 yhi = yhi.max(v);
@@ -339,7 +353,7 @@ pub fn line_plot(plot: &LinePlot, id: &str) -> String {
         let _ = write!(out, r#"<g class="series" data-name="{}">"#, escape(&s.name));
         // Error bars first, so lines and markers sit on top of them.
         for p in &pts {
-            let (lo, hi) = (p.ci_low.unwrap_or(p.y), p.ci_high.unwrap_or(p.y));
+            let (lo, hi) = (clamp(p.ci_low.unwrap_or(p.y)), p.ci_high.unwrap_or(p.y));
             if (p.ci_low.is_none() && p.ci_high.is_none()) || !lo.is_finite() || !hi.is_finite() {
                 continue;
             }
@@ -615,6 +629,25 @@ mod tests {
         assert_eq!(class("errorbar"), 2);
         assert_eq!(class("line"), 2);
         assert!(svg.contains("stroke-dasharray"));
+    }
+
+    #[test]
+    fn intervals_of_non_negative_values_are_drawn_down_to_zero_only() {
+        let negative = |svg: &str| {
+            parse(svg)
+                .descendants()
+                .filter_map(|n| n.text())
+                .filter(|t| t.trim_start().starts_with(['-', '\u{2212}']))
+                .count()
+        };
+        let mut plot = sample_plot();
+        // Two repetitions: the t-interval of a throughput reaches far below zero.
+        plot.series[0].points[0] = Point::with_ci(1.0, 10.0, -40.0, 60.0);
+        let svg = line_plot(&plot, "p1");
+        assert_eq!(negative(&svg), 0, "no axis below zero: {svg}");
+        // A quantity that may be negative keeps its whole interval.
+        plot.y_from_zero = false;
+        assert!(negative(&line_plot(&plot, "p1")) > 0);
     }
 
     #[test]
