@@ -4,7 +4,9 @@
 //! same report from the raw data; a bad experiment file is a clear error. A tiny experiment
 //! with `protocol` as a factor loads one kvlab server over memcached and HTTP (memcached,
 //! which cannot serve HTTP, runs only the memcached points). Command-line overrides shrink a
-//! two-part file for every part, are recorded and re-analysed, and fail like the file.
+//! two-part file for every part, are recorded and re-analysed, and fail like the file. An
+//! external system (a server the test started) is loaded at its address, its CPU read from
+//! its pid, and left running.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -170,6 +172,107 @@ fn tiny_experiment_runs_stores_reports_and_reanalyses() {
         json_before == json_after,
         "analyse wrote a different report.json"
     );
+}
+
+/// A `kvlab server` started by the test, outside the lab; killed when dropped.
+struct OutsideServer(std::process::Child);
+
+impl Drop for OutsideServer {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn external_system_is_loaded_at_its_address_and_its_cpu_read_from_its_pid() {
+    // A server the lab neither starts nor stops: on a port picked here, readiness awaited
+    // by connecting (bounded).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+        .args(["server", "-p", &port.to_string(), "-t", "1", "-m", "16"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start kvlab server");
+    let server = OutsideServer(child);
+    let addr = format!("127.0.0.1:{port}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let ready = loop {
+        if std::net::TcpStream::connect(&addr).is_ok() {
+            break true;
+        }
+        if std::time::Instant::now() > deadline {
+            break false;
+        }
+        std::thread::yield_now();
+    };
+    assert!(ready, "server at {addr} never answered");
+    let pid = server.0.id();
+    let file = format!(
+        r#"
+name = "outside"
+repetitions = 1
+duration = 0.5
+warmup = 0.2
+
+[[system]]
+name = "theirs"
+kind = "external"
+address = "{addr}"
+pid = {pid}
+
+[workload]
+keys = 1000
+value_size = 64
+
+[factors]
+clients = [1, 2]
+"#
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join("outside.toml");
+    std::fs::write(&path, file).expect("write experiment");
+    let out = tmp.path().join("out");
+    let o = kvlab(
+        &[
+            "lab",
+            "run",
+            path.to_str().expect("utf-8 path"),
+            "--out",
+            out.to_str().expect("utf-8 path"),
+        ],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let raws = raw_runs(&out);
+    assert_eq!(raws.len(), 2, "{}", text(&o));
+    for v in &raws {
+        assert_eq!(v["system"], "theirs");
+        assert!(v["error"].is_null(), "{}", v["error"]);
+        assert_eq!(v["result"]["target"], addr.as_str());
+        assert!(
+            v["result"]["counters"]["completed"]
+                .as_u64()
+                .expect("completed")
+                > 0
+        );
+        assert!(
+            v["cpu"]["utilization"].as_f64().is_some_and(|u| u > 0.0),
+            "no CPU reading from pid {pid}: {}",
+            v["cpu"]
+        );
+    }
+    // The lab left the server running: it still answers.
+    let mut s = std::net::TcpStream::connect(&addr).expect("still up");
+    use std::io::{Read, Write};
+    s.write_all(b"version\r\n").expect("write");
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).expect("read");
+    assert!(buf[..n].starts_with(b"VERSION "), "{:?}", &buf[..n]);
 }
 
 #[test]
