@@ -76,7 +76,10 @@
 //! Time comes only from the [`Clock`] (tests use [`ManualClock`]). Wire exptimes
 //! follow memcached: 0 never, negative already expired, up to 30 days relative,
 //! above that absolute unix time. Expired items are unlinked lazily when found, by
-//! eviction scans, or by [`Store::reclaim_expired`]. `flush_all` bumps a flush
+//! eviction scans, or by the crawler: [`Store::crawl_step`] examines a bounded
+//! run of one shard's slab slots under its lock and resumes where it stopped (the
+//! server runs it on a thread, like memcached's LRU crawler), and
+//! [`Store::reclaim_expired`] is one whole pass of such steps. `flush_all` bumps a flush
 //! generation (see [`Store::flush_all`]), so it is exact even within one second.
 //!
 //! # Durable stores
@@ -130,4 +133,4 @@ pub use request::{
     SetStatus,
 };
 pub use stats::StoreStats;
-pub use store::{Config, Store};
+pub use store::{Config, CrawlCursor, CrawlStep, Store};

@@ -43,6 +43,19 @@ pub(crate) enum Lookup {
     Flushed,
 }
 
+/// What one [`Shard::crawl`] step did.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Crawled {
+    /// Slab slots looked at (occupied or free).
+    pub examined: usize,
+    /// Occupied slots among them.
+    pub checked: usize,
+    /// Dead items unlinked.
+    pub reclaimed: usize,
+    /// Where the next step resumes; `None` once the slab's end was reached.
+    pub next: Option<u32>,
+}
+
 /// Most items one shard can hold: slab indices have 24 bits (see [`Slot`]).
 pub(crate) const MAX_SHARD_ITEMS: usize = 1 << 24;
 
@@ -600,17 +613,36 @@ impl Shard {
         freed
     }
 
-    /// Unlinks every expired or flushed item; returns how many.
-    pub(crate) fn reclaim_all(&mut self, now: &Now, budget: &Budget) -> u64 {
-        let slab = &self.slab;
-        let dead: Vec<u32> = slab
-            .occupied()
-            .filter(|&i| Self::is_dead(slab.get(i), now))
-            .collect();
-        for &i in &dead {
-            self.reclaim(i, budget);
+    /// One crawler step: examines slab slots `from..` — at most `max` of them —
+    /// and reclaims (as an eviction scan does, see [`Shard::unlink`] for a durable
+    /// store's dirty items) every expired or flushed item among them. Walks the slab
+    /// by index, not the eviction order, so reclaiming never disturbs where the
+    /// walk is; a slot freed and reused behind the cursor waits for the next pass.
+    /// Allocates nothing (except the queued write-behind op of a dirty item).
+    pub(crate) fn crawl(&mut self, from: u32, max: usize, now: &Now, budget: &Budget) -> Crawled {
+        let slots = self.slab.slots();
+        let max = u32::try_from(max).unwrap_or(u32::MAX);
+        let end = from.saturating_add(max).min(slots);
+        let mut out = Crawled {
+            examined: end.saturating_sub(from) as usize,
+            checked: 0,
+            reclaimed: 0,
+            next: (end < slots).then_some(end),
+        };
+        for idx in from..end {
+            let e = self.slab.get(idx);
+            if e.block.is_none() {
+                continue;
+            }
+            out.checked += 1;
+            if Self::is_dead(e, now) {
+                self.reclaim(idx, budget);
+                out.reclaimed += 1;
+            }
         }
-        dead.len() as u64
+        self.stats.crawler_items_checked += out.checked as u64;
+        self.stats.crawler_reclaimed += out.reclaimed as u64;
+        out
     }
 
     /// Makes sure `reserved` plus the charge of `existing` (the item the new one will

@@ -159,6 +159,16 @@ impl Slab {
             .is_some_and(|e| e.block.is_some())
     }
 
+    /// Slots ever allocated (occupied or free): valid indices are `0..slots()`.
+    pub(crate) fn slots(&self) -> u32 {
+        match self.chunks.last() {
+            // Invariant: `insert` never hands out an index >= u32::MAX, so the
+            // count of slots fits in a u32.
+            Some(last) => (((self.chunks.len() - 1) << CHUNK_BITS) + last.len()) as u32,
+            None => 0,
+        }
+    }
+
     /// Indices of all occupied slots.
     pub(crate) fn occupied(&self) -> impl Iterator<Item = u32> + '_ {
         self.chunks.iter().enumerate().flat_map(|(c, chunk)| {

@@ -21,8 +21,13 @@ pub struct StoreStats {
     /// Evicted items that had never been fetched.
     pub evicted_unfetched: u64,
     /// Expired or flushed items whose memory was reclaimed (by an eviction scan or
-    /// [`crate::Store::reclaim_expired`]).
+    /// the crawler). memcached counts only the former here.
     pub reclaimed: u64,
+    /// Expired or flushed items the crawler ([`crate::Store::crawl_step`],
+    /// [`crate::Store::reclaim_expired`]) freed; also counted in `reclaimed`.
+    pub crawler_reclaimed: u64,
+    /// Items (occupied slab slots) the crawler examined.
+    pub crawler_items_checked: u64,
     /// Get-type requests (`get`, `gets`, `mg`) that found a live item.
     pub get_hits: u64,
     /// Get-type requests that found nothing.
@@ -63,6 +68,8 @@ pub(crate) struct ShardStats {
     pub expired_unfetched: u64,
     pub evicted_unfetched: u64,
     pub reclaimed: u64,
+    pub crawler_reclaimed: u64,
+    pub crawler_items_checked: u64,
     pub get_hits: u64,
     pub get_misses: u64,
     pub get_expired: u64,
@@ -88,6 +95,8 @@ impl ShardStats {
         out.expired_unfetched += self.expired_unfetched;
         out.evicted_unfetched += self.evicted_unfetched;
         out.reclaimed += self.reclaimed;
+        out.crawler_reclaimed += self.crawler_reclaimed;
+        out.crawler_items_checked += self.crawler_items_checked;
         out.get_hits += self.get_hits;
         out.get_misses += self.get_misses;
         out.get_expired += self.get_expired;

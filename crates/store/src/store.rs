@@ -65,6 +65,31 @@ const PER_VISIT: usize = 64;
 /// Rounds over the shards [`Store::evict_elsewhere`] makes before it gives up.
 const PASSES: usize = 16;
 
+/// Slab slots one step of [`Store::reclaim_expired`] examines.
+const RECLAIM_STEP: usize = 1024;
+
+/// Where a crawl resumes: a shard and a slab slot in it. Start a pass with
+/// `CrawlCursor::default()` (the first slot of the first shard).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CrawlCursor {
+    shard: usize,
+    slot: u32,
+}
+
+/// What one [`Store::crawl_step`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CrawlStep {
+    /// Slab slots looked at, occupied or free (at most the step's `max_items`).
+    pub examined: usize,
+    /// Items among them (occupied slots).
+    pub checked: usize,
+    /// Expired or flushed items reclaimed.
+    pub reclaimed: usize,
+    /// The step finished the last shard: the cursor is back at the start, a
+    /// pass is complete.
+    pub wrapped: bool,
+}
+
 /// Keeps each shard's mutex on its own cache lines.
 #[repr(align(128))]
 pub(crate) struct Padded<T>(pub(crate) T);
@@ -1338,13 +1363,61 @@ impl Store {
         }
     }
 
-    /// Unlinks every expired or flushed item now (like memcached's LRU crawler);
-    /// returns how many. Holds one shard lock at a time, for a scan of that shard.
-    pub fn reclaim_expired(&self) -> u64 {
+    /// One bounded step of the crawler (memcached's LRU crawler): locks the shard
+    /// at `cursor`, examines at most `max_items` of its slab slots from where the
+    /// last step stopped, and reclaims every expired or flushed item among them
+    /// exactly as an eviction scan would (memory released, eviction order updated;
+    /// on a durable store a dirty item's put is queued first, so an older disk
+    /// version cannot come back). Counted in `crawler_items_checked` and
+    /// `crawler_reclaimed` (and `reclaimed`, `expired_unfetched`).
+    ///
+    /// A step never crosses into another shard, so the lock is held for at most
+    /// `max_items` slot visits (`max_items` 0 counts as 1). When it finishes the
+    /// last shard the cursor returns to the first and the step says `wrapped`:
+    /// one pass of steps from [`CrawlCursor::default`] to `wrapped` has examined
+    /// every slot that existed when the pass began. On a durable store it first
+    /// waits, holding no lock, while the write-behind queue is over its bound, as
+    /// a write command does.
+    pub fn crawl_step(&self, cursor: &mut CrawlCursor, max_items: usize) -> CrawlStep {
+        self.throttle();
         let now = self.now();
-        (0..self.shards.len())
-            .map(|si| self.lock(si).reclaim_all(&now, &self.budget))
-            .sum()
+        let si = cursor.shard.min(self.shards.len() - 1);
+        let done = self
+            .lock(si)
+            .crawl(cursor.slot, max_items.max(1), &now, &self.budget);
+        let mut wrapped = false;
+        match done.next {
+            Some(slot) => *cursor = CrawlCursor { shard: si, slot },
+            None => {
+                let next = si + 1;
+                wrapped = next == self.shards.len();
+                *cursor = CrawlCursor {
+                    shard: if wrapped { 0 } else { next },
+                    slot: 0,
+                };
+            }
+        }
+        CrawlStep {
+            examined: done.examined,
+            checked: done.checked,
+            reclaimed: done.reclaimed,
+            wrapped,
+        }
+    }
+
+    /// Unlinks every expired or flushed item now (one whole crawler pass); returns
+    /// how many. Runs as [`Store::crawl_step`]s of [`RECLAIM_STEP`] slots, so it
+    /// holds one shard lock at a time, briefly.
+    pub fn reclaim_expired(&self) -> u64 {
+        let mut cursor = CrawlCursor::default();
+        let mut reclaimed = 0;
+        loop {
+            let step = self.crawl_step(&mut cursor, RECLAIM_STEP);
+            reclaimed += step.reclaimed as u64;
+            if step.wrapped {
+                return reclaimed;
+            }
+        }
     }
 
     /// A snapshot of the counters (each shard's counters are read under its lock,

@@ -2,7 +2,8 @@
 //!
 //! - for every policy, random operation sequences never take `stats().bytes` above
 //!   the memory limit, and after reclaiming, `curr_items` and `bytes` match exactly
-//!   the items that can be retrieved;
+//!   the items that can be retrieved; crawler steps interleaved with them never
+//!   remove an item that can be retrieved, and never examine more than they may;
 //! - `lru` with one shard evicts exactly what a simple model says;
 //! - several threads hammering one store never take `bytes` above the limit.
 
@@ -11,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kvlab_store::{
-    ArithRequest, Config, ManualClock, MetaDeleteOpts, MetaGetOpts, Policy, SetMode, SetRequest,
-    SetStatus, Store, ITEM_OVERHEAD,
+    ArithRequest, Config, CrawlCursor, ManualClock, MetaDeleteOpts, MetaGetOpts, Policy, SetMode,
+    SetRequest, SetStatus, Store, ITEM_OVERHEAD,
 };
 use proptest::prelude::*;
 
@@ -47,6 +48,8 @@ enum Op {
     Invalidate(usize),
     Advance(u64),
     Flush(i64),
+    /// A crawler step of at most this many slots.
+    Crawl(usize),
 }
 
 fn value_len() -> impl Strategy<Value = usize> {
@@ -66,10 +69,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => k.prop_map(Op::Invalidate),
         1 => (0u64..20).prop_map(Op::Advance),
         1 => prop_oneof![Just(0i64), 1i64..10].prop_map(Op::Flush),
+        2 => (0usize..12).prop_map(Op::Crawl),
     ]
 }
 
-fn apply(s: &Store, clock: &ManualClock, op: &Op) {
+fn apply(s: &Store, clock: &ManualClock, cursor: &mut CrawlCursor, op: &Op) {
     match *op {
         Op::Set {
             mode,
@@ -128,7 +132,17 @@ fn apply(s: &Store, clock: &ManualClock, op: &Op) {
         }
         Op::Advance(secs) => clock.advance(secs),
         Op::Flush(delay) => s.flush_all(delay),
+        Op::Crawl(max) => {
+            let step = s.crawl_step(cursor, max);
+            assert!(step.examined <= max.max(1), "{step:?} over {max}");
+            assert!(step.reclaimed <= step.checked && step.checked <= step.examined);
+        }
     }
+}
+
+/// Lengths of the values of every key that can be retrieved.
+fn retrievable(s: &Store) -> Vec<Option<usize>> {
+    (0..KEYS).map(|k| peek(s, &key(k))).collect()
 }
 
 fn policy() -> impl Strategy<Value = Policy> {
@@ -148,8 +162,13 @@ proptest! {
         let clock = Arc::new(ManualClock::new(T0));
         let config = Config { memory_limit: limit, item_size_max: 8_192, policy, shards };
         let s = Store::new(config, clock.clone());
+        let mut cursor = CrawlCursor::default();
         for op in &ops {
-            apply(&s, &clock, op);
+            let before = matches!(op, Op::Crawl(_)).then(|| retrievable(&s));
+            apply(&s, &clock, &mut cursor, op);
+            if let Some(before) = before {
+                prop_assert_eq!(before, retrievable(&s), "a crawl step removed a live item");
+            }
             let st = s.stats();
             prop_assert!(st.bytes as usize <= limit, "{} > {limit} after {op:?}", st.bytes);
         }

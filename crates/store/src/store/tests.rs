@@ -1155,3 +1155,142 @@ fn largest_reclaims_an_expired_largest_item() {
     assert_eq!((st.evictions, st.reclaimed), (0, 1));
     assert_eq!(st.curr_items as usize, i + 1);
 }
+
+/// Runs crawl steps of `max` slots from a fresh cursor until a pass wraps; checks
+/// every step's bound and returns (steps, items reclaimed).
+fn crawl_pass(s: &Store, max: usize) -> (usize, usize) {
+    let mut cursor = CrawlCursor::default();
+    let (mut steps, mut reclaimed) = (0, 0);
+    loop {
+        let step = s.crawl_step(&mut cursor, max);
+        assert!(step.examined <= max.max(1), "{step:?} examined over {max}");
+        assert!(step.reclaimed <= step.checked && step.checked <= step.examined);
+        steps += 1;
+        reclaimed += step.reclaimed;
+        if step.wrapped {
+            assert_eq!(cursor, CrawlCursor::default(), "a wrapped cursor restarts");
+            return (steps, reclaimed);
+        }
+        assert!(steps < 1_000_000, "the pass never wrapped");
+    }
+}
+
+#[test]
+fn crawl_steps_reclaim_exactly_the_expired_items() {
+    for policy in Policy::ALL {
+        let (s, clock) = store_with(policy, 64 << 20, 4);
+        for i in 0..300 {
+            let ttl = match i % 3 {
+                0 => 10,
+                1 => 100,
+                _ => 0,
+            };
+            set_ttl(&s, format!("k{i:03}").as_bytes(), b"value", ttl);
+        }
+        let full = s.stats();
+        assert_eq!(full.curr_items, 300);
+        // Nothing is dead yet: a pass examines everything and reclaims nothing.
+        assert_eq!(crawl_pass(&s, 16).1, 0, "{policy}");
+        clock.advance(10);
+        // Still counted until something unlinks them.
+        assert_eq!(s.stats().curr_items, 300);
+        let (steps, reclaimed) = crawl_pass(&s, 16);
+        assert_eq!(reclaimed, 100, "{policy}");
+        assert!(steps >= 300 / 16, "{steps} steps of 16 slots for 300 items");
+        let st = s.stats();
+        assert_eq!(st.curr_items, 200, "{policy}");
+        assert_eq!(st.bytes as usize, 200 * charge("k000", 5), "{policy}");
+        assert_eq!((st.crawler_reclaimed, st.reclaimed), (100, 100));
+        assert_eq!(st.crawler_items_checked, 300 + 300);
+        assert_eq!(st.expired_unfetched, 100);
+        // Found by the crawler, not by a get.
+        assert_eq!((st.get_expired, st.get_misses), (0, 0));
+        for i in 0..300 {
+            let k = format!("k{i:03}");
+            let want = (i % 3 != 0).then(|| b"value".to_vec());
+            assert_eq!(val(&s, k.as_bytes()), want, "{policy} {k}");
+        }
+        // The eviction order lost the reclaimed items too: filling a small store
+        // afterwards evicts only the items that are left, and the accounting holds.
+        let (s, clock) = store_with(policy, 20 * charge("k000", 5), 1);
+        for i in 0..20 {
+            set_ttl(&s, format!("k{i:03}").as_bytes(), b"value", 1 + (i % 2));
+        }
+        clock.advance(1);
+        assert_eq!(crawl_pass(&s, 3).1, 10);
+        for i in 20..30 {
+            let k = format!("k{i:03}");
+            assert!(matches!(
+                set(&s, k.as_bytes(), b"value"),
+                SetStatus::Stored { .. }
+            ));
+        }
+        let st = s.stats();
+        assert_eq!((st.curr_items, st.evictions), (20, 0), "{policy}");
+    }
+}
+
+#[test]
+fn crawl_reclaims_flushed_items_and_keeps_newer_ones() {
+    let (s, clock) = store();
+    for i in 0..50 {
+        set(&s, format!("old{i}").as_bytes(), b"v");
+    }
+    s.flush_all(0);
+    set(&s, b"new", b"v");
+    assert_eq!(crawl_pass(&s, 8).1, 50);
+    let st = s.stats();
+    assert_eq!((st.curr_items, st.bytes as usize), (1, charge("new", 1)));
+    assert_eq!((st.crawler_reclaimed, st.get_flushed), (50, 0));
+    assert_eq!(val(&s, b"new").unwrap(), b"v");
+    // A delayed flush: nothing is dead before its moment, everything after.
+    s.flush_all(5);
+    assert_eq!(crawl_pass(&s, 8).1, 0);
+    clock.advance(5);
+    assert_eq!(crawl_pass(&s, 8).1, 1);
+    assert_eq!(s.stats().curr_items, 0);
+}
+
+#[test]
+fn a_crawl_step_stays_in_one_shard_and_a_pass_wraps() {
+    let (s, clock) = store_with(Policy::Lru, 64 << 20, 4);
+    // An empty store: one step per shard, the last one wraps.
+    assert_eq!(crawl_pass(&s, 100), (4, 0));
+    for i in 0..1000 {
+        set_ttl(&s, format!("k{i}").as_bytes(), b"v", 1);
+    }
+    clock.advance(1);
+    // Each shard has about 250 slots: with steps of 100 slots, 3 steps per shard,
+    // never one that spans two shards.
+    let mut cursor = CrawlCursor::default();
+    let mut steps = Vec::new();
+    loop {
+        let step = s.crawl_step(&mut cursor, 100);
+        steps.push(step);
+        if step.wrapped {
+            break;
+        }
+    }
+    assert!(steps.iter().all(|st| st.examined <= 100));
+    assert_eq!(steps.iter().filter(|st| st.wrapped).count(), 1);
+    let slots: usize = steps.iter().map(|st| st.examined).sum();
+    assert_eq!(slots, 1000, "every slot once");
+    let reclaimed: usize = steps.iter().map(|st| st.reclaimed).sum();
+    assert_eq!(reclaimed, 1000);
+    assert!(steps.len() >= 1000 / 100, "{} steps", steps.len());
+    // Step size 0 still makes progress, one slot at a time.
+    let mut cursor = CrawlCursor::default();
+    let st = s.crawl_step(&mut cursor, 0);
+    assert_eq!(st.examined, 1);
+    // A second pass over the now empty (but still allocated) slabs finds nothing,
+    // and reclaim_expired is such a pass.
+    assert_eq!(crawl_pass(&s, 64).1, 0);
+    set_ttl(&s, b"late", b"v", 1);
+    clock.advance(1);
+    assert_eq!(s.reclaim_expired(), 1);
+    let st = s.stats();
+    assert_eq!(
+        (st.curr_items, st.bytes, st.crawler_reclaimed),
+        (0, 0, 1001)
+    );
+}
