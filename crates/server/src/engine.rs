@@ -326,6 +326,12 @@ impl Engine {
                 r::stat(out, "items:1:evicted_unfetched", s.evicted_unfetched);
                 r::stat(out, "items:1:expired_unfetched", s.expired_unfetched);
                 r::stat(out, "items:1:reclaimed", s.reclaimed);
+                r::stat(out, "items:1:crawler_reclaimed", s.crawler_reclaimed);
+                r::stat(
+                    out,
+                    "items:1:crawler_items_checked",
+                    s.crawler_items_checked,
+                );
                 r::stat(out, "items:1:mem_requested", s.bytes);
             }
             Some(b"slabs") => {

@@ -10,10 +10,12 @@
 //! - [`session`]: bytes in, bytes out; pipelining, ordering, bounded buffers;
 //! - [`engine`]: memcached command semantics over the store, reply composition;
 //! - [`reactor`]: the default I/O driver, one epoll loop per worker thread;
+//! - [`crawler`]: the background thread that reclaims expired and flushed items;
 //! - [`stats`]: memcached's `stats` fields, service-time percentiles, Prometheus text;
 //! - [`metrics`]: the optional HTTP endpoint serving `/metrics`;
 //! - [`http`]: the optional REST interface to the same store.
 
+pub mod crawler;
 pub mod disk;
 pub mod driver;
 pub mod engine;
@@ -39,6 +41,7 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::stats::{ServerStats, WorkerStats};
 
+pub use crawler::CrawlerConfig;
 pub use engine::{Engine, Flow};
 pub use session::Session;
 
@@ -150,6 +153,9 @@ pub struct ServerConfig {
     /// Keep the items on disk (`--data-dir`, `--durability`, `--flush-interval`): memory
     /// becomes a write-back cache over an embedded storage engine.
     pub durable: Option<DurableConfig>,
+    /// The background crawler that reclaims expired and flushed items
+    /// (`--crawler-interval-ms`, `-o lru_crawler|no_lru_crawler`); `None` = off.
+    pub crawler: Option<CrawlerConfig>,
 }
 
 impl Default for ServerConfig {
@@ -167,6 +173,7 @@ impl Default for ServerConfig {
             admin_token: None,
             clock: Arc::new(SystemClock),
             durable: None,
+            crawler: Some(CrawlerConfig::default()),
         }
     }
 }
@@ -210,6 +217,7 @@ pub struct Server {
     metrics: Option<metrics::MetricsServer>,
     http: Option<http::HttpServer>,
     http_addr: Option<SocketAddr>,
+    crawler: Option<crawler::Crawler>,
 }
 
 impl Server {
@@ -251,6 +259,8 @@ impl Server {
             policy: config.policy.to_string(),
             port: addr.port(),
             io_model: config.io.name(),
+            crawler_config: config.crawler,
+            crawler: stats::CrawlerStats::default(),
         });
         let limits = Limits {
             item_size_max: config.item_size_max,
@@ -278,6 +288,15 @@ impl Server {
             None => None,
         };
         let http_addr = http.as_ref().map(|h| h.addr());
+        // Before the driver: if that fails to start, dropping the crawler stops it.
+        let crawler = match config.crawler {
+            Some(c) => Some(crawler::Crawler::start(
+                shared.store.clone(),
+                shared.stats.clone(),
+                c,
+            )?),
+            None => None,
+        };
         let driver = Driver::start(config.io, listener, shared.clone())?;
         Ok(Server {
             addr,
@@ -287,6 +306,7 @@ impl Server {
             metrics,
             http,
             http_addr,
+            crawler,
         })
     }
 
@@ -336,6 +356,9 @@ impl Server {
 
     fn stop(&mut self) {
         self.shared.shutdown.store(true, SeqCst);
+        if let Some(c) = self.crawler.take() {
+            c.stop();
+        }
         if let Some(d) = self.driver.take() {
             d.stop();
         }

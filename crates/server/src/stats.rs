@@ -7,13 +7,15 @@
 //! Service times are buffered per batch by the worker and recorded into its histogram under
 //! a mutex once per batch, so a reader never blocks the hot path for more than one batch.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
 use kvlab_store::{DurableStats, Store, StoreStats};
 use parking_lot::Mutex;
+
+use crate::crawler::CrawlerConfig;
 
 /// Per-worker command counters; written by one thread, read by any.
 #[derive(Default)]
@@ -88,6 +90,18 @@ pub struct ServerStats {
     pub policy: String,
     pub port: u16,
     pub io_model: &'static str,
+    /// The crawler's settings, `None` when it is off.
+    pub crawler_config: Option<CrawlerConfig>,
+    pub crawler: CrawlerStats,
+}
+
+/// The crawler thread's own figures (what it reclaims is counted by the store).
+#[derive(Default)]
+pub struct CrawlerStats {
+    /// A pass is in progress (memcached `lru_crawler_running`).
+    pub running: AtomicBool,
+    /// Passes started (memcached `lru_crawler_starts`).
+    pub starts: AtomicU64,
 }
 
 /// `VERSION` reply: the memcached protocol level kvlab speaks, then kvlab's own version.
@@ -168,6 +182,16 @@ impl ServerStats {
             ("evicted_unfetched", s.evicted_unfetched.to_string()),
             ("evictions", s.evictions.to_string()),
             ("reclaimed", s.reclaimed.to_string()),
+            ("crawler_reclaimed", s.crawler_reclaimed.to_string()),
+            ("crawler_items_checked", s.crawler_items_checked.to_string()),
+            (
+                "lru_crawler_running",
+                u8::from(self.crawler.running.load(Relaxed)).to_string(),
+            ),
+            (
+                "lru_crawler_starts",
+                self.crawler.starts.load(Relaxed).to_string(),
+            ),
         ];
         if let Some(d) = store.durable_stats() {
             fields.extend(durable_fields(&d));
@@ -207,6 +231,8 @@ impl ServerStats {
             policy: "lru".into(),
             port: 0,
             io_model: "none",
+            crawler_config: None,
+            crawler: CrawlerStats::default(),
         }
     }
 
@@ -226,6 +252,27 @@ impl ServerStats {
             ("item_size_max", self.item_size_max.to_string()),
             ("cas_enabled", "yes".to_string()),
             ("io_model", self.io_model.to_string()),
+            (
+                "lru_crawler",
+                if self.crawler_config.is_some() {
+                    "yes"
+                } else {
+                    "no"
+                }
+                .to_string(),
+            ),
+            (
+                "lru_crawler_sleep",
+                self.crawler_config
+                    .map_or(0, |c| c.pause.as_micros())
+                    .to_string(),
+            ),
+            (
+                "lru_crawler_interval_ms",
+                self.crawler_config
+                    .map_or(0, |c| c.interval.as_millis())
+                    .to_string(),
+            ),
         ]
     }
 
@@ -336,6 +383,9 @@ const COUNTERS: &[&str] = &[
     "evicted_unfetched",
     "evictions",
     "reclaimed",
+    "crawler_reclaimed",
+    "crawler_items_checked",
+    "lru_crawler_starts",
     "durable_reads",
     "durable_commits",
     "durable_fsyncs",

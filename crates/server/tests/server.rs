@@ -1,13 +1,16 @@
 //! Server behaviour beyond single replies: stats, the connection limit, TTL driven by the
-//! manual clock, the Prometheus endpoint, eviction under `-m`, and shutdown.
+//! manual clock, the crawler reclaiming what that clock expired, the Prometheus endpoint,
+//! eviction under `-m`, and shutdown.
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::time::{Duration, Instant};
 
 use common::*;
-use kvlab_server::IoModel;
-use kvlab_store::Policy;
+use kvlab_server::{CrawlerConfig, IoModel};
+use kvlab_store::{Policy, ITEM_OVERHEAD};
 
 fn stats_map(
     s: &mut std::net::TcpStream,
@@ -244,4 +247,93 @@ fn shutdown_closes_connections_and_stops() {
             "still accepting after shutdown"
         );
     }
+}
+
+/// Polls `stats` (bounded to 10 s, no sleeps) until `field` reads `want`.
+fn wait_for_stat(s: &mut std::net::TcpStream, field: &str, want: u64) -> HashMap<String, String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let st = stats_map(s, "");
+        if st[field].parse::<u64>().expect("number") == want {
+            return st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{field} never reached {want}: {st:?}"
+        );
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn crawler_reclaims_expired_and_flushed_items_nobody_asks_for() {
+    for &io in IoModel::ALL {
+        let (server, clock) = start(io, |c| {
+            c.metrics = Some(([127, 0, 0, 1], 0).into());
+            c.crawler = Some(CrawlerConfig {
+                interval: Duration::from_millis(1),
+                step_slots: 64,
+                pause: Duration::from_micros(10),
+            });
+        });
+        let mut s = connect(server.addr());
+        let mut req = Vec::new();
+        for i in 0..150 {
+            let ttl = if i < 100 { 10 } else { 0 };
+            req.extend_from_slice(format!("set k{i:03} 0 {ttl} 1\r\nv\r\n").as_bytes());
+        }
+        let replies = exchange(&mut s, &req, &b"STORED\r\n".repeat(150));
+        assert_eq!(replies, b"STORED\r\n".repeat(150));
+        let settings = stats_map(&mut s, "settings");
+        assert_eq!(settings["lru_crawler"], "yes");
+        // Nothing is dead yet, so passes (at least two) reclaim nothing.
+        let st = wait_for_stat(&mut s, "lru_crawler_starts", 2);
+        assert_eq!(
+            (st["curr_items"].as_str(), st["crawler_reclaimed"].as_str()),
+            ("150", "0")
+        );
+        clock.advance(10);
+        let st = wait_for_stat(&mut s, "curr_items", 50);
+        let charge = 4 + 1 + ITEM_OVERHEAD;
+        assert_eq!(st["bytes"], (50 * charge).to_string(), "{}", io.name());
+        assert_eq!(st["crawler_reclaimed"], "100");
+        assert_eq!(st["expired_unfetched"], "100");
+        assert_eq!(
+            (st["get_expired"].as_str(), st["get_misses"].as_str()),
+            ("0", "0")
+        );
+        assert!(st["crawler_items_checked"].parse::<u64>().expect("n") >= 150);
+        let items = stats_map(&mut s, "items");
+        assert_eq!(items["items:1:crawler_reclaimed"], "100");
+        assert_eq!(
+            exchange(&mut s, b"get k099 k100\r\n", b"END\r\n"),
+            b"VALUE k100 0 1\r\nv\r\nEND\r\n"
+        );
+        exchange(&mut s, b"flush_all\r\n", b"OK\r\n");
+        let st = wait_for_stat(&mut s, "curr_items", 0);
+        assert_eq!(
+            (st["bytes"].as_str(), st["crawler_reclaimed"].as_str()),
+            ("0", "150")
+        );
+        // Prometheus says the same, as counters.
+        let mut http = connect(server.metrics_addr().expect("metrics on"));
+        http.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .expect("write");
+        let mut body = String::new();
+        http.read_to_string(&mut body).expect("read");
+        assert!(
+            body.contains("# TYPE kvlab_crawler_reclaimed counter\nkvlab_crawler_reclaimed 150\n"),
+            "{body}"
+        );
+        assert!(
+            body.contains("# TYPE kvlab_lru_crawler_starts counter\n"),
+            "{body}"
+        );
+        server.shutdown();
+    }
+    // Off: `stats settings` says so and no pass ever starts.
+    let (server, _clock) = start(IoModel::Reactor, |c| c.crawler = None);
+    let mut s = connect(server.addr());
+    assert_eq!(stats_map(&mut s, "settings")["lru_crawler"], "no");
+    assert_eq!(stats_map(&mut s, "")["lru_crawler_starts"], "0");
 }
