@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use anyhow::Context as _;
 use clap::Args;
-use kvlab_server::{IoModel, Server, ServerConfig};
+use kvlab_server::{CrawlerConfig, IoModel, Server, ServerConfig};
 use kvlab_store::{Durability, DurableConfig, Policy};
 
 /// Flags of `kvlab server`.
@@ -71,6 +71,15 @@ pub struct ServerArgs {
         requires = "data_dir"
     )]
     flush_interval_ms: u64,
+    /// How often the background crawler starts a pass over the whole store that
+    /// reclaims expired and flushed items (memcached's LRU crawler), in
+    /// milliseconds; 0 turns it off.
+    #[arg(long = "crawler-interval-ms", default_value_t = 2000)]
+    crawler_interval_ms: u64,
+    /// memcached's extended options, comma-separated; kvlab knows lru_crawler (the
+    /// default) and no_lru_crawler (same as --crawler-interval-ms 0).
+    #[arg(short = 'o', long = "extended", value_delimiter = ',')]
+    extended: Vec<String>,
     /// UDP port; kvlab serves TCP only, so only 0 (off, memcached's default) is accepted.
     #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
     udp_port: u16,
@@ -94,6 +103,27 @@ fn parse_size(s: &str) -> Result<usize, String> {
         return Err(format!("item size {size} out of range (1k..1024m)"));
     }
     Ok(size)
+}
+
+/// The crawler's settings from `--crawler-interval-ms` and `-o`, `None` when off.
+fn crawler_config(interval_ms: u64, extended: &[String]) -> anyhow::Result<Option<CrawlerConfig>> {
+    let mut on = interval_ms != 0;
+    for opt in extended {
+        match opt.trim() {
+            "lru_crawler" if interval_ms == 0 => {
+                anyhow::bail!("-o lru_crawler contradicts --crawler-interval-ms 0")
+            }
+            "lru_crawler" => on = true,
+            "no_lru_crawler" => on = false,
+            other => anyhow::bail!(
+                "unsupported -o option {other:?} (kvlab knows lru_crawler, no_lru_crawler)"
+            ),
+        }
+    }
+    Ok(on.then(|| CrawlerConfig {
+        interval: std::time::Duration::from_millis(interval_ms),
+        ..CrawlerConfig::default()
+    }))
 }
 
 /// Log level for memcached's -v count.
@@ -142,6 +172,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
             flush_interval: std::time::Duration::from_millis(args.flush_interval_ms.max(1)),
         }),
         admin_token: args.admin_token.clone(),
+        crawler: crawler_config(args.crawler_interval_ms, &args.extended)?,
         ..ServerConfig::default()
     };
     let mut signals = signal_hook::iterator::Signals::new([
@@ -183,4 +214,24 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     server.wait();
     server.shutdown();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crawler_flags() {
+        let on = |ms, o: &[&str]| {
+            let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
+            crawler_config(ms, &o).map(|c| c.map(|c| c.interval.as_millis()))
+        };
+        assert_eq!(on(2000, &[]).unwrap(), Some(2000));
+        assert_eq!(on(0, &[]).unwrap(), None);
+        assert_eq!(on(500, &["lru_crawler"]).unwrap(), Some(500));
+        assert_eq!(on(500, &["no_lru_crawler"]).unwrap(), None);
+        assert!(on(0, &["lru_crawler"]).is_err());
+        let err = on(500, &["slab_reassign"]).unwrap_err().to_string();
+        assert!(err.contains("slab_reassign"), "{err}");
+    }
 }
