@@ -582,7 +582,12 @@ async fn put_body(State(app): State<App>, uri: Uri, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let value = match read_body(&parts.headers, body, limit).await {
         Ok(v) => v,
-        Err(e) => return e.into_response(),
+        Err(e) => {
+            if e.0 == StatusCode::PAYLOAD_TOO_LARGE {
+                app.shared.store.count_too_large();
+            }
+            return e.into_response();
+        }
     };
     store_value(&app, &key, &value, &opts)
 }

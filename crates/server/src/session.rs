@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use kvlab_protocol::{parse, Limits, Parsed};
+use kvlab_protocol::{parse, Limits, Parsed, ProtocolError};
 
 use crate::engine::{Blocking, Engine, Flow};
 use crate::stats::WorkerStats;
@@ -149,6 +149,9 @@ impl Session {
                     noreply,
                 } => {
                     WorkerStats::add(&engine.worker.protocol_errors, 1);
+                    if error == ProtocolError::TooLarge {
+                        engine.store.count_too_large();
+                    }
                     tracing::debug!(%error, "bad request");
                     if !noreply {
                         self.output.extend_from_slice(error.reply());

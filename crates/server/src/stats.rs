@@ -184,6 +184,8 @@ impl ServerStats {
             ("reclaimed", s.reclaimed.to_string()),
             ("crawler_reclaimed", s.crawler_reclaimed.to_string()),
             ("crawler_items_checked", s.crawler_items_checked.to_string()),
+            ("store_too_large", s.store_too_large.to_string()),
+            ("store_no_memory", s.store_no_memory.to_string()),
             (
                 "lru_crawler_running",
                 u8::from(self.crawler.running.load(Relaxed)).to_string(),
@@ -386,6 +388,8 @@ const COUNTERS: &[&str] = &[
     "crawler_reclaimed",
     "crawler_items_checked",
     "lru_crawler_starts",
+    "store_too_large",
+    "store_no_memory",
     "durable_reads",
     "durable_commits",
     "durable_fsyncs",

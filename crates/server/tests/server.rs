@@ -30,6 +30,39 @@ fn stats_map(
 }
 
 #[test]
+fn refused_stores_are_counted_as_memcached_counts_them() {
+    let (server, _clock) = start(IoModel::Reactor, |c| {
+        c.memory_limit = 64 << 10;
+        c.item_size_max = 4 << 10;
+        c.policy = Policy::None;
+    });
+    let mut s = connect(server.addr());
+    let big = vec![b'x'; 8 << 10];
+    let mut req = format!("set big 0 0 {}\r\n", big.len()).into_bytes();
+    req.extend_from_slice(&big);
+    req.extend_from_slice(b"\r\n");
+    assert_eq!(
+        exchange(&mut s, &req, b"\r\n"),
+        b"SERVER_ERROR object too large for cache\r\n"
+    );
+    // `-M`: fill the 64 KiB until a store is refused.
+    let value = vec![b'v'; 3 << 10];
+    let mut refused = 0;
+    for i in 0..64 {
+        let mut req = format!("set k{i} 0 0 {}\r\n", value.len()).into_bytes();
+        req.extend_from_slice(&value);
+        req.extend_from_slice(b"\r\n");
+        if exchange(&mut s, &req, b"\r\n") != b"STORED\r\n" {
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "64 KiB never filled");
+    let st = stats_map(&mut s, "");
+    assert_eq!(st["store_too_large"], "1");
+    assert_eq!(st["store_no_memory"], refused.to_string());
+}
+
+#[test]
 fn stats_has_memcached_fields_and_service_times() {
     for &io in IoModel::ALL {
         let (server, _clock) = start(io, |c| c.memory_limit = 8 << 20);

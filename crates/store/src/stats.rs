@@ -58,6 +58,12 @@ pub struct StoreStats {
     pub touch_hits: u64,
     /// Touches that found nothing.
     pub touch_misses: u64,
+    /// Stores (and read-modify-writes) refused because the item would be over the
+    /// item size limit (`SERVER_ERROR object too large for cache`).
+    pub store_too_large: u64,
+    /// Stores and arithmetic refused for lack of memory (`SERVER_ERROR out of memory
+    /// storing object`).
+    pub store_no_memory: u64,
 }
 
 /// One shard's counters (everything in [`StoreStats`] that is a count of events).

@@ -112,6 +112,10 @@ pub struct Store {
     flusher: Option<JoinHandle<()>>,
     /// `largest` policy only: each shard's largest charge (see [`LargestHints`]).
     hints: Option<LargestHints>,
+    /// Stores refused because the item is over the size limit (`store_too_large`).
+    too_large: AtomicU64,
+    /// Stores refused for lack of memory (`store_no_memory`).
+    no_memory: AtomicU64,
 }
 
 /// The shard for a hash. hashbrown uses the low bits (bucket) and the top 7 bits
@@ -169,6 +173,8 @@ impl Store {
             durable: None,
             flusher: None,
             hints,
+            too_large: AtomicU64::new(0),
+            no_memory: AtomicU64::new(0),
         }
     }
 
@@ -762,12 +768,14 @@ impl Store {
             if unlink_on_fail {
                 self.unlink_key(si, hash, key);
             }
+            self.too_large.fetch_add(1, Ordering::Relaxed);
             return SetStatus::TooLarge;
         }
         if charge > self.budget.limit() {
             if unlink_on_fail {
                 self.unlink_key(si, hash, key);
             }
+            self.no_memory.fetch_add(1, Ordering::Relaxed);
             return SetStatus::OutOfMemory;
         }
         let now = self.now();
@@ -904,6 +912,7 @@ impl Store {
         if unlink_on_fail {
             self.unlink_key(si, hash, key);
         }
+        self.no_memory.fetch_add(1, Ordering::Relaxed);
         SetStatus::OutOfMemory
     }
 
@@ -1309,6 +1318,7 @@ impl Store {
             }
         }
         self.budget.release(reserved);
+        self.no_memory.fetch_add(1, Ordering::Relaxed);
         ArithStatus::OutOfMemory
     }
 
@@ -1420,6 +1430,13 @@ impl Store {
         }
     }
 
+    /// Counts a store that a front end refused as over the item size limit before it
+    /// reached the store (a data block longer than `-I`, an oversize HTTP body), so
+    /// `store_too_large` counts every such refusal, as memcached's does.
+    pub fn count_too_large(&self) {
+        self.too_large.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// A snapshot of the counters (each shard's counters are read under its lock,
     /// one shard at a time).
     pub fn stats(&self) -> StoreStats {
@@ -1433,6 +1450,8 @@ impl Store {
             sh.stats.add_to(&mut out);
         }
         out.bytes = self.budget.used() as u64;
+        out.store_too_large = self.too_large.load(Ordering::Relaxed);
+        out.store_no_memory = self.no_memory.load(Ordering::Relaxed);
         out
     }
 
