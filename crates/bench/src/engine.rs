@@ -456,6 +456,14 @@ impl<'c> Engine<'c> {
         }
     }
 
+    /// Which requests the current interval leaves out (see [`WarmupCut`]).
+    fn cut(&self) -> WarmupCut {
+        WarmupCut {
+            warmup_end: self.warmup_end,
+            measured: self.cur.start_ns >= self.cfg.warmup_ns(),
+        }
+    }
+
     fn all_done(&self) -> bool {
         self.slots.iter().all(|s| {
             s.budget == 0 && s.conn.as_ref().is_none_or(|c| c.in_flight() == 0) || s.conn.is_none()
@@ -544,6 +552,7 @@ impl<'c> Engine<'c> {
 
     /// Composes one request on connection `c`, planned at `planned`.
     fn issue(&mut self, c: usize, planned: u64, now: u64) {
+        let cut = self.cut();
         let slot = &mut self.slots[c];
         let Some(conn) = slot.conn.as_mut() else {
             return;
@@ -584,7 +593,7 @@ impl<'c> Engine<'c> {
         }
         slot.budget -= 1;
         // A warm-up request sent late, after the warm-up, is not part of the measurement.
-        if planned >= self.warmup_end || self.cur.start_ns < self.cfg.warmup_ns() {
+        if !cut.left_out(planned) {
             self.cur.counters.sent += 1;
         }
         if slot.load_next >= slot.load_end && self.phase == Phase::Load {
@@ -651,6 +660,8 @@ impl<'c> Engine<'c> {
     }
 
     fn on_ready(&mut self, c: usize, now: u64) {
+        // A warm-up request answered after the warm-up is left out of the measurement.
+        let cut = self.cut();
         let Some(slot) = self.slots.get_mut(c) else {
             return;
         };
@@ -671,11 +682,6 @@ impl<'c> Engine<'c> {
         let verify = gen.workload().verify;
         let single = gen.workload().multiget == 1;
         let mut bad_values = 0u32;
-        // A warm-up request answered after the warm-up is left out of the measurement:
-        // a measured interval counts only requests planned (closed loop: sent) in it or
-        // after the warm-up, so nothing is counted twice or measured from the warm-up.
-        let warmup_end = self.warmup_end;
-        let measuring = self.cur.start_ns >= self.cfg.warmup_ns();
         let r = conn.on_readable(|ev| match ev {
             Event::Value {
                 user, key, data, ..
@@ -700,7 +706,7 @@ impl<'c> Engine<'c> {
                     }
                 }
             }
-            Event::Done { user, .. } if measuring && user.planned < warmup_end => {
+            Event::Done { user, .. } if cut.left_out(user.planned) => {
                 bad_values = 0;
             }
             Event::Done {
@@ -805,6 +811,22 @@ impl<'c> Engine<'c> {
         } else {
             self.top_up(c, now);
         }
+    }
+}
+
+/// A measured interval counts only requests planned (closed loop: sent) after the
+/// warm-up: a warm-up request sent or answered late is left out, so nothing is counted
+/// twice or measured from the warm-up.
+#[derive(Clone, Copy)]
+struct WarmupCut {
+    warmup_end: u64,
+    /// The current interval is measured (not warm-up).
+    measured: bool,
+}
+
+impl WarmupCut {
+    fn left_out(self, planned: u64) -> bool {
+        self.measured && planned < self.warmup_end
     }
 }
 
