@@ -43,6 +43,9 @@
 //! confidence = 0.95           # level of every confidence interval
 //! tolerance = 0.10            # model checks: |predicted - measured| / measured that still
 //!                             # agrees when the prediction is outside the measured CI
+//! slo_p95_us = 1000.0         # rate scans: the sustained rate is the largest offered rate
+//!                             # with p95 below this (µs) and >= 99 % of it achieved, every
+//!                             # lower rate of the scan passing too
 //! seed = 1                    # repetition i uses seed + i
 //!
 //! [[system]]                  # one or more; *required*
@@ -105,9 +108,10 @@
 //!
 //! What the analysis does with a part depends on its factors: `clients` in closed loop →
 //! throughput/response time vs clients, knee, interactive law, MVA and its bounds; `qps` →
-//! rate scan with p95 and server CPU, M/M/1 and M/M/m; `design = "2k"` → effects and
-//! allocation of variation (throughput); `qps_list` → p95, rate and CPU over time. Every
-//! part gets a table of all points, percentiles vs its first factor and latency histograms.
+//! rate scan with p95 and server CPU, the sustained rate under `slo_p95_us`, M/M/1 and
+//! M/M/m; `design = "2k"` → effects and allocation of variation (throughput); `qps_list` →
+//! p95, rate and CPU over time. Every part gets a table of all points, percentiles vs its
+//! first factor and latency histograms.
 
 mod analyse;
 mod runner;

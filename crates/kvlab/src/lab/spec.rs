@@ -24,6 +24,8 @@ pub const DEFAULT_WARMUP: f64 = 1.0;
 pub const DEFAULT_CONFIDENCE: f64 = 0.95;
 /// Default relative tolerance of model checks.
 pub const DEFAULT_TOLERANCE: f64 = 0.10;
+/// Default latency bound of a rate scan's sustained rate: p95 below this, µs.
+pub const DEFAULT_SLO_P95_US: f64 = 1000.0;
 
 /// The file as written.
 #[derive(Debug, Deserialize)]
@@ -36,6 +38,7 @@ struct FileSpec {
     warmup: Option<f64>,
     confidence: Option<f64>,
     tolerance: Option<f64>,
+    slo_p95_us: Option<f64>,
     seed: Option<u64>,
     #[serde(default, rename = "system")]
     systems: Vec<SystemSpec>,
@@ -312,6 +315,9 @@ pub struct Experiment {
     pub confidence: f64,
     /// Relative tolerance of model checks.
     pub tolerance: f64,
+    /// A rate scan's sustained rate is the largest offered rate whose p95 stays below this
+    /// (µs), with every lower rate of the scan passing too.
+    pub slo_p95_us: f64,
     /// Base seed (repetition i uses seed + i).
     pub seed: u64,
     /// Systems under test.
@@ -657,6 +663,10 @@ impl Experiment {
         if !(tolerance >= 0.0 && tolerance.is_finite()) {
             bail!("tolerance must be >= 0, e.g. 0.10");
         }
+        let slo_p95_us = f.slo_p95_us.unwrap_or(DEFAULT_SLO_P95_US);
+        if !(slo_p95_us > 0.0 && slo_p95_us.is_finite()) {
+            bail!("slo_p95_us must be > 0, e.g. 1000");
+        }
         if f.systems.is_empty() {
             bail!("no systems: add at least one [[system]] (e.g. name = \"kvlab\")");
         }
@@ -740,6 +750,7 @@ impl Experiment {
             description: f.description,
             confidence,
             tolerance,
+            slo_p95_us,
             seed: f.seed.unwrap_or(1),
             systems: f.systems,
             parts,
