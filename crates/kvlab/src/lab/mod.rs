@@ -53,7 +53,10 @@
 //! kind = "kvlab"              # kvlab | memcached | external; default from the name
 //!                             # (kvlab and memcached), required otherwise
 //! args = []                   # extra flags; "{factor}" takes the point's level, e.g.
-//!                             # ["-t", "{server_threads}", "-m", "64"]. The lab adds the
+//!                             # ["-t", "{server_threads}", "-m", "64"]; "{data_dir}" is a
+//!                             # fresh empty directory for every start of the system,
+//!                             # removed when it stops (a durable server's --data-dir,
+//!                             # under the results' logs/). The lab adds the
 //!                             # address: kvlab `server -l 127.0.0.1 -p PORT` (and
 //!                             # `--http-port PORT2` when a point of the part speaks HTTP),
 //!                             # memcached `-U 0 -l 127.0.0.1 -p PORT` (and `-u root` as root)

@@ -24,6 +24,9 @@ pub const DEFAULT_WARMUP: f64 = 1.0;
 pub const DEFAULT_CONFIDENCE: f64 = 0.95;
 /// Default relative tolerance of model checks.
 pub const DEFAULT_TOLERANCE: f64 = 0.10;
+/// The built-in placeholder of a system's args: a fresh empty directory for every start of
+/// the system (a durable server's `--data-dir`), removed when it stops.
+pub const DATA_DIR: &str = "data_dir";
 /// Default latency bound of a rate scan's sustained rate: p95 below this, µs.
 pub const DEFAULT_SLO_P95_US: f64 = 1000.0;
 
@@ -1099,7 +1102,7 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
             );
         }
     }
-    for u in &used {
+    for u in used.iter().filter(|u| u.as_str() != DATA_DIR) {
         if !factors.iter().any(|(f, _)| f == u) {
             bail!("a system's args use {{{u}}} but the part has no factor {u:?}");
         }
@@ -1181,6 +1184,20 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(!e.runs().is_empty(), "{name}");
         }
+    }
+
+    #[test]
+    fn data_dir_is_built_in_and_other_placeholders_need_a_factor() {
+        let file = |arg: &str| {
+            format!(
+                "[[system]]\nname = \"kvlab\"\nargs = [\"--data-dir\", \"{arg}\"]\n\
+                 [factors]\nclients = [1, 2]\n"
+            )
+        };
+        let e = Experiment::parse(&file("{data_dir}"), "x", &Overrides::default()).unwrap();
+        assert_eq!(e.systems[0].render_args(&e.parts[0].points[0])[1], "{data_dir}");
+        let err = Experiment::parse(&file("{dir}"), "x", &Overrides::default()).unwrap_err();
+        assert!(format!("{err:#}").contains("no factor \"dir\""), "{err:#}");
     }
 
     #[test]

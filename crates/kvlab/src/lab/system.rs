@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::spec::{SystemKind, SystemSpec};
+use super::spec::{SystemKind, SystemSpec, DATA_DIR};
 
 /// A started (or external) system.
 pub struct Instance {
@@ -32,6 +32,8 @@ pub struct Instance {
     /// The key space it holds (reload when the workload's changes).
     pub loaded: Option<String>,
     child: Option<Child>,
+    /// The fresh directory that `{data_dir}` named, removed when the system stops.
+    data_dir: Option<PathBuf>,
 }
 
 /// Finds a program on PATH (or checks a path).
@@ -167,6 +169,7 @@ impl Instance {
                 version,
                 loaded: None,
                 child: None,
+                data_dir: None,
             });
         };
         let kind = spec.kind()?;
@@ -194,10 +197,25 @@ impl Instance {
             }
             SystemKind::External => {}
         }
-        full.extend(args.iter().cloned());
         if let Some(dir) = log.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
+        let placeholder = format!("{{{DATA_DIR}}}");
+        let data_dir = args
+            .iter()
+            .any(|a| a.contains(&placeholder))
+            .then(|| log.with_extension("data"));
+        if let Some(d) = &data_dir {
+            // A fresh directory for every start: nothing recovered from an earlier run.
+            if d.exists() {
+                std::fs::remove_dir_all(d).with_context(|| format!("removing {}", d.display()))?;
+            }
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        full.extend(args.iter().map(|a| match &data_dir {
+            Some(d) => a.replace(&placeholder, &d.display().to_string()),
+            None => a.clone(),
+        }));
         let out =
             std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone()?;
@@ -233,6 +251,9 @@ impl Instance {
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
+                if let Some(d) = &data_dir {
+                    let _ = std::fs::remove_dir_all(d);
+                }
                 let tail = std::fs::read_to_string(log).unwrap_or_default();
                 let tail: Vec<&str> = tail.lines().rev().take(5).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
@@ -258,6 +279,7 @@ impl Instance {
             version,
             loaded: None,
             child: Some(child),
+            data_dir,
         })
     }
 
@@ -275,6 +297,15 @@ impl Instance {
     }
 
     fn stop_inner(&mut self) {
+        self.stop_child();
+        if let Some(d) = self.data_dir.take() {
+            if let Err(e) = std::fs::remove_dir_all(&d) {
+                eprintln!("note: could not remove {}: {e}", d.display());
+            }
+        }
+    }
+
+    fn stop_child(&mut self) {
         let Some(mut child) = self.child.take() else {
             return;
         };
