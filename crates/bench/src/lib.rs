@@ -12,6 +12,7 @@
 //! - [`clock`]: monotonic and thread-CPU clocks, the nanosecond timer of the event loop;
 //! - [`engine`]: one generator thread: a mio event loop over many pipelined connections;
 //! - [`stats`]: counters, HdrHistograms per thread and interval, percentiles, KS statistics;
+//! - `local` (private): one participant's generator threads: spawn, wait until connected;
 //! - [`run`]: starts threads and agents together, merges their reports, self-checks;
 //! - [`populate`]: filling a server with the key space of a workload, and checking a sample;
 //! - [`sustained`]: the search for the largest rate sustained within a latency bound;
@@ -23,6 +24,7 @@ pub mod clock;
 pub mod config;
 pub mod dist;
 pub mod engine;
+mod local;
 pub mod populate;
 pub mod report;
 pub mod run;
