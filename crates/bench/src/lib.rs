@@ -24,6 +24,7 @@ pub mod clock;
 pub mod config;
 pub mod dist;
 pub mod engine;
+pub mod load;
 mod local;
 pub mod populate;
 pub mod report;
