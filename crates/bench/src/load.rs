@@ -450,7 +450,7 @@ options! {
     key_prefix: String,
     /// Key size.
     key_size: SizeSpec,
-    /// Key choice: uniform, sequential, gaussian[:M,SD], zipf:S, hot:F:P.
+    /// Key choice: `uniform`, `sequential`, `gaussian[:M,SD]`, `zipf:S`, `hot:F:P`.
     key_dist: String,
     /// Hot set `F:P` (the same as `key_dist = "hot:F:P"`).
     hot: String,

@@ -12,10 +12,10 @@
 //! of each other. A failure at the very first rate walks down instead (÷`growth`) until a rate
 //! passes or the rate falls below `min`. [`Search`] is that walk as a state machine (propose a
 //! rate, record its measurement) for callers that measure in their own way, such as a
-//! controller; [`find_sustained`] drives it with runs. There every step is one [`crate::run`] on fresh connections;
-//! the cache is filled once before the first (the configuration's `load`), and again before
-//! every step with `reload_each_step`. The search stops early, with what it has, when
-//! `max_time_s` is spent.
+//! controller; [`find_sustained`] drives it with runs. There every step is one
+//! [`crate::run()`] on fresh connections; the cache is filled once before the first (the
+//! configuration's `load`), and again before every step with `reload_each_step`. The search
+//! stops early, with what it has, when `max_time_s` is spent.
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -242,7 +242,7 @@ pub fn judge(spec: &SearchSpec, r: &RunResult) -> SearchStep {
 }
 
 /// The search as a state machine that others drive step by step: it proposes a rate, the
-/// caller measures it however it likes (a [`crate::run`], a controller's own window of
+/// caller measures it however it likes (a [`crate::run()`], a controller's own window of
 /// traffic) and records the outcome, until it proposes nothing more.
 ///
 /// ```text
