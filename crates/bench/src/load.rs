@@ -481,6 +481,16 @@ options! {
 }
 
 impl Options {
+    /// Whether these keys ask for open loop (any rate plan key given).
+    pub fn is_open(&self) -> bool {
+        self.qps.is_some()
+            || self.scan.is_some()
+            || self.qps_list.is_some()
+            || self.qps_file.is_some()
+            || self.qps_min.is_some()
+            || self.qps_max.is_some()
+    }
+
     /// The rate plan these keys ask for (`None`: closed loop).
     fn rate(&self) -> Result<Option<Rate>, BenchError> {
         let random = self.qps_min.is_some() || self.qps_max.is_some();
@@ -662,12 +672,12 @@ mod tests {
 
     #[test]
     fn open_loop_defaults_its_own_depth() {
-        let l = Options {
+        let o = Options {
             qps: Some(5000.0),
             ..Options::default()
-        }
-        .to_load()
-        .unwrap();
+        };
+        let l = o.to_load().unwrap();
+        assert!(o.is_open() && l.is_open() && !Options::default().is_open());
         assert_eq!(l.depth(), 1024);
         let c = l.config(target()).unwrap();
         assert_eq!(c.open, Some(Arrival::Poisson));
