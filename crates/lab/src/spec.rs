@@ -1,6 +1,6 @@
 //! Experiment files: parsing, checking, and expansion into the list of runs.
 //!
-//! The format is documented in the module doc of [`crate::lab`]. Parsing is strict
+//! The format is documented in the module doc of [the crate root](crate). Parsing is strict
 //! (unknown keys are errors, with the key's name) so a typo never silently falls back to a
 //! default.
 
@@ -417,7 +417,7 @@ pub struct WorkloadSpec {
 }
 
 impl Default for WorkloadSpec {
-    /// The defaults documented in [`crate::lab`]; a key the file leaves out keeps its value here.
+    /// The defaults documented in [the crate root](crate); a key the file leaves out keeps its value here.
     fn default() -> Self {
         WorkloadSpec {
             clients: None,
@@ -817,24 +817,20 @@ impl Experiment {
 /// Command-line overrides of an experiment file's values, for every part (the file's top
 /// level and each `[[part]]` alike). Stored in `meta.json`, so a re-analysis resolves the
 /// experiment as it was run.
-#[derive(Debug, Clone, Default, PartialEq, clap::Args, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Overrides {
     /// Runs per point and system (overrides every `repetitions` of the file).
-    #[arg(long, value_name = "N")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repetitions: Option<usize>,
     /// Measured seconds per run (overrides every `duration`; a trace still lasts its
     /// qps_list).
-    #[arg(long, value_name = "S")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration: Option<f64>,
     /// Warm-up seconds per run (overrides every `warmup`).
-    #[arg(long, value_name = "S")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warmup: Option<f64>,
     /// A workload key for every part, as in [workload]; repeatable, a later one wins. VALUE is
     /// read as TOML (4096, 0.5, true, [1, 2], "text") or else taken as text (get=9,set=1).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub set: Vec<String>,
 }
@@ -1165,7 +1161,7 @@ mod tests {
 
     #[test]
     fn shipped_experiments_parse() {
-        for (name, text) in super::super::SHIPPED {
+        for (name, text) in crate::SHIPPED {
             let e = Experiment::parse(text, name, &Overrides::default())
                 .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(!e.runs().is_empty(), "{name}");

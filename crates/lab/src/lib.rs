@@ -1,0 +1,334 @@
+//! kvlab's lab: experiments end to end — start systems, load them, repeat, analyse, report —
+//! as a library; `kvlab lab` is a thin command line over it.
+//!
+//! - [`spec`]: the experiment file (TOML) resolved into parts, points and planned runs;
+//! - [`system`]: the systems under test (kvlab's server, memcached, an external address);
+//! - [`runner`]: every point × repetition × system, raw results and metadata on disk;
+//! - [`analyse`]: raw results → statistics, model checks and the HTML report.
+//!
+//! [`Lab::run`] does all of it for one experiment; [`analyse_dir`] redoes the analysis of a
+//! results directory. The command line:
+//!
+//! ```text
+//! kvlab lab                          the quick standard experiment (experiments/quick.toml,
+//!                                    built in): kvlab's server, and memcached beside it when
+//!                                    it is on PATH; prints a summary and the report's path
+//! kvlab lab run FILE|NAME [--out D]  an experiment file, or a shipped one by name
+//! kvlab lab analyse DIR              re-analyse DIR/raw/*.json and rewrite DIR/report/
+//! kvlab lab list                     the shipped experiments
+//! kvlab lab show NAME                print a shipped experiment file
+//! ```
+//!
+//! Results go to `results/<name>-<YYYYMMDD-HHMMSS>/` (see [`runner`] for the layout).
+//!
+//! `kvlab lab run` (and `kvlab lab`) take overrides of the file's values for a quick run of a
+//! big file, applied to every part alike (the top level and each `[[part]]`):
+//!
+//! ```text
+//! --repetitions N          every `repetitions`
+//! --duration S             every `duration` (a trace still lasts its qps_list)
+//! --warmup S               every `warmup`
+//! --set KEY=VALUE          a workload key, in every part's workload (repeatable; a later one
+//!                          wins). VALUE is read as TOML (4096, 0.5, true, [1, 2], "text") or
+//!                          else taken as text (mix=get=9,set=1, protocol=http). A key that a
+//!                          part varies as a factor is an error.
+//! ```
+//!
+//! They are checked with the file's rules and messages, printed at the start, stored in
+//! `meta.json` (`overrides`, so `kvlab lab analyse DIR` resolves the experiment as it was
+//! run) and shown in the report's metadata; the report's part descriptions give the resolved
+//! values.
+//!
+//! # Experiment files (TOML)
+//!
+//! Every key is optional unless marked *required*; the default follows `=`.
+//!
+//! ```toml
+//! name = "<file stem>"        # names the results directory
+//! description = ""
+//! repetitions = 3             # runs per point and system (95 % CIs need >= 2)
+//! duration = 10.0             # measured seconds per run (a trace lasts its qps_list)
+//! warmup = 1.0                # seconds run and discarded before each measurement
+//! confidence = 0.95           # level of every confidence interval
+//! tolerance = 0.10            # model checks: |predicted - measured| / measured that still
+//!                             # agrees when the prediction is outside the measured CI
+//! seed = 1                    # repetition i uses seed + i
+//!
+//! [[system]]                  # one or more; *required*
+//! name = "kvlab"              # *required*, unique
+//! kind = "kvlab"              # kvlab | memcached | external; default from the name
+//!                             # (kvlab and memcached), required otherwise
+//! args = []                   # extra flags; "{factor}" takes the point's level, e.g.
+//!                             # ["-t", "{server_threads}", "-m", "64"]. The lab adds the
+//!                             # address: kvlab `server -l 127.0.0.1 -p PORT` (and
+//!                             # `--http-port PORT2` when a point of the part speaks HTTP),
+//!                             # memcached `-U 0 -l 127.0.0.1 -p PORT` (and `-u root` as root)
+//! binary = <kvlab_bin> | "memcached"   # program, looked up on PATH; kvlab_bin is the
+//!                             # lab's (`$KVLAB_BIN`, else the running kvlab)
+//! address = ""                # external: host:port (*required* for external)
+//! pid = <none>                # external: a pid whose CPU is read from /proc/<pid>/stat
+//! optional = false            # a missing binary skips the system instead of failing; so
+//!                             # does a point it cannot serve (HTTP on memcached), with a note
+//! start_timeout = 10.0        # seconds to wait for an answer to `version` (and to `GET /`
+//!                             # on the HTTP port)
+//!
+//! [workload]                  # everything `kvlab bench` takes
+//! clients = <none>            # closed loop: total connections (= threads x connections,
+//!                             # threads lowered to a divisor); overrides `connections`
+//! threads = 1                 # generator threads
+//! connections = 4             # connections per generator thread
+//! depth = 1 | 1024            # requests in flight per connection (closed | open loop)
+//! think_us = 0                # closed loop think time Z, µs
+//! qps = <none>                # open loop: total rate, req/s (none = closed loop)
+//! arrival = "poisson"         # open loop: poisson | fixed
+//! qps_list = <none>           # trace: rates (req/s), each for qps_interval seconds
+//! qps_interval = 1.0
+//! preset = <none>             # "etc": Facebook ETC key/value sizes, get:set 30:1
+//! keys = 100000
+//! key_prefix = "key:"
+//! key_size = 16               # bytes, or "A-B", "normal:M,SD", "gev:L,S,K", …
+//! key_dist = "uniform"        # uniform | sequential | gaussian[:M,SD] | zipf:S | hot:F:P
+//! value_size = 100            # bytes, or a distribution as key_size
+//! mix = "get=9,set=1"         # weights of get, set, delete
+//! multiget = 1
+//! verify = false
+//! load = <gets in mix>        # fill the key space once per fresh server (and workload)
+//! interval = 1.0              # time-series interval, s
+//! timeout_ms = 5000
+//! protocol = "memcached"      # memcached | http: HTTP/1.1 to a kvlab server's REST interface
+//!                             # (keep-alive, pipelined); only kind = "kvlab" serves it, so a
+//!                             # memcached or external system in such a part is an error
+//!                             # unless optional. A factor too: protocol = ["memcached", "http"]
+//!                             # compares both on one server
+//!
+//! [factors]                   # factor = [levels]; a workload key, or a {name} in args
+//! clients = [1, 2, 4, 8]
+//! qps = { from = 5000, to = 125000, step = 5000 }   # or { from = 1, to = 64, times = 2 }
+//! design = "full"             # full (every combination) | 2k (two levels each) | points
+//! points = []                 # design "points": [{ clients = 1, value_size = 100 }, …]
+//!
+//! [[part]]                    # several studies in one file: each part has its own
+//! name = "part<i>"            # name, description, systems = [names], repetitions,
+//!                             # duration, warmup, [part.workload] (over [workload]),
+//!                             # [part.factors], design, points
+//! ```
+//!
+//! What the analysis does with a part depends on its factors: `clients` in closed loop →
+//! throughput/response time vs clients, knee, interactive law, MVA and its bounds; `qps` →
+//! rate scan with p95 and server CPU, M/M/1 and M/M/m; `design = "2k"` → effects and
+//! allocation of variation (throughput); `qps_list` → p95, rate and CPU over time. Every
+//! part gets a table of all points, percentiles vs its first factor and latency histograms.
+
+pub mod analyse;
+pub mod runner;
+pub mod spec;
+pub mod system;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+pub use spec::{Experiment, Overrides};
+
+/// The experiments shipped in `experiments/`, built in: (name, file text).
+pub const SHIPPED: &[(&str, &str)] = &[
+    ("quick", include_str!("../../../experiments/quick.toml")),
+    (
+        "baseline-clients",
+        include_str!("../../../experiments/baseline-clients.toml"),
+    ),
+    (
+        "rate-scan",
+        include_str!("../../../experiments/rate-scan.toml"),
+    ),
+    (
+        "factorial-2k",
+        include_str!("../../../experiments/factorial-2k.toml"),
+    ),
+    (
+        "protocols",
+        include_str!("../../../experiments/protocols.toml"),
+    ),
+];
+
+/// The text of a shipped experiment.
+pub fn shipped(name: &str) -> Option<&'static str> {
+    SHIPPED.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
+
+/// The first line of a shipped experiment's description ("" when it has none).
+pub fn shipped_summary(name: &str) -> String {
+    shipped(name)
+        .and_then(|text| Experiment::parse(text, name, &Overrides::default()).ok())
+        .and_then(|e| e.description)
+        .and_then(|d| d.lines().next().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// An experiment's text and where it came from.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// How to name it in messages and `meta.json`: the path, or
+    /// `(built in) experiments/NAME.toml`.
+    pub label: String,
+    /// The TOML text.
+    pub text: String,
+    /// The default experiment name (the file's stem).
+    pub stem: String,
+}
+
+impl Source {
+    /// The quick standard experiment (`experiments/quick.toml`, built in).
+    pub fn quick() -> Source {
+        Source::builtin(SHIPPED[0].0, SHIPPED[0].1)
+    }
+
+    fn builtin(name: &str, text: &str) -> Source {
+        Source {
+            label: format!("(built in) experiments/{name}.toml"),
+            text: text.into(),
+            stem: name.into(),
+        }
+    }
+
+    /// An experiment file, or else a shipped experiment of that name.
+    pub fn open(file_or_name: &str) -> anyhow::Result<Source> {
+        let path = Path::new(file_or_name);
+        if path.exists() {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let stem = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "experiment".into());
+            Ok(Source {
+                label: file_or_name.into(),
+                text,
+                stem,
+            })
+        } else if let Some(text) = shipped(file_or_name) {
+            Ok(Source::builtin(file_or_name, text))
+        } else {
+            bail!(
+                "{file_or_name}: no such file, and no shipped experiment of that name (shipped: {})",
+                SHIPPED
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    }
+}
+
+/// What a run or a re-analysis wrote.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The results directory.
+    pub dir: PathBuf,
+    /// The analysis' text summary (what `kvlab lab` prints).
+    pub summary: String,
+    /// The report's `index.html`.
+    pub report: PathBuf,
+}
+
+impl Finished {
+    /// The raw results' directory.
+    pub fn raw_dir(&self) -> PathBuf {
+        self.dir.join("raw")
+    }
+}
+
+/// The kvlab executable the lab starts for `kind = "kvlab"` systems by default: `$KVLAB_BIN`,
+/// else the current executable when it is `kvlab` (the lab run from `kvlab lab`).
+pub fn default_kvlab_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KVLAB_BIN").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    std::env::current_exe()
+        .ok()
+        .filter(|p| p.file_stem().is_some_and(|s| s == "kvlab"))
+}
+
+/// The experiment runner: runs experiments and writes their results and reports.
+#[derive(Debug, Clone)]
+pub struct Lab {
+    /// The kvlab executable for `kind = "kvlab"` systems without a `binary` (none: such a
+    /// system is an error). Default [`default_kvlab_bin`].
+    pub kvlab_bin: Option<PathBuf>,
+}
+
+impl Default for Lab {
+    fn default() -> Self {
+        Lab {
+            kvlab_bin: default_kvlab_bin(),
+        }
+    }
+}
+
+impl Lab {
+    /// A lab that starts `kvlab_bin` for kvlab systems.
+    pub fn with_kvlab_bin(kvlab_bin: impl Into<PathBuf>) -> Lab {
+        Lab {
+            kvlab_bin: Some(kvlab_bin.into()),
+        }
+    }
+
+    /// Resolves `source` with `overrides`, runs it into `out` (default
+    /// `results/<name>-<date>`, made unique), analyses it and writes the report.
+    pub fn run(
+        &self,
+        source: &Source,
+        overrides: &Overrides,
+        out: Option<PathBuf>,
+    ) -> anyhow::Result<Finished> {
+        let exp = Experiment::parse(&source.text, &source.stem, overrides).with_context(|| {
+            if overrides.is_empty() {
+                format!("experiment {}", source.label)
+            } else {
+                format!("experiment {} with {}", source.label, overrides.flags())
+            }
+        })?;
+        let out = match out {
+            Some(o) => o,
+            None => default_out(&exp.name, std::time::SystemTime::now()),
+        };
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let mut meta = runner::Meta::collect(&source.label, &source.text, overrides);
+        let raws = runner::run_experiment(&exp, &mut meta, &out, self.kvlab_bin.as_deref())?;
+        let a = analyse::analyse(&exp, &meta, &raws)?;
+        let report = analyse::write(&out, &a)?;
+        Ok(Finished {
+            dir: out,
+            summary: a.summary,
+            report,
+        })
+    }
+}
+
+/// `results/<name>-<date>`, with `-2`, `-3`, … when it exists.
+pub fn default_out(name: &str, now: std::time::SystemTime) -> PathBuf {
+    let base = PathBuf::from("results").join(format!("{name}-{}", runner::stamp(now)));
+    let mut dir = base.clone();
+    let mut i = 2;
+    while dir.exists() {
+        dir = PathBuf::from(format!("{}-{i}", base.display()));
+        i += 1;
+    }
+    dir
+}
+
+/// Re-analyses a results directory's raw data (as the experiment stored in its `meta.json`
+/// was run) and rewrites its report.
+pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
+    let (meta, raws) = runner::load(dir)?;
+    let exp = Experiment::parse(&meta.experiment_text, "experiment", &meta.overrides)
+        .context("the experiment stored in meta.json")?;
+    let a = analyse::analyse(&exp, &meta, &raws)?;
+    let report = analyse::write(dir, &a)?;
+    Ok(Finished {
+        dir: dir.to_path_buf(),
+        summary: a.summary,
+        report,
+    })
+}
