@@ -614,4 +614,100 @@ mod tests {
         assert_eq!(base.depth(), Open::default_depth());
         assert_eq!(spec.step_s, SearchSpec::new(Bound::Mean, 1.0).step_s);
     }
+
+    /// The same values as flags and as an experiment's `[workload]` keys give the same run;
+    /// with none given, both are bench's defaults (a default restated differently on either
+    /// side fails here).
+    #[test]
+    fn flags_and_an_experiment_workload_give_the_same_config() {
+        use kvlab_lab::spec::WorkloadSpec;
+        let target: SocketAddr = ([127, 0, 0, 1], 11211).into();
+        let cases: &[(&[&str], &str)] = &[
+            (&[], ""),
+            (
+                &[
+                    "-T",
+                    "2",
+                    "-c",
+                    "3",
+                    "-d",
+                    "4",
+                    "--think-us",
+                    "5",
+                    "--keys",
+                    "1000",
+                    "--key-size",
+                    "20",
+                    "--value-size",
+                    "10-20",
+                    "--mix",
+                    "get=1,set=1",
+                    "--verify",
+                    "--noload",
+                    "--interval",
+                    "0.5",
+                    "--timeout-ms",
+                    "99",
+                    "--protocol",
+                    "http",
+                    "--key-dist",
+                    "zipf:0.9",
+                    "--multiget",
+                    "2",
+                    "--key-prefix",
+                    "k",
+                ],
+                "threads = 2\nconnections = 3\ndepth = 4\nthink_us = 5\nkeys = 1000\n\
+                 key_size = 20\nvalue_size = \"10-20\"\nmix = \"get=1,set=1\"\nverify = true\n\
+                 load = false\ninterval = 0.5\ntimeout_ms = 99\nprotocol = \"http\"\n\
+                 key_dist = \"zipf:0.9\"\nmultiget = 2\nkey_prefix = \"k\"",
+            ),
+            (
+                &["--qps", "5000", "--arrival", "fixed", "--workload", "etc"],
+                "qps = 5000\narrival = \"fixed\"\npreset = \"etc\"",
+            ),
+            (
+                &["--qps-list", "100,200", "--qps-interval", "2", "--load"],
+                "qps_list = [100, 200]\nqps_interval = 2\nload = true",
+            ),
+        ];
+        for (flags, keys) in cases {
+            let cli = args(flags).load().unwrap();
+            let spec: WorkloadSpec = toml::from_str(keys).unwrap();
+            // The lab gives every run its duration, warm-up and seed: the CLI's here.
+            let duration = cli.duration_s.unwrap_or(DEFAULT_DURATION_S);
+            let lab = spec.load(duration, cli.warmup_s, cli.seed).unwrap();
+            assert_eq!(
+                cli.config(target).unwrap(),
+                lab.config(target).unwrap(),
+                "{flags:?} vs {keys:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_values_fail_alike_as_flags_and_as_workload_keys() {
+        use kvlab_lab::spec::WorkloadSpec;
+        for (flags, keys, want) in [
+            (&["--threads", "0"][..], "threads = 0", "threads = 0"),
+            (
+                &["--mix", "put=1"][..],
+                "mix = \"put=1\"",
+                "unknown operation",
+            ),
+            (
+                &["--depth", "0", "--qps", "5"][..],
+                "depth = 0\nqps = 5",
+                "depth = 0",
+            ),
+        ] {
+            let by_flag = args(flags).load().unwrap_err().to_string();
+            let spec: WorkloadSpec = toml::from_str(keys).unwrap();
+            let by_key = format!("{:#}", spec.load(1.0, 0.0, 1).unwrap_err());
+            assert_eq!(by_flag, by_key);
+            assert!(by_flag.contains(want), "{by_flag}");
+        }
+        let e = toml::from_str::<WorkloadSpec>("arrival = \"bursty\"").unwrap_err();
+        assert!(e.to_string().contains("poisson"), "{e}");
+    }
 }
