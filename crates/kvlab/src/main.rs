@@ -1,7 +1,7 @@
 //! The `kvlab` binary: one command line over every kvlab crate.
 
 mod bench_cmd;
-mod lab;
+mod lab_cmd;
 mod populate_cmd;
 mod server_cmd;
 
@@ -25,7 +25,7 @@ enum Command {
     /// Load generator: open and closed loop, honest latencies.
     Bench(Box<bench_cmd::BenchArgs>),
     /// Experiments end to end: start systems, load them, repeat, analyse, write a report.
-    Lab(lab::LabArgs),
+    Lab(lab_cmd::LabArgs),
     /// Fill a running server (or a data dir) with N keys, fast.
     Populate(populate_cmd::PopulateArgs),
 }
@@ -36,6 +36,6 @@ fn main() -> anyhow::Result<()> {
         Command::Server(args) => server_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(*args),
         Command::Populate(args) => populate_cmd::run(args),
-        Command::Lab(args) => lab::run(args),
+        Command::Lab(args) => lab_cmd::run(args),
     }
 }

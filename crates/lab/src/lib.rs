@@ -1,4 +1,13 @@
-//! `kvlab lab`: experiments end to end — start systems, load them, repeat, analyse, report.
+//! kvlab's lab: experiments end to end — start systems, load them, repeat, analyse, report —
+//! as a library; `kvlab lab` is a thin command line over it.
+//!
+//! - [`spec`]: the experiment file (TOML) resolved into parts, points and planned runs;
+//! - [`system`]: the systems under test (kvlab's server, memcached, an external address);
+//! - [`runner`]: every point × repetition × system, raw results and metadata on disk;
+//! - [`analyse`]: raw results → statistics, model checks and the HTML report.
+//!
+//! [`Lab::run`] does all of it for one experiment; [`analyse_dir`] redoes the analysis of a
+//! results directory. The command line:
 //!
 //! ```text
 //! kvlab lab                          the quick standard experiment (experiments/quick.toml,
@@ -60,7 +69,8 @@
 //!                             # address: kvlab `server -l 127.0.0.1 -p PORT` (and
 //!                             # `--http-port PORT2` when a point of the part speaks HTTP),
 //!                             # memcached `-U 0 -l 127.0.0.1 -p PORT` (and `-u root` as root)
-//! binary = <this kvlab> | "memcached"   # program, looked up on PATH
+//! binary = <kvlab_bin> | "memcached"   # program, looked up on PATH; kvlab_bin is the
+//!                             # lab's (`$KVLAB_BIN`, else the running kvlab)
 //! address = ""                # external: host:port (*required* for external)
 //! pid = <none>                # external: a pid whose CPU is read from /proc/<pid>/stat
 //! optional = false            # a missing binary skips the system instead of failing; so
@@ -116,191 +126,216 @@
 //! p95, rate and CPU over time. Every part gets a table of all points, percentiles vs its
 //! first factor and latency histograms.
 
-mod analyse;
-mod runner;
-mod spec;
-mod system;
+pub mod analyse;
+pub mod runner;
+pub mod spec;
+pub mod system;
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use clap::{Args, Subcommand};
 
-/// The experiments shipped in `experiments/`, built in.
-pub(crate) const SHIPPED: &[(&str, &str)] = &[
-    ("quick", include_str!("../../../../experiments/quick.toml")),
+pub use spec::{Experiment, Overrides};
+
+/// The experiments shipped in `experiments/`, built in: (name, file text).
+pub const SHIPPED: &[(&str, &str)] = &[
+    ("quick", include_str!("../../../experiments/quick.toml")),
     (
         "baseline-clients",
-        include_str!("../../../../experiments/baseline-clients.toml"),
+        include_str!("../../../experiments/baseline-clients.toml"),
     ),
     (
         "rate-scan",
-        include_str!("../../../../experiments/rate-scan.toml"),
+        include_str!("../../../experiments/rate-scan.toml"),
     ),
     (
         "factorial-2k",
-        include_str!("../../../../experiments/factorial-2k.toml"),
+        include_str!("../../../experiments/factorial-2k.toml"),
     ),
     (
         "protocols",
-        include_str!("../../../../experiments/protocols.toml"),
+        include_str!("../../../experiments/protocols.toml"),
     ),
 ];
 
-/// Flags of `kvlab lab`.
-#[derive(Debug, Args)]
-#[command(args_conflicts_with_subcommands = true)]
-pub struct LabArgs {
-    #[command(subcommand)]
-    command: Option<LabCommand>,
-    /// Results directory (default results/<experiment>-<date>).
-    #[arg(long)]
-    out: Option<PathBuf>,
-    #[command(flatten)]
-    overrides: spec::Overrides,
+/// The text of a shipped experiment.
+pub fn shipped(name: &str) -> Option<&'static str> {
+    SHIPPED.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
 }
 
-#[derive(Debug, Subcommand)]
-enum LabCommand {
-    /// Run an experiment file (or a shipped experiment by name), analyse it, write the report.
-    Run {
-        /// The experiment file, or the name of a shipped one (see `kvlab lab list`).
-        file: String,
-        /// Results directory (default results/<experiment>-<date>).
-        #[arg(long)]
-        out: Option<PathBuf>,
-        #[command(flatten)]
-        overrides: spec::Overrides,
-    },
-    /// Re-analyse a results directory's raw data and rewrite its report.
-    #[command(alias = "analyze")]
-    Analyse {
-        /// The results directory (with meta.json and raw/).
-        dir: PathBuf,
-    },
-    /// List the shipped experiments.
-    List,
-    /// Print a shipped experiment file.
-    Show {
-        /// Its name.
-        name: String,
-    },
+/// The first line of a shipped experiment's description ("" when it has none).
+pub fn shipped_summary(name: &str) -> String {
+    shipped(name)
+        .and_then(|text| Experiment::parse(text, name, &Overrides::default()).ok())
+        .and_then(|e| e.description)
+        .and_then(|d| d.lines().next().map(str::to_string))
+        .unwrap_or_default()
 }
 
-/// Runs `kvlab lab`.
-pub fn run(args: LabArgs) -> anyhow::Result<()> {
-    match args.command {
-        None => run_text(
-            "(built in) experiments/quick.toml",
-            SHIPPED[0].1,
-            "quick",
-            args.out,
-            &args.overrides,
-        ),
-        Some(LabCommand::Run {
-            file,
-            out,
-            overrides,
-        }) => {
-            let path = Path::new(&file);
-            if path.exists() {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("reading {}", path.display()))?;
-                let stem = path
-                    .file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| "experiment".into());
-                run_text(&file, &text, &stem, out, &overrides)
-            } else if let Some((name, text)) = SHIPPED.iter().find(|(n, _)| *n == file) {
-                run_text(
-                    &format!("(built in) experiments/{name}.toml"),
-                    text,
-                    name,
-                    out,
-                    &overrides,
-                )
-            } else {
-                bail!(
-                    "{file}: no such file, and no shipped experiment of that name (shipped: {})",
-                    SHIPPED
-                        .iter()
-                        .map(|(n, _)| *n)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            }
-        }
-        Some(LabCommand::Analyse { dir }) => {
-            let (meta, raws) = runner::load(&dir)?;
-            let exp = spec::Experiment::parse(&meta.experiment_text, "experiment", &meta.overrides)
-                .context("the experiment stored in meta.json")?;
-            let a = analyse::analyse(&exp, &meta, &raws)?;
-            let index = analyse::write(&dir, &a)?;
-            print!("{}", a.summary);
-            println!("report: {}", index.display());
-            Ok(())
-        }
-        Some(LabCommand::List) => {
-            for (name, text) in SHIPPED {
-                let desc = spec::Experiment::parse(text, name, &spec::Overrides::default())
-                    .ok()
-                    .and_then(|e| e.description)
-                    .unwrap_or_default();
-                println!("{name:<18} {}", desc.lines().next().unwrap_or(""));
-            }
-            println!("\nrun one with `kvlab lab run NAME`; print it with `kvlab lab show NAME`");
-            Ok(())
-        }
-        Some(LabCommand::Show { name }) => match SHIPPED.iter().find(|(n, _)| *n == name) {
-            Some((_, text)) => {
-                print!("{text}");
-                Ok(())
-            }
-            None => bail!("no shipped experiment {name:?} (see `kvlab lab list`)"),
-        },
+/// An experiment's text and where it came from.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// How to name it in messages and `meta.json`: the path, or
+    /// `(built in) experiments/NAME.toml`.
+    pub label: String,
+    /// The TOML text.
+    pub text: String,
+    /// The default experiment name (the file's stem).
+    pub stem: String,
+}
+
+impl Source {
+    /// The quick standard experiment (`experiments/quick.toml`, built in).
+    pub fn quick() -> Source {
+        Source::builtin(SHIPPED[0].0, SHIPPED[0].1)
     }
-}
 
-fn run_text(
-    file: &str,
-    text: &str,
-    stem: &str,
-    out: Option<PathBuf>,
-    overrides: &spec::Overrides,
-) -> anyhow::Result<()> {
-    let exp = spec::Experiment::parse(text, stem, overrides).with_context(|| {
-        if overrides.is_empty() {
-            format!("experiment {file}")
+    fn builtin(name: &str, text: &str) -> Source {
+        Source {
+            label: format!("(built in) experiments/{name}.toml"),
+            text: text.into(),
+            stem: name.into(),
+        }
+    }
+
+    /// An experiment file, or else a shipped experiment of that name.
+    pub fn open(file_or_name: &str) -> anyhow::Result<Source> {
+        let path = Path::new(file_or_name);
+        if path.exists() {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let stem = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "experiment".into());
+            Ok(Source {
+                label: file_or_name.into(),
+                text,
+                stem,
+            })
+        } else if let Some(text) = shipped(file_or_name) {
+            Ok(Source::builtin(file_or_name, text))
         } else {
-            format!("experiment {file} with {}", overrides.flags())
+            bail!(
+                "{file_or_name}: no such file, and no shipped experiment of that name (shipped: {})",
+                SHIPPED
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         }
-    })?;
-    let now = std::time::SystemTime::now();
-    let out = match out {
-        Some(o) => o,
-        None => {
-            let base =
-                PathBuf::from("results").join(format!("{}-{}", exp.name, runner::stamp(now)));
-            let mut dir = base.clone();
-            let mut i = 2;
-            while dir.exists() {
-                dir = PathBuf::from(format!("{}-{i}", base.display()));
-                i += 1;
-            }
-            dir
-        }
-    };
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-    if !overrides.is_empty() {
-        eprintln!("overrides: {}", overrides.flags());
     }
-    let mut meta = runner::Meta::collect(file, text, overrides);
-    let raws = runner::run_experiment(&exp, &mut meta, &out)?;
+}
+
+/// What a run or a re-analysis wrote.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    /// The results directory.
+    pub dir: PathBuf,
+    /// The analysis' text summary (what `kvlab lab` prints).
+    pub summary: String,
+    /// The report's `index.html`.
+    pub report: PathBuf,
+}
+
+impl Finished {
+    /// The raw results' directory.
+    pub fn raw_dir(&self) -> PathBuf {
+        self.dir.join("raw")
+    }
+}
+
+/// The kvlab executable the lab starts for `kind = "kvlab"` systems by default: `$KVLAB_BIN`,
+/// else the current executable when it is `kvlab` (the lab run from `kvlab lab`).
+pub fn default_kvlab_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("KVLAB_BIN").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    std::env::current_exe()
+        .ok()
+        .filter(|p| p.file_stem().is_some_and(|s| s == "kvlab"))
+}
+
+/// The experiment runner: runs experiments and writes their results and reports.
+#[derive(Debug, Clone)]
+pub struct Lab {
+    /// The kvlab executable for `kind = "kvlab"` systems without a `binary` (none: such a
+    /// system is an error). Default [`default_kvlab_bin`].
+    pub kvlab_bin: Option<PathBuf>,
+}
+
+impl Default for Lab {
+    fn default() -> Self {
+        Lab {
+            kvlab_bin: default_kvlab_bin(),
+        }
+    }
+}
+
+impl Lab {
+    /// A lab that starts `kvlab_bin` for kvlab systems.
+    pub fn with_kvlab_bin(kvlab_bin: impl Into<PathBuf>) -> Lab {
+        Lab {
+            kvlab_bin: Some(kvlab_bin.into()),
+        }
+    }
+
+    /// Resolves `source` with `overrides`, runs it into `out` (default
+    /// `results/<name>-<date>`, made unique), analyses it and writes the report.
+    pub fn run(
+        &self,
+        source: &Source,
+        overrides: &Overrides,
+        out: Option<PathBuf>,
+    ) -> anyhow::Result<Finished> {
+        let exp = Experiment::parse(&source.text, &source.stem, overrides).with_context(|| {
+            if overrides.is_empty() {
+                format!("experiment {}", source.label)
+            } else {
+                format!("experiment {} with {}", source.label, overrides.flags())
+            }
+        })?;
+        let out = match out {
+            Some(o) => o,
+            None => default_out(&exp.name, std::time::SystemTime::now()),
+        };
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let mut meta = runner::Meta::collect(&source.label, &source.text, overrides);
+        let raws = runner::run_experiment(&exp, &mut meta, &out, self.kvlab_bin.as_deref())?;
+        let a = analyse::analyse(&exp, &meta, &raws)?;
+        let report = analyse::write(&out, &a)?;
+        Ok(Finished {
+            dir: out,
+            summary: a.summary,
+            report,
+        })
+    }
+}
+
+/// `results/<name>-<date>`, with `-2`, `-3`, … when it exists.
+pub fn default_out(name: &str, now: std::time::SystemTime) -> PathBuf {
+    let base = PathBuf::from("results").join(format!("{name}-{}", runner::stamp(now)));
+    let mut dir = base.clone();
+    let mut i = 2;
+    while dir.exists() {
+        dir = PathBuf::from(format!("{}-{i}", base.display()));
+        i += 1;
+    }
+    dir
+}
+
+/// Re-analyses a results directory's raw data (as the experiment stored in its `meta.json`
+/// was run) and rewrites its report.
+pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
+    let (meta, raws) = runner::load(dir)?;
+    let exp = Experiment::parse(&meta.experiment_text, "experiment", &meta.overrides)
+        .context("the experiment stored in meta.json")?;
     let a = analyse::analyse(&exp, &meta, &raws)?;
-    let index = analyse::write(&out, &a)?;
-    println!();
-    print!("{}", a.summary);
-    println!("raw results: {}", out.join("raw").display());
-    println!("report: {}", index.display());
-    Ok(())
+    let report = analyse::write(dir, &a)?;
+    Ok(Finished {
+        dir: dir.to_path_buf(),
+        summary: a.summary,
+        report,
+    })
 }

@@ -23,8 +23,8 @@ use kvlab_bench::run::IntervalRow;
 use kvlab_bench::{Protocol, RunResult};
 use serde::{Deserialize, Serialize};
 
-use super::spec::{levels_text, Experiment, Level, Overrides, PlannedRun};
-use super::system::{self, Instance};
+use crate::spec::{levels_text, Experiment, Level, Overrides, PlannedRun};
+use crate::system::{self, Instance};
 
 /// The system's CPU time over a run's measured time.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -216,18 +216,20 @@ fn fmt_secs(s: f64) -> String {
     format!("{}:{:02}", s / 60, s % 60)
 }
 
-/// Runs the experiment into `out`. Returns the stored runs.
+/// Runs the experiment into `out`, starting `kvlab_bin` for kvlab systems without a `binary`.
+/// Returns the stored runs.
 pub fn run_experiment(
     exp: &Experiment,
     meta: &mut Meta,
     out: &Path,
+    kvlab_bin: Option<&Path>,
 ) -> anyhow::Result<Vec<RawRun>> {
     let raw_dir = out.join("raw");
     std::fs::create_dir_all(&raw_dir).with_context(|| format!("creating {}", raw_dir.display()))?;
     // Systems that cannot start (a missing optional binary) are skipped with a note.
     let mut available = vec![true; exp.systems.len()];
     for (i, s) in exp.systems.iter().enumerate() {
-        if let Err(e) = system::program(s) {
+        if let Err(e) = system::program(s, kvlab_bin) {
             if s.optional {
                 eprintln!("note: skipping system {:?}: {e:#}", s.name);
                 meta.skipped.push((s.name.clone(), format!("{e:#}")));
@@ -308,7 +310,7 @@ pub fn run_experiment(
                 starts += 1;
                 let log = out.join("logs").join(format!("{}-{starts}.log", spec.name));
                 let http = part.uses_http(spec);
-                let inst = Instance::start(r.system, spec, args.clone(), http, &log)?;
+                let inst = Instance::start(r.system, spec, args.clone(), http, &log, kvlab_bin)?;
                 running.push(inst);
                 running.len() - 1
             }
@@ -396,10 +398,17 @@ fn one_run(
             return raw;
         }
     };
-    raw.population = if wl.is_open() { 0 } else { wl.population() };
-    raw.think_s = wl.think_us as f64 / 1e6;
     let seed = exp.seed.wrapping_add(r.repetition as u64);
-    let target = match (wl.protocol, inst.http) {
+    let load = match wl.load(part.duration, part.warmup, seed) {
+        Ok(l) => l,
+        Err(e) => {
+            raw.error = Some(format!("{e:#}"));
+            return raw;
+        }
+    };
+    raw.population = if load.is_open() { 0 } else { load.population() };
+    raw.think_s = load.think_us() as f64 / 1e6;
+    let target = match (load.protocol, inst.http) {
         (Protocol::Memcached, _) => inst.addr,
         (Protocol::Http, Some(h)) => h,
         (Protocol::Http, None) => {
@@ -407,7 +416,7 @@ fn one_run(
             return raw;
         }
     };
-    let mut cfg = match wl.config(target, part.duration, part.warmup, seed) {
+    let mut cfg = match load.config(target) {
         Ok(c) => c,
         Err(e) => {
             raw.error = Some(format!("{e:#}"));

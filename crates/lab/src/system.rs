@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::spec::{SystemKind, SystemSpec, DATA_DIR};
+use crate::spec::{SystemKind, SystemSpec, DATA_DIR};
 
 /// A started (or external) system.
 pub struct Instance {
@@ -56,16 +56,24 @@ fn is_executable(p: &Path) -> bool {
 }
 
 /// The program a system runs, or `None` for an external one; an error when it is missing.
-pub fn program(spec: &SystemSpec) -> anyhow::Result<Option<PathBuf>> {
+/// `kvlab_bin` is the kvlab executable for a kvlab system without a `binary`.
+pub fn program(spec: &SystemSpec, kvlab_bin: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
     match spec.kind()? {
         SystemKind::External => Ok(None),
         SystemKind::Kvlab => match &spec.binary {
             Some(b) => which(b)
                 .map(Some)
                 .with_context(|| format!("system {:?}: {b:?} not found", spec.name)),
-            None => Ok(Some(
-                std::env::current_exe().context("finding the kvlab executable")?,
-            )),
+            None => match kvlab_bin {
+                Some(b) => which(&b.to_string_lossy()).map(Some).with_context(|| {
+                    format!("system {:?}: kvlab executable {b:?} not found", spec.name)
+                }),
+                None => bail!(
+                    "system {:?}: no kvlab executable known (set $KVLAB_BIN, or give the \
+                     system a binary)",
+                    spec.name
+                ),
+            },
         },
         SystemKind::Memcached => {
             let b = spec.binary.as_deref().unwrap_or("memcached");
@@ -140,9 +148,10 @@ impl Instance {
         args: Vec<String>,
         http: bool,
         log: &Path,
+        kvlab_bin: Option<&Path>,
     ) -> anyhow::Result<Instance> {
         let timeout = Duration::from_secs_f64(spec.start_timeout.unwrap_or(10.0).clamp(0.1, 600.0));
-        let Some(prog) = program(spec)? else {
+        let Some(prog) = program(spec, kvlab_bin)? else {
             let a = spec.address.as_deref().unwrap_or_default();
             let addr = a
                 .to_socket_addrs()

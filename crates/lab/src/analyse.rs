@@ -18,8 +18,8 @@ use kvlab_report::{
     Report, Row, Section, Series, Table,
 };
 
-use super::runner::{Meta, RawRun};
-use super::spec::{Design, Experiment, Level, Part};
+use crate::runner::{Meta, RawRun};
+use crate::spec::{Design, Experiment, Level, Part};
 
 /// The report and the terminal summary.
 pub struct Analysis {

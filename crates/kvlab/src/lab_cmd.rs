@@ -1,0 +1,124 @@
+//! `kvlab lab`: the command line of the experiment runner. Parses flags, calls
+//! [`kvlab_lab`] and prints what it wrote; the experiment file's format and the results'
+//! layout are documented there.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use clap::{Args, Subcommand};
+use kvlab_lab::{Lab, Overrides, Source, SHIPPED};
+
+/// Flags of `kvlab lab`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct LabArgs {
+    #[command(subcommand)]
+    command: Option<LabCommand>,
+    /// Results directory (default results/<experiment>-<date>).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    overrides: OverrideArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum LabCommand {
+    /// Run an experiment file (or a shipped experiment by name), analyse it, write the report.
+    Run {
+        /// The experiment file, or the name of a shipped one (see `kvlab lab list`).
+        file: String,
+        /// Results directory (default results/<experiment>-<date>).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[command(flatten)]
+        overrides: OverrideArgs,
+    },
+    /// Re-analyse a results directory's raw data and rewrite its report.
+    #[command(alias = "analyze")]
+    Analyse {
+        /// The results directory (with meta.json and raw/).
+        dir: PathBuf,
+    },
+    /// List the shipped experiments.
+    List,
+    /// Print a shipped experiment file.
+    Show {
+        /// Its name.
+        name: String,
+    },
+}
+
+/// Command-line overrides of an experiment file's values, for every part (mapped onto
+/// [`kvlab_lab::Overrides`]).
+#[derive(Debug, Clone, Default, Args)]
+struct OverrideArgs {
+    /// Runs per point and system (overrides every `repetitions` of the file).
+    #[arg(long, value_name = "N")]
+    repetitions: Option<usize>,
+    /// Measured seconds per run (overrides every `duration`; a trace still lasts its
+    /// qps_list).
+    #[arg(long, value_name = "S")]
+    duration: Option<f64>,
+    /// Warm-up seconds per run (overrides every `warmup`).
+    #[arg(long, value_name = "S")]
+    warmup: Option<f64>,
+    /// A workload key for every part, as in [workload]; repeatable, a later one wins. VALUE is
+    /// read as TOML (4096, 0.5, true, [1, 2], "text") or else taken as text (get=9,set=1).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+}
+
+impl From<OverrideArgs> for Overrides {
+    fn from(a: OverrideArgs) -> Overrides {
+        Overrides {
+            repetitions: a.repetitions,
+            duration: a.duration,
+            warmup: a.warmup,
+            set: a.set,
+        }
+    }
+}
+
+/// Runs `kvlab lab`.
+pub fn run(args: LabArgs) -> anyhow::Result<()> {
+    match args.command {
+        None => run_source(&Source::quick(), args.out, args.overrides.into()),
+        Some(LabCommand::Run {
+            file,
+            out,
+            overrides,
+        }) => run_source(&Source::open(&file)?, out, overrides.into()),
+        Some(LabCommand::Analyse { dir }) => {
+            let done = kvlab_lab::analyse_dir(&dir)?;
+            print!("{}", done.summary);
+            println!("report: {}", done.report.display());
+            Ok(())
+        }
+        Some(LabCommand::List) => {
+            for (name, _) in SHIPPED {
+                println!("{name:<18} {}", kvlab_lab::shipped_summary(name));
+            }
+            println!("\nrun one with `kvlab lab run NAME`; print it with `kvlab lab show NAME`");
+            Ok(())
+        }
+        Some(LabCommand::Show { name }) => match kvlab_lab::shipped(&name) {
+            Some(text) => {
+                print!("{text}");
+                Ok(())
+            }
+            None => bail!("no shipped experiment {name:?} (see `kvlab lab list`)"),
+        },
+    }
+}
+
+fn run_source(source: &Source, out: Option<PathBuf>, overrides: Overrides) -> anyhow::Result<()> {
+    if !overrides.is_empty() {
+        eprintln!("overrides: {}", overrides.flags());
+    }
+    let done = Lab::default().run(source, &overrides, out)?;
+    println!();
+    print!("{}", done.summary);
+    println!("raw results: {}", done.raw_dir().display());
+    println!("report: {}", done.report.display());
+    Ok(())
+}
