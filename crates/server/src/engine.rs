@@ -13,18 +13,18 @@ use kvlab_store::{
     SetRequest, SetStatus, Store,
 };
 
+use kvlab_net::{Completion, Order, Work};
+
 use crate::stats::{ServerStats, WorkerStats, VERSION};
 
-/// What the session does after a request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Flow {
-    Continue,
-    /// Flush what is composed, then close (`quit`).
-    Close,
-    /// The request needs disk work that may block (only with a durable store, and only when
-    /// the engine defers instead of blocking): the session waits for it.
-    Defer(Blocking),
+fn defer(work: Blocking) -> Flow {
+    let order = work.order();
+    Flow::Defer(work, order)
 }
+
+/// What the engine does after a request: a [`kvlab_net::Flow`] whose deferred work is disk
+/// work.
+pub type Flow = kvlab_net::Flow<Blocking>;
 
 /// Disk work that may block, run inline or on a helper thread.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,13 +46,40 @@ impl Blocking {
         matches!(self, Blocking::Load(_))
     }
 
+    /// How the session waits for it: a read-through re-runs the request; a persist holds its
+    /// reply back. Either way later requests of the connection wait (a barrier), so they see
+    /// the key loaded and the write durable.
+    fn order(&self) -> Order {
+        if self.reruns_request() {
+            Order::Rerun
+        } else {
+            Order::Barrier
+        }
+    }
+
     /// Does the work. Blocks on disk.
-    pub fn run(&self, store: &Store) -> std::io::Result<()> {
+    pub fn run_on(&self, store: &Store) -> std::io::Result<()> {
         match self {
             Blocking::Load(key) => store.load(key).map(|_| ()),
             Blocking::Persist(key) => store.persist(key),
             Blocking::PersistKeys(keys) => store.persist_keys(keys.iter().map(Vec::as_slice)),
             Blocking::SyncAll => store.sync_all(),
+        }
+    }
+}
+
+impl Work for Blocking {
+    /// A helper (or the serving thread) needs only the store.
+    type Worker = Arc<Store>;
+
+    fn run(self, store: &mut Arc<Store>) -> Completion {
+        match self.run_on(store) {
+            Ok(()) if self.reruns_request() => Completion::Rerun,
+            Ok(()) => Completion::Release,
+            Err(e) => {
+                tracing::warn!(%e, "disk operation failed");
+                Completion::Failed(e.to_string())
+            }
         }
     }
 }
@@ -66,8 +93,6 @@ pub struct Engine {
     durable: bool,
     /// Writes are persisted before their reply (`--durability sync`).
     sync: bool,
-    /// Hand blocking work to the driver (event-loop models) instead of doing it inline.
-    defer: bool,
 }
 
 impl Engine {
@@ -79,49 +104,14 @@ impl Engine {
             store,
             server,
             worker,
-            defer: false,
         }
-    }
-
-    /// Makes the engine return [`Flow::Defer`] for disk work instead of blocking on it:
-    /// for drivers whose event loop must never block.
-    pub fn deferring(mut self) -> Self {
-        self.defer = true;
-        self
     }
 
     /// Applies one request and appends its reply (if any) to `out`. `loaded` lists the keys
-    /// already read through for this request. Disk work either runs here (blocking) or comes
-    /// back as [`Flow::Defer`], as [`Engine::deferring`] chose.
+    /// already read through for this request. Disk work comes back as [`Flow::Defer`]: the
+    /// driver runs it inline or on a helper thread.
     pub fn execute(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
-        let start = out.len();
-        let mut owned: Option<Vec<Vec<u8>>> = None;
-        loop {
-            let keys: &[Vec<u8>] = owned.as_deref().unwrap_or(loaded);
-            let flow = self.apply(req, out, keys);
-            let Flow::Defer(work) = flow else {
-                return flow;
-            };
-            if self.defer {
-                return Flow::Defer(work);
-            }
-            match (work.run(&self.store), work) {
-                (Ok(()), Blocking::Load(key)) => {
-                    let mut keys = owned.take().unwrap_or_else(|| loaded.to_vec());
-                    keys.push(key);
-                    owned = Some(keys);
-                }
-                (Ok(()), _) => return Flow::Continue,
-                (Err(e), _) => {
-                    tracing::warn!(%e, "disk operation failed");
-                    out.truncate(start);
-                    out.extend_from_slice(b"SERVER_ERROR ");
-                    out.extend_from_slice(e.to_string().replace(['\r', '\n'], " ").as_bytes());
-                    out.extend_from_slice(b"\r\n");
-                    return Flow::Continue;
-                }
-            }
-        }
+        self.apply(req, out, loaded)
     }
 
     /// Whether `key` must be read through before a command that depends on its current state.
@@ -132,9 +122,9 @@ impl Engine {
     /// After a successful write: persist first under `sync`.
     fn persisted(&self, key: &[u8]) -> Flow {
         if self.sync {
-            Flow::Defer(Blocking::Persist(key.to_vec()))
+            defer(Blocking::Persist(key.to_vec()))
         } else {
-            Flow::Continue
+            Flow::Done
         }
     }
 
@@ -142,7 +132,7 @@ impl Engine {
         // Read through every key whose current state the command depends on.
         if self.durable {
             if let Some(key) = self.needs_load(req, loaded) {
-                return Flow::Defer(Blocking::Load(key));
+                return defer(Blocking::Load(key));
             }
         }
         match *req {
@@ -174,7 +164,7 @@ impl Engine {
                 WorkerStats::add(&self.worker.cmd_touch, n);
                 out.extend_from_slice(r::END);
                 if !touched.is_empty() {
-                    return Flow::Defer(Blocking::PersistKeys(touched));
+                    return defer(Blocking::PersistKeys(touched));
                 }
             }
             Request::Store {
@@ -280,7 +270,7 @@ impl Engine {
                     out.extend_from_slice(r::OK);
                 }
                 if self.sync {
-                    return Flow::Defer(Blocking::SyncAll);
+                    return defer(Blocking::SyncAll);
                 }
             }
             Request::Verbosity { level, noreply } => {
@@ -304,7 +294,7 @@ impl Engine {
                 }
             }
         }
-        Flow::Continue
+        Flow::Done
     }
 
     fn stats(&mut self, group: Option<&[u8]>, out: &mut Vec<u8>) {
@@ -683,5 +673,113 @@ fn echo_flags(out: &mut Vec<u8>, key: MetaKey<'_>, flags: &MetaFlags<'_>, cas: u
     }
     if key.is_base64() && flags.has(b'k') {
         out.extend_from_slice(b" b");
+    }
+}
+
+/// The keys one request has read through so far (kept across its re-runs).
+#[derive(Default)]
+pub struct Loaded(Vec<Vec<u8>>);
+
+impl kvlab_net::Service for Engine {
+    type Conn = Loaded;
+    type Work = Blocking;
+
+    fn call(
+        &mut self,
+        loaded: &mut Loaded,
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+        rerun: bool,
+    ) -> Flow {
+        if !rerun {
+            loaded.0.clear();
+        }
+        let flow = self.apply(req, out, &loaded.0);
+        if let Flow::Defer(Blocking::Load(key), _) = &flow {
+            // Runs again once `key` is in the cache: don't defer for it a second time.
+            loaded.0.push(key.clone());
+        }
+        flow
+    }
+
+    fn worker(&mut self) -> &mut Arc<Store> {
+        &mut self.store
+    }
+
+    fn protocol_error(&mut self, error: kvlab_protocol::ProtocolError) {
+        WorkerStats::add(&self.worker.protocol_errors, 1);
+        if error == kvlab_protocol::ProtocolError::TooLarge {
+            self.store.count_too_large();
+        }
+    }
+
+    fn record_service(&mut self, samples: &[u64]) {
+        self.worker.record_service(samples);
+    }
+
+    fn bytes_read(&mut self, n: usize) {
+        WorkerStats::add(&self.worker.bytes_read, n as u64);
+    }
+
+    fn bytes_written(&mut self, n: usize) {
+        WorkerStats::add(&self.worker.bytes_written, n as u64);
+    }
+}
+
+#[cfg(test)]
+mod session_tests {
+    //! The cache engine under the sans-IO session.
+
+    use kvlab_protocol::Limits;
+    use kvlab_store::{Config, ManualClock};
+
+    use super::*;
+    use crate::Session;
+
+    fn engine() -> Engine {
+        let store = Arc::new(Store::new(
+            Config::default(),
+            Arc::new(ManualClock::new(1_800_000_000)),
+        ));
+        let worker = Arc::new(WorkerStats::default());
+        let server = Arc::new(ServerStats::for_tests(vec![worker.clone()]));
+        Engine::new(store, server, worker)
+    }
+
+    fn feed(s: &mut Session, e: &mut Engine, bytes: &[u8], chunk: usize) {
+        let mut at = 0;
+        while at < bytes.len() && s.wants_read() {
+            let space = s.read_space();
+            let n = space.len().min(chunk).min(bytes.len() - at);
+            space[..n].copy_from_slice(&bytes[at..at + n]);
+            s.filled(n);
+            at += n;
+            s.process_inline(e);
+        }
+    }
+
+    #[test]
+    fn pipelined_replies_keep_request_order() {
+        let (mut s, mut e) = (Session::new(Limits::default()), engine());
+        let req = b"set a 0 0 1\r\n1\r\nget a\r\ndelete a\r\nget a\r\nbogus\r\nversion\r\n";
+        // Byte by byte: every split point of a pipeline gives the same replies.
+        feed(&mut s, &mut e, req, 1);
+        let out = s.output().to_vec();
+        s.wrote(out.len());
+        let want = format!(
+            "STORED\r\nVALUE a 0 1\r\n1\r\nEND\r\nDELETED\r\nEND\r\nERROR\r\nVERSION {VERSION}\r\n"
+        );
+        assert_eq!(String::from_utf8_lossy(&out), want);
+    }
+
+    #[test]
+    fn protocol_errors_and_too_large_values_are_counted() {
+        let (mut s, mut e) = (Session::new(Limits::default()), engine());
+        let mut req = b"bogus\r\nset k 0 0 5000000\r\n".to_vec();
+        req.extend(std::iter::repeat_n(b'x', 5_000_000));
+        req.extend_from_slice(b"\r\n");
+        feed(&mut s, &mut e, &req, 64 * 1024);
+        assert_eq!(e.worker.protocol_errors.load(Relaxed), 2);
+        assert_eq!(e.store.stats().store_too_large, 1);
     }
 }
