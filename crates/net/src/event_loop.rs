@@ -5,6 +5,10 @@
 //! Edge-triggered: on readiness a connection is pumped until its input is drained or its
 //! output blocks; a blocked connection arms writable interest and reads nothing more until
 //! the client has taken its replies.
+//!
+//! Deferred work runs inline on the loop's thread ([`crate::session::Session::process_inline`],
+//! the reactor) or, with [`EventLoop::with_helpers`], on a [`crate::pool::HelperPool`] whose
+//! completions come back through the loop's waker (the epoll driver).
 
 use std::io;
 use std::sync::mpsc;

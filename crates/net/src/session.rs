@@ -144,8 +144,20 @@ impl<S: Service> Session<S> {
     }
 
     /// Parses and applies every complete request buffered, composing replies, until a
-    /// pending reply holds processing up.
+    /// pending reply holds processing up. Deferred work waits in the session for the driver
+    /// ([`Session::take_work`]).
     pub fn process(&mut self, service: &mut S) {
+        self.run(service, false);
+    }
+
+    /// Like [`Session::process`], but deferred work runs at once, inline on the service's own
+    /// worker, as part of its request (its time counts in the request's service time): for
+    /// drivers without helper threads. No reply slot is ever pending afterwards.
+    pub fn process_inline(&mut self, service: &mut S) {
+        self.run(service, true);
+    }
+
+    fn run(&mut self, service: &mut S, inline: bool) {
         let mut clock = Instant::now();
         while !self.closing
             && !self.held_up()
@@ -160,6 +172,25 @@ impl<S: Service> Session<S> {
                     match service.call(&mut self.conn, &request, &mut self.output, rerun) {
                         Flow::Done => {}
                         Flow::Close => self.closing = true,
+                        Flow::Defer(work, order) if inline => {
+                            match (work.run(service.worker()), order) {
+                                (Completion::Failed(reason), _) => {
+                                    // A request waiting to run again is dropped with the error.
+                                    self.output.truncate(hold);
+                                    server_error(&mut self.output, &reason);
+                                }
+                                (_, Order::Rerun) => {
+                                    // Run it again now, within the same service-time sample.
+                                    self.output.truncate(hold);
+                                    self.rerun = true;
+                                    continue;
+                                }
+                                (Completion::Reply(bytes), _) => {
+                                    self.output.extend_from_slice(&bytes)
+                                }
+                                (Completion::Rerun | Completion::Release, _) => {}
+                            }
+                        }
                         Flow::Defer(work, order) => {
                             let id = self.next_id;
                             self.next_id += 1;
@@ -215,19 +246,6 @@ impl<S: Service> Session<S> {
         self.samples.clear();
     }
 
-    /// Processes, running deferred work inline on `service`'s own worker, until no work is
-    /// left: for drivers without helper threads.
-    pub fn process_inline(&mut self, service: &mut S) {
-        loop {
-            self.process(service);
-            let Some((id, work)) = self.work.pop_front() else {
-                return;
-            };
-            let done = work.run(service.worker());
-            self.complete(id, done);
-        }
-    }
-
     /// Takes deferred work for the driver to run (on a helper thread, or inline). Its slot
     /// stays pending until [`Session::complete`].
     pub fn take_work(&mut self) -> Option<(SlotId, S::Work)> {
@@ -250,15 +268,9 @@ impl<S: Service> Session<S> {
         };
         match done {
             Completion::Failed(reason) => {
-                tracing::warn!(%reason, "deferred work failed");
                 // The failure path may allocate; the ready path never does.
                 let mut msg = Vec::with_capacity(reason.len() + 15);
-                msg.extend_from_slice(b"SERVER_ERROR ");
-                msg.extend(reason.bytes().map(|b| match b {
-                    b'\r' | b'\n' => b' ',
-                    b => b,
-                }));
-                msg.extend_from_slice(b"\r\n");
+                server_error(&mut msg, &reason);
                 self.replace(i, slot.at..slot.at + slot.len, &msg);
                 if slot.order == Order::Rerun {
                     // The request can't run without what it waited for: drop it with the error.
@@ -334,6 +346,17 @@ impl<S: Service> Session<S> {
     pub fn close(&mut self) {
         self.closing = true;
     }
+}
+
+/// Appends `SERVER_ERROR <reason>` (line breaks in `reason` made spaces).
+fn server_error(out: &mut Vec<u8>, reason: &str) {
+    tracing::warn!(%reason, "deferred work failed");
+    out.extend_from_slice(b"SERVER_ERROR ");
+    out.extend(reason.bytes().map(|b| match b {
+        b'\r' | b'\n' => b' ',
+        b => b,
+    }));
+    out.extend_from_slice(b"\r\n");
 }
 
 #[cfg(test)]
@@ -647,11 +670,29 @@ mod tests {
         feed(&mut s, &mut e, b"get r1\r\nversion\r\n", 1 << 10, &mut cap);
         assert_eq!(e.calls, 1);
         assert!(s.output().is_empty());
-        s.process_inline(&mut e);
+        let (id, w) = s.take_work().unwrap();
+        s.complete(id, w.run(&mut ()));
+        s.process(&mut e);
         assert_eq!(e.calls, 3);
         assert_eq!(
             String::from_utf8_lossy(&take_output(&mut s)),
             "LOADED\r\nEND\r\nVERSION toy\r\n"
+        );
+    }
+
+    #[test]
+    fn inline_work_completes_within_its_request() {
+        let (mut s, mut e) = new();
+        let req = b"get r1\r\nget p1\r\nget b1\r\nversion\r\n";
+        let space = s.read_space();
+        space[..req.len()].copy_from_slice(req);
+        s.filled(req.len());
+        s.process_inline(&mut e);
+        assert!(!s.is_waiting());
+        assert!(s.take_work().is_none());
+        assert_eq!(
+            String::from_utf8_lossy(&take_output(&mut s)),
+            "LOADED\r\nEND\r\nEND\r\nVALUE p1\r\nEND\r\nVERSION toy\r\n"
         );
     }
 

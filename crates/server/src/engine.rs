@@ -76,10 +76,8 @@ impl Work for Blocking {
         match self.run_on(store) {
             Ok(()) if self.reruns_request() => Completion::Rerun,
             Ok(()) => Completion::Release,
-            Err(e) => {
-                tracing::warn!(%e, "disk operation failed");
-                Completion::Failed(e.to_string())
-            }
+            // The session logs the failure and replies with it.
+            Err(e) => Completion::Failed(e.to_string()),
         }
     }
 }
