@@ -9,14 +9,15 @@ use std::sync::Arc;
 use kvlab_protocol::response::{self as r, push_i64, push_u64};
 use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey, Request, StoreCommand};
 use kvlab_store::{
-    ArithRequest, ArithStatus, DeleteStatus, Durability, MetaDeleteOpts, MetaGetOpts, SetMode,
-    SetRequest, SetStatus, Store,
+    ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
+    SetStatus, Store,
 };
 
-use kvlab_net::{Completion, Order, Work};
-
+pub use crate::cache::Blocking;
+use crate::cache::DiskRules;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
 
+/// Defers disk work the way the session must wait for it.
 fn defer(work: Blocking) -> Flow {
     let order = work.order();
     Flow::Defer(work, order)
@@ -26,79 +27,19 @@ fn defer(work: Blocking) -> Flow {
 /// work.
 pub type Flow = kvlab_net::Flow<Blocking>;
 
-/// Disk work that may block, run inline or on a helper thread.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Blocking {
-    /// Read `key` through from disk into the cache; the request then runs again.
-    Load(Vec<u8>),
-    /// Make `key`'s new state durable; the request's reply leaves only afterwards.
-    Persist(Vec<u8>),
-    /// The same for several keys, in one commit round (`gat` of many keys).
-    PersistKeys(Vec<Vec<u8>>),
-    /// Make every change durable (`flush_all` under `--durability sync`).
-    SyncAll,
-}
-
-impl Blocking {
-    /// Whether the request runs again after the work (a read-through) rather than
-    /// releasing a reply already composed (a persist).
-    pub fn reruns_request(&self) -> bool {
-        matches!(self, Blocking::Load(_))
-    }
-
-    /// How the session waits for it: a read-through re-runs the request; a persist holds its
-    /// reply back. Either way later requests of the connection wait (a barrier), so they see
-    /// the key loaded and the write durable.
-    fn order(&self) -> Order {
-        if self.reruns_request() {
-            Order::Rerun
-        } else {
-            Order::Barrier
-        }
-    }
-
-    /// Does the work. Blocks on disk.
-    pub fn run_on(&self, store: &Store) -> std::io::Result<()> {
-        match self {
-            Blocking::Load(key) => store.load(key).map(|_| ()),
-            Blocking::Persist(key) => store.persist(key),
-            Blocking::PersistKeys(keys) => store.persist_keys(keys.iter().map(Vec::as_slice)),
-            Blocking::SyncAll => store.sync_all(),
-        }
-    }
-}
-
-impl Work for Blocking {
-    /// A helper (or the serving thread) needs only the store.
-    type Worker = Arc<Store>;
-
-    fn run(self, store: &mut Arc<Store>) -> Completion {
-        match self.run_on(store) {
-            Ok(()) if self.reruns_request() => Completion::Rerun,
-            Ok(()) => Completion::Release,
-            // The session logs the failure and replies with it.
-            Err(e) => Completion::Failed(e.to_string()),
-        }
-    }
-}
-
 /// Applies requests for one worker thread.
 pub struct Engine {
     pub store: Arc<Store>,
     pub server: Arc<ServerStats>,
     pub worker: Arc<WorkerStats>,
-    /// The store reads through from disk on a miss.
-    durable: bool,
-    /// Writes are persisted before their reply (`--durability sync`).
-    sync: bool,
+    /// When the store's disk is touched (read-through, persist before the reply).
+    disk: DiskRules,
 }
 
 impl Engine {
     pub fn new(store: Arc<Store>, server: Arc<ServerStats>, worker: Arc<WorkerStats>) -> Self {
-        let durability = store.durability();
         Engine {
-            durable: durability.is_some(),
-            sync: durability == Some(Durability::Sync),
+            disk: DiskRules::of(&store),
             store,
             server,
             worker,
@@ -114,21 +55,20 @@ impl Engine {
 
     /// Whether `key` must be read through before a command that depends on its current state.
     fn must_load(&self, key: &[u8], loaded: &[Vec<u8>]) -> bool {
-        self.durable && self.store.peek(key).is_none() && !loaded.iter().any(|k| k == key)
+        self.disk.must_load(&self.store, key, loaded)
     }
 
     /// After a successful write: persist first under `sync`.
     fn persisted(&self, key: &[u8]) -> Flow {
-        if self.sync {
-            defer(Blocking::Persist(key.to_vec()))
-        } else {
-            Flow::Done
+        match self.disk.persist(key) {
+            Some(work) => defer(work),
+            None => Flow::Done,
         }
     }
 
     fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
         // Read through every key whose current state the command depends on.
-        if self.durable {
+        if self.disk.read_through {
             if let Some(key) = self.needs_load(req, loaded) {
                 return defer(Blocking::Load(key));
             }
@@ -153,7 +93,7 @@ impl Engine {
                     n += 1;
                     if let Some(item) = self.store.get_and_touch(key, exptime) {
                         r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
-                        if self.sync {
+                        if self.disk.sync {
                             touched.push(key.to_vec());
                         }
                     }
@@ -267,7 +207,7 @@ impl Engine {
                 if !noreply {
                     out.extend_from_slice(r::OK);
                 }
-                if self.sync {
+                if self.disk.sync {
                     return defer(Blocking::SyncAll);
                 }
             }

@@ -8,6 +8,8 @@
 //!        ◄──                  ◄──                   ◄── protocol::response ◄──
 //! ```
 //!
+//! - [`cache`]: the durable cache's semantics (read-through, persist before the reply) and
+//!   its disk work, shared by the engine and the REST handlers;
 //! - [`engine`]: memcached command semantics over the store, reply composition; the
 //!   [`kvlab_net::Service`] that every `kvlab_net` driver runs, with disk work
 //!   ([`engine::Blocking`]) as its deferred work;
@@ -17,6 +19,7 @@
 //! - [`metrics`]: the optional HTTP endpoint serving `/metrics`;
 //! - [`http`]: the optional REST interface to the same store.
 
+pub mod cache;
 pub mod crawler;
 pub mod engine;
 pub mod http;
