@@ -2,6 +2,13 @@
 //! loop per worker thread, fed by an acceptor) and `epoll` (one loop that also accepts)
 //! drivers.
 //!
+//! ```text
+//!  waker (new connections, shutdown, helper completions) ─┐
+//!  listener (epoll driver) ───────────────────────────────┤
+//!  connections 0..n (edge-triggered) ─────────────────────┴─► one thread: poll → pump each
+//!                                                               ready connection
+//! ```
+//!
 //! Edge-triggered: on readiness a connection is pumped until its input is drained or its
 //! output blocks; a blocked connection arms writable interest and reads nothing more until
 //! the client has taken its replies.

@@ -668,6 +668,7 @@ impl kvlab_net::Service for Engine {
 mod session_tests {
     //! The cache engine under the sans-IO session.
 
+    use kvlab_net::Work;
     use kvlab_protocol::Limits;
     use kvlab_store::{Config, ManualClock};
 
@@ -679,6 +680,10 @@ mod session_tests {
             Config::default(),
             Arc::new(ManualClock::new(1_800_000_000)),
         ));
+        engine_over(store)
+    }
+
+    fn engine_over(store: Arc<Store>) -> Engine {
         let worker = Arc::new(WorkerStats::default());
         let server = Arc::new(ServerStats::for_tests(vec![worker.clone()]));
         Engine::new(store, server, worker)
@@ -708,6 +713,56 @@ mod session_tests {
             "STORED\r\nVALUE a 0 1\r\n1\r\nEND\r\nDELETED\r\nEND\r\nERROR\r\nVERSION {VERSION}\r\n"
         );
         assert_eq!(String::from_utf8_lossy(&out), want);
+    }
+
+    fn sync_store(dir: &std::path::Path) -> Arc<Store> {
+        let mut durable = kvlab_store::DurableConfig::new(dir);
+        durable.durability = kvlab_store::Durability::Sync;
+        let clock = Arc::new(ManualClock::new(1_800_000_000));
+        Arc::new(Store::open(Config::default(), clock, durable).expect("store opens"))
+    }
+
+    fn take(s: &mut Session) -> String {
+        let out = s.output().to_vec();
+        s.wrote(out.len());
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// On a loop with helper threads, the durable cache's disk work is a barrier: a persist
+    /// holds its reply back, a read-through re-runs its request, and nothing after either
+    /// runs until it completes.
+    #[test]
+    fn disk_work_is_a_barrier_on_a_loop_with_helpers() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut e = engine_over(sync_store(dir.path()));
+        let mut s = Session::new(Limits::default());
+        let req = b"set k 0 0 1\r\nv\r\nversion\r\n";
+        s.read_space()[..req.len()].copy_from_slice(req);
+        s.filled(req.len());
+        s.process(&mut e);
+        assert_eq!(take(&mut s), "", "STORED waits for the persist");
+        let (id, work) = s.take_work().expect("a persist");
+        assert_eq!(work, Blocking::Persist(b"k".to_vec()));
+        assert!(s.take_work().is_none(), "version waits behind the barrier");
+        s.complete(id, work.run(&mut e.store.clone()));
+        s.process(&mut e);
+        assert_eq!(take(&mut s), format!("STORED\r\nVERSION {VERSION}\r\n"));
+
+        // Reopened, the key is on disk only: a get reads it through, then runs again.
+        drop((s, e));
+        let mut e = engine_over(sync_store(dir.path()));
+        let mut s = Session::new(Limits::default());
+        let req = b"get k\r\nget k\r\n";
+        s.read_space()[..req.len()].copy_from_slice(req);
+        s.filled(req.len());
+        s.process(&mut e);
+        assert_eq!(take(&mut s), "");
+        let (id, work) = s.take_work().expect("a read-through");
+        assert_eq!(work, Blocking::Load(b"k".to_vec()));
+        assert!(s.take_work().is_none());
+        s.complete(id, work.run(&mut e.store.clone()));
+        s.process(&mut e);
+        assert_eq!(take(&mut s), "VALUE k 0 1\r\nv\r\nEND\r\n".repeat(2));
     }
 
     #[test]
