@@ -9,140 +9,68 @@ use std::sync::Arc;
 use kvlab_protocol::response::{self as r, push_i64, push_u64};
 use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey, Request, StoreCommand};
 use kvlab_store::{
-    ArithRequest, ArithStatus, DeleteStatus, Durability, MetaDeleteOpts, MetaGetOpts, SetMode,
-    SetRequest, SetStatus, Store,
+    ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
+    SetStatus, Store,
 };
 
+pub use crate::cache::Blocking;
+use crate::cache::DiskRules;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
 
-/// What the session does after a request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Flow {
-    Continue,
-    /// Flush what is composed, then close (`quit`).
-    Close,
-    /// The request needs disk work that may block (only with a durable store, and only when
-    /// the engine defers instead of blocking): the session waits for it.
-    Defer(Blocking),
+/// Defers disk work the way the session must wait for it.
+fn defer(work: Blocking) -> Flow {
+    let order = work.order();
+    Flow::Defer(work, order)
 }
 
-/// Disk work that may block, run inline or on a helper thread.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Blocking {
-    /// Read `key` through from disk into the cache; the request then runs again.
-    Load(Vec<u8>),
-    /// Make `key`'s new state durable; the request's reply leaves only afterwards.
-    Persist(Vec<u8>),
-    /// The same for several keys, in one commit round (`gat` of many keys).
-    PersistKeys(Vec<Vec<u8>>),
-    /// Make every change durable (`flush_all` under `--durability sync`).
-    SyncAll,
-}
-
-impl Blocking {
-    /// Whether the request runs again after the work (a read-through) rather than
-    /// releasing a reply already composed (a persist).
-    pub fn reruns_request(&self) -> bool {
-        matches!(self, Blocking::Load(_))
-    }
-
-    /// Does the work. Blocks on disk.
-    pub fn run(&self, store: &Store) -> std::io::Result<()> {
-        match self {
-            Blocking::Load(key) => store.load(key).map(|_| ()),
-            Blocking::Persist(key) => store.persist(key),
-            Blocking::PersistKeys(keys) => store.persist_keys(keys.iter().map(Vec::as_slice)),
-            Blocking::SyncAll => store.sync_all(),
-        }
-    }
-}
+/// What the engine does after a request: a [`kvlab_net::Flow`] whose deferred work is disk
+/// work.
+pub type Flow = kvlab_net::Flow<Blocking>;
 
 /// Applies requests for one worker thread.
 pub struct Engine {
     pub store: Arc<Store>,
     pub server: Arc<ServerStats>,
     pub worker: Arc<WorkerStats>,
-    /// The store reads through from disk on a miss.
-    durable: bool,
-    /// Writes are persisted before their reply (`--durability sync`).
-    sync: bool,
-    /// Hand blocking work to the driver (event-loop models) instead of doing it inline.
-    defer: bool,
+    /// When the store's disk is touched (read-through, persist before the reply).
+    disk: DiskRules,
 }
 
 impl Engine {
     pub fn new(store: Arc<Store>, server: Arc<ServerStats>, worker: Arc<WorkerStats>) -> Self {
-        let durability = store.durability();
         Engine {
-            durable: durability.is_some(),
-            sync: durability == Some(Durability::Sync),
+            disk: DiskRules::of(&store),
             store,
             server,
             worker,
-            defer: false,
         }
-    }
-
-    /// Makes the engine return [`Flow::Defer`] for disk work instead of blocking on it:
-    /// for drivers whose event loop must never block.
-    pub fn deferring(mut self) -> Self {
-        self.defer = true;
-        self
     }
 
     /// Applies one request and appends its reply (if any) to `out`. `loaded` lists the keys
-    /// already read through for this request. Disk work either runs here (blocking) or comes
-    /// back as [`Flow::Defer`], as [`Engine::deferring`] chose.
+    /// already read through for this request. Disk work comes back as [`Flow::Defer`]: the
+    /// driver runs it inline or on a helper thread.
     pub fn execute(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
-        let start = out.len();
-        let mut owned: Option<Vec<Vec<u8>>> = None;
-        loop {
-            let keys: &[Vec<u8>] = owned.as_deref().unwrap_or(loaded);
-            let flow = self.apply(req, out, keys);
-            let Flow::Defer(work) = flow else {
-                return flow;
-            };
-            if self.defer {
-                return Flow::Defer(work);
-            }
-            match (work.run(&self.store), work) {
-                (Ok(()), Blocking::Load(key)) => {
-                    let mut keys = owned.take().unwrap_or_else(|| loaded.to_vec());
-                    keys.push(key);
-                    owned = Some(keys);
-                }
-                (Ok(()), _) => return Flow::Continue,
-                (Err(e), _) => {
-                    tracing::warn!(%e, "disk operation failed");
-                    out.truncate(start);
-                    out.extend_from_slice(b"SERVER_ERROR ");
-                    out.extend_from_slice(e.to_string().replace(['\r', '\n'], " ").as_bytes());
-                    out.extend_from_slice(b"\r\n");
-                    return Flow::Continue;
-                }
-            }
-        }
+        self.apply(req, out, loaded)
     }
 
     /// Whether `key` must be read through before a command that depends on its current state.
     fn must_load(&self, key: &[u8], loaded: &[Vec<u8>]) -> bool {
-        self.durable && self.store.peek(key).is_none() && !loaded.iter().any(|k| k == key)
+        self.disk.must_load(&self.store, key, loaded)
     }
 
     /// After a successful write: persist first under `sync`.
     fn persisted(&self, key: &[u8]) -> Flow {
-        if self.sync {
-            Flow::Defer(Blocking::Persist(key.to_vec()))
-        } else {
-            Flow::Continue
+        match self.disk.persist(key) {
+            Some(work) => defer(work),
+            None => Flow::Done,
         }
     }
 
     fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
         // Read through every key whose current state the command depends on.
-        if self.durable {
+        if self.disk.read_through {
             if let Some(key) = self.needs_load(req, loaded) {
-                return Flow::Defer(Blocking::Load(key));
+                return defer(Blocking::Load(key));
             }
         }
         match *req {
@@ -165,7 +93,7 @@ impl Engine {
                     n += 1;
                     if let Some(item) = self.store.get_and_touch(key, exptime) {
                         r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
-                        if self.sync {
+                        if self.disk.sync {
                             touched.push(key.to_vec());
                         }
                     }
@@ -174,7 +102,7 @@ impl Engine {
                 WorkerStats::add(&self.worker.cmd_touch, n);
                 out.extend_from_slice(r::END);
                 if !touched.is_empty() {
-                    return Flow::Defer(Blocking::PersistKeys(touched));
+                    return defer(Blocking::PersistKeys(touched));
                 }
             }
             Request::Store {
@@ -279,8 +207,8 @@ impl Engine {
                 if !noreply {
                     out.extend_from_slice(r::OK);
                 }
-                if self.sync {
-                    return Flow::Defer(Blocking::SyncAll);
+                if self.disk.sync {
+                    return defer(Blocking::SyncAll);
                 }
             }
             Request::Verbosity { level, noreply } => {
@@ -304,7 +232,7 @@ impl Engine {
                 }
             }
         }
-        Flow::Continue
+        Flow::Done
     }
 
     fn stats(&mut self, group: Option<&[u8]>, out: &mut Vec<u8>) {
@@ -683,5 +611,168 @@ fn echo_flags(out: &mut Vec<u8>, key: MetaKey<'_>, flags: &MetaFlags<'_>, cas: u
     }
     if key.is_base64() && flags.has(b'k') {
         out.extend_from_slice(b" b");
+    }
+}
+
+/// The keys one request has read through so far (kept across its re-runs).
+#[derive(Default)]
+pub struct Loaded(Vec<Vec<u8>>);
+
+impl kvlab_net::Service for Engine {
+    type Conn = Loaded;
+    type Work = Blocking;
+
+    fn call(
+        &mut self,
+        loaded: &mut Loaded,
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+        rerun: bool,
+    ) -> Flow {
+        if !rerun {
+            loaded.0.clear();
+        }
+        let flow = self.apply(req, out, &loaded.0);
+        if let Flow::Defer(Blocking::Load(key), _) = &flow {
+            // Runs again once `key` is in the cache: don't defer for it a second time.
+            loaded.0.push(key.clone());
+        }
+        flow
+    }
+
+    fn worker(&mut self) -> &mut Arc<Store> {
+        &mut self.store
+    }
+
+    fn protocol_error(&mut self, error: kvlab_protocol::ProtocolError) {
+        WorkerStats::add(&self.worker.protocol_errors, 1);
+        if error == kvlab_protocol::ProtocolError::TooLarge {
+            self.store.count_too_large();
+        }
+    }
+
+    fn record_service(&mut self, samples: &[u64]) {
+        self.worker.record_service(samples);
+    }
+
+    fn bytes_read(&mut self, n: usize) {
+        WorkerStats::add(&self.worker.bytes_read, n as u64);
+    }
+
+    fn bytes_written(&mut self, n: usize) {
+        WorkerStats::add(&self.worker.bytes_written, n as u64);
+    }
+}
+
+#[cfg(test)]
+mod session_tests {
+    //! The cache engine under the sans-IO session.
+
+    use kvlab_net::Work;
+    use kvlab_protocol::Limits;
+    use kvlab_store::{Config, ManualClock};
+
+    use super::*;
+    use crate::Session;
+
+    fn engine() -> Engine {
+        let store = Arc::new(Store::new(
+            Config::default(),
+            Arc::new(ManualClock::new(1_800_000_000)),
+        ));
+        engine_over(store)
+    }
+
+    fn engine_over(store: Arc<Store>) -> Engine {
+        let worker = Arc::new(WorkerStats::default());
+        let server = Arc::new(ServerStats::for_tests(vec![worker.clone()]));
+        Engine::new(store, server, worker)
+    }
+
+    fn feed(s: &mut Session, e: &mut Engine, bytes: &[u8], chunk: usize) {
+        let mut at = 0;
+        while at < bytes.len() && s.wants_read() {
+            let space = s.read_space();
+            let n = space.len().min(chunk).min(bytes.len() - at);
+            space[..n].copy_from_slice(&bytes[at..at + n]);
+            s.filled(n);
+            at += n;
+            s.process_inline(e);
+        }
+    }
+
+    #[test]
+    fn pipelined_replies_keep_request_order() {
+        let (mut s, mut e) = (Session::new(Limits::default()), engine());
+        let req = b"set a 0 0 1\r\n1\r\nget a\r\ndelete a\r\nget a\r\nbogus\r\nversion\r\n";
+        // Byte by byte: every split point of a pipeline gives the same replies.
+        feed(&mut s, &mut e, req, 1);
+        let out = s.output().to_vec();
+        s.wrote(out.len());
+        let want = format!(
+            "STORED\r\nVALUE a 0 1\r\n1\r\nEND\r\nDELETED\r\nEND\r\nERROR\r\nVERSION {VERSION}\r\n"
+        );
+        assert_eq!(String::from_utf8_lossy(&out), want);
+    }
+
+    fn sync_store(dir: &std::path::Path) -> Arc<Store> {
+        let mut durable = kvlab_store::DurableConfig::new(dir);
+        durable.durability = kvlab_store::Durability::Sync;
+        let clock = Arc::new(ManualClock::new(1_800_000_000));
+        Arc::new(Store::open(Config::default(), clock, durable).expect("store opens"))
+    }
+
+    fn take(s: &mut Session) -> String {
+        let out = s.output().to_vec();
+        s.wrote(out.len());
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// On a loop with helper threads, the durable cache's disk work is a barrier: a persist
+    /// holds its reply back, a read-through re-runs its request, and nothing after either
+    /// runs until it completes.
+    #[test]
+    fn disk_work_is_a_barrier_on_a_loop_with_helpers() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut e = engine_over(sync_store(dir.path()));
+        let mut s = Session::new(Limits::default());
+        let req = b"set k 0 0 1\r\nv\r\nversion\r\n";
+        s.read_space()[..req.len()].copy_from_slice(req);
+        s.filled(req.len());
+        s.process(&mut e);
+        assert_eq!(take(&mut s), "", "STORED waits for the persist");
+        let (id, work) = s.take_work().expect("a persist");
+        assert_eq!(work, Blocking::Persist(b"k".to_vec()));
+        assert!(s.take_work().is_none(), "version waits behind the barrier");
+        s.complete(id, work.run(&mut e.store.clone()));
+        s.process(&mut e);
+        assert_eq!(take(&mut s), format!("STORED\r\nVERSION {VERSION}\r\n"));
+
+        // Reopened, the key is on disk only: a get reads it through, then runs again.
+        drop((s, e));
+        let mut e = engine_over(sync_store(dir.path()));
+        let mut s = Session::new(Limits::default());
+        let req = b"get k\r\nget k\r\n";
+        s.read_space()[..req.len()].copy_from_slice(req);
+        s.filled(req.len());
+        s.process(&mut e);
+        assert_eq!(take(&mut s), "");
+        let (id, work) = s.take_work().expect("a read-through");
+        assert_eq!(work, Blocking::Load(b"k".to_vec()));
+        assert!(s.take_work().is_none());
+        s.complete(id, work.run(&mut e.store.clone()));
+        s.process(&mut e);
+        assert_eq!(take(&mut s), "VALUE k 0 1\r\nv\r\nEND\r\n".repeat(2));
+    }
+
+    #[test]
+    fn protocol_errors_and_too_large_values_are_counted() {
+        let (mut s, mut e) = (Session::new(Limits::default()), engine());
+        let mut req = b"bogus\r\nset k 0 0 5000000\r\n".to_vec();
+        req.extend(std::iter::repeat_n(b'x', 5_000_000));
+        req.extend_from_slice(b"\r\n");
+        feed(&mut s, &mut e, &req, 64 * 1024);
+        assert_eq!(e.worker.protocol_errors.load(Relaxed), 2);
+        assert_eq!(e.store.stats().store_too_large, 1);
     }
 }

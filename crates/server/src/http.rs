@@ -71,10 +71,11 @@ use axum::routing::{any, get, post, put};
 use axum::Router;
 use base64::Engine as _;
 use http_body_util::BodyExt;
-use kvlab_store::{SetMode, SetRequest, SetStatus};
+use kvlab_store::{SetMode, SetRequest, SetStatus, Store};
 use serde_json::{json, Map, Value as Json};
 use tokio::sync::watch;
 
+use crate::cache::{Blocking, DiskRules};
 use crate::Shared;
 
 /// How long [`HttpServer::stop`] lets open requests finish before dropping them.
@@ -446,22 +447,28 @@ fn wants_raw(headers: &HeaderMap) -> bool {
 // Durable store: the REST front end keeps the same guarantees as the memcached port.
 
 /// With a durable store, brings `key` into memory from disk before a command that depends
-/// on it (a miss reads through). Runs on this runtime's worker thread, marked as blocking.
+/// on it (a miss reads through), by the rules the memcached engine follows
+/// ([`crate::cache`]). Runs on this runtime's worker thread, marked as blocking.
 fn read_through(app: &App, key: &[u8]) -> Result<(), ApiError> {
     let store = &app.shared.store;
-    if store.durability().is_some() && store.peek(key).is_none() {
-        tokio::task::block_in_place(|| store.load(key)).map_err(disk_error)?;
+    match DiskRules::of(store).load(store, key) {
+        Some(work) => run_blocking(store, &work),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Under `--durability sync`, makes a write durable before it is acknowledged.
 fn persist(app: &App, key: &[u8]) -> Result<(), ApiError> {
     let store = &app.shared.store;
-    if store.durability() == Some(kvlab_store::Durability::Sync) {
-        tokio::task::block_in_place(|| store.persist(key)).map_err(disk_error)?;
+    match DiskRules::of(store).persist(key) {
+        Some(work) => run_blocking(store, &work),
+        None => Ok(()),
     }
-    Ok(())
+}
+
+/// Does disk work in place, telling the runtime this thread blocks.
+fn run_blocking(store: &Store, work: &Blocking) -> Result<(), ApiError> {
+    tokio::task::block_in_place(|| work.run_on(store)).map_err(disk_error)
 }
 
 fn disk_error(e: std::io::Error) -> ApiError {

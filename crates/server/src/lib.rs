@@ -1,37 +1,34 @@
-//! kvlab's memcached-compatible server.
+//! kvlab's memcached-compatible server: the cache [`kvlab_net::Service`] over the network
+//! front end of `kvlab-net`.
 //!
 //! The request path, outside in:
 //!
 //! ```text
-//! socket ──► I/O driver (reactor) ──► Session (sans-IO) ──► protocol::parse ──► Engine ──► Store
-//!        ◄──                      ◄──                   ◄── protocol::response ◄──
+//! socket ──► kvlab_net driver ──► Session (sans-IO) ──► protocol::parse ──► Engine ──► Store
+//!        ◄──                  ◄──                   ◄── protocol::response ◄──
 //! ```
 //!
-//! - [`session`]: bytes in, bytes out; pipelining, ordering, bounded buffers;
-//! - [`engine`]: memcached command semantics over the store, reply composition;
-//! - [`reactor`]: the default I/O driver, one epoll loop per worker thread;
+//! - [`cache`]: the durable cache's semantics (read-through, persist before the reply) and
+//!   its disk work, shared by the engine and the REST handlers;
+//! - [`engine`]: memcached command semantics over the store, reply composition; the
+//!   [`kvlab_net::Service`] that every `kvlab_net` driver runs, with disk work
+//!   ([`engine::Blocking`]) as its deferred work;
+//! - `kvlab_net`: the sans-IO session and the I/O drivers ([`IoModel`]);
 //! - [`crawler`]: the background thread that reclaims expired and flushed items;
 //! - [`stats`]: memcached's `stats` fields, service-time percentiles, Prometheus text;
 //! - [`metrics`]: the optional HTTP endpoint serving `/metrics`;
 //! - [`http`]: the optional REST interface to the same store.
 
+pub mod cache;
 pub mod crawler;
-pub mod disk;
-pub mod driver;
 pub mod engine;
-pub mod epoll;
-pub mod event_loop;
 pub mod http;
 pub mod metrics;
-pub mod reactor;
-pub mod session;
-pub mod signal;
 pub mod stats;
-pub mod threaded;
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,87 +40,13 @@ use crate::stats::{ServerStats, WorkerStats};
 
 pub use crawler::CrawlerConfig;
 pub use engine::{Engine, Flow};
-pub use session::Session;
+pub use kvlab_net::IoModel;
+
+/// The sans-IO session running the cache engine.
+pub type Session = kvlab_net::Session<Engine>;
 
 /// memcached's reply to a connection over the `-c` limit.
 pub const TOO_MANY_CONNECTIONS: &[u8] = kvlab_protocol::response::TOO_MANY_CONNECTIONS;
-
-/// Which I/O driver runs the sessions; all drive the same [`Session`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IoModel {
-    /// One epoll event loop per worker thread, fed by an acceptor (the default).
-    Reactor,
-    /// One thread per connection, blocking I/O.
-    Threaded,
-    /// One epoll event-loop thread for everything; disk work on helper threads.
-    Epoll,
-    /// One event-loop thread woken by real-time signals (`O_ASYNC`, `F_SETSIG`).
-    Signal,
-}
-
-impl IoModel {
-    /// Every driver, for tests that must pass under each.
-    pub const ALL: &'static [IoModel] = &[
-        IoModel::Reactor,
-        IoModel::Threaded,
-        IoModel::Epoll,
-        IoModel::Signal,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            IoModel::Reactor => "reactor",
-            IoModel::Threaded => "threaded",
-            IoModel::Epoll => "epoll",
-            IoModel::Signal => "signal",
-        }
-    }
-}
-
-/// A running I/O driver.
-enum Driver {
-    Reactor(reactor::Reactor),
-    Threaded(threaded::Threaded),
-    Epoll(epoll::Epoll),
-    Signal(signal::SignalDriver),
-}
-
-impl Driver {
-    fn start(
-        io: IoModel,
-        listener: std::net::TcpListener,
-        shared: Arc<Shared>,
-    ) -> io::Result<Driver> {
-        Ok(match io {
-            IoModel::Reactor => Driver::Reactor(reactor::Reactor::start(listener, shared)?),
-            IoModel::Threaded => Driver::Threaded(threaded::Threaded::start(listener, shared)?),
-            IoModel::Epoll => Driver::Epoll(epoll::Epoll::start(listener, shared)?),
-            IoModel::Signal => Driver::Signal(signal::SignalDriver::start(listener, shared)?),
-        })
-    }
-
-    fn stop(self) {
-        match self {
-            Driver::Reactor(d) => d.stop(),
-            Driver::Threaded(d) => d.stop(),
-            Driver::Epoll(d) => d.stop(),
-            Driver::Signal(d) => d.stop(),
-        }
-    }
-}
-
-impl std::str::FromStr for IoModel {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        IoModel::ALL
-            .iter()
-            .copied()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| {
-                format!("unknown I/O model {s:?} (known: reactor, threaded, epoll, signal)")
-            })
-    }
-}
 
 /// Everything `kvlab server` can be told.
 #[derive(Clone)]
@@ -198,6 +121,44 @@ impl Shared {
     }
 }
 
+/// The cache as the network front end serves it: one [`Engine`] per serving thread, the
+/// store as every disk helper's state, the `-c` limit and the shutdown flag.
+impl kvlab_net::App for Shared {
+    type Service = Engine;
+
+    fn service(&self, index: usize) -> Engine {
+        // Threads (and, for the threaded driver, connections) share the per-worker counters
+        // round-robin: each counter is atomic and each histogram is behind its own mutex, so
+        // sharing is safe and cheap.
+        let workers = &self.stats.workers;
+        let worker = workers[index % workers.len()].clone();
+        Engine::new(self.store.clone(), self.stats.clone(), worker)
+    }
+
+    fn helper(&self, _index: usize) -> Arc<Store> {
+        self.store.clone()
+    }
+
+    fn admit(&self, _peer: SocketAddr) -> bool {
+        let stats = &self.stats;
+        if stats.curr_connections.load(Relaxed) >= stats.max_connections {
+            stats.rejected_connections.fetch_add(1, Relaxed);
+            return false;
+        }
+        stats.curr_connections.fetch_add(1, Relaxed);
+        stats.total_connections.fetch_add(1, Relaxed);
+        true
+    }
+
+    fn release(&self) {
+        self.stats.curr_connections.fetch_sub(1, Relaxed);
+    }
+
+    fn stopping(&self) -> bool {
+        self.shutdown.load(SeqCst)
+    }
+}
+
 /// A cloneable handle that asks a running server to stop (for signal handlers).
 #[derive(Clone)]
 pub struct StopHandle(Arc<Shared>);
@@ -213,7 +174,7 @@ pub struct Server {
     addr: SocketAddr,
     metrics_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
-    driver: Option<Driver>,
+    driver: Option<kvlab_net::Driver>,
     metrics: Option<metrics::MetricsServer>,
     http: Option<http::HttpServer>,
     http_addr: Option<SocketAddr>,
@@ -297,7 +258,11 @@ impl Server {
             )?),
             None => None,
         };
-        let driver = Driver::start(config.io, listener, shared.clone())?;
+        let net = kvlab_net::Config {
+            threads: config.threads,
+            limits,
+        };
+        let driver = kvlab_net::Driver::start(config.io, listener, shared.clone(), net)?;
         Ok(Server {
             addr,
             metrics_addr,

@@ -16,22 +16,23 @@
 //! something changed, so a connection is pumped until its input is drained. If the kernel's
 //! real-time signal queue overflows it raises a plain `SIGIO` without an fd; the loop then
 //! pumps every connection and the listener, so nothing is lost. Other threads (shutdown, the
-//! `-t` disk helpers of [`crate::disk`]) wake the loop by writing to a pipe that is itself
-//! signal-driven; the loop never blocks on disk.
+//! `-t` helpers of [`crate::pool`] that run deferred work) wake the loop by writing to a pipe
+//! that is itself signal-driven; the loop never blocks on deferred work.
 
 use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 
-use crate::disk::{DiskPool, Done};
+use kvlab_protocol::Limits;
+
 use crate::driver::{self, Pump};
-use crate::engine::Engine;
+use crate::pool::{Done, HelperPool};
+use crate::service::{App, WorkOf};
 use crate::session::Session;
-use crate::Shared;
+use crate::Config;
 
 /// The real-time signal that carries readiness (SIGRTMIN+3 leaves the low ones to libraries).
 fn io_signal() -> i32 {
@@ -45,25 +46,27 @@ pub struct SignalDriver {
 }
 
 impl SignalDriver {
-    pub fn start(listener: TcpListener, shared: Arc<Shared>) -> io::Result<SignalDriver> {
+    /// Starts the loop on `listener`, with `config.threads` helper threads.
+    pub fn start<A: App>(
+        listener: TcpListener,
+        app: Arc<A>,
+        config: Config,
+    ) -> io::Result<SignalDriver> {
         listener.set_nonblocking(true)?;
         let (wake_r, wake_w) = pipe()?;
         let wake_w = Arc::new(wake_w);
-        let engine = Engine::new(
-            shared.store.clone(),
-            shared.stats.clone(),
-            shared.stats.workers[0].clone(),
-        )
-        .deferring();
+        let service = app.service(0);
         let (done_tx, done_rx) = mpsc::channel();
         let waker = wake_w.clone();
         let wake_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || wake(&waker));
-        let pool = DiskPool::start(shared.stats.threads, shared.store.clone(), done_tx, wake_fn)?;
+        let workers = (0..config.threads.max(1)).map(|i| app.helper(i)).collect();
+        let pool = HelperPool::start("kvlab-helper", workers, done_tx, wake_fn)?;
+        let limits = config.limits;
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kvlab-signal".into())
-            .spawn(
-                move || match Loop::new(listener, wake_r, engine, shared, pool, done_rx) {
+            .spawn(move || {
+                match Loop::new(listener, wake_r, service, app, limits, pool, done_rx) {
                     Ok(mut l) => {
                         let _ = ready_tx.send(Ok(()));
                         l.run();
@@ -71,8 +74,8 @@ impl SignalDriver {
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
                     }
-                },
-            )?;
+                }
+            })?;
         ready_rx
             .recv()
             .map_err(|_| io::Error::other("signal loop died during setup"))??;
@@ -82,6 +85,7 @@ impl SignalDriver {
         })
     }
 
+    /// Wakes the loop so it notices the stop, and waits for it.
     pub fn stop(mut self) {
         wake(&self.wake);
         if let Some(t) = self.thread.take() {
@@ -143,36 +147,38 @@ fn make_signal_driven(fd: RawFd, tid: libc::pid_t) -> io::Result<()> {
     Ok(())
 }
 
-struct Conn {
+struct Conn<A: App> {
     stream: TcpStream,
-    session: Session,
+    session: Session<A::Service>,
     generation: u64,
 }
 
-struct Loop {
+struct Loop<A: App> {
     listener: TcpListener,
     wake_r: OwnedFd,
     signalfd: OwnedFd,
     tid: libc::pid_t,
-    engine: Engine,
-    shared: Arc<Shared>,
+    service: A::Service,
+    app: Arc<A>,
+    limits: Limits,
     /// Connections indexed by fd (fds are small and dense).
-    conns: Vec<Option<Conn>>,
+    conns: Vec<Option<Conn<A>>>,
     generation: u64,
-    pool: DiskPool,
+    pool: HelperPool<WorkOf<A>>,
     done: mpsc::Receiver<Done>,
 }
 
-impl Loop {
+impl<A: App> Loop<A> {
     /// Runs on the loop thread: blocks the signals here and routes them to a signalfd.
     fn new(
         listener: TcpListener,
         wake_r: OwnedFd,
-        engine: Engine,
-        shared: Arc<Shared>,
-        pool: DiskPool,
+        service: A::Service,
+        app: Arc<A>,
+        limits: Limits,
+        pool: HelperPool<WorkOf<A>>,
         done: mpsc::Receiver<Done>,
-    ) -> io::Result<Loop> {
+    ) -> io::Result<Loop<A>> {
         // SAFETY: plain libc calls on a local sigset and this thread's mask.
         let signalfd = unsafe {
             let mut set = MaybeUninit::<libc::sigset_t>::uninit();
@@ -195,8 +201,9 @@ impl Loop {
             wake_r,
             signalfd,
             tid,
-            engine,
-            shared,
+            service,
+            app,
+            limits,
             conns: Vec::new(),
             generation: 0,
             pool,
@@ -208,7 +215,7 @@ impl Loop {
         // Anything that arrived before O_ASYNC was set raised no signal: look once.
         self.accept();
         let mut infos: [MaybeUninit<libc::signalfd_siginfo>; 64] = [MaybeUninit::uninit(); 64];
-        while !self.shared.shutdown.load(SeqCst) {
+        while !self.app.stopping() {
             let want = size_of::<libc::signalfd_siginfo>() * infos.len();
             // SAFETY: reading into a buffer of `want` bytes; the kernel writes whole records.
             let n =
@@ -255,14 +262,14 @@ impl Loop {
         while unsafe { libc::read(self.wake_r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0
         {
         }
-        // Finished disk work: complete the sessions and let them carry on.
+        // Finished work: complete the sessions and let them carry on.
         while let Ok(done) = self.done.try_recv() {
             let (idx, generation) = done.conn;
             let Some(conn) = self.conns.get_mut(idx).and_then(Option::as_mut) else {
                 continue;
             };
             if conn.generation == generation {
-                conn.session.complete(&done.work, done.result);
+                conn.session.complete(done.slot, done.completion);
                 self.serve(idx as RawFd);
             }
         }
@@ -272,14 +279,14 @@ impl Loop {
         loop {
             match self.listener.accept() {
                 Ok((mut stream, peer)) => {
-                    if !driver::admit(&self.shared.stats, &mut stream, peer) {
+                    if !driver::admit(&*self.app, &mut stream, peer) {
                         continue;
                     }
                     let _ = stream.set_nodelay(true);
                     let fd = stream.as_raw_fd();
                     if let Err(e) = make_signal_driven(fd, self.tid) {
                         tracing::warn!(%e, "cannot make connection signal-driven");
-                        driver::release(&self.shared.stats);
+                        self.app.release();
                         continue;
                     }
                     let idx = fd as usize;
@@ -289,7 +296,7 @@ impl Loop {
                     self.generation += 1;
                     self.conns[idx] = Some(Conn {
                         stream,
-                        session: Session::new(self.shared.limits),
+                        session: Session::new(self.limits),
                         generation: self.generation,
                     });
                     // Bytes that came before O_ASYNC raised no signal.
@@ -314,12 +321,18 @@ impl Loop {
             // A signal queued before its connection closed.
             return;
         };
-        if driver::pump(&mut conn.stream, &mut conn.session, &mut self.engine) == Pump::Closed {
+        let pumped = driver::pump(
+            &mut conn.stream,
+            &mut conn.session,
+            &mut self.service,
+            false,
+        );
+        if pumped == Pump::Closed {
             self.drop_conn(fd);
             return;
         }
-        if let Some(work) = conn.session.take_blocking() {
-            self.pool.submit((fd as usize, conn.generation), work);
+        while let Some((id, work)) = conn.session.take_work() {
+            self.pool.submit((fd as usize, conn.generation), id, work);
         }
     }
 
@@ -338,7 +351,7 @@ impl Loop {
             .and_then(Option::take)
         {
             drop(conn);
-            driver::release(&self.shared.stats);
+            self.app.release();
         }
     }
 }

@@ -8,13 +8,13 @@
 //!              └────────────────────────────────────┘
 //! ```
 //!
-//! One thread serves everything, so nothing on it may block: with a durable store, disk work
-//! (read-through on a miss, persisting a write under `--durability sync`) goes to `-t` helper
-//! threads ([`crate::disk`]) and completes through the loop's waker (an eventfd); meanwhile
-//! the loop serves every other connection.
+//! One thread serves everything, so nothing on it may block: deferred work (a durable
+//! cache's read-through on a miss or persist under `--durability sync`; a backend request)
+//! goes to `-t` helper threads ([`crate::pool`]) and completes through the loop's waker (an
+//! eventfd); meanwhile the loop serves every other connection.
 //!
 //! ```text
-//!  helpers (-t threads): load / persist ──► results ──► waker ──► event loop
+//!  helpers (-t threads): work.run ──► completions ──► waker ──► event loop
 //! ```
 
 use std::io;
@@ -23,9 +23,9 @@ use std::thread::JoinHandle;
 
 use mio::{Poll, Waker};
 
-use crate::engine::Engine;
 use crate::event_loop::{EventLoop, WAKER};
-use crate::Shared;
+use crate::service::App;
+use crate::Config;
 
 /// A running single-loop driver.
 pub struct Epoll {
@@ -34,20 +34,19 @@ pub struct Epoll {
 }
 
 impl Epoll {
-    pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> io::Result<Epoll> {
+    /// Starts the loop on `listener`, with `config.threads` helper threads.
+    pub fn start<A: App>(
+        listener: std::net::TcpListener,
+        app: Arc<A>,
+        config: Config,
+    ) -> io::Result<Epoll> {
         listener.set_nonblocking(true)?;
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
-        let engine = Engine::new(
-            shared.store.clone(),
-            shared.stats.clone(),
-            shared.stats.workers[0].clone(),
-        )
-        .deferring();
-        let helpers = shared.stats.threads;
-        let event_loop = EventLoop::new(poll, engine, shared)
+        let service = app.service(0);
+        let event_loop = EventLoop::new(poll, service, app, config.limits)
             .with_listener(mio::net::TcpListener::from_std(listener))?
-            .with_disk_helpers(helpers, waker.clone())?;
+            .with_helpers(config.threads, waker.clone())?;
         let thread = std::thread::Builder::new()
             .name("kvlab-epoll".into())
             .spawn(move || event_loop.run())?;
@@ -57,6 +56,7 @@ impl Epoll {
         })
     }
 
+    /// Wakes the loop so it notices the stop, and waits for it.
     pub fn stop(mut self) {
         let _ = self.waker.wake();
         if let Some(t) = self.thread.take() {

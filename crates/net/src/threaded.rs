@@ -3,14 +3,14 @@
 //! ```text
 //!             ┌──────────────┐ accept() ┌──────────────────────────┐
 //!  clients ──►│ acceptor     │────────► │ conn thread: read (blocks) │  one per connection,
-//!             │ (1 thread,   │  spawn   │  → Session.process         │  Session + Engine of its own
+//!             │ (1 thread,   │  spawn   │  → Session.process         │  Session + Service of its own
 //!             │  mio::Poll)  │          │  → write_all (blocks)      │
 //!             └──────────────┘          └──────────────────────────┘
 //! ```
 //!
 //! The simplest model and the classic baseline: no readiness notification, the kernel
 //! schedules one thread per client. Its cost is a thread (stack, context switches) per
-//! connection. Blocking disk work runs inline on the connection's own thread. Shutdown shuts
+//! connection. Deferred work (disk, a backend) runs inline on the connection's own thread. Shutdown shuts
 //! every socket down so that blocked reads return.
 
 use std::collections::HashMap;
@@ -24,11 +24,12 @@ use std::thread::JoinHandle;
 use mio::{Poll, Waker};
 use parking_lot::Mutex;
 
+use kvlab_protocol::Limits;
+
 use crate::driver;
-use crate::engine::Engine;
+use crate::service::{App, Service};
 use crate::session::Session;
-use crate::stats::WorkerStats;
-use crate::Shared;
+use crate::Config;
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
 
@@ -48,7 +49,12 @@ pub struct Threaded {
 }
 
 impl Threaded {
-    pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> io::Result<Threaded> {
+    /// Starts the acceptor on `listener`; each connection gets a thread.
+    pub fn start<A: App>(
+        listener: std::net::TcpListener,
+        app: Arc<A>,
+        config: Config,
+    ) -> io::Result<Threaded> {
         listener.set_nonblocking(true)?;
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
@@ -58,8 +64,8 @@ impl Threaded {
         let acceptor = std::thread::Builder::new()
             .name("kvlab-acceptor".into())
             .spawn(move || {
-                driver::accept_loop(poll, listener, &shared, |stream| {
-                    spawn_conn(stream, &shared, &reg)
+                driver::accept_loop(poll, listener, &*app, |stream| {
+                    spawn_conn(stream, &app, config.limits, &reg)
                 })
             })?;
         Ok(Threaded {
@@ -85,7 +91,12 @@ impl Threaded {
     }
 }
 
-fn spawn_conn(stream: mio::net::TcpStream, shared: &Arc<Shared>, reg: &Arc<Registry>) -> bool {
+fn spawn_conn<A: App>(
+    stream: mio::net::TcpStream,
+    app: &Arc<A>,
+    limits: Limits,
+    reg: &Arc<Registry>,
+) -> bool {
     // SAFETY: `into_raw_fd` hands over sole ownership of a valid socket descriptor.
     let stream = unsafe { std::net::TcpStream::from_raw_fd(stream.into_raw_fd()) };
     if stream.set_nonblocking(false).is_err() {
@@ -96,18 +107,14 @@ fn spawn_conn(stream: mio::net::TcpStream, shared: &Arc<Shared>, reg: &Arc<Regis
     };
     let id = reg.next_id.fetch_add(1, Relaxed);
     reg.streams.lock().insert(id, clone);
-    // Connections share the per-worker counters round-robin: each counter is atomic and
-    // each histogram is behind its own mutex, so sharing is safe and cheap.
-    let workers = &shared.stats.workers;
-    let worker = workers[(id as usize) % workers.len()].clone();
-    let engine = Engine::new(shared.store.clone(), shared.stats.clone(), worker);
-    let (shared2, reg2) = (shared.clone(), reg.clone());
+    let service = app.service(id as usize);
+    let (app2, reg2) = (app.clone(), reg.clone());
     let spawned = std::thread::Builder::new()
         .name(format!("kvlab-conn-{id}"))
         .spawn(move || {
-            serve(stream, engine, &shared2);
+            serve(stream, service, limits);
             reg2.streams.lock().remove(&id);
-            driver::release(&shared2.stats);
+            app2.release();
         });
     match spawned {
         Ok(handle) => {
@@ -125,15 +132,15 @@ fn spawn_conn(stream: mio::net::TcpStream, shared: &Arc<Shared>, reg: &Arc<Regis
 }
 
 /// Blocking loop for one connection: read, process, write everything, repeat.
-fn serve(mut stream: std::net::TcpStream, mut engine: Engine, shared: &Shared) {
-    let mut session = Session::new(shared.limits);
+fn serve<S: Service>(mut stream: std::net::TcpStream, mut service: S, limits: Limits) {
+    let mut session = Session::new(limits);
     loop {
-        session.process(&mut engine);
+        session.process_inline(&mut service);
         if !session.output().is_empty() {
             match stream.write(session.output()) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
-                    WorkerStats::add(&engine.worker.bytes_written, n as u64);
+                    service.bytes_written(n);
                     session.wrote(n);
                 }
             }
@@ -145,7 +152,7 @@ fn serve(mut stream: std::net::TcpStream, mut engine: Engine, shared: &Shared) {
         match stream.read(session.read_space()) {
             Ok(0) => return,
             Ok(n) => {
-                WorkerStats::add(&engine.worker.bytes_read, n as u64);
+                service.bytes_read(n);
                 session.filled(n);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

@@ -3,18 +3,21 @@
 //! ```text
 //!             ┌──────────────┐  accept()  ┌───────────────┐
 //!  clients ──►│ acceptor     │──────────► │ worker 0      │ mio::Poll, its connections,
-//!             │ (1 thread,   │ round-robin│  Session+Engine│ one read → process → one write
+//!             │ (1 thread,   │ round-robin│ Session+Service│ one read → process → one write
 //!             │  mio::Poll)  │ via channel├───────────────┤
 //!             └──────────────┘ + Waker    │ worker 1..t-1 │ same, independent
 //!                                         └───────────────┘
-//!                      all workers share one Arc<Store> (sharded locks)
+//!            the services of all workers share the application's state (the cache's
+//!            Arc<Store>, with sharded locks)
 //! ```
 //!
 //! The acceptor enforces the connection limit (`-c`) and answers an extra connection with
 //! memcached's `ERROR Too many open connections` before closing it. Workers are
 //! edge-triggered: on readiness they read until the socket would block (or the session
 //! stops wanting input because its replies are backed up), process, and write; a partial
-//! write arms writable interest and pauses reading until the client catches up.
+//! write arms writable interest and pauses reading until the client catches up. Deferred
+//! work (a durable cache's disk reads and persists) runs inline on the worker, as it always
+//! has: its other connections wait meanwhile.
 
 use std::io;
 use std::sync::mpsc;
@@ -25,9 +28,9 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Poll, Waker};
 
 use crate::driver;
-use crate::engine::Engine;
 use crate::event_loop::{EventLoop, WAKER};
-use crate::Shared;
+use crate::service::App;
+use crate::Config;
 
 /// A running reactor: its threads and the wakers that stop them.
 pub struct Reactor {
@@ -36,41 +39,45 @@ pub struct Reactor {
 }
 
 impl Reactor {
-    /// Starts the acceptor and `shared.threads` workers on `listener`.
-    pub fn start(listener: std::net::TcpListener, shared: Arc<Shared>) -> io::Result<Reactor> {
+    /// Starts the acceptor and `config.threads` workers on `listener`.
+    pub fn start<A: App>(
+        listener: std::net::TcpListener,
+        app: Arc<A>,
+        config: Config,
+    ) -> io::Result<Reactor> {
         listener.set_nonblocking(true)?;
         let mut threads = Vec::new();
         let mut wakers = Vec::new();
         let mut senders = Vec::new();
-        for (i, worker_stats) in shared.stats.workers.iter().enumerate() {
+        for i in 0..config.threads.max(1) {
             let poll = Poll::new()?;
             let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
             let (tx, rx) = mpsc::channel::<TcpStream>();
             senders.push((tx, waker.clone()));
             wakers.push(waker);
-            let engine = Engine::new(
-                shared.store.clone(),
-                shared.stats.clone(),
-                worker_stats.clone(),
-            );
-            let shared = shared.clone();
+            let service = app.service(i);
+            let (app, limits) = (app.clone(), config.limits);
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("kvlab-worker-{i}"))
-                    .spawn(move || EventLoop::new(poll, engine, shared).with_incoming(rx).run())?,
+                    .spawn(move || {
+                        EventLoop::new(poll, service, app, limits)
+                            .with_incoming(rx)
+                            .run()
+                    })?,
             );
         }
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         wakers.push(waker);
         let listener = TcpListener::from_std(listener);
-        let acceptor_shared = shared.clone();
+        let acceptor_app = app.clone();
         threads.push(
             std::thread::Builder::new()
                 .name("kvlab-acceptor".into())
                 .spawn(move || {
                     let mut next = 0usize;
-                    driver::accept_loop(poll, listener, &acceptor_shared, |stream| {
+                    driver::accept_loop(poll, listener, &*acceptor_app, |stream| {
                         let (tx, waker) = &senders[next % senders.len()];
                         next = next.wrapping_add(1);
                         match tx.send(stream) {

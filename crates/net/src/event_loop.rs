@@ -2,79 +2,94 @@
 //! loop per worker thread, fed by an acceptor) and `epoll` (one loop that also accepts)
 //! drivers.
 //!
+//! ```text
+//!  waker (new connections, shutdown, helper completions) ─┐
+//!  listener (epoll driver) ───────────────────────────────┤
+//!  connections 0..n (edge-triggered) ─────────────────────┴─► one thread: poll → pump each
+//!                                                               ready connection
+//! ```
+//!
 //! Edge-triggered: on readiness a connection is pumped until its input is drained or its
 //! output blocks; a blocked connection arms writable interest and reads nothing more until
 //! the client has taken its replies.
+//!
+//! Deferred work runs inline on the loop's thread ([`crate::session::Session::process_inline`],
+//! the reactor) or, with [`EventLoop::with_helpers`], on a [`crate::pool::HelperPool`] whose
+//! completions come back through the loop's waker (the epoll driver).
 
 use std::io;
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::mpsc;
 use std::sync::Arc;
 
+use kvlab_protocol::Limits;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
-use crate::disk::{DiskPool, Done};
 use crate::driver::{self, Pump, LISTENER};
-use crate::engine::Engine;
+use crate::pool::{Done, HelperPool};
+use crate::service::{App, WorkOf};
 use crate::session::Session;
-use crate::Shared;
 
 /// The token of the loop's waker (new connections, shutdown).
 pub const WAKER: Token = Token(usize::MAX);
 
-struct Conn {
+struct Conn<A: App> {
     stream: TcpStream,
-    session: Session,
+    session: Session<A::Service>,
     /// Whether writable interest is armed (a write was partial).
     writable: bool,
     /// Distinguishes this connection from later ones in the same slot.
     generation: u64,
 }
 
-/// Disk helpers and the channel their results come back on.
-struct Disk {
-    pool: DiskPool,
+/// Helper threads and the channel their results come back on.
+struct Helpers<A: App> {
+    pool: HelperPool<WorkOf<A>>,
     done: mpsc::Receiver<Done>,
 }
 
 /// An event loop and the connections it owns.
-pub struct EventLoop {
+pub struct EventLoop<A: App> {
     poll: Poll,
     incoming: Option<mpsc::Receiver<TcpStream>>,
     listener: Option<TcpListener>,
-    engine: Engine,
-    shared: Arc<Shared>,
-    conns: Vec<Option<Conn>>,
+    service: A::Service,
+    app: Arc<A>,
+    limits: Limits,
+    conns: Vec<Option<Conn<A>>>,
     free: Vec<usize>,
-    disk: Option<Disk>,
+    /// Without helpers, deferred work runs inline on the loop's thread.
+    helpers: Option<Helpers<A>>,
     generation: u64,
 }
 
-impl EventLoop {
-    pub fn new(poll: Poll, engine: Engine, shared: Arc<Shared>) -> Self {
+impl<A: App> EventLoop<A> {
+    /// A loop on `poll` running `service` for its connections.
+    pub fn new(poll: Poll, service: A::Service, app: Arc<A>, limits: Limits) -> Self {
         EventLoop {
             poll,
             incoming: None,
             listener: None,
-            engine,
-            shared,
+            service,
+            app,
+            limits,
             conns: Vec::new(),
             free: Vec::new(),
-            disk: None,
+            helpers: None,
             generation: 0,
         }
     }
 
-    /// Blocking disk work goes to `threads` helper threads, whose results wake the loop
-    /// through its waker; the loop itself never blocks on disk.
-    pub fn with_disk_helpers(mut self, threads: usize, waker: Arc<mio::Waker>) -> io::Result<Self> {
+    /// Deferred work goes to `threads` helper threads, whose results wake the loop through
+    /// its waker; the loop itself never blocks on it.
+    pub fn with_helpers(mut self, threads: usize, waker: Arc<mio::Waker>) -> io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let wake: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
             let _ = waker.wake();
         });
-        let pool = DiskPool::start(threads, self.shared.store.clone(), tx, wake)?;
-        self.disk = Some(Disk { pool, done: rx });
+        let workers = (0..threads.max(1)).map(|i| self.app.helper(i)).collect();
+        let pool = HelperPool::start("kvlab-helper", workers, tx, wake)?;
+        self.helpers = Some(Helpers { pool, done: rx });
         Ok(self)
     }
 
@@ -96,7 +111,7 @@ impl EventLoop {
     /// Serves until the server's shutdown flag is set (and the waker woken).
     pub fn run(mut self) {
         let mut events = Events::with_capacity(1024);
-        while !self.shared.shutdown.load(SeqCst) {
+        while !self.app.stopping() {
             if let Err(e) = self.poll.poll(&mut events, None) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -108,7 +123,7 @@ impl EventLoop {
                 match event.token() {
                     WAKER => {
                         self.adopt_new();
-                        self.complete_disk_work();
+                        self.complete_work();
                     }
                     LISTENER => self.accept(),
                     Token(i) => self.serve(i),
@@ -120,7 +135,7 @@ impl EventLoop {
 
     fn accept(&mut self) {
         while let Some(listener) = self.listener.as_ref() {
-            match driver::accept_one(listener, &self.shared) {
+            match driver::accept_one(listener, &*self.app) {
                 Some((stream, _peer)) => self.adopt(stream),
                 None => break,
             }
@@ -141,14 +156,14 @@ impl EventLoop {
         let registry = self.poll.registry();
         if let Err(e) = registry.register(&mut stream, Token(slot), Interest::READABLE) {
             tracing::warn!(%e, "cannot register connection");
-            driver::release(&self.shared.stats);
+            self.app.release();
             self.free.push(slot);
             return;
         }
         self.generation += 1;
         self.conns[slot] = Some(Conn {
             stream,
-            session: Session::new(self.shared.limits),
+            session: Session::new(self.limits),
             writable: false,
             generation: self.generation,
         });
@@ -160,7 +175,14 @@ impl EventLoop {
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        let keep = match driver::pump(&mut conn.stream, &mut conn.session, &mut self.engine) {
+        let inline = self.helpers.is_none();
+        let pumped = driver::pump(
+            &mut conn.stream,
+            &mut conn.session,
+            &mut self.service,
+            inline,
+        );
+        let keep = match pumped {
             Pump::Closed => false,
             Pump::Idle => arm_writable(conn, &self.poll, Token(slot), false),
             Pump::Blocked => arm_writable(conn, &self.poll, Token(slot), true),
@@ -169,14 +191,16 @@ impl EventLoop {
             self.drop_conn(slot);
             return;
         }
-        if let (Some(work), Some(disk)) = (conn.session.take_blocking(), &self.disk) {
-            disk.pool.submit((slot, conn.generation), work);
+        if let Some(helpers) = &self.helpers {
+            while let Some((id, work)) = conn.session.take_work() {
+                helpers.pool.submit((slot, conn.generation), id, work);
+            }
         }
     }
 
-    /// Hands finished disk work back to its sessions and lets them carry on.
-    fn complete_disk_work(&mut self) {
-        while let Some(done) = self.disk.as_ref().and_then(|d| d.done.try_recv().ok()) {
+    /// Hands finished work back to its sessions and lets them carry on.
+    fn complete_work(&mut self) {
+        while let Some(done) = self.helpers.as_ref().and_then(|h| h.done.try_recv().ok()) {
             let (slot, generation) = done.conn;
             let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
                 continue;
@@ -184,7 +208,7 @@ impl EventLoop {
             if conn.generation != generation {
                 continue;
             }
-            conn.session.complete(&done.work, done.result);
+            conn.session.complete(done.slot, done.completion);
             self.serve(slot);
         }
     }
@@ -192,7 +216,7 @@ impl EventLoop {
     fn drop_conn(&mut self, slot: usize) {
         if let Some(mut conn) = self.conns[slot].take() {
             let _ = self.poll.registry().deregister(&mut conn.stream);
-            driver::release(&self.shared.stats);
+            self.app.release();
             self.free.push(slot);
         }
     }
@@ -207,7 +231,7 @@ impl EventLoop {
     }
 }
 
-fn arm_writable(conn: &mut Conn, poll: &Poll, token: Token, want: bool) -> bool {
+fn arm_writable<A: App>(conn: &mut Conn<A>, poll: &Poll, token: Token, want: bool) -> bool {
     if conn.writable != want {
         let interest = if want {
             Interest::READABLE | Interest::WRITABLE

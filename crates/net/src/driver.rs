@@ -2,13 +2,11 @@
 //! bytes between a non-blocking socket and its [`Session`].
 
 use std::io::{self, Read, Write};
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::Ordering::SeqCst;
 
-use crate::engine::Engine;
+use kvlab_protocol::response::TOO_MANY_CONNECTIONS;
+
+use crate::service::{App, Service};
 use crate::session::Session;
-use crate::stats::{ServerStats, WorkerStats};
-use crate::{Shared, TOO_MANY_CONNECTIONS};
 
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
@@ -19,22 +17,14 @@ pub const LISTENER: Token = Token(usize::MAX - 1);
 /// Counts a new connection in, or refuses it with memcached's message when the server is at
 /// its connection limit. Returns whether the connection was admitted; a refused one should
 /// be dropped (closed) by the caller.
-pub fn admit(stats: &ServerStats, stream: &mut impl Write, peer: std::net::SocketAddr) -> bool {
-    if stats.curr_connections.load(Relaxed) >= stats.max_connections {
-        stats.rejected_connections.fetch_add(1, Relaxed);
+pub fn admit<A: App>(app: &A, stream: &mut impl Write, peer: std::net::SocketAddr) -> bool {
+    if !app.admit(peer) {
         let _ = stream.write(TOO_MANY_CONNECTIONS);
         tracing::warn!(%peer, "too many open connections");
         return false;
     }
-    stats.curr_connections.fetch_add(1, Relaxed);
-    stats.total_connections.fetch_add(1, Relaxed);
     tracing::debug!(%peer, "accepted");
     true
-}
-
-/// Counts a connection out.
-pub fn release(stats: &ServerStats) {
-    stats.curr_connections.fetch_sub(1, Relaxed);
 }
 
 /// Where a pumped connection stands.
@@ -55,17 +45,29 @@ pub enum Pump {
 /// after that read raises a new edge (epoll) or signal (`O_ASYNC`), so this saves the extra
 /// `read` that would only return `EAGAIN` — one read and one write per batch of pipelined
 /// requests.
-pub fn pump<S: Read + Write>(stream: &mut S, session: &mut Session, engine: &mut Engine) -> Pump {
+///
+/// With `inline`, deferred work runs here on the service's own worker; otherwise it stays in
+/// the session for the caller to hand to helper threads ([`Session::take_work`]).
+pub fn pump<T: Read + Write, S: Service>(
+    stream: &mut T,
+    session: &mut Session<S>,
+    service: &mut S,
+    inline: bool,
+) -> Pump {
     let mut drained = false;
     loop {
-        session.process(engine);
-        if !flush(stream, session, engine) {
+        if inline {
+            session.process_inline(service);
+        } else {
+            session.process(service);
+        }
+        if !flush(stream, session, service) {
             return Pump::Closed;
         }
         if !session.output().is_empty() {
             return Pump::Blocked;
         }
-        if session.is_closing() {
+        if session.is_closing() && !session.is_waiting() {
             return Pump::Closed;
         }
         if drained {
@@ -81,7 +83,7 @@ pub fn pump<S: Read + Write>(stream: &mut S, session: &mut Session, engine: &mut
             match stream.read(space) {
                 Ok(0) => return Pump::Closed,
                 Ok(n) => {
-                    WorkerStats::add(&engine.worker.bytes_read, n as u64);
+                    service.bytes_read(n);
                     session.filled(n);
                     if n == room {
                         drained = false;
@@ -97,12 +99,12 @@ pub fn pump<S: Read + Write>(stream: &mut S, session: &mut Session, engine: &mut
 }
 
 /// Writes as much pending output as the socket takes. False on a dead connection.
-fn flush<S: Write>(stream: &mut S, session: &mut Session, engine: &mut Engine) -> bool {
+fn flush<T: Write, S: Service>(stream: &mut T, session: &mut Session<S>, service: &mut S) -> bool {
     while !session.output().is_empty() {
         match stream.write(session.output()) {
             Ok(0) => return false,
             Ok(n) => {
-                WorkerStats::add(&engine.worker.bytes_written, n as u64);
+                service.bytes_written(n);
                 session.wrote(n);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
@@ -114,7 +116,7 @@ fn flush<S: Write>(stream: &mut S, session: &mut Session, engine: &mut Engine) -
 }
 
 /// Best-effort write of whatever a session still holds, for shutdown.
-pub fn flush_on_close<S: Write>(stream: &mut S, session: &Session) {
+pub fn flush_on_close<T: Write, S: Service>(stream: &mut T, session: &Session<S>) {
     let out = session.output();
     if !out.is_empty() {
         let _ = stream.write(out);
@@ -124,10 +126,10 @@ pub fn flush_on_close<S: Write>(stream: &mut S, session: &Session) {
 /// Accepts connections until shutdown, admitting each under the connection limit and
 /// handing it to `handoff` (which returns false if it could not take it). `poll` must have
 /// a waker registered so that shutdown can interrupt the wait.
-pub fn accept_loop(
+pub fn accept_loop<A: App>(
     mut poll: Poll,
     mut listener: TcpListener,
-    shared: &Shared,
+    app: &A,
     mut handoff: impl FnMut(TcpStream) -> bool,
 ) {
     if let Err(e) = poll
@@ -138,7 +140,7 @@ pub fn accept_loop(
         return;
     }
     let mut events = Events::with_capacity(64);
-    while !shared.shutdown.load(SeqCst) {
+    while !app.stopping() {
         if let Err(e) = poll.poll(&mut events, None) {
             if e.kind() == io::ErrorKind::Interrupted {
                 continue;
@@ -146,9 +148,9 @@ pub fn accept_loop(
             tracing::error!(%e, "acceptor poll failed");
             return;
         }
-        while let Some((stream, _peer)) = accept_one(&listener, shared) {
+        while let Some((stream, _peer)) = accept_one(&listener, app) {
             if !handoff(stream) {
-                release(&shared.stats);
+                app.release();
             }
         }
     }
@@ -156,14 +158,14 @@ pub fn accept_loop(
 
 /// Accepts one admitted connection, or None when the listener would block. Refused
 /// connections are answered and closed here.
-pub fn accept_one(
+pub fn accept_one<A: App>(
     listener: &TcpListener,
-    shared: &Shared,
+    app: &A,
 ) -> Option<(TcpStream, std::net::SocketAddr)> {
     loop {
         match listener.accept() {
             Ok((mut stream, peer)) => {
-                if !admit(&shared.stats, &mut stream, peer) {
+                if !admit(app, &mut stream, peer) {
                     continue;
                 }
                 let _ = stream.set_nodelay(true);

@@ -1,0 +1,127 @@
+//! The seam between the network front end and what answers requests: a [`Service`] executes
+//! parsed requests for one thread, an [`App`] makes services and helper workers for a
+//! driver and admits connections, and deferred [`Work`] completes a reply later.
+//!
+//! A request's reply is either composed at once ([`Flow::Done`]) or completes later
+//! ([`Flow::Defer`]): the session keeps a slot for it, and the [`Order`] says whether the
+//! request runs again afterwards, and whether later requests of the same connection may be
+//! processed meanwhile. The work then runs inline or on a helper thread and comes back as a
+//! [`Completion`]. Replies always leave in request order.
+
+use std::net::SocketAddr;
+
+use kvlab_protocol::{ProtocolError, Request};
+
+/// What the session does after [`Service::call`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Flow<W> {
+    /// The reply (if any) is in `out`.
+    Done,
+    /// Flush what is composed, then close the connection (`quit`).
+    Close,
+    /// The reply completes later, once `W` has run; [`Order`] says how the session waits.
+    Defer(W, Order),
+}
+
+/// How a deferred request holds up its connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// The request runs again once the work completes ([`Completion::Rerun`], e.g. after a
+    /// read-through); nothing after it is processed meanwhile, and what it wrote to `out`
+    /// is discarded.
+    Rerun,
+    /// What the request wrote to `out` is held back until the work completes; nothing after
+    /// it is processed meanwhile (a persist before the reply).
+    Barrier,
+    /// What the request wrote to `out` is held back until the work completes, and later
+    /// requests are processed meanwhile (their replies queue behind this one), up to
+    /// [`crate::session::MAX_IN_FLIGHT`] pending replies per connection.
+    Pipelined,
+}
+
+/// The outcome of deferred work, for the slot it belongs to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// Run the request again ([`Order::Rerun`]); elsewhere the same as [`Completion::Release`].
+    Rerun,
+    /// Release the reply already composed and held back.
+    Release,
+    /// These bytes follow the reply already composed (a backend's answer).
+    Reply(Vec<u8>),
+    /// Replace the held-back reply with `SERVER_ERROR <reason>`; a request waiting to run
+    /// again is dropped.
+    Failed(String),
+}
+
+/// Work a request waits for. It runs inline on the thread that serves the connection, or on
+/// a helper thread that owns a `Worker` (a store handle, a proxy's backend connections).
+pub trait Work: Send + 'static {
+    /// The per-thread state the work runs with.
+    type Worker: Send + 'static;
+    /// Does the work (may block).
+    fn run(self, worker: &mut Self::Worker) -> Completion;
+}
+
+/// Executes requests for one thread (one per event loop, or one per connection thread).
+/// Drivers are generic over it, so its calls are monomorphised on the hot path.
+pub trait Service: Send + 'static {
+    /// Per-connection state the service keeps across calls (e.g. the keys a request has
+    /// read through, so that a re-run does not defer for them again).
+    type Conn: Default + Send;
+    /// The deferred work of this service.
+    type Work: Work;
+
+    /// Executes `req`, appending its reply to `out`. `rerun` is true when the request runs
+    /// again after [`Completion::Rerun`].
+    fn call(
+        &mut self,
+        conn: &mut Self::Conn,
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+        rerun: bool,
+    ) -> Flow<Self::Work>;
+
+    /// The worker that runs deferred work inline (drivers without helper threads).
+    fn worker(&mut self) -> &mut <Self::Work as Work>::Worker;
+
+    /// A request could not be parsed; the session has composed the error reply.
+    fn protocol_error(&mut self, error: ProtocolError);
+
+    /// Service times (ns) of the requests processed from one batch of input.
+    fn record_service(&mut self, samples: &[u64]);
+
+    /// `n` bytes were read from a connection.
+    fn bytes_read(&mut self, n: usize);
+
+    /// `n` bytes were written to a connection.
+    fn bytes_written(&mut self, n: usize);
+}
+
+/// What a driver serves: it makes the services and helper workers, admits connections and
+/// says when to stop.
+pub trait App: Send + Sync + 'static {
+    /// The service each serving thread runs.
+    type Service: Service;
+
+    /// The service for serving thread (or connection) number `index`.
+    fn service(&self, index: usize) -> Self::Service;
+
+    /// The state of helper thread number `index`.
+    fn helper(&self, index: usize) -> WorkerOf<Self>;
+
+    /// Counts a new connection from `peer` in, or refuses it (counting the refusal) when at
+    /// the connection limit. The driver answers a refused connection and closes it.
+    fn admit(&self, peer: SocketAddr) -> bool;
+
+    /// Counts an admitted connection out.
+    fn release(&self);
+
+    /// Whether the driver's threads must stop (checked after every wake-up).
+    fn stopping(&self) -> bool;
+}
+
+/// The helper-thread state of an [`App`]'s work.
+pub type WorkerOf<A> = <<<A as App>::Service as Service>::Work as Work>::Worker;
+
+/// The work of an [`App`]'s service.
+pub type WorkOf<A> = <<A as App>::Service as Service>::Work;

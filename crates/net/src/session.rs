@@ -1,0 +1,726 @@
+//! The sans-IO session: input bytes in, output bytes out, through a [`Service`].
+//!
+//! A session does not know which I/O driver runs it. The driver reads into
+//! [`Session::read_space`], reports how much arrived with [`Session::filled`], calls
+//! [`Session::process`], and writes [`Session::output`]. Pipelined requests are answered in
+//! order, and every reply composed from one read leaves in one write.
+//!
+//! A reply may complete later ([`Flow::Defer`]). The output buffer is then an ordered queue
+//! of reply slots: ready replies are plain bytes, and each pending slot is a marker (where
+//! its held-back reply starts, how long it is) in a small queue beside it. Output is released
+//! up to the first pending slot, so replies leave in request order however their work
+//! completes. The driver takes the work with [`Session::take_work`], runs it (inline or on a
+//! helper thread) and hands the outcome back with [`Session::complete`]. A ready reply costs
+//! no slot entry and no allocation.
+//!
+//! Memory is bounded: the input buffer only grows to the largest valid request (one
+//! command line plus an item of `-I` bytes), a refused large value is discarded as it
+//! arrives rather than buffered, processing pauses while the output buffer holds more
+//! than [`OUTPUT_HIGH_WATER`] bytes that the client has not read, and at most
+//! [`MAX_IN_FLIGHT`] replies of one connection are pending at a time.
+
+use std::collections::VecDeque;
+use std::time::Instant;
+
+use kvlab_protocol::{parse, Limits, Parsed};
+
+use crate::service::{Completion, Flow, Order, Service, Work};
+
+/// Initial and idle size of the input buffer.
+const INPUT_INITIAL: usize = 16 * 1024;
+/// Processing stops while this much output is waiting for the client to read it.
+pub const OUTPUT_HIGH_WATER: usize = 4 * 1024 * 1024;
+/// Buffers grown past this are given back when the connection goes idle.
+const SHRINK_ABOVE: usize = 256 * 1024;
+/// Most replies of one connection pending at a time ([`Order::Pipelined`]): a proxy's
+/// pipelining depth towards its backends.
+pub const MAX_IN_FLIGHT: usize = 16;
+
+/// Names a pending reply slot of one session (increasing per session).
+pub type SlotId = u64;
+
+/// A reply that completes later.
+#[derive(Debug)]
+struct Pending {
+    id: SlotId,
+    /// Where the slot's held-back reply starts in `output`.
+    at: usize,
+    /// Length of the held-back reply (bytes after `at + len` belong to later requests).
+    len: usize,
+    order: Order,
+}
+
+/// One client connection's protocol state.
+pub struct Session<S: Service> {
+    input: Vec<u8>,
+    /// `input[start..end]` holds bytes received and not yet parsed.
+    start: usize,
+    end: usize,
+    output: Vec<u8>,
+    /// Bytes of `output` already written.
+    written: usize,
+    /// Bytes still to discard (the data of a refused value).
+    swallow: usize,
+    closing: bool,
+    limits: Limits,
+    /// Service times of the current batch (ns), reported to the service.
+    samples: Vec<u64>,
+    /// The service's per-connection state.
+    conn: S::Conn,
+    /// Pending reply slots, in request order.
+    pending: VecDeque<Pending>,
+    /// Work of pending slots not yet taken by the driver, in request order.
+    work: VecDeque<(SlotId, S::Work)>,
+    next_id: SlotId,
+    /// The next request parsed is a re-run ([`Completion::Rerun`]).
+    rerun: bool,
+}
+
+impl<S: Service> Session<S> {
+    /// A session for a new connection, parsing under `limits`.
+    pub fn new(limits: Limits) -> Self {
+        Session {
+            input: vec![0; INPUT_INITIAL],
+            start: 0,
+            end: 0,
+            output: Vec::with_capacity(INPUT_INITIAL),
+            written: 0,
+            swallow: 0,
+            closing: false,
+            limits,
+            samples: Vec::with_capacity(64),
+            conn: S::Conn::default(),
+            pending: VecDeque::new(),
+            work: VecDeque::new(),
+            next_id: 0,
+            rerun: false,
+        }
+    }
+
+    /// The largest buffer a valid request can need.
+    fn input_max(&self) -> usize {
+        self.limits.item_size_max + self.limits.max_get_line.max(self.limits.max_line) + 2
+    }
+
+    /// Whether the driver should read more input now. False while output is backed up or the
+    /// session is closing: the client must read its replies first.
+    pub fn wants_read(&self) -> bool {
+        !self.closing && self.pending_output() < OUTPUT_HIGH_WATER
+    }
+
+    /// Free space to read into, made by compacting and, if a request needs it, growing.
+    pub fn read_space(&mut self) -> &mut [u8] {
+        if self.end == self.input.len() {
+            if self.start > 0 {
+                self.input.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else if self.input.len() < self.input_max() {
+                let grown = (self.input.len() * 2).min(self.input_max());
+                self.input.resize(grown, 0);
+            }
+        }
+        &mut self.input[self.end..]
+    }
+
+    /// Records that `n` bytes were read into [`Session::read_space`].
+    pub fn filled(&mut self, n: usize) {
+        self.end += n;
+        if self.swallow > 0 {
+            let drop = self.swallow.min(self.end - self.start);
+            self.swallow -= drop;
+            self.start += drop;
+        }
+    }
+
+    /// Whether processing waits for pending replies: a barrier or re-run is pending, or
+    /// [`MAX_IN_FLIGHT`] replies are.
+    fn held_up(&self) -> bool {
+        self.pending.len() >= MAX_IN_FLIGHT
+            || self
+                .pending
+                .back()
+                .is_some_and(|p| p.order != Order::Pipelined)
+    }
+
+    /// Parses and applies every complete request buffered, composing replies, until a
+    /// pending reply holds processing up. Deferred work waits in the session for the driver
+    /// ([`Session::take_work`]).
+    pub fn process(&mut self, service: &mut S) {
+        self.run(service, false);
+    }
+
+    /// Like [`Session::process`], but deferred work runs at once, inline on the service's own
+    /// worker, as part of its request (its time counts in the request's service time): for
+    /// drivers without helper threads. No reply slot is ever pending afterwards.
+    pub fn process_inline(&mut self, service: &mut S) {
+        self.run(service, true);
+    }
+
+    fn run(&mut self, service: &mut S, inline: bool) {
+        let mut clock = Instant::now();
+        while !self.closing
+            && !self.held_up()
+            && self.start < self.end
+            && self.pending_output() < OUTPUT_HIGH_WATER
+        {
+            let parsed = parse(&self.input[self.start..self.end], &self.limits);
+            match parsed {
+                Parsed::Request { request, consumed } => {
+                    let hold = self.output.len();
+                    let rerun = std::mem::take(&mut self.rerun);
+                    match service.call(&mut self.conn, &request, &mut self.output, rerun) {
+                        Flow::Done => {}
+                        Flow::Close => self.closing = true,
+                        Flow::Defer(work, order) if inline => {
+                            match (work.run(service.worker()), order) {
+                                (Completion::Failed(reason), _) => {
+                                    // A request waiting to run again is dropped with the error.
+                                    self.output.truncate(hold);
+                                    server_error(&mut self.output, &reason);
+                                }
+                                (_, Order::Rerun) => {
+                                    // Run it again now, within the same service-time sample.
+                                    self.output.truncate(hold);
+                                    self.rerun = true;
+                                    continue;
+                                }
+                                (Completion::Reply(bytes), _) => {
+                                    self.output.extend_from_slice(&bytes)
+                                }
+                                (Completion::Rerun | Completion::Release, _) => {}
+                            }
+                        }
+                        Flow::Defer(work, order) => {
+                            let id = self.next_id;
+                            self.next_id += 1;
+                            if order == Order::Rerun {
+                                self.output.truncate(hold);
+                            }
+                            self.pending.push_back(Pending {
+                                id,
+                                at: hold,
+                                len: self.output.len() - hold,
+                                order,
+                            });
+                            self.work.push_back((id, work));
+                            if order == Order::Rerun {
+                                // It runs again once its work completes: it stays unconsumed.
+                                break;
+                            }
+                        }
+                    }
+                    self.start += consumed;
+                }
+                Parsed::Incomplete => break,
+                Parsed::Error {
+                    error,
+                    consumed,
+                    swallow,
+                    noreply,
+                } => {
+                    service.protocol_error(error);
+                    tracing::debug!(%error, "bad request");
+                    if !noreply {
+                        self.output.extend_from_slice(error.reply());
+                    }
+                    self.start += consumed;
+                    let buffered = (self.end - self.start).min(swallow);
+                    self.start += buffered;
+                    self.swallow = swallow - buffered;
+                    if error.closes() {
+                        self.closing = true;
+                    }
+                }
+            }
+            let now = Instant::now();
+            self.samples
+                .push(now.duration_since(clock).as_nanos() as u64);
+            clock = now;
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        service.record_service(&self.samples);
+        self.samples.clear();
+    }
+
+    /// Takes deferred work for the driver to run (on a helper thread, or inline). Its slot
+    /// stays pending until [`Session::complete`].
+    pub fn take_work(&mut self) -> Option<(SlotId, S::Work)> {
+        self.work.pop_front()
+    }
+
+    /// Whether some reply is pending.
+    pub fn is_waiting(&self) -> bool {
+        !self.pending.is_empty()
+    }
+
+    /// Reports the outcome of the work of slot `id`. A slot that is no longer pending (its
+    /// outcome already reported) is ignored.
+    pub fn complete(&mut self, id: SlotId, done: Completion) {
+        let Some(i) = self.pending.iter().position(|p| p.id == id) else {
+            return;
+        };
+        let Some(slot) = self.pending.remove(i) else {
+            return;
+        };
+        match done {
+            Completion::Failed(reason) => {
+                // The failure path may allocate; the ready path never does.
+                let mut msg = Vec::with_capacity(reason.len() + 15);
+                server_error(&mut msg, &reason);
+                self.replace(i, slot.at..slot.at + slot.len, &msg);
+                if slot.order == Order::Rerun {
+                    // The request can't run without what it waited for: drop it with the error.
+                    if let Parsed::Request { consumed, .. } =
+                        parse(&self.input[self.start..self.end], &self.limits)
+                    {
+                        self.start += consumed;
+                    }
+                }
+            }
+            // A request waiting to run again runs again whatever else it was told.
+            _ if slot.order == Order::Rerun => self.rerun = true,
+            Completion::Rerun | Completion::Release => {}
+            Completion::Reply(bytes) => {
+                let at = slot.at + slot.len;
+                self.replace(i, at..at, &bytes);
+            }
+        }
+    }
+
+    /// Replaces `range` of the output with `bytes` and moves the pending slots from index
+    /// `from` on (which all lie after `range`) accordingly.
+    fn replace(&mut self, from: usize, range: std::ops::Range<usize>, bytes: &[u8]) {
+        let removed = range.len();
+        self.output.splice(range, bytes.iter().copied());
+        for p in self.pending.iter_mut().skip(from) {
+            p.at = p.at + bytes.len() - removed;
+        }
+    }
+
+    /// Replies composed and not yet written, up to the first pending reply.
+    pub fn output(&self) -> &[u8] {
+        let end = self.pending.front().map_or(self.output.len(), |p| p.at);
+        let end = end.min(self.output.len());
+        &self.output[self.written.min(end)..end]
+    }
+
+    fn pending_output(&self) -> usize {
+        self.output.len() - self.written
+    }
+
+    /// Records that `n` bytes of [`Session::output`] were written.
+    pub fn wrote(&mut self, n: usize) {
+        self.written += n;
+        if self.written == self.output.len() {
+            // Every pending slot left is empty and at the end: it now starts at 0.
+            for p in &mut self.pending {
+                p.at = 0;
+            }
+            self.output.clear();
+            self.written = 0;
+            if self.output.capacity() > SHRINK_ABOVE {
+                self.output.shrink_to(INPUT_INITIAL);
+            }
+            if self.start == self.end && self.input.len() > SHRINK_ABOVE {
+                self.input.truncate(INPUT_INITIAL);
+                self.input.shrink_to_fit();
+            }
+        }
+    }
+
+    /// Whether the connection should close once its output is written.
+    pub fn is_closing(&self) -> bool {
+        self.closing
+    }
+
+    /// Bytes held by the input buffer (its allocation), for bounds checks.
+    pub fn input_capacity(&self) -> usize {
+        self.input.capacity()
+    }
+
+    /// Marks the session closing (e.g. server shutdown).
+    pub fn close(&mut self) {
+        self.closing = true;
+    }
+}
+
+/// Appends `SERVER_ERROR <reason>` (line breaks in `reason` made spaces).
+fn server_error(out: &mut Vec<u8>, reason: &str) {
+    tracing::warn!(%reason, "deferred work failed");
+    out.extend_from_slice(b"SERVER_ERROR ");
+    out.extend(reason.bytes().map(|b| match b {
+        b'\r' | b'\n' => b' ',
+        b => b,
+    }));
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use kvlab_protocol::{ProtocolError, Request};
+
+    use super::*;
+
+    /// Work of the test service: a value looked up later, on whatever order is asked.
+    struct Later {
+        reply: Completion,
+    }
+
+    impl Work for Later {
+        type Worker = ();
+        fn run(self, _: &mut ()) -> Completion {
+            self.reply
+        }
+    }
+
+    /// A tiny service: `set` stores, `get` answers from a map. Keys starting `p` (pipelined)
+    /// answer later with the value as [`Completion::Reply`]; `b` (barrier) holds its `END`
+    /// back until released; `r` (re-run) misses until it has run again.
+    #[derive(Default)]
+    struct Toy {
+        map: HashMap<Vec<u8>, Vec<u8>>,
+        errors: usize,
+        calls: usize,
+        worker: (),
+    }
+
+    impl Service for Toy {
+        type Conn = ();
+        type Work = Later;
+
+        fn call(
+            &mut self,
+            _: &mut (),
+            req: &Request<'_>,
+            out: &mut Vec<u8>,
+            rerun: bool,
+        ) -> Flow<Later> {
+            self.calls += 1;
+            match *req {
+                Request::Store { key, data, .. } => {
+                    self.map.insert(key.to_vec(), data.to_vec());
+                    out.extend_from_slice(b"STORED\r\n");
+                }
+                Request::Get { keys, .. } => {
+                    let mut deferred = None;
+                    for key in keys.iter() {
+                        match key.first() {
+                            Some(b'p') => {
+                                let mut v = b"VALUE ".to_vec();
+                                v.extend_from_slice(key);
+                                v.extend_from_slice(b"\r\n");
+                                deferred = Some((
+                                    Later {
+                                        reply: Completion::Reply(v),
+                                    },
+                                    Order::Pipelined,
+                                ));
+                            }
+                            Some(b'b') => {
+                                deferred = Some((
+                                    Later {
+                                        reply: Completion::Release,
+                                    },
+                                    Order::Barrier,
+                                ));
+                            }
+                            Some(b'r') if !rerun => {
+                                return Flow::Defer(
+                                    Later {
+                                        reply: Completion::Rerun,
+                                    },
+                                    Order::Rerun,
+                                );
+                            }
+                            Some(b'r') => out.extend_from_slice(b"LOADED\r\n"),
+                            _ => {
+                                if let Some(v) = self.map.get(key) {
+                                    out.extend_from_slice(b"VALUE ");
+                                    out.extend_from_slice(v);
+                                    out.extend_from_slice(b"\r\n");
+                                }
+                            }
+                        }
+                    }
+                    out.extend_from_slice(b"END\r\n");
+                    if let Some((w, o)) = deferred {
+                        return Flow::Defer(w, o);
+                    }
+                }
+                Request::Version => out.extend_from_slice(b"VERSION toy\r\n"),
+                Request::Quit => return Flow::Close,
+                _ => out.extend_from_slice(b"ERROR\r\n"),
+            }
+            Flow::Done
+        }
+
+        fn worker(&mut self) -> &mut () {
+            &mut self.worker
+        }
+
+        fn protocol_error(&mut self, _: ProtocolError) {
+            self.errors += 1;
+        }
+        fn record_service(&mut self, _: &[u64]) {}
+        fn bytes_read(&mut self, _: usize) {}
+        fn bytes_written(&mut self, _: usize) {}
+    }
+
+    /// Feeds `bytes` the way a driver would, in reads of at most `chunk` bytes.
+    fn feed(s: &mut Session<Toy>, e: &mut Toy, bytes: &[u8], chunk: usize, max_cap: &mut usize) {
+        let mut at = 0;
+        while at < bytes.len() && s.wants_read() {
+            let space = s.read_space();
+            let n = space.len().min(chunk).min(bytes.len() - at);
+            space[..n].copy_from_slice(&bytes[at..at + n]);
+            s.filled(n);
+            at += n;
+            s.process(e);
+            *max_cap = (*max_cap).max(s.input_capacity());
+        }
+    }
+
+    fn take_output(s: &mut Session<Toy>) -> Vec<u8> {
+        let out = s.output().to_vec();
+        s.wrote(out.len());
+        out
+    }
+
+    fn new() -> (Session<Toy>, Toy) {
+        (Session::new(Limits::default()), Toy::default())
+    }
+
+    #[test]
+    fn garbage_without_newline_closes_and_stays_small() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        feed(&mut s, &mut e, &vec![b'z'; 10 << 20], 4096, &mut cap);
+        assert!(s.is_closing());
+        assert_eq!(take_output(&mut s), b"CLIENT_ERROR line too long\r\n");
+        assert!(cap <= INPUT_INITIAL, "input grew to {cap}");
+        assert_eq!(e.errors, 1);
+    }
+
+    #[test]
+    fn refused_value_is_swallowed_without_buffering() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        let mut req = b"set k 0 0 5000000\r\n".to_vec();
+        req.extend(std::iter::repeat_n(b'x', 5_000_000));
+        req.extend_from_slice(b"\r\nget k\r\n");
+        feed(&mut s, &mut e, &req, 16 * 1024, &mut cap);
+        assert_eq!(
+            take_output(&mut s),
+            b"SERVER_ERROR object too large for cache\r\nEND\r\n"
+        );
+        assert!(cap <= INPUT_INITIAL, "input grew to {cap}");
+        assert_eq!(e.errors, 1);
+    }
+
+    #[test]
+    fn unfinished_value_is_bounded_by_the_item_limit() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        let mut req = b"set k 0 0 1000000\r\n".to_vec();
+        req.extend(std::iter::repeat_n(b'x', 999_999));
+        feed(&mut s, &mut e, &req, 64 * 1024, &mut cap);
+        assert!(!s.is_closing());
+        assert!(s.output().is_empty());
+        assert!(cap <= s.input_max(), "input grew to {cap}");
+        feed(&mut s, &mut e, b"x\r\n", 64, &mut cap);
+        assert_eq!(take_output(&mut s), b"STORED\r\n");
+    }
+
+    #[test]
+    fn a_reader_that_does_not_read_pauses_processing() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        let mut set = b"set k 0 0 500000\r\n".to_vec();
+        set.extend(std::iter::repeat_n(b'v', 500_000));
+        set.extend_from_slice(b"\r\n");
+        feed(&mut s, &mut e, &set, 1 << 20, &mut cap);
+        assert_eq!(take_output(&mut s), b"STORED\r\n");
+        let gets = b"get k\r\n".repeat(1000);
+        feed(&mut s, &mut e, &gets, 1 << 20, &mut cap);
+        assert!(!s.wants_read());
+        let pending = s.output().len();
+        assert!(
+            (OUTPUT_HIGH_WATER..OUTPUT_HIGH_WATER + 600_000).contains(&pending),
+            "{pending}"
+        );
+        // Once the client reads, processing resumes where it stopped.
+        take_output(&mut s);
+        assert!(s.wants_read());
+        s.process(&mut e);
+        assert!(!s.output().is_empty());
+    }
+
+    #[test]
+    fn pipelined_replies_keep_request_order() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        let req = b"set a 0 0 1\r\n1\r\nget a\r\nbogus\r\nversion\r\n";
+        // Byte by byte: every split point of a pipeline gives the same replies.
+        feed(&mut s, &mut e, req, 1, &mut cap);
+        let out = take_output(&mut s);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            "STORED\r\nVALUE 1\r\nEND\r\nERROR\r\nVERSION toy\r\n"
+        );
+    }
+
+    #[test]
+    fn pending_slots_completing_out_of_order_leave_in_request_order() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        feed(
+            &mut s,
+            &mut e,
+            b"get p1\r\nversion\r\nget p2\r\nget p3\r\nversion\r\n",
+            1 << 10,
+            &mut cap,
+        );
+        // Every request was processed: the pipelined slots don't hold later ones up.
+        assert_eq!(e.calls, 5);
+        assert!(
+            s.output().is_empty(),
+            "nothing may pass the first pending reply"
+        );
+        let work: Vec<_> = std::iter::from_fn(|| s.take_work()).collect();
+        assert_eq!(work.len(), 3);
+        let mut done: Vec<_> = work
+            .into_iter()
+            .map(|(id, w)| (id, w.run(&mut ())))
+            .collect();
+        // The last first: still nothing leaves.
+        let (id3, c3) = done.pop().unwrap();
+        s.complete(id3, c3);
+        assert!(s.output().is_empty());
+        let (id2, c2) = done.pop().unwrap();
+        s.complete(id2, c2);
+        assert!(s.output().is_empty());
+        let (id1, c1) = done.pop().unwrap();
+        s.complete(id1, c1);
+        assert!(!s.is_waiting());
+        assert_eq!(
+            String::from_utf8_lossy(&take_output(&mut s)),
+            "END\r\nVALUE p1\r\nVERSION toy\r\nEND\r\nVALUE p2\r\nEND\r\nVALUE p3\r\nVERSION toy\r\n"
+        );
+    }
+
+    #[test]
+    fn ready_replies_before_a_pending_one_leave_at_once() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        feed(
+            &mut s,
+            &mut e,
+            b"version\r\nget p1\r\nversion\r\n",
+            1 << 10,
+            &mut cap,
+        );
+        assert_eq!(take_output(&mut s), b"VERSION toy\r\n");
+        // Written up to the pending slot; the rest waits for it. A failure replaces the
+        // slot's held-back reply.
+        let (id, _) = s.take_work().unwrap();
+        s.complete(id, Completion::Failed("backend\r\ndown".into()));
+        assert_eq!(
+            String::from_utf8_lossy(&take_output(&mut s)),
+            "SERVER_ERROR backend  down\r\nVERSION toy\r\n"
+        );
+    }
+
+    #[test]
+    fn a_barrier_holds_later_requests_until_it_completes() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        feed(
+            &mut s,
+            &mut e,
+            b"get b1\r\nversion\r\nget a\r\n",
+            1 << 10,
+            &mut cap,
+        );
+        assert_eq!(
+            e.calls, 1,
+            "nothing after a barrier runs while it is pending"
+        );
+        assert!(s.output().is_empty(), "the barrier's reply is held back");
+        let (id, w) = s.take_work().unwrap();
+        assert!(s.take_work().is_none());
+        s.complete(id, w.run(&mut ()));
+        s.process(&mut e);
+        assert_eq!(e.calls, 3);
+        assert_eq!(
+            String::from_utf8_lossy(&take_output(&mut s)),
+            "END\r\nVERSION toy\r\nEND\r\n"
+        );
+    }
+
+    #[test]
+    fn a_rerun_runs_the_request_again_before_later_ones() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        feed(&mut s, &mut e, b"get r1\r\nversion\r\n", 1 << 10, &mut cap);
+        assert_eq!(e.calls, 1);
+        assert!(s.output().is_empty());
+        let (id, w) = s.take_work().unwrap();
+        s.complete(id, w.run(&mut ()));
+        s.process(&mut e);
+        assert_eq!(e.calls, 3);
+        assert_eq!(
+            String::from_utf8_lossy(&take_output(&mut s)),
+            "LOADED\r\nEND\r\nVERSION toy\r\n"
+        );
+    }
+
+    #[test]
+    fn inline_work_completes_within_its_request() {
+        let (mut s, mut e) = new();
+        let req = b"get r1\r\nget p1\r\nget b1\r\nversion\r\n";
+        let space = s.read_space();
+        space[..req.len()].copy_from_slice(req);
+        s.filled(req.len());
+        s.process_inline(&mut e);
+        assert!(!s.is_waiting());
+        assert!(s.take_work().is_none());
+        assert_eq!(
+            String::from_utf8_lossy(&take_output(&mut s)),
+            "LOADED\r\nEND\r\nEND\r\nVALUE p1\r\nEND\r\nVERSION toy\r\n"
+        );
+    }
+
+    #[test]
+    fn a_failed_rerun_drops_its_request_with_the_error() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        feed(&mut s, &mut e, b"get r1\r\nversion\r\n", 1 << 10, &mut cap);
+        let (id, _) = s.take_work().unwrap();
+        s.complete(id, Completion::Failed("disk".into()));
+        s.process(&mut e);
+        assert_eq!(
+            String::from_utf8_lossy(&take_output(&mut s)),
+            "SERVER_ERROR disk\r\nVERSION toy\r\n"
+        );
+    }
+
+    #[test]
+    fn in_flight_replies_are_bounded() {
+        let (mut s, mut e) = new();
+        let mut cap = 0;
+        let req = b"get p\r\n".repeat(MAX_IN_FLIGHT + 4);
+        feed(&mut s, &mut e, &req, 1 << 10, &mut cap);
+        assert_eq!(e.calls, MAX_IN_FLIGHT);
+        let (id, w) = s.take_work().unwrap();
+        s.complete(id, w.run(&mut ()));
+        s.process(&mut e);
+        assert_eq!(e.calls, MAX_IN_FLIGHT + 1);
+        assert_eq!(take_output(&mut s), b"END\r\nVALUE p\r\n");
+    }
+}
