@@ -10,6 +10,9 @@
 //!   wait until it answers, stop it on drop — for the lab, tests and tools.
 //! - [`testing`]: Debian's memcached for this workspace's tests (over [`process`]).
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod blocking;
 pub mod conn;
 pub mod http;

@@ -2,7 +2,7 @@
 //! will be loaded over HTTP on a second one, `--http-port`), wait until they answer `version`
 //! (and `GET /`), ask their worker threads (`stats`), stop with SIGTERM (SIGKILL after a
 //! grace period) — all through [`kvlab_client::process`]. The runner reads their CPU time
-//! from /proc/<pid>/stat.
+//! from `/proc/<pid>/stat`.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
