@@ -1,5 +1,8 @@
-//! A run's complete description: target, load model, workload, measurement settings. It is
-//! plain data (serde) because the master sends it to agents as JSON.
+//! A run's complete settings: target, load model, workload, measurement settings. It is
+//! plain data (serde) because the master sends it to agents as JSON. It is derived, never
+//! written by hand outside tests: [`crate::load::Load::config`] is the one conversion from a
+//! load description, which holds the defaults and the checks with user-facing messages;
+//! [`Config::validate`] re-checks what an agent receives.
 
 use std::net::SocketAddr;
 

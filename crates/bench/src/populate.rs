@@ -12,10 +12,40 @@ use std::time::{Duration, Instant};
 use kvlab_client::Client;
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, Protocol};
-use crate::schedule::RatePlan;
+use crate::config::Protocol;
+use crate::load::{Closed, Load, Mode, Options};
 use crate::workload::{Mix, Workload};
 use crate::BenchError;
+
+/// `kvlab populate`'s own defaults, where a fill differs from a measured run: deeper
+/// pipelines (a fill wants throughput, not latency) and a longer request timeout.
+pub fn defaults() -> Options {
+    Options {
+        depth: Some(128),
+        timeout_ms: Some(10_000),
+        ..Options::default()
+    }
+}
+
+/// The fill that `opts` describes, with [`defaults`] for what it leaves out: closed loop over
+/// memcached's protocol, sets only, verifiable values ([`fill_workload`]), the load phase on.
+pub fn fill_load(opts: &Options) -> Result<Load, BenchError> {
+    let mut load = opts.clone().or(defaults()).to_load()?;
+    if load.is_open() {
+        return Err(BenchError::Spec(
+            "a fill runs in closed loop: leave out qps, scan, qps_list, qps_file and qps_min/qps_max"
+                .into(),
+        ));
+    }
+    if load.protocol != Protocol::Memcached {
+        return Err(BenchError::Spec(
+            "a fill speaks memcached's protocol (protocol = \"memcached\")".into(),
+        ));
+    }
+    load.workload = fill_workload(&load.workload);
+    load.fill = Some(true);
+    Ok(load)
+}
 
 /// What a fill did.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,7 +86,8 @@ pub fn fill_workload(wl: &Workload) -> Workload {
 }
 
 /// Sets every key of `wl` (indices `0..wl.keys`) on `target` over the memcached protocol from
-/// `threads` × `connections` connections with `depth` sets in flight on each.
+/// `threads` × `connections` connections with `depth` sets in flight on each (the other
+/// settings are [`fill_load`]'s).
 pub fn populate(
     target: SocketAddr,
     wl: &Workload,
@@ -64,24 +95,20 @@ pub fn populate(
     connections: usize,
     depth: usize,
 ) -> Result<PopulateReport, BenchError> {
-    let cfg = Config {
-        target,
-        protocol: Protocol::Memcached,
-        threads,
-        connections,
+    let mut load = fill_load(&Options::default())?;
+    load.workload = fill_workload(wl);
+    load.threads = threads;
+    load.connections = connections;
+    load.mode = Mode::Closed(Closed {
         depth,
-        think_us: 0,
-        open: None,
-        plan: RatePlan::fixed(0.0, 1.0)?,
-        requests: None,
-        warmup_s: 0.0,
-        interval_s: 1.0,
-        timeout_ms: 10_000,
-        workload: fill_workload(wl),
-        seed: 1,
-        load: true,
-    };
-    cfg.validate()?;
+        ..Closed::default()
+    });
+    populate_load(target, &load)
+}
+
+/// Runs the fill `load` (from [`fill_load`]) against `target`: its load phase only.
+pub fn populate_load(target: SocketAddr, load: &Load) -> Result<PopulateReport, BenchError> {
+    let cfg = load.config(target)?;
     let t0 = Instant::now();
     let c = crate::run::load_phase(&cfg)?;
     let seconds = t0.elapsed().as_secs_f64();

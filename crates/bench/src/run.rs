@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::agent::AgentLink;
 use crate::clock::{mono_ns, wall_ns};
 use crate::config::Config;
-use crate::engine::{thread_main, Msg, Phase, ThreadCtx, ThreadDone};
+use crate::engine::{Msg, Phase, ThreadDone};
+use crate::local::{spawn_threads, wait_ready};
 use crate::stats::{
     ks_critical_001, ks_statistic, Counters, GapStats, IntervalReport, OpPercentiles, Percentiles,
 };
@@ -208,53 +209,6 @@ pub fn load_phase(cfg: &Config) -> Result<Counters, BenchError> {
         }
         Ok(total)
     })
-}
-
-/// Spawns `cfg.threads` generator threads of participant `participant`; returns their
-/// start-time senders.
-pub(crate) fn spawn_threads<'s, 'e: 's>(
-    s: &'s std::thread::Scope<'s, 'e>,
-    cfg: &'e Config,
-    participant: u32,
-    participants: u32,
-    phase: Phase,
-    tx: &Sender<Msg>,
-) -> Result<Vec<Sender<Option<u64>>>, BenchError> {
-    let threads = cfg.threads as u64;
-    let conns = cfg.connections as u64;
-    let mut starts = Vec::new();
-    for t in 0..cfg.threads {
-        let global = u64::from(participant) * threads + t as u64;
-        let ctx = ThreadCtx {
-            participant,
-            thread: t as u32,
-            global_thread: global,
-            total_threads: u64::from(participants) * threads,
-            conn_offset: global * conns,
-            total_conns: u64::from(participants) * threads * conns,
-        };
-        let (stx, srx) = channel();
-        let tx = tx.clone();
-        std::thread::Builder::new()
-            .name(format!("kvlab-gen-{t}"))
-            .spawn_scoped(s, move || thread_main(cfg, ctx, phase, srx, tx))
-            .map_err(BenchError::Io)?;
-        starts.push(stx);
-    }
-    Ok(starts)
-}
-
-pub(crate) fn wait_ready(rx: &Receiver<Msg>, n: usize) -> Result<(), BenchError> {
-    let mut ready = 0;
-    while ready < n {
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(Msg::Ready) => ready += 1,
-            Ok(Msg::Failed(e)) => return Err(BenchError::Run(e)),
-            Ok(_) => {}
-            Err(_) => return Err(BenchError::Run("threads not ready after 30 s".into())),
-        }
-    }
-    Ok(())
 }
 
 struct Pending {

@@ -16,10 +16,11 @@ use serde::{Deserialize, Serialize};
 use crate::BenchError;
 
 /// Inter-arrival distribution of open-loop requests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Arrival {
     /// Exponential gaps (a Poisson process).
+    #[default]
     Poisson,
     /// Constant gaps.
     Fixed,

@@ -10,10 +10,12 @@
 //! The search grows the rate geometrically (×`growth`) from `start` until a step fails, then
 //! bisects between the last good and the first bad rate until they are within `precision`
 //! of each other. A failure at the very first rate walks down instead (÷`growth`) until a rate
-//! passes or the rate falls below `min`. Every step is one [`crate::run`] on fresh connections;
-//! the cache is filled once before the first (the configuration's `load`), and again before
-//! every step with `reload_each_step`. The search stops early, with what it has, when
-//! `max_time_s` is spent.
+//! passes or the rate falls below `min`. [`Search`] is that walk as a state machine (propose a
+//! rate, record its measurement) for callers that measure in their own way, such as a
+//! controller; [`find_sustained`] drives it with runs. There every step is one
+//! [`crate::run()`] on fresh connections; the cache is filled once before the first (the
+//! configuration's `load`), and again before every step with `reload_each_step`. The search
+//! stops early, with what it has, when `max_time_s` is spent.
 
 use std::net::SocketAddr;
 use std::time::Instant;
@@ -239,6 +241,205 @@ pub fn judge(spec: &SearchSpec, r: &RunResult) -> SearchStep {
     }
 }
 
+/// The search as a state machine that others drive step by step: it proposes a rate, the
+/// caller measures it however it likes (a [`crate::run()`], a controller's own window of
+/// traffic) and records the outcome, until it proposes nothing more.
+///
+/// ```text
+///   let mut search = Search::new(spec)?;
+///   while let Some(qps) = search.next_rate() {
+///       let result = /* measure at qps */;
+///       let verdict = search.record(qps, &result);
+///   }
+///   let found = search.finish(target, None);
+/// ```
+///
+/// The walk: grow ×`growth` from `start` until a rate fails (or `max` passes); a failure at
+/// the first rate walks down ÷`growth` until one passes (or the next would be below `min`);
+/// then bisect (geometric midpoint) between the last good and the first bad rate until they
+/// are within `precision`. It keeps no clock: a caller with a time budget calls
+/// [`Search::stop`].
+#[derive(Debug, Clone)]
+pub struct Search {
+    spec: SearchSpec,
+    next: Option<f64>,
+    good: Option<f64>,
+    bad: Option<f64>,
+    steps: Vec<SearchStep>,
+    ended: Option<String>,
+    /// (kind, first full text, steps that raised it)
+    warnings: Vec<(String, String, Vec<usize>)>,
+}
+
+impl Search {
+    /// A search by `spec` (checked); its first rate is `spec.start`.
+    pub fn new(spec: SearchSpec) -> Result<Self, BenchError> {
+        spec.validate()?;
+        Ok(Search {
+            next: Some(spec.start),
+            spec,
+            good: None,
+            bad: None,
+            steps: Vec::new(),
+            ended: None,
+            warnings: Vec::new(),
+        })
+    }
+
+    /// How it searches.
+    pub fn spec(&self) -> &SearchSpec {
+        &self.spec
+    }
+
+    /// The rate to measure next, requests/s; `None` once the search has ended.
+    pub fn next_rate(&self) -> Option<f64> {
+        self.next
+    }
+
+    /// The run of one step at `qps` from `base` (its target, workload, connections): open
+    /// loop with the spec's arrival process, its warm-up and step time, no load phase.
+    pub fn step_config(&self, base: &Config, qps: f64) -> Result<Config, BenchError> {
+        let mut cfg = base.clone();
+        cfg.load = false;
+        cfg.open = Some(self.spec.arrival);
+        cfg.plan = RatePlan::fixed(qps, self.spec.step_s)?;
+        cfg.requests = None;
+        cfg.warmup_s = self.spec.warmup_s;
+        // One interval per step keeps the reports small.
+        cfg.interval_s = self.spec.step_s.max(cfg.interval_s);
+        Ok(cfg)
+    }
+
+    /// Records the measurement of offered rate `qps` (normally the one [`Search::next_rate`]
+    /// proposed): judges it, keeps it as a step, and moves to the next rate.
+    pub fn record(&mut self, qps: f64, r: &RunResult) -> Verdict {
+        let index = self.steps.len();
+        for w in &r.warnings {
+            // Shortfall warnings are what the verdict already says. Others are kept once per
+            // kind (the text before the figures), with the steps that raised them.
+            if w.contains("below the target") {
+                continue;
+            }
+            let kind = w.split('(').next().unwrap_or(w).trim_end();
+            match self.warnings.iter_mut().find(|(k, _, _)| k == kind) {
+                Some((_, _, at)) => at.push(index),
+                None => self
+                    .warnings
+                    .push((kind.to_string(), w.clone(), vec![index])),
+            }
+        }
+        let mut s = judge(&self.spec, r);
+        s.index = index;
+        s.offered_qps = qps;
+        let verdict = s.verdict;
+        self.steps.push(s);
+        if self.ended.is_none() {
+            self.advance(qps, verdict.ok());
+        }
+        verdict
+    }
+
+    fn advance(&mut self, q: f64, ok: bool) {
+        let spec = &self.spec;
+        self.next = None;
+        if ok {
+            self.good = Some(q);
+            if self.bad.is_none() {
+                if q >= spec.max {
+                    let why = format!("the highest rate tried ({:.0} req/s) passed", spec.max);
+                    self.stop(why);
+                } else {
+                    self.next = Some((q * spec.growth).min(spec.max));
+                }
+                return;
+            }
+        } else {
+            self.bad = Some(q);
+            if self.good.is_none() {
+                let next = q / spec.growth;
+                if next < spec.min {
+                    let why = format!("no rate down to {:.0} req/s passed", spec.min);
+                    self.stop(why);
+                } else {
+                    self.next = Some(next);
+                }
+                return;
+            }
+        }
+        // Bracketed: bisect.
+        if let (Some(g), Some(b)) = (self.good, self.bad) {
+            if (b - g) / g <= self.spec.precision {
+                let why = format!("bracketed to {:.0} %", self.spec.precision * 100.0);
+                self.stop(why);
+            } else {
+                // Geometric midpoint: the bracket is a ratio.
+                self.next = Some((g * b).sqrt());
+            }
+        }
+    }
+
+    /// Ends the search now (a time budget spent, a controller's decision), with `why`; a
+    /// search that has already ended keeps its reason.
+    pub fn stop(&mut self, why: impl Into<String>) {
+        self.next = None;
+        if self.ended.is_none() {
+            self.ended = Some(why.into());
+        }
+    }
+
+    /// Why the search ended (`None` while it goes on).
+    pub fn ended(&self) -> Option<&str> {
+        self.ended.as_deref()
+    }
+
+    /// The steps so far, in the order walked.
+    pub fn steps(&self) -> &[SearchStep] {
+        &self.steps
+    }
+
+    /// The largest rate that passed so far (the bracket's good end).
+    pub fn sustained_qps(&self) -> Option<f64> {
+        self.good
+    }
+
+    /// The smallest rate that failed so far (the bracket's bad end).
+    pub fn first_bad_qps(&self) -> Option<f64> {
+        self.bad
+    }
+
+    /// What the search found, for `target`, with the load phase's counts if there was one.
+    pub fn finish(self, target: String, load: Option<Counters>) -> SearchResult {
+        let good = self.good;
+        let sustained = good.and_then(|g| {
+            self.steps
+                .iter()
+                .rev()
+                .find(|s| s.offered_qps == g && s.verdict.ok())
+                .cloned()
+        });
+        SearchResult {
+            target,
+            spec: self.spec,
+            sustained_qps: good,
+            sustained,
+            first_bad_qps: self.bad,
+            steps: self.steps,
+            ended: self
+                .ended
+                .unwrap_or_else(|| "stopped before its end".into()),
+            load,
+            warnings: self
+                .warnings
+                .into_iter()
+                .map(|(_, first, at)| {
+                    let at: Vec<String> = at.iter().map(usize::to_string).collect();
+                    format!("steps {}: {first}", at.join(","))
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Runs the search against `base`'s target with `base`'s workload and connections (its load
 /// model and rate plan are replaced). `on_step` sees every step when it is measured.
 pub fn find_sustained(
@@ -255,14 +456,15 @@ pub fn find_sustained(
     )
 }
 
-/// [`find_sustained`] with the step runner supplied (tests drive it with a model).
+/// [`find_sustained`] with the step runner supplied (tests drive it with a model): a
+/// [`Search`] driven by runs of [`Search::step_config`], within `spec.max_time_s`.
 pub fn find_sustained_with(
     base: &Config,
     spec: &SearchSpec,
     run_step: &mut dyn FnMut(&Config) -> Result<RunResult, BenchError>,
     on_step: &mut dyn FnMut(&SearchStep),
 ) -> Result<SearchResult, BenchError> {
-    spec.validate()?;
+    let mut search = Search::new(spec.clone())?;
     base.validate()?;
     let load = if base.load {
         Some(crate::run::load_phase(base)?)
@@ -270,122 +472,22 @@ pub fn find_sustained_with(
         None
     };
     let t0 = Instant::now();
-    let mut steps: Vec<SearchStep> = Vec::new();
-    // (kind, first full text, steps that raised it)
-    let mut warnings: Vec<(String, String, Vec<usize>)> = Vec::new();
     let mut first = true;
-    let mut measure = |qps: f64, steps: &mut Vec<SearchStep>| -> Result<bool, BenchError> {
+    while let Some(qps) = search.next_rate() {
+        if t0.elapsed().as_secs_f64() >= spec.max_time_s {
+            search.stop("time budget spent");
+            break;
+        }
         if base.load && spec.reload_each_step && !std::mem::take(&mut first) {
             crate::run::load_phase(base)?;
         }
-        let mut cfg = base.clone();
-        cfg.load = false;
-        cfg.open = Some(spec.arrival);
-        cfg.plan = RatePlan::fixed(qps, spec.step_s)?;
-        cfg.requests = None;
-        cfg.warmup_s = spec.warmup_s;
-        // One interval per step keeps the reports small.
-        cfg.interval_s = spec.step_s.max(cfg.interval_s);
-        let r = run_step(&cfg)?;
-        for w in &r.warnings {
-            // Shortfall warnings are what the verdict already says. Others are kept once per
-            // kind (the text before the figures), with the steps that raised them.
-            if w.contains("below the target") {
-                continue;
-            }
-            let kind = w.split('(').next().unwrap_or(w).trim_end();
-            let step = steps.len();
-            match warnings.iter_mut().find(|(k, _, _)| k == kind) {
-                Some((_, _, at)) => at.push(step),
-                None => warnings.push((kind.to_string(), w.clone(), vec![step])),
-            }
-        }
-        let mut s = judge(spec, &r);
-        s.index = steps.len();
-        s.offered_qps = qps;
-        on_step(&s);
-        let ok = s.verdict.ok();
-        steps.push(s);
-        Ok(ok)
-    };
-    let out_of_time = |t0: &Instant| t0.elapsed().as_secs_f64() >= spec.max_time_s;
-    let mut good: Option<f64> = None;
-    let mut bad: Option<f64> = None;
-    let mut ended = String::new();
-    // Phase 1: grow from the start (or walk down if the start fails).
-    let mut q = spec.start;
-    loop {
-        if out_of_time(&t0) {
-            ended = "time budget spent".into();
-            break;
-        }
-        if measure(q, &mut steps)? {
-            good = Some(q);
-            if bad.is_some() {
-                break;
-            }
-            if q >= spec.max {
-                ended = format!("the highest rate tried ({:.0} req/s) passed", spec.max);
-                break;
-            }
-            q = (q * spec.growth).min(spec.max);
-        } else {
-            bad = Some(q);
-            if good.is_some() {
-                break;
-            }
-            let next = q / spec.growth;
-            if next < spec.min {
-                ended = format!("no rate down to {:.0} req/s passed", spec.min);
-                break;
-            }
-            q = next;
+        let r = run_step(&search.step_config(base, qps)?)?;
+        search.record(qps, &r);
+        if let Some(s) = search.steps().last() {
+            on_step(s);
         }
     }
-    // Phase 2: bisect.
-    if ended.is_empty() {
-        while let (Some(g), Some(b)) = (good, bad) {
-            if (b - g) / g <= spec.precision {
-                ended = format!("bracketed to {:.0} %", spec.precision * 100.0);
-                break;
-            }
-            if out_of_time(&t0) {
-                ended = "time budget spent".into();
-                break;
-            }
-            // Geometric midpoint: the bracket is a ratio.
-            let mid = (g * b).sqrt();
-            if measure(mid, &mut steps)? {
-                good = Some(mid);
-            } else {
-                bad = Some(mid);
-            }
-        }
-    }
-    let sustained = good.and_then(|g| {
-        steps
-            .iter()
-            .rev()
-            .find(|s| s.offered_qps == g && s.verdict.ok())
-            .cloned()
-    });
-    Ok(SearchResult {
-        target: base.target.to_string(),
-        spec: spec.clone(),
-        sustained_qps: good,
-        sustained,
-        first_bad_qps: bad,
-        steps,
-        ended,
-        load,
-        warnings: warnings
-            .into_iter()
-            .map(|(_, first, at)| {
-                let at: Vec<String> = at.iter().map(usize::to_string).collect();
-                format!("steps {}: {first}", at.join(","))
-            })
-            .collect(),
-    })
+    Ok(search.finish(base.target.to_string(), load))
 }
 
 /// The walk as a table (rates in requests/s, latencies in µs from the planned send).
@@ -602,6 +704,85 @@ mod tests {
             find_sustained_with(&base(), &spec, &mut |c| Ok(model(c, 1.0)), &mut |_| {}).unwrap();
         assert_eq!(r.sustained_qps, None);
         assert!(r.ended.contains("no rate"), "{}", r.ended);
+    }
+
+    /// Drives a [`Search`] by hand with the model's results; returns the rates it proposed.
+    fn drive(spec: SearchSpec, cap: f64) -> (Vec<f64>, Search) {
+        let mut s = Search::new(spec).unwrap();
+        let mut rates = Vec::new();
+        while let Some(q) = s.next_rate() {
+            rates.push(q);
+            let mut cfg = base();
+            cfg.plan = RatePlan::fixed(q, 2.0).unwrap();
+            let v = s.record(q, &model(&cfg, cap));
+            assert_eq!(v.ok(), q <= cap, "{q}");
+            assert!(rates.len() < 100, "runaway search");
+        }
+        (rates, s)
+    }
+
+    #[test]
+    fn search_grows_by_its_factor_then_bisects_geometrically() {
+        let (rates, s) = drive(SearchSpec::new(Bound::Mean, 1000.0), 5000.0);
+        assert_eq!(&rates[..4], [1000.0, 2000.0, 4000.0, 8000.0]);
+        assert!(
+            (rates[4] - (4000.0f64 * 8000.0).sqrt()).abs() < 1e-9,
+            "{rates:?}"
+        );
+        let (g, b) = (s.sustained_qps().unwrap(), s.first_bad_qps().unwrap());
+        assert!(g <= 5000.0 && b > 5000.0 && (b - g) / g <= 0.05, "{g} {b}");
+        assert!(s.ended().unwrap().contains("bracketed"));
+        assert_eq!(s.steps().len(), rates.len());
+        let r = s.finish("t".into(), None);
+        assert_eq!(r.sustained.unwrap().offered_qps, g);
+    }
+
+    #[test]
+    fn search_walks_down_from_a_failing_start_and_ends_below_min() {
+        let (rates, s) = drive(SearchSpec::new(Bound::P95, 1000.0), 300.0);
+        assert_eq!(&rates[..3], [1000.0, 500.0, 250.0]);
+        assert_eq!(
+            s.first_bad_qps(),
+            Some(
+                rates
+                    .iter()
+                    .copied()
+                    .filter(|&q| q > 300.0)
+                    .fold(f64::MAX, f64::min)
+            )
+        );
+        let (rates, s) = drive(SearchSpec::new(Bound::P95, 1000.0), 1.0);
+        assert_eq!(rates.last(), Some(&15.625));
+        assert_eq!(s.sustained_qps(), None);
+        assert!(
+            s.ended().unwrap().contains("no rate down to 10"),
+            "{:?}",
+            s.ended()
+        );
+    }
+
+    #[test]
+    fn search_ends_when_the_highest_rate_passes_or_when_stopped() {
+        let mut spec = SearchSpec::new(Bound::Mean, 1000.0);
+        spec.max = 3000.0;
+        let (rates, s) = drive(spec.clone(), 1e9);
+        assert_eq!(rates, [1000.0, 2000.0, 3000.0]);
+        assert!(s.ended().unwrap().contains("highest rate"));
+        let mut s = Search::new(spec).unwrap();
+        assert_eq!(s.next_rate(), Some(1000.0));
+        s.stop("the controller needs the cores");
+        assert_eq!(s.next_rate(), None);
+        let r = s.finish("t".into(), None);
+        assert_eq!(r.ended, "the controller needs the cores");
+        assert!(r.steps.is_empty() && r.sustained_qps.is_none());
+    }
+
+    #[test]
+    fn a_search_with_bad_settings_does_not_start() {
+        let mut spec = SearchSpec::new(Bound::Mean, 1000.0);
+        spec.growth = 1.0;
+        let e = Search::new(spec).unwrap_err();
+        assert!(e.to_string().contains("growth"), "{e}");
     }
 
     #[test]

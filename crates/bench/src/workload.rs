@@ -69,8 +69,10 @@ impl Mix {
     }
 }
 
-/// The whole workload description (sent to agents as JSON).
+/// The whole workload description (sent to agents as JSON; absent keys take
+/// [`Workload::default`]'s values).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Workload {
     /// Number of distinct keys.
     pub keys: u64,

@@ -1,6 +1,8 @@
 //! `kvlab bench`: the load generator's command line.
 //!
-//! Parses flags into [`kvlab_bench::Config`]s (one per target), runs them A B A B … for
+//! Maps flags onto a [`kvlab_bench::load::Load`] (through its flat
+//! [`kvlab_bench::load::Options`], one flag per key), derives a [`kvlab_bench::Config`] per
+//! target from it, runs them A B A B … for
 //! `--repeat` rounds, prints a summary per run and the per-target comparison, and writes
 //! `--json` / `--csv`. `kvlab bench agent` serves masters for distributed load.
 //! `--find-sustained` searches each target for the largest open-loop rate whose latency stays
@@ -12,11 +14,13 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use kvlab_bench::dist::{KeyDist, SizeDist};
+use kvlab_bench::load::{
+    Closed, Load, Open, Options, SizeSpec, DEFAULT_DURATION_S, DEFAULT_QPS_SEED,
+};
 use kvlab_bench::report;
-use kvlab_bench::schedule::{Arrival, RatePlan};
+use kvlab_bench::schedule::Arrival;
 use kvlab_bench::sustained::{self, Bound, SearchSpec};
-use kvlab_bench::workload::{Mix, Workload};
+use kvlab_bench::workload::Workload;
 use kvlab_bench::{Config, Protocol};
 
 /// Flags of `kvlab bench`.
@@ -45,6 +49,23 @@ struct AgentArgs {
     once: bool,
 }
 
+/// `text` with the default that `kvlab_bench` states for it.
+fn dflt(text: &str, value: impl std::fmt::Display) -> String {
+    format!("{text} [default: {value}]")
+}
+
+fn depth_help() -> String {
+    format!(
+        "Requests in flight per connection (closed loop: pipeline depth, default {}; open loop: \
+         cap before planned requests wait, default {})",
+        Closed::default().depth,
+        Open::default_depth()
+    )
+}
+
+/// The flags of one run. Every load flag is optional: absent means the default of
+/// [`kvlab_bench::load::Load`] (shown in the help, read from there), and the flags map onto
+/// [`kvlab_bench::load::Options`] one to one.
 #[derive(Debug, Args)]
 struct RunArgs {
     /// Server address; repeat to compare several (run A B A B …).
@@ -53,37 +74,35 @@ struct RunArgs {
     /// Rounds over all targets.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
-    /// Protocol: `memcached` (text protocol) or `http` (kvlab's REST interface, keep-alive,
-    /// pipelined; the target is the server's --http-port).
-    #[arg(long, value_enum, default_value = "memcached")]
-    protocol: ProtocolArg,
+    #[arg(long, value_enum, help = dflt(
+        "Protocol: `memcached` (text protocol) or `http` (kvlab's REST interface, keep-alive, \
+         pipelined; the target is the server's --http-port)",
+        protocol_name(Load::default().protocol)))]
+    protocol: Option<ProtocolArg>,
 
     // --- load model ---
-    /// Generator threads.
-    #[arg(long, short = 'T', default_value_t = 1)]
-    threads: usize,
-    /// Connections per thread.
-    #[arg(long, short = 'c', default_value_t = 4)]
-    connections: usize,
-    /// Requests in flight per connection (closed loop: pipeline depth, default 1; open loop:
-    /// cap before planned requests wait, default 1024).
-    #[arg(long, short = 'd')]
+    #[arg(long, short = 'T', help = dflt("Generator threads", Load::default().threads))]
+    threads: Option<usize>,
+    #[arg(long, short = 'c', help = dflt("Connections per thread", Load::default().connections))]
+    connections: Option<usize>,
+    #[arg(long, short = 'd', help = depth_help())]
     depth: Option<usize>,
-    /// Closed loop: think time between a reply and the next request, µs.
-    #[arg(long, default_value_t = 0)]
-    think_us: u64,
-    /// Run length in seconds (per step with --scan).
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
+    #[arg(long, help = dflt("Closed loop: think time between a reply and the next request, µs",
+        Closed::default().think_us))]
+    think_us: Option<u64>,
+    #[arg(long, help = format!("Run length in seconds (per step with --scan; with --requests \
+        and no --duration the count alone ends the run) [default: {}; with --find-sustained {} \
+        per step]", DEFAULT_DURATION_S, SearchSpec::new(Bound::Mean, 1.0).step_s))]
+    duration: Option<f64>,
     /// Stop after this many requests in total instead (a --duration given too still caps it).
     #[arg(long)]
     requests: Option<u64>,
     /// Open loop: total target rate, requests/s over all connections.
     #[arg(long, conflicts_with_all = ["scan", "qps_interval", "qps_list", "qps_file"])]
     qps: Option<f64>,
-    /// Open-loop inter-arrival distribution.
-    #[arg(long, value_enum, default_value = "poisson")]
-    arrival: ArrivalArg,
+    #[arg(long, value_enum, help = dflt("Open-loop inter-arrival distribution",
+        arrival_name(Arrival::default())))]
+    arrival: Option<ArrivalArg>,
     /// Open-loop rate sweep MIN:MAX:STEP (requests/s), --duration per step.
     #[arg(long, conflicts_with_all = ["qps_interval", "qps_list", "qps_file"])]
     scan: Option<String>,
@@ -91,20 +110,18 @@ struct RunArgs {
     /// --qps-list or --qps-file).
     #[arg(long)]
     qps_interval: Option<f64>,
-    /// Random trace: lowest rate, requests/s. With --find-sustained: the first rate tried
-    /// (default 1000).
-    #[arg(long)]
+    #[arg(long, help = dflt("Random trace: lowest rate, requests/s. With \
+        --find-sustained: the first rate tried", SearchSpec::new(Bound::Mean, 1.0).start))]
     qps_min: Option<f64>,
-    /// Random trace: highest rate, requests/s. With --find-sustained: the highest rate tried
-    /// (default 10 000 000).
-    #[arg(long)]
+    #[arg(long, help = dflt("Random trace: highest rate, requests/s. With \
+        --find-sustained: the highest rate tried", SearchSpec::new(Bound::Mean, 1.0).max))]
     qps_max: Option<f64>,
-    /// Random trace: seed (the same seed gives the same trace).
-    #[arg(long, default_value_t = 1)]
-    qps_seed: u64,
+    #[arg(long, help = dflt("Random trace: seed (the same seed gives the same trace)",
+        DEFAULT_QPS_SEED))]
+    qps_seed: Option<u64>,
     /// Explicit rates, comma-separated (requests/s), each for --qps-interval seconds.
-    #[arg(long)]
-    qps_list: Option<String>,
+    #[arg(long, value_delimiter = ',')]
+    qps_list: Option<Vec<f64>>,
     /// File of rates: lines `RATE` (lasting --qps-interval) or `SECONDS RATE`.
     #[arg(long)]
     qps_file: Option<PathBuf>,
@@ -113,20 +130,18 @@ struct RunArgs {
     /// Preset: `etc` = Facebook ETC key/value sizes and a 30:1 get:set mix (mutilate's).
     #[arg(long)]
     workload: Option<String>,
-    /// Number of distinct keys.
-    #[arg(long, default_value_t = 100_000)]
-    keys: u64,
-    /// Key prefix.
-    #[arg(long, default_value = "key:")]
-    key_prefix: String,
+    #[arg(long, help = dflt("Number of distinct keys", Workload::default().keys))]
+    keys: Option<u64>,
+    #[arg(long, help = dflt("Key prefix", Workload::default().key_prefix))]
+    key_prefix: Option<String>,
     /// Key size in bytes: N, A-B, or a distribution (gev:LOC,SCALE,SHAPE, normal:M,SD, …).
     #[arg(long)]
     key_size: Option<String>,
-    /// Key choice: uniform, sequential, gaussian[:MEAN,SD], zipf:S, hot:F:P.
-    #[arg(long, default_value = "uniform")]
-    key_dist: String,
+    #[arg(long, help = dflt("Key choice: uniform, sequential, gaussian[:MEAN,SD], zipf:S, \
+        hot:F:P", format!("{:?}", Workload::default().key_dist).to_lowercase()))]
+    key_dist: Option<String>,
     /// Hot set F:P: a fraction F of keys gets a fraction P of requests (= --key-dist hot:F:P).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "key_dist")]
     hot: Option<String>,
     /// Value size in bytes: N, A-B, uniform:A,B, normal:M,SD, exp:M, gpareto:L,S,K, gev:L,S,K.
     #[arg(long)]
@@ -134,9 +149,8 @@ struct RunArgs {
     /// Operation mix, e.g. get=9,set=1 or get=21,delete=8,set=1.
     #[arg(long)]
     mix: Option<String>,
-    /// Keys per get request (multi-get).
-    #[arg(long, default_value_t = 1)]
-    multiget: u32,
+    #[arg(long, help = dflt("Keys per get request (multi-get)", Workload::default().multiget))]
+    multiget: Option<u32>,
     /// Check every hit: values derive from key and version; a wrong value is an error.
     #[arg(long)]
     verify: bool,
@@ -146,14 +160,15 @@ struct RunArgs {
     /// Do not fill keys before the run.
     #[arg(long)]
     noload: bool,
-    /// Warm-up seconds, run and discarded (default 0; with --find-sustained 0.5 per step).
-    #[arg(long)]
+    #[arg(long, help = format!("Warm-up seconds, run and discarded [default: {}; with \
+        --find-sustained {} per step]", Load::default().warmup_s,
+        SearchSpec::new(Bound::Mean, 1.0).warmup_s))]
     warmup: Option<f64>,
 
     // --- sustained-throughput search ---
     /// Search the largest open-loop rate whose latency (from the planned send) stays under
     /// --mean-below or --p95-below while ≥ 99 % of planned requests are answered; --duration
-    /// is then per step (default 2 s).
+    /// is then per step.
     #[arg(long, conflicts_with_all = ["qps", "scan", "qps_interval", "qps_list", "qps_file", "requests"])]
     find_sustained: bool,
     /// Search bound on the mean latency, e.g. 1ms, 500us.
@@ -162,27 +177,26 @@ struct RunArgs {
     /// Search bound on the 95th percentile latency, e.g. 2ms.
     #[arg(long, requires = "find_sustained", value_parser = parse_duration_us)]
     p95_below: Option<f64>,
-    /// Search precision: stop when the bracket (bad − good) / good is at most this.
-    #[arg(long, default_value_t = 0.05, requires = "find_sustained")]
-    precision: f64,
-    /// Search time budget, seconds (the search stops with what it has).
-    #[arg(long, default_value_t = 300.0, requires = "find_sustained")]
-    max_time: f64,
+    #[arg(long, requires = "find_sustained", help = dflt("Search precision: stop when \
+        the bracket (bad − good) / good is at most this",
+        SearchSpec::new(Bound::Mean, 1.0).precision))]
+    precision: Option<f64>,
+    #[arg(long, requires = "find_sustained", help = dflt("Search time budget, seconds \
+        (the search stops with what it has)", SearchSpec::new(Bound::Mean, 1.0).max_time_s))]
+    max_time: Option<f64>,
     /// Search: fill the key space again before every step (with the load phase on), so a mix
     /// with deletes starts each step from a full cache.
     #[arg(long, requires = "find_sustained")]
     reload_each_step: bool,
 
     // --- measurement and output ---
-    /// Time-series interval, seconds.
-    #[arg(long, default_value_t = 1.0)]
-    interval: f64,
-    /// A request unanswered this long is a timeout, milliseconds.
-    #[arg(long, default_value_t = 5000)]
-    timeout_ms: u64,
-    /// Seed of all random choices.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
+    #[arg(long, help = dflt("Time-series interval, seconds", Load::default().interval_s))]
+    interval: Option<f64>,
+    #[arg(long, help = dflt("A request unanswered this long is a timeout, milliseconds",
+        Load::default().timeout_ms))]
+    timeout_ms: Option<u64>,
+    #[arg(long, help = dflt("Seed of all random choices", Load::default().seed))]
+    seed: Option<u64>,
     /// Write every run and interval as JSON.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -201,6 +215,20 @@ struct RunArgs {
 enum ProtocolArg {
     Memcached,
     Http,
+}
+
+fn protocol_name(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Memcached => "memcached",
+        Protocol::Http => "http",
+    }
+}
+
+fn arrival_name(a: Arrival) -> &'static str {
+    match a {
+        Arrival::Poisson => "poisson",
+        Arrival::Fixed => "fixed",
+    }
 }
 
 /// Parses a latency such as `1ms`, `500us`, `0.5s`, `250µs`, `800ns` into microseconds.
@@ -237,128 +265,65 @@ fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("{addr:?} resolves to nothing"))
 }
 
-fn parse_scan(s: &str) -> anyhow::Result<(f64, f64, f64)> {
-    let v: Vec<f64> = s
-        .split(':')
-        .map(|x| x.trim().parse::<f64>())
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("--scan {s:?}: want MIN:MAX:STEP"))?;
-    match v.as_slice() {
-        &[a, b, c] => Ok((a, b, c)),
-        _ => bail!("--scan {s:?}: want MIN:MAX:STEP"),
-    }
-}
-
 impl RunArgs {
-    fn plan(&self) -> anyhow::Result<(Option<Arrival>, RatePlan)> {
-        let arrival = match self.arrival {
-            ArrivalArg::Poisson => Arrival::Poisson,
-            ArrivalArg::Fixed => Arrival::Fixed,
-        };
-        // With --requests and no explicit rate plan, the run is bounded by the count; the
-        // plan then only needs to outlast it.
-        let duration = if self.requests.is_some() && !duration_given() {
-            1e6
-        } else {
-            self.duration
-        };
-        if let Some(q) = self.qps {
-            return Ok((Some(arrival), RatePlan::fixed(q, duration)?));
+    /// The load flags as [`Options`]: one flag, one key; nothing decided here.
+    fn options(&self) -> Options {
+        Options {
+            protocol: self.protocol.map(|p| match p {
+                ProtocolArg::Memcached => Protocol::Memcached,
+                ProtocolArg::Http => Protocol::Http,
+            }),
+            threads: self.threads,
+            connections: self.connections,
+            depth: self.depth,
+            think_us: self.think_us,
+            qps: self.qps,
+            arrival: self.arrival.map(|a| match a {
+                ArrivalArg::Poisson => Arrival::Poisson,
+                ArrivalArg::Fixed => Arrival::Fixed,
+            }),
+            scan: self.scan.clone(),
+            qps_interval: self.qps_interval,
+            qps_min: self.qps_min,
+            qps_max: self.qps_max,
+            qps_seed: self.qps_seed,
+            qps_list: self.qps_list.clone(),
+            qps_file: self.qps_file.clone(),
+            preset: self.workload.clone(),
+            keys: self.keys,
+            key_prefix: self.key_prefix.clone(),
+            key_size: self.key_size.clone().map(SizeSpec::Text),
+            key_dist: self.key_dist.clone(),
+            hot: self.hot.clone(),
+            value_size: self.value_size.clone().map(SizeSpec::Text),
+            mix: self.mix.clone(),
+            multiget: self.multiget,
+            verify: self.verify.then_some(true),
+            exptime: None,
+            load: match (self.load, self.noload) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            },
+            warmup: self.warmup,
+            duration: self.duration,
+            requests: self.requests,
+            interval: self.interval,
+            timeout_ms: self.timeout_ms,
+            seed: self.seed,
         }
-        if let Some(s) = &self.scan {
-            let (a, b, c) = parse_scan(s)?;
-            return Ok((Some(arrival), RatePlan::scan(a, b, c, self.duration)?));
-        }
-        if let Some(path) = &self.qps_file {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            return Ok((
-                Some(arrival),
-                RatePlan::parse_file(&text, self.qps_interval.unwrap_or(1.0))?,
-            ));
-        }
-        if let Some(list) = &self.qps_list {
-            let rates: Vec<f64> = list
-                .split(',')
-                .map(|x| x.trim().parse::<f64>())
-                .collect::<Result<_, _>>()
-                .with_context(|| format!("--qps-list {list:?}"))?;
-            return Ok((
-                Some(arrival),
-                RatePlan::from_rates(&rates, self.qps_interval.unwrap_or(1.0))?,
-            ));
-        }
-        if let Some(iv) = self.qps_interval {
-            let (Some(lo), Some(hi)) = (self.qps_min, self.qps_max) else {
-                // (clap cannot express "both or neither" next to --find-sustained's use.)
-                bail!("--qps-interval needs --qps-min and --qps-max, --qps-list or --qps-file");
-            };
-            return Ok((
-                Some(arrival),
-                RatePlan::random(iv, lo, hi, self.qps_seed, self.duration)?,
-            ));
-        }
-        if (self.qps_min.is_some() || self.qps_max.is_some()) && !self.find_sustained {
-            bail!("--qps-min/--qps-max need --qps-interval (or --find-sustained)");
-        }
-        Ok((None, RatePlan::fixed(0.0, duration)?))
     }
 
-    fn workload(&self) -> anyhow::Result<Workload> {
-        let mut wl = Workload::preset(self.workload.as_deref(), self.keys, &self.key_prefix)?;
-        if let Some(s) = &self.key_size {
-            wl.key_size = SizeDist::parse(s)?;
-        }
-        if let Some(s) = &self.value_size {
-            wl.value_size = SizeDist::parse(s)?;
-        }
-        if let Some(s) = &self.mix {
-            wl.mix = Mix::parse(s)?;
-        }
-        wl.key_dist = match &self.hot {
-            Some(h) => {
-                let (f, p) = h.split_once(':').context("--hot wants F:P, e.g. 0.1:0.9")?;
-                KeyDist::hot(f.parse().context("--hot F")?, p.parse().context("--hot P")?)?
-            }
-            None => KeyDist::parse(&self.key_dist)?,
-        };
-        wl.multiget = self.multiget;
-        wl.verify = self.verify;
-        wl.validate()?;
-        Ok(wl)
+    /// The description of one run (not of a search).
+    fn load(&self) -> anyhow::Result<Load> {
+        Ok(self.options().to_load()?)
     }
 
-    fn configs(&self) -> anyhow::Result<Vec<Config>> {
-        let (open, plan) = self.plan()?;
-        let workload = self.workload()?;
-        let load = !self.noload && (self.load || workload.mix.get > 0);
-        let depth = self.depth.unwrap_or(if open.is_some() { 1024 } else { 1 });
-        let mut out = Vec::new();
-        for t in &self.targets {
-            let cfg = Config {
-                target: resolve(t)?,
-                protocol: match self.protocol {
-                    ProtocolArg::Memcached => Protocol::Memcached,
-                    ProtocolArg::Http => Protocol::Http,
-                },
-                threads: self.threads,
-                connections: self.connections,
-                depth,
-                think_us: self.think_us,
-                open,
-                plan: plan.clone(),
-                requests: self.requests,
-                warmup_s: self.warmup.unwrap_or(0.0),
-                interval_s: self.interval,
-                timeout_ms: self.timeout_ms,
-                workload: workload.clone(),
-                seed: self.seed,
-                load,
-            };
-            cfg.validate()?;
-            out.push(cfg);
-        }
-        Ok(out)
+    fn configs_of(&self, load: &Load) -> anyhow::Result<Vec<Config>> {
+        self.targets
+            .iter()
+            .map(|t| Ok(load.config(resolve(t)?)?))
+            .collect()
     }
 
     fn search_spec(&self) -> anyhow::Result<SearchSpec> {
@@ -375,34 +340,47 @@ impl RunArgs {
         if let Some(q) = self.qps_max {
             spec.max = q;
         }
-        spec.precision = self.precision;
+        if let Some(p) = self.precision {
+            spec.precision = p;
+        }
         spec.reload_each_step = self.reload_each_step;
-        spec.max_time_s = self.max_time;
-        if duration_given() {
-            spec.step_s = self.duration;
+        if let Some(t) = self.max_time {
+            spec.max_time_s = t;
+        }
+        if let Some(d) = self.duration {
+            spec.step_s = d;
         }
         if let Some(w) = self.warmup {
             spec.warmup_s = w;
         }
-        spec.arrival = match self.arrival {
-            ArrivalArg::Poisson => Arrival::Poisson,
-            ArrivalArg::Fixed => Arrival::Fixed,
-        };
+        if let Some(a) = self.arrival {
+            spec.arrival = match a {
+                ArrivalArg::Poisson => Arrival::Poisson,
+                ArrivalArg::Fixed => Arrival::Fixed,
+            };
+        }
         spec.validate()?;
         Ok(spec)
+    }
+
+    /// The description a search's steps start from: open loop (so its defaults, such as the
+    /// depth cap, apply) at the first rate; the search replaces the rate, warm-up and
+    /// duration of each step.
+    fn search_load(&self, spec: &SearchSpec) -> anyhow::Result<Load> {
+        let opts = Options {
+            qps: Some(spec.start),
+            qps_min: None,
+            qps_max: None,
+            ..self.options()
+        };
+        Ok(opts.to_load()?)
     }
 }
 
 /// `--find-sustained`: one search per target (and round).
 fn run_search(r: &RunArgs, agents: &[SocketAddr]) -> anyhow::Result<()> {
     let spec = r.search_spec()?;
-    let mut configs = r.configs()?;
-    if r.depth.is_none() {
-        // Open loop's default cap on requests in flight per connection.
-        for c in &mut configs {
-            c.depth = 1024;
-        }
-    }
+    let configs = r.configs_of(&r.search_load(&spec)?)?;
     let mut results = Vec::new();
     for round in 0..r.repeat {
         for cfg in &configs {
@@ -447,11 +425,6 @@ fn run_search(r: &RunArgs, agents: &[SocketAddr]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// True when `--duration` was on the command line (clap's default is otherwise used).
-fn duration_given() -> bool {
-    std::env::args().any(|a| a == "--duration" || a.starts_with("--duration="))
-}
-
 /// Runs `kvlab bench`.
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(BenchCommand::Agent(a)) = args.command {
@@ -473,7 +446,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if r.find_sustained {
         return run_search(&r, &agents);
     }
-    let configs = r.configs()?;
+    let configs = r.configs_of(&r.load()?)?;
     let show_progress = !r.quiet && std::io::stderr().is_terminal();
     let mut runs = Vec::new();
     let mut loaded = vec![false; configs.len()];
@@ -528,4 +501,213 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", p.display()))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(flags: &[&str]) -> RunArgs {
+        let mut v = vec!["bench"];
+        v.extend_from_slice(flags);
+        Cli::try_parse_from(v).unwrap().run
+    }
+
+    fn config(flags: &[&str]) -> Config {
+        args(flags)
+            .configs_of(&args(flags).load().unwrap())
+            .unwrap()[0]
+            .clone()
+    }
+
+    #[test]
+    fn no_flags_is_the_default_load() {
+        let a = args(&[]);
+        assert_eq!(a.options(), Options::default());
+        assert_eq!(a.load().unwrap(), Load::default());
+    }
+
+    #[test]
+    fn flags_map_onto_options_one_to_one() {
+        let c = config(&[
+            "-T",
+            "2",
+            "-c",
+            "3",
+            "--qps",
+            "5000",
+            "--arrival",
+            "fixed",
+            "--keys",
+            "1000",
+            "--key-size",
+            "20",
+            "--value-size",
+            "10-20",
+            "--mix",
+            "get=1,set=1",
+            "--verify",
+            "--noload",
+            "--warmup",
+            "0.5",
+            "--duration",
+            "3",
+            "--seed",
+            "7",
+            "--protocol",
+            "http",
+            "--interval",
+            "0.5",
+            "--timeout-ms",
+            "99",
+        ]);
+        assert_eq!((c.threads, c.connections, c.depth), (2, 3, 1024));
+        assert_eq!(c.open, Some(Arrival::Fixed));
+        assert_eq!(c.plan.segments[0].qps, 5000.0);
+        assert_eq!(c.plan.duration_ns(), 3_000_000_000);
+        assert_eq!(c.workload.keys, 1000);
+        assert!(c.workload.verify && !c.load);
+        assert_eq!(
+            (c.warmup_s, c.interval_s, c.timeout_ms, c.seed),
+            (0.5, 0.5, 99, 7)
+        );
+        assert_eq!(c.protocol, Protocol::Http);
+        let c = config(&["--qps-list", "100,200", "--qps-interval", "2"]);
+        assert_eq!(c.plan.segments.len(), 2);
+        assert_eq!(c.plan.duration_ns(), 4_000_000_000);
+        let c = config(&["--requests", "50"]);
+        assert!(
+            c.plan.duration_ns() > 1_000_000_000_000,
+            "the count ends the run"
+        );
+    }
+
+    #[test]
+    fn bad_flags_fail_clearly() {
+        let e = args(&["--qps-min", "5"]).load().unwrap_err();
+        assert!(format!("{e}").contains("qps_interval"), "{e}");
+        let e = args(&["--threads", "0"]).load().unwrap_err();
+        assert!(format!("{e}").contains("threads = 0"), "{e}");
+        assert!(Cli::try_parse_from(["bench", "--qps", "1", "--scan", "1:2:1"]).is_err());
+    }
+
+    #[test]
+    fn a_search_starts_from_the_open_loop_defaults() {
+        let a = args(&[
+            "--find-sustained",
+            "--mean-below",
+            "1ms",
+            "--qps-min",
+            "500",
+        ]);
+        let spec = a.search_spec().unwrap();
+        assert_eq!(spec.start, 500.0);
+        let base = a.search_load(&spec).unwrap();
+        assert_eq!(base.depth(), Open::default_depth());
+        assert_eq!(spec.step_s, SearchSpec::new(Bound::Mean, 1.0).step_s);
+    }
+
+    /// The same values as flags and as an experiment's `[workload]` keys give the same run;
+    /// with none given, both are bench's defaults (a default restated differently on either
+    /// side fails here).
+    #[test]
+    fn flags_and_an_experiment_workload_give_the_same_config() {
+        use kvlab_lab::spec::WorkloadSpec;
+        let target: SocketAddr = ([127, 0, 0, 1], 11211).into();
+        let cases: &[(&[&str], &str)] = &[
+            (&[], ""),
+            (
+                &[
+                    "-T",
+                    "2",
+                    "-c",
+                    "3",
+                    "-d",
+                    "4",
+                    "--think-us",
+                    "5",
+                    "--keys",
+                    "1000",
+                    "--key-size",
+                    "20",
+                    "--value-size",
+                    "10-20",
+                    "--mix",
+                    "get=1,set=1",
+                    "--verify",
+                    "--noload",
+                    "--interval",
+                    "0.5",
+                    "--timeout-ms",
+                    "99",
+                    "--protocol",
+                    "http",
+                    "--key-dist",
+                    "zipf:0.9",
+                    "--multiget",
+                    "2",
+                    "--key-prefix",
+                    "k",
+                ],
+                "threads = 2\nconnections = 3\ndepth = 4\nthink_us = 5\nkeys = 1000\n\
+                 key_size = 20\nvalue_size = \"10-20\"\nmix = \"get=1,set=1\"\nverify = true\n\
+                 load = false\ninterval = 0.5\ntimeout_ms = 99\nprotocol = \"http\"\n\
+                 key_dist = \"zipf:0.9\"\nmultiget = 2\nkey_prefix = \"k\"",
+            ),
+            (
+                &["--qps", "5000", "--arrival", "fixed", "--workload", "etc"],
+                "qps = 5000\narrival = \"fixed\"\npreset = \"etc\"",
+            ),
+            (
+                &["--qps-list", "100,200", "--qps-interval", "2", "--load"],
+                "qps_list = [100, 200]\nqps_interval = 2\nload = true",
+            ),
+        ];
+        for (flags, keys) in cases {
+            let cli = args(flags).load().unwrap();
+            let spec: WorkloadSpec = toml::from_str(keys).unwrap();
+            // The lab gives every run its duration, warm-up and seed: the CLI's here.
+            let duration = cli.duration_s.unwrap_or(DEFAULT_DURATION_S);
+            let lab = spec.load(duration, cli.warmup_s, cli.seed).unwrap();
+            assert_eq!(
+                cli.config(target).unwrap(),
+                lab.config(target).unwrap(),
+                "{flags:?} vs {keys:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_values_fail_alike_as_flags_and_as_workload_keys() {
+        use kvlab_lab::spec::WorkloadSpec;
+        for (flags, keys, want) in [
+            (&["--threads", "0"][..], "threads = 0", "threads = 0"),
+            (
+                &["--mix", "put=1"][..],
+                "mix = \"put=1\"",
+                "unknown operation",
+            ),
+            (
+                &["--depth", "0", "--qps", "5"][..],
+                "depth = 0\nqps = 5",
+                "depth = 0",
+            ),
+        ] {
+            let by_flag = args(flags).load().unwrap_err().to_string();
+            let spec: WorkloadSpec = toml::from_str(keys).unwrap();
+            let by_key = format!("{:#}", spec.load(1.0, 0.0, 1).unwrap_err());
+            assert_eq!(by_flag, by_key);
+            assert!(by_flag.contains(want), "{by_flag}");
+        }
+        let e = toml::from_str::<WorkloadSpec>("arrival = \"bursty\"").unwrap_err();
+        assert!(e.to_string().contains("poisson"), "{e}");
+    }
 }

@@ -14,11 +14,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_bench::dist::{etc_key_size, etc_value_size, SizeDist};
+use kvlab_bench::load::{Load, Options, SizeSpec};
 use kvlab_bench::populate;
-use kvlab_bench::workload::{Mix, Workload};
+use kvlab_bench::workload::Workload;
 
-/// Flags of `kvlab populate`.
+/// Flags of `kvlab populate`. The load flags map onto [`kvlab_bench::load::Options`] one to
+/// one; absent ones take [`populate::defaults`], then the [`kvlab_bench::load::Load`] defaults.
 #[derive(Debug, Args)]
 pub struct PopulateArgs {
     /// Server address (memcached protocol).
@@ -27,34 +28,31 @@ pub struct PopulateArgs {
     /// Number of keys: key indices 0..N, as `kvlab bench --keys N` names them.
     #[arg(long)]
     keys: u64,
-    /// Value size in bytes: N, A-B, or a distribution (as `kvlab bench --value-size`).
-    #[arg(long, default_value = "100")]
-    value_size: String,
-    /// Key prefix.
-    #[arg(long, default_value = "key:")]
-    key_prefix: String,
-    /// Key size in bytes (as `kvlab bench --key-size`).
-    #[arg(long, default_value = "16")]
-    key_size: String,
+    #[arg(long, help = dflt("Value size in bytes: N, A-B, or a distribution (as `kvlab bench \
+        --value-size`)", Workload::default().value_size))]
+    value_size: Option<String>,
+    #[arg(long, help = dflt("Key prefix", format!("{:?}", Workload::default().key_prefix)))]
+    key_prefix: Option<String>,
+    #[arg(long, help = dflt("Key size in bytes (as `kvlab bench --key-size`)",
+        Workload::default().key_size))]
+    key_size: Option<String>,
     /// Preset: `etc` = the Facebook ETC key and value sizes (as `kvlab bench --workload etc`;
-    /// overrides --key-size and --value-size).
+    /// an explicit --key-size or --value-size wins over it).
     #[arg(long)]
     workload: Option<String>,
-    /// Connections per thread.
-    #[arg(long, short = 'c', default_value_t = 4)]
-    connections: usize,
-    /// Threads.
-    #[arg(long, short = 'T', default_value_t = 1)]
-    threads: usize,
-    /// Sets in flight per connection.
-    #[arg(long, short = 'd', default_value_t = 128)]
-    depth: usize,
+    #[arg(long, short = 'c', help = dflt("Connections per thread", fill_default().connections))]
+    connections: Option<usize>,
+    #[arg(long, short = 'T', help = dflt("Threads", fill_default().threads))]
+    threads: Option<usize>,
+    #[arg(long, short = 'd', help = dflt("Sets in flight per connection",
+        fill_default().depth()))]
+    depth: Option<usize>,
     /// Keys read back and verified afterwards (spread over the key space; 0 = none).
     #[arg(long, default_value_t = 1000)]
     verify_sample: u64,
-    /// Expiry time of the items, seconds (0 = never).
-    #[arg(long, default_value_t = 0)]
-    exptime: u32,
+    #[arg(long, help = dflt("Expiry time of the items, seconds (0 = never)",
+        Workload::default().exptime))]
+    exptime: Option<u32>,
     /// Fill this data directory of the durable store directly (no server may have it open),
     /// instead of a running server; then `kvlab server --data-dir DIR` serves the keys.
     #[arg(long)]
@@ -65,6 +63,18 @@ pub struct PopulateArgs {
     memory: usize,
 }
 
+/// `text` with the default that `kvlab_bench` states for it.
+fn dflt(text: &str, value: impl std::fmt::Display) -> String {
+    format!("{text} [default: {value}]")
+}
+
+/// The fill with no flags given (for the help text's defaults).
+fn fill_default() -> Load {
+    // Invariant: populate's defaults over the bench's defaults form a valid fill (a unit test
+    // checks it); a failure here would be a bug in kvlab_bench, shown in the help.
+    populate::fill_load(&Options::default()).unwrap_or_default()
+}
+
 fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
     addr.to_socket_addrs()
         .with_context(|| format!("bad address {addr:?}"))?
@@ -73,57 +83,42 @@ fn resolve(addr: &str) -> anyhow::Result<SocketAddr> {
 }
 
 impl PopulateArgs {
-    fn workload(&self) -> anyhow::Result<Workload> {
-        let mut wl = Workload {
-            keys: self.keys,
+    /// The load flags as [`Options`]: one flag, one key.
+    fn options(&self) -> Options {
+        Options {
+            keys: Some(self.keys),
+            value_size: self.value_size.clone().map(SizeSpec::Text),
             key_prefix: self.key_prefix.clone(),
-            key_size: SizeDist::parse(&self.key_size)?,
-            value_size: SizeDist::parse(&self.value_size)?,
-            mix: Mix {
-                get: 0,
-                set: 1,
-                delete: 0,
-            },
-            // Verifiable values: `kvlab bench --verify` accepts them.
-            verify: true,
+            key_size: self.key_size.clone().map(SizeSpec::Text),
+            preset: self.workload.clone(),
+            connections: self.connections,
+            threads: self.threads,
+            depth: self.depth,
             exptime: self.exptime,
-            ..Workload::default()
-        };
-        match self.workload.as_deref() {
-            None => {}
-            Some("etc") => {
-                wl.key_size = etc_key_size();
-                wl.value_size = etc_value_size();
-            }
-            Some(other) => bail!("unknown --workload {other:?} (known: etc)"),
+            ..Options::default()
         }
-        wl.validate()?;
-        Ok(wl)
     }
 }
 
 /// Runs `kvlab populate`.
 pub fn run(args: PopulateArgs) -> anyhow::Result<()> {
-    if args.keys == 0 {
-        bail!("--keys must be > 0");
-    }
-    let wl = args.workload()?;
+    let load = populate::fill_load(&args.options())?;
+    let wl = &load.workload;
     if let Some(dir) = &args.data_dir {
-        return populate_dir(dir, &wl, &args);
+        return populate_dir(dir, wl, load.threads, &args);
     }
     let target = resolve(&args.target)?;
-    let r = populate::populate(target, &wl, args.threads, args.connections, args.depth)
-        .context("populate")?;
+    let r = populate::populate_load(target, &load).context("populate")?;
     println!(
         "populated {} keys on {target} in {:.3} s: {:.0} keys/s ({} connections × depth {})",
         r.keys,
         r.seconds,
         r.keys_per_s,
-        args.threads * args.connections,
-        args.depth
+        load.threads * load.connections,
+        load.depth()
     );
     if args.verify_sample > 0 {
-        let v = populate::verify_sample(target, &wl, args.verify_sample).context("verify")?;
+        let v = populate::verify_sample(target, wl, args.verify_sample).context("verify")?;
         println!(
             "verified a sample of {} keys: {} correct, {} missing, {} wrong",
             v.checked, v.correct, v.missing, v.wrong
@@ -237,8 +232,13 @@ fn fill_dir(
     })
 }
 
-fn populate_dir(dir: &Path, wl: &Workload, args: &PopulateArgs) -> anyhow::Result<()> {
-    let f = fill_dir(dir, wl, args.threads, args.memory, args.verify_sample)?;
+fn populate_dir(
+    dir: &Path,
+    wl: &Workload,
+    threads: usize,
+    args: &PopulateArgs,
+) -> anyhow::Result<()> {
+    let f = fill_dir(dir, wl, threads, args.memory, args.verify_sample)?;
     println!(
         "populated {} keys into {} in {:.3} s (synced): {:.0} keys/s",
         f.keys,
@@ -268,12 +268,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn no_flags_is_populates_default_fill() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            p: PopulateArgs,
+        }
+        let cli = Cli::try_parse_from(["populate", "--keys", "5"]).unwrap();
+        let l = populate::fill_load(&cli.p.options()).unwrap();
+        assert_eq!(l.depth(), populate::defaults().depth.unwrap());
+        assert_eq!(l.workload.keys, 5);
+        assert!(l.workload.verify && l.workload.mix.get == 0);
+        assert_eq!(fill_default().threads, Load::default().threads);
+        let cli = Cli::try_parse_from(["populate", "--keys", "5", "--workload", "etc"]).unwrap();
+        let l = populate::fill_load(&cli.p.options()).unwrap();
+        assert_eq!(l.workload.value_size, kvlab_bench::dist::etc_value_size());
+        let cli = Cli::try_parse_from(["populate", "--keys", "0"]).unwrap();
+        let e = populate::fill_load(&cli.p.options()).unwrap_err();
+        assert!(e.to_string().contains("keys"), "{e}");
+    }
+
+    #[test]
     fn fills_a_data_dir_that_reopens_with_every_sampled_key() {
         let dir = std::env::temp_dir().join(format!("kvlab-populate-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let wl = Workload {
             keys: 5000,
-            value_size: SizeDist::Uniform { min: 10, max: 500 },
+            value_size: kvlab_bench::dist::SizeDist::Uniform { min: 10, max: 500 },
             verify: true,
             ..Workload::default()
         };

@@ -1260,6 +1260,8 @@ impl Analyser<'_> {
                 );
             }
         }
+        sec.items
+            .push(Item::Table(self.sustained_table(&groups, offered)));
         let mut means = Vec::new();
         let mut checks = Vec::new();
         let mut util_checks = Vec::new();
@@ -1395,6 +1397,86 @@ impl Analyser<'_> {
             ),
         );
         sec.items.extend(items);
+    }
+
+    /// The sustained rate of each configuration of a rate scan: the largest offered rate whose
+    /// mean p95 over repetitions is below the experiment's `slo_p95_us` with at least 99 % of
+    /// it achieved and no failed run, every lower rate passing too (so one lucky point above a
+    /// failing one does not count). Also added to the terminal summary.
+    fn sustained_table(
+        &mut self,
+        groups: &[(String, Vec<&Pt>)],
+        offered: impl Fn(&Pt) -> f64,
+    ) -> Table {
+        let bound = self.exp.slo_p95_us;
+        let passes = |p: &Pt| p.failed == 0 && p.p95.mean < bound && p.x.mean >= 0.99 * offered(p);
+        let mut rows = Vec::new();
+        let _ = writeln!(
+            self.summary,
+            "  sustained with p95 < {} µs:",
+            format_value(bound)
+        );
+        for (cfg, ps) in groups {
+            let good = ps.iter().take_while(|p| passes(p)).last();
+            let bad = ps.iter().find(|p| !passes(p));
+            let why = bad.map(|p| {
+                let mut w = Vec::new();
+                if p.failed > 0 {
+                    w.push(format!("{} failed runs", p.failed));
+                }
+                if p.p95.mean >= bound {
+                    w.push(format!("p95 {} µs", format_value(p.p95.mean)));
+                }
+                if p.x.mean < 0.99 * offered(p) {
+                    w.push(format!("achieved {}", format_value(p.x.mean)));
+                }
+                format!("{} ({})", format_value(offered(p)), w.join(", "))
+            });
+            let rate = good.map(|p| format_value(offered(p)));
+            let _ = writeln!(
+                self.summary,
+                "    {cfg}: {}",
+                rate.clone().unwrap_or("none of the scanned rates".into())
+            );
+            rows.push(Row::new([
+                cfg.clone(),
+                rate.unwrap_or("—".into()),
+                good.map(|p| ci_text(&p.p95)).unwrap_or("—".into()),
+                good.and_then(|p| p.p95.ci())
+                    .map(|(_, hi)| {
+                        if hi < bound {
+                            "yes"
+                        } else {
+                            "no: within noise"
+                        }
+                        .to_string()
+                    })
+                    .unwrap_or("—".into()),
+                good.map(|p| ci_text(&p.x)).unwrap_or("—".into()),
+                why.unwrap_or("none up to the highest scanned rate".into()),
+            ]));
+        }
+        table(
+            &format!(
+                "Sustained rate: largest offered rate with p95 < {} µs",
+                format_value(bound)
+            ),
+            &[
+                "configuration",
+                "sustained (req/s)",
+                "p95 there (µs)",
+                "p95's CI below the bound",
+                "achieved there (req/s)",
+                "first failing rate",
+            ],
+            rows,
+            Some(
+                "A rate passes when the p95 (mean over repetitions, from the planned send time) \
+                 is below the bound, at least 99 % of the offered rate is achieved and no run \
+                 failed; the sustained rate is the last of an unbroken run of passing rates from \
+                 the lowest. Its precision is the scan's step.",
+            ),
+        )
     }
 
     /// A 2^k design: per system, the runs in standard order and the effects and allocation

@@ -63,6 +63,9 @@
 //! confidence = 0.95           # level of every confidence interval
 //! tolerance = 0.10            # model checks: |predicted - measured| / measured that still
 //!                             # agrees when the prediction is outside the measured CI
+//! slo_p95_us = 1000.0         # rate scans: the sustained rate is the largest offered rate
+//!                             # with p95 below this (µs) and >= 99 % of it achieved, every
+//!                             # lower rate of the scan passing too
 //! seed = 1                    # repetition i uses seed + i
 //!
 //! [[system]]                  # one or more; *required*
@@ -70,7 +73,10 @@
 //! kind = "kvlab"              # kvlab | memcached | external; default from the name
 //!                             # (kvlab and memcached), required otherwise
 //! args = []                   # extra flags; "{factor}" takes the point's level, e.g.
-//!                             # ["-t", "{server_threads}", "-m", "64"]. The lab adds the
+//!                             # ["-t", "{server_threads}", "-m", "64"]; "{data_dir}" is a
+//!                             # fresh empty directory for every start of the system,
+//!                             # removed when it stops (a durable server's --data-dir,
+//!                             # under the results' logs/). The lab adds the
 //!                             # address: kvlab `server -l 127.0.0.1 -p PORT` (and
 //!                             # `--http-port PORT2` when a point of the part speaks HTTP),
 //!                             # memcached `-U 0 -l 127.0.0.1 -p PORT` (and `-u root` as root)
@@ -126,9 +132,10 @@
 //!
 //! What the analysis does with a part depends on its factors: `clients` in closed loop →
 //! throughput/response time vs clients, knee, interactive law, MVA and its bounds; `qps` →
-//! rate scan with p95 and server CPU, M/M/1 and M/M/m; `design = "2k"` → effects and
-//! allocation of variation (throughput); `qps_list` → p95, rate and CPU over time. Every
-//! part gets a table of all points, percentiles vs its first factor and latency histograms.
+//! rate scan with p95 and server CPU, the sustained rate under `slo_p95_us`, M/M/1 and
+//! M/M/m; `design = "2k"` → effects and allocation of variation (throughput); `qps_list` →
+//! p95, rate and CPU over time. Every part gets a table of all points, percentiles vs its
+//! first factor and latency histograms.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]

@@ -398,10 +398,17 @@ fn one_run(
             return raw;
         }
     };
-    raw.population = if wl.is_open() { 0 } else { wl.population() };
-    raw.think_s = wl.think_us as f64 / 1e6;
     let seed = exp.seed.wrapping_add(r.repetition as u64);
-    let target = match (wl.protocol, inst.http) {
+    let load = match wl.load(part.duration, part.warmup, seed) {
+        Ok(l) => l,
+        Err(e) => {
+            raw.error = Some(format!("{e:#}"));
+            return raw;
+        }
+    };
+    raw.population = if load.is_open() { 0 } else { load.population() };
+    raw.think_s = load.think_us() as f64 / 1e6;
+    let target = match (load.protocol, inst.http) {
         (Protocol::Memcached, _) => inst.addr,
         (Protocol::Http, Some(h)) => h,
         (Protocol::Http, None) => {
@@ -409,7 +416,7 @@ fn one_run(
             return raw;
         }
     };
-    let mut cfg = match wl.config(target, part.duration, part.warmup, seed) {
+    let mut cfg = match load.config(target) {
         Ok(c) => c,
         Err(e) => {
             raw.error = Some(format!("{e:#}"));

@@ -8,22 +8,25 @@ use std::collections::BTreeSet;
 use std::fmt;
 
 use anyhow::{bail, Context};
-use kvlab_bench::dist::{KeyDist, SizeDist};
-use kvlab_bench::schedule::{Arrival, RatePlan};
-use kvlab_bench::workload::{Mix, Workload};
+use kvlab_bench::load::{Load, Options};
 use kvlab_bench::{Config, Protocol};
 use serde::{Deserialize, Serialize};
 
 /// Default repetitions per point.
 pub const DEFAULT_REPETITIONS: usize = 3;
 /// Default measured seconds per run.
-pub const DEFAULT_DURATION: f64 = 10.0;
+pub const DEFAULT_DURATION: f64 = kvlab_bench::load::DEFAULT_DURATION_S;
 /// Default warm-up seconds per run.
 pub const DEFAULT_WARMUP: f64 = 1.0;
 /// Default confidence level of intervals.
 pub const DEFAULT_CONFIDENCE: f64 = 0.95;
 /// Default relative tolerance of model checks.
 pub const DEFAULT_TOLERANCE: f64 = 0.10;
+/// The built-in placeholder of a system's args: a fresh empty directory for every start of
+/// the system (a durable server's `--data-dir`), removed when it stops.
+pub const DATA_DIR: &str = "data_dir";
+/// Default latency bound of a rate scan's sustained rate: p95 below this, µs.
+pub const DEFAULT_SLO_P95_US: f64 = 1000.0;
 
 /// The file as written.
 #[derive(Debug, Deserialize)]
@@ -36,6 +39,7 @@ struct FileSpec {
     warmup: Option<f64>,
     confidence: Option<f64>,
     tolerance: Option<f64>,
+    slo_p95_us: Option<f64>,
     seed: Option<u64>,
     #[serde(default, rename = "system")]
     systems: Vec<SystemSpec>,
@@ -312,6 +316,9 @@ pub struct Experiment {
     pub confidence: f64,
     /// Relative tolerance of model checks.
     pub tolerance: f64,
+    /// A rate scan's sustained rate is the largest offered rate whose p95 stays below this
+    /// (µs), with every lower rate of the scan passing too.
+    pub slo_p95_us: f64,
     /// Base seed (repetition i uses seed + i).
     pub seed: u64,
     /// Systems under test.
@@ -346,147 +353,69 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "protocol",
 ];
 
-/// A size given as a number of bytes or a distribution string.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum SizeSpec {
-    /// Bytes.
-    Bytes(u64),
-    /// `A-B`, `normal:M,SD`, … (as `kvlab bench --value-size`).
-    Text(String),
-}
-
-impl SizeSpec {
-    fn parse(&self) -> anyhow::Result<SizeDist> {
-        Ok(match self {
-            SizeSpec::Bytes(n) => SizeDist::Fixed { n: *n },
-            SizeSpec::Text(s) => SizeDist::parse(s)?,
-        })
-    }
-}
-
-/// The workload of one run: everything `kvlab bench` takes.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// The workload of one run: bench's flat load keys ([`Options`]: the same keys, names and
+/// defaults as `kvlab bench`'s flags), plus the lab's `clients`. Every default is bench's
+/// ([`kvlab_bench::load::Load`]); the lab decides none.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkloadSpec {
     /// Closed loop: total connections (sets threads × connections).
     pub clients: Option<usize>,
-    /// Generator threads (the most used for `clients`).
-    pub threads: usize,
-    /// Connections per generator thread.
-    pub connections: usize,
-    /// Requests in flight per connection.
-    pub depth: Option<usize>,
-    /// Closed loop think time, µs.
-    pub think_us: u64,
-    /// Open loop total rate, req/s.
-    pub qps: Option<f64>,
-    /// Open loop arrivals: poisson or fixed.
-    pub arrival: String,
-    /// Trace: rates, each for `qps_interval` seconds.
-    pub qps_list: Option<Vec<f64>>,
-    /// Trace step, s.
-    pub qps_interval: f64,
-    /// Preset: `etc`.
-    pub preset: Option<String>,
-    /// Distinct keys.
-    pub keys: u64,
-    /// Key prefix.
-    pub key_prefix: String,
-    /// Key size.
-    pub key_size: Option<SizeSpec>,
-    /// Key choice.
-    pub key_dist: String,
-    /// Value size.
-    pub value_size: Option<SizeSpec>,
-    /// Mix.
-    pub mix: Option<String>,
-    /// Keys per get.
-    pub multiget: u32,
-    /// Verify values.
-    pub verify: bool,
-    /// Fill keys before the first run on a fresh server.
-    pub load: Option<bool>,
-    /// Time-series interval, s.
-    pub interval: f64,
-    /// Request timeout, ms.
-    pub timeout_ms: u64,
-    /// What the generator speaks: memcached's text protocol or HTTP (a kvlab server's REST
-    /// interface, which the lab then starts with `--http-port`).
-    pub protocol: Protocol,
+    /// Every other key.
+    pub options: Options,
 }
 
-impl Default for WorkloadSpec {
-    /// The defaults documented in [the crate root](crate); a key the file leaves out keeps its value here.
-    fn default() -> Self {
-        WorkloadSpec {
-            clients: None,
-            threads: 1,
-            connections: 4,
-            depth: None,
-            think_us: 0,
-            qps: None,
-            arrival: "poisson".into(),
-            qps_list: None,
-            qps_interval: 1.0,
-            preset: None,
-            keys: 100_000,
-            key_prefix: "key:".into(),
-            key_size: None,
-            key_dist: "uniform".into(),
-            value_size: None,
-            mix: None,
-            multiget: 1,
-            verify: false,
-            load: None,
-            interval: 1.0,
-            timeout_ms: 5000,
-            protocol: Protocol::Memcached,
-        }
+impl<'de> Deserialize<'de> for WorkloadSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut t = toml::Table::deserialize(d)?;
+        let clients = match t.remove("clients") {
+            None => None,
+            Some(v) => Some(
+                v.try_into::<usize>()
+                    .map_err(|e| D::Error::custom(format!("clients: {}", e.message())))?,
+            ),
+        };
+        let options = toml::Value::Table(t)
+            .try_into::<Options>()
+            .map_err(|e| D::Error::custom(e.message()))?;
+        Ok(WorkloadSpec { clients, options })
     }
 }
 
 impl WorkloadSpec {
     /// Open loop (a rate or a trace).
     pub fn is_open(&self) -> bool {
-        self.qps.is_some() || self.qps_list.is_some()
+        self.options.is_open()
     }
 
-    /// Total closed-loop clients: connections × depth (requests in flight).
-    pub fn population(&self) -> usize {
-        let (t, c) = self.threads_connections();
-        t * c * self.depth.unwrap_or(1)
-    }
-
-    /// Generator threads and connections per thread.
+    /// Generator threads and connections per thread: `clients` split over at most
+    /// `threads` threads (lowered to a divisor), else the keys (or bench's defaults).
     pub fn threads_connections(&self) -> (usize, usize) {
+        let d = Load::default();
+        let threads = self.options.threads.unwrap_or(d.threads);
         match self.clients {
             Some(n) => {
-                let max = self.threads.clamp(1, n.max(1));
+                let max = threads.clamp(1, n.max(1));
                 let t = (1..=max).rev().find(|t| n % t == 0).unwrap_or(1);
                 (t, n / t)
             }
-            None => (self.threads, self.connections),
+            None => (threads, self.options.connections.unwrap_or(d.connections)),
         }
     }
 
-    /// The bench workload.
-    pub fn bench_workload(&self) -> anyhow::Result<Workload> {
-        let mut wl = Workload::preset(self.preset.as_deref(), self.keys, &self.key_prefix)?;
-        if let Some(s) = &self.key_size {
-            wl.key_size = s.parse().context("key_size")?;
-        }
-        if let Some(s) = &self.value_size {
-            wl.value_size = s.parse().context("value_size")?;
-        }
-        if let Some(m) = &self.mix {
-            wl.mix = Mix::parse(m).context("mix")?;
-        }
-        wl.key_dist = KeyDist::parse(&self.key_dist).context("key_dist")?;
-        wl.multiget = self.multiget;
-        wl.verify = self.verify;
-        wl.validate()?;
-        Ok(wl)
+    /// The bench load description of one run: the keys, `clients` resolved, and the part's
+    /// duration and warm-up and the repetition's seed.
+    pub fn load(&self, duration: f64, warmup: f64, seed: u64) -> anyhow::Result<Load> {
+        let (threads, connections) = self.threads_connections();
+        let opts = Options {
+            threads: Some(threads),
+            connections: Some(connections),
+            duration: Some(duration),
+            warmup: Some(warmup),
+            seed: Some(seed),
+            ..self.options.clone()
+        };
+        Ok(opts.to_load()?)
     }
 
     /// The bench configuration of one run against `target`.
@@ -497,58 +426,18 @@ impl WorkloadSpec {
         warmup: f64,
         seed: u64,
     ) -> anyhow::Result<Config> {
-        if self.qps.is_some() && self.qps_list.is_some() {
-            bail!("give qps or qps_list, not both");
-        }
-        let arrival = match self.arrival.as_str() {
-            "poisson" => Arrival::Poisson,
-            "fixed" => Arrival::Fixed,
-            o => bail!("arrival {o:?}: poisson or fixed"),
-        };
-        let (open, plan) = if let Some(list) = &self.qps_list {
-            (
-                Some(arrival),
-                RatePlan::from_rates(list, self.qps_interval)?,
-            )
-        } else if let Some(q) = self.qps {
-            (Some(arrival), RatePlan::fixed(q, duration)?)
-        } else {
-            (None, RatePlan::fixed(0.0, duration)?)
-        };
-        let workload = self.bench_workload()?;
-        let (threads, connections) = self.threads_connections();
-        let load = self.load.unwrap_or(workload.mix.get > 0);
-        let cfg = Config {
-            target,
-            protocol: self.protocol,
-            threads,
-            connections,
-            depth: self.depth.unwrap_or(if open.is_some() { 1024 } else { 1 }),
-            think_us: self.think_us,
-            open,
-            plan,
-            requests: None,
-            warmup_s: warmup,
-            interval_s: self.interval,
-            timeout_ms: self.timeout_ms,
-            workload,
-            seed,
-            load,
-        };
-        cfg.validate()?;
-        Ok(cfg)
+        Ok(self.load(duration, warmup, seed)?.config(target)?)
     }
 
     /// What a server holds after the load phase: reload when it changes.
     pub fn data_signature(&self) -> String {
-        format!(
-            "{}|{}|{:?}|{:?}|{}",
-            self.keys,
-            self.key_prefix,
-            self.key_size.as_ref().map(|s| format!("{s:?}")),
-            self.value_size.as_ref().map(|s| format!("{s:?}")),
-            self.preset.as_deref().unwrap_or("")
-        )
+        match self.options.workload() {
+            Ok(w) => format!(
+                "{}|{}|{}|{}",
+                w.keys, w.key_prefix, w.key_size, w.value_size
+            ),
+            Err(e) => format!("invalid: {e}"),
+        }
     }
 }
 
@@ -657,6 +546,10 @@ impl Experiment {
         if !(tolerance >= 0.0 && tolerance.is_finite()) {
             bail!("tolerance must be >= 0, e.g. 0.10");
         }
+        let slo_p95_us = f.slo_p95_us.unwrap_or(DEFAULT_SLO_P95_US);
+        if !(slo_p95_us > 0.0 && slo_p95_us.is_finite()) {
+            bail!("slo_p95_us must be > 0, e.g. 1000");
+        }
         if f.systems.is_empty() {
             bail!("no systems: add at least one [[system]] (e.g. name = \"kvlab\")");
         }
@@ -740,6 +633,7 @@ impl Experiment {
             description: f.description,
             confidence,
             tolerance,
+            slo_p95_us,
             seed: f.seed.unwrap_or(1),
             systems: f.systems,
             parts,
@@ -803,13 +697,11 @@ impl Experiment {
     /// Planned seconds of one run (warm-up + measured), for the progress estimate.
     pub fn planned_seconds(&self, r: &PlannedRun) -> f64 {
         let p = &self.parts[r.part];
-        let secs = match p.workload_of(&p.points[r.point]) {
-            Ok(w) => match &w.qps_list {
-                Some(l) => l.len() as f64 * w.qps_interval,
-                None => p.duration,
-            },
-            Err(_) => p.duration,
-        };
+        // The plan's length: the duration, or a trace's own length.
+        let secs = p
+            .workload_of(&p.points[r.point])
+            .and_then(|w| Ok(w.load(p.duration, p.warmup, self.seed)?.plan()?))
+            .map_or(p.duration, |plan| plan.duration_ns() as f64 / 1e9);
         secs + p.warmup
     }
 }
@@ -1084,7 +976,7 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
             );
         }
     }
-    for u in &used {
+    for u in used.iter().filter(|u| u.as_str() != DATA_DIR) {
         if !factors.iter().any(|(f, _)| f == u) {
             bail!("a system's args use {{{u}}} but the part has no factor {u:?}");
         }
@@ -1106,12 +998,13 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
     let dummy: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
     for pt in &part.points {
         let w = part.workload_of(pt)?;
-        w.config(dummy, duration, warmup, 1)
+        let cfg = w
+            .config(dummy, duration, warmup, 1)
             .with_context(|| match pt.is_empty() {
                 true => "the workload".to_string(),
                 false => format!("point {}", levels_text(pt)),
             })?;
-        part.protocols.push(w.protocol);
+        part.protocols.push(cfg.protocol);
     }
     check_protocols(&f.systems, &part)?;
     Ok(part)
@@ -1166,6 +1059,20 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(!e.runs().is_empty(), "{name}");
         }
+    }
+
+    #[test]
+    fn data_dir_is_built_in_and_other_placeholders_need_a_factor() {
+        let file = |arg: &str| {
+            format!(
+                "[[system]]\nname = \"kvlab\"\nargs = [\"--data-dir\", \"{arg}\"]\n\
+                 [factors]\nclients = [1, 2]\n"
+            )
+        };
+        let e = Experiment::parse(&file("{data_dir}"), "x", &Overrides::default()).unwrap();
+        assert_eq!(e.systems[0].render_args(&e.parts[0].points[0])[1], "{data_dir}");
+        let err = Experiment::parse(&file("{dir}"), "x", &Overrides::default()).unwrap_err();
+        assert!(format!("{err:#}").contains("no factor \"dir\""), "{err:#}");
     }
 
     #[test]

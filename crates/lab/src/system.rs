@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use kvlab_client::process::{self, Output, Probe, Process, Spawn};
 
-use crate::spec::{SystemKind, SystemSpec};
+use crate::spec::{SystemKind, SystemSpec, DATA_DIR};
 
 /// A started (or external) system.
 pub struct Instance {
@@ -34,6 +34,8 @@ pub struct Instance {
     /// The key space it holds (reload when the workload's changes).
     pub loaded: Option<String>,
     process: Option<Process>,
+    /// The fresh directory that `{data_dir}` named, removed when the system stops.
+    data_dir: Option<PathBuf>,
 }
 
 /// Finds a program on PATH (or checks a path).
@@ -120,6 +122,7 @@ impl Instance {
                 threads,
                 loaded: None,
                 process: None,
+                data_dir: None,
             });
         };
         let kind = spec.kind()?;
@@ -148,7 +151,22 @@ impl Instance {
             }
             SystemKind::External => {}
         }
-        full.extend(args.iter().cloned());
+        let placeholder = format!("{{{DATA_DIR}}}");
+        let data_dir = args
+            .iter()
+            .any(|a| a.contains(&placeholder))
+            .then(|| log.with_extension("data"));
+        if let Some(d) = &data_dir {
+            // A fresh directory for every start: nothing recovered from an earlier run.
+            if d.exists() {
+                std::fs::remove_dir_all(d).with_context(|| format!("removing {}", d.display()))?;
+            }
+            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+        }
+        full.extend(args.iter().map(|a| match &data_dir {
+            Some(d) => a.replace(&placeholder, &d.display().to_string()),
+            None => a.clone(),
+        }));
         let mut spawn = Spawn::new(&prog)
             .args(&full)
             .output(Output::File(log.to_path_buf()))
@@ -167,6 +185,9 @@ impl Instance {
         let (process, threads) = match started {
             Ok(v) => v,
             Err(e) => {
+                if let Some(d) = &data_dir {
+                    let _ = std::fs::remove_dir_all(d);
+                }
                 let tail = std::fs::read_to_string(log).unwrap_or_default();
                 let tail: Vec<&str> = tail.lines().rev().take(5).collect();
                 let tail: Vec<&str> = tail.into_iter().rev().collect();
@@ -193,6 +214,7 @@ impl Instance {
             threads,
             loaded: None,
             process: Some(process),
+            data_dir,
         })
     }
 
@@ -201,12 +223,27 @@ impl Instance {
         self.process.as_mut().is_some_and(Process::exited)
     }
 
-    /// Stops a started process: SIGTERM, then SIGKILL after 5 s. An external system is left
-    /// running.
+    /// Stops a started process: SIGTERM, then SIGKILL after 5 s (an external system is left
+    /// running); removes its `{data_dir}`. Dropping an instance does the same.
     pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
         if let Some(p) = self.process.take() {
             p.stop();
         }
+        if let Some(d) = self.data_dir.take() {
+            if let Err(e) = std::fs::remove_dir_all(&d) {
+                eprintln!("note: could not remove {}: {e}", d.display());
+            }
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        self.stop_inner();
     }
 }
 
