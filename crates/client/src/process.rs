@@ -521,6 +521,34 @@ mod tests {
     }
 
     #[test]
+    fn stop_is_sigterm_then_sigkill_after_the_grace() {
+        use std::os::unix::process::ExitStatusExt;
+        let p = Spawn::new("sleep").arg("30").start().unwrap();
+        assert!(p.pid() > 0);
+        assert_eq!(p.stop().unwrap().signal(), Some(libc::SIGTERM));
+        // Ignores SIGTERM (an ignored signal stays ignored across exec): SIGKILL it is. The
+        // marker file says the trap is set.
+        let marker = std::env::temp_dir().join(format!("kvlab-spawn-{}", std::process::id()));
+        let _ = std::fs::remove_file(&marker);
+        let p = Spawn::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "trap '' TERM; touch {}; exec sleep 30",
+                marker.display()
+            ))
+            .grace(Duration::from_millis(200))
+            .start()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !marker.exists() {
+            assert!(Instant::now() < deadline, "the child never set its trap");
+            std::thread::yield_now();
+        }
+        let _ = std::fs::remove_file(&marker);
+        assert_eq!(p.stop().unwrap().signal(), Some(libc::SIGKILL));
+    }
+
+    #[test]
     fn which_finds_sh() {
         assert!(which("sh").is_some());
         assert!(which("/nonexistent/sh").is_none());
