@@ -1070,7 +1070,10 @@ mod tests {
             )
         };
         let e = Experiment::parse(&file("{data_dir}"), "x", &Overrides::default()).unwrap();
-        assert_eq!(e.systems[0].render_args(&e.parts[0].points[0])[1], "{data_dir}");
+        assert_eq!(
+            e.systems[0].render_args(&e.parts[0].points[0])[1],
+            "{data_dir}"
+        );
         let err = Experiment::parse(&file("{dir}"), "x", &Overrides::default()).unwrap_err();
         assert!(format!("{err:#}").contains("no factor \"dir\""), "{err:#}");
     }
