@@ -1,4 +1,22 @@
-//! The `kvlab` binary: one command line over every kvlab crate.
+//! The `kvlab` binary: one command line over every kvlab crate. Each subcommand is a thin
+//! module that maps flags onto a library crate's types and prints what comes back; the work
+//! lives in the libraries, so it can be used and tested without this binary.
+//!
+//! ```text
+//! kvlab server    server_cmd    ──► kvlab_server (Session, I/O drivers, engine, REST)
+//!                                    └─► kvlab_store (items, eviction, TTL, durable layer)
+//!                                    └─► kvlab_protocol (parse/compose, both directions)
+//! kvlab bench     bench_cmd     ──► kvlab_bench (load description, open/closed loop, agents)
+//!                                    └─► kvlab_client (pipelined connections, HTTP side)
+//! kvlab populate  populate_cmd  ──► kvlab_bench::populate (or a data dir through the store)
+//! kvlab lab       lab_cmd       ──► kvlab_lab (experiment spec, systems, runner, analysis)
+//!                                    ├─► kvlab_client::process (start on a free port, wait)
+//!                                    ├─► kvlab_bench (the load of every run)
+//!                                    └─► kvlab_analysis (statistics, models) ─► kvlab_report
+//! ```
+//!
+//! Errors are `anyhow` here (the library crates return `thiserror` enums, or for the lab
+//! still `anyhow`), shown with their context and a non-zero exit.
 
 mod bench_cmd;
 mod lab_cmd;

@@ -3,58 +3,25 @@
 //! and pipelined.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
-}
+use kvlab_client::process::{free_port, Probe, Process, Spawn};
 
-// The child is handed to the caller, which kills and reaps it; clippy can't see through the
-// return inside the readiness loop.
-#[allow(clippy::zombie_processes)]
-fn start(dir: &std::path::Path, io: &str) -> (Child, SocketAddr) {
-    let port = free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
-        .args([
-            "server",
-            "-p",
-            &port.to_string(),
-            "-t",
-            "2",
-            "--io",
-            io,
-            "--durability",
-            "sync",
-        ])
+/// A `kvlab server --durability sync` over `dir` on a free port, once it answers `version`.
+fn start(dir: &std::path::Path, io: &str) -> (Process, SocketAddr) {
+    let port = free_port().expect("free port");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let server = Spawn::new(env!("CARGO_BIN_EXE_kvlab"))
+        .args(["server", "-p", &port.to_string(), "-t", "2", "--io", io])
+        .args(["--durability", "sync"])
         .arg("--data-dir")
         .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
+        .ready(Probe::Version(addr))
+        .timeout(Duration::from_secs(20))
+        .start()
         .expect("kvlab server starts");
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
-    // Readiness probe: connect until the server answers `version` (bounded).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(mut s) = TcpStream::connect(addr) {
-            if s.write_all(b"version\r\n").is_ok()
-                && read_until(&mut s, b"\r\n").starts_with(b"VERSION")
-            {
-                return (child, addr);
-            }
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("server on {addr} never became ready");
-        }
-        std::thread::yield_now();
-    }
+    (server, addr)
 }
 
 fn read_until(s: &mut TcpStream, end: &[u8]) -> Vec<u8> {
@@ -130,10 +97,9 @@ fn acknowledged_writes_survive_kill_9() {
             String::from_utf8_lossy(&tail)
         );
 
-        server.kill().expect("kill -9");
-        server.wait().expect("reaped");
+        server.kill(); // kill -9, reaped
 
-        let (mut server, addr) = start(dir.path(), io);
+        let (server, addr) = start(dir.path(), io);
         let mut s = TcpStream::connect(addr).expect("connect");
         for &i in &acked {
             s.write_all(format!("get k{i}\r\n").as_bytes())
@@ -155,7 +121,6 @@ fn acknowledged_writes_survive_kill_9() {
             b"VALUE n 0 2\r\n12\r\nEND\r\n",
             "{io}"
         );
-        let _ = server.kill();
-        let _ = server.wait();
+        drop(server);
     }
 }

@@ -11,6 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use kvlab_client::process::{free_port, Probe, Spawn};
+
 fn kvlab(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvlab"))
         .args(args)
@@ -174,44 +176,18 @@ fn tiny_experiment_runs_stores_reports_and_reanalyses() {
     );
 }
 
-/// A `kvlab server` started by the test, outside the lab; killed when dropped.
-struct OutsideServer(std::process::Child);
-
-impl Drop for OutsideServer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn external_system_is_loaded_at_its_address_and_its_cpu_read_from_its_pid() {
     // A server the lab neither starts nor stops: on a port picked here, readiness awaited
-    // by connecting (bounded).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port();
-    let child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+    // by probing `version`.
+    let port = free_port().expect("free port");
+    let server = Spawn::new(env!("CARGO_BIN_EXE_kvlab"))
         .args(["server", "-p", &port.to_string(), "-t", "1", "-m", "16"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
+        .ready(Probe::Version(([127, 0, 0, 1], port).into()))
+        .start()
         .expect("start kvlab server");
-    let server = OutsideServer(child);
     let addr = format!("127.0.0.1:{port}");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let ready = loop {
-        if std::net::TcpStream::connect(&addr).is_ok() {
-            break true;
-        }
-        if std::time::Instant::now() > deadline {
-            break false;
-        }
-        std::thread::yield_now();
-    };
-    assert!(ready, "server at {addr} never answered");
-    let pid = server.0.id();
+    let pid = server.pid();
     let file = format!(
         r#"
 name = "outside"

@@ -6,8 +6,19 @@
 //! - [`runner`]: every point × repetition × system, raw results and metadata on disk;
 //! - [`analyse`]: raw results → statistics, model checks and the HTML report.
 //!
+//! ```text
+//! Source (file | shipped) + Overrides
+//!   ─► spec::Experiment::parse ─► parts × points × systems × repetitions (PlannedRun)
+//!   ─► runner::run_experiment
+//!        system::Instance::start (kvlab_client::process: free port, wait for `version`,
+//!        threads from `stats`) ─► kvlab_bench run ─► /proc CPU ─► raw/NNNN.json, meta.json
+//!   ─► analyse::analyse (kvlab_analysis) ─► analyse::write (kvlab_report) ─► report/
+//! ```
+//!
 //! [`Lab::run`] does all of it for one experiment; [`analyse_dir`] redoes the analysis of a
-//! results directory. The command line:
+//! results directory. The kvlab servers it starts are [`Lab::kvlab_bin`] (default
+//! `$KVLAB_BIN`, else the running `kvlab`). Errors are `anyhow` for now, with context. The
+//! command line over it (`crates/kvlab/src/lab_cmd.rs`):
 //!
 //! ```text
 //! kvlab lab                          the quick standard experiment (experiments/quick.toml,
@@ -125,6 +136,9 @@
 //! M/M/m; `design = "2k"` → effects and allocation of variation (throughput); `qps_list` →
 //! p95, rate and CPU over time. Every part gets a table of all points, percentiles vs its
 //! first factor and latency histograms.
+
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod analyse;
 pub mod runner;

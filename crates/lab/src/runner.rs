@@ -74,7 +74,7 @@ pub struct RawRun {
     pub command: Vec<String>,
     /// Its answer to `version`.
     pub version: String,
-    /// Its worker threads (from `-t`).
+    /// Its worker threads, as it reports them (`threads` in `stats`).
     pub server_threads: u32,
     /// Closed-loop clients (connections × depth), 0 in open loop.
     pub population: usize,
@@ -382,7 +382,7 @@ fn one_run(
         args: inst.args.clone(),
         command: inst.command.clone(),
         version: inst.version.clone(),
-        server_threads: system::server_threads(&inst.args),
+        server_threads: inst.threads,
         population: 0,
         think_s: 0.0,
         started: rfc3339(std::time::SystemTime::now()),

@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
 
 const SAME: bool = true;
@@ -208,9 +209,8 @@ fn table_passes_over_a_durable_store_under_every_io_model() {
 /// The table's claim that a reply is memcached's own is checked against memcached itself.
 #[test]
 fn table_matches_memcached() {
-    let Some(mc) = Memcached::start(&[]) else {
-        panic!("memcached not found on PATH: .ci/run installs Debian's memcached");
-    };
+    let mc = Memcached::start_with(&[])
+        .unwrap_or_else(|e| panic!("{e} (.ci/run installs Debian's memcached)"));
     let failures = run_table(mc.addr, true);
     assert!(
         failures.is_empty(),

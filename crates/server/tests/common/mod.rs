@@ -1,13 +1,12 @@
-//! Helpers shared by the server's integration tests: start a kvlab server or a reference
-//! memcached on a free 127.0.0.1 port, wait for readiness by probing, talk raw bytes.
+//! Helpers shared by the server's integration tests: start a kvlab server on 127.0.0.1:0,
+//! talk raw bytes. (A reference memcached: `kvlab_client::testing::Memcached`.)
 
 #![allow(dead_code)]
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvlab_server::{IoModel, Server, ServerConfig};
 use kvlab_store::ManualClock;
@@ -29,69 +28,6 @@ pub fn start(io: IoModel, tweak: impl FnOnce(&mut ServerConfig)) -> (Server, Arc
     };
     tweak(&mut config);
     (Server::start(config).expect("server starts"), clock)
-}
-
-/// A reference memcached on a free port, killed on drop.
-pub struct Memcached {
-    pub child: Child,
-    pub addr: SocketAddr,
-}
-
-impl Memcached {
-    /// Starts `/usr/bin/memcached` (or `memcached` on PATH) with `args`, or None if absent.
-    pub fn start(args: &[&str]) -> Option<Memcached> {
-        let port = free_port();
-        let child = Command::new("memcached")
-            .args([
-                "-U",
-                "0",
-                "-l",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-u",
-                "root",
-            ])
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        wait_ready(addr);
-        Some(Memcached { child, addr })
-    }
-}
-
-impl Drop for Memcached {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-/// Readiness probe: connect until the server accepts (bounded to 10 s).
-pub fn wait_ready(addr: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(mut s) = TcpStream::connect(addr) {
-            if s.write_all(b"version\r\n").is_ok() {
-                let mut buf = [0u8; 64];
-                if matches!(s.read(&mut buf), Ok(n) if n > 0) {
-                    return;
-                }
-            }
-        }
-        std::thread::yield_now();
-    }
-    panic!("server at {addr} not ready");
 }
 
 pub fn connect(addr: SocketAddr) -> TcpStream {
