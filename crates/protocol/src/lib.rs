@@ -2,6 +2,7 @@
 //!
 //! - [`request`] parses client requests (server side) and [`response`] composes replies;
 //! - [`meta`] holds the meta commands' keys and flags, shared by both directions;
+//! - `lex` holds the lexical rules both share (keys, numbers);
 //! - [`client`] composes requests and parses replies (used by the proxy, bench and cluster).
 //!
 //! Parsing is incremental and zero-copy: a parsed request borrows its keys and data from the
@@ -9,6 +10,7 @@
 //! not an error.
 
 pub mod client;
+mod lex;
 pub mod meta;
 pub mod request;
 pub mod response;

@@ -6,7 +6,7 @@
 
 use base64::Engine as _;
 
-use crate::request::{parse_i64, parse_u64, valid_key, MAX_KEY_LEN};
+use crate::lex::{parse_i64, parse_u64, valid_key, MAX_KEY_LEN};
 
 /// Which meta command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,10 +13,10 @@
 //!
 //! The wording of every error is memcached 1.6's, checked against the real server.
 
+use crate::lex::{parse_i64, parse_u64};
 use crate::meta::{MetaCommand, MetaError, MetaFlags, MetaKey};
 
-/// Keys longer than this are refused (memcached's `KEY_MAX_LENGTH`).
-pub const MAX_KEY_LEN: usize = 250;
+pub use crate::lex::{valid_key, MAX_KEY_LEN};
 
 /// Bounds the parser enforces so that a connection's memory stays bounded.
 #[derive(Clone, Copy, Debug)]
@@ -394,33 +394,6 @@ impl<'a> Iterator for Tokens<'a> {
         let end = memchr::memchr(b' ', rest).unwrap_or(rest.len());
         self.rest = &rest[end..];
         Some(&rest[..end])
-    }
-}
-
-/// A key as memcached accepts it: 1..=250 bytes, no control characters (spaces can't occur:
-/// they separate tokens).
-pub fn valid_key(key: &[u8]) -> bool {
-    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > b' ' && b != 0x7f)
-}
-
-pub(crate) fn parse_u64(t: &[u8]) -> Option<u64> {
-    if t.is_empty() || t.len() > 20 {
-        return None;
-    }
-    let mut v: u64 = 0;
-    for &b in t {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        v = v.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
-    }
-    Some(v)
-}
-
-pub(crate) fn parse_i64(t: &[u8]) -> Option<i64> {
-    match t {
-        [b'-', digits @ ..] => parse_u64(digits).and_then(|v| 0i64.checked_sub_unsigned(v)),
-        _ => parse_u64(t).and_then(|v| i64::try_from(v).ok()),
     }
 }
 
