@@ -7,7 +7,8 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::escape::{csv_line, slug};
+use crate::escape::csv_line;
+use crate::layout::plan;
 use crate::model::{Histogram, Item, LinePlot, Report, Table};
 use crate::svg;
 
@@ -44,43 +45,6 @@ impl ReportFiles {
         v.extend(self.csv.iter().map(PathBuf::as_path));
         v
     }
-}
-
-/// The file names planned for one item (none for a note).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Planned {
-    pub svg: Option<String>,
-    pub csv: Option<String>,
-}
-
-/// File names for every item, in reading order.
-pub(crate) fn plan(report: &Report) -> Vec<Planned> {
-    let (mut plots, mut tables) = (0, 0);
-    let mut out = Vec::new();
-    for it in report.sections.iter().flat_map(|s| &s.items) {
-        out.push(match it {
-            Item::LinePlot(_) | Item::Histogram(_) => {
-                plots += 1;
-                let stem = format!("plot-{plots:02}-{}", slug(it.title()));
-                Planned {
-                    svg: Some(format!("{stem}.svg")),
-                    csv: Some(format!("{stem}.csv")),
-                }
-            }
-            Item::Table(_) => {
-                tables += 1;
-                Planned {
-                    svg: None,
-                    csv: Some(format!("table-{tables:02}-{}.csv", slug(it.title()))),
-                }
-            }
-            Item::Note(_) => Planned {
-                svg: None,
-                csv: None,
-            },
-        });
-    }
-    out
 }
 
 /// Writes the report into `dir` (created if missing; files of the same names replaced).

@@ -4,7 +4,7 @@
 use std::fmt::Write;
 
 use crate::escape::{escape, slug};
-use crate::files::Planned;
+use crate::layout::Planned;
 use crate::model::{Item, Level, Note, Report, Table};
 use crate::svg;
 

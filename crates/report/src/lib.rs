@@ -19,6 +19,7 @@ pub mod example;
 mod files;
 pub mod helpers;
 mod html;
+mod layout;
 pub mod model;
 mod svg;
 
