@@ -25,15 +25,13 @@
 //! that drive a `ManualClock` see the crawler reclaim what that clock expired.
 
 use std::io;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use kvlab_store::{CrawlCursor, Store};
 use parking_lot::{Condvar, Mutex};
-
-use crate::stats::ServerStats;
 
 /// How the crawler runs (`--crawler-interval-ms`; the rest are fixed defaults).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +80,15 @@ impl Stop {
 }
 
 /// A running crawler thread.
+/// The crawler thread's own figures (what it reclaims is counted by the store).
+#[derive(Default)]
+pub struct CrawlerStats {
+    /// A pass is in progress (memcached `lru_crawler_running`).
+    pub running: AtomicBool,
+    /// Passes started (memcached `lru_crawler_starts`).
+    pub starts: AtomicU64,
+}
+
 pub struct Crawler {
     stop: Arc<Stop>,
     thread: Option<JoinHandle<()>>,
@@ -91,7 +98,7 @@ impl Crawler {
     /// Starts the thread; its first pass begins one `interval` from now.
     pub fn start(
         store: Arc<Store>,
-        stats: Arc<ServerStats>,
+        stats: Arc<CrawlerStats>,
         config: CrawlerConfig,
     ) -> io::Result<Crawler> {
         let stop = Arc::new(Stop::default());
@@ -127,17 +134,17 @@ impl Drop for Crawler {
     }
 }
 
-fn run(store: &Store, stats: &ServerStats, config: CrawlerConfig, stop: &Stop) {
+fn run(store: &Store, stats: &CrawlerStats, config: CrawlerConfig, stop: &Stop) {
     let mut next_pass = Instant::now() + config.interval;
     loop {
         if stop.wait_until(next_pass) {
             return;
         }
         let began = Instant::now();
-        stats.crawler.starts.fetch_add(1, Relaxed);
-        stats.crawler.running.store(true, Relaxed);
+        stats.starts.fetch_add(1, Relaxed);
+        stats.running.store(true, Relaxed);
         let finished = pass(store, config, stop);
-        stats.crawler.running.store(false, Relaxed);
+        stats.running.store(false, Relaxed);
         if !finished {
             return;
         }

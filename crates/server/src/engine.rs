@@ -238,8 +238,8 @@ impl Engine {
     fn stats(&mut self, group: Option<&[u8]>, out: &mut Vec<u8>) {
         match group {
             None => {
-                for (name, value) in self.server.snapshot(&self.store).fields {
-                    r::stat(out, name, value);
+                for stat in self.server.snapshot(&self.store).fields {
+                    r::stat(out, stat.name, stat.value);
                 }
             }
             Some(b"settings") => {

@@ -76,6 +76,7 @@ use serde_json::{json, Map, Value as Json};
 use tokio::sync::watch;
 
 use crate::cache::{Blocking, DiskRules};
+use crate::stats::StatValue;
 use crate::Shared;
 
 /// How long [`HttpServer::stop`] lets open requests finish before dropping them.
@@ -744,21 +745,15 @@ async fn delete_key(State(app): State<App>, uri: Uri) -> Response {
 async fn stats(State(app): State<App>) -> Response {
     let snapshot = app.shared.stats.snapshot(&app.shared.store);
     let mut obj = Map::new();
-    for (name, value) in snapshot.fields {
-        let v = if let Ok(n) = value.parse::<u64>() {
-            Json::from(n)
-        } else if let Ok(n) = value.parse::<i64>() {
-            Json::from(n)
-        } else if let Some(n) = value
-            .parse::<f64>()
-            .ok()
-            .and_then(serde_json::Number::from_f64)
-        {
-            Json::Number(n)
-        } else {
-            Json::String(value)
+    for stat in snapshot.fields {
+        let v = match stat.value {
+            StatValue::Int(n) => Json::from(n),
+            StatValue::Real(x, _) => {
+                serde_json::Number::from_f64(x).map_or(Json::Null, Json::Number)
+            }
+            StatValue::Text(t) => Json::String(t),
         };
-        obj.insert(name.to_string(), v);
+        obj.insert(stat.name.to_string(), v);
     }
     json_response(StatusCode::OK, &Json::Object(obj))
 }

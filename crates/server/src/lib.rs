@@ -217,11 +217,11 @@ impl Server {
             http: Arc::default(),
             threads: config.threads,
             item_size_max: config.item_size_max,
-            policy: config.policy.to_string(),
+            policy: config.policy,
             port: addr.port(),
             io_model: config.io.name(),
             crawler_config: config.crawler,
-            crawler: stats::CrawlerStats::default(),
+            crawler: Arc::default(),
         });
         let limits = Limits {
             item_size_max: config.item_size_max,
@@ -253,7 +253,7 @@ impl Server {
         let crawler = match config.crawler {
             Some(c) => Some(crawler::Crawler::start(
                 shared.store.clone(),
-                shared.stats.clone(),
+                shared.stats.crawler.clone(),
                 c,
             )?),
             None => None,

@@ -7,30 +7,63 @@
 //! Service times are buffered per batch by the worker and recorded into its histogram under
 //! a mutex once per batch, so a reader never blocks the hot path for more than one batch.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use hdrhistogram::Histogram;
-use kvlab_store::{DurableStats, Store, StoreStats};
+use kvlab_store::{Figure, Kind, Policy, Store};
 use parking_lot::Mutex;
 
-use crate::crawler::CrawlerConfig;
+use crate::crawler::{CrawlerConfig, CrawlerStats};
 
-/// Per-worker command counters; written by one thread, read by any.
-#[derive(Default)]
-#[repr(align(128))]
-pub struct WorkerStats {
-    pub cmd_get: AtomicU64,
-    pub cmd_set: AtomicU64,
-    pub cmd_touch: AtomicU64,
-    pub cmd_flush: AtomicU64,
-    pub cmd_meta: AtomicU64,
-    pub bytes_read: AtomicU64,
-    pub bytes_written: AtomicU64,
-    pub protocol_errors: AtomicU64,
-    /// Request service times in nanoseconds (parse start to reply composed).
-    pub service_ns: Mutex<Option<Histogram<u64>>>,
+/// Declares [`WorkerStats`]: each per-worker counter is one line of the table, which makes
+/// the field, its `stats` name (the field's name) and its sum over the workers.
+macro_rules! worker_counters {
+    ($( $(#[doc = $doc:literal])* $field:ident, )*) => {
+        /// Per-worker command counters; written by one thread, read by any.
+        #[derive(Default)]
+        #[repr(align(128))]
+        pub struct WorkerStats {
+            $( $(#[doc = $doc])* pub $field: AtomicU64, )*
+            /// Request service times in nanoseconds (parse start to reply composed).
+            pub service_ns: Mutex<Option<Histogram<u64>>>,
+        }
+
+        impl WorkerStats {
+            /// Each counter's name and value summed over `workers`, in the table's order.
+            fn sums<'w>(workers: impl Iterator<Item = &'w WorkerStats> + Clone) -> Vec<Stat> {
+                vec![$(Stat::count(
+                    stringify!($field),
+                    Kind::Counter,
+                    workers.clone().map(|w| w.$field.load(Relaxed)).sum(),
+                )),*]
+            }
+
+            fn reset_counters(&self) {
+                $( self.$field.store(0, Relaxed); )*
+            }
+        }
+    };
+}
+
+worker_counters! {
+    /// Get-type commands (`get`/`gets`/`gat`/`gats`: one per key; REST `GET`).
+    cmd_get,
+    /// Storage commands (and REST `PUT`).
+    cmd_set,
+    /// `flush_all` commands.
+    cmd_flush,
+    /// Touches (`touch`, `gat`/`gats` per key).
+    cmd_touch,
+    /// Meta commands (`mg`, `ms`, `md`, `ma`, `mn`, `me`).
+    cmd_meta,
+    /// Bytes read from clients.
+    bytes_read,
+    /// Bytes written to clients.
+    bytes_written,
+    /// Requests answered with a protocol error.
+    protocol_errors,
 }
 
 impl WorkerStats {
@@ -51,18 +84,7 @@ impl WorkerStats {
     }
 
     fn reset(&self) {
-        for c in [
-            &self.cmd_get,
-            &self.cmd_set,
-            &self.cmd_touch,
-            &self.cmd_flush,
-            &self.cmd_meta,
-            &self.bytes_read,
-            &self.bytes_written,
-            &self.protocol_errors,
-        ] {
-            c.store(0, Relaxed);
-        }
+        self.reset_counters();
         *self.service_ns.lock() = None;
     }
 }
@@ -87,116 +109,136 @@ pub struct ServerStats {
     pub http: Arc<WorkerStats>,
     pub threads: usize,
     pub item_size_max: usize,
-    pub policy: String,
+    pub policy: Policy,
     pub port: u16,
     pub io_model: &'static str,
     /// The crawler's settings, `None` when it is off.
     pub crawler_config: Option<CrawlerConfig>,
-    pub crawler: CrawlerStats,
-}
-
-/// The crawler thread's own figures (what it reclaims is counted by the store).
-#[derive(Default)]
-pub struct CrawlerStats {
-    /// A pass is in progress (memcached `lru_crawler_running`).
-    pub running: AtomicBool,
-    /// Passes started (memcached `lru_crawler_starts`).
-    pub starts: AtomicU64,
+    pub crawler: Arc<CrawlerStats>,
 }
 
 /// `VERSION` reply: the memcached protocol level kvlab speaks, then kvlab's own version.
 /// Clients parse the first `x.y.z` to decide which features the server has.
 pub const VERSION: &str = concat!("1.6.21 kvlab-", env!("CARGO_PKG_VERSION"));
 
+/// One line of a snapshot: a name in memcached's `stats`, its value, and how it moves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stat {
+    /// The `stats` name (`/stats` key; `/metrics` adds the `kvlab_` prefix).
+    pub name: &'static str,
+    /// Counter or gauge (a text value is neither and is left out of `/metrics`).
+    pub kind: Kind,
+    /// The value.
+    pub value: StatValue,
+}
+
+/// A stat's value, typed so that each rendering (text, JSON, Prometheus) needs no parsing.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StatValue {
+    /// A whole number.
+    Int(u64),
+    /// A real number and the decimals it is printed with.
+    Real(f64, usize),
+    /// Text (`version`, `libevent`).
+    Text(String),
+}
+
+impl Stat {
+    fn count(name: &'static str, kind: Kind, value: u64) -> Stat {
+        Stat {
+            name,
+            kind,
+            value: StatValue::Int(value),
+        }
+    }
+
+    fn real(name: &'static str, kind: Kind, value: f64, decimals: usize) -> Stat {
+        Stat {
+            name,
+            kind,
+            value: StatValue::Real(value, decimals),
+        }
+    }
+
+    fn text(name: &'static str, value: impl Into<String>) -> Stat {
+        Stat {
+            name,
+            kind: Kind::Gauge,
+            value: StatValue::Text(value.into()),
+        }
+    }
+}
+
+impl From<Figure> for Stat {
+    fn from(f: Figure) -> Stat {
+        Stat::count(f.name, f.kind, f.value)
+    }
+}
+
+impl std::fmt::Display for StatValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StatValue::Int(n) => write!(f, "{n}"),
+            StatValue::Real(x, decimals) => write!(f, "{x:.decimals$}"),
+            StatValue::Text(t) => f.write_str(t),
+        }
+    }
+}
+
 /// A point-in-time snapshot of every figure, in memcached's names.
 pub struct Snapshot {
-    pub fields: Vec<(&'static str, String)>,
+    /// The figures in `stats` order.
+    pub fields: Vec<Stat>,
 }
 
 impl ServerStats {
     /// Sums the workers' counters and reads the store into memcached's field list, with
     /// kvlab's service-time percentiles appended.
     pub fn snapshot(&self, store: &Store) -> Snapshot {
-        let now_unix = unix_now();
-        let s: StoreStats = store.stats();
-        let sum = |f: fn(&WorkerStats) -> &AtomicU64| -> u64 {
-            self.workers
-                .iter()
-                .chain([&self.http])
-                .map(|w| f(w).load(Relaxed))
-                .sum()
-        };
+        use Kind::{Counter, Gauge};
+        let load = |a: &AtomicU64| a.load(Relaxed);
         let (user, system) = rusage();
-        let mut fields: Vec<(&'static str, String)> = vec![
-            ("pid", std::process::id().to_string()),
-            ("uptime", self.started.elapsed().as_secs().to_string()),
-            ("time", now_unix.to_string()),
-            ("version", VERSION.to_string()),
-            ("libevent", "none".to_string()),
-            ("pointer_size", (usize::BITS).to_string()),
-            ("rusage_user", format!("{user:.6}")),
-            ("rusage_system", format!("{system:.6}")),
-            ("max_connections", self.max_connections.to_string()),
-            (
+        let mut fields = vec![
+            Stat::count("pid", Gauge, u64::from(std::process::id())),
+            Stat::count("uptime", Counter, self.started.elapsed().as_secs()),
+            Stat::count("time", Gauge, unix_now()),
+            Stat::text("version", VERSION),
+            Stat::text("libevent", "none"),
+            Stat::count("pointer_size", Gauge, u64::from(usize::BITS)),
+            Stat::real("rusage_user", Counter, user, 6),
+            Stat::real("rusage_system", Counter, system, 6),
+            Stat::count("max_connections", Gauge, self.max_connections as u64),
+            Stat::count(
                 "curr_connections",
-                self.curr_connections.load(Relaxed).to_string(),
+                Gauge,
+                self.curr_connections.load(Relaxed) as u64,
             ),
-            (
-                "total_connections",
-                self.total_connections.load(Relaxed).to_string(),
-            ),
-            (
+            Stat::count("total_connections", Counter, load(&self.total_connections)),
+            Stat::count(
                 "rejected_connections",
-                self.rejected_connections.load(Relaxed).to_string(),
-            ),
-            ("cmd_get", sum(|w| &w.cmd_get).to_string()),
-            ("cmd_set", sum(|w| &w.cmd_set).to_string()),
-            ("cmd_flush", sum(|w| &w.cmd_flush).to_string()),
-            ("cmd_touch", sum(|w| &w.cmd_touch).to_string()),
-            ("cmd_meta", sum(|w| &w.cmd_meta).to_string()),
-            ("get_hits", s.get_hits.to_string()),
-            ("get_misses", s.get_misses.to_string()),
-            ("get_expired", s.get_expired.to_string()),
-            ("get_flushed", s.get_flushed.to_string()),
-            ("delete_misses", s.delete_misses.to_string()),
-            ("delete_hits", s.delete_hits.to_string()),
-            ("incr_misses", s.incr_misses.to_string()),
-            ("incr_hits", s.incr_hits.to_string()),
-            ("decr_misses", s.decr_misses.to_string()),
-            ("decr_hits", s.decr_hits.to_string()),
-            ("cas_misses", s.cas_misses.to_string()),
-            ("cas_hits", s.cas_hits.to_string()),
-            ("cas_badval", s.cas_badval.to_string()),
-            ("touch_hits", s.touch_hits.to_string()),
-            ("touch_misses", s.touch_misses.to_string()),
-            ("bytes_read", sum(|w| &w.bytes_read).to_string()),
-            ("bytes_written", sum(|w| &w.bytes_written).to_string()),
-            ("protocol_errors", sum(|w| &w.protocol_errors).to_string()),
-            ("limit_maxbytes", s.limit_maxbytes.to_string()),
-            ("accepting_conns", "1".to_string()),
-            ("threads", self.threads.to_string()),
-            ("bytes", s.bytes.to_string()),
-            ("curr_items", s.curr_items.to_string()),
-            ("total_items", s.total_items.to_string()),
-            ("expired_unfetched", s.expired_unfetched.to_string()),
-            ("evicted_unfetched", s.evicted_unfetched.to_string()),
-            ("evictions", s.evictions.to_string()),
-            ("reclaimed", s.reclaimed.to_string()),
-            ("crawler_reclaimed", s.crawler_reclaimed.to_string()),
-            ("crawler_items_checked", s.crawler_items_checked.to_string()),
-            ("store_too_large", s.store_too_large.to_string()),
-            ("store_no_memory", s.store_no_memory.to_string()),
-            (
-                "lru_crawler_running",
-                u8::from(self.crawler.running.load(Relaxed)).to_string(),
-            ),
-            (
-                "lru_crawler_starts",
-                self.crawler.starts.load(Relaxed).to_string(),
+                Counter,
+                load(&self.rejected_connections),
             ),
         ];
+        fields.extend(WorkerStats::sums(
+            self.workers
+                .iter()
+                .map(Arc::as_ref)
+                .chain([self.http.as_ref()]),
+        ));
+        fields.extend(store.stats().figures().into_iter().map(Stat::from));
+        fields.extend([
+            Stat::count("accepting_conns", Gauge, 1),
+            Stat::count("threads", Gauge, self.threads as u64),
+            Stat::count(
+                "lru_crawler_running",
+                Gauge,
+                u64::from(self.crawler.running.load(Relaxed)),
+            ),
+            Stat::count("lru_crawler_starts", Counter, load(&self.crawler.starts)),
+        ]);
         if let Some(d) = store.durable_stats() {
-            fields.extend(durable_fields(&d));
+            fields.extend(d.figures().into_iter().map(Stat::from));
         }
         let mut merged = new_histogram();
         for w in &self.workers {
@@ -204,14 +246,14 @@ impl ServerStats {
                 let _ = merged.add(h);
             }
         }
-        fields.push(("service_time_samples", merged.len().to_string()));
+        fields.push(Stat::count("service_time_samples", Gauge, merged.len()));
         for (name, q) in SERVICE_QUANTILES {
             let us = if merged.is_empty() {
                 0.0
             } else {
                 merged.value_at_quantile(q) as f64 / 1000.0
             };
-            fields.push((name, format!("{us:.3}")));
+            fields.push(Stat::real(name, Gauge, us, 3));
         }
         Snapshot { fields }
     }
@@ -230,11 +272,11 @@ impl ServerStats {
             workers,
             http: Arc::default(),
             item_size_max: 1024 * 1024,
-            policy: "lru".into(),
+            policy: Policy::Lru,
             port: 0,
             io_model: "none",
             crawler_config: None,
-            crawler: CrawlerStats::default(),
+            crawler: Arc::default(),
         }
     }
 
@@ -247,9 +289,14 @@ impl ServerStats {
             ("verbosity", self.verbosity.load(Relaxed).to_string()),
             (
                 "evictions",
-                if self.policy == "none" { "off" } else { "on" }.to_string(),
+                if self.policy == Policy::None {
+                    "off"
+                } else {
+                    "on"
+                }
+                .to_string(),
             ),
-            ("eviction_policy", self.policy.clone()),
+            ("eviction_policy", self.policy.to_string()),
             ("num_threads", self.threads.to_string()),
             ("item_size_max", self.item_size_max.to_string()),
             ("cas_enabled", "yes".to_string()),
@@ -288,27 +335,6 @@ impl ServerStats {
     }
 }
 
-/// The durable store's engine figures (only for a store with `--data-dir`).
-fn durable_fields(d: &DurableStats) -> [(&'static str, String); 10] {
-    [
-        // Read-through misses served from the engine.
-        ("durable_reads", d.reads.to_string()),
-        // Engine batches (commit rounds and purge batches).
-        ("durable_commits", d.commits.to_string()),
-        ("durable_fsyncs", d.fsyncs.to_string()),
-        // Item puts and deletes written.
-        ("durable_items_written", d.items_written.to_string()),
-        ("durable_persists", d.persists.to_string()),
-        // Bytes of changes queued for the engine (write-behind and tombstones).
-        ("durable_queued_bytes", d.pending_bytes.to_string()),
-        ("durable_flush_errors", d.flush_errors.to_string()),
-        // Dead records (flushed or expired) deleted from the engine.
-        ("durable_purged", d.purged.to_string()),
-        ("durable_purge_scanned", d.purge_scanned.to_string()),
-        ("durable_purge_passes", d.purge_passes.to_string()),
-    ]
-}
-
 /// Service-time percentiles appended to `stats` (microseconds).
 pub const SERVICE_QUANTILES: [(&str, f64); 5] = [
     ("service_time_p50_us", 0.50),
@@ -336,69 +362,21 @@ fn rusage() -> (f64, f64) {
     (t(ru.ru_utime), t(ru.ru_stime))
 }
 
-/// Renders a snapshot in the Prometheus text exposition format (`kvlab_` prefix).
+/// Renders a snapshot in the Prometheus text exposition format (`kvlab_` prefix); text
+/// figures are left out.
 pub fn prometheus(snapshot: &Snapshot) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    for (name, value) in &snapshot.fields {
-        if value.parse::<f64>().is_err() {
+    for stat in &snapshot.fields {
+        if matches!(stat.value, StatValue::Text(_)) {
             continue;
         }
-        let kind = if COUNTERS.contains(name) {
-            "counter"
-        } else {
-            "gauge"
+        let kind = match stat.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
         };
+        let (name, value) = (stat.name, &stat.value);
         let _ = writeln!(out, "# TYPE kvlab_{name} {kind}\nkvlab_{name} {value}");
     }
     out
 }
-
-const COUNTERS: &[&str] = &[
-    "total_connections",
-    "rejected_connections",
-    "cmd_get",
-    "cmd_set",
-    "cmd_flush",
-    "cmd_touch",
-    "cmd_meta",
-    "get_hits",
-    "get_misses",
-    "get_expired",
-    "get_flushed",
-    "delete_misses",
-    "delete_hits",
-    "incr_misses",
-    "incr_hits",
-    "decr_misses",
-    "decr_hits",
-    "cas_misses",
-    "cas_hits",
-    "cas_badval",
-    "touch_hits",
-    "touch_misses",
-    "bytes_read",
-    "bytes_written",
-    "protocol_errors",
-    "total_items",
-    "expired_unfetched",
-    "evicted_unfetched",
-    "evictions",
-    "reclaimed",
-    "crawler_reclaimed",
-    "crawler_items_checked",
-    "lru_crawler_starts",
-    "store_too_large",
-    "store_no_memory",
-    "durable_reads",
-    "durable_commits",
-    "durable_fsyncs",
-    "durable_items_written",
-    "durable_persists",
-    "durable_flush_errors",
-    "durable_purged",
-    "durable_purge_scanned",
-    "durable_purge_passes",
-    "rusage_user",
-    "rusage_system",
-];

@@ -125,12 +125,12 @@ mod stats;
 mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, REALTIME_MAXDELTA};
-pub use durable::{Durability, DurableConfig, DurableStats, ParseDurabilityError};
+pub use durable::{Durability, DurableConfig, ParseDurabilityError};
 pub use item::{ItemView, MetaView, Value, ITEM_OVERHEAD, MAX_KEY_LEN};
 pub use policy::{ParsePolicyError, Policy};
 pub use request::{
     ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
     SetStatus,
 };
-pub use stats::StoreStats;
+pub use stats::{DurableStats, Figure, Kind, StoreStats};
 pub use store::{Config, CrawlCursor, CrawlStep, Store};

@@ -13,8 +13,8 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::clock::{expiry_from_wire, Clock, Expiry, TimeBase};
 use crate::durable::backend::{Fjall, Instrumented};
 use crate::durable::{
-    self, decode, decode_pair, DiskRec, Durability, Durable, DurableConfig, DurableStats, Op,
-    Shards, WbShared, CAS_GAP, META_CAS, META_GEN,
+    self, decode, decode_pair, DiskRec, Durability, Durable, DurableConfig, Op, Shards, WbShared,
+    CAS_GAP, META_CAS, META_GEN,
 };
 use crate::item::{item_charge, Block, ItemView, MetaView, ITEM_OVERHEAD, MAX_KEY_LEN};
 use crate::memory::Budget;
@@ -25,7 +25,7 @@ use crate::request::{
 };
 use crate::shard::{scan_hints, LargestHints, Lookup, Now, Shard, Wb, MAX_SHARD_ITEMS};
 use crate::slab::{NIL, STALE, WIN_SENT};
-use crate::stats::StoreStats;
+use crate::stats::{DurableStats, StoreStats};
 
 /// Store configuration.
 #[derive(Clone, Debug)]

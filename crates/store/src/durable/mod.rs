@@ -79,6 +79,7 @@ use hashbrown::DefaultHashBuilder;
 use crate::clock::Clock;
 use crate::item::Block;
 use crate::shard::Shard;
+use crate::stats::DurableStats;
 use backend::{Batch, Instrumented};
 
 /// How a durable store's writes reach the disk (`--durability`). "Crash" below
@@ -167,34 +168,6 @@ impl DurableConfig {
             flush_interval: Duration::from_secs(1),
         }
     }
-}
-
-/// Counters of a durable store's engine traffic.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DurableStats {
-    /// Engine point reads (read-through misses).
-    pub reads: u64,
-    /// Engine batches committed.
-    pub commits: u64,
-    /// fdatasyncs (as part of a commit or alone).
-    pub fsyncs: u64,
-    /// Item puts and deletes written.
-    pub items_written: u64,
-    /// `persist` calls.
-    pub persists: u64,
-    /// Bytes of queued ops not yet in the engine (write-behind buffer and tombstones).
-    pub pending_bytes: u64,
-    /// Commit rounds or purge steps of the flusher that failed (a failed round's
-    /// ops stay queued; a failed purge pass is retried later).
-    pub flush_errors: u64,
-    /// Dead records (of an older flush generation, or expired) deleted from the
-    /// engine by the purge, or by `load` finding one. A rare race between the two
-    /// can delete (and count) one record twice.
-    pub purged: u64,
-    /// Records the purge examined.
-    pub purge_scanned: u64,
-    /// Purge passes over the whole engine completed.
-    pub purge_passes: u64,
 }
 
 /// A queued change of one key.
@@ -606,7 +579,7 @@ impl Durable {
             fsyncs: c.fsyncs.load(Ordering::Relaxed),
             items_written: c.items_written.load(Ordering::Relaxed),
             persists: self.persists.load(Ordering::Relaxed),
-            pending_bytes: self.shared.pending() as u64,
+            queued_bytes: self.shared.pending() as u64,
             flush_errors: self.flush_errors.load(Ordering::Relaxed),
             purged: self.purged.load(Ordering::Relaxed),
             purge_scanned: self.purge_scanned.load(Ordering::Relaxed),

@@ -141,7 +141,7 @@ fn interval_flusher_writes_dirty_items_by_itself() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let st = s.durable_stats().unwrap();
-        if st.items_written >= 10 && st.pending_bytes == 0 {
+        if st.items_written >= 10 && st.queued_bytes == 0 {
             break;
         }
         assert!(Instant::now() < deadline, "flusher never wrote");
@@ -284,7 +284,7 @@ fn write_behind_buffer_is_read_back_before_the_flusher_runs() {
     assert!(s.get(&key(0)).is_none());
     let st = s.durable_stats().unwrap();
     assert_eq!(st.commits, 0, "nothing written yet");
-    assert!(st.pending_bytes > 0);
+    assert!(st.queued_bytes > 0);
     assert!(s.load(&key(0)).unwrap());
     assert_eq!(
         s.durable_stats().unwrap().reads,
@@ -529,7 +529,7 @@ fn load_of_a_dead_record_queues_its_deletion() {
     assert_eq!(s.disk_records().unwrap(), 2);
     assert!(!s.load(b"ttl").unwrap());
     assert!(
-        s.durable_stats().unwrap().pending_bytes > 0,
+        s.durable_stats().unwrap().queued_bytes > 0,
         "deletion queued"
     );
     // Known absent now: no second disk read, and a delete misses.
