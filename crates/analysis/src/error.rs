@@ -11,26 +11,38 @@ pub enum AnalysisError {
     /// Fewer samples (or points) than the computation needs.
     #[error("{what}: need at least {needed}, got {got}")]
     TooFew {
+        /// What was counted.
         what: &'static str,
+        /// How many the computation needs.
         needed: usize,
+        /// How many it got.
         got: usize,
     },
     /// A NaN or infinite input.
     #[error("{what} is not a finite number")]
-    NonFinite { what: &'static str },
+    NonFinite {
+        /// Which input.
+        what: &'static str,
+    },
     /// A confidence level outside the open interval (0, 1).
     #[error("confidence level {0} is not in (0, 1)")]
     InvalidConfidence(f64),
     /// A parameter outside its domain.
     #[error("{what} = {value}: expected {expected}")]
     InvalidArgument {
+        /// Which parameter.
         what: &'static str,
+        /// The value given.
         value: f64,
+        /// The domain it must be in.
         expected: &'static str,
     },
     /// An open queue whose utilization ρ is at least 1 has no steady state.
     #[error("utilization ρ = {utilization} ≥ 1: the queue is unstable (grows without bound)")]
-    Unstable { utilization: f64 },
+    Unstable {
+        /// The utilization ρ.
+        utilization: f64,
+    },
     /// A factorial design whose observations do not fit 2^k rows of r replications.
     #[error("factorial design: {0}")]
     DesignShape(String),
@@ -40,7 +52,9 @@ pub enum AnalysisError {
     /// Reading a file (e.g. `/proc/<pid>/stat`) failed.
     #[error("reading {path}: {source}")]
     Io {
+        /// The file.
         path: String,
+        /// Why.
         #[source]
         source: std::io::Error,
     },

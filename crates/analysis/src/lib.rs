@@ -16,6 +16,9 @@
 //! - [`compare`]: [`ModelCheck`], a prediction set beside a measurement with an explicit
 //!   tolerance, so a disagreement is reported rather than hidden.
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod compare;
 pub mod error;
 pub mod factorial;

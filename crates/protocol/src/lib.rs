@@ -9,6 +9,9 @@
 //! input buffer, and [`Parsed::Incomplete`] says more bytes are needed — an expected outcome,
 //! not an error.
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod client;
 mod lex;
 pub mod meta;

@@ -11,11 +11,17 @@ use crate::lex::{parse_i64, parse_u64, valid_key, MAX_KEY_LEN};
 /// Which meta command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MetaCommand {
+    /// `mg`: get.
     Get,
+    /// `ms`: set (and the other modes).
     Set,
+    /// `md`: delete.
     Delete,
+    /// `ma`: arithmetic.
     Arith,
+    /// `mn`: no-op (ends a pipeline of quiet requests).
     Noop,
+    /// `me`: debug (the item's metadata).
     Debug,
 }
 
@@ -40,24 +46,34 @@ pub const MAX_OPAQUE_LEN: usize = 32;
 /// What was wrong with a meta request's key or flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum MetaError {
+    /// `CLIENT_ERROR invalid flag`.
     #[error("invalid flag")]
     InvalidFlag,
+    /// `CLIENT_ERROR duplicate flag`.
     #[error("duplicate flag")]
     DuplicateFlag,
+    /// `CLIENT_ERROR bad token`.
     #[error("bad token")]
     BadToken,
+    /// `CLIENT_ERROR bad token in arithmetic`.
     #[error("bad token in arithmetic")]
     BadArithToken,
+    /// `CLIENT_ERROR opaque token too long`.
     #[error("opaque token too long")]
     OpaqueTooLong,
+    /// `CLIENT_ERROR error decoding key`.
     #[error("error decoding key")]
     KeyDecode,
+    /// `CLIENT_ERROR bad key`.
     #[error("bad key")]
     BadKey,
+    /// `CLIENT_ERROR invalid mode for ms`.
     #[error("invalid mode for ms")]
     SetMode,
+    /// `CLIENT_ERROR invalid mode for ma`.
     #[error("invalid mode for ma")]
     ArithMode,
+    /// `CLIENT_ERROR bad client flags`.
     #[error("bad client flags")]
     ClientFlags,
 }

@@ -44,11 +44,17 @@ impl Default for Limits {
 /// The five storage commands of the text protocol, plus `cas`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StoreCommand {
+    /// `set`: store unconditionally.
     Set,
+    /// `add`: store only if the key is absent.
     Add,
+    /// `replace`: store only if the key is present.
     Replace,
+    /// `append`: add the data after the present value.
     Append,
+    /// `prepend`: add the data before the present value.
     Prepend,
+    /// `cas`: store only if the item is unchanged since the client read it.
     Cas,
 }
 
@@ -82,61 +88,96 @@ impl<'a> Keys<'a> {
 pub enum Request<'a> {
     /// `get`/`gets` (`cas` says which).
     Get {
+        /// The keys, in request order.
         keys: Keys<'a>,
+        /// `gets`/`gats`: return each item's CAS value too.
         cas: bool,
     },
     /// `gat`/`gats`: get and touch.
     Gat {
+        /// Expiry as sent: 0 never, negative expired, up to 30 days relative, else unix time.
         exptime: i64,
+        /// The keys, in request order.
         keys: Keys<'a>,
+        /// `gets`/`gats`: return each item's CAS value too.
         cas: bool,
     },
     /// `set add replace append prepend cas`.
     Store {
+        /// Which command.
         command: StoreCommand,
+        /// The key.
         key: &'a [u8],
+        /// The client flags stored with the item.
         flags: u32,
+        /// Expiry as sent: 0 never, negative expired, up to 30 days relative, else unix time.
         exptime: i64,
+        /// The data block, without its `\r\n`.
         data: &'a [u8],
         /// The compare value of `cas`; 0 for the other commands.
         cas_unique: u64,
+        /// `noreply`: no reply on success.
         noreply: bool,
     },
     /// `incr`/`decr`.
     Arith {
+        /// `incr` (true) or `decr`.
         incr: bool,
+        /// The key.
         key: &'a [u8],
+        /// The amount to add or subtract.
         delta: u64,
+        /// `noreply`: no reply on success.
         noreply: bool,
     },
+    /// `delete`.
     Delete {
+        /// The key.
         key: &'a [u8],
+        /// `noreply`: no reply on success.
         noreply: bool,
     },
+    /// `touch`: set a new expiry.
     Touch {
+        /// The key.
         key: &'a [u8],
+        /// Expiry as sent: 0 never, negative expired, up to 30 days relative, else unix time.
         exptime: i64,
+        /// `noreply`: no reply on success.
         noreply: bool,
     },
+    /// `flush_all`: invalidate every item now or after a delay.
     FlushAll {
+        /// Seconds until the flush takes effect (0: now).
         delay: i64,
+        /// `noreply`: no reply on success.
         noreply: bool,
     },
+    /// `verbosity`.
     Verbosity {
+        /// The verbosity level.
         level: u32,
+        /// `noreply`: no reply on success.
         noreply: bool,
     },
+    /// `version`.
     Version,
+    /// `quit`: close the connection.
     Quit,
     /// `stats` with an optional group name (`settings`, `items`, `slabs`, `conns`, `reset`…).
     Stats {
+        /// The group name.
         group: Option<&'a [u8]>,
     },
     /// A meta command (`mg ms md ma mn me`).
     Meta {
+        /// Which meta command.
         command: MetaCommand,
+        /// The key, as sent (possibly base64).
         key: MetaKey<'a>,
+        /// The flags, parsed and as sent.
         flags: MetaFlags<'a>,
+        /// The data block of `ms`, without its `\r\n` (empty for the others).
         data: &'a [u8],
     },
 }
@@ -159,22 +200,31 @@ impl Request<'_> {
 /// What was wrong with a request; [`ProtocolError::reply`] is memcached's answer to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {
+    /// Unknown command or wrong number of arguments (see [`ProtocolError::reply`]).
     #[error("unknown command or wrong number of arguments")]
     UnknownCommand,
+    /// Bad command line format (see [`ProtocolError::reply`]).
     #[error("bad command line format")]
     BadFormat,
+    /// Bad data chunk (see [`ProtocolError::reply`]).
     #[error("bad data chunk")]
     BadDataChunk,
+    /// Object too large for cache (see [`ProtocolError::reply`]).
     #[error("object too large for cache")]
     TooLarge,
+    /// Invalid exptime argument (see [`ProtocolError::reply`]).
     #[error("invalid exptime argument")]
     InvalidExptime,
+    /// Invalid numeric delta argument (see [`ProtocolError::reply`]).
     #[error("invalid numeric delta argument")]
     InvalidDelta,
+    /// Bad delete usage (see [`ProtocolError::reply`]).
     #[error("bad delete usage")]
     DeleteUsage,
+    /// Line too long (see [`ProtocolError::reply`]).
     #[error("line too long")]
     LineTooLong,
+    /// A meta command's key or flags were bad.
     #[error("meta: {0}")]
     Meta(MetaError),
 }
@@ -211,7 +261,9 @@ impl ProtocolError {
 pub enum Parsed<'a> {
     /// A whole request that used `consumed` bytes.
     Request {
+        /// The request.
         request: Request<'a>,
+        /// Bytes of the input it used.
         consumed: usize,
     },
     /// More bytes are needed before anything can be said.
@@ -223,9 +275,13 @@ pub enum Parsed<'a> {
     /// silent about its own argument errors too (but not about an unknown command or wrong
     /// number of arguments, which memcached rejects before looking at `noreply`).
     Error {
+        /// What was wrong.
         error: ProtocolError,
+        /// Bytes of the input it used.
         consumed: usize,
+        /// Bytes of a refused data block still to discard as they arrive.
         swallow: usize,
+        /// The request ended with `noreply` (see above).
         noreply: bool,
     },
 }

@@ -3,20 +3,35 @@
 //! Every function appends to a caller-owned `Vec<u8>` that is reused across requests, so a
 //! reply costs no allocation once the buffer has grown to its working size.
 
+/// `STORED`
 pub const STORED: &[u8] = b"STORED\r\n";
+/// `NOT_STORED`
 pub const NOT_STORED: &[u8] = b"NOT_STORED\r\n";
+/// `EXISTS`
 pub const EXISTS: &[u8] = b"EXISTS\r\n";
+/// `NOT_FOUND`
 pub const NOT_FOUND: &[u8] = b"NOT_FOUND\r\n";
+/// `DELETED`
 pub const DELETED: &[u8] = b"DELETED\r\n";
+/// `TOUCHED`
 pub const TOUCHED: &[u8] = b"TOUCHED\r\n";
+/// `END`
 pub const END: &[u8] = b"END\r\n";
+/// `OK`
 pub const OK: &[u8] = b"OK\r\n";
+/// `RESET`
 pub const RESET: &[u8] = b"RESET\r\n";
+/// `ERROR`
 pub const ERROR: &[u8] = b"ERROR\r\n";
+/// `SERVER_ERROR out of memory storing object`
 pub const OUT_OF_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";
+/// `SERVER_ERROR object too large for cache`
 pub const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
+/// `CLIENT_ERROR cannot increment or decrement non-numeric value`
 pub const NON_NUMERIC: &[u8] = b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
+/// `ERROR Too many open connections`
 pub const TOO_MANY_CONNECTIONS: &[u8] = b"ERROR Too many open connections\r\n";
+/// `MN`
 pub const MN: &[u8] = b"MN\r\n";
 
 /// Appends the decimal form of `n`.

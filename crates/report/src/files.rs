@@ -16,20 +16,27 @@ use crate::svg;
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     #[error("cannot write {path}: {source}")]
+    /// A file or directory could not be written.
     Io {
+        /// Which.
         path: PathBuf,
         #[source]
+        /// Why.
         source: std::io::Error,
     },
     #[error("cannot serialise the report to JSON: {0}")]
+    /// The report could not be turned into JSON.
     Json(#[from] serde_json::Error),
 }
 
 /// What [`write_report`] wrote (absolute or relative as `dir` was given).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReportFiles {
+    /// The directory.
     pub dir: PathBuf,
+    /// `index.html`.
     pub index: PathBuf,
+    /// `report.json`.
     pub json: PathBuf,
     /// One SVG per plot, in reading order.
     pub plots: Vec<PathBuf>,

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 /// One system or configuration measured against a variable (e.g. the number of clients).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Curve {
+    /// The name in the legend.
     pub name: String,
     /// `(x, measured value with its confidence interval)`.
     pub points: Vec<(f64, Estimate)>,
@@ -108,10 +109,15 @@ pub fn interactive_law(clients: f64, throughput: f64, think_time: f64) -> f64 {
 /// Latency percentiles at one level of a factor.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Percentiles {
+    /// 25th percentile.
     pub p25: f64,
+    /// Median.
     pub p50: f64,
+    /// 75th percentile.
     pub p75: f64,
+    /// 90th percentile.
     pub p90: f64,
+    /// 99th percentile.
     pub p99: f64,
 }
 
@@ -277,7 +283,9 @@ pub fn latency_histogram(
 /// One row of the maximum-throughput table.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MaxThroughput {
+    /// The configuration.
     pub config: String,
+    /// Its maximum throughput, with its confidence interval.
     pub max: Estimate,
     /// The number of clients at which the maximum was measured.
     pub at_clients: f64,
@@ -324,8 +332,11 @@ pub struct ModelCheck {
     pub quantity: String,
     /// Which model, e.g. "interactive law", "M/M/1".
     pub model: String,
+    /// The unit of both values.
     pub unit: String,
+    /// The model's value.
     pub predicted: f64,
+    /// The measured value with its confidence interval.
     pub measured: Estimate,
     /// Relative difference still called agreement when the prediction is outside the CI
     /// (0 = the CI alone decides; without a CI this is the only test).

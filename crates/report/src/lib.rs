@@ -13,6 +13,9 @@
 //!                                                     report.json, index.html
 //! ```
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod axis;
 mod escape;
 pub mod example;

@@ -14,25 +14,30 @@ pub const MIN_HISTOGRAM_BUCKETS: usize = 10;
 /// A whole report: a title, facts about the run, and sections in reading order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// The page title.
     pub title: String,
     #[serde(default)]
+    /// A line under the title.
     pub subtitle: Option<String>,
     /// Facts about the run, shown as a table at the top, in this order: kvlab version,
     /// commit, date, machine (cores, memory), command line...
     #[serde(default)]
     pub metadata: Vec<(String, String)>,
     #[serde(default)]
+    /// The sections, in reading order.
     pub sections: Vec<Section>,
 }
 
 /// A titled part of the report: paragraphs of plain text, then items.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Section {
+    /// The heading.
     pub title: String,
     /// Plain-text paragraphs (escaped when rendered; no markup).
     #[serde(default)]
     pub text: Vec<String>,
     #[serde(default)]
+    /// Plots, histograms, tables and notes, in reading order.
     pub items: Vec<Item>,
 }
 
@@ -40,9 +45,13 @@ pub struct Section {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Item {
+    /// A line plot.
     LinePlot(LinePlot),
+    /// A histogram.
     Histogram(Histogram),
+    /// A table.
     Table(Table),
+    /// A note.
     Note(Note),
 }
 
@@ -51,6 +60,7 @@ pub enum Item {
 #[serde(rename_all = "snake_case")]
 pub enum Scale {
     #[default]
+    /// Linear.
     Linear,
     /// Base-10 logarithmic; points with x <= 0 cannot be drawn and are reported.
     Log10,
@@ -70,12 +80,14 @@ pub enum LineStyle {
 /// Lines (one per series) of y against x, with optional confidence-interval error bars.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LinePlot {
+    /// The title (also names its files).
     pub title: String,
     /// With its unit, e.g. "clients (N)".
     pub x_label: String,
     /// With its unit, e.g. "throughput (req/s)".
     pub y_label: String,
     #[serde(default)]
+    /// How the x axis is scaled.
     pub x_scale: Scale,
     /// Fixed x range (e.g. to align stacked time-series plots); from the data if `None`.
     #[serde(default)]
@@ -89,6 +101,7 @@ pub struct LinePlot {
     /// What the error bars mean, shown in the legend, e.g. "95% confidence interval".
     #[serde(default)]
     pub error_bars: Option<String>,
+    /// The lines.
     pub series: Vec<Series>,
     /// A sentence under the plot.
     #[serde(default)]
@@ -102,13 +115,16 @@ fn yes() -> bool {
 /// One line of a [`LinePlot`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Series {
+    /// The name in the legend.
     pub name: String,
     #[serde(default)]
+    /// Solid or dashed.
     pub style: LineStyle,
     /// Palette index; series with the same index share a colour and marker (a measured line
     /// and its model's prediction). Defaults to the series' position in the plot.
     #[serde(default)]
     pub color: Option<usize>,
+    /// The points, in x order.
     pub points: Vec<Point>,
 }
 
@@ -116,15 +132,20 @@ pub struct Series {
 /// values, not offsets).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Point {
+    /// x.
     pub x: f64,
+    /// y.
     pub y: f64,
     #[serde(default)]
+    /// Lower end of y's confidence interval.
     pub ci_low: Option<f64>,
     #[serde(default)]
+    /// Upper end of y's confidence interval.
     pub ci_high: Option<f64>,
 }
 
 impl Point {
+    /// A point without an interval.
     pub fn new(x: f64, y: f64) -> Point {
         Point {
             x,
@@ -134,6 +155,7 @@ impl Point {
         }
     }
 
+    /// A point with its confidence interval.
     pub fn with_ci(x: f64, y: f64, low: f64, high: f64) -> Point {
         Point {
             x,
@@ -157,14 +179,18 @@ impl Point {
 /// A measured value with an optional confidence interval.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Estimate {
+    /// The estimate.
     pub value: f64,
     #[serde(default)]
+    /// Lower end of its confidence interval.
     pub ci_low: Option<f64>,
     #[serde(default)]
+    /// Upper end of its confidence interval.
     pub ci_high: Option<f64>,
 }
 
 impl Estimate {
+    /// A value known exactly (no interval).
     pub fn exact(value: f64) -> Estimate {
         Estimate {
             value,
@@ -173,6 +199,7 @@ impl Estimate {
         }
     }
 
+    /// A value with its confidence interval.
     pub fn with_ci(value: f64, low: f64, high: f64) -> Estimate {
         Estimate {
             value,
@@ -205,21 +232,26 @@ pub enum HistogramY {
 /// Grouped bars: every series is counted in the same buckets, so cases compare.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Histogram {
+    /// The title (also names its files).
     pub title: String,
     /// The bucketed quantity with its unit, e.g. "latency (µs)".
     pub x_label: String,
     /// Bucket `i` is `[edges[i], edges[i+1])`: `edges.len()` = buckets + 1, increasing.
     pub edges: Vec<f64>,
     #[serde(default)]
+    /// Counts or percentages.
     pub y: HistogramY,
+    /// One set of bars per series.
     pub series: Vec<HistogramSeries>,
     #[serde(default)]
+    /// A caption under it.
     pub caption: Option<String>,
 }
 
 /// One case's counts in a [`Histogram`]'s buckets.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HistogramSeries {
+    /// The name in the legend.
     pub name: String,
     /// One count per bucket.
     pub counts: Vec<u64>,
@@ -235,23 +267,29 @@ pub struct HistogramSeries {
 /// measurement) are drawn in red.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Table {
+    /// The title (also names its CSV file).
     pub title: String,
     /// Header cells, with units.
     pub columns: Vec<String>,
+    /// The rows.
     pub rows: Vec<Row>,
     #[serde(default)]
+    /// A caption under it.
     pub caption: Option<String>,
 }
 
 /// One table row.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Row {
+    /// One cell per column.
     pub cells: Vec<String>,
     #[serde(default)]
+    /// Shown highlighted (e.g. a model that disagrees with a measurement).
     pub highlight: bool,
 }
 
 impl Row {
+    /// A row of these cells.
     pub fn new<S: Into<String>>(cells: impl IntoIterator<Item = S>) -> Row {
         Row {
             cells: cells.into_iter().map(Into::into).collect(),
@@ -259,6 +297,7 @@ impl Row {
         }
     }
 
+    /// Highlights the row when `on`.
     pub fn highlighted(mut self, on: bool) -> Row {
         self.highlight = on;
         self
@@ -270,6 +309,7 @@ impl Row {
 #[serde(rename_all = "snake_case")]
 pub enum Level {
     #[default]
+    /// Information.
     Info,
     /// Drawn as a red callout and listed at the top of the report (model disagreements,
     /// data that could not be drawn).
@@ -279,12 +319,16 @@ pub enum Level {
 /// A callout.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Note {
+    /// Information or warning.
     pub level: Level,
+    /// The title.
     pub title: String,
+    /// The text.
     pub text: String,
 }
 
 impl Note {
+    /// An information note.
     pub fn info(title: impl Into<String>, text: impl Into<String>) -> Note {
         Note {
             level: Level::Info,
@@ -293,6 +337,7 @@ impl Note {
         }
     }
 
+    /// A warning note.
     pub fn warning(title: impl Into<String>, text: impl Into<String>) -> Note {
         Note {
             level: Level::Warning,

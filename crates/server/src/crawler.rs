@@ -89,6 +89,7 @@ pub struct CrawlerStats {
     pub starts: AtomicU64,
 }
 
+/// The running crawler thread; dropping it stops the thread.
 pub struct Crawler {
     stop: Arc<Stop>,
     thread: Option<JoinHandle<()>>,

@@ -29,14 +29,18 @@ pub type Flow = kvlab_net::Flow<Blocking>;
 
 /// Applies requests for one worker thread.
 pub struct Engine {
+    /// The cache.
     pub store: Arc<Store>,
+    /// Server-wide figures (read by `stats`).
     pub server: Arc<ServerStats>,
+    /// This worker's own counters.
     pub worker: Arc<WorkerStats>,
     /// When the store's disk is touched (read-through, persist before the reply).
     disk: DiskRules,
 }
 
 impl Engine {
+    /// An engine over `store` that counts into `worker`.
     pub fn new(store: Arc<Store>, server: Arc<ServerStats>, worker: Arc<WorkerStats>) -> Self {
         Engine {
             disk: DiskRules::of(&store),

@@ -19,6 +19,9 @@
 //! - [`metrics`]: the optional HTTP endpoint serving `/metrics`;
 //! - [`http`]: the optional REST interface to the same store.
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod cache;
 pub mod crawler;
 pub mod engine;
@@ -103,8 +106,11 @@ impl Default for ServerConfig {
 
 /// State every thread of a running server shares.
 pub struct Shared {
+    /// The cache.
     pub store: Arc<Store>,
+    /// Server-wide figures.
     pub stats: Arc<ServerStats>,
+    /// The parser's bounds (`-I`).
     pub limits: Limits,
     /// Set when the threads must stop; they check it after every wake-up.
     pub shutdown: AtomicBool,
@@ -164,6 +170,7 @@ impl kvlab_net::App for Shared {
 pub struct StopHandle(Arc<Shared>);
 
 impl StopHandle {
+    /// Asks the server to stop (what `shutdown` and SIGTERM do); `Server::wait` returns.
     pub fn request_stop(&self) {
         self.0.request_stop();
     }

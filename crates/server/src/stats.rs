@@ -67,6 +67,7 @@ worker_counters! {
 }
 
 impl WorkerStats {
+    /// Adds `n` to one of a worker's counters (relaxed: only its own thread writes it).
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
     }
@@ -97,23 +98,37 @@ fn new_histogram() -> Histogram<u64> {
 
 /// Figures shared by the whole server.
 pub struct ServerStats {
+    /// When the server started.
     pub started: Instant,
+    /// The same, as unix time.
     pub started_unix: u64,
+    /// Open client connections.
     pub curr_connections: AtomicUsize,
+    /// Connections ever accepted.
     pub total_connections: AtomicU64,
+    /// Connections refused over `-c`.
     pub rejected_connections: AtomicU64,
+    /// `-c`.
     pub max_connections: usize,
+    /// `verbosity` as last set.
     pub verbosity: AtomicU64,
+    /// One per worker thread.
     pub workers: Vec<Arc<WorkerStats>>,
     /// Counters of the REST front end (its requests count in `cmd_get`/`cmd_set` too).
     pub http: Arc<WorkerStats>,
+    /// `-t`.
     pub threads: usize,
+    /// `-I`.
     pub item_size_max: usize,
+    /// The eviction policy.
     pub policy: Policy,
+    /// The port the server listens on.
     pub port: u16,
+    /// The I/O model's name.
     pub io_model: &'static str,
     /// The crawler's settings, `None` when it is off.
     pub crawler_config: Option<CrawlerConfig>,
+    /// The crawler thread's figures.
     pub crawler: Arc<CrawlerStats>,
 }
 
@@ -344,6 +359,7 @@ pub const SERVICE_QUANTILES: [(&str, f64); 5] = [
     ("service_time_max_us", 1.0),
 ];
 
+/// Now, as unix seconds.
 pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -113,6 +113,9 @@
 //! below a network round trip. fjall costs more dependencies (~45 crates against
 //! none) and background threads.
 
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 mod clock;
 mod durable;
 mod item;

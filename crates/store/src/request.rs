@@ -29,12 +29,17 @@ pub enum SetMode {
 /// no token was handed out yet). This is memcached's behaviour.
 #[derive(Clone, Debug)]
 pub struct SetRequest<'a> {
+    /// Which storage command.
     pub mode: SetMode,
+    /// The key.
     pub key: &'a [u8],
+    /// The value (for `Append`/`Prepend`: the part to add).
     pub value: &'a [u8],
+    /// Client flags stored with the item (kept as they were by `Append`/`Prepend`).
     pub flags: u32,
     /// Wire exptime; ignored by `Append`/`Prepend`.
     pub exptime: i64,
+    /// Store only if the item's CAS is this one (`cas`, meta `C`).
     pub compare_cas: Option<u64>,
     /// CAS to assign instead of a fresh one (meta `E`).
     pub new_cas: Option<u64>,
@@ -62,7 +67,10 @@ impl<'a> SetRequest<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SetStatus {
     /// Stored; the item's new CAS.
-    Stored { cas: u64 },
+    Stored {
+        /// The new CAS.
+        cas: u64,
+    },
     /// The mode's condition failed (add of a live key, replace/append/prepend of a
     /// missing one, append/prepend result larger than `item_size_max`).
     NotStored,
@@ -109,6 +117,7 @@ pub struct MetaDeleteOpts {
 pub enum DeleteStatus {
     /// Removed, or marked stale with `invalidate`.
     Deleted,
+    /// No live item.
     NotFound,
     /// CAS mismatch.
     Exists,
@@ -119,6 +128,7 @@ pub enum DeleteStatus {
 pub struct ArithRequest {
     /// Increment (wrapping at 2^64) or decrement (flooring at 0).
     pub incr: bool,
+    /// The amount.
     pub delta: u64,
     /// `C`: apply only if the CAS matches (else `Exists`).
     pub compare_cas: Option<u64>,
@@ -150,10 +160,14 @@ impl ArithRequest {
 pub enum ArithStatus {
     /// The new value, the item's new CAS and its remaining TTL (-1 = never).
     Ok {
+        /// The new value.
         value: u64,
+        /// The item's new CAS.
         cas: u64,
+        /// Remaining time to live in seconds (-1 = never).
         ttl: i64,
     },
+    /// No live item (and no `vivify`).
     NotFound,
     /// The current value is not 1 to 20 ASCII digits fitting a `u64`.
     NonNumeric,
