@@ -97,6 +97,11 @@
 //! `-m` bounds the cache only; the engine's block cache (16 MiB) and the queue are
 //! extra.
 //!
+//! Layers, bottom up (a module never imports one above it): `item`, `slab`,
+//! `policy`, `memory`, `clock`, `stats` → `wb` (the write-behind queue a shard fills
+//! and the durable layer drains) → `shard` (one shard, and the padded shard array)
+//! → `durable` (engine, commit rounds, purge, over the shards) → `store` (composes).
+//!
 //! The engine is `fjall` 3.1 (LSM tree + journal), chosen over `redb` 4.4 by
 //! measuring on the project machine (2 cores, virtual disk; ad-hoc release-build
 //! bench, two runs each, 100-byte values, 20-byte keys):
@@ -126,6 +131,7 @@ mod shard;
 mod slab;
 mod stats;
 mod store;
+mod wb;
 
 pub use clock::{Clock, ManualClock, SystemClock, REALTIME_MAXDELTA};
 pub use durable::{Durability, DurableConfig, ParseDurabilityError};

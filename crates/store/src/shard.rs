@@ -8,14 +8,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
+use parking_lot::Mutex;
 
 use crate::clock::TimeBase;
-use crate::durable::{Op, Rec, WbShared};
 use crate::item::{Block, ItemView, ITEM_OVERHEAD};
 use crate::memory::Budget;
 use crate::policy::{Order, Policy};
 use crate::slab::{Entry, Slab, DIRTY, FETCHED, NIL};
 use crate::stats::ShardStats;
+use crate::wb::{Op, Wb};
 
 /// Coldest items an eviction examines for an expired or flushed one before it
 /// evicts a live item (memcached's tail search also looks at 5).
@@ -115,6 +116,21 @@ pub(crate) struct Shard {
     hints: Option<(LargestHints, usize)>,
 }
 
+/// Keeps each shard's mutex on its own cache lines.
+#[repr(align(128))]
+pub(crate) struct Padded<T>(pub(crate) T);
+
+/// The shard for a hash. hashbrown uses the low bits (bucket) and the top 7 bits
+/// (tag) of the same hash inside the shard, so the shard comes from the middle.
+#[inline]
+pub(crate) fn shard_of(hash: u64, mask: usize) -> usize {
+    (hash >> 32) as usize & mask
+}
+
+/// A store's shards, each behind its own mutex; shared with the durable
+/// layer's flusher thread.
+pub(crate) type Shards = Arc<[Padded<Mutex<Shard>>]>;
+
 /// `largest` policy: per shard, the charge of its largest linked item (0 if it has
 /// none). A shard writes its own entry under its lock whenever its largest size
 /// changes, so the entry is exact whenever nobody holds that lock; readers load the
@@ -142,63 +158,6 @@ pub(crate) fn scan_hints(
         }
     }
     (best, best_v, second_v)
-}
-
-/// A durable store's per-shard write-behind state (see `durable/mod.rs`). Lives
-/// under the shard lock, so recording a dirty item or a tombstone takes no other
-/// lock.
-pub(crate) struct Wb {
-    /// Ops waiting for the next commit round, newest per key (a put of an evicted
-    /// dirty item, a put `persist` took, or a tombstone).
-    pub pending: hashbrown::HashMap<Box<[u8]>, Op>,
-    /// Ops of the commit round in progress: not yet in the engine, so `load` must
-    /// see them. Only the committer (one at a time) fills and clears this.
-    pub inflight: hashbrown::HashMap<Box<[u8]>, Op>,
-    /// Slab indices that turned dirty since the last interval flush (may hold stale
-    /// or repeated indices; the flusher rechecks the DIRTY bit). Only kept when
-    /// `track_dirty`.
-    pub dirty: Vec<u32>,
-    pub track_dirty: bool,
-    /// Incremented by every push: `load` compares it across its unlocked disk read.
-    pub pushes: u64,
-    /// Disk generation = `gen_base` + the entry's flush generation.
-    pub gen_base: u64,
-    pub time: TimeBase,
-    pub shared: std::sync::Arc<WbShared>,
-}
-
-impl Wb {
-    /// Queues `op` for `key`, replacing an older pending op of the key.
-    pub(crate) fn push(&mut self, key: &[u8], op: Op) {
-        self.pushes += 1;
-        let add = op.weight(key.len());
-        let old = self.pending.insert(key.into(), op);
-        let sub = old.map_or(0, |o| o.weight(key.len()));
-        self.shared.add_pending(add, sub);
-    }
-
-    /// The record of an entry as it would be written to disk.
-    pub(crate) fn rec(&self, e: &Entry) -> Rec {
-        let b = e.block();
-        Rec {
-            block: b.clone(),
-            cas: b.cas(),
-            exptime: if e.exptime == 0 {
-                0
-            } else {
-                self.time.abs(e.exptime)
-            },
-            gen: self.gen_base + u64::from(e.gen),
-        }
-    }
-
-    /// The newest queued op for `key` (pending, else in flight).
-    pub(crate) fn queued(&mut self, key: &[u8]) -> Option<&mut Op> {
-        if self.pending.contains_key(key) {
-            return self.pending.get_mut(key);
-        }
-        self.inflight.get_mut(key)
-    }
 }
 
 impl Shard {

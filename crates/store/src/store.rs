@@ -13,8 +13,8 @@ use parking_lot::{Mutex, MutexGuard};
 use crate::clock::{expiry_from_wire, Clock, Expiry, TimeBase};
 use crate::durable::backend::{Fjall, Instrumented};
 use crate::durable::{
-    self, decode, decode_pair, DiskRec, Durability, Durable, DurableConfig, Op, Shards, WbShared,
-    CAS_GAP, META_CAS, META_GEN,
+    self, decode, decode_pair, DiskRec, Durability, Durable, DurableConfig, CAS_GAP, META_CAS,
+    META_GEN,
 };
 use crate::item::{item_charge, Block, ItemView, MetaView, ITEM_OVERHEAD, MAX_KEY_LEN};
 use crate::memory::Budget;
@@ -23,9 +23,12 @@ use crate::request::{
     ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
     SetStatus,
 };
-use crate::shard::{scan_hints, LargestHints, Lookup, Now, Shard, Wb, MAX_SHARD_ITEMS};
+use crate::shard::{
+    scan_hints, shard_of, LargestHints, Lookup, Now, Padded, Shard, Shards, MAX_SHARD_ITEMS,
+};
 use crate::slab::{NIL, STALE, WIN_SENT};
 use crate::stats::{DurableStats, StoreStats};
+use crate::wb::{Op, Wb, WbShared};
 
 /// Store configuration.
 #[derive(Clone, Debug)]
@@ -90,10 +93,6 @@ pub struct CrawlStep {
     pub wrapped: bool,
 }
 
-/// Keeps each shard's mutex on its own cache lines.
-#[repr(align(128))]
-pub(crate) struct Padded<T>(pub(crate) T);
-
 /// The cache: items sharded by key hash, each shard behind its own mutex.
 /// `Send + Sync`; share it with `Arc<Store>`.
 pub struct Store {
@@ -116,13 +115,6 @@ pub struct Store {
     too_large: AtomicU64,
     /// Stores refused for lack of memory (`store_no_memory`).
     no_memory: AtomicU64,
-}
-
-/// The shard for a hash. hashbrown uses the low bits (bucket) and the top 7 bits
-/// (tag) of the same hash inside the shard, so the shard comes from the middle.
-#[inline]
-pub(crate) fn shard_of(hash: u64, mask: usize) -> usize {
-    (hash >> 32) as usize & mask
 }
 
 fn pack(gen: u32, due: u32) -> u64 {

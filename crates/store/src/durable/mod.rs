@@ -68,7 +68,9 @@ use std::hash::BuildHasher;
 use std::io;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+#[cfg(test)]
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,9 +79,9 @@ use parking_lot::{Condvar, Mutex};
 use hashbrown::DefaultHashBuilder;
 
 use crate::clock::Clock;
-use crate::item::Block;
-use crate::shard::Shard;
+use crate::shard::{shard_of, Shards};
 use crate::stats::DurableStats;
+use crate::wb::{visible, Op, Rec, WbShared};
 use backend::{Batch, Instrumented};
 
 /// How a durable store's writes reach the disk (`--durability`). "Crash" below
@@ -170,49 +172,8 @@ impl DurableConfig {
     }
 }
 
-/// A queued change of one key.
-#[derive(Clone)]
-pub(crate) enum Op {
-    Put(Rec),
-    /// `existed`: for a blind tombstone, whether the key had a live version on disk
-    /// (found out by `load`, consumed by the delete command that re-executes).
-    Delete {
-        blind: bool,
-        existed: Option<bool>,
-    },
-    /// A delete of a dead disk record that `load` read (the key is known absent).
-    Purge,
-}
-
-/// An item version to write.
-#[derive(Clone)]
-pub(crate) struct Rec {
-    pub block: Block,
-    pub cas: u64,
-    /// Absolute unix seconds, 0 = never.
-    pub exptime: u64,
-    /// Disk flush generation.
-    pub gen: u64,
-}
-
-impl Rec {
-    /// Whether the version is live at `now_abs` in disk generation `gen`.
-    pub(crate) fn visible(&self, now_abs: u64, gen: u64) -> bool {
-        visible(self.exptime, self.gen, now_abs, gen)
-    }
-}
-
-/// Bytes a queued op counts against the write-behind bound.
-const OP_OVERHEAD: usize = 64;
-
+/// The record format of a queued op (`None` for a delete).
 impl Op {
-    pub(crate) fn weight(&self, key_len: usize) -> usize {
-        match self {
-            Op::Put(r) => key_len + r.block.value().len() + OP_OVERHEAD,
-            Op::Delete { .. } | Op::Purge => key_len + OP_OVERHEAD,
-        }
-    }
-
     fn encode(&self) -> Option<Vec<u8>> {
         match self {
             Op::Put(r) => Some(encode(
@@ -251,10 +212,6 @@ impl DiskRec {
     pub(crate) fn visible(&self, now_abs: u64, gen: u64) -> bool {
         visible(self.exptime, self.gen, now_abs, gen)
     }
-}
-
-fn visible(exptime: u64, rec_gen: u64, now_abs: u64, gen: u64) -> bool {
-    rec_gen >= gen && (exptime == 0 || exptime > now_abs)
 }
 
 /// A record's header, as the purge reads it (without copying the value).
@@ -335,91 +292,6 @@ pub(crate) fn encode_pair(a: u64, b: u64) -> Vec<u8> {
     v.extend_from_slice(&b.to_le_bytes());
     v
 }
-
-#[derive(Default)]
-struct Signal {
-    kicked: bool,
-    stop: bool,
-}
-
-/// What the shards share with the flusher: the queued-bytes count, the kick and
-/// the back-pressure wait.
-pub(crate) struct WbShared {
-    pending: AtomicUsize,
-    soft: usize,
-    hard: usize,
-    kicked: AtomicBool,
-    signal: Mutex<Signal>,
-    /// The flusher waits here for a kick, a stop or its interval.
-    wake: Condvar,
-    /// Throttled writers wait here for a commit round to drain the queue.
-    drained: Condvar,
-}
-
-impl WbShared {
-    pub(crate) fn new(memory_limit: usize) -> WbShared {
-        let hard = (memory_limit / 4).max(4 << 20);
-        WbShared {
-            pending: AtomicUsize::new(0),
-            soft: hard / 4,
-            hard,
-            kicked: AtomicBool::new(false),
-            signal: Mutex::new(Signal::default()),
-            wake: Condvar::new(),
-            drained: Condvar::new(),
-        }
-    }
-
-    pub(crate) fn add_pending(&self, add: usize, sub: usize) {
-        let before = self.pending.fetch_add(add, Ordering::Relaxed);
-        self.pending.fetch_sub(sub, Ordering::Relaxed);
-        if (before + add).saturating_sub(sub) > self.soft {
-            self.kick();
-        }
-    }
-
-    fn sub_pending(&self, n: usize) {
-        self.pending.fetch_sub(n, Ordering::Relaxed);
-        let _g = self.signal.lock();
-        self.drained.notify_all();
-    }
-
-    pub(crate) fn pending(&self) -> usize {
-        self.pending.load(Ordering::Relaxed)
-    }
-
-    /// Wakes the flusher (cheap when it is already woken).
-    pub(crate) fn kick(&self) {
-        if !self.kicked.swap(true, Ordering::AcqRel) {
-            let mut s = self.signal.lock();
-            s.kicked = true;
-            self.wake.notify_one();
-        }
-    }
-
-    /// Waits while the queued ops exceed the bound. Call holding no shard lock.
-    #[inline]
-    pub(crate) fn throttle(&self) {
-        if self.pending() <= self.hard {
-            return;
-        }
-        self.throttle_slow();
-    }
-
-    #[cold]
-    fn throttle_slow(&self) {
-        self.kick();
-        let mut s = self.signal.lock();
-        while self.pending() > self.hard && !s.stop {
-            // The timeout only guards against a missed notification; progress is
-            // signalled by `sub_pending`.
-            self.drained.wait_for(&mut s, Duration::from_millis(50));
-        }
-    }
-}
-
-/// The shards, shared with the flusher thread.
-pub(crate) type Shards = Arc<[crate::store::Padded<Mutex<Shard>>]>;
 
 #[derive(Default)]
 struct CommitState {
@@ -855,7 +727,7 @@ impl Durable {
                 }
             };
             let hash = self.hasher.hash_one(&*k);
-            let si = crate::store::shard_of(hash, self.mask);
+            let si = shard_of(hash, self.mask);
             if self.shards[si].0.lock().purge_allowed(hash, &k, cas) {
                 batch.items.push((k, None));
             }
