@@ -113,6 +113,18 @@ pub(crate) fn expiry_from_wire(wire: i64, now: u64) -> Expiry {
     }
 }
 
+/// What an absolute exptime (unix seconds, 0 = never; as [`crate::ExportedItem`]
+/// carries it) means at `now`: the same moment, without the 30-day rule.
+pub(crate) fn expiry_from_abs(abs: u64, now: u64) -> Expiry {
+    if abs == 0 {
+        Expiry::Never
+    } else if abs <= now {
+        Expiry::Expired
+    } else {
+        Expiry::At(abs)
+    }
+}
+
 /// Converts between absolute unix seconds and the store's compact relative times.
 ///
 /// Relative time `r` means unix time `epoch + r`. Relative times saturate at

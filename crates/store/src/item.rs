@@ -294,6 +294,90 @@ pub struct ItemView {
     pub exptime: u64,
 }
 
+/// One item as [`crate::Store::scan`] exports it and [`crate::Store::import`]
+/// stores it: key, value, flags, absolute expiry and CAS.
+///
+/// An exported item holds the item's block by reference count (as a [`Value`]
+/// does), and its key is read from that block: exporting copies no bytes and
+/// allocates nothing. Holding it keeps the bytes alive after the item leaves the
+/// store, like a [`Value`].
+#[derive(Clone)]
+pub struct ExportedItem {
+    value: Value,
+    exptime: u64,
+    cas: u64,
+}
+
+impl ExportedItem {
+    pub(crate) fn from_block(block: Block, exptime: u64, cas: u64) -> ExportedItem {
+        ExportedItem {
+            value: Value::new(block),
+            exptime,
+            cas,
+        }
+    }
+
+    /// An item received from elsewhere (e.g. decoded from a migration stream), to
+    /// pass to [`crate::Store::import`]: copies `key` and `value` into one block.
+    /// `exptime` is absolute unix seconds, 0 = never. `None` if the key is longer
+    /// than [`MAX_KEY_LEN`] or the value than `u32::MAX` bytes.
+    pub fn new(
+        key: &[u8],
+        value: &[u8],
+        flags: u32,
+        exptime: u64,
+        cas: u64,
+    ) -> Option<ExportedItem> {
+        if key.len() > MAX_KEY_LEN || u32::try_from(value.len()).is_err() {
+            return None;
+        }
+        Some(ExportedItem::from_block(
+            Block::new(key, &[value], flags),
+            exptime,
+            cas,
+        ))
+    }
+
+    /// The key.
+    pub fn key(&self) -> &[u8] {
+        self.value.block.key()
+    }
+
+    /// The value bytes (shared, not copied).
+    pub fn value(&self) -> &Value {
+        &self.value
+    }
+
+    /// Opaque client flags.
+    pub fn flags(&self) -> u32 {
+        self.value.block.flags()
+    }
+
+    /// When the item expires: absolute unix seconds, 0 = never. Absolute, so an
+    /// imported copy expires at the same moment as the original.
+    pub fn exptime(&self) -> u64 {
+        self.exptime
+    }
+
+    /// The item's CAS unique in the store it was exported from (when it was
+    /// exported; CAS values are per store, see [`crate::Store::import`]).
+    pub fn cas(&self) -> u64 {
+        self.cas
+    }
+}
+
+impl fmt::Debug for ExportedItem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExportedItem")
+            .field("key", &self.key().escape_ascii().to_string())
+            .field("value", &self.value)
+            .field("flags", &self.flags())
+            .field("exptime", &self.exptime)
+            .field("cas", &self.cas)
+            .finish()
+    }
+}
+
 /// What a meta get (`mg`) sees: the item plus the state the meta flags report.
 #[derive(Clone, Debug)]
 pub struct MetaView {

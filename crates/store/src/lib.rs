@@ -82,6 +82,15 @@
 //! [`Store::reclaim_expired`] is one whole pass of such steps. `flush_all` bumps a flush
 //! generation (see [`Store::flush_all`]), so it is exact even within one second.
 //!
+//! # Export and import (what migration streams)
+//!
+//! [`Store::scan`] exports live items as [`ExportedItem`]s (key, value shared not
+//! copied, flags, absolute exptime, CAS) in bounded steps that resume at a
+//! [`ScanCursor`], one shard lock at a time, like the crawler, and without touching
+//! eviction order or counters; [`Store::scan_matching`] exports a subset (by
+//! [`Store::key_hash`] or key). [`Store::import`] stores one as it was, expiring at
+//! the same moment, either keeping or replacing a live item ([`ImportMode`]).
+//!
 //! # Durable stores
 //!
 //! [`Store::open`] makes the memory a write-back cache over an embedded engine in a
@@ -135,11 +144,11 @@ mod wb;
 
 pub use clock::{Clock, ManualClock, SystemClock, REALTIME_MAXDELTA};
 pub use durable::{Durability, DurableConfig, ParseDurabilityError};
-pub use item::{ItemView, MetaView, Value, ITEM_OVERHEAD, MAX_KEY_LEN};
+pub use item::{ExportedItem, ItemView, MetaView, Value, ITEM_OVERHEAD, MAX_KEY_LEN};
 pub use policy::{ParsePolicyError, Policy};
 pub use request::{
-    ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
-    SetStatus,
+    ArithRequest, ArithStatus, DeleteStatus, ImportMode, MetaDeleteOpts, MetaGetOpts, SetMode,
+    SetRequest, SetStatus,
 };
 pub use stats::{DurableStats, Figure, Kind, StoreStats};
-pub use store::{Config, CrawlCursor, CrawlStep, Store};
+pub use store::{Config, CrawlCursor, CrawlStep, ScanCursor, ScanStep, Store};

@@ -63,7 +63,19 @@ impl<'a> SetRequest<'a> {
     }
 }
 
-/// Outcome of [`crate::Store::set`].
+/// What [`crate::Store::import`] does when the key already has a live item.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportMode {
+    /// Keep the live item and answer `NotStored` (memcached `add`): an item already
+    /// in the target is taken to be newer than the copy — in a migration, the
+    /// target only takes writes for a key after the hand-off.
+    IfAbsent,
+    /// Replace it (memcached `set`): for replaying changes made at the source
+    /// while a copy ran, before the target takes writes.
+    Overwrite,
+}
+
+/// Outcome of [`crate::Store::set`] (and [`crate::Store::import`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SetStatus {
     /// Stored; the item's new CAS.

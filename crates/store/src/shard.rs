@@ -11,7 +11,7 @@ use hashbrown::{DefaultHashBuilder, HashTable};
 use parking_lot::Mutex;
 
 use crate::clock::TimeBase;
-use crate::item::{Block, ItemView, ITEM_OVERHEAD};
+use crate::item::{Block, ExportedItem, ItemView, ITEM_OVERHEAD};
 use crate::memory::Budget;
 use crate::policy::{Order, Policy};
 use crate::slab::{Entry, Slab, DIRTY, FETCHED, NIL};
@@ -53,6 +53,15 @@ pub(crate) struct Crawled {
     pub checked: usize,
     /// Dead items unlinked.
     pub reclaimed: usize,
+    /// Where the next step resumes; `None` once the slab's end was reached.
+    pub next: Option<u32>,
+}
+
+/// What one [`Shard::scan`] step did.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scanned {
+    /// Slab slots looked at (occupied or free).
+    pub examined: usize,
     /// Where the next step resumes; `None` once the slab's end was reached.
     pub next: Option<u32>,
 }
@@ -602,6 +611,42 @@ impl Shard {
         self.stats.crawler_items_checked += out.checked as u64;
         self.stats.crawler_reclaimed += out.reclaimed as u64;
         out
+    }
+
+    /// One export step: examines slab slots `from..` — at most `max` of them — and
+    /// appends every live item among them whose key `keep` accepts to `out`. Walks
+    /// the slab by index like [`Shard::crawl`], and changes nothing: dead items
+    /// stay (for the crawler), and no fetched bit, access time, eviction order or
+    /// counter moves. Allocates nothing beyond `out`'s growth.
+    pub(crate) fn scan(
+        &self,
+        from: u32,
+        max: usize,
+        now: &Now,
+        time: TimeBase,
+        mut keep: impl FnMut(&[u8]) -> bool,
+        out: &mut Vec<ExportedItem>,
+    ) -> Scanned {
+        let slots = self.slab.slots();
+        let max = u32::try_from(max).unwrap_or(u32::MAX);
+        let end = from.saturating_add(max).min(slots);
+        for idx in from..end {
+            let e = self.slab.get(idx);
+            let Some(b) = &e.block else { continue };
+            if Self::is_dead(e, now) || !keep(b.key()) {
+                continue;
+            }
+            let exptime = if e.exptime == 0 {
+                0
+            } else {
+                time.abs(e.exptime)
+            };
+            out.push(ExportedItem::from_block(b.clone(), exptime, b.cas()));
+        }
+        Scanned {
+            examined: end.saturating_sub(from) as usize,
+            next: (end < slots).then_some(end),
+        }
     }
 
     /// Makes sure `reserved` plus the charge of `existing` (the item the new one will

@@ -10,18 +10,20 @@ use std::time::Duration;
 use hashbrown::DefaultHashBuilder;
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::clock::{expiry_from_wire, Clock, Expiry, TimeBase};
+use crate::clock::{expiry_from_abs, expiry_from_wire, Clock, Expiry, TimeBase};
 use crate::durable::backend::{Fjall, Instrumented};
 use crate::durable::{
     self, decode, decode_pair, DiskRec, Durability, Durable, DurableConfig, CAS_GAP, META_CAS,
     META_GEN,
 };
-use crate::item::{item_charge, Block, ItemView, MetaView, ITEM_OVERHEAD, MAX_KEY_LEN};
+use crate::item::{
+    item_charge, Block, ExportedItem, ItemView, MetaView, ITEM_OVERHEAD, MAX_KEY_LEN,
+};
 use crate::memory::Budget;
 use crate::policy::Policy;
 use crate::request::{
-    ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
-    SetStatus,
+    ArithRequest, ArithStatus, DeleteStatus, ImportMode, MetaDeleteOpts, MetaGetOpts, SetMode,
+    SetRequest, SetStatus,
 };
 use crate::shard::{
     scan_hints, shard_of, LargestHints, Lookup, Now, Padded, Shard, Shards, MAX_SHARD_ITEMS,
@@ -91,6 +93,27 @@ pub struct CrawlStep {
     /// The step finished the last shard: the cursor is back at the start, a
     /// pass is complete.
     pub wrapped: bool,
+}
+
+/// Where an export pass ([`Store::scan`]) resumes: a shard and a slab slot in it.
+/// Start a pass with `ScanCursor::default()`; a cursor belongs to the store it
+/// scans. Once a step said `done`, further steps with it do nothing and say
+/// `done` again.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanCursor {
+    shard: usize,
+    slot: u32,
+}
+
+/// What one [`Store::scan`] step did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScanStep {
+    /// Slab slots looked at, occupied or free (at most the step's `max_items`).
+    pub examined: usize,
+    /// Items appended to `out` (at most `examined`).
+    pub exported: usize,
+    /// The step finished the last shard: the pass is complete.
+    pub done: bool,
 }
 
 /// The cache: items sharded by key hash, each shard behind its own mutex.
@@ -747,6 +770,13 @@ impl Store {
     /// store whose exptime is already past succeeds but leaves nothing visible (the
     /// old item is unlinked and no new one is linked).
     pub fn set(&self, req: &SetRequest<'_>) -> SetStatus {
+        self.set_item(req, None)
+    }
+
+    /// [`Store::set`]; for [`Store::import`], `import_exptime` is the item's
+    /// absolute exptime (0 = never), used instead of the wire one, and an `Add` of
+    /// a live key leaves that item's eviction order alone.
+    fn set_item(&self, req: &SetRequest<'_>, import_exptime: Option<u64>) -> SetStatus {
         self.throttle();
         let key = req.key;
         let hash = self.hash(key);
@@ -771,7 +801,10 @@ impl Store {
             return SetStatus::OutOfMemory;
         }
         let now = self.now();
-        let expiry = expiry_from_wire(req.exptime, now.abs);
+        let expiry = match import_exptime {
+            None => expiry_from_wire(req.exptime, now.abs),
+            Some(abs) => expiry_from_abs(abs, now.abs),
+        };
         let appending = matches!(req.mode, SetMode::Append | SetMode::Prepend);
         // The value of set/add/replace doesn't depend on the old item, so its block
         // is built before taking the lock.
@@ -815,8 +848,11 @@ impl Store {
             } else {
                 match (req.mode, found) {
                     (SetMode::Add, Some(idx)) => {
-                        // memcached: add only adds, but promotes the live item.
-                        sh.touch_order(idx);
+                        // memcached: add only adds, but promotes the live item
+                        // (an import does not).
+                        if import_exptime.is_none() {
+                            sh.touch_order(idx);
+                        }
                         self.budget.release(reserved);
                         return SetStatus::NotStored;
                     }
@@ -1420,6 +1456,124 @@ impl Store {
                 return reclaimed;
             }
         }
+    }
+
+    /// The hash this store shards `key` by, as [`Store::scan_matching`] passes it
+    /// to its filter. Seeded at random per store instance: it can partition one
+    /// store's items (e.g. among parallel scans, by ranges of it), but means
+    /// nothing to another store or process — a cluster ring hashes the key itself.
+    pub fn key_hash(&self, key: &[u8]) -> u64 {
+        self.hash(key)
+    }
+
+    /// One bounded step of an export pass (what migration streams): locks the
+    /// shard at `cursor`, examines at most `max_items` of its slab slots from where
+    /// the last step stopped (`max_items` 0 counts as 1), appends every live item
+    /// among them to `out` and moves the cursor on. Expired and flushed items are
+    /// skipped (and left for the crawler). Like [`Store::crawl_step`], a step never
+    /// crosses into another shard, so one lock is held for at most `max_items` slot
+    /// visits; a step may export nothing (free slots, dead items) while the pass
+    /// goes on — loop until [`ScanStep::done`].
+    ///
+    /// A scan is read-only: it does not fetch-mark items, move them in the eviction
+    /// order, or change any counter (`get_hits`, …); it does not wait for a durable
+    /// store's write-behind queue. On a durable store it exports the items in memory
+    /// only, not those that are only on disk.
+    ///
+    /// What a pass (steps from [`ScanCursor::default`] until `done`) guarantees:
+    /// every key that has a live item for the whole pass is exported exactly once —
+    /// with the version live when its slot was examined (an overwrite, touch or
+    /// append keeps an item's slot, so such a key still counts as live throughout).
+    /// A key stored, deleted, evicted, expired or flushed during the pass may be
+    /// exported once, not at all, or — if it was removed after its slot was
+    /// examined and stored again into a slot not yet examined — twice; exports of
+    /// one key come in the order of its versions, so the last one is the newest
+    /// seen (not necessarily the newest now).
+    pub fn scan(
+        &self,
+        cursor: &mut ScanCursor,
+        max_items: usize,
+        out: &mut Vec<ExportedItem>,
+    ) -> ScanStep {
+        self.scan_step(cursor, max_items, out, |_| true)
+    }
+
+    /// [`Store::scan`], exporting only the live items for which `filter(hash, key)`
+    /// is true (`hash` is [`Store::key_hash`]): e.g. a hash range of this store, or
+    /// keys a cluster ring maps elsewhere. Filtered-out items still count as
+    /// examined. The filter runs under the shard lock: keep it cheap, and never
+    /// call the store from it (that could deadlock).
+    pub fn scan_matching(
+        &self,
+        cursor: &mut ScanCursor,
+        max_items: usize,
+        out: &mut Vec<ExportedItem>,
+        mut filter: impl FnMut(u64, &[u8]) -> bool,
+    ) -> ScanStep {
+        self.scan_step(cursor, max_items, out, |key| filter(self.hash(key), key))
+    }
+
+    fn scan_step(
+        &self,
+        cursor: &mut ScanCursor,
+        max_items: usize,
+        out: &mut Vec<ExportedItem>,
+        keep: impl FnMut(&[u8]) -> bool,
+    ) -> ScanStep {
+        let si = cursor.shard;
+        if si >= self.shards.len() {
+            return ScanStep {
+                done: true,
+                ..ScanStep::default()
+            };
+        }
+        let now = self.now();
+        let before = out.len();
+        let step = self
+            .lock(si)
+            .scan(cursor.slot, max_items.max(1), &now, self.time, keep, out);
+        *cursor = match step.next {
+            Some(slot) => ScanCursor { shard: si, slot },
+            None => ScanCursor {
+                shard: si + 1,
+                slot: 0,
+            },
+        };
+        ScanStep {
+            examined: step.examined,
+            exported: out.len() - before,
+            done: cursor.shard == self.shards.len(),
+        }
+    }
+
+    /// Stores an exported item as it was: key, value, flags, and its absolute
+    /// exptime, so it expires at the same moment as the original (an exptime
+    /// already past stores nothing visible, as [`Store::set`] with one does).
+    /// `mode` says whether a live item of the key is kept (`IfAbsent`, answering
+    /// `NotStored`) or replaced (`Overwrite`); see [`ImportMode`]. The usual
+    /// migration: copy with `IfAbsent` while the target already takes writes, or
+    /// copy before the hand-off and replay later changes with `Overwrite`.
+    ///
+    /// Otherwise it is a store like `set`/`add`: `TooLarge` and `OutOfMemory` as
+    /// they are, evicting to make room, counted in `total_items`, and on a durable
+    /// store the item is dirty (written back like any store) and the call may wait
+    /// while the write-behind queue is over its bound. Only resident items count as
+    /// live there (as for `add`): [`Store::load`] a key first to keep a disk
+    /// version. The item gets a fresh CAS from this store (answered in `Stored`):
+    /// CAS values are unique per store, so the exported one is not reused. An
+    /// `Overwrite` that fails as `TooLarge`/`OutOfMemory` unlinks the live item,
+    /// as `set` does. An `IfAbsent` import of a live key leaves that item's
+    /// eviction order alone (unlike `add`).
+    pub fn import(&self, item: &ExportedItem, mode: ImportMode) -> SetStatus {
+        let mode = match mode {
+            ImportMode::IfAbsent => SetMode::Add,
+            ImportMode::Overwrite => SetMode::Set,
+        };
+        let req = SetRequest {
+            flags: item.flags(),
+            ..SetRequest::new(mode, item.key(), item.value())
+        };
+        self.set_item(&req, Some(item.exptime()))
     }
 
     /// Counts a store that a front end refused as over the item size limit before it

@@ -812,3 +812,39 @@ fn crawled_expired_dirty_items_do_not_resurrect_older_disk_versions() {
         assert_eq!(get_through(&s, b"keep"), Some(b"k".to_vec()));
     }
 }
+
+#[test]
+fn a_durable_store_exports_its_resident_items_and_imports_durably() {
+    use crate::{ExportedItem, ImportMode, ScanCursor};
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let clock = Arc::new(ManualClock::new(T0));
+    let a = open(dir_a.path(), Durability::Interval, 16 << 10, &clock);
+    for i in 0..200 {
+        set_full(&a, &key(i), &[b'v'; 200], i as u32, 1000);
+    }
+    assert!(a.stats().evictions > 0);
+    let resident = a.stats().curr_items as usize;
+    let mut cursor = ScanCursor::default();
+    let mut items: Vec<ExportedItem> = Vec::new();
+    while !a.scan(&mut cursor, 7, &mut items).done {}
+    assert_eq!(
+        items.len(),
+        resident,
+        "the items in memory, not those on disk"
+    );
+    let b = open(dir_b.path(), Durability::Interval, 1 << 20, &clock);
+    for it in &items {
+        assert!(matches!(
+            b.import(it, ImportMode::IfAbsent),
+            SetStatus::Stored { .. }
+        ));
+    }
+    b.sync_all().unwrap();
+    drop(b);
+    let b = open(dir_b.path(), Durability::Interval, 1 << 20, &clock);
+    for it in &items {
+        assert_eq!(get_through(&b, it.key()).as_deref(), Some(&[b'v'; 200][..]));
+        let got = b.get(it.key()).unwrap();
+        assert_eq!((got.flags, got.exptime), (it.flags(), T0 + 1000));
+    }
+}

@@ -1294,3 +1294,289 @@ fn a_crawl_step_stays_in_one_shard_and_a_pass_wraps() {
         (0, 0, 1001)
     );
 }
+
+/// A whole export pass in steps of `max` slots: the items, and the steps taken.
+fn scan_all(s: &Store, max: usize) -> (Vec<ExportedItem>, usize) {
+    let mut cursor = ScanCursor::default();
+    let mut out = Vec::new();
+    let mut steps = 0;
+    loop {
+        let before = out.len();
+        let step = s.scan(&mut cursor, max, &mut out);
+        steps += 1;
+        assert!(step.examined <= max.max(1));
+        assert_eq!(step.exported, out.len() - before);
+        assert!(step.exported <= step.examined);
+        if step.done {
+            return (out, steps);
+        }
+    }
+}
+
+fn keys_of(items: &[ExportedItem]) -> Vec<Vec<u8>> {
+    let mut keys: Vec<_> = items.iter().map(|i| i.key().to_vec()).collect();
+    keys.sort();
+    keys
+}
+
+#[test]
+fn a_scan_pass_exports_every_live_item_exactly_once() {
+    let (s, _) = store_with(Policy::Lru, 64 << 20, 8);
+    let mut want = Vec::new();
+    for i in 0..1000 {
+        let k = format!("key:{i:04}").into_bytes();
+        set(&s, &k, format!("value {i}").as_bytes());
+        want.push(k);
+    }
+    // Holes in the slabs: deleted items are not exported, their slots are examined.
+    for i in (0..1000).step_by(10) {
+        assert!(s.delete(&want[i]));
+    }
+    let want: Vec<_> = want
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| i % 10 != 0)
+        .map(|(_, k)| k)
+        .collect();
+    let (items, steps) = scan_all(&s, 7);
+    assert_eq!(keys_of(&items), want, "each live key once");
+    assert!(steps > 1000 / 7, "bounded steps: {steps}");
+    for it in &items {
+        let i: usize = std::str::from_utf8(&it.key()[4..])
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(&**it.value(), format!("value {i}").as_bytes());
+        let got = s.get(it.key()).unwrap();
+        assert_eq!(
+            (it.flags(), it.exptime(), it.cas()),
+            (got.flags, got.exptime, got.cas)
+        );
+    }
+    // A finished cursor stays finished.
+    let mut cursor = ScanCursor::default();
+    let mut out = Vec::new();
+    while !s.scan(&mut cursor, 1000, &mut out).done {}
+    assert_eq!(out.len(), 900);
+    let again = s.scan(&mut cursor, 1000, &mut out);
+    assert_eq!((again.examined, again.exported, again.done), (0, 0, true));
+    // max_items 0 counts as 1; an empty store finishes in one step per shard.
+    assert_eq!(scan_all(&s, 0).0.len(), 900);
+    let (empty, _) = store_with(Policy::Lru, 1 << 20, 4);
+    let (items, steps) = scan_all(&empty, 7);
+    assert!(items.is_empty());
+    assert_eq!(steps, 4);
+}
+
+#[test]
+fn a_scan_skips_expired_and_flushed_items_and_changes_nothing() {
+    let (s, clock) = store();
+    for i in 0..100 {
+        set_ttl(&s, format!("short:{i}").as_bytes(), b"v", 10);
+        set(&s, format!("long:{i}").as_bytes(), b"v");
+    }
+    clock.advance(10);
+    let before = s.stats();
+    let (items, _) = scan_all(&s, 16);
+    assert_eq!(items.len(), 100);
+    assert!(items.iter().all(|it| it.key().starts_with(b"long:")));
+    // Dead items are left to the crawler; no counter moved.
+    assert_eq!(s.stats(), before);
+    s.flush_all(0);
+    set(&s, b"after", b"flush");
+    let (items, _) = scan_all(&s, 16);
+    assert_eq!(keys_of(&items), [b"after".to_vec()]);
+    assert_eq!(
+        s.stats().curr_items,
+        201,
+        "flushed items not reclaimed by the scan"
+    );
+}
+
+#[test]
+fn a_scan_does_not_fetch_mark_or_reorder() {
+    // The same history with and without a scan evicts the same victim.
+    for scan in [false, true] {
+        let (s, _) = full_store(Policy::Lru, 3, 10);
+        for k in [b"a", b"b", b"c"] {
+            set(&s, k, &[0; 10]);
+        }
+        s.get(b"a");
+        let before = s.stats();
+        if scan {
+            // Bumping in slab order (a, b, c) would make a the oldest: a victim.
+            assert_eq!(scan_all(&s, 1).0.len(), 3);
+        }
+        assert_eq!(s.stats(), before);
+        let peek = MetaGetOpts {
+            no_bump: true,
+            ..Default::default()
+        };
+        assert!(!s.meta_get(b"b", &peek).unwrap().hit_before, "scan={scan}");
+        set(&s, b"d", &[0; 10]);
+        assert_eq!(
+            keys_present(&s, &[b"a", b"b", b"c", b"d"]),
+            [true, false, true, true],
+            "scan={scan}"
+        );
+        assert_eq!(s.stats().evicted_unfetched, 1, "scan={scan}");
+    }
+}
+
+#[test]
+fn scan_matching_filters_by_the_store_hash() {
+    let (s, _) = store_with(Policy::Lru, 64 << 20, 8);
+    for i in 0..500 {
+        set(&s, format!("k{i}").as_bytes(), b"v");
+    }
+    let mid = u64::MAX / 2;
+    let mut halves = [Vec::new(), Vec::new()];
+    for (h, half) in halves.iter_mut().enumerate() {
+        let mut cursor = ScanCursor::default();
+        loop {
+            let step = s.scan_matching(&mut cursor, 7, half, |hash, key| {
+                assert_eq!(hash, s.key_hash(key));
+                (hash > mid) == (h == 1)
+            });
+            if step.done {
+                break;
+            }
+        }
+    }
+    let (lo, hi) = (keys_of(&halves[0]), keys_of(&halves[1]));
+    assert!(!lo.is_empty() && !hi.is_empty());
+    assert!(lo.iter().all(|k| s.key_hash(k) <= mid));
+    let mut all = [lo, hi].concat();
+    all.sort();
+    assert_eq!(all, keys_of(&scan_all(&s, 64).0));
+    assert_eq!(all.len(), 500);
+}
+
+#[test]
+fn export_then_import_gives_equal_items_that_expire_together() {
+    let (a, clock_a) = store();
+    // Another epoch: expiry must survive as an absolute time.
+    let clock_b = Arc::new(ManualClock::new(T0 + 5));
+    let b = Store::new(a.config().clone(), clock_b.clone());
+    clock_a.set(T0 + 5);
+    for i in 0..50u32 {
+        let k = format!("k{i}");
+        s_set_full(
+            &a,
+            k.as_bytes(),
+            format!("v{i}").as_bytes(),
+            i,
+            if i % 2 == 0 { 100 } else { 0 },
+        );
+    }
+    set_ttl(&a, b"gone", b"x", 1);
+    clock_a.advance(1);
+    clock_b.advance(1);
+    let (items, _) = scan_all(&a, 7);
+    assert_eq!(items.len(), 50);
+    for it in &items {
+        assert!(matches!(
+            b.import(it, ImportMode::IfAbsent),
+            SetStatus::Stored { .. }
+        ));
+    }
+    let same = |k: &[u8]| {
+        let (x, y) = (a.get(k), b.get(k));
+        assert_eq!(x.is_some(), y.is_some(), "{k:?}");
+        if let (Some(x), Some(y)) = (&x, &y) {
+            assert_eq!(
+                (&x.value, x.flags, x.exptime),
+                (&y.value, y.flags, y.exptime)
+            );
+        }
+        y.is_some()
+    };
+    let keys: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
+    assert!(keys.iter().all(|k| same(k.as_bytes())));
+    assert!(!same(b"gone"));
+    // One second before the expiry both still have the items; at it, both miss.
+    clock_a.set(T0 + 5 + 99);
+    clock_b.set(T0 + 5 + 99);
+    assert!(keys.iter().all(|k| same(k.as_bytes())));
+    clock_a.advance(1);
+    clock_b.advance(1);
+    let live: Vec<bool> = keys.iter().map(|k| same(k.as_bytes())).collect();
+    assert!(live.iter().enumerate().all(|(i, &l)| l == (i % 2 == 1)));
+}
+
+fn s_set_full(s: &Store, key: &[u8], value: &[u8], flags: u32, exptime: i64) -> u64 {
+    cas_of(s.set(&SetRequest {
+        flags,
+        exptime,
+        ..req(SetMode::Set, key, value)
+    }))
+}
+
+#[test]
+fn import_modes_keep_or_replace_a_live_item() {
+    let (s, clock) = store();
+    let item = ExportedItem::new(b"k", b"imported", 9, T0 + 50, 12345).unwrap();
+    assert_eq!(item.key(), b"k");
+    assert_eq!(
+        (item.flags(), item.exptime(), item.cas()),
+        (9, T0 + 50, 12345)
+    );
+    assert!(ExportedItem::new(&[b'k'; MAX_KEY_LEN + 1], b"", 0, 0, 0).is_none());
+    let mine = cas_of(set(&s, b"k", b"mine"));
+    let before = s.stats();
+    assert_eq!(s.import(&item, ImportMode::IfAbsent), SetStatus::NotStored);
+    assert_eq!(s.stats(), before);
+    assert_eq!(s.get(b"k").unwrap().cas, mine);
+    let cas = cas_of(s.import(&item, ImportMode::Overwrite));
+    assert_ne!(cas, 12345, "a fresh CAS of this store");
+    let got = s.get(b"k").unwrap();
+    assert_eq!(
+        (&*got.value, got.flags, got.exptime, got.cas),
+        (&b"imported"[..], 9, T0 + 50, cas)
+    );
+    assert_eq!(s.stats().total_items, before.total_items + 1);
+    // Already expired: nothing visible (and an Overwrite removes the live item).
+    clock.set(T0 + 50);
+    set(&s, b"k", b"mine");
+    assert!(matches!(
+        s.import(&item, ImportMode::Overwrite),
+        SetStatus::Stored { .. }
+    ));
+    assert!(s.get(b"k").is_none());
+    assert!(matches!(
+        s.import(&item, ImportMode::IfAbsent),
+        SetStatus::Stored { .. }
+    ));
+    assert!(s.get(b"k").is_none());
+}
+
+#[test]
+fn import_respects_the_memory_limit() {
+    let items: Vec<ExportedItem> = (0..5)
+        .map(|i| ExportedItem::new(format!("{i}").as_bytes(), &[0; 10], 0, 0, 0).unwrap())
+        .collect();
+    let (s, _) = full_store(Policy::None, 3, 10);
+    let got: Vec<SetStatus> = items
+        .iter()
+        .map(|it| s.import(it, ImportMode::IfAbsent))
+        .collect();
+    assert!(got[..3]
+        .iter()
+        .all(|st| matches!(st, SetStatus::Stored { .. })));
+    assert_eq!(got[3..], [SetStatus::OutOfMemory, SetStatus::OutOfMemory]);
+    assert_eq!(s.stats().bytes as usize, 3 * charge("k", 10));
+    let (s, _) = full_store(Policy::Lru, 3, 10);
+    for it in &items {
+        assert!(matches!(
+            s.import(it, ImportMode::IfAbsent),
+            SetStatus::Stored { .. }
+        ));
+    }
+    let st = s.stats();
+    assert_eq!((st.curr_items, st.evictions), (3, 2));
+    let big = ExportedItem::new(b"big", &[0; 200], 0, 0, 0).unwrap();
+    assert_eq!(s.import(&big, ImportMode::IfAbsent), SetStatus::OutOfMemory);
+    let (s, _) = store_with(Policy::Lru, 64 << 20, 1);
+    let huge = ExportedItem::new(b"huge", &vec![0; 1 << 20], 0, 0, 0).unwrap();
+    assert_eq!(s.import(&huge, ImportMode::Overwrite), SetStatus::TooLarge);
+}
