@@ -44,6 +44,7 @@ struct Pt<'a> {
     failed: usize,
     x: Summary,
     mean: Summary,
+    p50: Summary,
     p95: Summary,
     p99: Summary,
     pct: h::Percentiles,
@@ -168,9 +169,10 @@ fn points<'a>(exp: &Experiment, part: &Part, raws: &'a [RawRun]) -> (Vec<Pt<'a>>
             };
             let zero = || summ(&[0.0], conf);
             let mean = summ(&res(&|r| r.latency.mean_us), conf).or_else(zero);
+            let p50 = summ(&res(&|r| r.latency.p50_us), conf).or_else(zero);
             let p95 = summ(&res(&|r| r.latency.p95_us), conf).or_else(zero);
             let p99 = summ(&res(&|r| r.latency.p99_us), conf).or_else(zero);
-            let (Some(mean), Some(p95), Some(p99)) = (mean, p95, p99) else {
+            let (Some(mean), Some(p50), Some(p95), Some(p99)) = (mean, p50, p95, p99) else {
                 continue;
             };
             let avg = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
@@ -219,6 +221,7 @@ fn points<'a>(exp: &Experiment, part: &Part, raws: &'a [RawRun]) -> (Vec<Pt<'a>>
                 failed: all.len() - ok.len(),
                 x,
                 mean,
+                p50,
                 p95,
                 p99,
                 pct,
@@ -655,6 +658,7 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
             "runs",
             &format!("throughput (req/s), mean ± {ci} half-width"),
             "mean latency (µs)",
+            "p50 (µs)",
             "p95 (µs)",
             "p99 (µs)",
             "server CPU (cores)",
@@ -680,6 +684,7 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
             ));
             cells.push(ci_text(&p.x));
             cells.push(ci_text(&p.mean));
+            cells.push(ci_text(&p.p50));
             cells.push(ci_text(&p.p95));
             cells.push(ci_text(&p.p99));
             cells.push(p.cpu.as_ref().map(ci_text).unwrap_or_else(|| "—".into()));
