@@ -22,6 +22,9 @@ pub enum Protocol {
     /// HTTP/1.1 to kvlab's REST interface (`GET`/`PUT`/`DELETE /key/{k}`), keep-alive,
     /// pipelined.
     Http,
+    /// memcached's meta protocol: `mg <key> v f` (a multi-get: quiet `mg … q` per key and
+    /// `mn`), `ms <key> <len> F<flags> T<exptime>`, `md <key>`; on the memcached port.
+    Meta,
 }
 
 impl Protocol {
@@ -30,7 +33,22 @@ impl Protocol {
         match self {
             Protocol::Memcached => kvlab_client::Wire::Memcached,
             Protocol::Http => kvlab_client::Wire::Http,
+            Protocol::Meta => kvlab_client::Wire::Meta,
         }
+    }
+
+    /// The name in flags and experiment files (`memcached`, `http`, `meta`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Memcached => "memcached",
+            Protocol::Http => "http",
+            Protocol::Meta => "meta",
+        }
+    }
+
+    /// Whether it is served on a memcached port (text or meta), as opposed to HTTP.
+    pub fn is_memcached_port(self) -> bool {
+        self != Protocol::Http
     }
 }
 
@@ -42,6 +60,9 @@ pub struct Config {
     /// What to speak to it.
     #[serde(default)]
     pub protocol: Protocol,
+    /// Meta protocol: send keys base64-encoded (the `b` flag).
+    #[serde(default)]
+    pub meta_base64: bool,
     /// Generator threads (per participant: the master and each agent).
     pub threads: usize,
     /// Connections per thread.
@@ -69,6 +90,33 @@ pub struct Config {
     pub seed: u64,
     /// Set every key once before the run.
     pub load: bool,
+}
+
+/// Base64 keys are a meta protocol option, and their encoding must fit memcached's 250-byte
+/// key token.
+pub fn check_meta_base64(
+    protocol: Protocol,
+    base64: bool,
+    workload: &Workload,
+) -> Result<(), BenchError> {
+    if !base64 {
+        return Ok(());
+    }
+    if protocol != Protocol::Meta {
+        return Err(BenchError::Spec(format!(
+            "meta_base64 (--meta-base64) needs protocol = \"meta\", not \"{}\"",
+            protocol.name()
+        )));
+    }
+    let max = workload.max_key_len();
+    let limit = kvlab_protocol::client::MAX_BASE64_KEY_LEN;
+    if max > limit {
+        return Err(BenchError::Spec(format!(
+            "meta_base64: keys may be {max} bytes, but a base64 key must be at most {limit} \
+             bytes (its encoding must fit memcached's 250-byte key); give a smaller key_size"
+        )));
+    }
+    Ok(())
 }
 
 impl Config {
@@ -99,6 +147,7 @@ impl Config {
         if self.requests == Some(0) {
             return bad("--requests must be > 0");
         }
+        check_meta_base64(self.protocol, self.meta_base64, &self.workload)?;
         self.workload.validate()
     }
 

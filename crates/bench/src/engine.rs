@@ -27,6 +27,7 @@ use std::sync::mpsc::{Receiver, Sender};
 use std::time::Duration;
 
 use kvlab_client::{Conn, ConnError, Event, Status};
+use kvlab_protocol::client::MetaKeyMode;
 use mio::net::TcpStream;
 use mio::{Events, Poll, Token};
 use rand::{Rng, SeedableRng};
@@ -34,7 +35,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{mono_ns, thread_cpu_ns, Timer};
-use crate::config::Config;
+use crate::config::{Config, Protocol};
 use crate::dist::mix64;
 use crate::stats::{record, GapStats, IntervalReport, OpKind};
 use crate::workload::{Generator, Op};
@@ -233,8 +234,16 @@ impl<'c> Engine<'c> {
             });
         }
         let mut gen = Generator::new(&cfg.workload, ctx.global_thread, ctx.total_threads)?;
-        if cfg.protocol == crate::config::Protocol::Http {
-            gen = gen.http(&cfg.target.to_string());
+        match cfg.protocol {
+            Protocol::Http => gen = gen.http(&cfg.target.to_string()),
+            Protocol::Meta => {
+                gen = gen.meta(if cfg.meta_base64 {
+                    MetaKeyMode::Base64
+                } else {
+                    MetaKeyMode::Plain
+                })
+            }
+            Protocol::Memcached => {}
         }
         Ok(Engine {
             cfg,
@@ -688,9 +697,9 @@ impl<'c> Engine<'c> {
             } => {
                 if verify {
                     // A single get must be answered with its own key; every value must be the
-                    // verifiable value of the key it is returned under. HTTP responses do not
-                    // name their key: a single get's value must be its key's, a multi-get's
-                    // the valid value of the key it names.
+                    // verifiable value of the key it is returned under. HTTP responses and meta
+                    // `VA` replies do not name their key: a single get's value must be its
+                    // key's, a multi-get's the valid value of the key it names.
                     let wl = gen.workload();
                     let ok = if key.is_empty() {
                         if single {

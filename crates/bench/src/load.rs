@@ -46,6 +46,8 @@ const UNBOUNDED_S: f64 = 1e6;
 pub struct Load {
     /// What the generator speaks.
     pub protocol: Protocol,
+    /// Meta protocol: keys travel base64-encoded (`b` flag).
+    pub meta_base64: bool,
     /// Generator threads (per participant: the master and each agent).
     pub threads: usize,
     /// Connections per generator thread.
@@ -75,6 +77,7 @@ impl Default for Load {
     fn default() -> Self {
         Load {
             protocol: Protocol::default(),
+            meta_base64: false,
             threads: 1,
             connections: 4,
             mode: Mode::default(),
@@ -341,6 +344,7 @@ impl Load {
             }
         }
         self.plan()?;
+        crate::config::check_meta_base64(self.protocol, self.meta_base64, &self.workload)?;
         self.workload.validate()
     }
 
@@ -350,6 +354,7 @@ impl Load {
         let cfg = Config {
             target,
             protocol: self.protocol,
+            meta_base64: self.meta_base64,
             threads: self.threads,
             connections: self.connections,
             depth: self.depth(),
@@ -413,8 +418,10 @@ macro_rules! options {
 }
 
 options! {
-    /// `memcached` or `http`.
+    /// `memcached` (text), `meta` or `http`.
     protocol: Protocol,
+    /// Meta protocol: send keys base64-encoded.
+    meta_base64: bool,
     /// Generator threads.
     threads: usize,
     /// Connections per thread.
@@ -631,6 +638,7 @@ impl Options {
         };
         let load = Load {
             protocol: self.protocol.unwrap_or(d.protocol),
+            meta_base64: self.meta_base64.unwrap_or(d.meta_base64),
             threads: self.threads.unwrap_or(d.threads),
             connections: self.connections.unwrap_or(d.connections),
             mode,

@@ -38,9 +38,11 @@ pub fn fill_load(opts: &Options) -> Result<Load, BenchError> {
         ));
     }
     if load.protocol != Protocol::Memcached {
-        return Err(BenchError::Spec(
-            "a fill speaks memcached's protocol (protocol = \"memcached\")".into(),
-        ));
+        return Err(BenchError::Spec(format!(
+            "a fill speaks memcached's text protocol (protocol = \"memcached\"), not \"{}\": \
+             meta and http are for measured runs (kvlab bench), whose fills use them too",
+            load.protocol.name()
+        )));
     }
     load.workload = fill_workload(&load.workload);
     load.fill = Some(true);

@@ -11,7 +11,7 @@
 //! is not known in advance (several connections write), so it is read from the value itself.
 
 use kvlab_client::{http, ReqKind};
-use kvlab_protocol::client::{self as proto, ComposeError, MultiGet, StoreCmd};
+use kvlab_protocol::client::{self as proto, ComposeError, MetaKeyMode, MultiGet, StoreCmd};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -169,6 +169,18 @@ impl Workload {
         self.key_prefix.len() + digits(k)
     }
 
+    /// The longest key [`Workload::key`] can write (250 when the key size distribution is
+    /// unbounded).
+    pub fn max_key_len(&self) -> usize {
+        let size = self
+            .key_size
+            .max_hint()
+            .unwrap_or(proto::MAX_KEY_LEN as u64);
+        let size = size.min(proto::MAX_KEY_LEN as u64) as usize;
+        size.max(self.min_key_len(self.keys.saturating_sub(1)))
+            .min(proto::MAX_KEY_LEN)
+    }
+
     /// Writes key `k` into `buf` and returns it: the prefix, the decimal index, then `x`
     /// padding up to the key's size (never shorter than prefix and index).
     pub fn key<'b>(&self, k: u64, buf: &'b mut [u8; 256]) -> &'b [u8] {
@@ -314,6 +326,8 @@ pub struct Generator {
     total: u32,
     /// `Some(Host header)`: compose HTTP requests for kvlab's REST interface.
     http_host: Option<Vec<u8>>,
+    /// `Some(key mode)`: compose memcached meta commands.
+    meta: Option<MetaKeyMode>,
 }
 
 impl Generator {
@@ -332,6 +346,7 @@ impl Generator {
             total: wl.mix.get + wl.mix.set + wl.mix.delete,
             wl: wl.clone(),
             http_host: None,
+            meta: None,
         })
     }
 
@@ -339,6 +354,13 @@ impl Generator {
     /// `Host` header.
     pub fn http(mut self, host: &str) -> Self {
         self.http_host = Some(host.as_bytes().to_vec());
+        self
+    }
+
+    /// Composes memcached meta commands instead (`mg`, `ms`, `md`; a multi-get is quiet
+    /// `mg … q` per key and `mn`), with keys sent as `mode` says.
+    pub fn meta(mut self, mode: MetaKeyMode) -> Self {
+        self.meta = Some(mode);
         self
     }
 
@@ -382,6 +404,9 @@ impl Generator {
         if self.http_host.is_some() {
             return self.compose_http(op, k, rng, out);
         }
+        if let Some(mode) = self.meta {
+            return self.compose_meta(op, k, mode, rng, out);
+        }
         match op {
             Op::Get if self.wl.multiget > 1 => {
                 let mut g = MultiGet::begin(out, false);
@@ -422,6 +447,58 @@ impl Generator {
             }
             Op::Delete => {
                 proto::delete(out, self.wl.key(k, &mut self.key_buf), false)?;
+                Ok((ReqKind::Delete, k))
+            }
+        }
+    }
+
+    /// [`Generator::compose_key`] in the meta protocol: the same requests as the text
+    /// protocol's (a get asks for the value and client flags, no CAS, as `get` does).
+    fn compose_meta<R: Rng + ?Sized>(
+        &mut self,
+        op: Op,
+        k: u64,
+        mode: MetaKeyMode,
+        rng: &mut R,
+        out: &mut Vec<u8>,
+    ) -> Result<(ReqKind, u64), ComposeError> {
+        match op {
+            Op::Get if self.wl.multiget > 1 => {
+                // Quiet gets: a miss sends nothing, so `mn` (answered `MN`) ends the request.
+                proto::meta_get(out, self.wl.key(k, &mut self.key_buf), mode, true)?;
+                for _ in 1..self.wl.multiget {
+                    let k2 = self.keys.next(rng);
+                    proto::meta_get(out, self.wl.key(k2, &mut self.key_buf), mode, true)?;
+                }
+                proto::meta_noop(out);
+                Ok((
+                    ReqKind::Get {
+                        keys: self.wl.multiget,
+                    },
+                    k,
+                ))
+            }
+            Op::Get => {
+                proto::meta_get(out, self.wl.key(k, &mut self.key_buf), mode, false)?;
+                Ok((ReqKind::Get { keys: 1 }, k))
+            }
+            Op::Set => {
+                let key = self.wl.key(k, &mut self.key_buf);
+                if self.wl.verify {
+                    self.version += 1;
+                    let v = self.version;
+                    let len = self.wl.verified_len(k, v);
+                    proto::meta_set_header(out, key, mode, 0, self.wl.exptime, len)?;
+                    self.wl.write_verified(k, v, out);
+                    proto::finish_data(out);
+                } else {
+                    let len = self.wl.value_size.sample(rng, 0, self.filler.len() as u64) as usize;
+                    proto::meta_set(out, key, mode, 0, self.wl.exptime, &self.filler[..len])?;
+                }
+                Ok((ReqKind::Store, k))
+            }
+            Op::Delete => {
+                proto::meta_delete(out, self.wl.key(k, &mut self.key_buf), mode)?;
                 Ok((ReqKind::Delete, k))
             }
         }
@@ -570,5 +647,67 @@ mod tests {
         assert!(s.ends_with("\r\n"));
         assert!(Mix::parse("get=0").is_err());
         assert!(Mix::parse("put=1").is_err());
+    }
+
+    #[test]
+    fn composes_meta_requests() {
+        let wl = Workload {
+            multiget: 3,
+            verify: true,
+            mix: Mix::parse("get=1,set=1,delete=1").unwrap(),
+            ..Workload::default()
+        };
+        let mut g = Generator::new(&wl, 0, 1).unwrap().meta(MetaKeyMode::Plain);
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut out = Vec::new();
+        let (kind, _) = g.compose(Op::Get, &mut rng, &mut out).unwrap();
+        assert_eq!(kind, ReqKind::Get { keys: 3 });
+        let s = String::from_utf8(std::mem::take(&mut out)).unwrap();
+        let lines: Vec<&str> = s.split_terminator("\r\n").collect();
+        assert_eq!(lines.len(), 4, "{s}");
+        assert!(lines[..3]
+            .iter()
+            .all(|l| l.starts_with("mg key:") && l.ends_with(" v f q")));
+        assert_eq!(lines[3], "mn");
+        g.compose_key(Op::Set, 9, &mut rng, &mut out).unwrap();
+        let s = String::from_utf8(std::mem::take(&mut out)).unwrap();
+        let (head, data) = s.split_once("\r\n").unwrap();
+        let len = data.len() - 2;
+        assert_eq!(head, format!("ms key:9xxxxxxxxxxx {len} F0 T0"));
+        assert!(wl.check_value(b"key:9xxxxxxxxxxx", &data.as_bytes()[..len]));
+        g.compose_key(Op::Delete, 9, &mut rng, &mut out).unwrap();
+        assert_eq!(out, b"md key:9xxxxxxxxxxx\r\n");
+
+        let single = Workload::default();
+        let mut g = Generator::new(&single, 0, 1)
+            .unwrap()
+            .meta(MetaKeyMode::Base64);
+        out.clear();
+        let (kind, _) = g.compose_key(Op::Get, 1, &mut rng, &mut out).unwrap();
+        assert_eq!(kind, ReqKind::Get { keys: 1 });
+        // base64("key:1xxxxxxxxxxx")
+        assert_eq!(out, b"mg a2V5OjF4eHh4eHh4eHh4eA== b v f\r\n");
+    }
+
+    #[test]
+    fn max_key_len_bounds_every_key() {
+        let mut buf = [0u8; 256];
+        let wl = Workload::default();
+        assert_eq!(wl.max_key_len(), 16);
+        let long_prefix = Workload {
+            keys: 1000,
+            key_prefix: "p".repeat(20),
+            ..Workload::default()
+        };
+        assert_eq!(long_prefix.max_key_len(), 23);
+        assert_eq!(long_prefix.key(999, &mut buf).len(), 23);
+        let uniform = Workload {
+            key_size: SizeDist::Uniform { min: 10, max: 40 },
+            ..Workload::default()
+        };
+        assert_eq!(uniform.max_key_len(), 40);
+        assert!((0..1000).all(|k| uniform.key(k, &mut buf).len() <= 40));
+        let etc = Workload::preset(Some("etc"), 1000, "key:").unwrap();
+        assert_eq!(etc.max_key_len(), proto::MAX_KEY_LEN);
     }
 }

@@ -22,12 +22,22 @@
 //! `Get { keys: K }` is then K pipelined `GET`s reported as one request: each `200` is an
 //! [`Event::Value`] (with an empty `key`: the raw-bytes response does not repeat it), each
 //! `404` a miss, and the request is done after the K-th response.
+//!
+//! With [`Wire::Meta`] the requests are memcached's meta commands: `Store` is an `ms`
+//! (`HD`, or `NS`/`EX`/`NF`), `Delete` an `md` (`HD` or `NF`). A `Get { keys: 1 }` is one
+//! `mg` answered by `VA` (a hit, an [`Event::Value`]) or `EN` (a miss). A `Get { keys: K }`
+//! with K > 1 is K *quiet* gets (`mg … q`) and an `mn`: misses send nothing, each hit is a
+//! `VA`, and the request is done at the `MN`; an error line for one of its keys marks the
+//! request failed without ending it. `VA` does not repeat the key, so its `Event::Value` has
+//! an empty `key`; client flags come from the `f` return flag.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
-use kvlab_protocol::client::{parse_reply, ComposeError, ParsedReply, Reply, ReplyError};
+use kvlab_protocol::client::{
+    meta_client_flags, parse_reply, ComposeError, ParsedReply, Reply, ReplyError,
+};
 
 use crate::http::{self, HttpError, Method, ParsedResponse};
 use mio::net::TcpStream;
@@ -43,14 +53,17 @@ const MIN_READ: usize = 16 * 1024;
 /// What a request expects back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReqKind {
-    /// `get`/`gets` of `keys` keys: zero or more `VALUE` frames, then `END`.
+    /// `get`/`gets` of `keys` keys: zero or more `VALUE` frames, then `END`. Over
+    /// [`Wire::Meta`]: one `mg` (`VA` or `EN`) when `keys` is 1, else `keys` quiet `mg … q`
+    /// and an `mn` (zero or more `VA`, then `MN`).
     Get {
         /// Number of keys asked for.
         keys: u32,
     },
-    /// A storage command: `STORED`, `NOT_STORED`, `EXISTS` or `NOT_FOUND`.
+    /// A storage command: `STORED`, `NOT_STORED`, `EXISTS` or `NOT_FOUND` (meta `ms`: `HD`,
+    /// `NS`, `EX` or `NF`).
     Store,
-    /// `delete`: `DELETED` or `NOT_FOUND`.
+    /// `delete`: `DELETED` or `NOT_FOUND` (meta `md`: `HD` or `NF`).
     Delete,
     /// Any command answered by exactly one line (`incr`, `touch`, `version`, meta without value).
     Line,
@@ -59,9 +72,12 @@ pub enum ReqKind {
 /// The protocol a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Wire {
-    /// memcached's text (and meta) protocol.
+    /// memcached's text protocol (meta commands may be sent as [`ReqKind::Line`]).
     #[default]
     Memcached,
+    /// memcached's meta protocol: gets are `mg`, stores `ms`, deletes `md` (see
+    /// [`Conn`]'s module docs for how replies are matched).
+    Meta,
     /// HTTP/1.1 to kvlab's REST interface.
     Http,
 }
@@ -157,7 +173,8 @@ pub struct Conn<T> {
     head_hits: u32,
     /// HTTP: responses seen so far for the head request (a multi-get is several GETs).
     head_responses: u32,
-    /// HTTP: one of the head request's GETs was answered with an error.
+    /// HTTP: one of the head request's GETs was answered with an error; meta: one of the head
+    /// quiet multi-get's keys was.
     head_failed: bool,
     wire: Wire,
 }
@@ -308,8 +325,10 @@ impl<T> Conn<T> {
     }
 
     fn parse(&mut self, f: &mut impl FnMut(Event<'_, T>)) -> Result<usize, ConnError> {
-        if self.wire == Wire::Http {
-            return self.parse_http(f);
+        match self.wire {
+            Wire::Http => return self.parse_http(f),
+            Wire::Meta => return self.parse_meta(f),
+            Wire::Memcached => {}
         }
         let mut done = 0;
         loop {
@@ -372,6 +391,84 @@ impl<T> Conn<T> {
             };
             self.in_start += len;
             let hits = std::mem::take(&mut self.head_hits);
+            let misses = match kind {
+                ReqKind::Get { keys } if status == Status::Ok => keys.saturating_sub(hits),
+                _ => 0,
+            };
+            if !self.complete_head(
+                kind,
+                Outcome {
+                    status,
+                    hits,
+                    misses,
+                },
+                f,
+            ) {
+                break;
+            }
+            done += 1;
+        }
+        self.reset_if_drained();
+        Ok(done)
+    }
+
+    fn parse_meta(&mut self, f: &mut impl FnMut(Event<'_, T>)) -> Result<usize, ConnError> {
+        let mut done = 0;
+        loop {
+            let buf = &self.inb[self.in_start..self.in_end];
+            let (reply, len) = match parse_reply(buf)? {
+                ParsedReply::Incomplete => break,
+                ParsedReply::Complete { reply, len } => (reply, len),
+            };
+            let Some(head) = self.pending.front() else {
+                return Err(unexpected(&reply, None));
+            };
+            let kind = head.kind;
+            // A multi-key get is quiet gets ended by `mn`: only `MN` ends it.
+            let quiet = matches!(kind, ReqKind::Get { keys } if keys > 1);
+            let status = match (kind, &reply) {
+                (ReqKind::Get { .. }, Reply::MetaValue { flags, data }) => {
+                    self.head_hits += 1;
+                    f(Event::Value {
+                        user: &head.user,
+                        key: &[],
+                        flags: meta_client_flags(flags),
+                        data,
+                    });
+                    if quiet {
+                        self.in_start += len;
+                        continue;
+                    }
+                    Status::Ok
+                }
+                (ReqKind::Get { .. }, r) if quiet && r.is_error() => {
+                    // The error answers one key; the others and `MN` still follow.
+                    self.head_failed = true;
+                    self.in_start += len;
+                    continue;
+                }
+                (ReqKind::Get { .. }, Reply::MetaNoop) if quiet => Status::Ok,
+                (ReqKind::Get { .. }, Reply::MetaMiss) if !quiet => Status::Ok,
+                (_, r) if r.is_error() => Status::Error,
+                (ReqKind::Store | ReqKind::Delete | ReqKind::Line, Reply::MetaHeader(_)) => {
+                    Status::Ok
+                }
+                (ReqKind::Line, Reply::MetaNoop) => Status::Ok,
+                (
+                    ReqKind::Store | ReqKind::Line,
+                    Reply::MetaNotStored | Reply::MetaExists | Reply::MetaNotFound,
+                ) => Status::Negative,
+                (ReqKind::Delete, Reply::MetaNotFound | Reply::MetaExists) => Status::Negative,
+                (ReqKind::Line, Reply::MetaMiss) => Status::Negative,
+                (kind, r) => return Err(unexpected(r, Some(kind))),
+            };
+            self.in_start += len;
+            let hits = std::mem::take(&mut self.head_hits);
+            let status = if std::mem::take(&mut self.head_failed) {
+                Status::Error
+            } else {
+                status
+            };
             let misses = match kind {
                 ReqKind::Get { keys } if status == Status::Ok => keys.saturating_sub(hits),
                 _ => 0,
@@ -570,7 +667,7 @@ mod tests {
             for _ in 0..lines {
                 line.clear();
                 r.read_line(&mut line).unwrap();
-                if line.starts_with("set") {
+                if line.starts_with("set") || line.starts_with("ms ") {
                     line.clear();
                     r.read_line(&mut line).unwrap();
                 }
@@ -646,6 +743,118 @@ mod tests {
             ]
         );
         assert_eq!(conn.in_flight(), 0);
+    }
+
+    #[test]
+    fn meta_replies_are_matched_in_order_and_quiet_gets_end_at_mn() {
+        use proto::MetaKeyMode::Plain;
+        let addr = canned_server(
+            12,
+            b"VA 3 f1\r\nxyz\r\nVA 0\r\n\r\nMN\r\nHD\r\nNF\r\nEN\r\nVA 2 f7\r\nhi\r\n\
+CLIENT_ERROR bad command line format\r\nVA 1 f0\r\nz\r\nMN\r\nNS\r\nMN\r\n",
+        );
+        let stream = TcpStream::connect(addr).unwrap();
+        let mut conn: Conn<u32> = Conn::with_wire(stream, Wire::Meta);
+        let quiet_get = |keys: &'static [&'static [u8]], user| {
+            move |o: &mut Vec<u8>| {
+                for k in keys {
+                    proto::meta_get(o, k, Plain, true)?;
+                }
+                proto::meta_noop(o);
+                Ok((
+                    ReqKind::Get {
+                        keys: keys.len() as u32,
+                    },
+                    user,
+                ))
+            }
+        };
+        // Three quiet gets (hit, miss: no line at all, hit), then MN ends the request.
+        conn.request(quiet_get(&[b"a", b"b", b"c"], 1)).unwrap();
+        conn.request(|o| proto::meta_set(o, b"a", Plain, 0, 0, b"v").map(|_| (ReqKind::Store, 2)))
+            .unwrap();
+        conn.request(|o| proto::meta_delete(o, b"z", Plain).map(|_| (ReqKind::Delete, 3)))
+            .unwrap();
+        for user in [4, 5] {
+            conn.request(|o| {
+                proto::meta_get(o, b"k", Plain, false).map(|_| (ReqKind::Get { keys: 1 }, user))
+            })
+            .unwrap();
+        }
+        // An error for one key of a quiet get fails the request, which still ends at MN.
+        conn.request(quiet_get(&[b"bad", b"d"], 6)).unwrap();
+        conn.request(|o| proto::meta_set(o, b"a", Plain, 0, 0, b"v").map(|_| (ReqKind::Store, 7)))
+            .unwrap();
+        conn.request(|o| {
+            proto::meta_noop(o);
+            Ok((ReqKind::Line, 8))
+        })
+        .unwrap();
+        let mut seen = Vec::new();
+        run_until(&mut conn, 8, |e| match e {
+            Event::Value {
+                user,
+                key,
+                flags,
+                data,
+            } => seen.push(format!("{user}:{}={} f{flags}", s(key), s(data))),
+            Event::Done { user, outcome, .. } => seen.push(format!(
+                "{user}:{:?} h{} m{}",
+                outcome.status, outcome.hits, outcome.misses
+            )),
+        });
+        assert_eq!(
+            seen,
+            [
+                "1:=xyz f1",
+                "1:= f0",
+                "1:Ok h2 m1",
+                "2:Ok h0 m0",
+                "3:Negative h0 m0",
+                "4:Ok h0 m1",
+                "5:=hi f7",
+                "5:Ok h1 m0",
+                "6:=z f0",
+                "6:Error h1 m0",
+                "7:Negative h0 m0",
+                "8:Ok h0 m0",
+            ]
+        );
+        assert_eq!(conn.in_flight(), 0);
+    }
+
+    #[test]
+    fn a_meta_reply_that_does_not_fit_is_an_error() {
+        // `MN` cannot end a single (not quiet) get; a text reply is not a meta reply.
+        for reply in [&b"MN\r\n"[..], b"END\r\n"] {
+            let reply: &'static [u8] = Box::leak(reply.to_vec().into_boxed_slice());
+            let addr = canned_server(1, reply);
+            let stream = TcpStream::connect(addr).unwrap();
+            let mut conn: Conn<()> = Conn::with_wire(stream, Wire::Meta);
+            conn.request(|o| {
+                proto::meta_get(o, b"k", proto::MetaKeyMode::Plain, false)
+                    .map(|_| (ReqKind::Get { keys: 1 }, ()))
+            })
+            .unwrap();
+            let mut poll = Poll::new().unwrap();
+            conn.register(poll.registry(), Token(0)).unwrap();
+            let mut events = Events::with_capacity(8);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                assert!(Instant::now() < deadline);
+                conn.flush().unwrap();
+                poll.poll(&mut events, Some(Duration::from_millis(100)))
+                    .unwrap();
+                match conn.on_readable(|_| {}) {
+                    Ok(_) => continue,
+                    Err(ConnError::Unexpected { kind, .. }) => {
+                        assert_eq!(kind, Some(ReqKind::Get { keys: 1 }));
+                        break;
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        }
     }
 
     #[test]

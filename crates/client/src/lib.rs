@@ -3,6 +3,8 @@
 //! - [`conn`]: a non-blocking, pipelined connection for event loops (mio). Requests are
 //!   composed into one reusable output buffer and written in one `write` per batch; replies
 //!   are parsed in place from one reusable input buffer and matched to requests in order.
+//!   It speaks memcached's text protocol, its meta protocol ([`Wire::Meta`]: `mg`/`ms`/`md`,
+//!   quiet multi-gets ended by `mn`) or HTTP.
 //! - [`http`]: the HTTP/1.1 side of kvlab's REST interface (compose requests, parse responses
 //!   incrementally); [`Conn`] speaks it with [`Wire::Http`].
 //! - [`blocking`]: a small blocking client for tools and tests.

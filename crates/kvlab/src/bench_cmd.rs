@@ -75,10 +75,14 @@ struct RunArgs {
     #[arg(long, default_value_t = 1)]
     repeat: usize,
     #[arg(long, value_enum, help = dflt(
-        "Protocol: `memcached` (text protocol) or `http` (kvlab's REST interface, keep-alive, \
+        "Protocol: `memcached` (text protocol), `meta` (memcached's meta protocol: mg/ms/md, \
+         quiet mg + mn for multi-gets; same port) or `http` (kvlab's REST interface, keep-alive, \
          pipelined; the target is the server's --http-port)",
         protocol_name(Load::default().protocol)))]
     protocol: Option<ProtocolArg>,
+    /// With --protocol meta: send keys base64-encoded (the `b` flag; keys up to 186 bytes).
+    #[arg(long)]
+    meta_base64: bool,
 
     // --- load model ---
     #[arg(long, short = 'T', help = dflt("Generator threads", Load::default().threads))]
@@ -214,14 +218,12 @@ struct RunArgs {
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum ProtocolArg {
     Memcached,
+    Meta,
     Http,
 }
 
 fn protocol_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Memcached => "memcached",
-        Protocol::Http => "http",
-    }
+    p.name()
 }
 
 fn arrival_name(a: Arrival) -> &'static str {
@@ -271,8 +273,10 @@ impl RunArgs {
         Options {
             protocol: self.protocol.map(|p| match p {
                 ProtocolArg::Memcached => Protocol::Memcached,
+                ProtocolArg::Meta => Protocol::Meta,
                 ProtocolArg::Http => Protocol::Http,
             }),
+            meta_base64: self.meta_base64.then_some(true),
             threads: self.threads,
             connections: self.connections,
             depth: self.depth,
@@ -583,6 +587,12 @@ mod tests {
         let c = config(&["--qps-list", "100,200", "--qps-interval", "2"]);
         assert_eq!(c.plan.segments.len(), 2);
         assert_eq!(c.plan.duration_ns(), 4_000_000_000);
+        let c = config(&["--protocol", "meta", "--meta-base64"]);
+        assert_eq!((c.protocol, c.meta_base64), (Protocol::Meta, true));
+        let c = config(&["--protocol", "meta"]);
+        assert_eq!((c.protocol, c.meta_base64), (Protocol::Meta, false));
+        let e = args(&["--meta-base64"]).load().unwrap_err();
+        assert!(format!("{e}").contains("needs protocol = \"meta\""), "{e}");
         let c = config(&["--requests", "50"]);
         assert!(
             c.plan.duration_ns() > 1_000_000_000_000,

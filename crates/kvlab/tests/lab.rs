@@ -479,7 +479,7 @@ fn bad_experiment_files_are_clear_errors() {
         (
             "protocol.toml",
             "[[system]]\nname = \"kvlab\"\n[workload]\nprotocol = \"gopher\"\n",
-            "expected `memcached` or `http`",
+            "expected one of `memcached`, `http`, `meta`",
         ),
     ];
     for (name, body, expect) in cases {

@@ -112,11 +112,14 @@
 //! load = <gets in mix>        # fill the key space once per fresh server (and workload)
 //! interval = 1.0              # time-series interval, s
 //! timeout_ms = 5000
-//! protocol = "memcached"      # memcached | http: HTTP/1.1 to a kvlab server's REST interface
-//!                             # (keep-alive, pipelined); only kind = "kvlab" serves it, so a
-//!                             # memcached or external system in such a part is an error
-//!                             # unless optional. A factor too: protocol = ["memcached", "http"]
-//!                             # compares both on one server
+//! protocol = "memcached"      # memcached | meta | http. meta: memcached's meta protocol
+//!                             # (mg/ms/md, quiet multi-gets) on the memcached port, served
+//!                             # by every system. http: HTTP/1.1 to a kvlab server's REST
+//!                             # interface (keep-alive, pipelined); only kind = "kvlab" serves
+//!                             # it, so a memcached or external system in such a part is an
+//!                             # error unless optional. A factor too: protocol = ["memcached",
+//!                             # "http"] compares both on one server
+//! meta_base64 = false         # meta: send keys base64-encoded (b flag; keys <= 186 bytes)
 //!
 //! [factors]                   # factor = [levels]; a workload key, or a {name} in args
 //! clients = [1, 2, 4, 8]

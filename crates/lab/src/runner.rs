@@ -409,7 +409,7 @@ fn one_run(
     raw.population = if load.is_open() { 0 } else { load.population() };
     raw.think_s = load.think_us() as f64 / 1e6;
     let target = match (load.protocol, inst.http) {
-        (Protocol::Memcached, _) => inst.addr,
+        (Protocol::Memcached | Protocol::Meta, _) => inst.addr,
         (Protocol::Http, Some(h)) => h,
         (Protocol::Http, None) => {
             raw.error = Some("the system was started without an HTTP port".into());

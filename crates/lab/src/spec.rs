@@ -109,10 +109,11 @@ pub struct SystemSpec {
 }
 
 impl SystemKind {
-    /// Whether a system of this kind can be loaded over `protocol` (only a kvlab server the
-    /// lab starts has an HTTP interface).
+    /// Whether a system of this kind can be loaded over `protocol` (every system speaks
+    /// memcached's text and meta protocols; only a kvlab server the lab starts has an HTTP
+    /// interface).
     pub fn serves(self, protocol: Protocol) -> bool {
-        protocol == Protocol::Memcached || self == SystemKind::Kvlab
+        protocol.is_memcached_port() || self == SystemKind::Kvlab
     }
 }
 
@@ -299,10 +300,7 @@ pub fn levels_text(levels: &[(String, Level)]) -> String {
 }
 
 fn protocol_name(p: Protocol) -> &'static str {
-    match p {
-        Protocol::Memcached => "memcached",
-        Protocol::Http => "http",
-    }
+    p.name()
 }
 
 /// A whole experiment, resolved and checked.
@@ -351,6 +349,7 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "interval",
     "timeout_ms",
     "protocol",
+    "meta_base64",
 ];
 
 /// The workload of one run: bench's flat load keys ([`Options`]: the same keys, names and
@@ -1160,6 +1159,47 @@ mod tests {
             "{:?}",
             e.unserved()
         );
+    }
+
+    #[test]
+    fn meta_points_are_served_by_every_system() {
+        let e = Experiment::parse(
+            r#"
+            [[system]]
+            name = "kvlab"
+            [[system]]
+            name = "memcached"
+            [workload]
+            meta_base64 = true
+            [factors]
+            protocol = ["memcached", "meta"]
+            "#,
+            "x",
+            &Overrides::default(),
+        );
+        // meta_base64 with the text protocol is refused...
+        let err = e.unwrap_err();
+        assert!(format!("{err:#}").contains("needs protocol"), "{err:#}");
+        // ...and a meta point runs on both systems, over their memcached port.
+        let e = Experiment::parse(
+            r#"
+            [[system]]
+            name = "kvlab"
+            [[system]]
+            name = "memcached"
+            [workload]
+            protocol = "meta"
+            meta_base64 = true
+            "#,
+            "x",
+            &Overrides::default(),
+        )
+        .unwrap();
+        let p = &e.parts[0];
+        assert_eq!(p.protocols, [Protocol::Meta]);
+        assert_eq!(e.runs().len(), 2 * DEFAULT_REPETITIONS);
+        assert!(e.unserved().is_empty());
+        assert!(!p.uses_http(&e.systems[0]) && !p.uses_http(&e.systems[1]));
     }
 
     #[test]

@@ -528,18 +528,145 @@ pub fn version(out: &mut Vec<u8>) {
     out.extend_from_slice(b"version\r\n");
 }
 
-/// Appends meta get `mg <key> v f\r\n` (value and client flags).
-pub fn meta_get(out: &mut Vec<u8>, key: &[u8]) -> Result<(), ComposeError> {
+/// How a meta command sends its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MetaKeyMode {
+    /// The key as is.
+    #[default]
+    Plain,
+    /// The key base64-encoded, with the `b` flag (memcached decodes it; the encoded text
+    /// must itself fit in 250 bytes, so keys are at most [`MAX_BASE64_KEY_LEN`] = 186 bytes).
+    Base64,
+}
+
+/// Longest key that still fits in 250 bytes once base64-encoded.
+pub const MAX_BASE64_KEY_LEN: usize = MAX_KEY_LEN / 4 * 3;
+
+/// Appends ` <key>` (or ` <base64 key>`) after a meta command word; the `b` flag, when
+/// needed, is appended by the caller with the other flags.
+fn push_meta_key(out: &mut Vec<u8>, key: &[u8], mode: MetaKeyMode) -> Result<(), ComposeError> {
     check_key(key)?;
-    out.extend_from_slice(b"mg ");
-    out.extend_from_slice(key);
-    out.extend_from_slice(b" v f\r\n");
+    out.push(b' ');
+    match mode {
+        MetaKeyMode::Plain => out.extend_from_slice(key),
+        MetaKeyMode::Base64 => {
+            use base64::Engine as _;
+            if key.len() > MAX_BASE64_KEY_LEN {
+                return Err(ComposeError::KeyLength(key.len()));
+            }
+            // Encoded straight into the output buffer: no temporary.
+            let start = out.len();
+            out.resize(start + key.len().div_ceil(3) * 4, 0);
+            let n = base64::engine::general_purpose::STANDARD
+                .encode_slice(key, &mut out[start..])
+                .expect("room for the encoding was reserved");
+            out.truncate(start + n);
+        }
+    }
+    Ok(())
+}
+
+fn push_b_flag(out: &mut Vec<u8>, mode: MetaKeyMode) {
+    if mode == MetaKeyMode::Base64 {
+        out.extend_from_slice(b" b");
+    }
+}
+
+/// Appends meta get `mg <key> [b] v f [q]\r\n`: value and client flags. The reply is
+/// `VA <len> f<flags>` and the data, or `EN` on a miss; with `quiet`, a miss sends nothing
+/// (end a run of quiet gets with [`meta_noop`], answered by `MN`, to know they are done).
+pub fn meta_get(
+    out: &mut Vec<u8>,
+    key: &[u8],
+    mode: MetaKeyMode,
+    quiet: bool,
+) -> Result<(), ComposeError> {
+    let mark = out.len();
+    out.extend_from_slice(b"mg");
+    if let Err(e) = push_meta_key(out, key, mode) {
+        out.truncate(mark);
+        return Err(e);
+    }
+    push_b_flag(out, mode);
+    out.extend_from_slice(if quiet { b" v f q\r\n" } else { b" v f\r\n" });
+    Ok(())
+}
+
+/// Appends the header line of a meta set, `ms <key> <len> [b] F<flags> T<exptime>\r\n`,
+/// for a data block of `len` bytes; the caller appends the data and calls [`finish_data`].
+/// The reply is `HD` (stored) or `NS`.
+pub fn meta_set_header(
+    out: &mut Vec<u8>,
+    key: &[u8],
+    mode: MetaKeyMode,
+    flags: u32,
+    exptime: u32,
+    len: usize,
+) -> Result<(), ComposeError> {
+    let mark = out.len();
+    out.extend_from_slice(b"ms");
+    if let Err(e) = push_meta_key(out, key, mode) {
+        out.truncate(mark);
+        return Err(e);
+    }
+    out.push(b' ');
+    push_u64(out, len as u64);
+    push_b_flag(out, mode);
+    out.extend_from_slice(b" F");
+    push_u64(out, u64::from(flags));
+    out.extend_from_slice(b" T");
+    push_u64(out, u64::from(exptime));
+    out.extend_from_slice(b"\r\n");
+    Ok(())
+}
+
+/// Appends a whole meta set with its data.
+pub fn meta_set(
+    out: &mut Vec<u8>,
+    key: &[u8],
+    mode: MetaKeyMode,
+    flags: u32,
+    exptime: u32,
+    data: &[u8],
+) -> Result<(), ComposeError> {
+    meta_set_header(out, key, mode, flags, exptime, data.len())?;
+    out.extend_from_slice(data);
+    finish_data(out);
+    Ok(())
+}
+
+/// Appends meta delete `md <key> [b]\r\n`; the reply is `HD` or `NF`.
+pub fn meta_delete(out: &mut Vec<u8>, key: &[u8], mode: MetaKeyMode) -> Result<(), ComposeError> {
+    let mark = out.len();
+    out.extend_from_slice(b"md");
+    if let Err(e) = push_meta_key(out, key, mode) {
+        out.truncate(mark);
+        return Err(e);
+    }
+    push_b_flag(out, mode);
+    out.extend_from_slice(b"\r\n");
     Ok(())
 }
 
 /// Appends meta no-op `mn\r\n`.
 pub fn meta_noop(out: &mut Vec<u8>) {
     out.extend_from_slice(b"mn\r\n");
+}
+
+/// The token of return flag `flag` in a meta reply's flags (`f` in `f3 c12` → `3`), if present.
+pub fn meta_flag(flags: &[u8], flag: u8) -> Option<&[u8]> {
+    flags
+        .split(|&b| b == b' ')
+        .find(|t| t.first() == Some(&flag))
+        .map(|t| &t[1..])
+}
+
+/// The client flags (`f<n>`) of a meta reply; 0 when absent or malformed.
+pub fn meta_client_flags(flags: &[u8]) -> u32 {
+    meta_flag(flags, b'f')
+        .and_then(parse_u64)
+        .and_then(|f| u32::try_from(f).ok())
+        .unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -564,13 +691,128 @@ mod tests {
         incr(&mut out, b"n", 12, true).unwrap();
         touch(&mut out, b"t", 9).unwrap();
         version(&mut out);
-        meta_get(&mut out, b"m").unwrap();
+        meta_get(&mut out, b"m", MetaKeyMode::Plain, false).unwrap();
         assert_eq!(
             out,
             b"get k1\r\nset k2 5 0 5\r\nhello\r\ncas k2 0 10 0 77 noreply\r\n\r\ndelete k3\r\n\
 decr n 12\r\ntouch t 9\r\nversion\r\nmg m v f\r\n"
                 .to_vec()
         );
+    }
+
+    #[test]
+    fn composes_meta_requests() {
+        let mut out = Vec::new();
+        meta_get(&mut out, b"k1", MetaKeyMode::Plain, false).unwrap();
+        meta_get(&mut out, b"k2", MetaKeyMode::Plain, true).unwrap();
+        meta_noop(&mut out);
+        meta_set(&mut out, b"k3", MetaKeyMode::Plain, 7, 30, b"hello").unwrap();
+        meta_set_header(&mut out, b"k4", MetaKeyMode::Plain, 0, 0, 2).unwrap();
+        out.extend_from_slice(b"hi");
+        finish_data(&mut out);
+        meta_delete(&mut out, b"k5", MetaKeyMode::Plain).unwrap();
+        assert_eq!(
+            s(&out),
+            "mg k1 v f\r\nmg k2 v f q\r\nmn\r\nms k3 5 F7 T30\r\nhello\r\n\
+ms k4 2 F0 T0\r\nhi\r\nmd k5\r\n"
+        );
+    }
+
+    #[test]
+    fn composes_base64_meta_keys() {
+        let mut out = Vec::new();
+        // "key:1" is a2V5OjE= in standard base64 (padded, as memcached expects).
+        meta_get(&mut out, b"key:1", MetaKeyMode::Base64, true).unwrap();
+        meta_set(&mut out, b"key:1", MetaKeyMode::Base64, 1, 0, b"v").unwrap();
+        meta_delete(&mut out, b"abc", MetaKeyMode::Base64).unwrap();
+        assert_eq!(
+            s(&out),
+            "mg a2V5OjE= b v f q\r\nms a2V5OjE= 1 b F1 T0\r\nv\r\nmd YWJj b\r\n"
+        );
+        // The encoding must fit memcached's 250-byte key token: 186 bytes (248 encoded) do,
+        // 187 (252 encoded) don't.
+        out.clear();
+        meta_get(&mut out, &[b'x'; 186], MetaKeyMode::Base64, false).unwrap();
+        assert_eq!(out.len(), "mg ".len() + 248 + " b v f\r\n".len());
+        let mut out = b"x".to_vec();
+        assert_eq!(
+            meta_get(&mut out, &[b'x'; 187], MetaKeyMode::Base64, false),
+            Err(ComposeError::KeyLength(187))
+        );
+        assert_eq!(
+            meta_set(&mut out, b"a b", MetaKeyMode::Base64, 0, 0, b""),
+            Err(ComposeError::KeyByte(1))
+        );
+        assert_eq!(
+            meta_delete(&mut out, b"", MetaKeyMode::Plain),
+            Err(ComposeError::KeyLength(0))
+        );
+        assert_eq!(out, b"x", "a rejected request leaves nothing behind");
+    }
+
+    #[test]
+    fn reads_meta_return_flags() {
+        assert_eq!(meta_flag(b"f3 c12", b'c'), Some(&b"12"[..]));
+        assert_eq!(meta_flag(b"f3 c12", b'k'), None);
+        assert_eq!(meta_client_flags(b"f3 c12"), 3);
+        assert_eq!(meta_client_flags(b"c12 f4294967295"), u32::MAX);
+        assert_eq!(meta_client_flags(b""), 0);
+        assert_eq!(meta_client_flags(b"fx"), 0);
+    }
+
+    #[test]
+    fn meta_frames_parse_whole_and_wait_when_partial() {
+        let frames: Vec<(&[u8], Reply<'_>)> = vec![
+            (
+                b"VA 5 f3\r\nhello\r\n",
+                Reply::MetaValue {
+                    flags: b"f3",
+                    data: b"hello",
+                },
+            ),
+            (
+                b"VA 0\r\n\r\n",
+                Reply::MetaValue {
+                    flags: b"",
+                    data: b"",
+                },
+            ),
+            (b"HD\r\n", Reply::MetaHeader(b"")),
+            (b"EN\r\n", Reply::MetaMiss),
+            (b"NF\r\n", Reply::MetaNotFound),
+            (b"NS\r\n", Reply::MetaNotStored),
+            (b"EX\r\n", Reply::MetaExists),
+            (b"MN\r\n", Reply::MetaNoop),
+        ];
+        for (bytes, want) in frames {
+            for cut in 0..bytes.len() {
+                assert_eq!(
+                    parse_reply(&bytes[..cut]),
+                    Ok(ParsedReply::Incomplete),
+                    "{:?} cut at {cut}",
+                    s(bytes)
+                );
+            }
+            // A quiet multi-get's stream: hits back to back, then MN; each frame on its own.
+            let mut buf = bytes.to_vec();
+            buf.extend_from_slice(b"MN\r\n");
+            let (got, len) = complete(&buf);
+            assert_eq!(got, want);
+            assert_eq!(len, bytes.len());
+            assert_eq!(complete(&buf[len..]), (Reply::MetaNoop, 4));
+        }
+        assert!(matches!(
+            parse_reply(b"VA x f1\r\n"),
+            Err(ReplyError::Malformed { what: "VA", .. })
+        ));
+        assert_eq!(
+            parse_reply(b"VA 1 f0\r\nab\r\n"),
+            Err(ReplyError::BadDataTerminator(1))
+        );
+    }
+
+    fn s(b: &[u8]) -> String {
+        String::from_utf8_lossy(b).into_owned()
     }
 
     #[test]

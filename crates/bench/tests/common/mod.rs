@@ -298,6 +298,7 @@ pub fn closed(target: SocketAddr, requests: u64) -> Config {
     Config {
         target,
         protocol: Default::default(),
+        meta_base64: false,
         threads: 1,
         connections: 2,
         depth: 4,
