@@ -173,6 +173,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
         "protocols",
         include_str!("../../../experiments/protocols.toml"),
     ),
+    (
+        "io-models",
+        include_str!("../../../experiments/io-models.toml"),
+    ),
 ];
 
 /// The text of a shipped experiment.

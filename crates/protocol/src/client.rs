@@ -15,8 +15,7 @@
 use memchr::memchr;
 use thiserror::Error;
 
-/// Longest key memcached accepts, in bytes.
-pub const MAX_KEY_LEN: usize = 250;
+pub use crate::lex::{parse_u64, MAX_KEY_LEN};
 
 /// Longest reply line we wait for before calling the input garbage, in bytes. memcached's
 /// longest lines are `VALUE <250-byte key> <flags> <bytes> <cas>` (< 300 bytes) and error
@@ -296,21 +295,6 @@ fn split_word(s: &[u8]) -> (&[u8], &[u8]) {
         }
         None => (s, &s[s.len()..]),
     }
-}
-
-/// Parses an unsigned decimal; `None` on empty, non-digits or overflow.
-pub fn parse_u64(s: &[u8]) -> Option<u64> {
-    if s.is_empty() || s.len() > 20 {
-        return None;
-    }
-    let mut n: u64 = 0;
-    for &b in s {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
-    }
-    Some(n)
 }
 
 fn lossy(line: &[u8]) -> String {

@@ -11,7 +11,7 @@ pub fn valid_key(key: &[u8]) -> bool {
 }
 
 /// An unsigned decimal of at most 20 digits; `None` on empty, non-digits or overflow.
-pub(crate) fn parse_u64(t: &[u8]) -> Option<u64> {
+pub fn parse_u64(t: &[u8]) -> Option<u64> {
     if t.is_empty() || t.len() > 20 {
         return None;
     }
