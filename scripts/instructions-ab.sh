@@ -41,7 +41,9 @@ ir() {
   [ -n "$port" ] || { echo "server $bin $model did not start" >&2; kill "$srv"; return 1; }
   timeout 300 "$A" bench -s "$port" -q --requests "$n" -c "$CONNS" -d "$DEPTH" --value-size 1024 \
     --mix get=9,set=1 --keys 1000 >"$tag.bench" 2>&1
-  kill -INT "$srv"; wait "$srv" 2>/dev/null || true
+  # under strace, stop the server itself (strace then writes its table and exits)
+  if [ "$COUNT" = syscalls ]; then pkill -INT -P "$srv" || true; else kill -INT "$srv"; fi
+  wait "$srv" 2>/dev/null || true
   if [ "$COUNT" = syscalls ]; then
     awk '$NF == "total" {print $4 + 0; exit}' "$tag.cg"   # the calls column of the total line
   else
