@@ -112,9 +112,14 @@ impl<'a> MetaKey<'a> {
         }
     }
 
-    /// Validates the key (decoding it once if it is base64).
+    /// Validates the key (decoding it once if it is base64). As in memcached, the key as sent
+    /// may not exceed [`MAX_KEY_LEN`] bytes even when it is base64 text (so at most 186 bytes
+    /// decoded): a longer token is a bad command line, refused before decoding.
     pub fn new(raw: &'a [u8], base64: bool) -> Result<Self, MetaError> {
         let key = MetaKey { raw, base64 };
+        if base64 && raw.len() > MAX_KEY_LEN {
+            return Err(MetaError::BadKey);
+        }
         if base64 {
             let mut buf = [0u8; DECODED_MAX];
             let decoded = key.decode(&mut buf).ok_or(MetaError::KeyDecode)?;
@@ -159,9 +164,10 @@ impl<'a> MetaKey<'a> {
     }
 }
 
-/// Room for a decoded key; base64 text longer than [`ENCODED_MAX`] can't be a valid key.
-const DECODED_MAX: usize = MAX_KEY_LEN + 3;
-const ENCODED_MAX: usize = MAX_KEY_LEN.div_ceil(3) * 4;
+/// Room for a decoded key: base64 text is at most [`MAX_KEY_LEN`] bytes (`new` checks it),
+/// which decodes to at most 3/4 of that.
+const DECODED_MAX: usize = MAX_KEY_LEN / 4 * 3 + 3;
+const ENCODED_MAX: usize = MAX_KEY_LEN;
 
 /// The flags of one meta request, with their tokens parsed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
