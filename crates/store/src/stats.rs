@@ -145,6 +145,8 @@ figures! {
         persists: Counter,
         /// Bytes of queued ops not yet in the engine (write-behind buffer and tombstones).
         queued_bytes: Gauge,
+        /// Writes that waited for the write-behind queue to drain below its bound.
+        write_waits: Counter,
         /// Commit rounds or purge steps of the flusher that failed (a failed round's
         /// ops stay queued; a failed purge pass is retried later).
         flush_errors: Counter,

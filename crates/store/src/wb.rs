@@ -5,7 +5,7 @@
 //! back-pressure). This module sits below `shard.rs`, which fills the queue, and
 //! knows nothing of the engine; the durable layer above drains it.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,6 +78,8 @@ pub(crate) struct WbShared {
     pending: AtomicUsize,
     soft: usize,
     hard: usize,
+    /// Writes that had to wait for the queue to drain (`durable_write_waits`).
+    pub(crate) write_waits: AtomicU64,
     pub(crate) kicked: AtomicBool,
     pub(crate) signal: Mutex<Signal>,
     /// The flusher waits here for a kick, a stop or its interval.
@@ -93,6 +95,7 @@ impl WbShared {
             pending: AtomicUsize::new(0),
             soft: hard / 4,
             hard,
+            write_waits: AtomicU64::new(0),
             kicked: AtomicBool::new(false),
             signal: Mutex::new(Signal::default()),
             wake: Condvar::new(),
@@ -118,6 +121,11 @@ impl WbShared {
         self.pending.load(Ordering::Relaxed)
     }
 
+    /// Whether the queue holds more than a quarter of its bound (when a round is due).
+    pub(crate) fn over_soft(&self) -> bool {
+        self.pending() > self.soft
+    }
+
     /// Wakes the flusher (cheap when it is already woken).
     pub(crate) fn kick(&self) {
         if !self.kicked.swap(true, Ordering::AcqRel) {
@@ -138,6 +146,7 @@ impl WbShared {
 
     #[cold]
     fn throttle_slow(&self) {
+        self.write_waits.fetch_add(1, Ordering::Relaxed);
         self.kick();
         let mut s = self.signal.lock();
         while self.pending() > self.hard && !s.stop {

@@ -33,7 +33,10 @@
 //! * **Bound.** Queued ops weigh key + value + 64 bytes. Above a quarter of the bound
 //!   (`max(memory_limit / 4, 4 MiB)`) the flusher is kicked; above the bound, a
 //!   write command waits (before taking any lock) until the flusher brought it back
-//!   under — a worker blocks only when the disk cannot keep up with write-behind.
+//!   under — a worker blocks only when the disk cannot keep up with write-behind
+//!   (counted in `durable_write_waits`). The interval flush queues dirty items in
+//!   chunks and commits whenever the queue passes a quarter of the bound, so a large
+//!   dirty backlog alone never makes writers wait.
 //!   Nothing is ever dropped.
 //! * **Group commit.** `persist` queues its key's op and waits for a commit round
 //!   that *started* after that (an fsynced one). Rounds run one at a time; whoever
@@ -452,6 +455,7 @@ impl Durable {
             items_written: c.items_written.load(Ordering::Relaxed),
             persists: self.persists.load(Ordering::Relaxed),
             queued_bytes: self.shared.pending() as u64,
+            write_waits: self.shared.write_waits.load(Ordering::Relaxed),
             flush_errors: self.flush_errors.load(Ordering::Relaxed),
             purged: self.purged.load(Ordering::Relaxed),
             purge_scanned: self.purge_scanned.load(Ordering::Relaxed),
@@ -584,12 +588,24 @@ impl Durable {
     }
 
     /// Queues a put of every item listed dirty (interval flush), a chunk of
-    /// indices per lock hold.
-    fn collect_dirty(&self) {
-        const CHUNK: usize = 512;
+    /// indices per lock hold, and commits a round whenever the queue passes a quarter
+    /// of its bound: a large dirty backlog (a fill just before the tick) goes to disk
+    /// in rounds instead of being queued at once, which would push the queue over the
+    /// bound and make every write wait for the whole backlog.
+    fn collect_dirty(&self) -> io::Result<()> {
+        const CHUNK: usize = 64;
         for shard in self.shards.iter() {
-            while !shard.0.lock().write_back_listed(CHUNK) {}
+            loop {
+                let done = shard.0.lock().write_back_listed(CHUNK);
+                if self.shared.over_soft() {
+                    self.commit(false)?;
+                }
+                if done {
+                    break;
+                }
+            }
         }
+        Ok(())
     }
 
     /// Queues a put of every dirty item (sync_all).
@@ -847,8 +863,8 @@ pub(crate) fn flusher(d: Arc<Durable>) {
         let now = Instant::now();
         let tick = now >= next;
         if tick {
-            if d.mode != Durability::None {
-                d.collect_dirty();
+            if d.mode != Durability::None && d.collect_dirty().is_err() {
+                d.flush_errors.fetch_add(1, Ordering::Relaxed);
             }
             next = now + d.interval;
         }

@@ -152,6 +152,51 @@ fn interval_flusher_writes_dirty_items_by_itself() {
 }
 
 #[test]
+fn a_dirty_backlog_over_the_bound_goes_out_in_rounds_without_making_writers_wait() {
+    // -m 32 MiB: the write-behind bound is 8 MiB. 20 MB of items turn dirty before the
+    // flusher's tick; a writer keeps storing while the tick writes them back. Queued at
+    // once they would push the queue over the bound and make that writer wait.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Arc::new(ManualClock::new(T0));
+    let mut dc = dcfg(dir.path(), Durability::Interval);
+    dc.flush_interval = Duration::from_millis(300);
+    let s = Arc::new(Store::open(cfg(32 << 20), clock, dc).unwrap());
+    let value = vec![b'v'; 10 * 1024];
+    let n = 2000;
+    for i in 0..n {
+        set(&s, &key(i), &value);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = std::thread::spawn({
+        let (s, stop) = (s.clone(), stop.clone());
+        move || {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                set(&s, format!("small:{}", i % 100).as_bytes(), b"x");
+                i += 1;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let st = s.durable_stats().unwrap();
+        if st.items_written >= n as u64 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the backlog never reached the disk: {st:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    let st = s.durable_stats().unwrap();
+    assert_eq!(st.write_waits, 0, "a writer waited for the backlog: {st:?}");
+    assert!(st.commits >= 3, "one round took the whole backlog: {st:?}");
+}
+
+#[test]
 fn deletes_are_durable_including_non_resident_keys() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
