@@ -389,27 +389,39 @@ impl<T> Conn<T> {
                 ) => Status::Negative,
                 (kind, r) => return Err(unexpected(r, Some(kind))),
             };
-            self.in_start += len;
-            let hits = std::mem::take(&mut self.head_hits);
-            let misses = match kind {
-                ReqKind::Get { keys } if status == Status::Ok => keys.saturating_sub(hits),
-                _ => 0,
-            };
-            if !self.complete_head(
-                kind,
-                Outcome {
-                    status,
-                    hits,
-                    misses,
-                },
-                f,
-            ) {
+            if !self.finish_head(kind, status, len, f) {
                 break;
             }
             done += 1;
         }
         self.reset_if_drained();
         Ok(done)
+    }
+
+    /// Consumes the `len` bytes of the reply line that ends the oldest request and reports
+    /// it with the hits counted since its head; `false` when the caller must stop.
+    fn finish_head(
+        &mut self,
+        kind: ReqKind,
+        status: Status,
+        len: usize,
+        f: &mut impl FnMut(Event<'_, T>),
+    ) -> bool {
+        self.in_start += len;
+        let hits = std::mem::take(&mut self.head_hits);
+        let misses = match kind {
+            ReqKind::Get { keys } if status == Status::Ok => keys.saturating_sub(hits),
+            _ => 0,
+        };
+        self.complete_head(
+            kind,
+            Outcome {
+                status,
+                hits,
+                misses,
+            },
+            f,
+        )
     }
 
     fn parse_meta(&mut self, f: &mut impl FnMut(Event<'_, T>)) -> Result<usize, ConnError> {
@@ -462,26 +474,12 @@ impl<T> Conn<T> {
                 (ReqKind::Line, Reply::MetaMiss) => Status::Negative,
                 (kind, r) => return Err(unexpected(r, Some(kind))),
             };
-            self.in_start += len;
-            let hits = std::mem::take(&mut self.head_hits);
             let status = if std::mem::take(&mut self.head_failed) {
                 Status::Error
             } else {
                 status
             };
-            let misses = match kind {
-                ReqKind::Get { keys } if status == Status::Ok => keys.saturating_sub(hits),
-                _ => 0,
-            };
-            if !self.complete_head(
-                kind,
-                Outcome {
-                    status,
-                    hits,
-                    misses,
-                },
-                f,
-            ) {
+            if !self.finish_head(kind, status, len, f) {
                 break;
             }
             done += 1;

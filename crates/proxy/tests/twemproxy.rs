@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvlab_client::process::{free_port, free_ports, Probe, Process, Spawn};
 use kvlab_proxy::{Backend, Distribution, Ring};
@@ -36,7 +36,7 @@ fn memcached(port: u16) -> Process {
         .expect("memcached starts (apt-get install memcached; .ci/run does it)")
 }
 
-/// Starts nutcracker for `backends` and waits until its pool port accepts connections.
+/// Starts nutcracker for `backends` and waits until its pool answers.
 fn nutcracker(dir: &Path, backends: &[Backend], dist: Distribution) -> (Process, SocketAddr) {
     let [listen, stats] = free_ports(2).expect("free ports")[..] else {
         unreachable!()
@@ -58,21 +58,15 @@ fn nutcracker(dir: &Path, backends: &[Backend], dist: Distribution) -> (Process,
         ),
     )
     .expect("write the config");
+    let addr = SocketAddr::from(([127, 0, 0, 1], listen));
+    // nutcracker forwards `version` to a backend: the answer says the pool is serving.
     let process = Spawn::new("nutcracker")
         .arg("-c")
         .arg(conf.as_os_str())
         .args(["-s", &stats.to_string(), "-a", "127.0.0.1"])
+        .ready(Probe::Version(addr))
         .start()
         .expect("nutcracker starts (apt-get install nutcracker; .ci/run does it)");
-    let addr = SocketAddr::from(([127, 0, 0, 1], listen));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(addr).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "nutcracker did not listen on {addr}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
     (process, addr)
 }
 
