@@ -8,6 +8,8 @@
 //!                                    └─► kvlab_protocol (parse/compose, both directions)
 //! kvlab bench     bench_cmd     ──► kvlab_bench (load description, open/closed loop, agents)
 //!                                    └─► kvlab_client (pipelined connections, HTTP side)
+//! kvlab proxy     proxy_cmd     ──► kvlab_proxy (routing, workers, stage times)
+//!                                    └─► kvlab_net (epoll driver), kvlab_protocol
 //! kvlab populate  populate_cmd  ──► kvlab_bench::populate (or a data dir through the store)
 //! kvlab lab       lab_cmd       ──► kvlab_lab (experiment spec, systems, runner, analysis)
 //!                                    ├─► kvlab_client::process (start on a free port, wait)
@@ -21,6 +23,7 @@
 mod bench_cmd;
 mod lab_cmd;
 mod populate_cmd;
+mod proxy_cmd;
 mod server_cmd;
 
 use clap::{Parser, Subcommand};
@@ -46,6 +49,8 @@ enum Command {
     Lab(lab_cmd::LabArgs),
     /// Fill a running server (or a data dir) with N keys, fast.
     Populate(populate_cmd::PopulateArgs),
+    /// memcached proxy in front of several servers: sharding, replication, split multi-gets.
+    Proxy(proxy_cmd::ProxyArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -55,5 +60,6 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(args) => bench_cmd::run(*args),
         Command::Populate(args) => populate_cmd::run(args),
         Command::Lab(args) => lab_cmd::run(args),
+        Command::Proxy(args) => proxy_cmd::run(args),
     }
 }

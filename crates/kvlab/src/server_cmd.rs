@@ -88,7 +88,7 @@ pub struct ServerArgs {
     verbose: u8,
 }
 
-fn parse_size(s: &str) -> Result<usize, String> {
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     let s = s.trim();
     let (digits, mult) = match s.as_bytes().last() {
         Some(b'k' | b'K') => (&s[..s.len() - 1], 1024),

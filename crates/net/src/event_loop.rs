@@ -27,7 +27,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use crate::driver::{self, Pump, LISTENER};
 use crate::pool::{Done, HelperPool};
-use crate::service::{App, WorkOf};
+use crate::service::{App, Service, WorkOf};
 use crate::session::Session;
 
 /// The token of the loop's waker (new connections, shutdown).
@@ -208,7 +208,9 @@ impl<A: App> EventLoop<A> {
             if conn.generation != generation {
                 continue;
             }
-            conn.session.complete(done.slot, done.completion);
+            if let Some(buf) = conn.session.complete(done.slot, done.completion) {
+                self.service.recycle(buf);
+            }
             self.serve(slot);
         }
     }

@@ -9,7 +9,9 @@
 //! ```
 //!
 //! The loop hands a session's [`Work`] over with the connection's id and the reply slot it
-//! completes; a helper runs it and sends the [`Completion`] back, then wakes the loop, which
+//! completes; a helper takes it — with whatever else is queued, up to [`Work::BATCH`] works,
+//! which [`Work::run_batch`] runs together — and sends each [`Completion`] back, then wakes
+//! the loop once per batch, which
 //! completes the session's slot and carries on with its next requests. Meanwhile the loop
 //! keeps serving every other connection.
 
@@ -66,21 +68,46 @@ impl<W: Work> HelperPool<W> {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-{i}"))
-                    .spawn(move || loop {
-                        let job = rx.lock().recv();
-                        let Ok(Job { conn, slot, work }) = job else {
-                            return;
-                        };
-                        let completion = work.run(&mut worker);
-                        let done_msg = Done {
-                            conn,
-                            slot,
-                            completion,
-                        };
-                        if done.send(done_msg).is_err() {
-                            return;
+                    .spawn(move || {
+                        let mut tags = Vec::with_capacity(W::BATCH);
+                        let mut works = Vec::with_capacity(W::BATCH);
+                        loop {
+                            {
+                                // One blocking take, then whatever else is queued, up to a batch.
+                                let rx = rx.lock();
+                                let Ok(first) = rx.recv() else {
+                                    return;
+                                };
+                                let mut next = Some(first);
+                                while let Some(Job { conn, slot, work }) = next {
+                                    tags.push((conn, slot));
+                                    works.push(work);
+                                    next = if works.len() < W::BATCH {
+                                        rx.try_recv().ok()
+                                    } else {
+                                        None
+                                    };
+                                }
+                            }
+                            let mut gone = false;
+                            W::run_batch(&mut works, &mut worker, &mut |i, completion| {
+                                let (conn, slot) = tags[i];
+                                gone |= done
+                                    .send(Done {
+                                        conn,
+                                        slot,
+                                        completion,
+                                    })
+                                    .is_err();
+                            });
+                            works.clear();
+                            tags.clear();
+                            if gone {
+                                return;
+                            }
+                            // One wake-up per batch: the loop takes every completion queued.
+                            wake();
                         }
-                        wake();
                     })?,
             );
         }

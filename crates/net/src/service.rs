@@ -58,8 +58,27 @@ pub enum Completion {
 pub trait Work: Send + 'static {
     /// The per-thread state the work runs with.
     type Worker: Send + 'static;
+    /// Most works a helper takes from the queue at once ([`Work::run_batch`]); 1 runs each
+    /// alone.
+    const BATCH: usize = 1;
+
     /// Does the work (may block).
     fn run(self, worker: &mut Self::Worker) -> Completion;
+
+    /// Does several works taken from the queue together (a proxy pipelines them to its
+    /// backends), handing each outcome to `done` with the work's index in `works`, which it
+    /// leaves empty. By default each runs in turn.
+    fn run_batch(
+        works: &mut Vec<Self>,
+        worker: &mut Self::Worker,
+        done: &mut dyn FnMut(usize, Completion),
+    ) where
+        Self: Sized,
+    {
+        for (i, work) in works.drain(..).enumerate() {
+            done(i, work.run(worker));
+        }
+    }
 }
 
 /// Executes requests for one thread (one per event loop, or one per connection thread).
@@ -95,6 +114,13 @@ pub trait Service: Send + 'static {
 
     /// `n` bytes were written to a connection.
     fn bytes_written(&mut self, n: usize);
+
+    /// The buffer of a [`Completion::Reply`] whose bytes the session has taken, for the
+    /// service to reuse (a proxy recycles its request buffers this way, so that a forwarded
+    /// request allocates nothing). By default it is dropped.
+    fn recycle(&mut self, buf: Vec<u8>) {
+        drop(buf);
+    }
 }
 
 /// What a driver serves: it makes the services and helper workers, admits connections and

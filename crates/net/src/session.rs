@@ -186,7 +186,8 @@ impl<S: Service> Session<S> {
                                     continue;
                                 }
                                 (Completion::Reply(bytes), _) => {
-                                    self.output.extend_from_slice(&bytes)
+                                    self.output.extend_from_slice(&bytes);
+                                    service.recycle(bytes);
                                 }
                                 (Completion::Rerun | Completion::Release, _) => {}
                             }
@@ -257,14 +258,15 @@ impl<S: Service> Session<S> {
         !self.pending.is_empty()
     }
 
-    /// Reports the outcome of the work of slot `id`. A slot that is no longer pending (its
-    /// outcome already reported) is ignored.
-    pub fn complete(&mut self, id: SlotId, done: Completion) {
+    /// Reports the outcome of the work of slot `id`; gives back the buffer of a
+    /// [`Completion::Reply`] once its bytes are taken (for [`Service::recycle`]). A slot
+    /// that is no longer pending (its outcome already reported) is ignored.
+    pub fn complete(&mut self, id: SlotId, done: Completion) -> Option<Vec<u8>> {
         let Some(i) = self.pending.iter().position(|p| p.id == id) else {
-            return;
+            return None;
         };
         let Some(slot) = self.pending.remove(i) else {
-            return;
+            return None;
         };
         match done {
             Completion::Failed(reason) => {
@@ -287,8 +289,10 @@ impl<S: Service> Session<S> {
             Completion::Reply(bytes) => {
                 let at = slot.at + slot.len;
                 self.replace(i, at..at, &bytes);
+                return Some(bytes);
             }
         }
+        None
     }
 
     /// Replaces `range` of the output with `bytes` and moves the pending slots from index

@@ -30,7 +30,7 @@ use kvlab_protocol::Limits;
 
 use crate::driver::{self, Pump};
 use crate::pool::{Done, HelperPool};
-use crate::service::{App, WorkOf};
+use crate::service::{App, Service, WorkOf};
 use crate::session::Session;
 use crate::Config;
 
@@ -269,7 +269,9 @@ impl<A: App> Loop<A> {
                 continue;
             };
             if conn.generation == generation {
-                conn.session.complete(done.slot, done.completion);
+                if let Some(buf) = conn.session.complete(done.slot, done.completion) {
+                    self.service.recycle(buf);
+                }
                 self.serve(idx as RawFd);
             }
         }

@@ -288,6 +288,11 @@ impl<'a> MetaFlags<'a> {
         self.present & bit(flag) != 0
     }
 
+    /// The flag text as sent (space-separated tokens), for forwarding the request unchanged.
+    pub fn text(&self) -> &'a [u8] {
+        self.raw
+    }
+
     /// The flag letters in the order the client sent them.
     pub fn letters(&self) -> impl Iterator<Item = u8> + 'a {
         self.raw

@@ -81,6 +81,11 @@ impl<'a> Keys<'a> {
     pub fn iter(&self) -> impl Iterator<Item = &'a [u8]> + 'a {
         self.0.split(|&b| b == b' ').filter(|k| !k.is_empty())
     }
+
+    /// The key list as sent (space-separated, possibly with repeated spaces).
+    pub fn text(&self) -> &'a [u8] {
+        self.0
+    }
 }
 
 /// One parsed request. Keys and data borrow the input buffer.

@@ -1,15 +1,396 @@
-//! kvlab's proxy: a memcached front end whose service talks to several backends (issue 11).
+//! kvlab's proxy: a memcached front end in front of several backends — sharding
+//! (twemproxy-compatible ketama and modula), replicated writes, reads spread over replicas,
+//! split multi-gets — built as the classic middleware so that its queueing can be measured
+//! and modelled.
 //!
-//! This first part is the routing of keys to backends, [`ring`]: twemproxy's and
-//! libmemcached's `ketama` (consistent hashing, weighted) and `modula` distributions with
-//! `md5` key hashing, reproduced bit for bit so that a kvlab proxy and a nutcracker in front
-//! of the same backends agree on every key (`tests/twemproxy.rs` checks 10,000 keys against
-//! Debian's nutcracker). The proxy service itself — a `kvlab_net::Service` that forwards
-//! requests over multiplexed backend connections — builds on it.
+//! ```text
+//!  clients ──► network thread (kvlab_net epoll driver + ProxyService: parse, answer
+//!              │                 version/stats/mn locally, queue the rest)
+//!              ▼
+//!            request queue (arrival time, queue length on arrival)
+//!              ▼
+//!            workers 1..t (each: a batch of ≤ 64 requests → route → one pipelined write
+//!              │            per backend → replies framed in order → decide → reply)
+//!              ▼
+//!            backends (one connection per worker per backend)
+//!
+//!  beside them: prober (ejected backends: probe, flush, rejoin) · window logger (CSV,
+//!               queue-length sampler) · /metrics (axum) · reload (SIGHUP, file change)
+//! ```
+//!
+//! Modules: [`ring`] (key → backend, bit for bit as twemproxy), [`config`] (pools, policies,
+//! TOML), [`route`] (pools by prefix, replicas, read choice), [`backend`] (health, one
+//! worker's connection, reply framing), [`worker`] (a batch through the backends),
+//! [`service`] (the network stage), [`stats`] (per-request stage times), [`render`]
+//! (`stats`, Prometheus, CSV), [`log`] (the window logger).
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod backend;
+pub mod config;
+pub mod log;
+pub mod render;
 pub mod ring;
+pub mod route;
+pub mod service;
+pub mod stats;
+pub mod worker;
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvlab_net::{Driver, IoModel};
+use kvlab_protocol::Limits;
+use parking_lot::{Mutex, RwLock};
+
+pub use config::{MultiGet, Pool, ProxyConfig, ReadPolicy, WritePolicy};
 pub use ring::{key_hash, Backend, Distribution, Ring, RingError, KETAMA_POINTS_PER_BACKEND};
+pub use route::Routing;
+
+/// What `version` answers.
+pub const VERSION: &str = concat!("kvlab-proxy-", env!("CARGO_PKG_VERSION"));
+
+/// How a proxy runs, beside its routing.
+#[derive(Clone, Debug)]
+pub struct ProxyOptions {
+    /// Where clients connect.
+    pub listen: SocketAddr,
+    /// Maximum simultaneous client connections.
+    pub conn_limit: usize,
+    /// Parsing limits (`-I`: the largest value accepted).
+    pub limits: Limits,
+    /// Where the window logs go (none: no files).
+    pub log_dir: Option<PathBuf>,
+    /// Length of a window.
+    pub log_interval: Duration,
+    /// Write one line per `n` requests to `requests.csv` (0: none).
+    pub log_sample: u64,
+    /// Serve Prometheus text at `/metrics` on this address.
+    pub metrics: Option<SocketAddr>,
+    /// The file the configuration came from: SIGHUP or a change reloads it.
+    pub config_file: Option<PathBuf>,
+}
+
+impl ProxyOptions {
+    /// Listening on `listen`, everything else at its default.
+    pub fn new(listen: SocketAddr) -> ProxyOptions {
+        ProxyOptions {
+            listen,
+            conn_limit: 4096,
+            limits: Limits::default(),
+            log_dir: None,
+            log_interval: Duration::from_secs(1),
+            log_sample: 0,
+            metrics: None,
+            config_file: None,
+        }
+    }
+}
+
+/// The network stage's own time per request (parse + route + queue), from the session.
+#[derive(Debug, Default)]
+pub struct NetStage {
+    /// Its samples.
+    pub stage: stats::Stage,
+}
+
+impl NetStage {
+    fn record(&mut self, samples: &[u64]) {
+        for &ns in samples {
+            self.stage.record(ns);
+        }
+    }
+}
+
+/// What the network thread, the workers, the prober and the logger share.
+pub struct Shared {
+    routing: RwLock<(Arc<Routing>, u64)>,
+    /// Bumped by every reload; workers compare it at each batch.
+    pub version: AtomicU64,
+    /// Requests queued and not yet taken by a worker.
+    pub queued: AtomicI64,
+    /// Parsing limits (workers re-parse what they forward).
+    pub limits: Limits,
+    /// One recorder per worker.
+    pub recorders: Vec<Mutex<stats::Recorder>>,
+    /// The network stage's times.
+    pub net: Mutex<NetStage>,
+    /// When the proxy started (times in logs count from it).
+    pub epoch: Instant,
+    /// Unix time at `epoch`.
+    pub epoch_unix: f64,
+    /// Open client connections.
+    pub curr_connections: AtomicU64,
+    /// Client connections ever admitted.
+    pub total_connections: AtomicU64,
+    /// Client connections refused at the limit.
+    pub rejected_connections: AtomicU64,
+    /// The limit.
+    pub conn_limit: usize,
+    /// Requests that could not be parsed.
+    pub protocol_errors: AtomicU64,
+    /// Bytes read from clients.
+    pub bytes_read: AtomicU64,
+    /// Bytes written to clients.
+    pub bytes_written: AtomicU64,
+    /// Reloads that took effect.
+    pub reloads: AtomicU64,
+    /// Reloads refused (the old configuration stayed).
+    pub reload_failures: AtomicU64,
+    /// The reason of the last refused reload.
+    pub last_reload_error: Mutex<String>,
+    /// Set (by SIGHUP) to reload the configuration file.
+    pub reload_requested: Arc<AtomicBool>,
+    /// The file the configuration came from.
+    pub config_file: Option<PathBuf>,
+    /// Set to stop every thread.
+    pub stopping: AtomicBool,
+}
+
+impl Shared {
+    /// The current routing table and its version.
+    pub fn routing(&self) -> (Arc<Routing>, u64) {
+        let r = self.routing.read();
+        (r.0.clone(), r.1)
+    }
+
+    /// The sum of every worker's recorder.
+    pub fn totals(&self) -> stats::Recorder {
+        let mut sum = stats::Recorder::default();
+        for r in &self.recorders {
+            sum.add(&r.lock());
+        }
+        sum
+    }
+
+    /// Replaces the routing with `config`; on error the old one stays, and the reason is
+    /// counted, kept and returned.
+    pub fn reload(&self, config: ProxyConfig) -> Result<(), String> {
+        let (old, _) = self.routing();
+        let result = if config.workers != old.config.workers {
+            Err(format!(
+                "workers = {} differs from the running {} (a restart changes it)",
+                config.workers, old.config.workers
+            ))
+        } else {
+            Routing::new(config, Some(&old))
+        };
+        match result {
+            Ok(routing) => {
+                let mut w = self.routing.write();
+                let version = w.1 + 1;
+                *w = (Arc::new(routing), version);
+                self.version.store(version, Ordering::Release);
+                self.reloads.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(version, "configuration reloaded");
+                Ok(())
+            }
+            Err(reason) => Err(self.refuse_reload(reason)),
+        }
+    }
+
+    /// Counts and keeps the reason of a refused reload; returns it.
+    pub fn refuse_reload(&self, reason: String) -> String {
+        self.reload_failures.fetch_add(1, Ordering::Relaxed);
+        tracing::error!(%reason, "reload refused; the running configuration stays");
+        *self.last_reload_error.lock() = reason.clone();
+        reason
+    }
+}
+
+/// A running proxy.
+pub struct Proxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    driver: Option<Driver>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    metrics: Option<kvlab_server::http::HttpServer>,
+}
+
+/// Why a proxy could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The configuration is unusable.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A socket, thread or file could not be set up.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Proxy {
+    /// Binds, starts the network thread, the workers, the prober, the logger and (if asked)
+    /// `/metrics`.
+    pub fn start(config: ProxyConfig, options: ProxyOptions) -> Result<Proxy, StartError> {
+        let routing = Routing::new(config, None).map_err(StartError::Config)?;
+        let workers = routing.config.workers;
+        let epoch_unix = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let shared = Arc::new(Shared {
+            routing: RwLock::new((Arc::new(routing), 0)),
+            version: AtomicU64::new(0),
+            queued: AtomicI64::new(0),
+            limits: options.limits,
+            recorders: (0..workers)
+                .map(|_| {
+                    Mutex::new(stats::Recorder {
+                        sample_every: options.log_sample,
+                        ..stats::Recorder::default()
+                    })
+                })
+                .collect(),
+            net: Mutex::new(NetStage::default()),
+            epoch: Instant::now(),
+            epoch_unix,
+            curr_connections: AtomicU64::new(0),
+            total_connections: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+            conn_limit: options.conn_limit,
+            protocol_errors: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            reloads: AtomicU64::new(0),
+            reload_failures: AtomicU64::new(0),
+            last_reload_error: Mutex::new(String::new()),
+            reload_requested: Arc::new(AtomicBool::new(false)),
+            config_file: options.config_file.clone(),
+            stopping: AtomicBool::new(false),
+        });
+        let listener = std::net::TcpListener::bind(options.listen)?;
+        let addr = listener.local_addr()?;
+        let app = Arc::new(service::ProxyApp {
+            shared: shared.clone(),
+        });
+        let driver = Driver::start(
+            IoModel::Epoll,
+            listener,
+            app,
+            kvlab_net::Config {
+                threads: workers,
+                limits: options.limits,
+            },
+        )?;
+        let mut threads = Vec::new();
+        let s = shared.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name("kvlab-prober".into())
+                .spawn(move || prober(&s))?,
+        );
+        let logger = log::Logger::new(shared.clone(), &options)?;
+        threads.push(
+            std::thread::Builder::new()
+                .name("kvlab-logger".into())
+                .spawn(move || logger.run())?,
+        );
+        let metrics = match options.metrics {
+            Some(at) => Some(render::serve_metrics(at, shared.clone())?),
+            None => None,
+        };
+        Ok(Proxy {
+            addr,
+            shared,
+            driver: Some(driver),
+            threads,
+            metrics,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Where `/metrics` is served.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics.as_ref().map(|m| m.addr())
+    }
+
+    /// What the threads share (figures, reload).
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// Stops every thread and waits for them; the last window is logged.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        self.shared.stopping.store(true, Ordering::Relaxed);
+        if let Some(d) = self.driver.take() {
+            d.stop();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if let Some(m) = self.metrics.take() {
+            m.stop();
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Every `retry_timeout`, asks each ejected backend `version`; one that answers is flushed
+/// (it missed writes while it was out, so what it holds may be stale) and put back. Also
+/// reloads the configuration file on SIGHUP or when it changes.
+fn prober(shared: &Shared) {
+    let mut next = Instant::now();
+    let modified = |path: &PathBuf| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    let mut seen = shared.config_file.as_ref().and_then(modified);
+    let mut next_look = Instant::now();
+    while !shared.stopping.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(20));
+        if let Some(path) = &shared.config_file {
+            let mut reload = shared.reload_requested.swap(false, Ordering::Relaxed);
+            if Instant::now() >= next_look {
+                next_look = Instant::now() + Duration::from_secs(1);
+                let now = modified(path);
+                if now != seen {
+                    seen = now;
+                    reload = true;
+                }
+            }
+            if reload {
+                let _ = match ProxyConfig::load(path) {
+                    Ok(config) => shared.reload(config),
+                    Err(e) => Err(shared.refuse_reload(e.to_string())),
+                };
+            }
+        }
+        let (routing, _) = shared.routing();
+        if Instant::now() < next {
+            continue;
+        }
+        let config = &routing.config;
+        next = Instant::now() + config.retry_timeout;
+        for health in routing.backends.iter().filter(|h| h.is_ejected()) {
+            let alive = backend::ask(&health.name, b"version\r\n", config.timeout)
+                .is_ok_and(|r| r.starts_with(b"VERSION"));
+            if !alive {
+                continue;
+            }
+            match backend::ask(&health.name, b"flush_all\r\n", config.timeout) {
+                Ok(r) if r.starts_with(b"OK") => {
+                    health.failures.store(0, Ordering::Relaxed);
+                    health.ejected.store(false, Ordering::Relaxed);
+                    health.rejoins.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(backend = %health.name, "backend answers again: flushed and back in");
+                }
+                other => {
+                    tracing::warn!(backend = %health.name, ?other, "backend answers but would not flush; stays out")
+                }
+            }
+        }
+    }
+}

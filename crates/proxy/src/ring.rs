@@ -110,15 +110,43 @@ impl Ring {
 
     /// The index of the backend that serves `key`.
     pub fn backend_of(&self, key: &[u8]) -> usize {
-        let hash = key_hash(key);
-        let point = match self.distribution {
+        self.points
+            .get(self.start(key_hash(key)))
+            .map_or(0, |p| p.backend as usize)
+    }
+
+    /// Where the walk for `hash` starts: the first point at or after it (ketama, wrapping
+    /// round), or its table entry (modula).
+    fn start(&self, hash: u32) -> usize {
+        match self.distribution {
             Distribution::Ketama => {
                 let i = self.points.partition_point(|p| p.value < hash);
-                self.points.get(i).or(self.points.first())
+                if i == self.points.len() {
+                    0
+                } else {
+                    i
+                }
             }
-            Distribution::Modula => self.points.get(hash as usize % self.points.len()),
-        };
-        point.map_or(0, |p| p.backend as usize)
+            Distribution::Modula => hash as usize % self.points.len().max(1),
+        }
+    }
+
+    /// The `r` distinct backends that hold `key` when it is replicated, primary first
+    /// ([`Ring::backend_of`]), then the next distinct backends along the ring (ketama) or the
+    /// table (modula). Fewer when the ring has fewer backends.
+    pub fn replicas(&self, key: &[u8], r: usize, out: &mut Vec<usize>) {
+        out.clear();
+        let n = self.points.len();
+        let start = self.start(key_hash(key));
+        for i in 0..n {
+            if out.len() == r {
+                break;
+            }
+            let b = self.points[(start + i) % n].backend as usize;
+            if !out.contains(&b) {
+                out.push(b);
+            }
+        }
     }
 
     /// Points on the continuum (ketama) or entries in the table (modula).
@@ -241,6 +269,27 @@ mod tests {
             }
         }
         assert!((1_500..3_500).contains(&moved), "{moved} of 10000 moved");
+    }
+
+    #[test]
+    fn replicas_are_distinct_and_start_with_the_primary() {
+        for distribution in [Distribution::Ketama, Distribution::Modula] {
+            let ring = Ring::new(&pool(&[1, 2, 1, 1]), distribution).unwrap();
+            let mut out = Vec::new();
+            let mut second = [0usize; 4];
+            for k in 0..2_000 {
+                let key = format!("key:{k}");
+                ring.replicas(key.as_bytes(), 3, &mut out);
+                assert_eq!(out.len(), 3);
+                assert_eq!(out[0], ring.backend_of(key.as_bytes()));
+                assert!(out[0] != out[1] && out[1] != out[2] && out[0] != out[2]);
+                second[out[1]] += 1;
+                ring.replicas(key.as_bytes(), 9, &mut out);
+                assert_eq!(out.len(), 4, "all backends, once each");
+            }
+            // Second copies are spread, not all on one backend.
+            assert!(second.iter().filter(|&&c| c > 100).count() >= 3, "{second:?}");
+        }
     }
 
     #[test]

@@ -120,8 +120,9 @@ impl HttpServer {
     }
 
     /// Binds `at` and serves `app` on a thread named `name` with its own two-worker tokio
-    /// runtime, until [`HttpServer::stop`]. Shared by the REST interface and `/metrics`.
-    pub(crate) fn serve(at: SocketAddr, app: Router, name: &str) -> io::Result<HttpServer> {
+    /// runtime, until [`HttpServer::stop`]. Shared by the REST interface, `/metrics`, and the
+    /// proxy's `/metrics`.
+    pub fn serve(at: SocketAddr, app: Router, name: &str) -> io::Result<HttpServer> {
         let listener = std::net::TcpListener::bind(at)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;

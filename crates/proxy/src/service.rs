@@ -1,0 +1,302 @@
+//! The proxy's network stage: a `kvlab_net` service on the event-loop thread. It answers
+//! what needs no backend (`version`, `stats`, `verbosity`, `mn`, `quit`) and queues every
+//! other request for the workers as [`ProxyWork`], in the form it is forwarded: the
+//! request re-composed from its parsed fields, without `noreply` (the worker drops the
+//! reply instead, so that every request sent to a backend has a reply to wait for).
+//!
+//! Request buffers cycle: the network thread fills one, the worker turns it into the reply,
+//! and the session gives it back ([`kvlab_net::Service::recycle`]) — nothing is allocated per
+//! request once the pool of buffers has grown to the load.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvlab_net::{App, Flow, Order, Service};
+use kvlab_protocol::request::StoreCommand;
+use kvlab_protocol::{MetaCommand, ProtocolError, Request};
+
+use crate::worker::{ProxyWork, Worker};
+use crate::Shared;
+
+/// Most spare request buffers the network thread keeps.
+const SPARE_BUFFERS: usize = 4096;
+/// Spare buffers larger than this are dropped rather than kept.
+const SPARE_MAX: usize = 64 * 1024;
+
+/// The network thread's service.
+pub struct ProxyService {
+    shared: Arc<Shared>,
+    spare: Vec<Vec<u8>>,
+    /// Deferred work runs on helper threads; this worker exists only to satisfy drivers
+    /// that run work inline (the proxy starts the epoll driver, which never does).
+    inline: Option<Worker>,
+}
+
+impl ProxyService {
+    pub(crate) fn new(shared: Arc<Shared>) -> ProxyService {
+        ProxyService {
+            shared,
+            spare: Vec::new(),
+            inline: None,
+        }
+    }
+
+    fn forward(&mut self, req: &Request<'_>) -> ProxyWork {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        compose(req, &mut buf);
+        let queued = self.shared.queued.fetch_add(1, Ordering::Relaxed);
+        ProxyWork {
+            buf,
+            noreply: req.noreply(),
+            arrival: Instant::now(),
+            queue_len: queued.max(0) as u32,
+        }
+    }
+}
+
+impl Service for ProxyService {
+    type Conn = ();
+    type Work = ProxyWork;
+
+    fn call(
+        &mut self,
+        _conn: &mut (),
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+        _rerun: bool,
+    ) -> Flow<ProxyWork> {
+        match req {
+            Request::Version => {
+                kvlab_protocol::response::version(out, crate::VERSION);
+                Flow::Done
+            }
+            Request::Quit => Flow::Close,
+            Request::Stats { group } => {
+                if !crate::render::stats(&self.shared, *group, out) {
+                    out.extend_from_slice(b"ERROR\r\n");
+                }
+                Flow::Done
+            }
+            Request::Verbosity { noreply, .. } => {
+                if !noreply {
+                    out.extend_from_slice(b"OK\r\n");
+                }
+                Flow::Done
+            }
+            Request::Meta {
+                command: MetaCommand::Noop,
+                ..
+            } => {
+                out.extend_from_slice(b"MN\r\n");
+                Flow::Done
+            }
+            _ => Flow::Defer(self.forward(req), Order::Pipelined),
+        }
+    }
+
+    fn worker(&mut self) -> &mut Worker {
+        let shared = self.shared.clone();
+        self.inline.get_or_insert_with(|| Worker::new(shared, 0))
+    }
+
+    fn protocol_error(&mut self, _error: ProtocolError) {
+        self.shared.protocol_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn record_service(&mut self, samples: &[u64]) {
+        self.shared.net.lock().record(samples);
+    }
+
+    fn bytes_read(&mut self, n: usize) {
+        self.shared.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn bytes_written(&mut self, n: usize) {
+        self.shared
+            .bytes_written
+            .fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    fn recycle(&mut self, mut buf: Vec<u8>) {
+        if self.spare.len() < SPARE_BUFFERS && buf.capacity() <= SPARE_MAX {
+            buf.clear();
+            self.spare.push(buf);
+        }
+    }
+}
+
+/// Writes `req` as it is forwarded: its own wire form, minus `noreply`.
+pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
+    let mut num = itoa::Buffer::new();
+    match *req {
+        Request::Get { keys, cas } => {
+            out.extend_from_slice(if cas { b"gets " } else { b"get " });
+            out.extend_from_slice(keys.text());
+        }
+        Request::Gat { exptime, keys, cas } => {
+            out.extend_from_slice(if cas { b"gats " } else { b"gat " });
+            out.extend_from_slice(num.format(exptime).as_bytes());
+            out.push(b' ');
+            out.extend_from_slice(keys.text());
+        }
+        Request::Store {
+            command,
+            key,
+            flags,
+            exptime,
+            data,
+            cas_unique,
+            ..
+        } => {
+            out.extend_from_slice(match command {
+                StoreCommand::Set => b"set ",
+                StoreCommand::Add => b"add ",
+                StoreCommand::Replace => b"replace ",
+                StoreCommand::Append => b"append ",
+                StoreCommand::Prepend => b"prepend ",
+                StoreCommand::Cas => b"cas ",
+            });
+            out.extend_from_slice(key);
+            for n in [u64::from(flags)] {
+                out.push(b' ');
+                out.extend_from_slice(num.format(n).as_bytes());
+            }
+            out.push(b' ');
+            out.extend_from_slice(num.format(exptime).as_bytes());
+            out.push(b' ');
+            out.extend_from_slice(num.format(data.len()).as_bytes());
+            if command == StoreCommand::Cas {
+                out.push(b' ');
+                out.extend_from_slice(num.format(cas_unique).as_bytes());
+            }
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(data);
+        }
+        Request::Arith {
+            incr, key, delta, ..
+        } => {
+            out.extend_from_slice(if incr { b"incr " } else { b"decr " });
+            out.extend_from_slice(key);
+            out.push(b' ');
+            out.extend_from_slice(num.format(delta).as_bytes());
+        }
+        Request::Delete { key, .. } => {
+            out.extend_from_slice(b"delete ");
+            out.extend_from_slice(key);
+        }
+        Request::Touch { key, exptime, .. } => {
+            out.extend_from_slice(b"touch ");
+            out.extend_from_slice(key);
+            out.push(b' ');
+            out.extend_from_slice(num.format(exptime).as_bytes());
+        }
+        Request::FlushAll { delay, .. } => {
+            out.extend_from_slice(b"flush_all ");
+            out.extend_from_slice(num.format(delay).as_bytes());
+        }
+        Request::Meta {
+            command,
+            key,
+            flags,
+            data,
+        } => {
+            out.extend_from_slice(match command {
+                MetaCommand::Get => b"mg ",
+                MetaCommand::Set => b"ms ",
+                MetaCommand::Delete => b"md ",
+                MetaCommand::Arith => b"ma ",
+                MetaCommand::Debug => b"me ",
+                MetaCommand::Noop => b"mn ",
+            });
+            out.extend_from_slice(key.raw());
+            if command == MetaCommand::Set {
+                out.push(b' ');
+                out.extend_from_slice(num.format(data.len()).as_bytes());
+            }
+            if !flags.text().is_empty() {
+                out.push(b' ');
+                out.extend_from_slice(flags.text());
+            }
+            if command == MetaCommand::Set {
+                out.extend_from_slice(b"\r\n");
+                out.extend_from_slice(data);
+            }
+        }
+        Request::Verbosity { .. } | Request::Version | Request::Quit | Request::Stats { .. } => {}
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// What the epoll driver serves: one network service, `workers` worker states.
+pub struct ProxyApp {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl App for ProxyApp {
+    type Service = ProxyService;
+
+    fn service(&self, _index: usize) -> ProxyService {
+        ProxyService::new(self.shared.clone())
+    }
+
+    fn helper(&self, index: usize) -> Worker {
+        Worker::new(self.shared.clone(), index)
+    }
+
+    fn admit(&self, _peer: SocketAddr) -> bool {
+        let n = self.shared.curr_connections.fetch_add(1, Ordering::Relaxed);
+        if n >= self.shared.conn_limit as u64 {
+            self.shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
+            self.shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
+            return false;
+        }
+        self.shared.total_connections.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    fn release(&self) {
+        self.shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    fn stopping(&self) -> bool {
+        self.shared.stopping.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvlab_protocol::{parse, Limits, Parsed};
+
+    use super::*;
+
+    /// Parses `line`, composes it, and returns what would be forwarded.
+    fn forwarded(line: &[u8]) -> String {
+        let Parsed::Request { request, .. } = parse(line, &Limits::default()) else {
+            panic!("{line:?} does not parse")
+        };
+        let mut out = Vec::new();
+        compose(&request, &mut out);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn requests_are_forwarded_in_their_own_form_without_noreply() {
+        for (sent, forwarded_as) in [
+            ("get a  b\r\n", "get a  b\r\n"),
+            ("gats -1 a\r\n", "gats -1 a\r\n"),
+            ("set k 5 100 2 noreply\r\nhi\r\n", "set k 5 100 2\r\nhi\r\n"),
+            ("cas k 0 0 1 77\r\nx\r\n", "cas k 0 0 1 77\r\nx\r\n"),
+            ("incr n 18446744073709551615\r\n", "incr n 18446744073709551615\r\n"),
+            ("delete k noreply\r\n", "delete k\r\n"),
+            ("touch k -5\r\n", "touch k -5\r\n"),
+            ("flush_all\r\n", "flush_all 0\r\n"),
+            ("ms a2V5 2 b T5 q\r\nhi\r\n", "ms a2V5 2 b T5 q\r\nhi\r\n"),
+            ("mg k v f Oab\r\n", "mg k v f Oab\r\n"),
+            ("md k\r\n", "md k\r\n"),
+        ] {
+            assert_eq!(forwarded(sent.as_bytes()), forwarded_as, "{sent:?}");
+        }
+    }
+}
