@@ -117,7 +117,9 @@ fn proxy_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
                 c.retry_timeout = Duration::from_millis(ms);
             }
             if c.pools[0].backends.is_empty() {
-                anyhow::bail!("no backends: give --backend HOST:PORT (repeatable) or --config FILE");
+                anyhow::bail!(
+                    "no backends: give --backend HOST:PORT (repeatable) or --config FILE"
+                );
             }
             c
         }
@@ -209,14 +211,25 @@ mod tests {
         )
         .unwrap();
         let from_flags = config(&[
-            "--backend", "a:1", "--backend", "b:2:3", "--replicas", "2", "--write-policy",
-            "majority", "-t", "3",
+            "--backend",
+            "a:1",
+            "--backend",
+            "b:2:3",
+            "--replicas",
+            "2",
+            "--write-policy",
+            "majority",
+            "-t",
+            "3",
         ])
         .unwrap();
         let from_file = config(&["--config", file.to_str().unwrap()]).unwrap();
         assert_eq!(format!("{from_flags:?}"), format!("{from_file:?}"));
         assert_eq!(from_flags.workers, 3);
-        assert_eq!(kvlab_proxy::config::DEFAULT_FAILURE_LIMIT, from_file.failure_limit);
+        assert_eq!(
+            kvlab_proxy::config::DEFAULT_FAILURE_LIMIT,
+            from_file.failure_limit
+        );
     }
 
     #[test]

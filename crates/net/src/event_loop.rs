@@ -40,6 +40,8 @@ struct Conn<A: App> {
     writable: bool,
     /// Distinguishes this connection from later ones in the same slot.
     generation: u64,
+    /// The helper running this connection's work while any is in flight.
+    helper: Option<usize>,
 }
 
 /// Helper threads and the channel their results come back on.
@@ -166,6 +168,7 @@ impl<A: App> EventLoop<A> {
             session: Session::new(self.limits),
             writable: false,
             generation: self.generation,
+            helper: None,
         });
         // Edge-triggered: data may already be waiting.
         self.serve(slot);
@@ -193,7 +196,10 @@ impl<A: App> EventLoop<A> {
         }
         if let Some(helpers) = &self.helpers {
             while let Some((id, work)) = conn.session.take_work() {
-                helpers.pool.submit((slot, conn.generation), id, work);
+                let helper = *conn.helper.get_or_insert_with(|| helpers.pool.pick());
+                helpers
+                    .pool
+                    .submit(helper, (slot, conn.generation), id, work);
             }
         }
     }
@@ -210,6 +216,9 @@ impl<A: App> EventLoop<A> {
             }
             if let Some(buf) = conn.session.complete(done.slot, done.completion) {
                 self.service.recycle(buf);
+            }
+            if !conn.session.is_waiting() {
+                conn.helper = None;
             }
             self.serve(slot);
         }

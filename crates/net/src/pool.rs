@@ -2,11 +2,17 @@
 //! a durable cache; a proxy's backend requests).
 //!
 //! ```text
-//!  event loop ──Job{conn, slot, work}──► channel ──► helper 1..n: work.run(&mut worker)
-//!      ▲                                                  │    (may block; each helper
-//!      │                                                  │     owns its worker state)
+//!  event loop ──Job{conn, slot, work}──► queue of helper h ──► helper h: work.run(&mut worker)
+//!      ▲                                                          │  (may block; each helper
+//!      │                                                          │   owns its worker state)
 //!      └── wake (eventfd / pipe) ◄── Done{conn, slot, completion} ◄┘
 //! ```
+//!
+//! Each helper has its own queue. A connection's work goes to one helper while any of it is
+//! in flight, so that pipelined requests of one connection run in order (a proxy's reach
+//! each backend in the order the client sent them); a connection with nothing in flight
+//! goes to the helper with the shortest queue ([`HelperPool::pick`]), which with requests
+//! one at a time behaves like one queue shared by all helpers.
 //!
 //! The loop hands a session's [`Work`] over with the connection's id and the reply slot it
 //! completes; a helper takes it — with whatever else is queued, up to [`Work::BATCH`] works,
@@ -16,10 +22,9 @@
 //! keeps serving every other connection.
 
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
-
-use parking_lot::Mutex;
 
 use crate::service::{Completion, Work};
 use crate::session::SlotId;
@@ -44,9 +49,11 @@ struct Job<W> {
     work: W,
 }
 
-/// A pool of helper threads, each owning one `W::Worker`.
+/// A pool of helper threads, each owning one `W::Worker` and its own queue.
 pub struct HelperPool<W: Work> {
-    jobs: Option<mpsc::Sender<Job<W>>>,
+    queues: Vec<mpsc::Sender<Job<W>>>,
+    /// Jobs queued or running, per helper.
+    depth: Arc<Vec<AtomicUsize>>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -59,12 +66,14 @@ impl<W: Work> HelperPool<W> {
         done: mpsc::Sender<Done>,
         wake: Arc<dyn Fn() + Send + Sync>,
     ) -> io::Result<HelperPool<W>> {
-        let (tx, rx) = mpsc::channel::<Job<W>>();
-        // Helpers share the queue; the lock is held only to take one job.
-        let rx = Arc::new(Mutex::new(rx));
+        let depth: Arc<Vec<AtomicUsize>> =
+            Arc::new(workers.iter().map(|_| AtomicUsize::new(0)).collect());
         let mut threads = Vec::new();
+        let mut queues = Vec::new();
         for (i, mut worker) in workers.into_iter().enumerate() {
-            let (rx, done, wake) = (rx.clone(), done.clone(), wake.clone());
+            let (tx, rx) = mpsc::channel::<Job<W>>();
+            queues.push(tx);
+            let (done, wake, depth) = (done.clone(), wake.clone(), depth.clone());
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-{i}"))
@@ -72,23 +81,21 @@ impl<W: Work> HelperPool<W> {
                         let mut tags = Vec::with_capacity(W::BATCH);
                         let mut works = Vec::with_capacity(W::BATCH);
                         loop {
-                            {
-                                // One blocking take, then whatever else is queued, up to a batch.
-                                let rx = rx.lock();
-                                let Ok(first) = rx.recv() else {
-                                    return;
+                            // One blocking take, then whatever else is queued, up to a batch.
+                            let Ok(first) = rx.recv() else {
+                                return;
+                            };
+                            let mut next = Some(first);
+                            while let Some(Job { conn, slot, work }) = next {
+                                tags.push((conn, slot));
+                                works.push(work);
+                                next = if works.len() < W::BATCH {
+                                    rx.try_recv().ok()
+                                } else {
+                                    None
                                 };
-                                let mut next = Some(first);
-                                while let Some(Job { conn, slot, work }) = next {
-                                    tags.push((conn, slot));
-                                    works.push(work);
-                                    next = if works.len() < W::BATCH {
-                                        rx.try_recv().ok()
-                                    } else {
-                                        None
-                                    };
-                                }
                             }
+                            let taken = works.len();
                             let mut gone = false;
                             W::run_batch(&mut works, &mut worker, &mut |i, completion| {
                                 let (conn, slot) = tags[i];
@@ -102,6 +109,7 @@ impl<W: Work> HelperPool<W> {
                             });
                             works.clear();
                             tags.clear();
+                            depth[i].fetch_sub(taken, Ordering::Relaxed);
                             if gone {
                                 return;
                             }
@@ -112,14 +120,23 @@ impl<W: Work> HelperPool<W> {
             );
         }
         Ok(HelperPool {
-            jobs: Some(tx),
+            queues,
+            depth,
             threads,
         })
     }
 
-    /// Queues `work` for reply slot `slot` of connection `conn`.
-    pub fn submit(&self, conn: ConnId, slot: SlotId, work: W) {
-        if let Some(tx) = &self.jobs {
+    /// The helper with the fewest jobs queued or running.
+    pub fn pick(&self) -> usize {
+        (0..self.depth.len())
+            .min_by_key(|&h| self.depth[h].load(Ordering::Relaxed))
+            .unwrap_or(0)
+    }
+
+    /// Queues `work` for reply slot `slot` of connection `conn` on helper `helper`.
+    pub fn submit(&self, helper: usize, conn: ConnId, slot: SlotId, work: W) {
+        if let Some(tx) = self.queues.get(helper) {
+            self.depth[helper].fetch_add(1, Ordering::Relaxed);
             let _ = tx.send(Job { conn, slot, work });
         }
     }
@@ -127,7 +144,7 @@ impl<W: Work> HelperPool<W> {
 
 impl<W: Work> Drop for HelperPool<W> {
     fn drop(&mut self) {
-        self.jobs.take();
+        self.queues.clear();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

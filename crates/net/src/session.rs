@@ -262,12 +262,8 @@ impl<S: Service> Session<S> {
     /// [`Completion::Reply`] once its bytes are taken (for [`Service::recycle`]). A slot
     /// that is no longer pending (its outcome already reported) is ignored.
     pub fn complete(&mut self, id: SlotId, done: Completion) -> Option<Vec<u8>> {
-        let Some(i) = self.pending.iter().position(|p| p.id == id) else {
-            return None;
-        };
-        let Some(slot) = self.pending.remove(i) else {
-            return None;
-        };
+        let i = self.pending.iter().position(|p| p.id == id)?;
+        let slot = self.pending.remove(i)?;
         match done {
             Completion::Failed(reason) => {
                 // The failure path may allocate; the ready path never does.

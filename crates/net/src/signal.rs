@@ -151,6 +151,8 @@ struct Conn<A: App> {
     stream: TcpStream,
     session: Session<A::Service>,
     generation: u64,
+    /// The helper running this connection's work while any is in flight.
+    helper: Option<usize>,
 }
 
 struct Loop<A: App> {
@@ -272,6 +274,9 @@ impl<A: App> Loop<A> {
                 if let Some(buf) = conn.session.complete(done.slot, done.completion) {
                     self.service.recycle(buf);
                 }
+                if !conn.session.is_waiting() {
+                    conn.helper = None;
+                }
                 self.serve(idx as RawFd);
             }
         }
@@ -300,6 +305,7 @@ impl<A: App> Loop<A> {
                         stream,
                         session: Session::new(self.limits),
                         generation: self.generation,
+                        helper: None,
                     });
                     // Bytes that came before O_ASYNC raised no signal.
                     self.serve(fd);
@@ -334,7 +340,9 @@ impl<A: App> Loop<A> {
             return;
         }
         while let Some((id, work)) = conn.session.take_work() {
-            self.pool.submit((fd as usize, conn.generation), id, work);
+            let helper = *conn.helper.get_or_insert_with(|| self.pool.pick());
+            self.pool
+                .submit(helper, (fd as usize, conn.generation), id, work);
         }
     }
 

@@ -374,7 +374,10 @@ mod tests {
             f(Frame::Retrieval, b"SERVER_ERROR out of memory\r\n"),
             Some((28, 28, 0, true))
         );
-        assert_eq!(f(Frame::Meta, b"VA 1 f0\r\nx\r\n"), Some((12, 12, 1, false)));
+        assert_eq!(
+            f(Frame::Meta, b"VA 1 f0\r\nx\r\n"),
+            Some((12, 12, 1, false))
+        );
         assert_eq!(f(Frame::Meta, b"EN\r\n"), Some((4, 4, 0, false)));
         // A quiet request: what comes before MN, possibly nothing.
         assert_eq!(f(Frame::MetaQuiet, b"MN\r\n"), Some((4, 0, 0, false)));

@@ -364,10 +364,19 @@ mod tests {
     fn bad_files_say_why() {
         for (text, says) in [
             ("", "no backends"),
-            ("[[pool]]\nbackends = [\"a:1\"]\nreplicas = 2", "replicas = 2"),
+            (
+                "[[pool]]\nbackends = [\"a:1\"]\nreplicas = 2",
+                "replicas = 2",
+            ),
             ("[[pool]]\nbackends = [\"a\"]", "HOST:PORT"),
-            ("[[pool]]\nbackends = [\"a:1\"]\nprefix = \"x\"", "every other key"),
-            ("[[pool]]\nbackends = [\"a:1\"]\nwrite_policy = \"some\"", "unknown variant"),
+            (
+                "[[pool]]\nbackends = [\"a:1\"]\nprefix = \"x\"",
+                "every other key",
+            ),
+            (
+                "[[pool]]\nbackends = [\"a:1\"]\nwrite_policy = \"some\"",
+                "unknown variant",
+            ),
             ("[[pool]]\nbackends = [\"a:1\"]\nbogus = 1", "unknown field"),
             ("workers = 0\n[[pool]]\nbackends = [\"a:1\"]", "workers"),
             ("[[pool]]\nbackends = [\"a:1:0\"]", "WEIGHT"),

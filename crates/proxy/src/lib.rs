@@ -39,7 +39,7 @@ pub mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -111,8 +111,8 @@ pub struct Shared {
     routing: RwLock<(Arc<Routing>, u64)>,
     /// Bumped by every reload; workers compare it at each batch.
     pub version: AtomicU64,
-    /// Requests queued and not yet taken by a worker.
-    pub queued: AtomicI64,
+    /// Requests queued and not yet taken by a worker, and the time integral of that number.
+    pub queue: Mutex<stats::QueueLength>,
     /// Parsing limits (workers re-parse what they forward).
     pub limits: Limits,
     /// One recorder per worker.
@@ -234,7 +234,7 @@ impl Proxy {
         let shared = Arc::new(Shared {
             routing: RwLock::new((Arc::new(routing), 0)),
             version: AtomicU64::new(0),
-            queued: AtomicI64::new(0),
+            queue: Mutex::new(stats::QueueLength::default()),
             limits: options.limits,
             recorders: (0..workers)
                 .map(|_| {

@@ -3,10 +3,11 @@
 //! stage), one row per backend to `backends.csv`, and the sampled request lines
 //! (`--log-sample N`) to `requests.csv`.
 //!
-//! The queue length is measured twice, independently: as seen by each arrival (recorded
-//! with the request) and as a time average, sampled every millisecond here — so that
-//! Little's law (mean queue length = arrival rate × mean time in the queue) checks the
-//! instrumentation instead of holding by construction.
+//! The queue length is given twice: as seen by each arrival (recorded with the request) and
+//! as its exact time average over the window (integrated at every arrival and departure).
+//! The second comes from counting, the mean time in the queue from per-request timestamps:
+//! Little's law (mean queue length = arrival rate × mean time in the queue) checks that the
+//! two agree.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write as _};
@@ -18,16 +19,17 @@ use crate::render::stages;
 use crate::stats::{Recorder, Stage};
 use crate::{ProxyOptions, Shared};
 
-/// How often the queue length is sampled.
-const SAMPLE_EVERY: Duration = Duration::from_millis(1);
+/// How often the logger looks at the clock.
+const TICK: Duration = Duration::from_millis(5);
 
 /// The columns of `windows.csv`.
-pub const WINDOW_COLUMNS: &str = "t_s,unix_time,window_s,requests,throughput_rps,reads,errors,retries,hit_ratio,queue_len_arrival,queue_len_sampled";
+pub const WINDOW_COLUMNS: &str = "t_s,unix_time,window_s,requests,throughput_rps,reads,errors,retries,hit_ratio,queue_len_arrival,queue_len_mean";
 /// The columns of `backends.csv`.
 pub const BACKEND_COLUMNS: &str =
     "t_s,backend,requests,errors,timeouts,mean_us,p99_us,ejected,outstanding";
 /// The columns of `requests.csv`.
-pub const REQUEST_COLUMNS: &str = "arrival_s,kind,keys,hits,queue_len,queue_us,worker_us,backend_us,total_us,parts,outcome";
+pub const REQUEST_COLUMNS: &str =
+    "arrival_s,kind,keys,hits,queue_len,queue_us,worker_us,backend_us,total_us,parts,outcome";
 
 struct Files {
     windows: BufWriter<File>,
@@ -84,30 +86,28 @@ impl Logger {
         let mut previous_net = Stage::default();
         let mut start = Instant::now();
         let mut next = start + self.interval;
-        let (mut queue_sum, mut queue_samples) = (0i64, 0u64);
+        self.shared.queue.lock().take_area(start);
         loop {
             let stopping = self.shared.stopping.load(Ordering::Relaxed);
-            std::thread::sleep(SAMPLE_EVERY);
-            queue_sum += self.shared.queued.load(Ordering::Relaxed).max(0);
-            queue_samples += 1;
+            std::thread::sleep(TICK);
             let now = Instant::now();
             if now < next && !stopping {
                 continue;
             }
-            let sampled = queue_sum as f64 / queue_samples.max(1) as f64;
+            let area = self.shared.queue.lock().take_area(now);
+            let mean_len = area as f64 / now.duration_since(start).as_nanos().max(1) as f64;
             let totals = self.shared.totals();
             let net = self.shared.net.lock().stage.clone();
             let window = totals.since(&previous);
             let mut net_window = net.clone();
             net_window.sub(&previous_net);
             let secs = now.duration_since(start).as_secs_f64();
-            if let Err(e) = self.write(&mut files, &window, &net_window, secs, sampled) {
+            if let Err(e) = self.write(&mut files, &window, &net_window, secs, mean_len) {
                 tracing::error!(%e, "cannot write the window logs; logging stops");
                 return;
             }
             previous = totals;
             previous_net = net;
-            (queue_sum, queue_samples) = (0, 0);
             start = now;
             next = now + self.interval;
             if stopping {
@@ -122,12 +122,12 @@ impl Logger {
         w: &Recorder,
         net: &Stage,
         secs: f64,
-        sampled: f64,
+        mean_len: f64,
     ) -> io::Result<()> {
         let t = self.shared.epoch.elapsed().as_secs_f64();
         let unix = self.shared.epoch_unix + t;
         let mut row = format!(
-            "{t:.3},{unix:.3},{secs:.3},{},{:.1},{},{},{},{:.4},{:.3},{sampled:.3}",
+            "{t:.3},{unix:.3},{secs:.3},{},{:.1},{},{},{},{:.4},{:.3},{mean_len:.3}",
             w.requests,
             w.requests as f64 / secs.max(1e-9),
             w.reads,

@@ -19,8 +19,8 @@ use crate::Shared;
 const QUANTILES: [(&str, f64); 3] = [("p50", 0.5), ("p95", 0.95), ("p99", 0.99)];
 /// Upper bounds (seconds) of the Prometheus histogram buckets.
 const BUCKETS: [f64; 14] = [
-    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-    0.5, 1.0,
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0,
 ];
 
 fn line(out: &mut Vec<u8>, name: &str, value: impl std::fmt::Display) {
@@ -84,11 +84,7 @@ fn general(shared: &Shared, out: &mut Vec<u8>) {
         "proxy_protocol_errors",
         shared.protocol_errors.load(Ordering::Relaxed),
     );
-    line(
-        out,
-        "proxy_queued",
-        shared.queued.load(Ordering::Relaxed).max(0),
-    );
+    line(out, "proxy_queued", shared.queue.lock().len);
     line(
         out,
         "proxy_queue_len_on_arrival",
@@ -108,7 +104,11 @@ fn general(shared: &Shared, out: &mut Vec<u8>) {
         shared.reload_failures.load(Ordering::Relaxed),
     );
     for (stage, s) in stages(&r, &net) {
-        line(out, &format!("proxy_{stage}_mean_us"), format!("{:.1}", s.mean_us()));
+        line(
+            out,
+            &format!("proxy_{stage}_mean_us"),
+            format!("{:.1}", s.mean_us()),
+        );
         for (q, v) in QUANTILES {
             line(
                 out,
@@ -131,15 +131,39 @@ fn backends(shared: &Shared, out: &mut Vec<u8>) {
             line(out, &format!("{p}name"), &h.name);
             line(out, &format!("{p}pool"), &pool.name);
             line(out, &format!("{p}ejected"), u8::from(h.is_ejected()));
-            line(out, &format!("{p}failures_in_a_row"), h.failures.load(Ordering::Relaxed));
-            line(out, &format!("{p}outstanding"), h.outstanding.load(Ordering::Relaxed).max(0));
+            line(
+                out,
+                &format!("{p}failures_in_a_row"),
+                h.failures.load(Ordering::Relaxed),
+            );
+            line(
+                out,
+                &format!("{p}outstanding"),
+                h.outstanding.load(Ordering::Relaxed).max(0),
+            );
             line(out, &format!("{p}requests"), f.requests);
             line(out, &format!("{p}errors"), f.errors);
             line(out, &format!("{p}timeouts"), f.timeouts);
-            line(out, &format!("{p}mean_us"), format!("{:.1}", f.time.mean_us()));
-            line(out, &format!("{p}p99_us"), format!("{:.1}", f.time.quantile_us(0.99)));
-            line(out, &format!("{p}ejections"), h.ejections.load(Ordering::Relaxed));
-            line(out, &format!("{p}rejoins"), h.rejoins.load(Ordering::Relaxed));
+            line(
+                out,
+                &format!("{p}mean_us"),
+                format!("{:.1}", f.time.mean_us()),
+            );
+            line(
+                out,
+                &format!("{p}p99_us"),
+                format!("{:.1}", f.time.quantile_us(0.99)),
+            );
+            line(
+                out,
+                &format!("{p}ejections"),
+                h.ejections.load(Ordering::Relaxed),
+            );
+            line(
+                out,
+                &format!("{p}rejoins"),
+                h.rejoins.load(Ordering::Relaxed),
+            );
             i += 1;
         }
     }
@@ -159,11 +183,27 @@ fn settings(shared: &Shared, out: &mut Vec<u8>) {
         line(out, &format!("{pre}name"), &p.name);
         line(out, &format!("{pre}prefix"), format!("{:?}", p.prefix));
         line(out, &format!("{pre}backends"), p.backends.len());
-        line(out, &format!("{pre}distribution"), format!("{:?}", p.distribution).to_lowercase());
+        line(
+            out,
+            &format!("{pre}distribution"),
+            format!("{:?}", p.distribution).to_lowercase(),
+        );
         line(out, &format!("{pre}replicas"), p.replicas);
-        line(out, &format!("{pre}write_policy"), format!("{:?}", p.write_policy).to_lowercase());
-        line(out, &format!("{pre}read_policy"), format!("{:?}", p.read_policy).to_lowercase());
-        line(out, &format!("{pre}multiget"), format!("{:?}", p.multiget).to_lowercase());
+        line(
+            out,
+            &format!("{pre}write_policy"),
+            format!("{:?}", p.write_policy).to_lowercase(),
+        );
+        line(
+            out,
+            &format!("{pre}read_policy"),
+            format!("{:?}", p.read_policy).to_lowercase(),
+        );
+        line(
+            out,
+            &format!("{pre}multiget"),
+            format!("{:?}", p.multiget).to_lowercase(),
+        );
     }
 }
 
@@ -174,7 +214,10 @@ pub fn prometheus(shared: &Shared) -> String {
     let (routing, _) = shared.routing();
     let mut out = String::new();
     let mut metric = |name: &str, kind: &str, value: u64| {
-        let _ = writeln!(out, "# TYPE kvlab_proxy_{name} {kind}\nkvlab_proxy_{name} {value}");
+        let _ = writeln!(
+            out,
+            "# TYPE kvlab_proxy_{name} {kind}\nkvlab_proxy_{name} {value}"
+        );
     };
     metric("requests_total", "counter", r.requests);
     metric("reads_total", "counter", r.reads);
@@ -183,9 +226,17 @@ pub fn prometheus(shared: &Shared) -> String {
     metric("errors_total", "counter", r.errors);
     metric("retries_total", "counter", r.retries);
     metric("backend_requests_total", "counter", r.parts);
-    metric("connections", "gauge", shared.curr_connections.load(Ordering::Relaxed));
-    metric("queued", "gauge", shared.queued.load(Ordering::Relaxed).max(0) as u64);
-    metric("reloads_total", "counter", shared.reloads.load(Ordering::Relaxed));
+    metric(
+        "connections",
+        "gauge",
+        shared.curr_connections.load(Ordering::Relaxed),
+    );
+    metric("queued", "gauge", shared.queue.lock().len);
+    metric(
+        "reloads_total",
+        "counter",
+        shared.reloads.load(Ordering::Relaxed),
+    );
     metric(
         "reload_failures_total",
         "counter",
@@ -193,15 +244,28 @@ pub fn prometheus(shared: &Shared) -> String {
     );
     let _ = writeln!(out, "# TYPE kvlab_proxy_stage_seconds histogram");
     for (stage, s) in stages(&r, &net) {
-        histogram(&mut out, "kvlab_proxy_stage_seconds", &format!("stage=\"{stage}\""), s);
+        histogram(
+            &mut out,
+            "kvlab_proxy_stage_seconds",
+            &format!("stage=\"{stage}\""),
+            s,
+        );
     }
     let _ = writeln!(out, "# TYPE kvlab_proxy_backend_seconds histogram");
     for (i, h) in routing.backends.iter().enumerate() {
         let f = r.backends.get(i).cloned().unwrap_or_default();
         let label = format!("backend=\"{}\"", h.name);
         histogram(&mut out, "kvlab_proxy_backend_seconds", &label, &f.time);
-        let _ = writeln!(out, "kvlab_proxy_backend_errors_total{{{label}}} {}", f.errors);
-        let _ = writeln!(out, "kvlab_proxy_backend_timeouts_total{{{label}}} {}", f.timeouts);
+        let _ = writeln!(
+            out,
+            "kvlab_proxy_backend_errors_total{{{label}}} {}",
+            f.errors
+        );
+        let _ = writeln!(
+            out,
+            "kvlab_proxy_backend_timeouts_total{{{label}}} {}",
+            f.timeouts
+        );
         let _ = writeln!(
             out,
             "kvlab_proxy_backend_ejected{{{label}}} {}",

@@ -288,7 +288,10 @@ mod tests {
                 assert_eq!(out.len(), 4, "all backends, once each");
             }
             // Second copies are spread, not all on one backend.
-            assert!(second.iter().filter(|&&c| c > 100).count() >= 3, "{second:?}");
+            assert!(
+                second.iter().filter(|&&c| c > 100).count() >= 3,
+                "{second:?}"
+            );
         }
     }
 

@@ -104,15 +104,13 @@ impl Routing {
                     .map(|i| candidates[(turn + i) % n])
                     .find(|b| usable(b))
             }
-            ReadPolicy::LeastOutstanding => candidates
-                .iter()
-                .copied()
-                .filter(usable)
-                .min_by_key(|&b| {
+            ReadPolicy::LeastOutstanding => {
+                candidates.iter().copied().filter(usable).min_by_key(|&b| {
                     self.backends[b]
                         .outstanding
                         .load(std::sync::atomic::Ordering::Relaxed)
-                }),
+                })
+            }
         }
     }
 }

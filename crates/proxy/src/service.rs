@@ -46,12 +46,13 @@ impl ProxyService {
     fn forward(&mut self, req: &Request<'_>) -> ProxyWork {
         let mut buf = self.spare.pop().unwrap_or_default();
         compose(req, &mut buf);
-        let queued = self.shared.queued.fetch_add(1, Ordering::Relaxed);
+        let arrival = Instant::now();
+        let queued = self.shared.queue.lock().arrive(arrival);
         ProxyWork {
             buf,
             noreply: req.noreply(),
-            arrival: Instant::now(),
-            queue_len: queued.max(0) as u32,
+            arrival,
+            queue_len: queued.min(u64::from(u32::MAX)) as u32,
         }
     }
 }
@@ -85,6 +86,13 @@ impl Service for ProxyService {
                 }
                 Flow::Done
             }
+            // Nothing to ask a backend.
+            Request::Get { keys, .. } | Request::Gat { keys, .. }
+                if keys.iter().next().is_none() =>
+            {
+                out.extend_from_slice(b"END\r\n");
+                Flow::Done
+            }
             Request::Meta {
                 command: MetaCommand::Noop,
                 ..
@@ -110,7 +118,9 @@ impl Service for ProxyService {
     }
 
     fn bytes_read(&mut self, n: usize) {
-        self.shared.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+        self.shared
+            .bytes_read
+            .fetch_add(n as u64, Ordering::Relaxed);
     }
 
     fn bytes_written(&mut self, n: usize) {
@@ -159,10 +169,8 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
                 StoreCommand::Cas => b"cas ",
             });
             out.extend_from_slice(key);
-            for n in [u64::from(flags)] {
-                out.push(b' ');
-                out.extend_from_slice(num.format(n).as_bytes());
-            }
+            out.push(b' ');
+            out.extend_from_slice(num.format(flags).as_bytes());
             out.push(b' ');
             out.extend_from_slice(num.format(exptime).as_bytes());
             out.push(b' ');
@@ -249,10 +257,14 @@ impl App for ProxyApp {
         let n = self.shared.curr_connections.fetch_add(1, Ordering::Relaxed);
         if n >= self.shared.conn_limit as u64 {
             self.shared.curr_connections.fetch_sub(1, Ordering::Relaxed);
-            self.shared.rejected_connections.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .rejected_connections
+                .fetch_add(1, Ordering::Relaxed);
             return false;
         }
-        self.shared.total_connections.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .total_connections
+            .fetch_add(1, Ordering::Relaxed);
         true
     }
 
@@ -288,7 +300,10 @@ mod tests {
             ("gats -1 a\r\n", "gats -1 a\r\n"),
             ("set k 5 100 2 noreply\r\nhi\r\n", "set k 5 100 2\r\nhi\r\n"),
             ("cas k 0 0 1 77\r\nx\r\n", "cas k 0 0 1 77\r\nx\r\n"),
-            ("incr n 18446744073709551615\r\n", "incr n 18446744073709551615\r\n"),
+            (
+                "incr n 18446744073709551615\r\n",
+                "incr n 18446744073709551615\r\n",
+            ),
             ("delete k noreply\r\n", "delete k\r\n"),
             ("touch k -5\r\n", "touch k -5\r\n"),
             ("flush_all\r\n", "flush_all 0\r\n"),

@@ -19,6 +19,45 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_NS, 3).expect("valid constant bounds")
 }
 
+/// The number of requests in the queue over time: updated at every arrival (network
+/// thread) and every batch taken (worker), so its time average is exact.
+#[derive(Debug, Default)]
+pub struct QueueLength {
+    /// Requests queued now.
+    pub len: u64,
+    last: Option<Instant>,
+    /// ∫ len dt since the last [`QueueLength::take_area`], in request·nanoseconds.
+    area: u128,
+}
+
+impl QueueLength {
+    fn advance(&mut self, now: Instant) {
+        if let Some(last) = self.last {
+            self.area += u128::from(self.len) * now.saturating_duration_since(last).as_nanos();
+        }
+        self.last = Some(now.max(self.last.unwrap_or(now)));
+    }
+
+    /// One request arrives at `now`; returns the length it found.
+    pub fn arrive(&mut self, now: Instant) -> u64 {
+        self.advance(now);
+        self.len += 1;
+        self.len - 1
+    }
+
+    /// `n` requests leave at `now`.
+    pub fn leave(&mut self, now: Instant, n: u64) {
+        self.advance(now);
+        self.len = self.len.saturating_sub(n);
+    }
+
+    /// The integral up to `now`, reset to zero (request·nanoseconds).
+    pub fn take_area(&mut self, now: Instant) -> u128 {
+        self.advance(now);
+        std::mem::take(&mut self.area)
+    }
+}
+
 /// What a worker knows about one finished request.
 #[derive(Clone, Copy, Debug)]
 pub struct Sample {
@@ -189,7 +228,7 @@ impl Recorder {
         self.worker.record(s.worker_ns);
         self.backend.record(s.backend_ns);
         self.total.record(s.total_ns());
-        if self.sample_every > 0 && self.requests % self.sample_every == 0 {
+        if self.sample_every > 0 && self.requests.is_multiple_of(self.sample_every) {
             self.sampled.push(format!(
                 "{:.6},{},{},{},{},{},{},{},{},{},{}",
                 s.arrival.saturating_duration_since(epoch).as_secs_f64(),
@@ -303,6 +342,18 @@ mod tests {
             worker_ns,
             backend_ns: worker_ns / 2,
         }
+    }
+
+    #[test]
+    fn the_queue_length_integral_is_exact() {
+        let t = Instant::now();
+        let ms = |n| t + std::time::Duration::from_millis(n);
+        let mut q = QueueLength::default();
+        assert_eq!(q.arrive(ms(0)), 0);
+        assert_eq!(q.arrive(ms(10)), 1); // 1 for 10 ms
+        q.leave(ms(30), 2); // 2 for 20 ms
+        assert_eq!(q.take_area(ms(40)), 50 * 1_000_000);
+        assert_eq!(q.take_area(ms(50)), 0);
     }
 
     #[test]

@@ -125,6 +125,9 @@ enum Class {
     ReadAsIs { frame: Frame },
     /// Every replica; answered under the policy.
     Write { policy: WritePolicy },
+    /// A read that changes the item or reports its access history (`mg` with `N T R h l`):
+    /// every replica, so that they stay alike; answered with the first replica's reply.
+    ReadAll,
 }
 
 /// One request of the batch.
@@ -242,18 +245,26 @@ impl Worker {
     }
 
     /// Runs one batch: every work gets its completion through `done`.
-    pub(crate) fn batch(&mut self, works: &mut [ProxyWork], done: &mut dyn FnMut(usize, Completion)) {
+    pub(crate) fn batch(
+        &mut self,
+        works: &mut [ProxyWork],
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
         self.dequeued = Instant::now();
         self.shared
-            .queued
-            .fetch_sub(works.len() as i64, Ordering::Relaxed);
+            .queue
+            .lock()
+            .leave(self.dequeued, works.len() as u64);
         self.refresh();
-        // Replies owed from earlier batches whose deadline passed fail their connection now.
+        // Replies owed from earlier batches (a majority write's slow replica): read what has
+        // arrived, then fail the connections whose oldest reply is past its deadline.
+        self.drain();
         self.expire(self.dequeued);
         for (i, work) in works.iter().enumerate() {
             self.route(i, work);
         }
         self.pump(works, done);
+        self.drain();
         for conn in &mut self.conns {
             for e in conn.expect.iter_mut() {
                 e.part = None;
@@ -327,7 +338,16 @@ impl Worker {
                         (_, true) => Frame::MetaQuiet,
                         (_, false) => Frame::Meta,
                     };
+                    let touches = flags.vivify.is_some()
+                        || flags.ttl.is_some()
+                        || flags.recache.is_some()
+                        || flags.has(b'h')
+                        || flags.has(b'l');
                     match command {
+                        MetaCommand::Get if touches => {
+                            self.jobs.push(Job::new(Class::ReadAll));
+                            self.send_all(i, &work.buf, frame, quiet);
+                        }
                         MetaCommand::Get | MetaCommand::Debug | MetaCommand::Noop => {
                             let mut job = Job::new(Class::ReadAsIs { frame });
                             job.pool = pool;
@@ -623,6 +643,15 @@ impl Worker {
         }
     }
 
+    /// Reads, without waiting, the replies that have arrived for requests no job waits for.
+    fn drain(&mut self) {
+        for b in 0..self.conns.len() {
+            if !self.conns[b].expect.is_empty() && self.conns[b].is_connected() {
+                self.read_replies(b);
+            }
+        }
+    }
+
     /// Fails the connections whose oldest owed reply is past its deadline.
     fn expire(&mut self, now: Instant) {
         let timeout = self.timeout();
@@ -652,9 +681,9 @@ impl Worker {
                     conn.expect.pop_front();
                     health.outstanding.fetch_sub(1, Ordering::Relaxed);
                     health.succeeded();
-                    let ns = now.saturating_duration_since(head.sent).as_nanos() as u64;
-                    self.events.push((b, Some(ns), false));
                     if let Some(p) = head.part {
+                        let ns = now.saturating_duration_since(head.sent).as_nanos() as u64;
+                        self.events.push((b, Some(ns), false));
                         let part = &mut self.parts[p as usize];
                         part.reply.extend_from_slice(&conn.input()[..f.body]);
                         part.values = f.values;
@@ -720,6 +749,16 @@ impl Worker {
                         } else {
                             self.jobs[i].failed += 1;
                         }
+                    }
+                    if self.jobs[i].waiting == 0 {
+                        self.decide(i, works, done);
+                    }
+                }
+                Class::ReadAll => {
+                    if failed(state) {
+                        self.jobs[i].failed += 1;
+                    } else {
+                        self.jobs[i].ok += 1;
                     }
                     if self.jobs[i].waiting == 0 {
                         self.decide(i, works, done);
@@ -793,7 +832,12 @@ impl Worker {
     }
 
     /// Composes job `i`'s reply and hands it back.
-    fn decide(&mut self, i: usize, works: &mut [ProxyWork], done: &mut dyn FnMut(usize, Completion)) {
+    fn decide(
+        &mut self,
+        i: usize,
+        works: &mut [ProxyWork],
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
         let now = Instant::now();
         self.jobs[i].decided = true;
         let job = &self.jobs[i];
@@ -806,10 +850,18 @@ impl Worker {
                 keys = job.keys.1 - job.keys.0;
                 if job.failed > 0 {
                     error = true;
-                    let p = self.last_where(i, |part| failed(part.state)).unwrap_or(job.last);
+                    let p = self
+                        .last_where(i, |part| failed(part.state))
+                        .unwrap_or(job.last);
                     self.failure_reply(p);
                 } else if let Some(p) = self.first_where(i, |part| {
-                    matches!(part.state, State::Replied { error: true, server_error: false })
+                    matches!(
+                        part.state,
+                        State::Replied {
+                            error: true,
+                            server_error: false
+                        }
+                    )
                 }) {
                     // A backend's own error line (e.g. CLIENT_ERROR) goes back as is.
                     error = true;
@@ -817,12 +869,29 @@ impl Worker {
                     self.assembled.extend_from_slice(reply);
                 } else if job.class == Class::Get && keys > 1 {
                     hits = self.merge(i, &works[i]);
-                } else {
-                    let p = self.last_where(i, |part| !failed(part.state)).unwrap_or(job.last);
+                } else if let Some(p) = self.last_where(i, |part| !failed(part.state)) {
                     let part = &self.parts[p as usize];
                     hits = part.values;
                     keys = keys.max(1);
                     self.assembled.extend_from_slice(&part.reply);
+                } else {
+                    error = true;
+                    self.failure_reply(job.last);
+                }
+            }
+            Class::ReadAll => {
+                keys = 1;
+                match self.first_where(i, |part| !failed(part.state)) {
+                    Some(p) => {
+                        let part = &self.parts[p as usize];
+                        hits = part.values;
+                        error = matches!(part.state, State::Replied { error: true, .. });
+                        self.assembled.extend_from_slice(&part.reply);
+                    }
+                    None => {
+                        error = true;
+                        self.failure_reply(job.first);
+                    }
                 }
             }
             Class::Write { policy } => {
@@ -831,7 +900,7 @@ impl Worker {
                     WritePolicy::Majority => job.parts / 2 + 1,
                 };
                 let p = if job.ok >= need {
-                    self.first_where(i, |part| success(part))
+                    self.first_where(i, success)
                 } else {
                     error = true;
                     self.first_where(i, |part| part.state != State::Waiting && !success(part))
@@ -844,7 +913,9 @@ impl Worker {
                         let part = &self.parts[p as usize];
                         self.assembled.extend_from_slice(&part.reply);
                     }
-                    None => self.assembled.extend_from_slice(b"SERVER_ERROR proxy: no reply\r\n"),
+                    None => self
+                        .assembled
+                        .extend_from_slice(b"SERVER_ERROR proxy: no reply\r\n"),
                 }
             }
         }
@@ -855,7 +926,8 @@ impl Worker {
         while p != NONE {
             let part = &self.parts[p as usize];
             if part.state != State::Waiting {
-                backend_ns = backend_ns.max(part.done.saturating_duration_since(part.sent).as_nanos() as u64);
+                backend_ns = backend_ns
+                    .max(part.done.saturating_duration_since(part.sent).as_nanos() as u64);
             }
             p = part.next;
         }
@@ -868,7 +940,10 @@ impl Worker {
             parts: job.parts,
             arrival: work.arrival,
             queue_len: work.queue_len,
-            queue_ns: self.dequeued.saturating_duration_since(work.arrival).as_nanos() as u64,
+            queue_ns: self
+                .dequeued
+                .saturating_duration_since(work.arrival)
+                .as_nanos() as u64,
             worker_ns: now.saturating_duration_since(self.dequeued).as_nanos() as u64,
             backend_ns,
         });
@@ -906,7 +981,11 @@ impl Worker {
     /// `SERVER_ERROR backend <name> <why>` for failed part `p` (or the backend's own
     /// `SERVER_ERROR` line).
     fn failure_reply(&mut self, p: u32) {
-        let part = &self.parts[p as usize];
+        let Some(part) = self.parts.get(p as usize) else {
+            self.assembled
+                .extend_from_slice(b"SERVER_ERROR proxy: request could not be sent\r\n");
+            return;
+        };
         match part.state {
             State::Failed(fail) => {
                 let name = &self.routing.backends[part.backend as usize].name;
@@ -924,8 +1003,10 @@ impl Worker {
     /// returns the values.
     fn merge(&mut self, i: usize, work: &ProxyWork) -> u32 {
         let (start, _) = self.jobs[i].keys;
-        let Parsed::Request { request: Request::Get { keys, .. } | Request::Gat { keys, .. }, .. } =
-            parse(&work.buf, &self.shared.limits)
+        let Parsed::Request {
+            request: Request::Get { keys, .. } | Request::Gat { keys, .. },
+            ..
+        } = parse(&work.buf, &self.shared.limits)
         else {
             return 0;
         };

@@ -3,10 +3,8 @@
 
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use kvlab_server::{IoModel, Server, ServerConfig};
 use kvlab_store::ManualClock;
@@ -30,40 +28,5 @@ pub fn start(io: IoModel, tweak: impl FnOnce(&mut ServerConfig)) -> (Server, Arc
     (Server::start(config).expect("server starts"), clock)
 }
 
-pub fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
-    s.set_nodelay(true).expect("nodelay");
-    s
-}
-
-/// Sends `req`, then reads until the reply ends with `until` (or EOF, or 5 s).
-pub fn exchange(s: &mut TcpStream, req: &[u8], until: &[u8]) -> Vec<u8> {
-    s.write_all(req).expect("write");
-    read_until(s, until)
-}
-
-pub fn read_until(s: &mut TcpStream, until: &[u8]) -> Vec<u8> {
-    let mut got = Vec::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    while !got.ends_with(until) {
-        match s.read(&mut buf) {
-            Ok(0) => {
-                got.extend_from_slice(b"<EOF>");
-                break;
-            }
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                got.extend_from_slice(b"<RESET>");
-                break;
-            }
-            Err(_) => {
-                got.extend_from_slice(b"<TIMEOUT>");
-                break;
-            }
-        }
-    }
-    got
-}
+#[allow(unused_imports)]
+pub use kvlab_client::testing::wire::{connect, exchange, read_until};

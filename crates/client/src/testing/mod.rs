@@ -2,6 +2,8 @@
 //! answers (through [`crate::process`]). Used by this workspace's integration tests and
 //! benchmarks; not for production.
 
+pub mod wire;
+
 use std::io;
 use std::net::SocketAddr;
 

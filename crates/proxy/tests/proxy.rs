@@ -1,0 +1,372 @@
+//! The proxy with real backends: the wire table through it (kvlab and memcached backends),
+//! replicated writes under each write policy with a backend stopped, reads that still hit,
+//! ejection and rejoin without stale data, and the honesty of its stage times (they add up;
+//! Little's law holds per window within 10%).
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use kvlab_client::testing::wire::{connect, exchange, run_table};
+use kvlab_client::testing::Memcached;
+use kvlab_proxy::config::parse_backend;
+use kvlab_proxy::{Proxy, ProxyConfig, ProxyOptions, WritePolicy};
+use kvlab_server::{Server, ServerConfig};
+
+fn kvlab_backend() -> Server {
+    Server::start(ServerConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        threads: 2,
+        crawler: None,
+        ..ServerConfig::default()
+    })
+    .expect("kvlab server starts")
+}
+
+fn memcached() -> Memcached {
+    Memcached::start_with(&["-m", "64"])
+        .unwrap_or_else(|e| panic!("{e} (.ci/run installs Debian's memcached)"))
+}
+
+fn config(addrs: &[SocketAddr]) -> ProxyConfig {
+    let mut c = ProxyConfig::new(
+        addrs
+            .iter()
+            .map(|a| parse_backend(&a.to_string()).expect("backend"))
+            .collect(),
+    );
+    c.workers = 4;
+    c.timeout = Duration::from_millis(500);
+    c.retry_timeout = Duration::from_millis(100);
+    c
+}
+
+fn proxy(config: ProxyConfig) -> Proxy {
+    Proxy::start(
+        config,
+        ProxyOptions::new(SocketAddr::from(([127, 0, 0, 1], 0))),
+    )
+    .expect("proxy starts")
+}
+
+/// One request, its reply up to `until`.
+fn ask(addr: SocketAddr, req: &str, until: &str) -> String {
+    let mut s = connect(addr);
+    String::from_utf8_lossy(&exchange(&mut s, req.as_bytes(), until.as_bytes())).into_owned()
+}
+
+/// Waits (at most 10 s) until `f` holds (each try is a request to the proxy).
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn the_wire_table_passes_through_the_proxy_to_kvlab_backends() {
+    let backends: Vec<Server> = (0..3).map(|_| kvlab_backend()).collect();
+    let addrs: Vec<SocketAddr> = backends.iter().map(|s| s.addr()).collect();
+    let p = proxy(config(&addrs));
+    let failures = run_table(p.addr(), false);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn the_wire_table_passes_through_the_proxy_to_memcached_backends() {
+    let backends: Vec<Memcached> = (0..3).map(|_| memcached()).collect();
+    let addrs: Vec<SocketAddr> = backends.iter().map(|m| m.addr).collect();
+    for multiget in ["sharded", "single"] {
+        let mut c = config(&addrs);
+        c.pools[0].multiget = multiget.parse().expect("mode");
+        if multiget == "single" {
+            // `single` needs every key on every backend.
+            c.pools[0].replicas = 3;
+        }
+        let p = proxy(c);
+        let mut failures = run_table(p.addr(), true);
+        if multiget == "single" {
+            // Reads spread over replicas: a read of an invalidated item hands out its win
+            // token on each replica it reaches (each replica's own state, as in any
+            // replicated memcached setup). Checked above with one copy.
+            failures.retain(|f| !f.starts_with("invalidate gives stale and one win"));
+        }
+        assert!(failures.is_empty(), "{multiget}:\n{}", failures.join("\n"));
+    }
+}
+
+#[test]
+fn a_multi_get_is_split_by_backend_and_merged_in_key_order() {
+    let backends: Vec<Memcached> = (0..3).map(|_| memcached()).collect();
+    let addrs: Vec<SocketAddr> = backends.iter().map(|m| m.addr).collect();
+    let p = proxy(config(&addrs));
+    let keys: Vec<String> = (0..30).map(|i| format!("key:{i}")).collect();
+    let mut s = connect(p.addr());
+    for (i, k) in keys.iter().enumerate() {
+        if i % 3 != 2 {
+            let v = format!("v{i}");
+            let req = format!("set {k} {i} 0 {}\r\n{v}\r\n", v.len());
+            assert_eq!(exchange(&mut s, req.as_bytes(), b"\r\n"), b"STORED\r\n");
+        }
+    }
+    // The keys are spread: each backend holds some.
+    for m in &backends {
+        let got = ask(m.addr, &format!("get {}\r\n", keys.join(" ")), "END\r\n");
+        assert!(got.matches("VALUE").count() >= 3, "{got}");
+    }
+    let mut asked = keys.clone();
+    asked.push("key:0".into());
+    asked.reverse();
+    let got = ask(p.addr(), &format!("get {}\r\n", asked.join(" ")), "END\r\n");
+    let want: String = asked
+        .iter()
+        .filter_map(|k| {
+            let i: usize = k[4..].parse().unwrap();
+            (i % 3 != 2).then(|| format!("VALUE {k} {i} {}\r\nv{i}\r\n", format!("v{i}").len()))
+        })
+        .collect::<String>()
+        + "END\r\n";
+    assert_eq!(got, want);
+    // The proxy counted one request, 31 keys, 21 hits, over 3 backend requests.
+    let stats = ask(p.addr(), "stats\r\n", "END\r\n");
+    assert!(stats.contains("STAT cmd_get 31\r\n"), "{stats}");
+    assert!(stats.contains("STAT get_hits 21\r\n"), "{stats}");
+}
+
+#[test]
+fn replicated_writes_follow_the_write_policy_and_reads_still_hit() {
+    let mut backends: Vec<Memcached> = (0..3).map(|_| memcached()).collect();
+    let addrs: Vec<SocketAddr> = backends.iter().map(|m| m.addr).collect();
+    let mut all = config(&addrs);
+    all.pools[0].replicas = 3;
+    let mut majority = all.clone();
+    majority.pools[0].write_policy = WritePolicy::Majority;
+    let (all, majority) = (proxy(all), proxy(majority));
+
+    // R = 3: a set lands on all three.
+    assert_eq!(
+        ask(all.addr(), "set k 0 0 2\r\nhi\r\n", "\r\n"),
+        "STORED\r\n"
+    );
+    for m in &backends {
+        assert_eq!(
+            ask(m.addr, "get k\r\n", "END\r\n"),
+            "VALUE k 0 2\r\nhi\r\nEND\r\n"
+        );
+    }
+    // `add` of an existing key fails on every replica: the first failure comes back.
+    assert_eq!(
+        ask(all.addr(), "add k 0 0 1\r\nx\r\n", "\r\n"),
+        "NOT_STORED\r\n"
+    );
+
+    // One backend stopped.
+    let stopped = backends.remove(1);
+    let name = stopped.addr.to_string();
+    drop(stopped);
+    let reply = ask(all.addr(), "set k 0 0 3\r\nnew\r\n", "\r\n");
+    assert!(
+        reply.starts_with(&format!("SERVER_ERROR backend {name}")),
+        "all: {reply}"
+    );
+    assert_eq!(
+        ask(majority.addr(), "set k 0 0 3\r\nnew\r\n", "\r\n"),
+        "STORED\r\n"
+    );
+    // Gets still hit, whichever replica they are sent to (retried on the next one).
+    for _ in 0..20 {
+        assert_eq!(
+            ask(majority.addr(), "get k\r\n", "END\r\n"),
+            "VALUE k 0 3\r\nnew\r\nEND\r\n"
+        );
+        assert_eq!(
+            ask(majority.addr(), "mg k v\r\n", "\r\nnew\r\n"),
+            "VA 3\r\nnew\r\n"
+        );
+    }
+    let stats = ask(majority.addr(), "stats backends\r\n", "END\r\n");
+    assert!(
+        stats.contains(&format!(
+            "name {name}\r\nSTAT backend:1:pool main\r\nSTAT backend:1:ejected 1"
+        )),
+        "the stopped backend is ejected: {stats}"
+    );
+}
+
+/// memcached on `port` (as root, `-u root`), waited for.
+fn memcached_on(port: u16) -> kvlab_client::process::Process {
+    kvlab_client::process::Spawn::new(Memcached::program())
+        .args(["-U", "0", "-l", "127.0.0.1", "-m", "64", "-u", "root"])
+        .args(["-p".to_string(), port.to_string()])
+        .ready(kvlab_client::process::Probe::Version(SocketAddr::from((
+            [127, 0, 0, 1],
+            port,
+        ))))
+        .start()
+        .expect("memcached starts")
+}
+
+fn signal(process: &kvlab_client::process::Process, sig: i32) {
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(process.pid() as i32, sig) }, 0);
+}
+
+#[test]
+fn a_returning_backend_is_flushed_before_it_serves_again() {
+    let ports = kvlab_client::process::free_ports(3).unwrap();
+    let backends: Vec<_> = ports.iter().map(|&p| memcached_on(p)).collect();
+    let addrs: Vec<SocketAddr> = ports
+        .iter()
+        .map(|&p| SocketAddr::from(([127, 0, 0, 1], p)))
+        .collect();
+    let mut c = config(&addrs);
+    c.pools[0].replicas = 3;
+    c.pools[0].write_policy = WritePolicy::Majority;
+    c.failure_limit = 1;
+    c.timeout = Duration::from_millis(200);
+    let p = proxy(c);
+    assert_eq!(
+        ask(p.addr(), "set k 0 0 3\r\nold\r\n", "\r\n"),
+        "STORED\r\n"
+    );
+    // Backend 0 stops answering (a pause, a partition) with the old value in memory; the
+    // write it misses lands on the other two.
+    signal(&backends[0], libc::SIGSTOP);
+    assert_eq!(
+        ask(p.addr(), "set k 0 0 3\r\nnew\r\n", "\r\n"),
+        "STORED\r\n"
+    );
+    // Reads that reach it time out and are retried elsewhere; it is ejected.
+    eventually("the backend is ejected", || {
+        assert_eq!(
+            ask(p.addr(), "get k\r\n", "END\r\n"),
+            "VALUE k 0 3\r\nnew\r\nEND\r\n"
+        );
+        ask(p.addr(), "stats backends\r\n", "END\r\n").contains("STAT backend:0:ejected 1")
+    });
+    // It answers again; the prober flushes it before putting it back.
+    signal(&backends[0], libc::SIGCONT);
+    eventually("the backend rejoins", || {
+        ask(p.addr(), "stats backends\r\n", "END\r\n").contains("STAT backend:0:rejoins 1")
+    });
+    // A read it serves misses (a cache may miss), never the old value.
+    let mut hits = 0;
+    for _ in 0..30 {
+        let got = ask(p.addr(), "get k\r\n", "END\r\n");
+        assert!(
+            got == "END\r\n" || got == "VALUE k 0 3\r\nnew\r\nEND\r\n",
+            "stale: {got}"
+        );
+        hits += usize::from(got != "END\r\n");
+    }
+    assert!(
+        (10..30).contains(&hits),
+        "reads reach all three replicas: {hits} of 30 hit"
+    );
+}
+
+#[test]
+fn a_hung_backend_times_out_and_no_client_hangs() {
+    // A listener that accepts and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let m = memcached();
+    let mut c = config(&[silent.local_addr().unwrap(), m.addr]);
+    c.pools[0].replicas = 2;
+    c.pools[0].write_policy = WritePolicy::Majority;
+    c.timeout = Duration::from_millis(200);
+    let p = proxy(c);
+    let started = Instant::now();
+    // The majority is 2 of 2: the silent replica's timeout decides.
+    let reply = ask(p.addr(), "set k 0 0 1\r\nx\r\n", "\r\n");
+    assert!(reply.contains("timed out"), "{reply}");
+    // Reads go to the answering replica, retried there after a timeout.
+    for _ in 0..4 {
+        assert_eq!(
+            ask(p.addr(), "get k\r\n", "END\r\n"),
+            "VALUE k 0 1\r\nx\r\nEND\r\n"
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn stage_times_add_up_and_littles_law_holds_per_window() {
+    let m = memcached();
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(&[m.addr]);
+    // One worker and many clients: requests queue.
+    c.workers = 1;
+    let mut options = ProxyOptions::new(SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.log_dir = Some(dir.path().to_path_buf());
+    options.log_interval = Duration::from_millis(250);
+    options.log_sample = 10;
+    let p = Proxy::start(c, options).unwrap();
+    let addr = p.addr();
+    let value = "x".repeat(100);
+    assert_eq!(
+        ask(addr, &format!("set k 0 0 100\r\n{value}\r\n"), "\r\n"),
+        "STORED\r\n"
+    );
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let clients: Vec<_> = (0..32)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut n = 0;
+                while Instant::now() < deadline && n < 200_000 {
+                    s.write_all(b"get k\r\nget k\r\n").unwrap();
+                    let mut got = 0;
+                    while got < 2 * 122 {
+                        got += s.read(&mut buf).unwrap();
+                    }
+                    n += 2;
+                }
+                n
+            })
+        })
+        .collect();
+    let sent: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    p.stop();
+    let windows = std::fs::read_to_string(dir.path().join("windows.csv")).unwrap();
+    let mut lines = windows.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let mut checked = 0;
+    for line in lines {
+        let f: Vec<f64> = line.split(',').map(|x| x.parse().unwrap()).collect();
+        let (rate, l, wq) = (
+            f[col("throughput_rps")],
+            f[col("queue_len_mean")],
+            f[col("queue_mean_us")] / 1e6,
+        );
+        if f[col("requests")] < 1000.0 || l < 0.5 {
+            continue; // the edges of the run
+        }
+        let little = rate * wq;
+        assert!(
+            (l - little).abs() <= 0.1 * l,
+            "L = {l:.2} but λW = {rate:.0}/s × {:.1} µs = {little:.2}\n{windows}",
+            wq * 1e6
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 2,
+        "too few loaded windows ({sent} requests):\n{windows}"
+    );
+    // Per request: queue + worker = total; the backend's time lies within the worker's.
+    let requests = std::fs::read_to_string(dir.path().join("requests.csv")).unwrap();
+    let mut n = 0;
+    for line in requests.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let us = |i: usize| f[i].parse::<i64>().unwrap();
+        let (queue, worker, backend, total) = (us(5), us(6), us(7), us(8));
+        assert!((queue + worker - total).abs() <= 1, "{line}");
+        assert!(backend <= worker, "{line}");
+        n += 1;
+    }
+    assert!(n > 100, "{n} sampled requests");
+}
