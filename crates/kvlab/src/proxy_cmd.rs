@@ -23,6 +23,11 @@ pub struct ProxyArgs {
     /// Worker threads that talk to the backends [default: 8, or `workers` in --config].
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
+    /// Thread model: reactor (each of the -t workers is an event loop serving its own
+    /// clients and backends, no hand-off: the fastest) or epoll (the classic middleware:
+    /// one network thread and a request queue in front of -t workers, every stage timed).
+    #[arg(long = "io", default_value = "reactor")]
+    io: kvlab_proxy::ProxyIo,
     /// A backend, HOST:PORT or HOST:PORT:WEIGHT (repeat for each; one pool). Not with --config.
     #[arg(long = "backend", value_name = "HOST:PORT[:WEIGHT]")]
     backends: Vec<String>,
@@ -146,11 +151,13 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     options.log_sample = args.log_sample;
     options.metrics = args.metrics_port.map(|p| SocketAddr::new(args.listen, p));
     options.config_file = args.config.clone();
+    options.io = args.io;
     let summary = format!(
-        "{} pool(s), {} backend(s), {} workers",
+        "{} pool(s), {} backend(s), {} workers, io {:?}",
         config.pools.len(),
         config.pools.iter().map(|p| p.backends.len()).sum::<usize>(),
-        config.workers
+        config.workers,
+        args.io
     );
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,

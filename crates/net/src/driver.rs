@@ -46,6 +46,11 @@ pub enum Pump {
 /// `read` that would only return `EAGAIN` — one read and one write per batch of pipelined
 /// requests.
 ///
+/// `readable` says whether the socket may hold unread input; it is cleared when a read
+/// finds the input drained, and the caller sets it again on a readiness event. So a
+/// connection pumped because deferred work completed (its replies to write) costs no read
+/// that would only return `EAGAIN`.
+///
 /// With `inline`, deferred work runs here on the service's own worker; otherwise it stays in
 /// the session for the caller to hand to helper threads ([`Session::take_work`]).
 pub fn pump<T: Read + Write, S: Service>(
@@ -53,6 +58,7 @@ pub fn pump<T: Read + Write, S: Service>(
     session: &mut Session<S>,
     service: &mut S,
     inline: bool,
+    readable: &mut bool,
 ) -> Pump {
     let mut drained = false;
     loop {
@@ -70,7 +76,7 @@ pub fn pump<T: Read + Write, S: Service>(
         if session.is_closing() && !session.is_waiting() {
             return Pump::Closed;
         }
-        if drained {
+        if drained || !*readable {
             return Pump::Idle;
         }
         drained = true;
@@ -87,10 +93,15 @@ pub fn pump<T: Read + Write, S: Service>(
                     session.filled(n);
                     if n == room {
                         drained = false;
+                    } else {
+                        *readable = false;
                     }
                     break;
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    *readable = false;
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return Pump::Closed,
             }

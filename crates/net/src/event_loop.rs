@@ -13,9 +13,14 @@
 //! output blocks; a blocked connection arms writable interest and reads nothing more until
 //! the client has taken its replies.
 //!
-//! Deferred work runs inline on the loop's thread ([`crate::session::Session::process_inline`],
-//! the reactor) or, with [`EventLoop::with_helpers`], on a [`crate::pool::HelperPool`] whose
-//! completions come back through the loop's waker (the epoll driver).
+//! Deferred work runs on the loop's own thread or, with [`EventLoop::with_helpers`], on a
+//! [`crate::pool::HelperPool`] whose completions come back through the loop's waker (the
+//! epoll driver). On its own thread it runs in one of two ways, chosen by the work's
+//! [`Work::BATCH`]: each request's work at once, within the request
+//! ([`crate::session::Session::process_inline`]; a durable cache's disk read), or — for work
+//! that batches, a proxy's backend requests — collected over a whole round of readiness
+//! events and run together at its end ([`Work::run_batch`]: one write per backend for
+//! everything the round read), then completed in the sessions, whose replies leave at once.
 
 use std::io;
 use std::sync::mpsc;
@@ -27,8 +32,9 @@ use mio::{Events, Interest, Poll, Token};
 
 use crate::driver::{self, Pump, LISTENER};
 use crate::pool::{Done, HelperPool};
-use crate::service::{App, Service, WorkOf};
+use crate::service::{App, Completion, Service, Work, WorkOf};
 use crate::session::Session;
+use crate::session::SlotId;
 
 /// The token of the loop's waker (new connections, shutdown).
 pub const WAKER: Token = Token(usize::MAX);
@@ -42,6 +48,10 @@ struct Conn<A: App> {
     generation: u64,
     /// The helper running this connection's work while any is in flight.
     helper: Option<usize>,
+    /// Listed in `touched` (a completion arrived since it was last served).
+    touched: bool,
+    /// The socket may hold unread input (see [`driver::pump`]).
+    readable: bool,
 }
 
 /// Helper threads and the channel their results come back on.
@@ -63,6 +73,12 @@ pub struct EventLoop<A: App> {
     /// Without helpers, deferred work runs inline on the loop's thread.
     helpers: Option<Helpers<A>>,
     generation: u64,
+    /// Connections with completions to act on (reused).
+    touched: Vec<usize>,
+    /// Batched mode: work collected this round, and whose slot each completes.
+    batch: Vec<WorkOf<A>>,
+    batch_slots: Vec<(usize, u64, SlotId)>,
+    batch_done: Vec<(usize, Completion)>,
 }
 
 impl<A: App> EventLoop<A> {
@@ -79,6 +95,10 @@ impl<A: App> EventLoop<A> {
             free: Vec::new(),
             helpers: None,
             generation: 0,
+            touched: Vec::new(),
+            batch: Vec::new(),
+            batch_slots: Vec::new(),
+            batch_done: Vec::new(),
         }
     }
 
@@ -114,7 +134,9 @@ impl<A: App> EventLoop<A> {
     pub fn run(mut self) {
         let mut events = Events::with_capacity(1024);
         while !self.app.stopping() {
-            if let Err(e) = self.poll.poll(&mut events, None) {
+            // Work collected while serving the last batch's replies runs without waiting.
+            let timeout = (!self.batch.is_empty()).then_some(std::time::Duration::ZERO);
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
@@ -128,11 +150,59 @@ impl<A: App> EventLoop<A> {
                         self.complete_work();
                     }
                     LISTENER => self.accept(),
-                    Token(i) => self.serve(i),
+                    Token(i) => {
+                        if let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) {
+                            conn.readable = true;
+                        }
+                        self.serve(i);
+                    }
                 }
             }
+            self.run_batch();
         }
         self.close_all();
+    }
+
+    /// Runs the work collected this round as one batch, completes it in its sessions, and
+    /// serves each session touched once (their next requests join the next batch).
+    fn run_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let mut done = std::mem::take(&mut self.batch_done);
+        let worker = self.service.worker();
+        <WorkOf<A> as Work>::run_batch(&mut self.batch, worker, &mut |i, c| done.push((i, c)));
+        self.batch.clear();
+        let slots = std::mem::take(&mut self.batch_slots);
+        for (i, completion) in done.drain(..) {
+            let (slot, generation, id) = slots[i];
+            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+                continue;
+            };
+            if conn.generation != generation {
+                continue;
+            }
+            if let Some(buf) = conn.session.complete(id, completion) {
+                self.service.recycle(buf);
+            }
+            if !conn.touched {
+                conn.touched = true;
+                self.touched.push(slot);
+            }
+        }
+        self.batch_done = done;
+        let mut slots = slots;
+        slots.clear();
+        self.batch_slots = slots;
+        let mut touched = std::mem::take(&mut self.touched);
+        for &slot in &touched {
+            if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
+                conn.touched = false;
+                self.serve(slot);
+            }
+        }
+        touched.clear();
+        self.touched = touched;
     }
 
     fn accept(&mut self) {
@@ -169,6 +239,8 @@ impl<A: App> EventLoop<A> {
             writable: false,
             generation: self.generation,
             helper: None,
+            touched: false,
+            readable: true,
         });
         // Edge-triggered: data may already be waiting.
         self.serve(slot);
@@ -178,12 +250,14 @@ impl<A: App> EventLoop<A> {
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        let inline = self.helpers.is_none();
+        let batched = self.helpers.is_none() && <WorkOf<A> as Work>::BATCH > 1;
+        let inline = self.helpers.is_none() && !batched;
         let pumped = driver::pump(
             &mut conn.stream,
             &mut conn.session,
             &mut self.service,
             inline,
+            &mut conn.readable,
         );
         let keep = match pumped {
             Pump::Closed => false,
@@ -201,12 +275,21 @@ impl<A: App> EventLoop<A> {
                     .pool
                     .submit(helper, (slot, conn.generation), id, work);
             }
+        } else if batched {
+            while let Some((id, work)) = conn.session.take_work() {
+                self.batch.push(work);
+                self.batch_slots.push((slot, conn.generation, id));
+            }
         }
     }
 
-    /// Hands finished work back to its sessions and lets them carry on.
+    /// Hands finished work back to its sessions, then lets each session touched carry on
+    /// once: the replies of a connection's many completions leave in one write.
     fn complete_work(&mut self) {
-        while let Some(done) = self.helpers.as_ref().and_then(|h| h.done.try_recv().ok()) {
+        let Some(helpers) = self.helpers.as_ref() else {
+            return;
+        };
+        while let Ok(done) = helpers.done.try_recv() {
             let (slot, generation) = done.conn;
             let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
                 continue;
@@ -220,8 +303,20 @@ impl<A: App> EventLoop<A> {
             if !conn.session.is_waiting() {
                 conn.helper = None;
             }
-            self.serve(slot);
+            if !conn.touched {
+                conn.touched = true;
+                self.touched.push(slot);
+            }
         }
+        let mut touched = std::mem::take(&mut self.touched);
+        for &slot in &touched {
+            if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
+                conn.touched = false;
+                self.serve(slot);
+            }
+        }
+        touched.clear();
+        self.touched = touched;
     }
 
     fn drop_conn(&mut self, slot: usize) {

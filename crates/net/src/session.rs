@@ -295,7 +295,12 @@ impl<S: Service> Session<S> {
     /// `from` on (which all lie after `range`) accordingly.
     fn replace(&mut self, from: usize, range: std::ops::Range<usize>, bytes: &[u8]) {
         let removed = range.len();
-        self.output.splice(range, bytes.iter().copied());
+        if range.start == self.output.len() {
+            // At the end (nothing composed after it yet): a plain append.
+            self.output.extend_from_slice(bytes);
+        } else {
+            self.output.splice(range, bytes.iter().copied());
+        }
         for p in self.pending.iter_mut().skip(from) {
             p.at = p.at + bytes.len() - removed;
         }

@@ -165,6 +165,8 @@ struct Loop<A: App> {
     limits: Limits,
     /// Connections indexed by fd (fds are small and dense).
     conns: Vec<Option<Conn<A>>>,
+    /// Connections with completions to act on (reused).
+    touched: Vec<usize>,
     generation: u64,
     pool: HelperPool<WorkOf<A>>,
     done: mpsc::Receiver<Done>,
@@ -207,6 +209,7 @@ impl<A: App> Loop<A> {
             app,
             limits,
             conns: Vec::new(),
+            touched: Vec::new(),
             generation: 0,
             pool,
             done,
@@ -264,7 +267,8 @@ impl<A: App> Loop<A> {
         while unsafe { libc::read(self.wake_r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0
         {
         }
-        // Finished work: complete the sessions and let them carry on.
+        // Finished work: complete the sessions, then let each one touched carry on once.
+        let mut touched = std::mem::take(&mut self.touched);
         while let Ok(done) = self.done.try_recv() {
             let (idx, generation) = done.conn;
             let Some(conn) = self.conns.get_mut(idx).and_then(Option::as_mut) else {
@@ -277,9 +281,16 @@ impl<A: App> Loop<A> {
                 if !conn.session.is_waiting() {
                     conn.helper = None;
                 }
-                self.serve(idx as RawFd);
+                if !touched.contains(&idx) {
+                    touched.push(idx);
+                }
             }
         }
+        for &idx in &touched {
+            self.serve(idx as RawFd);
+        }
+        touched.clear();
+        self.touched = touched;
     }
 
     fn accept(&mut self) {
@@ -334,6 +345,8 @@ impl<A: App> Loop<A> {
             &mut conn.session,
             &mut self.service,
             false,
+            // Signals are not tracked per connection here: always try to read.
+            &mut true,
         );
         if pumped == Pump::Closed {
             self.drop_conn(fd);

@@ -73,6 +73,34 @@ pub struct ProxyOptions {
     pub metrics: Option<SocketAddr>,
     /// The file the configuration came from: SIGHUP or a change reloads it.
     pub config_file: Option<PathBuf>,
+    /// The thread model.
+    pub io: ProxyIo,
+}
+
+/// The proxy's thread model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyIo {
+    /// The classic middleware: one network thread parses and queues, `t` worker threads
+    /// take batches from the queue and talk to the backends (a connection's requests stay
+    /// on one worker while any is in flight). Queue and worker times are real stages.
+    Epoll,
+    /// `t` event loops, each serving its own clients and backends: requests read in one
+    /// round of readiness events go to the backends as one batch at its end. No hand-off
+    /// between threads; the queue stage is the wait for the end of the round.
+    Reactor,
+}
+
+impl std::str::FromStr for ProxyIo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "epoll" => Ok(ProxyIo::Epoll),
+            "reactor" => Ok(ProxyIo::Reactor),
+            _ => Err(format!(
+                "unknown proxy I/O model {s:?} (known: reactor, epoll)"
+            )),
+        }
+    }
 }
 
 impl ProxyOptions {
@@ -87,6 +115,7 @@ impl ProxyOptions {
             log_sample: 0,
             metrics: None,
             config_file: None,
+            io: ProxyIo::Reactor,
         }
     }
 }
@@ -266,8 +295,12 @@ impl Proxy {
         let app = Arc::new(service::ProxyApp {
             shared: shared.clone(),
         });
+        let io = match options.io {
+            ProxyIo::Epoll => IoModel::Epoll,
+            ProxyIo::Reactor => IoModel::Reactor,
+        };
         let driver = Driver::start(
-            IoModel::Epoll,
+            io,
             listener,
             app,
             kvlab_net::Config {

@@ -28,16 +28,19 @@ const SPARE_MAX: usize = 64 * 1024;
 /// The network thread's service.
 pub struct ProxyService {
     shared: Arc<Shared>,
+    /// Which serving thread it is (its recorder, in the reactor model).
+    index: usize,
     spare: Vec<Vec<u8>>,
-    /// Deferred work runs on helper threads; this worker exists only to satisfy drivers
-    /// that run work inline (the proxy starts the epoll driver, which never does).
+    /// The worker of this thread when the driver runs work on the serving thread itself
+    /// (the reactor model); the epoll model's workers are helper threads.
     inline: Option<Worker>,
 }
 
 impl ProxyService {
-    pub(crate) fn new(shared: Arc<Shared>) -> ProxyService {
+    pub(crate) fn new(shared: Arc<Shared>, index: usize) -> ProxyService {
         ProxyService {
             shared,
+            index,
             spare: Vec::new(),
             inline: None,
         }
@@ -105,8 +108,9 @@ impl Service for ProxyService {
     }
 
     fn worker(&mut self) -> &mut Worker {
-        let shared = self.shared.clone();
-        self.inline.get_or_insert_with(|| Worker::new(shared, 0))
+        let (shared, index) = (self.shared.clone(), self.index);
+        self.inline
+            .get_or_insert_with(|| Worker::new(shared, index))
     }
 
     fn protocol_error(&mut self, _error: ProtocolError) {
@@ -245,8 +249,8 @@ pub struct ProxyApp {
 impl App for ProxyApp {
     type Service = ProxyService;
 
-    fn service(&self, _index: usize) -> ProxyService {
-        ProxyService::new(self.shared.clone())
+    fn service(&self, index: usize) -> ProxyService {
+        ProxyService::new(self.shared.clone(), index)
     }
 
     fn helper(&self, index: usize) -> Worker {

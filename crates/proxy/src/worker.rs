@@ -187,6 +187,8 @@ pub struct Worker {
     samples: Vec<Sample>,
     events: Vec<(usize, Option<u64>, bool)>,
     dequeued: Instant,
+    /// The clock as last read (once per round of I/O, not per request).
+    now: Instant,
 }
 
 impl Worker {
@@ -218,6 +220,7 @@ impl Worker {
             samples: Vec::with_capacity(BATCH),
             events: Vec::new(),
             dequeued: Instant::now(),
+            now: Instant::now(),
         }
     }
 
@@ -251,6 +254,7 @@ impl Worker {
         done: &mut dyn FnMut(usize, Completion),
     ) {
         self.dequeued = Instant::now();
+        self.now = self.dequeued;
         self.shared
             .queue
             .lock()
@@ -380,7 +384,7 @@ impl Worker {
     /// Starts a part of job `i` to `backend`: connects if needed, or fails it at once.
     /// Returns the part and whether its request may be written to `conns[backend].out`.
     fn open_part(&mut self, i: usize, backend: usize, retry: bool) -> (u32, bool) {
-        let now = Instant::now();
+        let now = self.now;
         let p = self.parts.len() as u32;
         let mut part = Part {
             job: i as u32,
@@ -639,7 +643,8 @@ impl Worker {
                     self.read_replies(b);
                 }
             }
-            self.expire(Instant::now());
+            self.now = Instant::now();
+            self.expire(self.now);
         }
     }
 
@@ -668,7 +673,8 @@ impl Worker {
 
     fn read_replies(&mut self, b: usize) {
         let open = self.conns[b].fill();
-        let now = Instant::now();
+        self.now = Instant::now();
+        let now = self.now;
         let health = self.routing.backends[b].clone();
         loop {
             let conn = &mut self.conns[b];
@@ -838,7 +844,7 @@ impl Worker {
         works: &mut [ProxyWork],
         done: &mut dyn FnMut(usize, Completion),
     ) {
-        let now = Instant::now();
+        let now = self.now;
         self.jobs[i].decided = true;
         let job = &self.jobs[i];
         self.assembled.clear();

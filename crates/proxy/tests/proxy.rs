@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use kvlab_client::testing::wire::{connect, exchange, run_table};
 use kvlab_client::testing::Memcached;
 use kvlab_proxy::config::parse_backend;
-use kvlab_proxy::{Proxy, ProxyConfig, ProxyOptions, WritePolicy};
+use kvlab_proxy::{Proxy, ProxyConfig, ProxyIo, ProxyOptions, WritePolicy};
 use kvlab_server::{Server, ServerConfig};
 
 fn kvlab_backend() -> Server {
@@ -42,12 +42,17 @@ fn config(addrs: &[SocketAddr]) -> ProxyConfig {
 }
 
 fn proxy(config: ProxyConfig) -> Proxy {
-    Proxy::start(
-        config,
-        ProxyOptions::new(SocketAddr::from(([127, 0, 0, 1], 0))),
-    )
-    .expect("proxy starts")
+    proxy_io(config, ProxyIo::Reactor)
 }
+
+fn proxy_io(config: ProxyConfig, io: ProxyIo) -> Proxy {
+    let mut options = ProxyOptions::new(SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.io = io;
+    Proxy::start(config, options).expect("proxy starts")
+}
+
+/// Both thread models.
+const BOTH: [ProxyIo; 2] = [ProxyIo::Reactor, ProxyIo::Epoll];
 
 /// One request, its reply up to `until`.
 fn ask(addr: SocketAddr, req: &str, until: &str) -> String {
@@ -68,23 +73,29 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
 fn the_wire_table_passes_through_the_proxy_to_kvlab_backends() {
     let backends: Vec<Server> = (0..3).map(|_| kvlab_backend()).collect();
     let addrs: Vec<SocketAddr> = backends.iter().map(|s| s.addr()).collect();
-    let p = proxy(config(&addrs));
-    let failures = run_table(p.addr(), false);
-    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    for io in BOTH {
+        let p = proxy_io(config(&addrs), io);
+        let failures = run_table(p.addr(), false);
+        assert!(failures.is_empty(), "{io:?}:\n{}", failures.join("\n"));
+    }
 }
 
 #[test]
 fn the_wire_table_passes_through_the_proxy_to_memcached_backends() {
     let backends: Vec<Memcached> = (0..3).map(|_| memcached()).collect();
     let addrs: Vec<SocketAddr> = backends.iter().map(|m| m.addr).collect();
-    for multiget in ["sharded", "single"] {
+    for (multiget, io) in [
+        ("sharded", ProxyIo::Reactor),
+        ("sharded", ProxyIo::Epoll),
+        ("single", ProxyIo::Reactor),
+    ] {
         let mut c = config(&addrs);
         c.pools[0].multiget = multiget.parse().expect("mode");
         if multiget == "single" {
             // `single` needs every key on every backend.
             c.pools[0].replicas = 3;
         }
-        let p = proxy(c);
+        let p = proxy_io(c, io);
         let mut failures = run_table(p.addr(), true);
         if multiget == "single" {
             // Reads spread over replicas: a read of an invalidated item hands out its win
@@ -92,7 +103,11 @@ fn the_wire_table_passes_through_the_proxy_to_memcached_backends() {
             // replicated memcached setup). Checked above with one copy.
             failures.retain(|f| !f.starts_with("invalidate gives stale and one win"));
         }
-        assert!(failures.is_empty(), "{multiget}:\n{}", failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{multiget} {io:?}:\n{}",
+            failures.join("\n")
+        );
     }
 }
 
@@ -142,7 +157,7 @@ fn replicated_writes_follow_the_write_policy_and_reads_still_hit() {
     all.pools[0].replicas = 3;
     let mut majority = all.clone();
     majority.pools[0].write_policy = WritePolicy::Majority;
-    let (all, majority) = (proxy(all), proxy(majority));
+    let (all, majority) = (proxy_io(all, ProxyIo::Epoll), proxy(majority));
 
     // R = 3: a set lands on all three.
     assert_eq!(
@@ -298,6 +313,8 @@ fn stage_times_add_up_and_littles_law_holds_per_window() {
     // One worker and many clients: requests queue.
     c.workers = 1;
     let mut options = ProxyOptions::new(SocketAddr::from(([127, 0, 0, 1], 0)));
+    // The classic middleware: a network thread, a queue, the worker.
+    options.io = ProxyIo::Epoll;
     options.log_dir = Some(dir.path().to_path_buf());
     options.log_interval = Duration::from_millis(250);
     options.log_sample = 10;
