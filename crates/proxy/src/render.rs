@@ -90,6 +90,7 @@ fn general(shared: &Shared, out: &mut Vec<u8>) {
         "proxy_queue_len_on_arrival",
         format!("{:.3}", r.mean_queue_len()),
     );
+    line(out, "threads", routing.config.workers);
     line(out, "proxy_workers", routing.config.workers);
     line(out, "proxy_backends", routing.backends.len());
     line(

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use kvlab_net::{Completion, Work};
 use kvlab_protocol::client::{parse_reply, ParsedReply, Reply};
-use kvlab_protocol::{parse, Keys, MetaCommand, Parsed, Request};
+use kvlab_protocol::{parse, Keys, MetaCommand, Parsed, Request, StoreCommand};
 
 use crate::backend::{frame, Conn, Frame};
 use crate::config::{MultiGet, WritePolicy};
@@ -128,6 +128,10 @@ enum Class {
     /// A read that changes the item or reports its access history (`mg` with `N T R h l`):
     /// every replica, so that they stay alike; answered with the first replica's reply.
     ReadAll,
+    /// A compare-and-set (`cas`, meta `C`) with replicas: decided by the primary (whose CAS
+    /// values `gets` returned); when it succeeds the other replicas get the write without
+    /// the compare.
+    Cas,
 }
 
 /// One request of the batch.
@@ -317,6 +321,18 @@ impl Worker {
                 self.jobs[i].keys = (start, start + n);
                 self.send_keys(i, &request, keys, None, false);
             }
+            Request::Store {
+                command: StoreCommand::Cas,
+                key,
+                ..
+            } if self.replicated(key) => {
+                self.jobs.push(Job::new(Class::Cas));
+                let pool = self.routing.pool_of(key);
+                self.jobs[i].pool = pool;
+                self.routing.replicas(pool, key, &mut self.replicas);
+                self.replicas.truncate(1);
+                self.send_all(i, &work.buf, Frame::Line, false);
+            }
             Request::Store { key, .. }
             | Request::Arith { key, .. }
             | Request::Delete { key, .. }
@@ -347,7 +363,23 @@ impl Worker {
                         || flags.recache.is_some()
                         || flags.has(b'h')
                         || flags.has(b'l');
+                    let compare = flags.compare_cas.is_some() && self.replicated(key);
                     match command {
+                        MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith if compare => {
+                            let mut job = Job::new(Class::Cas);
+                            job.pool = pool;
+                            self.jobs.push(job);
+                            self.replicas.truncate(1);
+                            self.send_all(i, &work.buf, frame, quiet);
+                        }
+                        MetaCommand::Get if flags.has(b'c') && !touches => {
+                            // CAS values are the primary's: read them there.
+                            let mut job = Job::new(Class::ReadAsIs { frame });
+                            job.pool = pool;
+                            self.jobs.push(job);
+                            self.replicas.truncate(1);
+                            self.send_read_as_is(i, &work.buf, None, false);
+                        }
                         MetaCommand::Get if touches => {
                             self.jobs.push(Job::new(Class::ReadAll));
                             self.send_all(i, &work.buf, frame, quiet);
@@ -500,6 +532,10 @@ impl Worker {
         self.turn = self.turn.wrapping_add(1);
         self.key_backend.clear();
         let multi = self.jobs[i].keys.1 - start > 1;
+        let cas = matches!(
+            *request,
+            Request::Get { cas: true, .. } | Request::Gat { cas: true, .. }
+        );
         for (k, key) in keys.iter().enumerate() {
             let slot = start as usize + k;
             if only.is_some_and(|p| self.key_part[slot] != p) {
@@ -507,7 +543,7 @@ impl Worker {
                 continue;
             }
             let pool = self.routing.pool_of(key);
-            self.read_candidates(pool, key, multi);
+            self.read_candidates(pool, key, multi, cas);
             let policy = self.routing.pools[pool].pool.read_policy;
             let b = self
                 .routing
@@ -564,13 +600,104 @@ impl Worker {
     }
 
     /// The backends that may serve `key` of `pool` in `self.replicas`: its replicas, or for
-    /// a multi-get in `single` mode every backend of the pool.
-    fn read_candidates(&mut self, pool: usize, key: &[u8], multi: bool) {
-        if multi && self.routing.pools[pool].pool.multiget == MultiGet::Single {
+    /// a multi-get in `single` mode every backend of the pool; for `gets` (`cas`) only its
+    /// primary, whose CAS values a later `cas` is decided by.
+    fn read_candidates(&mut self, pool: usize, key: &[u8], multi: bool, cas: bool) {
+        if cas {
+            self.routing.replicas(pool, key, &mut self.replicas);
+            self.replicas.truncate(1);
+        } else if multi && self.routing.pools[pool].pool.multiget == MultiGet::Single {
             self.routing.pool_backends(pool, &mut self.replicas);
         } else {
             self.routing.replicas(pool, key, &mut self.replicas);
         }
+    }
+
+    /// Whether `key` has more than one copy.
+    fn replicated(&self, key: &[u8]) -> bool {
+        self.routing.pools[self.routing.pool_of(key)].pool.replicas > 1
+    }
+
+    /// After a replicated compare-and-set succeeded on the primary: the same write without
+    /// the compare to the other replicas (their replies are read and dropped).
+    fn cas_follow_up(&mut self, i: usize, work: &ProxyWork) {
+        let Parsed::Request { request, .. } = parse(&work.buf, &self.shared.limits) else {
+            return;
+        };
+        let mut follow = std::mem::take(&mut self.assembled);
+        follow.clear();
+        let (key, frame) = match request {
+            Request::Store {
+                key,
+                flags,
+                exptime,
+                data,
+                ..
+            } => {
+                let set = Request::Store {
+                    command: StoreCommand::Set,
+                    key,
+                    flags,
+                    exptime,
+                    data,
+                    cas_unique: 0,
+                    noreply: false,
+                };
+                crate::service::compose(&set, &mut follow);
+                (key, Frame::Line)
+            }
+            Request::Meta {
+                command,
+                key: meta_key,
+                data,
+                ..
+            } => {
+                // The request line again, without its compare (`C`) and quiet (`q`) tokens.
+                let line_end = memchr::memchr(b'\n', &work.buf).unwrap_or(work.buf.len());
+                let line = work.buf[..line_end].trim_ascii_end();
+                let fixed = if command == MetaCommand::Set { 3 } else { 2 };
+                let words = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
+                for (n, w) in words.enumerate() {
+                    if n >= fixed && (w[0] == b'C' || w[0] == b'q') {
+                        continue;
+                    }
+                    if n > 0 {
+                        follow.push(b' ');
+                    }
+                    follow.extend_from_slice(w);
+                }
+                follow.extend_from_slice(b"\r\n");
+                if command == MetaCommand::Set {
+                    follow.extend_from_slice(data);
+                    follow.extend_from_slice(b"\r\n");
+                }
+                meta_key.with(|k| {
+                    self.routing
+                        .replicas(self.jobs[i].pool, k, &mut self.replicas)
+                });
+                (&[][..], Frame::Meta)
+            }
+            _ => {
+                self.assembled = follow;
+                return;
+            }
+        };
+        if !key.is_empty() {
+            self.routing
+                .replicas(self.jobs[i].pool, key, &mut self.replicas);
+        }
+        for r in 1..self.replicas.len() {
+            let b = self.replicas[r];
+            let (p, ok) = self.open_part(i, b, false);
+            if ok {
+                self.conns[b].out.extend_from_slice(&follow);
+                self.expect(p, frame);
+            }
+            // The job is decided by the primary: this part only keeps the replica current.
+            self.jobs[i].waiting -= 1;
+        }
+        follow.clear();
+        self.assembled = follow;
     }
 
     /// Writes, polls and reads until every job of the batch is decided.
@@ -578,6 +705,12 @@ impl Worker {
         loop {
             self.settle(works, done);
             if self.jobs.iter().all(|j| j.decided) {
+                // Writes no job waits for (a cas's follow-ups) still go out now.
+                for b in 0..self.conns.len() {
+                    if self.conns[b].wants_write() && self.conns[b].flush().is_err() {
+                        self.fail_conn(b, Fail::Closed);
+                    }
+                }
                 return;
             }
             for b in 0..self.conns.len() {
@@ -760,6 +893,12 @@ impl Worker {
                         self.decide(i, works, done);
                     }
                 }
+                Class::Cas => {
+                    if self.jobs[i].parts == 1 && success(&self.parts[p as usize]) {
+                        self.cas_follow_up(i, &works[i]);
+                    }
+                    self.decide(i, works, done);
+                }
                 Class::ReadAll => {
                     if failed(state) {
                         self.jobs[i].failed += 1;
@@ -807,7 +946,11 @@ impl Worker {
                         continue;
                     }
                     let pool = self.routing.pool_of(key);
-                    self.read_candidates(pool, key, end - start > 1);
+                    let cas = matches!(
+                        request,
+                        Request::Get { cas: true, .. } | Request::Gat { cas: true, .. }
+                    );
+                    self.read_candidates(pool, key, end - start > 1, cas);
                     let policy = self.routing.pools[pool].pool.read_policy;
                     if self
                         .routing
@@ -883,6 +1026,19 @@ impl Worker {
                 } else {
                     error = true;
                     self.failure_reply(job.last);
+                }
+            }
+            Class::Cas => {
+                let p = job.first;
+                if failed(self.parts[p as usize].state) {
+                    error = true;
+                }
+                match self.parts[p as usize].state {
+                    State::Failed(_) => self.failure_reply(p),
+                    _ => {
+                        let reply = &self.parts[p as usize].reply;
+                        self.assembled.extend_from_slice(reply);
+                    }
                 }
             }
             Class::ReadAll => {
