@@ -2,6 +2,8 @@
 //! memccapable (Debian libmemcached-tools), sharded and fully replicated, under both thread
 //! models. `.ci/run` installs both clients; a missing one fails the test with a clear message.
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 use std::net::SocketAddr;
 use std::process::Command;
 

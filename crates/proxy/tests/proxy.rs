@@ -3,6 +3,8 @@
 //! ejection and rejoin without stale data, and the honesty of its stage times (they add up;
 //! Little's law holds per window within 10%).
 
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
