@@ -80,6 +80,10 @@ pub struct ProxyArgs {
     /// Serve Prometheus text at http://LISTEN:PORT/metrics.
     #[arg(long = "metrics-port")]
     metrics_port: Option<u16>,
+    /// Do not record per-request figures (stage times, queue length, backend times): only
+    /// to measure what recording costs.
+    #[arg(long = "no-record")]
+    no_record: bool,
     /// More logging (-v info, -vv debug).
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -152,6 +156,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     options.metrics = args.metrics_port.map(|p| SocketAddr::new(args.listen, p));
     options.config_file = args.config.clone();
     options.io = args.io;
+    options.record = !args.no_record;
     let summary = format!(
         "{} pool(s), {} backend(s), {} workers, io {:?}",
         config.pools.len(),

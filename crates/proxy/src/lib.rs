@@ -75,6 +75,9 @@ pub struct ProxyOptions {
     pub config_file: Option<PathBuf>,
     /// The thread model.
     pub io: ProxyIo,
+    /// Record per-request figures (stage times, queue length, per-backend times); off only
+    /// to measure what recording costs (counters of requests stay).
+    pub record: bool,
 }
 
 /// The proxy's thread model.
@@ -116,6 +119,7 @@ impl ProxyOptions {
             metrics: None,
             config_file: None,
             io: ProxyIo::Reactor,
+            record: true,
         }
     }
 }
@@ -176,6 +180,8 @@ pub struct Shared {
     pub reload_requested: Arc<AtomicBool>,
     /// The file the configuration came from.
     pub config_file: Option<PathBuf>,
+    /// Per-request figures are recorded ([`ProxyOptions::record`]).
+    pub record: bool,
     /// Set to stop every thread.
     pub stopping: AtomicBool,
 }
@@ -288,6 +294,7 @@ impl Proxy {
             last_reload_error: Mutex::new(String::new()),
             reload_requested: Arc::new(AtomicBool::new(false)),
             config_file: options.config_file.clone(),
+            record: options.record,
             stopping: AtomicBool::new(false),
         });
         let listener = std::net::TcpListener::bind(options.listen)?;

@@ -90,6 +90,10 @@ fn general(shared: &Shared, out: &mut Vec<u8>) {
         "proxy_queue_len_on_arrival",
         format!("{:.3}", r.mean_queue_len()),
     );
+    // The queue length's time integral since the start: its change over an interval,
+    // divided by the interval, is that interval's mean queue length.
+    let area = shared.queue.lock().total_area(std::time::Instant::now());
+    line(out, "proxy_queue_area_us", area / 1000);
     line(out, "threads", routing.config.workers);
     line(out, "proxy_workers", routing.config.workers);
     line(out, "proxy_backends", routing.backends.len());

@@ -50,7 +50,11 @@ impl ProxyService {
         let mut buf = self.spare.pop().unwrap_or_default();
         compose(req, &mut buf);
         let arrival = Instant::now();
-        let queued = self.shared.queue.lock().arrive(arrival);
+        let queued = if self.shared.record {
+            self.shared.queue.lock().arrive(arrival)
+        } else {
+            0
+        };
         ProxyWork {
             buf,
             noreply: req.noreply(),
@@ -118,7 +122,9 @@ impl Service for ProxyService {
     }
 
     fn record_service(&mut self, samples: &[u64]) {
-        self.shared.net.lock().record(samples);
+        if self.shared.record && !samples.is_empty() {
+            self.shared.net.lock().record(samples);
+        }
     }
 
     fn bytes_read(&mut self, n: usize) {

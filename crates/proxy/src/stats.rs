@@ -28,12 +28,16 @@ pub struct QueueLength {
     last: Option<Instant>,
     /// ∫ len dt since the last [`QueueLength::take_area`], in request·nanoseconds.
     area: u128,
+    /// ∫ len dt since the start, in request·nanoseconds.
+    pub total_area: u128,
 }
 
 impl QueueLength {
     fn advance(&mut self, now: Instant) {
         if let Some(last) = self.last {
-            self.area += u128::from(self.len) * now.saturating_duration_since(last).as_nanos();
+            let add = u128::from(self.len) * now.saturating_duration_since(last).as_nanos();
+            self.area += add;
+            self.total_area += add;
         }
         self.last = Some(now.max(self.last.unwrap_or(now)));
     }
@@ -49,6 +53,12 @@ impl QueueLength {
     pub fn leave(&mut self, now: Instant, n: u64) {
         self.advance(now);
         self.len = self.len.saturating_sub(n);
+    }
+
+    /// The integral since the start, up to `now` (request·nanoseconds).
+    pub fn total_area(&mut self, now: Instant) -> u128 {
+        self.advance(now);
+        self.total_area
     }
 
     /// The integral up to `now`, reset to zero (request·nanoseconds).

@@ -259,10 +259,12 @@ impl Worker {
     ) {
         self.dequeued = Instant::now();
         self.now = self.dequeued;
-        self.shared
-            .queue
-            .lock()
-            .leave(self.dequeued, works.len() as u64);
+        if self.shared.record {
+            self.shared
+                .queue
+                .lock()
+                .leave(self.dequeued, works.len() as u64);
+        }
         self.refresh();
         // Replies owed from earlier batches (a majority write's slow replica): read what has
         // arrived, then fail the connections whose oldest reply is past its deadline.
@@ -292,6 +294,11 @@ impl Worker {
     }
 
     fn record(&mut self) {
+        if !self.shared.record {
+            self.samples.clear();
+            self.events.clear();
+            return;
+        }
         let recorder = &self.shared.recorders[self.index];
         let mut r = recorder.lock();
         for s in self.samples.drain(..) {

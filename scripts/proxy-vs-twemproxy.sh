@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# kvlab proxy against twemproxy (Debian's nutcracker), both in front of the same memcached
+# backends on this machine, loaded by the same client (kvlab bench: 1 thread x 50
+# connections, 1:10 set:get, 100-byte values), A B A B, median of ROUNDS; depth 1 and 16.
+# Then going direct to one of the memcached backends (the proxy's cost), and the fully
+# replicated setup (3 backends, R = 3: every set to all three, gets spread over them). Prints a Markdown table with each process's CPU
+# (% of one core, from /proc) so the regime of every ratio is on record.
+#
+#   scripts/proxy-vs-twemproxy.sh            # needs memcached, nutcracker (.ci/run installs them)
+#   ROUNDS=5 SECONDS_PER_RUN=10 scripts/proxy-vs-twemproxy.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${ROUNDS:-3}
+SECS=${SECONDS_PER_RUN:-5}
+WORKERS=${WORKERS:-2}
+KVLAB=${KVLAB:-target/release/kvlab}
+[ -x "$KVLAB" ] || cargo build --release -q -p kvlab
+dir=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$dir"; }
+trap cleanup EXIT
+
+port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; exit 1; }
+user=(); [ "$(id -u)" = 0 ] && user=(-u root)
+memcached_on() { memcached "${user[@]}" -U 0 -l 127.0.0.1 -p "$1" -t 1 -m 256 & pids+=($!); wait_port "$1"; }
+cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+
+mc=(); for _ in 1 2 3; do p=$(port); memcached_on "$p"; mc+=("$p"); done
+mc_pids=("${pids[@]}")
+
+nut=$(port)
+cat > "$dir/nut.yml" <<EOF
+pool:
+  listen: 127.0.0.1:$nut
+  hash: md5
+  distribution: ketama
+  timeout: 2000
+  servers:
+   - 127.0.0.1:${mc[0]}:1
+   - 127.0.0.1:${mc[1]}:1
+EOF
+nutcracker -c "$dir/nut.yml" -p "$dir/nut.pid" -o "$dir/nut.log" & pids+=($!); nut_pid=$!; wait_port "$nut"
+
+kp=$(port)
+"$KVLAB" proxy -p "$kp" -t "$WORKERS" --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" 2>"$dir/kp.log" & pids+=($!); kp_pid=$!; wait_port "$kp"
+kr=$(port)
+"$KVLAB" proxy -p "$kr" -t "$WORKERS" --replicas 3 --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" --backend "127.0.0.1:${mc[2]}" 2>"$dir/kr.log" & pids+=($!); kr_pid=$!; wait_port "$kr"
+
+tick=$(getconf CLK_TCK)
+# run TARGET DEPTH PID...: one bench run; prints "req/s p99_us bench_cpu cpu_of_each_pid..."
+run() {
+  local target=$1 depth=$2; shift 2
+  local before=() p
+  for p in "$@"; do before+=("$(cpu "$p")"); done
+  local t0; t0=$(date +%s.%N)
+  "$KVLAB" bench -s "127.0.0.1:$target" -T 1 -c 50 -d "$depth" --mix get=10,set=1 --value-size 100 \
+    --keys 10000 --duration "$SECS" --warmup 0.5 -q > "$dir/run.out" 2>&1 &
+  wait $!
+  local t1; t1=$(date +%s.%N)
+  local el; el=$(echo "$t1 - $t0" | bc -l)
+  local rps p99
+  rps=$(awk '/measured/ {print $6}' "$dir/run.out")
+  p99=$(awk '/from send/ {print $8}' "$dir/run.out")
+  local out="$rps $p99 $(awk '/generator CPU/ {print $(NF-1)}' "$dir/run.out")"
+  local i=0
+  for p in "$@"; do out+=" $(echo "($(cpu "$p") - ${before[$i]}) * 100 / $tick / $el" | bc -l | xargs printf '%.0f')"; i=$((i+1)); done
+  echo "$out"
+}
+
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+# Each row: setup, depth, target port, label, pids to read.
+declare -a rows
+measure() {
+  local depth=$1; shift
+  local -a names=() ports=() 
+  while [ $# -gt 0 ]; do names+=("$1"); ports+=("$2"); shift 2; done
+  local r i
+  for r in $(seq "$ROUNDS"); do
+    for i in "${!names[@]}"; do
+      echo "$(run "${ports[$i]}" "$depth" "$nut_pid" "$kp_pid" "$kr_pid" "${mc_pids[@]}")" >> "$dir/${names[$i]}-$depth"
+    done
+  done
+  for i in "${!names[@]}"; do
+    local f="$dir/${names[$i]}-$depth"
+    rows+=("| ${names[$i]} | $depth | $(awk '{print $1}' "$f" | median) | $(awk '{print $2}' "$f" | median) | $(awk '{print $3}' "$f" | median) | $(awk '{print $4}' "$f" | median) | $(awk '{print $5+$6}' "$f" | median) | $(awk '{print $7+$8+$9}' "$f" | median) |")
+  done
+}
+
+for depth in 1 16; do
+  measure "$depth" twemproxy "$nut" kvlab-proxy "$kp" direct-to-one "${mc[0]}"
+  measure "$depth" kvlab-proxy-R3 "$kr"
+done
+
+echo "kvlab proxy (--io reactor -t $WORKERS) vs twemproxy $(nutcracker --version 2>&1 | head -1 | awk '{print $NF}'), memcached -t 1 backends; kvlab bench -T 1 -c 50, get:set 10:1, 100 B values, ${SECS} s runs, median of $ROUNDS (A B A B)"
+echo
+echo "| setup | depth | req/s | p99 µs | bench CPU % | twemproxy CPU % | kvlab proxies CPU % | memcached CPU % (all) |"
+echo "|---|---|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
