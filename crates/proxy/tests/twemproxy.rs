@@ -1,6 +1,7 @@
 //! kvlab's distributions against twemproxy's: for 10,000 keys and pools of 3 and 5 backends,
 //! equal and unequal weights, ketama and modula, each key set through Debian's `nutcracker`
-//! lands on the backend that `Ring::backend_of` names. The backends are real memcached
+//! lands on the backend that `Ring::backend_of` names, and set through a `kvlab proxy` on
+//! the same backend as through nutcracker. The backends are real memcached
 //! processes; which one holds a key is read back from each of them.
 
 use std::io::{BufRead, BufReader, Write};
@@ -9,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvlab_client::process::{free_port, free_ports, Probe, Process, Spawn};
-use kvlab_proxy::{Backend, Distribution, Ring};
+use kvlab_proxy::{Backend, Distribution, Proxy, ProxyConfig, ProxyOptions, Ring};
 
 const KEYS: usize = 10_000;
 
@@ -93,7 +94,7 @@ fn set_all(addr: SocketAddr, keys: &[String]) {
         }
         w.write_all(&out).expect("send sets");
         for k in batch {
-            assert_eq!(line(&mut r), "STORED\r\n", "set {k} through nutcracker");
+            assert_eq!(line(&mut r), "STORED\r\n", "set {k} through the proxy");
         }
     }
 }
@@ -179,6 +180,28 @@ fn every_key_lands_where_twemproxy_puts_it() {
             "{dist:?} weights {weights:?}: {} of {KEYS} keys differ, e.g. {:?}",
             wrong.len(),
             &wrong[..wrong.len().min(5)]
+        );
+        // The same keys set through a kvlab proxy in front of the same backends land on the
+        // same servers.
+        for &a in &addrs {
+            flush(a);
+        }
+        let mut config = ProxyConfig::new(backends.clone());
+        config.pools[0].distribution = dist;
+        config.workers = 2;
+        let proxy = Proxy::start(
+            config,
+            ProxyOptions::new(SocketAddr::from(([127, 0, 0, 1], 0))),
+        )
+        .expect("kvlab proxy starts");
+        set_all(proxy.addr(), &keys);
+        let through_kvlab: Vec<Vec<bool>> = addrs[..backends.len()]
+            .iter()
+            .map(|&a| held(a, &keys))
+            .collect();
+        assert!(
+            through_kvlab == holders,
+            "{dist:?} weights {weights:?}: kvlab proxy and nutcracker place keys differently"
         );
     }
 }
