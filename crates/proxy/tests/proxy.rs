@@ -389,3 +389,92 @@ fn stage_times_add_up_and_littles_law_holds_per_window() {
     }
     assert!(n > 100, "{n} sampled requests");
 }
+
+#[test]
+fn a_changed_config_file_reloads_without_dropping_clients_and_a_bad_one_is_refused() {
+    let a = memcached();
+    let b = memcached();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("proxy.toml");
+    let write = |backends: &[SocketAddr], extra: &str| {
+        let list: Vec<String> = backends.iter().map(|a| format!("\"{a}\"")).collect();
+        std::fs::write(
+            &file,
+            format!(
+                "workers = 2\n[[pool]]\nbackends = [{}]\n{extra}",
+                list.join(", ")
+            ),
+        )
+        .unwrap();
+    };
+    write(&[a.addr], "");
+    let mut options = ProxyOptions::new(SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.config_file = Some(file.clone());
+    let p = Proxy::start(ProxyConfig::load(&file).unwrap(), options).unwrap();
+    let mut client = connect(p.addr());
+    assert_eq!(
+        exchange(&mut client, b"set k 0 0 1\r\nx\r\n", b"\r\n"),
+        b"STORED\r\n"
+    );
+    let setting = |name: &str| {
+        let s = ask(p.addr(), "stats settings\r\n", "END\r\n");
+        s.lines()
+            .find_map(|l| l.strip_prefix(&format!("STAT {name} ")).map(str::to_string))
+            .unwrap_or_default()
+    };
+    // A second backend: the file changes and is picked up (SIGHUP sets the same flag).
+    write(&[a.addr, b.addr], "replicas = 2\n");
+    p.shared()
+        .reload_requested
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    eventually("the new configuration is in force", || {
+        setting("config_version") == "1"
+    });
+    assert_eq!(setting("pool:0:backends"), "2");
+    // The client connection from before still works, through the new routing.
+    assert_eq!(
+        exchange(&mut client, b"set k 0 0 1\r\ny\r\n", b"\r\n"),
+        b"STORED\r\n"
+    );
+    assert_eq!(
+        ask(b.addr, "get k\r\n", "END\r\n"),
+        "VALUE k 0 1\r\ny\r\nEND\r\n"
+    );
+    // A bad file is refused; the running configuration stays, the refusal is counted.
+    std::fs::write(&file, "workers = 2\n[[pool]]\nbackends = [\"nohost\"]\n").unwrap();
+    p.shared()
+        .reload_requested
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    eventually("the bad file is refused", || {
+        ask(p.addr(), "stats\r\n", "END\r\n").contains("STAT proxy_reload_failures 1\r\n")
+    });
+    assert!(p.shared().last_reload_error.lock().contains("HOST:PORT"));
+    assert_eq!(setting("config_version"), "1");
+    assert_eq!(
+        exchange(&mut client, b"get k\r\n", b"END\r\n"),
+        b"VALUE k 0 1\r\ny\r\nEND\r\n"
+    );
+}
+
+#[test]
+fn metrics_are_served_as_prometheus_text_with_histograms() {
+    let m = memcached();
+    let mut options = ProxyOptions::new(SocketAddr::from(([127, 0, 0, 1], 0)));
+    options.metrics = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+    let p = Proxy::start(config(&[m.addr]), options).unwrap();
+    assert_eq!(ask(p.addr(), "get nope\r\n", "END\r\n"), "END\r\n");
+    let mut s = TcpStream::connect(p.metrics_addr().unwrap()).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    for want in [
+        "kvlab_proxy_requests_total 1",
+        "kvlab_proxy_stage_seconds_bucket{stage=\"total\",le=\"+Inf\"} 1",
+        "kvlab_proxy_stage_seconds_count{stage=\"queue\"} 1",
+        &format!("kvlab_proxy_backend_ejected{{backend=\"{}\"}} 0", m.addr),
+    ] {
+        assert!(body.contains(want), "{want} missing:\n{body}");
+    }
+}
