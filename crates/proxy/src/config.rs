@@ -8,7 +8,7 @@
 //! retry_timeout_ms = 1000     # how often an ejected backend is probed
 //!
 //! [[pool]]
-//! name = "main"
+//! name = "pool0"
 //! prefix = ""                 # keys starting with this go to this pool ("" = all others)
 //! distribution = "ketama"     # or "modula"
 //! replicas = 1                # copies of every key (R = number of backends: all everywhere)
@@ -105,7 +105,7 @@ impl Pool {
     /// A pool of `backends` with every other setting at its default.
     pub fn new(backends: Vec<Backend>) -> Pool {
         Pool {
-            name: "main".into(),
+            name: "pool0".into(),
             prefix: String::new(),
             backends,
             distribution: Distribution::Ketama,

@@ -205,7 +205,7 @@ fn replicated_writes_follow_the_write_policy_and_reads_still_hit() {
     let stats = ask(majority.addr(), "stats backends\r\n", "END\r\n");
     assert!(
         stats.contains(&format!(
-            "name {name}\r\nSTAT backend:1:pool main\r\nSTAT backend:1:ejected 1"
+            "name {name}\r\nSTAT backend:1:pool pool0\r\nSTAT backend:1:ejected 1"
         )),
         "the stopped backend is ejected: {stats}"
     );
