@@ -134,6 +134,8 @@ fn a_backend_killed_during_a_verified_run_costs_no_wrong_value_and_rejoins() {
     );
     assert!(line.contains("timeouts 0"), "{line}");
     let stats = stats_backends(proxy_addr);
+    // Once: after the rejoin no worker uses a connection to the killed process.
+    assert!(stats.contains("STAT backend:1:ejections 1"), "{stats}");
     assert!(stats.contains("STAT backend:1:rejoins 1"), "{stats}");
     assert!(stats.contains("STAT backend:1:ejected 0"), "{stats}");
     proxy.kill();

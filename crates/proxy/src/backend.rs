@@ -30,7 +30,8 @@ pub struct Health {
     pub outstanding: AtomicI64,
     /// Times it was ejected.
     pub ejections: AtomicU64,
-    /// Times it came back.
+    /// Times it came back. A worker's connection opened before the latest rejoin is to a
+    /// process that may be gone: it is replaced before use.
     pub rejoins: AtomicU64,
 }
 
@@ -183,6 +184,8 @@ pub struct Conn {
     /// Where it goes (`host:port`).
     pub name: String,
     stream: Option<TcpStream>,
+    /// The backend's rejoin count when this connection was opened.
+    epoch: u64,
     /// Requests composed and not yet written.
     pub out: Vec<u8>,
     written: usize,
@@ -202,6 +205,7 @@ impl Conn {
         Conn {
             name,
             stream: None,
+            epoch: 0,
             out: Vec::with_capacity(INPUT_INITIAL),
             written: 0,
             input: vec![0; INPUT_INITIAL],
@@ -211,14 +215,18 @@ impl Conn {
         }
     }
 
-    /// Connects if not connected (blocking, bounded by `timeout`).
-    pub fn ensure_connected(&mut self, timeout: Duration) -> io::Result<()> {
-        if self.stream.is_some() {
+    /// Connects if not connected (blocking, bounded by `timeout`), or if the connection
+    /// predates the backend's latest rejoin (`epoch`: its rejoin count) and nothing is in
+    /// flight on it.
+    pub fn ensure_connected(&mut self, timeout: Duration, epoch: u64) -> io::Result<()> {
+        if self.stream.is_some() && (self.epoch == epoch || !self.expect.is_empty()) {
             return Ok(());
         }
+        self.stream = None;
         let stream = connect(&self.name, timeout)?;
         stream.set_nonblocking(true)?;
         self.stream = Some(stream);
+        self.epoch = epoch;
         Ok(())
     }
 

@@ -109,6 +109,9 @@ fn general(shared: &Shared, out: &mut Vec<u8>) {
         shared.reload_failures.load(Ordering::Relaxed),
     );
     for (stage, s) in stages(&r, &net) {
+        // Sums and counts, so that any interval's mean is the change of one over the other.
+        line(out, &format!("proxy_{stage}_count"), s.count);
+        line(out, &format!("proxy_{stage}_sum_us"), s.sum_ns / 1000);
         line(
             out,
             &format!("proxy_{stage}_mean_us"),

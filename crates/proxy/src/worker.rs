@@ -442,7 +442,8 @@ impl Worker {
             Some(Fail::Ejected)
         } else {
             let timeout = self.timeout();
-            match self.conns[backend].ensure_connected(timeout) {
+            let epoch = health.rejoins.load(Ordering::Relaxed);
+            match self.conns[backend].ensure_connected(timeout, epoch) {
                 Ok(()) => None,
                 Err(e) => {
                     health.failed(self.routing.config.failure_limit);
