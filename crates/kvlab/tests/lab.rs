@@ -517,6 +517,11 @@ fn shipped_experiments_are_listed() {
         "rate-scan",
         "factorial-2k",
         "protocols",
+        "io-models",
+        "proxy-middleware",
+        "proxy-replication",
+        "proxy-multiget",
+        "proxy-2k",
     ] {
         assert!(s.contains(name), "{s}");
     }

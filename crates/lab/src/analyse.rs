@@ -18,7 +18,7 @@ use kvlab_report::{
     Report, Row, Section, Series, Table,
 };
 
-use crate::runner::{Meta, RawRun};
+use crate::runner::{Meta, ProxyFigures, RawRun};
 use crate::spec::{Design, Experiment, Level, Part};
 
 /// The report and the terminal summary.
@@ -55,6 +55,68 @@ struct Pt<'a> {
     think_s: f64,
     server_threads: u32,
     hist: Option<Hdr<u64>>,
+    proxy: Option<ProxyPt>,
+}
+
+/// A proxy's stage means (µs per request) over a point's repetitions, when every successful
+/// run has them ([`crate::runner::ProxyFigures`]).
+struct ProxyPt {
+    /// Proxy total: queue + worker.
+    total: Summary,
+    net: Summary,
+    queue: Summary,
+    worker: Summary,
+    /// The worker's own time: worker − backend.
+    worker_own: Summary,
+    backend: Summary,
+    /// Client-measured mean − net − total: the client's, kernel's and network's share.
+    outside: Summary,
+    /// Time-averaged queue length.
+    queue_len: Summary,
+    /// Backend requests per request.
+    backend_requests: Summary,
+    /// The backends' CPU, summed (cores).
+    backend_cpu: Option<Summary>,
+    backends: usize,
+    /// Every run's means from exact sums (else reconstructed from rounded means).
+    exact: bool,
+}
+
+impl ProxyPt {
+    fn of(runs: &[&RawRun], conf: f64) -> Option<ProxyPt> {
+        let figs: Vec<(&ProxyFigures, f64)> = runs
+            .iter()
+            .filter_map(|r| Some((r.proxy.as_ref()?, r.result.as_ref()?.latency.mean_us)))
+            .collect();
+        if figs.is_empty() || figs.len() != runs.len() {
+            return None;
+        }
+        let s = |f: &dyn Fn(&ProxyFigures, f64) -> f64| -> Option<Summary> {
+            summ(
+                &figs.iter().map(|(p, c)| f(p, *c)).collect::<Vec<_>>(),
+                conf,
+            )
+        };
+        let cpus: Vec<f64> = figs.iter().filter_map(|(p, _)| p.backend_cpu).collect();
+        Some(ProxyPt {
+            total: s(&|p, _| p.total_us)?,
+            net: s(&|p, _| p.net_us)?,
+            queue: s(&|p, _| p.queue_us)?,
+            worker: s(&|p, _| p.worker_us)?,
+            worker_own: s(&|p, _| p.worker_us - p.backend_us)?,
+            backend: s(&|p, _| p.backend_us)?,
+            outside: s(&|p, c| c - p.net_us - p.total_us)?,
+            queue_len: s(&|p, _| p.queue_len)?,
+            backend_requests: s(&|p, _| p.backend_requests)?,
+            backend_cpu: if cpus.len() == figs.len() {
+                summ(&cpus, conf)
+            } else {
+                None
+            },
+            backends: figs[0].0.backends,
+            exact: figs.iter().all(|(p, _)| p.exact),
+        })
+    }
 }
 
 impl Pt<'_> {
@@ -240,6 +302,7 @@ fn points<'a>(exp: &Experiment, part: &Part, raws: &'a [RawRun]) -> (Vec<Pt<'a>>
                 think_s: first.think_s,
                 server_threads: first.server_threads,
                 hist,
+                proxy: ProxyPt::of(&ok, conf),
                 runs: ok,
             });
         }
@@ -515,6 +578,9 @@ impl Analyser<'_> {
         } else if has("qps") && open {
             self.rates_section(part, pts, &mut sec);
         }
+        if let Some(t) = stages_table(pts, &self.ci) {
+            sec.items.push(Item::Table(t));
+        }
         if !part.is_trace() {
             sec.items
                 .push(Item::Table(all_points_table(part, pts, &self.ci)));
@@ -562,6 +628,174 @@ impl Analyser<'_> {
         }
         items
     }
+}
+
+/// The closed network an MVA section models.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mva {
+    /// The server as its CPU, the load generator's CPU and a delay.
+    Server,
+    /// A proxy as the stages it measures: network thread, workers, backends, and a delay.
+    Proxy,
+}
+
+impl Mva {
+    /// Its name in model checks.
+    fn name(self) -> &'static str {
+        match self {
+            Mva::Server => "MVA",
+            Mva::Proxy => "proxy MVA",
+        }
+    }
+
+    fn inputs_note_title(self) -> &'static str {
+        match self {
+            Mva::Server => "MVA inputs",
+            Mva::Proxy => "Proxy MVA inputs",
+        }
+    }
+
+    fn note(self) -> &'static str {
+        match self {
+            Mva::Server => {
+                "Exact MVA of a closed network whose service demands are measured at the lowest \
+                 load: the server's CPU seconds per request D = U/X (utilization law, U from \
+                 /proc/<pid>/stat), split for m worker threads into a queueing center D/m and a \
+                 delay D(m−1)/m (Seidmann's approximation of an m-server center); the load \
+                 generator's CPU seconds per request as a queueing center; and the rest of the \
+                 measured response time at that load (network stack, scheduling) as a delay \
+                 center. The generator and the server share the machine's cores, which this \
+                 network does not model. For a proxy, the server's CPU is the proxy's own \
+                 (its backends' is not included)."
+            }
+            Mva::Proxy => {
+                "Exact MVA of the proxy as a network of queues, with demands from the proxy's \
+                 own stage times at the lowest load: its network thread (a queueing center, D = \
+                 the net stage's mean); its m worker threads (D = worker − backend time, as a \
+                 queueing center D/m and a delay D(m−1)/m, Seidmann's approximation of an \
+                 m-server center); each of its B backends (a queueing center with D = the \
+                 backend stage's mean / B: a request waits for one backend); and the rest of \
+                 the client-measured response time (client, kernel, network, and the hand-off \
+                 to a worker at that load) as a delay. It leaves out that the generator, the \
+                 proxy and the backends share the machine's cores, that a worker takes up to \
+                 64 requests at once, and that a replicated write or a split multi-get waits \
+                 for several backends."
+            }
+        }
+    }
+}
+
+/// An m-server center with demand `d` (s) as Seidmann's pair: a queueing center D/m and,
+/// for m > 1, a delay D(m−1)/m; `what` names both (its parenthesis left open).
+fn m_servers(what: String, d: f64, m: u32) -> Vec<Center> {
+    let mut out = vec![Center::queueing(
+        format!("{what}: D/m queueing)"),
+        d / f64::from(m),
+    )];
+    if m > 1 {
+        out.push(Center::delay(
+            format!("{what}: D·(m−1)/m delay)"),
+            d * f64::from(m - 1) / f64::from(m),
+        ));
+    }
+    out
+}
+
+/// A proxy's network of queues from a configuration's lowest load (see [`Mva::note`]);
+/// `None` without the proxy's figures. Centers with no demand are left out.
+fn proxy_centers(low: &Pt) -> Option<Vec<Center>> {
+    let px = low.proxy.as_ref()?;
+    let us = 1e-6;
+    let m = low.server_threads.max(1);
+    let mut centers = vec![Center::queueing("proxy network thread", px.net.mean * us)];
+    centers.extend(m_servers(
+        format!("proxy workers ({m} thread(s)"),
+        px.worker_own.mean * us,
+        m,
+    ));
+    let b = px.backends.max(1);
+    for i in 0..b {
+        centers.push(Center::queueing(
+            format!("backend {} of {b}", i + 1),
+            px.backend.mean * us / b as f64,
+        ));
+    }
+    centers.push(Center::delay(
+        "outside the proxy (client, kernel, network) and hand-off",
+        (low.mean.mean - px.net.mean - px.worker.mean) * us,
+    ));
+    centers.retain(|c| c.demand > 0.0);
+    Some(centers)
+}
+
+/// Where a proxy's requests spend their time, one row per point that has the proxy's
+/// figures; `None` when no point has them.
+fn stages_table(pts: &[Pt], ci: &str) -> Option<Table> {
+    let rows: Vec<Row> = pts
+        .iter()
+        .filter_map(|p| {
+            let x = p.proxy.as_ref()?;
+            Some(Row::new([
+                p.describe(),
+                ci_text(&p.mean),
+                ci_text(&x.net),
+                ci_text(&x.queue),
+                ci_text(&x.worker_own),
+                ci_text(&x.backend),
+                ci_text(&x.outside),
+                ci_text(&x.total),
+                ci_text(&x.queue_len),
+                ci_text(&x.backend_requests),
+                x.backend_cpu.as_ref().map(ci_text).unwrap_or("—".into()),
+            ]))
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let approximate = pts
+        .iter()
+        .any(|p| p.proxy.as_ref().is_some_and(|x| !x.exact));
+    let mut caption = format!(
+        "µs per request, means over repetitions ± the half-width of the {ci}. The proxy's \
+         stages come from its own stats over each run's measured time: net (its network \
+         thread's parse and hand-off, before the queue), queue (waiting for a worker), worker \
+         without backend (the worker's own work), backend (the worker waiting for backend \
+         replies); proxy total = queue + worker. Outside the proxy = client-measured mean − \
+         net − proxy total: the client's, the kernel's and the network's share. So the client \
+         mean = net + queue + worker without backend + backend + outside. The mean queue \
+         length is the queue's time average (Little's law: throughput × queue time). Backend \
+         requests per request: the replicas a write goes to, the parts of a split multi-get \
+         (the backend stage waits for the slowest). The backends' CPU is their sum; the server \
+         CPU of the other tables is the proxy's own."
+    );
+    if approximate {
+        caption.push_str(
+            " Some runs' stage means are approximate: the proxy's stats had no \
+             proxy_<stage>_sum_us and proxy_<stage>_count, so they were reconstructed from its \
+             cumulative means (rounded to 0.1 µs) times proxy_requests.",
+        );
+    }
+    Some(Table {
+        title: "Where a request's time goes".into(),
+        columns: [
+            "configuration",
+            "client-measured mean",
+            "net",
+            "queue",
+            "worker without backend",
+            "backend",
+            "outside the proxy",
+            "proxy total",
+            "mean queue length",
+            "backend requests per request",
+            "backends' CPU (cores)",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+        caption: Some(caption),
+    })
 }
 
 fn part_text(exp: &Experiment, part: &Part, pts: &[Pt]) -> Vec<String> {
@@ -1050,12 +1284,51 @@ impl Analyser<'_> {
         sec.items.push(Item::LinePlot(rp));
         let items = self.model_items(&checks, None, None);
         sec.items.extend(items);
-        self.mva_items(&groups, sec);
+        self.mva_items(&groups, sec, Mva::Server);
+        if groups
+            .iter()
+            .any(|(_, ps)| ps.iter().any(|p| p.proxy.is_some()))
+        {
+            self.mva_items(&groups, sec, Mva::Proxy);
+        }
+    }
+
+    /// The server model's centers from a configuration's lowest load: the server's CPU
+    /// (m worker threads, at most the cores: a queueing center D/m and a delay D(m−1)/m), the
+    /// load generator's CPU, and the rest of the measured response time as a delay.
+    fn server_centers(&self, low: &Pt) -> Vec<Center> {
+        // R at the lowest load, from the interactive law's measured side.
+        let r1 = low.mean.mean / 1e6;
+        let m = low.server_threads.clamp(1, self.meta.cores.max(1) as u32);
+        let mut centers = Vec::new();
+        let mut rest = r1;
+        match &low.s_cpu {
+            Some(d) if d.mean > 0.0 => {
+                centers.extend(m_servers(format!("server CPU ({m} thread(s)"), d.mean, m));
+                rest -= d.mean;
+            }
+            _ => {}
+        }
+        if let Some(g) = low.gen_d {
+            if g > 0.0 {
+                centers.push(Center::queueing("load generator CPU", g));
+                rest -= g;
+            }
+        }
+        if centers.is_empty() {
+            centers.push(Center::queueing("server (D = R at the lowest load)", r1));
+            rest = 0.0;
+        }
+        if rest > 0.0 {
+            centers.push(Center::delay("network, kernel and wake-ups", rest));
+        }
+        centers
     }
 
     /// MVA with measured demands, and its asymptotic bounds, beside the measured curves
-    /// (`groups`: each configuration's points sorted by clients).
-    fn mva_items(&mut self, groups: &[(String, Vec<&Pt>)], sec: &mut Section) {
+    /// (`groups`: each configuration's points sorted by clients), for the `model`'s closed
+    /// network; configurations it has no centers for are left out.
+    fn mva_items(&mut self, groups: &[(String, Vec<&Pt>)], sec: &mut Section, model: Mva) {
         let mut xs = Vec::new();
         let mut rs = Vec::new();
         let mut checks = Vec::new();
@@ -1065,41 +1338,13 @@ impl Analyser<'_> {
                 continue;
             };
             let z = low.think_s;
-            // R at the lowest load, from the interactive law's measured side.
-            let r1 = low.mean.mean / 1e6;
-            let m = low.server_threads.clamp(1, self.meta.cores.max(1) as u32);
-            let mut centers = Vec::new();
-            let mut rest = r1;
-            match &low.s_cpu {
-                Some(d) if d.mean > 0.0 => {
-                    let dcpu = d.mean;
-                    centers.push(Center::queueing(
-                        format!("server CPU ({m} thread(s): D/m queueing)"),
-                        dcpu / f64::from(m),
-                    ));
-                    if m > 1 {
-                        centers.push(Center::delay(
-                            "server CPU (D·(m−1)/m delay)",
-                            dcpu * f64::from(m - 1) / f64::from(m),
-                        ));
-                    }
-                    rest -= dcpu;
-                }
-                _ => {}
-            }
-            if let Some(g) = low.gen_d {
-                if g > 0.0 {
-                    centers.push(Center::queueing("load generator CPU", g));
-                    rest -= g;
-                }
-            }
-            if centers.is_empty() {
-                centers.push(Center::queueing("server (D = R at the lowest load)", r1));
-                rest = 0.0;
-            }
-            if rest > 0.0 {
-                centers.push(Center::delay("network, kernel and wake-ups", rest));
-            }
+            let centers = match model {
+                Mva::Server => self.server_centers(low),
+                Mva::Proxy => match proxy_centers(low) {
+                    Some(c) => c,
+                    None => continue,
+                },
+            };
             let max_n = ps.last().map_or(1, |p| p.population.max(1)) as u32;
             let Ok(sol) = queueing::mva_centers(&centers, z, max_n.min(100_000)) else {
                 continue;
@@ -1138,14 +1383,14 @@ impl Analyser<'_> {
                 }
                 checks.push(self.check(
                     format!("{cfg}: throughput at N = {n}"),
-                    "MVA",
+                    model.name(),
                     "req/s",
                     s.throughput,
                     est(&p.x),
                 ));
                 checks.push(self.check(
                     format!("{cfg}: mean response time at N = {n}"),
-                    "MVA",
+                    model.name(),
                     "µs",
                     s.response_time * 1e6,
                     est(&p.mean),
@@ -1176,41 +1421,42 @@ impl Analyser<'_> {
         } else {
             kvlab_report::Scale::Linear
         };
+        let (inputs_title, what) = match model {
+            Mva::Server => ("MVA service demands (measured)", ""),
+            Mva::Proxy => (
+                "Proxy MVA service demands (measured)",
+                " through the proxy's network of queues",
+            ),
+        };
         sec.items.push(Item::Note(Note::info(
-            "MVA inputs",
-            "Exact MVA of a closed network whose service demands are measured at the lowest \
-             load: the server's CPU seconds per request D = U/X (utilization law, U from \
-             /proc/<pid>/stat), split for m worker threads into a queueing center D/m and a \
-             delay D(m−1)/m (Seidmann's approximation of an m-server center); the load \
-             generator's CPU seconds per request as a queueing center; and the rest of the \
-             measured response time at that load (network stack, scheduling) as a delay \
-             center. The generator and the server share the machine's cores, which this \
-             network does not model.",
+            model.inputs_note_title(),
+            model.note(),
         )));
         sec.items.push(Item::Table(table(
-            "MVA service demands (measured)",
+            inputs_title,
             &["configuration", "center", "kind", "demand (µs per request)"],
             inputs,
             None,
         )));
         for (title, y_label, series) in [
             (
-                "Throughput vs clients: measured, MVA and asymptotic bound",
+                format!("Throughput vs clients{what}: measured, MVA and asymptotic bound"),
                 "throughput (req/s)",
                 xs,
             ),
             (
-                "Response time vs clients: measured, MVA and asymptotic bound",
+                format!("Response time vs clients{what}: measured, MVA and asymptotic bound"),
                 "mean response time (µs)",
                 rs,
             ),
         ] {
             sec.items.push(Item::LinePlot(LinePlot {
                 x_scale,
-                ..ci_plot(title, "clients (N)", y_label, &self.ci, series)
+                ..ci_plot(&title, "clients (N)", y_label, &self.ci, series)
             }));
         }
-        let items = self.model_items(&checks, Some("Model vs measurement: MVA"), None);
+        let title = format!("Model vs measurement: {}", model.name());
+        let items = self.model_items(&checks, Some(&title), None);
         sec.items.extend(items);
     }
 

@@ -11,7 +11,8 @@
 //!   ─► spec::Experiment::parse ─► parts × points × systems × repetitions (PlannedRun)
 //!   ─► runner::run_experiment
 //!        system::Instance::start (kvlab_client::process: free port, wait for `version`,
-//!        threads from `stats`) ─► kvlab_bench run ─► /proc CPU ─► raw/NNNN.json, meta.json
+//!        threads from `stats`; a proxy's backends first) ─► kvlab_bench run ─► /proc CPU
+//!        (a proxy's `stats` too) ─► raw/NNNN.json, meta.json
 //!   ─► analyse::analyse (kvlab_analysis) ─► analyse::write (kvlab_report) ─► report/
 //! ```
 //!
@@ -70,8 +71,8 @@
 //!
 //! [[system]]                  # one or more; *required*
 //! name = "kvlab"              # *required*, unique
-//! kind = "kvlab"              # kvlab | memcached | external; default from the name
-//!                             # (kvlab and memcached), required otherwise
+//! kind = "kvlab"              # kvlab | memcached | proxy | external; default from the
+//!                             # name (kvlab, memcached and proxy), required otherwise
 //! args = []                   # extra flags; "{factor}" takes the point's level, e.g.
 //!                             # ["-t", "{server_threads}", "-m", "64"]; "{data_dir}" is a
 //!                             # fresh empty directory for every start of the system,
@@ -79,9 +80,18 @@
 //!                             # under the results' logs/). The lab adds the
 //!                             # address: kvlab `server -l 127.0.0.1 -p PORT` (and
 //!                             # `--http-port PORT2` when a point of the part speaks HTTP),
-//!                             # memcached `-U 0 -l 127.0.0.1 -p PORT` (and `-u root` as root)
+//!                             # memcached `-U 0 -l 127.0.0.1 -p PORT` (and `-u root` as root),
+//!                             # proxy `proxy -l 127.0.0.1 -p PORT --backend ADDR` (one per
+//!                             # backend) `--log-dir <its log>.windows`
 //! binary = <kvlab_bin> | "memcached"   # program, looked up on PATH; kvlab_bin is the
-//!                             # lab's (`$KVLAB_BIN`, else the running kvlab)
+//!                             # lab's (`$KVLAB_BIN`, else the running kvlab); a proxy's is
+//!                             # kvlab_bin
+//! backends = 1                # proxy: backends the lab starts first, each on its own port
+//!                             # with its own log (<its log>.backend<i>.log), stopped after
+//!                             # the proxy; "{factor}" lets a factor vary it (1..=64)
+//! backend = "kvlab"           # proxy: the backends' server: kvlab (kvlab_bin `server`) or
+//!                             # memcached (on PATH; missing + optional = skipped)
+//! backend_args = []           # proxy: every backend's flags, "{factor}" as in args
 //! address = ""                # external: host:port (*required* for external)
 //! pid = <none>                # external: a pid whose CPU is read from /proc/<pid>/stat
 //! optional = false            # a missing binary skips the system instead of failing; so
@@ -133,12 +143,18 @@
 //!                             # [part.factors], design, points
 //! ```
 //!
+//! A proxy's CPU (the runner's /proc reading) is the proxy process' own; for each run the
+//! runner also stores the proxy's stage times over the measured time, from its `stats` read
+//! at the same moments ([`runner::ProxyFigures`]), and its backends' summed CPU.
+//!
 //! What the analysis does with a part depends on its factors: `clients` in closed loop →
-//! throughput/response time vs clients, knee, interactive law, MVA and its bounds; `qps` →
+//! throughput/response time vs clients, knee, interactive law, MVA and its bounds (and for a
+//! proxy an MVA of its network of queues: network thread, workers, backends); `qps` →
 //! rate scan with p95 and server CPU, the sustained rate under `slo_p95_us`, M/M/1 and
 //! M/M/m; `design = "2k"` → effects and allocation of variation (throughput); `qps_list` →
-//! p95, rate and CPU over time. Every part gets a table of all points, percentiles vs its
-//! first factor and latency histograms.
+//! p95, rate and CPU over time. A part with a proxy gets a table of where a request's time
+//! goes (net, queue, worker, backend, outside the proxy). Every part gets a table of all
+//! points, percentiles vs its first factor and latency histograms.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -176,6 +192,22 @@ pub const SHIPPED: &[(&str, &str)] = &[
     (
         "io-models",
         include_str!("../../../experiments/io-models.toml"),
+    ),
+    (
+        "proxy-middleware",
+        include_str!("../../../experiments/proxy-middleware.toml"),
+    ),
+    (
+        "proxy-replication",
+        include_str!("../../../experiments/proxy-replication.toml"),
+    ),
+    (
+        "proxy-multiget",
+        include_str!("../../../experiments/proxy-multiget.toml"),
+    ),
+    (
+        "proxy-2k",
+        include_str!("../../../experiments/proxy-2k.toml"),
     ),
 ];
 

@@ -82,7 +82,45 @@ pub enum SystemKind {
     Memcached,
     /// Already running at `address`; not started or stopped.
     External,
+    /// `kvlab proxy` (this executable unless `binary` says otherwise) in front of `backends`
+    /// servers of kind `backend`, each started by the lab on its own port.
+    Proxy,
 }
+
+/// The server a proxy's backends run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// `kvlab server` (the lab's kvlab executable): runs anywhere the lab does.
+    #[default]
+    Kvlab,
+    /// `memcached` on PATH.
+    Memcached,
+}
+
+impl BackendKind {
+    /// The system kind a backend is started as.
+    pub fn system_kind(self) -> SystemKind {
+        match self {
+            BackendKind::Kvlab => SystemKind::Kvlab,
+            BackendKind::Memcached => SystemKind::Memcached,
+        }
+    }
+}
+
+/// How many backends a proxy has: a number, or a `"{factor}"` text that a factor's level
+/// fills in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BackendCount {
+    /// A fixed number.
+    Number(i64),
+    /// Text with `{factor}` placeholders, e.g. `"{backends}"`.
+    Text(String),
+}
+
+/// The most backends a proxy system may have.
+pub const MAX_BACKENDS: usize = 64;
 
 /// One system under test.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -106,6 +144,23 @@ pub struct SystemSpec {
     pub optional: bool,
     /// Seconds to wait for it to answer `version`.
     pub start_timeout: Option<f64>,
+    /// A proxy's backends: how many (default 1; `"{factor}"` lets a factor vary it).
+    pub backends: Option<BackendCount>,
+    /// A proxy's backends: which server they run (default `kvlab`).
+    pub backend: Option<BackendKind>,
+    /// A proxy's backends: every backend's flags (`{factor}` placeholders as in `args`).
+    #[serde(default)]
+    pub backend_args: Vec<String>,
+}
+
+/// What a system runs with at one point, its `{factor}` placeholders filled in: a running
+/// instance serves a point only when these are the same.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flags {
+    /// The system's own flags.
+    pub args: Vec<String>,
+    /// A proxy's backends: how many, and each one's flags.
+    pub backends: Option<(usize, Vec<String>)>,
 }
 
 impl SystemKind {
@@ -117,6 +172,39 @@ impl SystemKind {
     }
 }
 
+/// The `{placeholders}` in `texts`, in order.
+fn placeholders_in<'a>(texts: impl IntoIterator<Item = &'a String>) -> Vec<String> {
+    let mut out = Vec::new();
+    for a in texts {
+        let mut rest = a.as_str();
+        while let Some(i) = rest.find('{') {
+            let after = &rest[i + 1..];
+            match after.find('}') {
+                Some(j) => {
+                    out.push(after[..j].to_string());
+                    rest = &after[j + 1..];
+                }
+                None => break,
+            }
+        }
+    }
+    out
+}
+
+/// `texts` with the point's levels filled in.
+fn render(texts: &[String], levels: &[(String, Level)]) -> Vec<String> {
+    texts
+        .iter()
+        .map(|a| {
+            let mut s = a.clone();
+            for (f, l) in levels {
+                s = s.replace(&format!("{{{f}}}"), &l.to_string());
+            }
+            s
+        })
+        .collect()
+}
+
 impl SystemSpec {
     /// The kind, defaulted from the name.
     pub fn kind(&self) -> anyhow::Result<SystemKind> {
@@ -124,41 +212,148 @@ impl SystemSpec {
             (Some(k), _) => Ok(k),
             (None, "kvlab") => Ok(SystemKind::Kvlab),
             (None, "memcached") => Ok(SystemKind::Memcached),
-            (None, n) => bail!("system {n:?}: say kind = \"kvlab\", \"memcached\" or \"external\""),
+            (None, "proxy") => Ok(SystemKind::Proxy),
+            (None, n) => bail!(
+                "system {n:?}: say kind = \"kvlab\", \"memcached\", \"proxy\" or \"external\""
+            ),
         }
     }
 
-    /// The `{placeholders}` used in `args`.
+    /// The `{placeholders}` used in `args` (and a proxy's `backends` and `backend_args`).
     pub fn placeholders(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for a in &self.args {
-            let mut rest = a.as_str();
-            while let Some(i) = rest.find('{') {
-                let after = &rest[i + 1..];
-                match after.find('}') {
-                    Some(j) => {
-                        out.push(after[..j].to_string());
-                        rest = &after[j + 1..];
-                    }
-                    None => break,
-                }
-            }
-        }
-        out
+        let count = match &self.backends {
+            Some(BackendCount::Text(t)) => Some(t),
+            _ => None,
+        };
+        placeholders_in(self.args.iter().chain(&self.backend_args).chain(count))
     }
 
     /// `args` with the point's levels filled in.
     pub fn render_args(&self, levels: &[(String, Level)]) -> Vec<String> {
-        self.args
-            .iter()
-            .map(|a| {
-                let mut s = a.clone();
-                for (f, l) in levels {
-                    s = s.replace(&format!("{{{f}}}"), &l.to_string());
+        render(&self.args, levels)
+    }
+
+    /// Everything the system runs with at a point: its flags and, for a proxy, its backends'
+    /// number and flags. An error when the number of backends is not a whole number in
+    /// 1..=[`MAX_BACKENDS`].
+    pub fn render(&self, levels: &[(String, Level)]) -> anyhow::Result<Flags> {
+        let backends = match self.kind()? {
+            SystemKind::Proxy => {
+                let n = match &self.backends {
+                    None => 1,
+                    Some(BackendCount::Number(n)) => *n,
+                    Some(BackendCount::Text(t)) => {
+                        let r = render(std::slice::from_ref(t), levels).remove(0);
+                        r.trim().parse::<i64>().map_err(|_| {
+                            anyhow::anyhow!(
+                                "system {:?}: backends = {t:?} is {r:?}, not a number",
+                                self.name
+                            )
+                        })?
+                    }
+                };
+                if !(1..=MAX_BACKENDS as i64).contains(&n) {
+                    bail!(
+                        "system {:?}: backends = {n}: a proxy needs 1 to {MAX_BACKENDS} backends",
+                        self.name
+                    );
                 }
-                s
-            })
-            .collect()
+                Some((n as usize, render(&self.backend_args, levels)))
+            }
+            _ => None,
+        };
+        Ok(Flags {
+            args: self.render_args(levels),
+            backends,
+        })
+    }
+
+    /// The spec of a proxy's backend `i` (its kind, flags and start timeout), as a system of
+    /// its own: what the lab starts for it.
+    pub fn backend_spec(&self, i: usize, backend_args: Vec<String>) -> SystemSpec {
+        let kind = self.backend.unwrap_or_default().system_kind();
+        SystemSpec {
+            name: format!("{}-backend{i}", self.name),
+            kind: Some(kind),
+            args: backend_args,
+            binary: None,
+            address: None,
+            pid: None,
+            optional: self.optional,
+            start_timeout: self.start_timeout,
+            backends: None,
+            backend: None,
+            backend_args: Vec::new(),
+        }
+    }
+
+    /// Checks what the file says of one system, before any point is resolved.
+    fn check(&self) -> anyhow::Result<()> {
+        let kind = self.kind()?;
+        let name = &self.name;
+        match kind {
+            SystemKind::External if self.address.is_none() => {
+                bail!("system {name:?}: kind = \"external\" needs address = \"host:port\"")
+            }
+            SystemKind::Kvlab | SystemKind::Memcached | SystemKind::Proxy
+                if self.address.is_some() =>
+            {
+                bail!(
+                    "system {name:?}: address is only for kind = \"external\" (the lab picks a \
+                     port)"
+                )
+            }
+            _ => {}
+        }
+        if kind != SystemKind::Proxy {
+            let given: Vec<&str> = [
+                ("backends", self.backends.is_some()),
+                ("backend", self.backend.is_some()),
+                ("backend_args", !self.backend_args.is_empty()),
+            ]
+            .into_iter()
+            .filter_map(|(k, set)| set.then_some(k))
+            .collect();
+            if !given.is_empty() {
+                bail!(
+                    "system {name:?}: {} only for kind = \"proxy\"",
+                    match given.len() {
+                        1 => format!("{} is", given[0]),
+                        _ => format!("{} are", given.join(", ")),
+                    }
+                );
+            }
+            return Ok(());
+        }
+        match &self.backends {
+            Some(BackendCount::Number(n)) if !(1..=MAX_BACKENDS as i64).contains(n) => {
+                bail!("system {name:?}: backends = {n}: a proxy needs 1 to {MAX_BACKENDS} backends")
+            }
+            Some(BackendCount::Text(t)) if placeholders_in([t]).is_empty() => bail!(
+                "system {name:?}: backends = {t:?}: give a number, or \"{{factor}}\" to vary it"
+            ),
+            _ => {}
+        }
+        for a in &self.args {
+            let flag = a.split('=').next().unwrap_or_default();
+            if [
+                "--backend",
+                "--config",
+                "--log-dir",
+                "-p",
+                "--port",
+                "-l",
+                "--listen",
+            ]
+            .contains(&flag)
+            {
+                bail!(
+                    "system {name:?}: remove {flag} from args; the lab starts the backends and \
+                     gives the proxy its address, --backend for each and --log-dir"
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -557,20 +752,7 @@ impl Experiment {
             if !names.insert(s.name.clone()) {
                 bail!("two systems are named {:?}", s.name);
             }
-            let kind = s.kind()?;
-            match kind {
-                SystemKind::External if s.address.is_none() => {
-                    bail!(
-                        "system {:?}: kind = \"external\" needs address = \"host:port\"",
-                        s.name
-                    )
-                }
-                SystemKind::Kvlab | SystemKind::Memcached if s.address.is_some() => bail!(
-                    "system {:?}: address is only for kind = \"external\" (the lab picks a port)",
-                    s.name
-                ),
-                _ => {}
-            }
+            s.check()?;
         }
         let top = PartSpec {
             name: None,
@@ -980,6 +1162,12 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
             bail!("a system's args use {{{u}}} but the part has no factor {u:?}");
         }
     }
+    // A proxy's number of backends at every point, now.
+    for &s in &systems {
+        for pt in &points {
+            f.systems[s].render(pt)?;
+        }
+    }
     let mut part = Part {
         name,
         description: p.description,
@@ -1227,6 +1415,86 @@ mod tests {
             ov.flags(),
             "--set keys=1000 --set mix=get=9,set=1 --set verify=true --set qps_list=[1, 2.5]"
         );
+    }
+
+    #[test]
+    fn proxy_systems_render_their_backends_and_are_checked() {
+        let e = Experiment::parse(
+            r#"
+            [[system]]
+            name = "proxy"
+            args = ["-t", "{workers}", "--io", "epoll"]
+            backends = "{backends}"
+            backend = "memcached"
+            backend_args = ["-m", "{mem}"]
+            [factors]
+            backends = [1, 3]
+            workers = [8]
+            mem = [64]
+            "#,
+            "x",
+            &Overrides::default(),
+        )
+        .unwrap();
+        let sys = &e.systems[0];
+        assert_eq!(sys.kind().unwrap(), SystemKind::Proxy);
+        let flags = sys.render(&e.parts[0].points[1]).unwrap();
+        assert_eq!(flags.args, ["-t", "8", "--io", "epoll"]);
+        assert_eq!(flags.backends, Some((3, vec!["-m".into(), "64".into()])));
+        let b = sys.backend_spec(2, vec!["-m".into(), "64".into()]);
+        assert_eq!(b.kind, Some(SystemKind::Memcached));
+        assert_eq!(b.name, "proxy-backend2");
+        // Defaults: one kvlab backend, no flags.
+        let e = Experiment::parse(
+            "[[system]]\nname = \"p\"\nkind = \"proxy\"\n",
+            "x",
+            &Overrides::default(),
+        )
+        .unwrap();
+        let flags = e.systems[0].render(&[]).unwrap();
+        assert_eq!(flags.backends, Some((1, Vec::new())));
+        assert_eq!(
+            e.systems[0].backend_spec(0, Vec::new()).kind,
+            Some(SystemKind::Kvlab)
+        );
+        // A kvlab server has no backends.
+        let e = Experiment::parse("[[system]]\nname = \"kvlab\"\n", "x", &Overrides::default())
+            .unwrap();
+        assert_eq!(e.systems[0].render(&[]).unwrap().backends, None);
+
+        let err = |text: &str| {
+            let e = Experiment::parse(text, "x", &Overrides::default()).unwrap_err();
+            format!("{e:#}")
+        };
+        let proxy = "[[system]]\nname = \"p\"\nkind = \"proxy\"\n";
+        let e = err(&format!("{proxy}backends = 0\n"));
+        assert!(e.contains("1 to 64 backends"), "{e}");
+        let e = err(&format!(
+            "{proxy}backends = \"{{n}}\"\n[factors]\nn = [1, 0]\nclients = [1]\n"
+        ));
+        assert!(e.contains("backends = 0"), "{e}");
+        let e = err(&format!(
+            "{proxy}backends = \"{{n}}\"\n[factors]\nn = [\"two\"]\n"
+        ));
+        assert!(e.contains("not a number"), "{e}");
+        let e = err(&format!("{proxy}backends = \"three\"\n"));
+        assert!(e.contains("give a number"), "{e}");
+        let e = err(&format!("{proxy}address = \"127.0.0.1:1\"\n"));
+        assert!(e.contains("address is only for"), "{e}");
+        let e = err(&format!("{proxy}args = [\"--backend\", \"127.0.0.1:1\"]\n"));
+        assert!(e.contains("remove --backend"), "{e}");
+        let e = err(&format!("{proxy}backend = \"redis\"\n"));
+        assert!(e.contains("redis"), "{e}");
+        let e = err("[[system]]\nname = \"kvlab\"\nbackends = 3\nbackend_args = [\"-t\"]\n");
+        assert!(
+            e.contains("backends, backend_args are only for kind = \"proxy\""),
+            "{e}"
+        );
+        let e = err(&format!("{proxy}backend_arg = []\n"));
+        assert!(e.contains("backend_arg"), "{e}");
+        // A proxy has no HTTP interface.
+        let e = err(&format!("{proxy}[workload]\nprotocol = \"http\"\n"));
+        assert!(e.contains("cannot serve protocol"), "{e}");
     }
 
     #[test]

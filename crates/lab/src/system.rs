@@ -3,6 +3,12 @@
 //! (and `GET /`), ask their worker threads (`stats`), stop with SIGTERM (SIGKILL after a
 //! grace period) — all through [`kvlab_client::process`]. The runner reads their CPU time
 //! from `/proc/<pid>/stat`.
+//!
+//! A proxy system is `kvlab proxy` in front of backends the lab starts first, each as a
+//! system of its own (kvlab's server or memcached, on its own free port, with its own log
+//! `<log>.backend<i>.log`); the proxy gets `--backend` for each and `--log-dir <log>.windows`,
+//! and is stopped before its backends. Its `pid` (the CPU the runner reads) is the proxy's;
+//! [`Instance::backend_pids`] are the backends'.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -11,14 +17,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use kvlab_client::process::{self, Output, Probe, Process, Spawn};
 
-use crate::spec::{SystemKind, SystemSpec, DATA_DIR};
+use crate::spec::{Flags, SystemKind, SystemSpec, DATA_DIR};
 
 /// A started (or external) system.
 pub struct Instance {
     /// Index of its spec.
     pub system: usize,
-    /// Its rendered flags (the lab's port flags not included).
-    pub args: Vec<String>,
+    /// Its rendered flags (the lab's port flags not included) and a proxy's backends'.
+    pub flags: Flags,
     /// Program and arguments as started (or the address, external).
     pub command: Vec<String>,
     /// Where it listens (memcached protocol).
@@ -33,6 +39,8 @@ pub struct Instance {
     pub threads: u32,
     /// The key space it holds (reload when the workload's changes).
     pub loaded: Option<String>,
+    /// A proxy's backends, started before it and stopped after it.
+    pub backends: Vec<Instance>,
     process: Option<Process>,
     /// The fresh directory that `{data_dir}` named, removed when the system stops.
     data_dir: Option<PathBuf>,
@@ -45,10 +53,16 @@ pub fn which(program: &str) -> Option<PathBuf> {
 
 /// The program a system runs, or `None` for an external one; an error when it is missing.
 /// `kvlab_bin` is the kvlab executable for a kvlab system without a `binary`.
+/// A proxy's program is the kvlab executable, and its backends' program must be there too.
 pub fn program(spec: &SystemSpec, kvlab_bin: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
-    match spec.kind()? {
+    let kind = spec.kind()?;
+    if kind == SystemKind::Proxy {
+        program(&spec.backend_spec(0, Vec::new()), kvlab_bin)
+            .with_context(|| format!("system {:?}: its backends", spec.name))?;
+    }
+    match kind {
         SystemKind::External => Ok(None),
-        SystemKind::Kvlab => match &spec.binary {
+        SystemKind::Kvlab | SystemKind::Proxy => match &spec.binary {
             Some(b) => which(b)
                 .map(Some)
                 .with_context(|| format!("system {:?}: {b:?} not found", spec.name)),
@@ -82,13 +96,14 @@ fn is_root() -> bool {
 }
 
 impl Instance {
-    /// Starts system `index` (`spec`) with `args`, its output going to `log`; with `http`, a
+    /// Starts system `index` (`spec`) with `flags`, its output going to `log`; with `http`, a
     /// kvlab server also serves HTTP (`--http-port`), and is ready when both ports answer.
-    /// `kvlab_bin` is the kvlab executable for a kvlab system without a `binary`.
+    /// `kvlab_bin` is the kvlab executable for a kvlab system (or proxy, or kvlab backend)
+    /// without a `binary`. A proxy's backends are started first (see the module doc).
     pub fn start(
         index: usize,
         spec: &SystemSpec,
-        args: Vec<String>,
+        flags: Flags,
         http: bool,
         log: &Path,
         kvlab_bin: Option<&Path>,
@@ -114,13 +129,14 @@ impl Instance {
             return Ok(Instance {
                 system: index,
                 command: vec![addr.to_string()],
-                args,
+                flags,
                 addr,
                 http: None,
                 pid: spec.pid,
                 version,
                 threads,
                 loaded: None,
+                backends: Vec::new(),
                 process: None,
                 data_dir: None,
             });
@@ -129,6 +145,31 @@ impl Instance {
         if http && kind != SystemKind::Kvlab {
             bail!("system {:?}: only a kvlab server serves HTTP", spec.name);
         }
+        // A proxy's backends first; dropping them (an error below) stops them.
+        let mut backends = Vec::new();
+        if let Some((n, args)) = &flags.backends {
+            let stem = log
+                .file_stem()
+                .map_or("proxy".into(), |s| s.to_string_lossy().into_owned());
+            for i in 0..*n {
+                let blog = log.with_file_name(format!("{stem}.backend{i}.log"));
+                let bflags = Flags {
+                    args: args.clone(),
+                    backends: None,
+                };
+                let b = Instance::start(
+                    index,
+                    &spec.backend_spec(i, args.clone()),
+                    bflags,
+                    false,
+                    &blog,
+                    kvlab_bin,
+                )
+                .with_context(|| format!("system {:?}: starting backend {i}", spec.name))?;
+                backends.push(b);
+            }
+        }
+        let args = &flags.args;
         let ports = process::free_ports(if http { 2 } else { 1 }).context("finding a free port")?;
         let port = ports[0];
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
@@ -148,6 +189,15 @@ impl Instance {
                 }
                 full.extend(["-U".into(), "0".into(), "-l".into(), "127.0.0.1".into()]);
                 full.extend(["-p".into(), port.to_string()]);
+            }
+            SystemKind::Proxy => {
+                full.extend(["proxy".into(), "-l".into(), "127.0.0.1".into()]);
+                full.extend(["-p".into(), port.to_string()]);
+                for b in &backends {
+                    full.extend(["--backend".into(), b.addr.to_string()]);
+                }
+                let windows = log.with_extension("windows");
+                full.extend(["--log-dir".into(), windows.display().to_string()]);
             }
             SystemKind::External => {}
         }
@@ -205,7 +255,7 @@ impl Instance {
         };
         Ok(Instance {
             system: index,
-            args,
+            flags,
             command,
             addr,
             http: http_addr,
@@ -213,18 +263,31 @@ impl Instance {
             version: process.answer().unwrap_or_default().to_string(),
             threads,
             loaded: None,
+            backends,
             process: Some(process),
             data_dir,
         })
     }
 
-    /// Whether a started process has exited.
+    /// A proxy's backends' process ids (empty for other systems).
+    pub fn backend_pids(&self) -> Vec<u32> {
+        self.backends.iter().filter_map(|b| b.pid).collect()
+    }
+
+    /// A proxy's backends' commands (empty for other systems).
+    pub fn backend_commands(&self) -> Vec<Vec<String>> {
+        self.backends.iter().map(|b| b.command.clone()).collect()
+    }
+
+    /// Whether a started process (or one of a proxy's backends) has exited.
     pub fn exited(&mut self) -> bool {
         self.process.as_mut().is_some_and(Process::exited)
+            || self.backends.iter_mut().any(Instance::exited)
     }
 
     /// Stops a started process: SIGTERM, then SIGKILL after 5 s (an external system is left
-    /// running); removes its `{data_dir}`. Dropping an instance does the same.
+    /// running); removes its `{data_dir}`; then a proxy's backends alike. Dropping an
+    /// instance does the same.
     pub fn stop(mut self) {
         self.stop_inner();
     }
@@ -237,6 +300,9 @@ impl Instance {
             if let Err(e) = std::fs::remove_dir_all(&d) {
                 eprintln!("note: could not remove {}: {e}", d.display());
             }
+        }
+        for b in self.backends.drain(..) {
+            b.stop();
         }
     }
 }

@@ -1,6 +1,9 @@
 //! The lab through its library API (not the `kvlab` binary): a tiny experiment against a
 //! kvlab server writes raw results, metadata and a report; the server's worker threads are
-//! what it reports; `analyse_dir` rewrites the report byte for byte.
+//! what it reports; `analyse_dir` rewrites the report byte for byte. A tiny experiment through
+//! `kvlab proxy` in front of a kvlab backend stores the proxy's stage times per run (total =
+//! queue + worker) and the report shows where a request's time goes, the interactive law and
+//! the proxy's MVA.
 //!
 //! The kvlab executable: `$KVLAB_BIN`, else `target/<profile>/kvlab`, built here by cargo
 //! (a no-op when it is fresh).
@@ -105,6 +108,106 @@ fn tiny_experiment_through_the_library() {
     assert!(
         std::fs::read(out.join("report").join("report.json")).unwrap() == json,
         "report.json differs"
+    );
+}
+
+const TINY_PROXY: &str = r#"
+name = "tiny-proxy"
+repetitions = 1
+duration = 0.3
+warmup = 0.2
+
+[[system]]
+name = "proxy"
+kind = "proxy"
+args = ["-t", "2", "--io", "epoll"]
+backends = "{backends}"
+backend_args = ["-t", "1", "-m", "16"]
+
+[workload]
+keys = 1000
+value_size = 64
+mix = "get=9,set=1"
+threads = 1
+interval = 0.1
+
+[factors]
+clients = [1, 2]
+backends = [1]
+"#;
+
+#[test]
+fn tiny_proxy_experiment_records_where_the_time_goes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let source = Source {
+        label: "tiny-proxy.toml".into(),
+        text: TINY_PROXY.into(),
+        stem: "tiny-proxy".into(),
+    };
+    let lab = Lab::with_kvlab_bin(kvlab_bin());
+    let done = lab
+        .run(&source, &Overrides::default(), Some(out.clone()))
+        .unwrap();
+
+    // 2 points × 1 repetition; each run brackets the measured time with the proxy's stats.
+    let raws = raw_files(&out);
+    assert_eq!(raws.len(), 2, "{raws:?}");
+    for f in &raws {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+        assert!(v["error"].is_null(), "{}: {}", f.display(), v["error"]);
+        assert_eq!(v["server_threads"], 2, "the proxy's workers");
+        assert_eq!(v["backends"].as_array().unwrap().len(), 1, "{v}");
+        let command = v["command"].as_array().unwrap();
+        assert!(command.iter().any(|a| a == "--backend"), "{command:?}");
+        let p = &v["proxy"];
+        let n = |k: &str| p[k].as_f64().unwrap_or_else(|| panic!("{k} in {p}"));
+        assert!(n("requests") > 0.0, "{p}");
+        assert_eq!(p["backends"], 1);
+        let (total, queue, worker, backend) = (
+            n("total_us"),
+            n("queue_us"),
+            n("worker_us"),
+            n("backend_us"),
+        );
+        assert!(
+            total > 0.0 && backend > 0.0 && backend <= worker + 0.5,
+            "{p}"
+        );
+        // total = queue + worker per request, so also in the means (up to rounding: the
+        // proxy's stats give µs, or means rounded to 0.1 µs).
+        assert!(
+            (total - (queue + worker)).abs() <= 1.0 + 0.02 * total,
+            "total {total} vs queue {queue} + worker {worker}: {p}"
+        );
+        // The proxy is inside what the client measured.
+        let client = v["result"]["latency"]["mean_us"].as_f64().unwrap();
+        assert!(total < client, "proxy {total} µs, client {client} µs");
+    }
+    let logs = out.join("logs");
+    assert!(logs.join("proxy-1.backend0.log").is_file());
+    assert!(logs.join("proxy-1.windows").join("windows.csv").is_file());
+
+    // The report: where the time goes, the interactive law and the proxy's MVA.
+    let json = std::fs::read_to_string(out.join("report").join("report.json")).unwrap();
+    for needle in [
+        "Where a request's time goes",
+        "outside the proxy",
+        "interactive law R = N/X − Z",
+        "Proxy MVA service demands (measured)",
+        "proxy network thread",
+        "backend 1 of 1",
+        "Model vs measurement: proxy MVA",
+    ] {
+        assert!(json.contains(needle), "no {needle:?} in the report");
+    }
+    let html = std::fs::read(&done.report).unwrap();
+    std::fs::remove_dir_all(out.join("report")).unwrap();
+    let again = analyse_dir(&out).unwrap();
+    assert!(
+        std::fs::read(&again.report).unwrap() == html,
+        "index.html differs"
     );
 }
 
