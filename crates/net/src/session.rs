@@ -295,11 +295,20 @@ impl<S: Service> Session<S> {
     /// `from` on (which all lie after `range`) accordingly.
     fn replace(&mut self, from: usize, range: std::ops::Range<usize>, bytes: &[u8]) {
         let removed = range.len();
-        if range.start == self.output.len() {
+        let (at, end, old_len) = (range.start, range.end, self.output.len());
+        if at == old_len {
             // At the end (nothing composed after it yet): a plain append.
             self.output.extend_from_slice(bytes);
+        } else if bytes.len() >= removed {
+            // Move what follows right by the difference (one memmove), then copy in.
+            let grow = bytes.len() - removed;
+            self.output.resize(old_len + grow, 0);
+            self.output.copy_within(end..old_len, end + grow);
+            self.output[at..at + bytes.len()].copy_from_slice(bytes);
         } else {
-            self.output.splice(range, bytes.iter().copied());
+            self.output[at..at + bytes.len()].copy_from_slice(bytes);
+            self.output.copy_within(end..old_len, at + bytes.len());
+            self.output.truncate(old_len - (removed - bytes.len()));
         }
         for p in self.pending.iter_mut().skip(from) {
             p.at = p.at + bytes.len() - removed;
@@ -713,6 +722,29 @@ mod tests {
             String::from_utf8_lossy(&take_output(&mut s)),
             "SERVER_ERROR disk\r\nVERSION toy\r\n"
         );
+    }
+
+    #[test]
+    fn replacing_output_moves_what_follows_and_the_later_slots() {
+        let mut s: Session<Toy> = Session::new(Limits::default());
+        for (at, len, with, want) in [
+            (3, 0, &b"NEW"[..], &b"aaaNEWheldbbb"[..]),
+            (3, 4, &b"xy"[..], &b"aaaxybbb"[..]),
+            (3, 4, &b"longer!"[..], &b"aaalonger!bbb"[..]),
+            (10, 0, &b"end"[..], &b"aaaheldbbbend"[..]),
+        ] {
+            s.output = b"aaaheldbbb".to_vec();
+            s.pending.clear();
+            s.pending.push_back(Pending {
+                id: 9,
+                at: 10,
+                len: 0,
+                order: Order::Pipelined,
+            });
+            s.replace(0, at..at + len, with);
+            assert_eq!(s.output, want);
+            assert_eq!(s.pending[0].at, want.len(), "the later slot stays at the end");
+        }
     }
 
     #[test]
