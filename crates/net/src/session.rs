@@ -743,7 +743,11 @@ mod tests {
             });
             s.replace(0, at..at + len, with);
             assert_eq!(s.output, want);
-            assert_eq!(s.pending[0].at, want.len(), "the later slot stays at the end");
+            assert_eq!(
+                s.pending[0].at,
+                want.len(),
+                "the later slot stays at the end"
+            );
         }
     }
 

@@ -229,6 +229,10 @@ pub enum ProtocolError {
     /// Line too long (see [`ProtocolError::reply`]).
     #[error("line too long")]
     LineTooLong,
+    /// An unknown command whose last token starts with `HTTP/`: an HTTP client on the
+    /// memcached port. memcached closes the connection without a reply.
+    #[error("an HTTP request on the memcached port")]
+    Http,
     /// A meta command's key or flags were bad.
     #[error("meta: {0}")]
     Meta(MetaError),
@@ -248,13 +252,14 @@ impl ProtocolError {
                 b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
             }
             ProtocolError::LineTooLong => b"CLIENT_ERROR line too long\r\n",
+            ProtocolError::Http => b"",
             ProtocolError::Meta(e) => e.reply(),
         }
     }
 
     /// Whether the connection is closed after the reply (the input can't be resynchronised).
     pub fn closes(&self) -> bool {
-        matches!(self, ProtocolError::LineTooLong)
+        matches!(self, ProtocolError::LineTooLong | ProtocolError::Http)
     }
 }
 
@@ -382,6 +387,14 @@ fn parse_one<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
         }
         _ => match StoreCommand::from_name(name) {
             Some(command) => parse_store(command, tokens, buf, line_end, limits),
+            // memcached closes on an unknown command whose last token starts with `HTTP/`
+            // (`GET / HTTP/1.1`), and answers `ERROR` to any other.
+            None if Tokens::new(line)
+                .last()
+                .is_some_and(|t| t.starts_with(b"HTTP/")) =>
+            {
+                error(ProtocolError::Http, line_end)
+            }
             None => error(ProtocolError::UnknownCommand, line_end),
         },
     }

@@ -9,7 +9,7 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use kvlab_client::testing::wire::{connect, exchange, run_table};
+use kvlab_client::testing::wire::{connect, exchange, run_closing, run_table};
 use kvlab_client::testing::Memcached;
 use kvlab_proxy::config::parse_backend;
 use kvlab_proxy::{Proxy, ProxyConfig, ProxyIo, ProxyOptions, WritePolicy};
@@ -77,7 +77,8 @@ fn the_wire_table_passes_through_the_proxy_to_kvlab_backends() {
     let addrs: Vec<SocketAddr> = backends.iter().map(|s| s.addr()).collect();
     for io in BOTH {
         let p = proxy_io(config(&addrs), io);
-        let failures = run_table(p.addr(), false);
+        let mut failures = run_table(p.addr(), false);
+        failures.extend(run_closing(p.addr(), false));
         assert!(failures.is_empty(), "{io:?}:\n{}", failures.join("\n"));
     }
 }

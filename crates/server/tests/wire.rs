@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use kvlab_client::testing::wire::run_table;
+use kvlab_client::testing::wire::{run_closing, run_table};
 use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
 
@@ -54,7 +54,8 @@ fn table_passes_over_a_durable_store_under_every_io_model() {
 fn table_matches_memcached() {
     let mc = Memcached::start_with(&[])
         .unwrap_or_else(|e| panic!("{e} (.ci/run installs Debian's memcached)"));
-    let failures = run_table(mc.addr, true);
+    let mut failures = run_table(mc.addr, true);
+    failures.extend(run_closing(mc.addr, true));
     assert!(
         failures.is_empty(),
         "memcached disagrees:\n{}",
@@ -67,6 +68,13 @@ fn table_matches_memcached() {
 fn closing_cases() {
     for &io in IoModel::ALL {
         let (server, _clock) = start(io, |_| {});
+        let failures = run_closing(server.addr(), false);
+        assert!(
+            failures.is_empty(),
+            "io model {}:\n{}",
+            io.name(),
+            failures.join("\n")
+        );
         let mut s = connect(server.addr());
         assert_eq!(
             exchange(&mut s, b"version\r\nquit\r\nversion\r\n", b"<EOF>"),

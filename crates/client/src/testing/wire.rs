@@ -103,6 +103,9 @@ pub fn table() -> Vec<Case> {
             b"ERROR\r\nOK\r\nCLIENT_ERROR bad command line format\r\n", SAME),
         // Bad input.
         case("unknown command", b"bogus\r\n\r\nGET k\r\nget\r\ngets\r\n", b"ERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n", SAME),
+        case("HTTP-like lines that memcached does not close on",
+            b"get / HTTP/1.0\r\nFOO HTTP/1.1 x\r\nFOO HTTP\r\nFOO http/1.1\r\nincr HTTP/1.1\r\nxHTTP/1.1\r\n",
+            b"END\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n", SAME),
         case("get key too long", format!("get {long_key}\r\n").as_bytes(), b"CLIENT_ERROR bad command line format\r\n", SAME),
         case("set key too long", format!("set {long_key} 0 0 1\r\nx\r\n").as_bytes(), b"CLIENT_ERROR bad command line format\r\nERROR\r\n", SAME),
         case("bad data chunk", b"set k 0 0 3\r\nabcde\r\nget k\r\n", b"CLIENT_ERROR bad data chunk\r\nERROR\r\nEND\r\n", SAME),
@@ -157,6 +160,51 @@ pub fn table() -> Vec<Case> {
         case("longest base64 key", format!("ms {b64_186} 1 b\r\nx\r\nmg {b64_186} b v\r\n").as_bytes(),
             b"HD\r\nVA 1\r\nx\r\n", SAME),
     ]
+}
+
+/// Requests after which the server closes the connection: the bytes it sends first.
+pub fn closing_table() -> Vec<Case> {
+    vec![
+        case("HTTP GET", b"GET / HTTP/1.0\r\n", b"", SAME),
+        case("HTTP PUT", b"PUT /a/b HTTP/1.1\r\n", b"", SAME),
+        case("HTTP without a path", b"DELETE HTTP/1.1\r\n", b"", SAME),
+        case("HTTP/ as the whole line", b"HTTP/1.1\r\n", b"", SAME),
+        case(
+            "HTTP after answered requests",
+            b"mn\r\nFOO a b HTTP/2\r\n",
+            b"MN\r\n",
+            SAME,
+        ),
+    ]
+}
+
+/// Runs the closing cases (only those marked [`SAME`] if `only_same`) against `addr`: each
+/// must get its bytes, then the close (a reset counts as a close); returns the mismatches.
+pub fn run_closing(addr: SocketAddr, only_same: bool) -> Vec<String> {
+    let mut failures = Vec::new();
+    for c in closing_table()
+        .into_iter()
+        .filter(|c| c.same_as_memcached || !only_same)
+    {
+        let mut s = connect(addr);
+        let got = exchange(&mut s, &c.request, b"<EOF>");
+        let mut want = c.reply.clone();
+        want.extend_from_slice(b"<EOF>");
+        let reset = {
+            let mut w = c.reply.clone();
+            w.extend_from_slice(b"<RESET>");
+            w
+        };
+        if got != want && got != reset {
+            failures.push(format!(
+                "{}: want {:?} then the close\n   got {:?}",
+                c.name,
+                String::from_utf8_lossy(&c.reply),
+                String::from_utf8_lossy(&got)
+            ));
+        }
+    }
+    failures
 }
 
 /// Runs the cases (only those marked [`SAME`] if `only_same`) against `addr`; returns a
