@@ -10,7 +10,7 @@
 
 use std::net::SocketAddr;
 
-use kvlab_protocol::{ProtocolError, Request};
+use kvlab_protocol::{MetaKey, ProtocolError, Request};
 
 /// What the session does after [`Service::call`].
 #[derive(Debug, PartialEq, Eq)]
@@ -105,6 +105,15 @@ pub trait Service: Send + 'static {
 
     /// A request could not be parsed; the session has composed the error reply.
     fn protocol_error(&mut self, error: ProtocolError);
+
+    /// A `set` (or `ms` setting) was refused as too large: `key`'s old value must go too,
+    /// as in memcached, so that no stale value stays readable. The error reply is already
+    /// composed; work returned here holds it back until it completes (its reply bytes, if
+    /// any, follow it). By default nothing is dropped.
+    fn drop_stale(&mut self, conn: &mut Self::Conn, key: MetaKey<'_>) -> Option<Self::Work> {
+        let _ = (conn, key);
+        None
+    }
 
     /// Service times (ns) of the requests processed from one batch of input.
     fn record_service(&mut self, samples: &[u64]);

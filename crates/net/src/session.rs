@@ -219,11 +219,35 @@ impl<S: Service> Session<S> {
                     consumed,
                     swallow,
                     noreply,
+                    drops,
                 } => {
                     service.protocol_error(error);
                     tracing::debug!(%error, "bad request");
+                    let hold = self.output.len();
                     if !noreply {
                         self.output.extend_from_slice(error.reply());
+                    }
+                    if let Some(key) = drops {
+                        match service.drop_stale(&mut self.conn, key) {
+                            Some(work) if inline => {
+                                if let Completion::Reply(bytes) = work.run(service.worker()) {
+                                    self.output.extend_from_slice(&bytes);
+                                    service.recycle(bytes);
+                                }
+                            }
+                            Some(work) => {
+                                let id = self.next_id;
+                                self.next_id += 1;
+                                self.pending.push_back(Pending {
+                                    id,
+                                    at: hold,
+                                    len: self.output.len() - hold,
+                                    order: Order::Pipelined,
+                                });
+                                self.work.push_back((id, work));
+                            }
+                            None => {}
+                        }
                     }
                     self.start += consumed;
                     let buffered = (self.end - self.start).min(swallow);

@@ -105,6 +105,11 @@ pub struct MetaKey<'a> {
 }
 
 impl<'a> MetaKey<'a> {
+    /// A plain (not base64) key already validated by the parser.
+    pub(crate) fn plain(raw: &'a [u8]) -> Self {
+        MetaKey { raw, base64: false }
+    }
+
     pub(crate) fn empty() -> Self {
         MetaKey {
             raw: &[],

@@ -293,6 +293,9 @@ pub enum Parsed<'a> {
         swallow: usize,
         /// The request ended with `noreply` (see above).
         noreply: bool,
+        /// A `set` (or `ms` in set mode) refused as too large: memcached drops the key's old
+        /// value too, so that a failed write never leaves a stale value readable.
+        drops: Option<MetaKey<'a>>,
     },
 }
 
@@ -302,6 +305,7 @@ fn error(error: ProtocolError, consumed: usize) -> Parsed<'static> {
         consumed,
         swallow: 0,
         noreply: false,
+        drops: None,
     }
 }
 
@@ -553,7 +557,8 @@ fn parse_store<'a>(
     let Some(noreply) = is_noreply(noreply_token) else {
         return error(ProtocolError::BadFormat, line_end);
     };
-    data_block(len, buf, line_end, limits, |data| Request::Store {
+    let drops = (command == StoreCommand::Set).then(|| MetaKey::plain(key));
+    data_block(len, buf, line_end, limits, drops, |data| Request::Store {
         command,
         key,
         flags,
@@ -565,11 +570,14 @@ fn parse_store<'a>(
 }
 
 /// The data block that follows a storage command line: `len` bytes and `\r\n`.
+///
+/// `drops` is the key whose old value a refusal as too large drops (`set`, `ms` setting).
 pub(crate) fn data_block<'a>(
     len: i64,
     buf: &'a [u8],
     line_end: usize,
     limits: &Limits,
+    drops: Option<MetaKey<'a>>,
     make: impl FnOnce(&'a [u8]) -> Request<'a>,
 ) -> Parsed<'a> {
     // memcached refuses negative lengths and those near i32::MAX without reading any data.
@@ -585,6 +593,7 @@ pub(crate) fn data_block<'a>(
             consumed: line_end,
             swallow: len + 2,
             noreply: false,
+            drops,
         };
     }
     let end = line_end + len + 2;
@@ -757,12 +766,20 @@ fn parse_meta<'a>(
         Err(e) => return meta_error(e, command, datalen, buf, line_end, limits),
     };
     match datalen {
-        Some(len) => data_block(len, buf, line_end, limits, |data| Request::Meta {
-            command,
-            key,
-            flags,
-            data,
-        }),
+        Some(len) => data_block(
+            len,
+            buf,
+            line_end,
+            limits,
+            // The default mode is set (`MS`).
+            matches!(flags.mode, None | Some(b'S')).then_some(key),
+            |data| Request::Meta {
+                command,
+                key,
+                flags,
+                data,
+            },
+        ),
         None => request(
             Request::Meta {
                 command,

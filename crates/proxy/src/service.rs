@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use kvlab_net::{App, Flow, Order, Service};
 use kvlab_protocol::request::StoreCommand;
-use kvlab_protocol::{MetaCommand, ProtocolError, Request};
+use kvlab_protocol::{MetaCommand, MetaKey, ProtocolError, Request};
 
 use crate::worker::{ProxyWork, Worker};
 use crate::Shared;
@@ -49,6 +49,11 @@ impl ProxyService {
     fn forward(&mut self, req: &Request<'_>) -> ProxyWork {
         let mut buf = self.spare.pop().unwrap_or_default();
         compose(req, &mut buf);
+        self.queue(buf, req.noreply())
+    }
+
+    /// Queues `buf` (a request as forwarded), stamping its arrival and the queue it finds.
+    fn queue(&mut self, buf: Vec<u8>, noreply: bool) -> ProxyWork {
         let arrival = Instant::now();
         let queued = if self.shared.record {
             self.shared.queue.lock().arrive(arrival)
@@ -57,7 +62,7 @@ impl ProxyService {
         };
         ProxyWork {
             buf,
-            noreply: req.noreply(),
+            noreply,
             arrival,
             queue_len: queued.min(u64::from(u32::MAX)) as u32,
         }
@@ -115,6 +120,19 @@ impl Service for ProxyService {
         let (shared, index) = (self.shared.clone(), self.index);
         self.inline
             .get_or_insert_with(|| Worker::new(shared, index))
+    }
+
+    /// A `set` refused as too large drops the key's old value on its backends too, as one
+    /// memcached would: a `delete` to every replica, its reply dropped (the client gets the
+    /// error).
+    fn drop_stale(&mut self, _conn: &mut (), key: MetaKey<'_>) -> Option<ProxyWork> {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        key.with(|key| {
+            buf.extend_from_slice(b"delete ");
+            buf.extend_from_slice(key);
+            buf.extend_from_slice(b"\r\n");
+        });
+        Some(self.queue(buf, true))
     }
 
     fn protocol_error(&mut self, _error: ProtocolError) {

@@ -655,6 +655,18 @@ impl kvlab_net::Service for Engine {
         }
     }
 
+    fn drop_stale(&mut self, _: &mut Loaded, key: kvlab_protocol::MetaKey<'_>) -> Option<Blocking> {
+        // The old value goes, as in memcached; under `--durability sync` the removal is on
+        // disk before the error reply leaves.
+        key.with(|key| {
+            if self.store.delete(key) {
+                self.disk.persist(key)
+            } else {
+                None
+            }
+        })
+    }
+
     fn record_service(&mut self, samples: &[u64]) {
         self.worker.record_service(samples);
     }

@@ -53,6 +53,27 @@ pub fn table() -> Vec<Case> {
     let mut too_large = b"set k 0 0 2000000\r\n".to_vec();
     too_large.extend(std::iter::repeat_n(b'x', 2_000_000));
     too_large.extend_from_slice(b"\r\nget k\r\n");
+    // A value over the item size limit, with a key's old value before it: a refused `set`
+    // (or `ms`, or a `set noreply`) drops the old value too; `add`, `replace`, `append` and
+    // `cas` keep it.
+    let big = |line: &str| {
+        let mut v = b"set k 0 0 2\r\nhi\r\n".to_vec();
+        v.extend_from_slice(line.as_bytes());
+        v.extend(std::iter::repeat_n(b'x', 2_000_000));
+        v.extend_from_slice(b"\r\nget k\r\n");
+        v
+    };
+    let (set_big, ms_big, set_big_noreply) = (
+        big("set k 0 0 2000000\r\n"),
+        big("ms k 2000000 T0\r\n"),
+        big("set k 0 0 2000000 noreply\r\n"),
+    );
+    let (add_big, replace_big, append_big, cas_big) = (
+        big("add k 0 0 2000000\r\n"),
+        big("replace k 0 0 2000000\r\n"),
+        big("append k 0 0 2000000\r\n"),
+        big("cas k 0 0 2000000 1\r\n"),
+    );
     let mut ms_too_large = b"ms k 2000000\r\n".to_vec();
     ms_too_large.extend(std::iter::repeat_n(b'x', 2_000_000));
     ms_too_large.extend_from_slice(b"\r\n");
@@ -113,6 +134,13 @@ pub fn table() -> Vec<Case> {
         case("non-numeric length", b"set k 0 0 abc\r\n", b"CLIENT_ERROR bad command line format\r\n", SAME),
         case("absurd length", b"set k 0 0 99999999999999\r\nget k\r\n", b"CLIENT_ERROR bad command line format\r\nEND\r\n", OURS),
         case("object too large is swallowed", &too_large, b"SERVER_ERROR object too large for cache\r\nEND\r\n", SAME),
+        case("a set too large drops the old value", &set_big, b"STORED\r\nSERVER_ERROR object too large for cache\r\nEND\r\n", SAME),
+        case("an ms too large drops the old value", &ms_big, b"STORED\r\nSERVER_ERROR object too large for cache\r\nEND\r\n", SAME),
+        case("a set noreply too large drops it silently", &set_big_noreply, b"STORED\r\nEND\r\n", SAME),
+        case("add too large keeps the old value", &add_big, b"STORED\r\nSERVER_ERROR object too large for cache\r\nVALUE k 0 2\r\nhi\r\nEND\r\n", SAME),
+        case("replace too large keeps it", &replace_big, b"STORED\r\nSERVER_ERROR object too large for cache\r\nVALUE k 0 2\r\nhi\r\nEND\r\n", SAME),
+        case("append too large keeps it", &append_big, b"STORED\r\nSERVER_ERROR object too large for cache\r\nVALUE k 0 2\r\nhi\r\nEND\r\n", SAME),
+        case("cas too large keeps it", &cas_big, b"STORED\r\nSERVER_ERROR object too large for cache\r\nVALUE k 0 2\r\nhi\r\nEND\r\n", SAME),
         case("wrong arity", b"set k 0 0\r\nset k 0 0 1 extra junk\r\nx\r\nincr k\r\ntouch k\r\n", b"ERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n", SAME),
         case("bad flags", b"set k abc 0 1\r\nx\r\nset k -1 0 1\r\nx\r\n", b"CLIENT_ERROR bad command line format\r\nERROR\r\nCLIENT_ERROR bad command line format\r\nERROR\r\n", SAME),
         case("flags over 32 bits", b"set k 4294967296 0 1\r\nx\r\n", b"CLIENT_ERROR bad command line format\r\nERROR\r\n", OURS),
