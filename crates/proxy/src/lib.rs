@@ -20,7 +20,8 @@
 //!
 //! Modules: [`ring`] (key → backend, bit for bit as twemproxy), [`config`] (pools, policies,
 //! TOML), [`route`] (pools by prefix, replicas, read choice), [`backend`] (health, one
-//! worker's connection, reply framing), [`worker`] (a batch through the backends),
+//! worker's connection, reply framing), [`forward`] (a request as forwarded), [`worker`] (a
+//! batch through the backends),
 //! [`service`] (the network stage), [`stats`] (per-request stage times), [`render`]
 //! (`stats`, Prometheus, CSV), [`log`] (the window logger).
 
@@ -29,6 +30,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod forward;
 pub mod log;
 pub mod render;
 pub mod ring;

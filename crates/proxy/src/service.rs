@@ -14,7 +14,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvlab_net::{App, Flow, Order, Service};
-use kvlab_protocol::request::StoreCommand;
 use kvlab_protocol::{MetaCommand, MetaKey, ProtocolError, Request};
 
 use crate::worker::{ProxyWork, Worker};
@@ -48,7 +47,7 @@ impl ProxyService {
 
     fn forward(&mut self, req: &Request<'_>) -> ProxyWork {
         let mut buf = self.spare.pop().unwrap_or_default();
-        compose(req, &mut buf);
+        crate::forward::compose(req, &mut buf);
         self.queue(buf, req.noreply())
     }
 
@@ -165,106 +164,6 @@ impl Service for ProxyService {
     }
 }
 
-/// Writes `req` as it is forwarded: its own wire form, minus `noreply`.
-pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
-    let mut num = itoa::Buffer::new();
-    match *req {
-        Request::Get { keys, cas } => {
-            out.extend_from_slice(if cas { b"gets " } else { b"get " });
-            out.extend_from_slice(keys.text());
-        }
-        Request::Gat { exptime, keys, cas } => {
-            out.extend_from_slice(if cas { b"gats " } else { b"gat " });
-            out.extend_from_slice(num.format(exptime).as_bytes());
-            out.push(b' ');
-            out.extend_from_slice(keys.text());
-        }
-        Request::Store {
-            command,
-            key,
-            flags,
-            exptime,
-            data,
-            cas_unique,
-            ..
-        } => {
-            out.extend_from_slice(match command {
-                StoreCommand::Set => b"set ",
-                StoreCommand::Add => b"add ",
-                StoreCommand::Replace => b"replace ",
-                StoreCommand::Append => b"append ",
-                StoreCommand::Prepend => b"prepend ",
-                StoreCommand::Cas => b"cas ",
-            });
-            out.extend_from_slice(key);
-            out.push(b' ');
-            out.extend_from_slice(num.format(flags).as_bytes());
-            out.push(b' ');
-            out.extend_from_slice(num.format(exptime).as_bytes());
-            out.push(b' ');
-            out.extend_from_slice(num.format(data.len()).as_bytes());
-            if command == StoreCommand::Cas {
-                out.push(b' ');
-                out.extend_from_slice(num.format(cas_unique).as_bytes());
-            }
-            out.extend_from_slice(b"\r\n");
-            out.extend_from_slice(data);
-        }
-        Request::Arith {
-            incr, key, delta, ..
-        } => {
-            out.extend_from_slice(if incr { b"incr " } else { b"decr " });
-            out.extend_from_slice(key);
-            out.push(b' ');
-            out.extend_from_slice(num.format(delta).as_bytes());
-        }
-        Request::Delete { key, .. } => {
-            out.extend_from_slice(b"delete ");
-            out.extend_from_slice(key);
-        }
-        Request::Touch { key, exptime, .. } => {
-            out.extend_from_slice(b"touch ");
-            out.extend_from_slice(key);
-            out.push(b' ');
-            out.extend_from_slice(num.format(exptime).as_bytes());
-        }
-        Request::FlushAll { delay, .. } => {
-            out.extend_from_slice(b"flush_all ");
-            out.extend_from_slice(num.format(delay).as_bytes());
-        }
-        Request::Meta {
-            command,
-            key,
-            flags,
-            data,
-        } => {
-            out.extend_from_slice(match command {
-                MetaCommand::Get => b"mg ",
-                MetaCommand::Set => b"ms ",
-                MetaCommand::Delete => b"md ",
-                MetaCommand::Arith => b"ma ",
-                MetaCommand::Debug => b"me ",
-                MetaCommand::Noop => b"mn ",
-            });
-            out.extend_from_slice(key.raw());
-            if command == MetaCommand::Set {
-                out.push(b' ');
-                out.extend_from_slice(num.format(data.len()).as_bytes());
-            }
-            if !flags.text().is_empty() {
-                out.push(b' ');
-                out.extend_from_slice(flags.text());
-            }
-            if command == MetaCommand::Set {
-                out.extend_from_slice(b"\r\n");
-                out.extend_from_slice(data);
-            }
-        }
-        Request::Verbosity { .. } | Request::Version | Request::Quit | Request::Stats { .. } => {}
-    }
-    out.extend_from_slice(b"\r\n");
-}
-
 /// What the epoll driver serves: one network service, `workers` worker states.
 pub struct ProxyApp {
     pub(crate) shared: Arc<Shared>,
@@ -302,44 +201,5 @@ impl App for ProxyApp {
 
     fn stopping(&self) -> bool {
         self.shared.stopping.load(Ordering::Relaxed)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use kvlab_protocol::{parse, Limits, Parsed};
-
-    use super::*;
-
-    /// Parses `line`, composes it, and returns what would be forwarded.
-    fn forwarded(line: &[u8]) -> String {
-        let Parsed::Request { request, .. } = parse(line, &Limits::default()) else {
-            panic!("{line:?} does not parse")
-        };
-        let mut out = Vec::new();
-        compose(&request, &mut out);
-        String::from_utf8(out).unwrap()
-    }
-
-    #[test]
-    fn requests_are_forwarded_in_their_own_form_without_noreply() {
-        for (sent, forwarded_as) in [
-            ("get a  b\r\n", "get a  b\r\n"),
-            ("gats -1 a\r\n", "gats -1 a\r\n"),
-            ("set k 5 100 2 noreply\r\nhi\r\n", "set k 5 100 2\r\nhi\r\n"),
-            ("cas k 0 0 1 77\r\nx\r\n", "cas k 0 0 1 77\r\nx\r\n"),
-            (
-                "incr n 18446744073709551615\r\n",
-                "incr n 18446744073709551615\r\n",
-            ),
-            ("delete k noreply\r\n", "delete k\r\n"),
-            ("touch k -5\r\n", "touch k -5\r\n"),
-            ("flush_all\r\n", "flush_all 0\r\n"),
-            ("ms a2V5 2 b T5 q\r\nhi\r\n", "ms a2V5 2 b T5 q\r\nhi\r\n"),
-            ("mg k v f Oab\r\n", "mg k v f Oab\r\n"),
-            ("md k\r\n", "md k\r\n"),
-        ] {
-            assert_eq!(forwarded(sent.as_bytes()), forwarded_as, "{sent:?}");
-        }
     }
 }

@@ -651,7 +651,7 @@ impl Worker {
                     cas_unique: 0,
                     noreply: false,
                 };
-                crate::service::compose(&set, &mut follow);
+                crate::forward::compose(&set, &mut follow);
                 (key, Frame::Line)
             }
             Request::Meta {
