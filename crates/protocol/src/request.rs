@@ -165,6 +165,11 @@ pub enum Request<'a> {
         /// `noreply`: no reply on success.
         noreply: bool,
     },
+    /// `slabs automove <0|1|2>`: memcached's slab rebalancer setting.
+    SlabsAutomove {
+        /// 0 off, 1 on (the default), 2 aggressive.
+        mode: u8,
+    },
     /// `version`.
     Version,
     /// `quit`: close the connection.
@@ -378,6 +383,7 @@ fn parse_one<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
         b"touch" => parse_touch(tokens, line_end),
         b"flush_all" => parse_flush_all(tokens, line_end),
         b"verbosity" => parse_verbosity(tokens, line_end),
+        b"slabs" => parse_slabs(tokens, line_end),
         // memcached ignores anything after `version`.
         b"version" => request(Request::Version, line_end),
         b"quit" if tokens.rest_is_empty() => request(Request::Quit, line_end),
@@ -604,6 +610,19 @@ pub(crate) fn data_block<'a>(
         return error(ProtocolError::BadDataChunk, end);
     }
     request(make(&buf[line_end..end - 2]), end)
+}
+
+/// `slabs automove <0|1|2>` (memcached: a number above 2 or a missing one is `ERROR`, a
+/// non-number a bad command line); other `slabs` subcommands are unknown here.
+fn parse_slabs(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
+    match (tokens.next(), tokens.next(), tokens.rest_is_empty()) {
+        (Some(b"automove"), Some(mode), true) => match parse_u64(mode) {
+            Some(m @ 0..=2) => request(Request::SlabsAutomove { mode: m as u8 }, line_end),
+            Some(_) => error(ProtocolError::UnknownCommand, line_end),
+            None => error(ProtocolError::BadFormat, line_end),
+        },
+        _ => error(ProtocolError::UnknownCommand, line_end),
+    }
 }
 
 fn parse_arith(incr: bool, mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {

@@ -69,6 +69,10 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
             out.push(b' ');
             out.extend_from_slice(num.format(exptime).as_bytes());
         }
+        Request::SlabsAutomove { mode } => {
+            out.extend_from_slice(b"slabs automove ");
+            out.extend_from_slice(num.format(mode).as_bytes());
+        }
         Request::FlushAll { delay, .. } => {
             out.extend_from_slice(b"flush_all ");
             out.extend_from_slice(num.format(delay).as_bytes());

@@ -45,6 +45,8 @@ pub fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) -> bool {
         None => general(shared, out),
         Some(b"backends") => backends(shared, out),
         Some(b"settings") => settings(shared, out),
+        // As memcached without `stats sizes_enable`: the proxy keeps no size histogram.
+        Some(b"sizes") => line(out, "sizes_status", "disabled"),
         Some(_) => return false,
     }
     out.extend_from_slice(b"END\r\n");

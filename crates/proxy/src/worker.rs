@@ -405,7 +405,8 @@ impl Worker {
                     }
                 });
             }
-            Request::FlushAll { .. } => {
+            // Settings every backend takes: `OK` when all took it.
+            Request::FlushAll { .. } | Request::SlabsAutomove { .. } => {
                 self.jobs.push(Job::new(Class::Write {
                     policy: WritePolicy::All,
                 }));

@@ -221,6 +221,10 @@ impl Engine {
                     out.extend_from_slice(r::OK);
                 }
             }
+            Request::SlabsAutomove { mode } => {
+                self.server.slab_automove.store(u64::from(mode), Relaxed);
+                out.extend_from_slice(r::OK);
+            }
             Request::Version => r::version(out, VERSION),
             Request::Quit => return Flow::Close,
             Request::Stats { group } => self.stats(group, out),
@@ -251,6 +255,8 @@ impl Engine {
                     r::stat(out, name, value);
                 }
             }
+            // memcached's per-size histogram is off unless `stats sizes_enable`; kvlab has none.
+            Some(b"sizes") => r::stat(out, "sizes_status", "disabled"),
             Some(b"items") => {
                 let s = self.store.stats();
                 r::stat(out, "items:1:number", s.curr_items);

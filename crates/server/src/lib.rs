@@ -218,6 +218,7 @@ impl Server {
             rejected_connections: AtomicU64::new(0),
             max_connections: config.max_connections,
             verbosity: AtomicU64::new(0),
+            slab_automove: AtomicU64::new(1),
             workers: (0..config.threads)
                 .map(|_| Arc::new(WorkerStats::default()))
                 .collect(),

@@ -112,6 +112,9 @@ pub struct ServerStats {
     pub max_connections: usize,
     /// `verbosity` as last set.
     pub verbosity: AtomicU64,
+    /// `slabs automove` as last set (memcached's default: 1). kvlab has no slab classes to
+    /// rebalance — its memory is accounted per item — so the setting is kept and reported.
+    pub slab_automove: AtomicU64,
     /// One per worker thread.
     pub workers: Vec<Arc<WorkerStats>>,
     /// Counters of the REST front end (its requests count in `cmd_get`/`cmd_set` too).
@@ -283,6 +286,7 @@ impl ServerStats {
             rejected_connections: AtomicU64::new(0),
             max_connections: 1024,
             verbosity: AtomicU64::new(0),
+            slab_automove: AtomicU64::new(1),
             threads: workers.len(),
             workers,
             http: Arc::default(),
@@ -302,6 +306,10 @@ impl ServerStats {
             ("maxconns", self.max_connections.to_string()),
             ("tcpport", self.port.to_string()),
             ("verbosity", self.verbosity.load(Relaxed).to_string()),
+            (
+                "slab_automove",
+                self.slab_automove.load(Relaxed).to_string(),
+            ),
             (
                 "evictions",
                 if self.policy == Policy::None {

@@ -149,6 +149,11 @@ pub fn table() -> Vec<Case> {
         case("control character in key", b"get a\x01b\r\n", b"CLIENT_ERROR bad command line format\r\n", OURS),
         case("noreply silences argument errors", b"verbosity noreply\r\nverbosity foo bar my\r\nset k abc 0 1 noreply\r\nx\r\nincr k abc noreply\r\n", b"ERROR\r\nERROR\r\n", SAME),
         case("stats unknown group", b"stats nonsense\r\n", b"ERROR\r\n", SAME),
+        case("stats sizes", b"stats sizes\r\n", b"STAT sizes_status disabled\r\nEND\r\n", SAME),
+        // memcached: 0-2 set the slab rebalancer (kvlab keeps the setting: no slab classes to
+        // move), above 2 or missing is unknown, a non-number a bad line. Left at the default, 1.
+        case("slabs automove", b"slabs automove 0\r\nslabs automove 2\r\nslabs automove 3\r\nslabs automove invalid\r\nslabs automove\r\nslabs\r\nslabs foo\r\nslabs automove 1\r\n",
+            b"OK\r\nOK\r\nERROR\r\nCLIENT_ERROR bad command line format\r\nERROR\r\nERROR\r\nERROR\r\nOK\r\n", SAME),
         // Meta commands.
         case("mn", b"mn\r\n", b"MN\r\n", SAME),
         case("mg without key", b"mg\r\nmg  \r\n", b"ERROR\r\nERROR\r\n", SAME),
