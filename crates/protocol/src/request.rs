@@ -24,8 +24,10 @@ pub struct Limits {
     /// Largest value accepted by storage commands (memcached `-I`); larger ones are
     /// answered `SERVER_ERROR object too large for cache` and their data is swallowed.
     pub item_size_max: usize,
-    /// Longest command line, except for retrieval commands. memcached closes a connection
-    /// whose line passes 2048 bytes without a newline.
+    /// Most bytes of a command line (except a retrieval's) buffered before its newline:
+    /// memcached closes a connection, silently, whose input passes 2048 bytes without a
+    /// newline. A complete line that arrived whole is parsed whatever its length (up to
+    /// [`Limits::max_get_line`]), as memcached does.
     pub max_line: usize,
     /// Longest retrieval line (`get`, `gets`, `gat`, `gats` with many keys).
     pub max_get_line: usize,
@@ -256,7 +258,8 @@ impl ProtocolError {
             ProtocolError::DeleteUsage => {
                 b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
             }
-            ProtocolError::LineTooLong => b"CLIENT_ERROR line too long\r\n",
+            // memcached closes without a word.
+            ProtocolError::LineTooLong => b"",
             ProtocolError::Http => b"",
             ProtocolError::Meta(e) => e.reply(),
         }
@@ -363,7 +366,7 @@ fn parse_one<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
     if let [rest @ .., b'\r'] = line {
         line = rest;
     }
-    if line.len() > limits.max_line && !is_retrieval(line) || line.len() > limits.max_get_line {
+    if line.len() > limits.max_get_line {
         return error(ProtocolError::LineTooLong, line_end);
     }
     let mut tokens = Tokens::new(line);

@@ -74,6 +74,9 @@ pub fn table() -> Vec<Case> {
         big("append k 0 0 2000000\r\n"),
         big("cas k 0 0 2000000 1\r\n"),
     );
+    let mut long_line = vec![b'a'; 3000];
+    long_line.extend_from_slice(b"\r\n");
+    let long_set = format!("set {} 0 0 1\r\nx\r\n", "k".repeat(2100)).into_bytes();
     let mut ms_too_large = b"ms k 2000000\r\n".to_vec();
     ms_too_large.extend(std::iter::repeat_n(b'x', 2_000_000));
     ms_too_large.extend_from_slice(b"\r\n");
@@ -149,6 +152,9 @@ pub fn table() -> Vec<Case> {
         case("control character in key", b"get a\x01b\r\n", b"CLIENT_ERROR bad command line format\r\n", OURS),
         case("noreply silences argument errors", b"verbosity noreply\r\nverbosity foo bar my\r\nset k abc 0 1 noreply\r\nx\r\nincr k abc noreply\r\n", b"ERROR\r\nERROR\r\n", SAME),
         case("stats unknown group", b"stats nonsense\r\n", b"ERROR\r\n", SAME),
+        // A long line that arrived whole is parsed like any other.
+        case("a long complete line", &long_line, b"ERROR\r\n", SAME),
+        case("a long complete set line", &long_set, b"CLIENT_ERROR bad command line format\r\nERROR\r\n", SAME),
         case("stats sizes", b"stats sizes\r\n", b"STAT sizes_status disabled\r\nEND\r\n", SAME),
         // memcached: 0-2 set the slab rebalancer (kvlab keeps the setting: no slab classes to
         // move), above 2 or missing is unknown, a non-number a bad line. Left at the default, 1.
@@ -198,6 +204,8 @@ pub fn table() -> Vec<Case> {
 /// Requests after which the server closes the connection: the bytes it sends first.
 pub fn closing_table() -> Vec<Case> {
     vec![
+        // Past 2048 bytes without a newline (not a retrieval): closed without a word.
+        case("a long line without its newline", &[b'a'; 3000], b"", SAME),
         case("HTTP GET", b"GET / HTTP/1.0\r\n", b"", SAME),
         case("HTTP PUT", b"PUT /a/b HTTP/1.1\r\n", b"", SAME),
         case("HTTP without a path", b"DELETE HTTP/1.1\r\n", b"", SAME),
