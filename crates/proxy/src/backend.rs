@@ -64,6 +64,15 @@ impl Health {
         false
     }
 
+    /// Ejects the backend now, whatever its failures in a row: it missed a write.
+    pub fn eject(&self) {
+        self.failures.store(u32::MAX / 2, Ordering::Relaxed);
+        if !self.ejected.swap(true, Ordering::Relaxed) {
+            self.ejections.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(backend = %self.name, "backend ejected: it missed a write");
+        }
+    }
+
     /// Counts a success (resets the failures in a row).
     pub fn succeeded(&self) {
         if self.failures.load(Ordering::Relaxed) != 0 {
@@ -95,6 +104,13 @@ pub struct Expect {
     pub part: Option<u32>,
     /// When it was sent.
     pub sent: Instant,
+    /// The backend's ejection count when it was sent: a reply that arrives after the
+    /// backend was ejected (a paused backend that resumed before the request's deadline,
+    /// but before the prober flushed it) may carry stale data and is not used.
+    pub ejections: u64,
+    /// It changes data (a write, a flush, a mutating `mg`): if it fails, the backend may have
+    /// missed a write the client was told succeeded, so it is ejected at once.
+    pub write: bool,
 }
 
 /// One framed reply: `len` bytes at the front of the input; `body` is the part to keep (all

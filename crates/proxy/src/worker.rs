@@ -448,6 +448,13 @@ impl Worker {
                 Ok(()) => None,
                 Err(e) => {
                     health.failed(self.routing.config.failure_limit);
+                    if matches!(
+                        self.jobs[i].class,
+                        Class::Write { .. } | Class::Cas | Class::ReadAll
+                    ) {
+                        // It misses this write: out until flushed.
+                        health.eject();
+                    }
                     Some(Fail::Connect(e.kind()))
                 }
             }
@@ -473,13 +480,20 @@ impl Worker {
     /// Queues the reply owed for part `p` on its backend.
     fn expect(&mut self, p: u32, frame: Frame) {
         let b = self.parts[p as usize].backend as usize;
-        self.routing.backends[b]
-            .outstanding
-            .fetch_add(1, Ordering::Relaxed);
+        let health = &self.routing.backends[b];
+        health.outstanding.fetch_add(1, Ordering::Relaxed);
+        let ejections = health.ejections.load(Ordering::Relaxed);
+        let job = self.parts[p as usize].job as usize;
+        let write = matches!(
+            self.jobs[job].class,
+            Class::Write { .. } | Class::Cas | Class::ReadAll
+        );
         self.conns[b].expect.push_back(crate::backend::Expect {
             frame,
             part: Some(p),
             sent: self.parts[p as usize].sent,
+            ejections,
+            write,
         });
     }
 
@@ -829,16 +843,25 @@ impl Worker {
                     conn.expect.pop_front();
                     health.outstanding.fetch_sub(1, Ordering::Relaxed);
                     health.succeeded();
+                    // Ejected since it was sent: what it says may be stale (it missed
+                    // writes); the request counts as failed (a read is retried elsewhere).
+                    let stale = health.is_ejected()
+                        || health.ejections.load(Ordering::Relaxed) != head.ejections;
                     if let Some(p) = head.part {
                         let ns = now.saturating_duration_since(head.sent).as_nanos() as u64;
-                        self.events.push((b, Some(ns), false));
                         let part = &mut self.parts[p as usize];
-                        part.reply.extend_from_slice(&conn.input()[..f.body]);
-                        part.values = f.values;
-                        part.state = State::Replied {
-                            error: f.error,
-                            server_error: f.server_error,
-                        };
+                        if stale {
+                            self.events.push((b, None, false));
+                            part.state = State::Failed(Fail::Ejected);
+                        } else {
+                            self.events.push((b, Some(ns), false));
+                            part.reply.extend_from_slice(&conn.input()[..f.body]);
+                            part.values = f.values;
+                            part.state = State::Replied {
+                                error: f.error,
+                                server_error: f.server_error,
+                            };
+                        }
                         part.done = now;
                         self.ready.push(p);
                     }
@@ -870,6 +893,9 @@ impl Worker {
             return;
         }
         health.failed(self.routing.config.failure_limit);
+        if owed.iter().any(|e| e.write) {
+            health.eject();
+        }
         for e in owed {
             health.outstanding.fetch_sub(1, Ordering::Relaxed);
             self.events.push((b, None, fail == Fail::Timeout));

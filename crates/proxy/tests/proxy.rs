@@ -255,6 +255,13 @@ fn a_returning_backend_is_flushed_before_it_serves_again() {
         ask(p.addr(), "set k 0 0 3\r\nnew\r\n", "\r\n"),
         "STORED\r\n"
     );
+    // A majority write is answered once two replicas stored it; the third may still be
+    // applying it (reads have no quorum): wait until both live replicas hold it.
+    for addr in &addrs[1..] {
+        eventually("the live replicas hold the write", || {
+            ask(*addr, "get k\r\n", "END\r\n") == "VALUE k 0 3\r\nnew\r\nEND\r\n"
+        });
+    }
     // Reads that reach it time out and are retried elsewhere; it is ejected.
     eventually("the backend is ejected", || {
         assert_eq!(
