@@ -128,11 +128,16 @@ fn a_multi_get_is_split_by_backend_and_merged_in_key_order() {
             assert_eq!(exchange(&mut s, req.as_bytes(), b"\r\n"), b"STORED\r\n");
         }
     }
-    // The keys are spread: each backend holds some.
-    for m in &backends {
-        let got = ask(m.addr, &format!("get {}\r\n", keys.join(" ")), "END\r\n");
-        assert!(got.matches("VALUE").count() >= 3, "{got}");
-    }
+    // The keys are spread (where depends on the backends' ports, which vary): at least two
+    // backends hold some, so the multi-get below has parts on several.
+    let holding = backends
+        .iter()
+        .filter(|m| {
+            let got = ask(m.addr, &format!("get {}\r\n", keys.join(" ")), "END\r\n");
+            got.contains("VALUE")
+        })
+        .count();
+    assert!(holding >= 2, "{holding} backend(s) hold the keys");
     let mut asked = keys.clone();
     asked.push("key:0".into());
     asked.reverse();
