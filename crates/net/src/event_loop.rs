@@ -31,7 +31,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use crate::driver::{self, Pump, LISTENER};
-use crate::pool::{Done, HelperPool};
+use crate::pool::{ConnId, Done, HelperPool};
 use crate::service::{App, Completion, Service, Work, WorkOf};
 use crate::session::Session;
 use crate::session::SlotId;
@@ -173,27 +173,41 @@ impl<A: App> EventLoop<A> {
         let worker = self.service.worker();
         <WorkOf<A> as Work>::run_batch(&mut self.batch, worker, &mut |i, c| done.push((i, c)));
         self.batch.clear();
-        let slots = std::mem::take(&mut self.batch_slots);
+        let mut slots = std::mem::take(&mut self.batch_slots);
         for (i, completion) in done.drain(..) {
             let (slot, generation, id) = slots[i];
-            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
-                continue;
-            };
-            if conn.generation != generation {
-                continue;
-            }
-            if let Some(buf) = conn.session.complete(id, completion) {
-                self.service.recycle(buf);
-            }
-            if !conn.touched {
-                conn.touched = true;
-                self.touched.push(slot);
-            }
+            self.complete((slot, generation), id, completion);
         }
         self.batch_done = done;
-        let mut slots = slots;
         slots.clear();
         self.batch_slots = slots;
+        self.serve_touched();
+    }
+
+    /// Completes reply slot `id` of connection `conn` (if it is still that connection) and
+    /// lists the connection for [`EventLoop::serve_touched`].
+    fn complete(&mut self, conn: ConnId, id: SlotId, completion: Completion) {
+        let (slot, generation) = conn;
+        let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
+            return;
+        };
+        if conn.generation != generation {
+            return;
+        }
+        if let Some(buf) = conn.session.complete(id, completion) {
+            self.service.recycle(buf);
+        }
+        if !conn.session.is_waiting() {
+            conn.helper = None;
+        }
+        if !conn.touched {
+            conn.touched = true;
+            self.touched.push(slot);
+        }
+    }
+
+    /// Serves each connection with completions once: its replies leave in one write.
+    fn serve_touched(&mut self) {
         let mut touched = std::mem::take(&mut self.touched);
         for &slot in &touched {
             if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
@@ -286,37 +300,10 @@ impl<A: App> EventLoop<A> {
     /// Hands finished work back to its sessions, then lets each session touched carry on
     /// once: the replies of a connection's many completions leave in one write.
     fn complete_work(&mut self) {
-        let Some(helpers) = self.helpers.as_ref() else {
-            return;
-        };
-        while let Ok(done) = helpers.done.try_recv() {
-            let (slot, generation) = done.conn;
-            let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
-                continue;
-            };
-            if conn.generation != generation {
-                continue;
-            }
-            if let Some(buf) = conn.session.complete(done.slot, done.completion) {
-                self.service.recycle(buf);
-            }
-            if !conn.session.is_waiting() {
-                conn.helper = None;
-            }
-            if !conn.touched {
-                conn.touched = true;
-                self.touched.push(slot);
-            }
+        while let Some(done) = self.helpers.as_ref().and_then(|h| h.done.try_recv().ok()) {
+            self.complete(done.conn, done.slot, done.completion);
         }
-        let mut touched = std::mem::take(&mut self.touched);
-        for &slot in &touched {
-            if let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) {
-                conn.touched = false;
-                self.serve(slot);
-            }
-        }
-        touched.clear();
-        self.touched = touched;
+        self.serve_touched();
     }
 
     fn drop_conn(&mut self, slot: usize) {

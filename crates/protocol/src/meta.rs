@@ -26,6 +26,31 @@ pub enum MetaCommand {
 }
 
 impl MetaCommand {
+    const ALL: [MetaCommand; 6] = [
+        MetaCommand::Get,
+        MetaCommand::Set,
+        MetaCommand::Delete,
+        MetaCommand::Arith,
+        MetaCommand::Noop,
+        MetaCommand::Debug,
+    ];
+
+    /// The command's name on the wire.
+    pub fn name(self) -> &'static [u8] {
+        match self {
+            MetaCommand::Get => b"mg",
+            MetaCommand::Set => b"ms",
+            MetaCommand::Delete => b"md",
+            MetaCommand::Arith => b"ma",
+            MetaCommand::Noop => b"mn",
+            MetaCommand::Debug => b"me",
+        }
+    }
+
+    pub(crate) fn from_name(name: &[u8]) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+
     /// The flags memcached accepts for this command.
     fn accepts(self, flag: u8) -> bool {
         let allowed: &[u8] = match self {

@@ -61,16 +61,29 @@ pub enum StoreCommand {
 }
 
 impl StoreCommand {
+    const ALL: [StoreCommand; 6] = [
+        StoreCommand::Set,
+        StoreCommand::Add,
+        StoreCommand::Replace,
+        StoreCommand::Append,
+        StoreCommand::Prepend,
+        StoreCommand::Cas,
+    ];
+
+    /// The command's name on the wire.
+    pub fn name(self) -> &'static [u8] {
+        match self {
+            StoreCommand::Set => b"set",
+            StoreCommand::Add => b"add",
+            StoreCommand::Replace => b"replace",
+            StoreCommand::Append => b"append",
+            StoreCommand::Prepend => b"prepend",
+            StoreCommand::Cas => b"cas",
+        }
+    }
+
     fn from_name(name: &[u8]) -> Option<Self> {
-        Some(match name {
-            b"set" => StoreCommand::Set,
-            b"add" => StoreCommand::Add,
-            b"replace" => StoreCommand::Replace,
-            b"append" => StoreCommand::Append,
-            b"prepend" => StoreCommand::Prepend,
-            b"cas" => StoreCommand::Cas,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|c| c.name() == name)
     }
 }
 
@@ -750,12 +763,8 @@ fn parse_meta<'a>(
     line_end: usize,
     limits: &Limits,
 ) -> Parsed<'a> {
-    let command = match name {
-        b"mg" => MetaCommand::Get,
-        b"ms" => MetaCommand::Set,
-        b"md" => MetaCommand::Delete,
-        b"ma" => MetaCommand::Arith,
-        b"me" => MetaCommand::Debug,
+    let command = match MetaCommand::from_name(name) {
+        Some(c) if c != MetaCommand::Noop => c,
         _ => {
             // `mn` takes no key and no flags: anything after it is ignored, as memcached does.
             return request(

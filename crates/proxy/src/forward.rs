@@ -29,14 +29,8 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
             cas_unique,
             ..
         } => {
-            out.extend_from_slice(match command {
-                StoreCommand::Set => b"set ",
-                StoreCommand::Add => b"add ",
-                StoreCommand::Replace => b"replace ",
-                StoreCommand::Append => b"append ",
-                StoreCommand::Prepend => b"prepend ",
-                StoreCommand::Cas => b"cas ",
-            });
+            out.extend_from_slice(command.name());
+            out.push(b' ');
             out.extend_from_slice(key);
             out.push(b' ');
             out.extend_from_slice(num.format(flags).as_bytes());
@@ -83,14 +77,8 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
             flags,
             data,
         } => {
-            out.extend_from_slice(match command {
-                MetaCommand::Get => b"mg ",
-                MetaCommand::Set => b"ms ",
-                MetaCommand::Delete => b"md ",
-                MetaCommand::Arith => b"ma ",
-                MetaCommand::Debug => b"me ",
-                MetaCommand::Noop => b"mn ",
-            });
+            out.extend_from_slice(command.name());
+            out.push(b' ');
             out.extend_from_slice(key.raw());
             if command == MetaCommand::Set {
                 out.push(b' ');

@@ -147,7 +147,7 @@ pub struct Shared {
     /// Bumped by every reload; workers compare it at each batch.
     pub version: AtomicU64,
     /// Requests queued and not yet taken by a worker, and the time integral of that number.
-    pub queue: Mutex<stats::QueueLength>,
+    pub queue: stats::QueueLength,
     /// Parsing limits (workers re-parse what they forward).
     pub limits: Limits,
     /// One recorder per worker.
@@ -265,13 +265,14 @@ impl Proxy {
     pub fn start(config: ProxyConfig, options: ProxyOptions) -> Result<Proxy, StartError> {
         let routing = Routing::new(config, None).map_err(StartError::Config)?;
         let workers = routing.config.workers;
+        let epoch = Instant::now();
         let epoch_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
         let shared = Arc::new(Shared {
             routing: RwLock::new((Arc::new(routing), 0)),
             version: AtomicU64::new(0),
-            queue: Mutex::new(stats::QueueLength::default()),
+            queue: stats::QueueLength::new(epoch),
             limits: options.limits,
             recorders: (0..workers)
                 .map(|_| {
@@ -282,7 +283,7 @@ impl Proxy {
                 })
                 .collect(),
             net: Mutex::new(NetStage::default()),
-            epoch: Instant::now(),
+            epoch,
             epoch_unix,
             curr_connections: AtomicU64::new(0),
             total_connections: AtomicU64::new(0),

@@ -86,7 +86,7 @@ impl Logger {
         let mut previous_net = Stage::default();
         let mut start = Instant::now();
         let mut next = start + self.interval;
-        self.shared.queue.lock().take_area(start);
+        self.shared.queue.take_area(start);
         loop {
             let stopping = self.shared.stopping.load(Ordering::Relaxed);
             std::thread::sleep(TICK);
@@ -94,7 +94,7 @@ impl Logger {
             if now < next && !stopping {
                 continue;
             }
-            let area = self.shared.queue.lock().take_area(now);
+            let area = self.shared.queue.take_area(now);
             let mean_len = area as f64 / now.duration_since(start).as_nanos().max(1) as f64;
             let totals = self.shared.totals();
             let net = self.shared.net.lock().stage.clone();

@@ -86,7 +86,7 @@ fn general(shared: &Shared, out: &mut Vec<u8>) {
         "proxy_protocol_errors",
         shared.protocol_errors.load(Ordering::Relaxed),
     );
-    line(out, "proxy_queued", shared.queue.lock().len);
+    line(out, "proxy_queued", shared.queue.queued());
     line(
         out,
         "proxy_queue_len_on_arrival",
@@ -94,7 +94,7 @@ fn general(shared: &Shared, out: &mut Vec<u8>) {
     );
     // The queue length's time integral since the start: its change over an interval,
     // divided by the interval, is that interval's mean queue length.
-    let area = shared.queue.lock().total_area(std::time::Instant::now());
+    let area = shared.queue.total_area(std::time::Instant::now());
     line(out, "proxy_queue_area_us", area / 1000);
     line(out, "threads", routing.config.workers);
     line(out, "proxy_workers", routing.config.workers);
@@ -241,7 +241,7 @@ pub fn prometheus(shared: &Shared) -> String {
         "gauge",
         shared.curr_connections.load(Ordering::Relaxed),
     );
-    metric("queued", "gauge", shared.queue.lock().len);
+    metric("queued", "gauge", shared.queue.queued());
     metric(
         "reloads_total",
         "counter",

@@ -55,7 +55,7 @@ impl ProxyService {
     fn queue(&mut self, buf: Vec<u8>, noreply: bool) -> ProxyWork {
         let arrival = Instant::now();
         let queued = if self.shared.record {
-            self.shared.queue.lock().arrive(arrival)
+            self.shared.queue.arrive(arrival)
         } else {
             0
         };

@@ -8,6 +8,8 @@
 //!          (network thread parsed it)        backend = send → its slowest reply
 //! ```
 
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Instant;
 
 use hdrhistogram::Histogram;
@@ -22,52 +24,84 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, MAX_NS, SIGNIFICANT_DIGITS).expect("valid constant bounds")
 }
 
-/// The number of requests in the queue over time: updated at every arrival (network
-/// thread) and every batch taken (worker), so its time average is exact.
-#[derive(Debug, Default)]
+/// The number of requests in the queue over time, without a lock: arrivals (network
+/// thread) and departures (a worker's batch) each add to a count and a sum of their times.
+/// Its time integral up to T is then exact:
+///
+/// ```text
+///   ∫₀ᵀ len dt = (arrivals − departures)·T − Σ arrival times + Σ departure times
+/// ```
+///
+/// (each request in the queue at T adds T − its arrival; each one gone, its departure −
+/// arrival). The sums wrap; the integral, a small number, comes out right modulo 2⁶⁴.
+#[derive(Debug)]
 pub struct QueueLength {
-    /// Requests queued now.
-    pub len: u64,
-    last: Option<Instant>,
-    /// ∫ len dt since the last [`QueueLength::take_area`], in request·nanoseconds.
-    area: u128,
-    /// ∫ len dt since the start, in request·nanoseconds.
-    pub total_area: u128,
+    epoch: Instant,
+    arrivals: AtomicU64,
+    arrival_ns: AtomicU64,
+    departures: AtomicU64,
+    departure_ns: AtomicU64,
+    /// The integral at the last [`QueueLength::take_area`].
+    taken: AtomicU64,
 }
 
 impl QueueLength {
-    fn advance(&mut self, now: Instant) {
-        if let Some(last) = self.last {
-            let add = u128::from(self.len) * now.saturating_duration_since(last).as_nanos();
-            self.area += add;
-            self.total_area += add;
+    /// An empty queue; times count from `epoch` (no event comes before it).
+    pub fn new(epoch: Instant) -> QueueLength {
+        QueueLength {
+            epoch,
+            arrivals: AtomicU64::new(0),
+            arrival_ns: AtomicU64::new(0),
+            departures: AtomicU64::new(0),
+            departure_ns: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
         }
-        self.last = Some(now.max(self.last.unwrap_or(now)));
+    }
+
+    fn ns(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
     /// One request arrives at `now`; returns the length it found.
-    pub fn arrive(&mut self, now: Instant) -> u64 {
-        self.advance(now);
-        self.len += 1;
-        self.len - 1
+    pub fn arrive(&self, now: Instant) -> u64 {
+        self.arrival_ns.fetch_add(self.ns(now), Relaxed);
+        let before = self.arrivals.fetch_add(1, Relaxed);
+        before.saturating_sub(self.departures.load(Relaxed))
     }
 
     /// `n` requests leave at `now`.
-    pub fn leave(&mut self, now: Instant, n: u64) {
-        self.advance(now);
-        self.len = self.len.saturating_sub(n);
+    pub fn leave(&self, now: Instant, n: u64) {
+        self.departure_ns
+            .fetch_add(self.ns(now).wrapping_mul(n), Relaxed);
+        self.departures.fetch_add(n, Relaxed);
+    }
+
+    /// Requests queued now.
+    pub fn queued(&self) -> u64 {
+        let departed = self.departures.load(Relaxed);
+        self.arrivals.load(Relaxed).saturating_sub(departed)
     }
 
     /// The integral since the start, up to `now` (request·nanoseconds).
-    pub fn total_area(&mut self, now: Instant) -> u128 {
-        self.advance(now);
-        self.total_area
+    pub fn total_area(&self, now: Instant) -> u128 {
+        let t = self.ns(now);
+        let departed = self.departures.load(Relaxed);
+        let departed_ns = self.departure_ns.load(Relaxed);
+        let arrived = self.arrivals.load(Relaxed);
+        let arrived_ns = self.arrival_ns.load(Relaxed);
+        let area = arrived
+            .wrapping_sub(departed)
+            .wrapping_mul(t)
+            .wrapping_sub(arrived_ns)
+            .wrapping_add(departed_ns);
+        // Loads of a moving queue may disagree by an event: never below zero.
+        u128::from(if (area as i64) < 0 { 0 } else { area })
     }
 
-    /// The integral up to `now`, reset to zero (request·nanoseconds).
-    pub fn take_area(&mut self, now: Instant) -> u128 {
-        self.advance(now);
-        std::mem::take(&mut self.area)
+    /// The integral since the last call, up to `now` (request·nanoseconds).
+    pub fn take_area(&self, now: Instant) -> u128 {
+        let total = self.total_area(now) as u64;
+        u128::from(total.saturating_sub(self.taken.swap(total, Relaxed)))
     }
 }
 
@@ -361,7 +395,7 @@ mod tests {
     fn the_queue_length_integral_is_exact() {
         let t = Instant::now();
         let ms = |n| t + std::time::Duration::from_millis(n);
-        let mut q = QueueLength::default();
+        let q = QueueLength::new(t);
         assert_eq!(q.arrive(ms(0)), 0);
         assert_eq!(q.arrive(ms(10)), 1); // 1 for 10 ms
         q.leave(ms(30), 2); // 2 for 20 ms

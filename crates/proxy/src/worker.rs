@@ -134,6 +134,14 @@ enum Class {
     Cas,
 }
 
+impl Class {
+    /// Whether its requests change data on the backends (a failure there means a missed
+    /// write).
+    fn writes(self) -> bool {
+        matches!(self, Class::Write { .. } | Class::Cas | Class::ReadAll)
+    }
+}
+
 /// One request of the batch.
 struct Job {
     class: Class,
@@ -260,10 +268,7 @@ impl Worker {
         self.dequeued = Instant::now();
         self.now = self.dequeued;
         if self.shared.record {
-            self.shared
-                .queue
-                .lock()
-                .leave(self.dequeued, works.len() as u64);
+            self.shared.queue.leave(self.dequeued, works.len() as u64);
         }
         self.refresh();
         // Replies owed from earlier batches (a majority write's slow replica): read what has
@@ -448,10 +453,7 @@ impl Worker {
                 Ok(()) => None,
                 Err(e) => {
                     health.failed(self.routing.config.failure_limit);
-                    if matches!(
-                        self.jobs[i].class,
-                        Class::Write { .. } | Class::Cas | Class::ReadAll
-                    ) {
+                    if self.jobs[i].class.writes() {
                         // It misses this write: out until flushed.
                         health.eject();
                     }
@@ -484,10 +486,7 @@ impl Worker {
         health.outstanding.fetch_add(1, Ordering::Relaxed);
         let ejections = health.ejections.load(Ordering::Relaxed);
         let job = self.parts[p as usize].job as usize;
-        let write = matches!(
-            self.jobs[job].class,
-            Class::Write { .. } | Class::Cas | Class::ReadAll
-        );
+        let write = self.jobs[job].class.writes();
         self.conns[b].expect.push_back(crate::backend::Expect {
             frame,
             part: Some(p),
@@ -976,22 +975,17 @@ impl Worker {
                 // Only if every key of the part has another usable replica.
                 let keys = *keys;
                 let (start, end) = self.jobs[i].keys;
+                let cas = matches!(
+                    request,
+                    Request::Get { cas: true, .. } | Request::Gat { cas: true, .. }
+                );
                 for (k, key) in keys.iter().enumerate() {
                     if self.key_part[start as usize + k] != p {
                         continue;
                     }
                     let pool = self.routing.pool_of(key);
-                    let cas = matches!(
-                        request,
-                        Request::Get { cas: true, .. } | Request::Gat { cas: true, .. }
-                    );
                     self.read_candidates(pool, key, end - start > 1, cas);
-                    let policy = self.routing.pools[pool].pool.read_policy;
-                    if self
-                        .routing
-                        .choose_read(&self.replicas, Some(failed_backend), policy, 0)
-                        .is_none()
-                    {
+                    if !self.another_replica(pool, failed_backend) {
                         return false;
                     }
                 }
@@ -1000,12 +994,7 @@ impl Worker {
             (Request::Meta { key, .. }, Class::ReadAsIs { .. }) => {
                 let pool = self.jobs[i].pool;
                 key.with(|k| self.routing.replicas(pool, k, &mut self.replicas));
-                let policy = self.routing.pools[pool].pool.read_policy;
-                if self
-                    .routing
-                    .choose_read(&self.replicas, Some(failed_backend), policy, 0)
-                    .is_none()
-                {
+                if !self.another_replica(pool, failed_backend) {
                     return false;
                 }
                 self.send_read_as_is(i, &work.buf, Some(failed_backend), true);
@@ -1013,6 +1002,14 @@ impl Worker {
             _ => return false,
         }
         self.jobs[i].parts > before
+    }
+
+    /// Whether a backend of `self.replicas` other than `failed` can serve a read of `pool`.
+    fn another_replica(&self, pool: usize, failed: usize) -> bool {
+        let policy = self.routing.pools[pool].pool.read_policy;
+        self.routing
+            .choose_read(&self.replicas, Some(failed), policy, 0)
+            .is_some()
     }
 
     /// Composes job `i`'s reply and hands it back.
