@@ -272,6 +272,22 @@ impl System {
         self.jobs.get(i)?.as_ref().map(|j| j.child.id())
     }
 
+    /// Whether job `i` is stopped as the kernel reports it: `freezer.state` FROZEN (v1),
+    /// `frozen 1` in `cgroup.events` (v2), or `State: T` (signals); `None` when unknown.
+    pub fn job_stopped(&self, i: usize) -> Option<bool> {
+        match &self.pause {
+            Pause::FreezerV1 { dir } => {
+                let st = fs::read_to_string(dir.join(i.to_string()).join("freezer.state")).ok()?;
+                Some(st.trim() == "FROZEN")
+            }
+            Pause::FreezerV2 => {
+                let ev = fs::read_to_string(self.job_leaf(i)?.join("cgroup.events")).ok()?;
+                Some(ev.lines().any(|l| l.trim() == "frozen 1"))
+            }
+            Pause::Signal => Some(state(self.job_pid(i)?)? == 'T'),
+        }
+    }
+
     fn job_leaf(&self, i: usize) -> Option<PathBuf> {
         match &self.cpus {
             Cpus::V2 { dir } => Some(dir.join("jobs").join(i.to_string())),
@@ -570,6 +586,34 @@ impl Machine for System {
     }
 }
 
+/// Removes a cgroup directory: a job's killed processes may still be exiting (a cgroup
+/// with tasks cannot be removed), and a process that left the job's process group is
+/// killed here too; gives up after 2 s with a note.
+fn remove_cgroup(dir: &Path) {
+    if !dir.exists() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        let procs = fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+        for pid in procs
+            .split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+        {
+            // SAFETY: kill has no memory preconditions; the process is in our cgroup.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        if fs::remove_dir(dir).is_ok() || !dir.exists() {
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            eprintln!("note: could not remove {}", dir.display());
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 fn path_c(p: &Path) -> Result<CString, ControlError> {
     CString::new(p.as_os_str().as_encoded_bytes())
         .map_err(|_| ControlError::Spec(format!("{} has a NUL byte", p.display())))
@@ -595,17 +639,14 @@ impl Drop for System {
         if let Some(home) = &self.server_home {
             let _ = fs::write(home.join("cgroup.procs"), self.server.to_string());
         }
-        for l in leaves {
-            let _ = fs::remove_dir(l);
-        }
-        if let Some(d) = dir {
-            let _ = fs::remove_dir(d);
-        }
+        let mut dirs = leaves;
+        dirs.extend(dir);
         if let Pause::FreezerV1 { dir } = &self.pause {
-            for i in 0..self.jobs.len() {
-                let _ = fs::remove_dir(dir.join(i.to_string()));
-            }
-            let _ = fs::remove_dir(dir);
+            dirs.extend((0..self.jobs.len()).map(|i| dir.join(i.to_string())));
+            dirs.push(dir.clone());
+        }
+        for d in dirs {
+            remove_cgroup(&d);
         }
     }
 }
