@@ -14,7 +14,7 @@
 //!         └─ event::EventLog (JSON lines: samples, cores, start, pause, resume, end)
 //! ```
 //!
-//! Modules: [`cpus`] (CPU lists, the split), [`jobs`] (the job file), [`queue`] (which job
+//! Modules: [`app`] (one controlled run, start to figures), [`cpus`] (CPU lists, the split), [`jobs`] (the job file), [`queue`] (which job
 //! runs), [`policy`] (how many cores the server gets), [`controller`] (one step per sample,
 //! the loop), [`sensor`] (what a sample reads), [`machine`] (cgroups, affinity, signals),
 //! [`event`] (the log), [`summary`] (runtimes and SLO violations from a log and the load's
@@ -23,6 +23,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod app;
 pub mod controller;
 pub mod cpus;
 pub mod event;

@@ -11,6 +11,8 @@
 //! kvlab proxy     proxy_cmd     ──► kvlab_proxy (routing, workers, stage times)
 //!                                    └─► kvlab_net (epoll driver), kvlab_protocol
 //! kvlab populate  populate_cmd  ──► kvlab_bench::populate (or a data dir through the store)
+//! kvlab control   control_cmd   ──► kvlab_control (policies, cpuset/affinity, freezer/signals,
+//!                                    job queue, JSON-lines log)
 //! kvlab lab       lab_cmd       ──► kvlab_lab (experiment spec, systems, runner, analysis)
 //!                                    ├─► kvlab_client::process (start on a free port, wait)
 //!                                    ├─► kvlab_bench (the load of every run)
@@ -21,6 +23,7 @@
 //! still `anyhow`), shown with their context and a non-zero exit.
 
 mod bench_cmd;
+mod control_cmd;
 mod lab_cmd;
 mod populate_cmd;
 mod proxy_cmd;
@@ -51,6 +54,8 @@ enum Command {
     Populate(populate_cmd::PopulateArgs),
     /// memcached proxy in front of several servers: sharding, replication, split multi-gets.
     Proxy(proxy_cmd::ProxyArgs),
+    /// Keep a server inside its latency SLO while batch jobs use the spare cores.
+    Control(Box<control_cmd::ControlArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,5 +66,6 @@ fn main() -> anyhow::Result<()> {
         Command::Populate(args) => populate_cmd::run(args),
         Command::Lab(args) => lab_cmd::run(args),
         Command::Proxy(args) => proxy_cmd::run(args),
+        Command::Control(args) => control_cmd::run(*args),
     }
 }
