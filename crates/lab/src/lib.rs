@@ -68,6 +68,10 @@
 //!                             # with p95 below this (µs) and >= 99 % of it achieved, every
 //!                             # lower rate of the scan passing too
 //! seed = 1                    # repetition i uses seed + i
+//! corunner = <none>           # a command run beside every run (sh -c, its own process
+//!                             # group, killed after the run; "{factor}" allowed), e.g.
+//!                             # "stress-ng --{stressor} 1 --taskset 0": interference; the
+//!                             # raw run keeps it and its CPU (cores busy)
 //!
 //! [[system]]                  # one or more; *required*
 //! name = "kvlab"              # *required*, unique
@@ -98,6 +102,9 @@
 //!                             # does a point it cannot serve (HTTP on memcached), with a note
 //! start_timeout = 10.0        # seconds to wait for an answer to `version` (and to `GET /`
 //!                             # on the HTTP port)
+//! cpus = <any>                # a CPU list ("0", "0-1,3"; "{factor}" allowed): every
+//!                             # thread of the system is pinned there once it is up (a
+//!                             # proxy's own threads, not its backends')
 //!
 //! [workload]                  # everything `kvlab bench` takes
 //! clients = <none>            # closed loop: total connections (= threads x connections,
@@ -139,8 +146,8 @@
 //!
 //! [[part]]                    # several studies in one file: each part has its own
 //! name = "part<i>"            # name, description, systems = [names], repetitions,
-//!                             # duration, warmup, [part.workload] (over [workload]),
-//!                             # [part.factors], design, points
+//!                             # duration, warmup, corunner, [part.workload] (over
+//!                             # [workload]), [part.factors], design, points
 //! ```
 //!
 //! A proxy's CPU (the runner's /proc reading) is the proxy process' own; for each run the
@@ -180,6 +187,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
     (
         "rate-scan",
         include_str!("../../../experiments/rate-scan.toml"),
+    ),
+    (
+        "control-characterise",
+        include_str!("../../../experiments/control-characterise.toml"),
     ),
     (
         "factorial-2k",
