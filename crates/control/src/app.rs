@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::controller::{self, Controller, RunLimits, Share};
-use crate::event::{read_log, EventLog};
+use crate::event::{read_log, EventLog, What};
 use crate::jobs::JobFile;
 use crate::machine::{CpuMethod, PauseMethod, System};
 use crate::policy::{Policy, PolicySpec};
@@ -65,6 +65,10 @@ pub struct Outcome {
     pub method: String,
     /// Why the loop stopped.
     pub stopped: String,
+    /// Jobs in the job file.
+    pub jobs: usize,
+    /// The most cores the server had.
+    pub server_cores_max: usize,
     /// The figures.
     pub summary: RunSummary,
 }
@@ -95,6 +99,17 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
     let stopped = controller::run(&mut c, &mut sensor, limits, stop)?;
     drop(c);
     let events = read_log(&o.log)?;
+    let server_cores_max = events
+        .iter()
+        .filter_map(|e| match e.what {
+            // The share after the run (every CPU back to the server) is not the policy's.
+            What::Cores { to, .. } if e.signal.is_some() || e.reason.starts_with("initial") => {
+                Some(to)
+            }
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0);
     let rows = match &o.live {
         Some(p) => LiveFile::new(p.clone()).poll(),
         None => Vec::new(),
@@ -103,6 +118,8 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
         policy: o.policy.name().into(),
         method,
         stopped,
+        jobs: o.jobs.jobs.len(),
+        server_cores_max,
         summary: summarise(&events, &rows, o.slo_p95_us),
     })
 }

@@ -17,7 +17,7 @@
 //! Modules: [`app`] (one controlled run, start to figures), [`cpus`] (CPU lists, the split), [`jobs`] (the job file), [`queue`] (which job
 //! runs), [`policy`] (how many cores the server gets), [`controller`] (one step per sample,
 //! the loop), [`sensor`] (what a sample reads), [`machine`] (cgroups, affinity, signals),
-//! [`event`] (the log), [`summary`] (runtimes and SLO violations from a log and the load's
+//! [`event`] (the log), [`speedup`] (each job alone at each core count), [`summary`] (runtimes and SLO violations from a log and the load's
 //! intervals).
 
 #![deny(missing_docs)]
@@ -32,6 +32,7 @@ pub mod machine;
 pub mod policy;
 pub mod queue;
 pub mod sensor;
+pub mod speedup;
 pub mod summary;
 
 #[cfg(test)]

@@ -77,11 +77,16 @@ pub fn summarise(events: &[Event], intervals: &[IntervalRow], slo_p95_us: f64) -
             _ => {}
         }
     }
-    let window = first_start.map(|s| (s, last_end.filter(|&e| e >= s).unwrap_or(u64::MAX)));
+    // While jobs ran; a run in which no job started (a static split that leaves them no
+    // core) is judged over its whole load.
+    let (from, to) = match first_start {
+        Some(s) => (s, last_end.filter(|&e| e >= s).unwrap_or(u64::MAX)),
+        None => (0, u64::MAX),
+    };
     let measured: Vec<&IntervalRow> = intervals
         .iter()
         .filter(|i| !i.warmup && i.counters.completed > 0)
-        .filter(|i| window.is_some_and(|(s, e)| i.ts_end > s && i.ts_start < e))
+        .filter(|i| i.ts_end > from && i.ts_start < to)
         .collect();
     let violations = measured
         .iter()

@@ -38,6 +38,11 @@ pub struct ControlArgs {
     /// Only run the job file's `prepare` commands in --work-dir, then exit.
     #[arg(long)]
     prepare_only: bool,
+    /// Run each job alone at each of its core counts (threads = cores, pinned), print its
+    /// runtime and CPU time, then exit (--summary writes them as JSON). Prepares first
+    /// unless --no-prepare.
+    #[arg(long)]
+    speedup: bool,
     /// static (a fixed split), reactive (slack thresholds on the measured p95) or
     /// predictive (capacity per core count with headroom, plus the reactive guard).
     #[arg(long, default_value = "reactive")]
@@ -173,6 +178,32 @@ pub fn run(a: ControlArgs) -> anyhow::Result<()> {
         Some(l) => l.parse()?,
         None => CpuSet::allowed_now()?,
     };
+    if a.speedup {
+        std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+        if !a.no_prepare {
+            kvlab_control::controller::prepare(&jobs.prepare, &work)?;
+        }
+        let rows = kvlab_control::speedup::speedup(&jobs, &cpus, &work)?;
+        println!(
+            "{:<24} {:>6} {:>10} {:>10} {:>5}",
+            "job", "cores", "wall s", "CPU s", "exit"
+        );
+        for r in &rows {
+            println!(
+                "{:<24} {:>6} {:>10.2} {:>10.2} {:>5}",
+                r.job,
+                r.cores,
+                r.wall_s,
+                r.cpu_s,
+                r.exit.map_or("-".into(), |c| c.to_string())
+            );
+        }
+        if let Some(p) = &a.summary {
+            std::fs::write(p, serde_json::to_string_pretty(&rows)?)
+                .with_context(|| format!("writing {}", p.display()))?;
+        }
+        return Ok(());
+    }
     let stats = a.addr.as_deref().map(resolve).transpose()?;
     // Start the server, or attach.
     let mut started = None;

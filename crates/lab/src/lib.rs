@@ -170,6 +170,7 @@ pub mod analyse;
 pub mod runner;
 pub mod spec;
 pub mod system;
+pub mod workflow;
 
 use std::path::{Path, PathBuf};
 
@@ -191,6 +192,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
     (
         "control-characterise",
         include_str!("../../../experiments/control-characterise.toml"),
+    ),
+    (
+        "control-workflow",
+        include_str!("../../../experiments/control-workflow.toml"),
     ),
     (
         "factorial-2k",
@@ -230,8 +235,14 @@ pub fn shipped(name: &str) -> Option<&'static str> {
 /// The first line of a shipped experiment's description ("" when it has none).
 pub fn shipped_summary(name: &str) -> String {
     shipped(name)
-        .and_then(|text| Experiment::parse(text, name, &Overrides::default()).ok())
-        .and_then(|e| e.description)
+        .and_then(|text| match workflow::is_workflow(text) {
+            true => workflow::WorkflowSpec::parse(text).ok()?.description(),
+            false => {
+                Experiment::parse(text, name, &Overrides::default())
+                    .ok()?
+                    .description
+            }
+        })
         .and_then(|d| d.lines().next().map(str::to_string))
         .unwrap_or_default()
 }
@@ -353,6 +364,28 @@ impl Lab {
         overrides: &Overrides,
         out: Option<PathBuf>,
     ) -> anyhow::Result<Finished> {
+        if workflow::is_workflow(&source.text) {
+            let spec = workflow::WorkflowSpec::parse(&source.text)
+                .with_context(|| format!("control experiment {}", source.label))?;
+            let out = match out {
+                Some(o) => o,
+                None => default_out(&spec.name(&source.stem), std::time::SystemTime::now()),
+            };
+            let bin = self
+                .kvlab_bin
+                .as_deref()
+                .context("a control experiment needs the kvlab executable ($KVLAB_BIN)")?;
+            let base = Path::new(&source.label)
+                .parent()
+                .filter(|p| p.exists())
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            let report = workflow::run(&source.text, &base, &out, bin, overrides)?;
+            return Ok(Finished {
+                summary: workflow::summary_text(&out)?,
+                dir: out,
+                report,
+            });
+        }
         let exp = Experiment::parse(&source.text, &source.stem, overrides).with_context(|| {
             if overrides.is_empty() {
                 format!("experiment {}", source.label)
@@ -392,6 +425,13 @@ pub fn default_out(name: &str, now: std::time::SystemTime) -> PathBuf {
 /// Re-analyses a results directory's raw data (as the experiment stored in its `meta.json`
 /// was run) and rewrites its report.
 pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
+    if workflow::is_workflow_dir(dir) {
+        return Ok(Finished {
+            report: workflow::analyse(dir)?,
+            summary: workflow::summary_text(dir)?,
+            dir: dir.to_path_buf(),
+        });
+    }
     let (meta, raws) = runner::load(dir)?;
     let exp = Experiment::parse(&meta.experiment_text, "experiment", &meta.overrides)
         .context("the experiment stored in meta.json")?;

@@ -1288,6 +1288,11 @@ mod tests {
     #[test]
     fn shipped_experiments_parse() {
         for (name, text) in crate::SHIPPED {
+            if crate::workflow::is_workflow(text) {
+                crate::workflow::WorkflowSpec::parse(text)
+                    .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+                continue;
+            }
             let e = Experiment::parse(text, name, &Overrides::default())
                 .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(!e.runs().is_empty(), "{name}");

@@ -437,11 +437,14 @@ pub fn line_plot(plot: &LinePlot, id: &str) -> String {
             continue;
         }
         let x = px(m.x);
+        // The label runs down along the line, inside the frame, clear of the title.
         let _ = write!(
             out,
-            r##"<g class="mark"><line x1="{x:.1}" y1="{TOP:.1}" x2="{x:.1}" y2="{b:.1}" stroke="#777" stroke-width="0.8" stroke-dasharray="3 3"/><text x="{x:.1}" y="{:.1}" font-size="9" text-anchor="start" transform="rotate(-35 {x:.1} {:.1})">{}</text></g>"##,
-            TOP - 3.0,
-            TOP - 3.0,
+            r##"<g class="mark"><line x1="{x:.1}" y1="{TOP:.1}" x2="{x:.1}" y2="{b:.1}" stroke="#777" stroke-width="0.8" stroke-dasharray="3 3"/><text x="{:.1}" y="{:.1}" font-size="9" fill="#555" transform="rotate(90 {:.1} {:.1})">{}</text></g>"##,
+            x + 2.0,
+            TOP + 4.0,
+            x + 2.0,
+            TOP + 4.0,
             escape(&m.label)
         );
     }
