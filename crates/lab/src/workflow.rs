@@ -948,3 +948,50 @@ pub fn analyse(dir: &Path) -> anyhow::Result<PathBuf> {
     let files = kvlab_report::write_report(dir.join("report"), &report)?;
     Ok(files.index)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(start: u64, p95: f64) -> IntervalRow {
+        let mut r = IntervalRow {
+            ts_start: start,
+            ts_end: start + 100,
+            warmup: false,
+            step: 0,
+            target_qps: Some(1000.0),
+            achieved_qps: 1000.0,
+            counters: Default::default(),
+            latency: Default::default(),
+            latency_send: Default::default(),
+        };
+        r.counters.completed = 100;
+        r.latency.p95_us = p95;
+        r
+    }
+
+    #[test]
+    fn a_window_with_any_interval_above_the_slo_counts() {
+        // 3 s of 100 ms rows from t = 10 s; one bad row in the second second.
+        let rows: Vec<IntervalRow> = (0..30)
+            .map(|i| row(10_000 + i * 100, if i == 14 { 5000.0 } else { 200.0 }))
+            .collect();
+        assert_eq!(windows(&rows, 10_000, 13_000, 1.0, 1000.0), (3, 1));
+        // Only the rows inside the jobs' span count.
+        assert_eq!(windows(&rows, 11_500, 13_000, 1.0, 1000.0), (2, 0));
+    }
+
+    #[test]
+    fn the_shipped_workflow_names_a_shipped_job_file() {
+        let (_, text) = crate::SHIPPED
+            .iter()
+            .find(|(n, _)| *n == "control-workflow")
+            .unwrap();
+        assert!(is_workflow(text));
+        let spec = WorkflowSpec::parse(text).unwrap();
+        let (_, jobs) = spec.job_file(Path::new("/nonexistent")).unwrap();
+        assert_eq!(jobs.jobs.len(), 7);
+        assert_eq!(spec.policies.len(), 4);
+        assert!(WorkflowSpec::parse(&text.replace("policy = \"reactive\"", "policy = \"fast\"")).is_err());
+    }
+}
