@@ -992,6 +992,9 @@ mod tests {
         let (_, jobs) = spec.job_file(Path::new("/nonexistent")).unwrap();
         assert_eq!(jobs.jobs.len(), 7);
         assert_eq!(spec.policies.len(), 4);
-        assert!(WorkflowSpec::parse(&text.replace("policy = \"reactive\"", "policy = \"fast\"")).is_err());
+        assert!(
+            WorkflowSpec::parse(&text.replace("policy = \"reactive\"", "policy = \"fast\""))
+                .is_err()
+        );
     }
 }
