@@ -390,12 +390,23 @@ pub fn run(
         .iter()
         .map(|p| spec.policy(p))
         .collect::<anyhow::Result<_>>()?;
+    // SIGINT or SIGTERM ends the run in progress cleanly (jobs killed, cgroups removed, the
+    // server and the load stopped) and then the experiment.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
     let mut index = 0;
     let total = spec.seeds.len() * spec.qps_intervals.len() * policies.len() * spec.systems.len();
-    for &seed in &spec.seeds {
+    'all: for &seed in &spec.seeds {
         for &interval in &spec.qps_intervals {
             for (si, sys) in spec.systems.iter().enumerate() {
                 for (pname, policy) in &policies {
+                    if stopped() {
+                        eprintln!("stopped by a signal");
+                        break 'all;
+                    }
                     index += 1;
                     eprintln!(
                         "[{index}/{total}] {} {pname} interval {interval} s seed {seed}",
@@ -403,7 +414,7 @@ pub fn run(
                     );
                     let run = one(
                         &spec, index, si, sys, pname, policy, interval, seed, &jobs, &cpus,
-                        &generator, &work, out, kvlab_bin,
+                        &generator, &work, out, kvlab_bin, &stopped,
                     );
                     match (&run.error, &run.outcome) {
                         (Some(e), _) => eprintln!("        failed: {e}"),
@@ -444,6 +455,7 @@ fn one(
     work: &Path,
     out: &Path,
     kvlab_bin: &Path,
+    stop: &dyn Fn() -> bool,
 ) -> WorkflowRun {
     let dir = format!("runs/{index:04}");
     let mut run = WorkflowRun {
@@ -460,7 +472,7 @@ fn one(
         error: None,
     };
     if let Err(e) = one_inner(
-        spec, &mut run, si, sys, policy, jobs, cpus, generator, work, out, kvlab_bin,
+        spec, &mut run, si, sys, policy, jobs, cpus, generator, work, out, kvlab_bin, stop,
     ) {
         run.error = Some(format!("{e:#}"));
     }
@@ -480,6 +492,7 @@ fn one_inner(
     work: &Path,
     out: &Path,
     kvlab_bin: &Path,
+    stop: &dyn Fn() -> bool,
 ) -> anyhow::Result<()> {
     let rdir = out.join(format!("runs/{:04}", run.index));
     std::fs::create_dir_all(&rdir)?;
@@ -528,7 +541,7 @@ fn one_inner(
     // The controller starts with the trace (after the load phase fills the cache).
     let deadline = Instant::now() + Duration::from_secs(120);
     while std::fs::metadata(&live).map_or(true, |m| m.len() == 0) {
-        if Instant::now() > deadline {
+        if Instant::now() > deadline || stop() {
             end(child);
             bail!(
                 "the load wrote no interval within 120 s (see {}/bench.log)",
@@ -561,7 +574,7 @@ fn one_inner(
         log: out.join(&run.control_log),
         slo_p95_us: spec.slo(),
     };
-    let outcome = app::control(&options, &|| false);
+    let outcome = app::control(&options, stop);
     end(child);
     inst.stop();
     let outcome = outcome?;
