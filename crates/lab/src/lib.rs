@@ -198,6 +198,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
         include_str!("../../../experiments/control-workflow.toml"),
     ),
     (
+        "control-workflow-quick",
+        include_str!("../../../experiments/control-workflow-quick.toml"),
+    ),
+    (
         "factorial-2k",
         include_str!("../../../experiments/factorial-2k.toml"),
     ),
