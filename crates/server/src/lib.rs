@@ -82,6 +82,17 @@ pub struct ServerConfig {
     /// The background crawler that reclaims expired and flushed items
     /// (`--crawler-interval-ms`, `-o lru_crawler|no_lru_crawler`); `None` = off.
     pub crawler: Option<CrawlerConfig>,
+    /// Join a cluster (`--cluster`): where its topology is, and this node's name in it.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// How a server joins a cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// The topology store (`file:PATH` or a path; see `kvlab_cluster::open_store`).
+    pub topology: String,
+    /// This node's name in the topology (`--cluster-node`); `None`: the listen address.
+    pub node: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +111,7 @@ impl Default for ServerConfig {
             clock: Arc::new(SystemClock),
             durable: None,
             crawler: Some(CrawlerConfig::default()),
+            cluster: None,
         }
     }
 }
@@ -114,6 +126,8 @@ pub struct Shared {
     pub limits: Limits,
     /// Set when the threads must stop; they check it after every wake-up.
     pub shutdown: AtomicBool,
+    /// The cluster node this server is, if any.
+    pub cluster: Option<Arc<kvlab_cluster::Node>>,
     /// A request to stop (signal, `POST /shutdown`) that [`Server::wait`] is waiting for.
     stop_requested: Mutex<bool>,
     stop_cv: Condvar,
@@ -138,7 +152,11 @@ impl kvlab_net::App for Shared {
         // sharing is safe and cheap.
         let workers = &self.stats.workers;
         let worker = workers[index % workers.len()].clone();
-        Engine::new(self.store.clone(), self.stats.clone(), worker)
+        let engine = Engine::new(self.store.clone(), self.stats.clone(), worker);
+        match &self.cluster {
+            Some(node) => engine.in_cluster(node),
+            None => engine,
+        }
     }
 
     fn helper(&self, _index: usize) -> Arc<Store> {
@@ -235,7 +253,20 @@ impl Server {
             item_size_max: config.item_size_max,
             ..Limits::default()
         };
+        let cluster = match &config.cluster {
+            Some(c) => {
+                let me = c.node.clone().unwrap_or_else(|| addr.to_string());
+                let topology = kvlab_cluster::open_store(&c.topology)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+                Some(
+                    kvlab_cluster::Node::start(me, store.clone(), topology)
+                        .map_err(|e| io::Error::other(e.to_string()))?,
+                )
+            }
+            None => None,
+        };
         let shared = Arc::new(Shared {
+            cluster,
             store,
             stats,
             limits,
@@ -329,6 +360,9 @@ impl Server {
 
     fn stop(&mut self) {
         self.shared.shutdown.store(true, SeqCst);
+        if let Some(node) = &self.shared.cluster {
+            node.stop();
+        }
         if let Some(c) = self.crawler.take() {
             c.stop();
         }

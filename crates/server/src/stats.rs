@@ -64,6 +64,8 @@ worker_counters! {
     bytes_written,
     /// Requests answered with a protocol error.
     protocol_errors,
+    /// Cluster node: requests answered `MOVED` or `TRYAGAIN` instead of served.
+    cluster_redirects,
 }
 
 impl WorkerStats {
