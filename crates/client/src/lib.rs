@@ -22,6 +22,7 @@ pub mod cluster;
 pub mod conn;
 pub mod http;
 pub mod process;
+pub mod redirect;
 
 pub use blocking::{Answer, Client};
 pub use cluster::{ClusterClient, Redirect, Ring};
