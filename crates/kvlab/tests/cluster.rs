@@ -1,0 +1,278 @@
+//! `kvlab cluster` with real nodes (`kvlab server --cluster`, each its own process) on the
+//! embedded topology store: a node is added and another removed while `kvlab bench
+//! --cluster --verify` loads the cluster and a checker writes and reads back versions of
+//! its own keys. Nothing may be lost, no read may be stale, no error may reach a
+//! cluster-aware client. And a migration left half-way is rolled back or resumed from the
+//! topology alone.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvlab_client::process::{free_ports, Probe, Process, Spawn};
+use kvlab_client::ClusterClient;
+use kvlab_cluster::coordinator::node_status;
+use kvlab_cluster::{FileStore, Migration, Phase, TopologyStore};
+
+const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
+
+fn node(topology: &Path, port: u16) -> Process {
+    let name = format!("127.0.0.1:{port}");
+    Spawn::new(KVLAB)
+        .args(["server", "-l", "127.0.0.1", "-t", "2", "-m", "256"])
+        .args(["-p".to_string(), port.to_string()])
+        .args(["--cluster".to_string(), topology.display().to_string()])
+        .args(["--cluster-node".to_string(), name])
+        .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
+        .start()
+        .unwrap()
+}
+
+fn cluster(topology: &Path, args: &[&str]) -> Output {
+    let out = Command::new(KVLAB)
+        .arg("cluster")
+        .arg("--topology")
+        .arg(topology)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kvlab cluster {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn items(name: &str) -> u64 {
+    node_status(name).unwrap()["items"].as_u64().unwrap()
+}
+
+/// Asks until `f` holds (at most 15 s).
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One writer-reader of its own keys through a cluster-aware client: every read must
+/// return the last acknowledged write of that key. Returns (writes, stale or lost reads,
+/// errors, redirects followed).
+fn checker(seed: SocketAddr, stop: Arc<AtomicBool>) -> (u64, Vec<String>, Vec<String>, u64) {
+    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+    let keys = 200usize;
+    let mut acked: Vec<Option<u64>> = vec![None; keys];
+    let (mut writes, mut stale, mut errors) = (0u64, Vec::new(), Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+        let k = i % keys;
+        let key = format!("chk:{k}");
+        let v = i as u64;
+        match c.set(key.as_bytes(), v.to_string().as_bytes()) {
+            Ok(true) => {
+                acked[k] = Some(v);
+                writes += 1;
+            }
+            Ok(false) => errors.push(format!("set {key}: not stored")),
+            Err(e) => errors.push(format!("set {key}: {e}")),
+        }
+        // Read back an earlier key: it must hold its last acknowledged version.
+        let j = (i * 7 + 3) % keys;
+        if let Some(want) = acked[j] {
+            let key = format!("chk:{j}");
+            match c.get(key.as_bytes()) {
+                Ok(Some(got)) if got == want.to_string().as_bytes() => {}
+                Ok(got) => stale.push(format!(
+                    "{key}: read {:?}, last acknowledged {want}",
+                    got.map(|g| String::from_utf8_lossy(&g).into_owned())
+                )),
+                Err(e) => errors.push(format!("get {key}: {e}")),
+            }
+        }
+        i += 1;
+    }
+    // After the changes: every key holds its last acknowledged version.
+    for (k, want) in acked.iter().enumerate() {
+        let key = format!("chk:{k}");
+        if let Some(want) = want {
+            match c.get(key.as_bytes()) {
+                Ok(Some(got)) if got == want.to_string().as_bytes() => {}
+                other => stale.push(format!("at the end {key}: {other:?}, want {want}")),
+            }
+        }
+    }
+    (writes, stale, errors, c.redirects)
+}
+
+#[test]
+fn add_and_remove_under_verified_load_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json");
+    let ports = free_ports(4).unwrap();
+    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut args = vec!["create"];
+    args.extend(names[..3].iter().map(String::as_str));
+    cluster(&topology, &args);
+    let _nodes: Vec<Process> = ports.iter().map(|&p| node(&topology, p)).collect();
+    let seed: SocketAddr = names[1].parse().unwrap();
+
+    let json = dir.path().join("bench.json");
+    let bench = std::thread::spawn({
+        let (seed, json) = (names[1].clone(), json.clone());
+        move || {
+            Command::new(KVLAB)
+                .args([
+                    "bench",
+                    "--cluster",
+                    &seed,
+                    "--keys",
+                    "20000",
+                    "--load",
+                    "--verify",
+                ])
+                .args([
+                    "--duration",
+                    "8",
+                    "-T",
+                    "1",
+                    "-c",
+                    "4",
+                    "--mix",
+                    "get=8,set=2",
+                ])
+                .arg("--json")
+                .arg(&json)
+                .output()
+                .unwrap()
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let check = std::thread::spawn({
+        let stop = stop.clone();
+        move || checker(seed, stop)
+    });
+
+    std::thread::sleep(Duration::from_secs(3));
+    let added = cluster(&topology, &["add", &names[3]]);
+    assert!(String::from_utf8_lossy(&added.stdout).contains("done"));
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster(&topology, &["remove", &names[0]]);
+
+    let out = bench.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let (writes, stale, errors, redirects) = check.join().unwrap();
+    assert!(
+        out.status.success(),
+        "bench: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let k = &report["runs"][0]["counters"];
+    let n = |f: &str| k[f].as_u64().unwrap();
+    assert!(n("completed") > 1000, "{k}");
+    assert_eq!(
+        (n("errors"), n("verify_errors"), n("timeouts")),
+        (0, 0, 0),
+        "bench saw errors: {k}"
+    );
+    // Every key was set before the run: a miss is a lost key.
+    assert_eq!(n("misses"), 0, "keys lost: {k}");
+
+    assert!(writes > 100, "the checker wrote {writes}");
+    assert!(
+        stale.is_empty(),
+        "stale or lost: {:?}",
+        &stale[..stale.len().min(5)]
+    );
+    assert!(
+        errors.is_empty(),
+        "errors: {:?}",
+        &errors[..errors.len().min(5)]
+    );
+    assert!(
+        redirects + n("redirects") > 0,
+        "no client was redirected: did the ring change under the load?"
+    );
+
+    // The ring is the new one; the removed node hands everything over and empties.
+    let t = FileStore::new(&topology).load().unwrap().unwrap();
+    let mut want = names[1..].to_vec();
+    want.sort();
+    let mut got = t.nodes.clone();
+    got.sort();
+    assert_eq!((got, t.migration), (want, None));
+    until("the removed node to drop its items", || {
+        items(&names[0]) == 0
+    });
+    assert!(items(&names[3]) > 1000, "the added node holds its share");
+}
+
+#[test]
+fn a_migration_left_half_way_is_rolled_back_or_resumed_from_the_topology() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json");
+    let ports = free_ports(3).unwrap();
+    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    cluster(&topology, &["create", &names[0], &names[1]]);
+    let _nodes: Vec<Process> = ports.iter().map(|&p| node(&topology, p)).collect();
+    let seed: SocketAddr = names[0].parse().unwrap();
+    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+    for i in 0..3000 {
+        assert!(c
+            .set(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())
+            .unwrap());
+    }
+
+    // A coordinator that began adding the third node and died during the copy: the
+    // topology says so, and the nodes copy.
+    let store = FileStore::new(&topology);
+    let begin = |store: &FileStore| {
+        let t = store.load().unwrap().unwrap();
+        let mut next = t.next();
+        next.migration = Some(Migration {
+            id: next.epoch,
+            to: names.clone(),
+            phase: Phase::Copy,
+            started_ms: 0,
+        });
+        assert!(store.swap(Some(t.epoch), &next).unwrap());
+    };
+    begin(&store);
+    until("the copy to reach the new node", || items(&names[2]) > 500);
+    // Abort: the old ring stays, the new node drops what it got, nothing is lost.
+    cluster(&topology, &["abort"]);
+    until("the new node to drop the copy", || items(&names[2]) == 0);
+    for i in 0..3000 {
+        let v = c.get(format!("k{i}").as_bytes()).unwrap();
+        assert_eq!(v.as_deref(), Some(format!("v{i}").as_bytes()), "k{i}");
+    }
+
+    // Again, and this time another coordinator resumes it to the end.
+    begin(&store);
+    let out = cluster(&topology, &["resume"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
+    let t = store.load().unwrap().unwrap();
+    assert_eq!((t.nodes.len(), t.migration), (3, None));
+    for i in 0..3000 {
+        let v = c.get(format!("k{i}").as_bytes()).unwrap();
+        assert_eq!(v.as_deref(), Some(format!("v{i}").as_bytes()), "k{i}");
+    }
+    assert!(items(&names[2]) > 500, "the third node serves its share");
+    // A migration in its hand-off cannot be rolled back.
+    let status = Command::new(KVLAB)
+        .args(["cluster", "--topology"])
+        .arg(&topology)
+        .arg("abort")
+        .output()
+        .unwrap();
+    assert!(!status.status.success(), "no migration to abort");
+}
