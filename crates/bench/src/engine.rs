@@ -711,7 +711,7 @@ impl<'c> Engine<'c> {
                     Some(k) => gen.compose_key(op, k, rng, &mut self.scratch),
                     None => gen.compose(op, rng, &mut self.scratch),
                 }
-                .and_then(|(kind, k)| {
+                .map(|(kind, k)| {
                     let meta = Meta {
                         planned,
                         sent: now,
@@ -719,7 +719,6 @@ impl<'c> Engine<'c> {
                         op,
                     };
                     self.send_routed(c, kind, meta);
-                    Ok(())
                 })
             }
         };

@@ -137,6 +137,9 @@ impl Ring {
     }
 }
 
+/// A key and its value, as a multi-get returns them.
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
 /// Asks the node at `addr` for its ring.
 pub fn fetch_ring(addr: SocketAddr, timeout: Duration) -> Result<Ring, ConnError> {
     let mut c = Client::connect(addr, timeout)?;
@@ -297,7 +300,7 @@ impl ClusterClient {
     }
 
     /// A multi-get split by node: the values found, as (key, data), in no particular order.
-    pub fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<(Vec<u8>, Vec<u8>)>, ConnError> {
+    pub fn get_many(&mut self, keys: &[&[u8]]) -> Result<Vec<KeyValue>, ConnError> {
         let mut by_node: HashMap<usize, Vec<&[u8]>> = HashMap::new();
         for k in keys {
             let i = self.ring.index_of(k).unwrap_or(0);

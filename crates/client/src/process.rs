@@ -73,6 +73,8 @@ pub enum Probe {
     Version(SocketAddr),
     /// `GET /` over HTTP/1.1 answers `200`.
     HttpGet(SocketAddr),
+    /// `GET <path>` over HTTP/1.1 answers `200` (e.g. etcd's `/health`).
+    HttpGetPath(SocketAddr, &'static str),
 }
 
 impl Probe {
@@ -81,6 +83,7 @@ impl Probe {
         match *self {
             Probe::Version(addr) => probe_version(addr, timeout),
             Probe::HttpGet(addr) => probe_http(addr, timeout),
+            Probe::HttpGetPath(addr, path) => probe_http_path(addr, path, timeout),
         }
     }
 
@@ -88,6 +91,7 @@ impl Probe {
         match self {
             Probe::Version(a) => format!("`version` at {a}"),
             Probe::HttpGet(a) => format!("`GET /` at http://{a}"),
+            Probe::HttpGetPath(a, p) => format!("`GET {p}` at http://{a}"),
         }
     }
 }
@@ -303,7 +307,7 @@ impl Process {
     pub fn addr(&self) -> Option<SocketAddr> {
         self.probes.iter().find_map(|p| match p {
             Probe::Version(a) => Some(*a),
-            Probe::HttpGet(_) => None,
+            Probe::HttpGet(_) | Probe::HttpGetPath(..) => None,
         })
     }
 
@@ -406,7 +410,12 @@ pub fn probe_version(addr: SocketAddr, timeout: Duration) -> io::Result<String> 
 
 /// Sends `GET /` (HTTP/1.1) and returns the status line if it is 200.
 pub fn probe_http(addr: SocketAddr, timeout: Duration) -> io::Result<String> {
-    let request = format!("GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    probe_http_path(addr, "/", timeout)
+}
+
+/// `GET <path>` over HTTP/1.1; the status line if it is `200`.
+pub fn probe_http_path(addr: SocketAddr, path: &str, timeout: Duration) -> io::Result<String> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     ask(addr, request.as_bytes(), "HTTP/1.1 200", timeout)
 }
 

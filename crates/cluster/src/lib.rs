@@ -3,7 +3,8 @@
 //! clients route keys by the ring (`kvlab_client::cluster`); adding or removing a node moves
 //! the keys that change owner while every node keeps serving.
 //!
-//! - [`topology`]: the topology, its phases, and where it is kept.
+//! - [`topology`]: the topology, its phases, and where it is kept (a file on one machine).
+//! - [`etcd`]: the topology in etcd, with node liveness by leases and changes by watch.
 //! - [`node`]: a node's side: the per-request ownership check (serve, `MOVED`,
 //!   `TRYAGAIN`), the topology watcher, and the copy/stream/hand-off of leaving keys.
 //! - [`coordinator`]: what `kvlab cluster` does: create, add, remove, resume, abort, status.
@@ -12,9 +13,11 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod coordinator;
+pub mod etcd;
 pub mod node;
 pub mod topology;
 
+pub use kvlab_client::Redirect;
 pub use node::{Gate, Node, Verdict};
 pub use topology::{open_store, FileStore, Migration, Phase, Topology, TopologyStore};
 

@@ -39,8 +39,11 @@ use serde::Serialize;
 use crate::topology::{Phase, Topology, TopologyStore};
 use crate::ClusterError;
 
-/// How often a node reads the topology.
+/// How often a node reads a topology file.
 pub const POLL: Duration = Duration::from_millis(20);
+
+/// How often a node says it is alive (a store with leases, etcd).
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// What a node serves by in one epoch.
 #[derive(Debug)]
@@ -125,6 +128,10 @@ pub struct Node {
     finish: AtomicU64,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// With leases: until when (unix ms) this node may accept writes — its liveness key
+    /// outlives its last heartbeat by the lease's TTL; a node cut off from the store
+    /// stops taking writes when others may take it for dead. `u64::MAX` without leases.
+    writable_until: AtomicU64,
 }
 
 fn now_ms() -> u64 {
@@ -166,7 +173,14 @@ impl Node {
             finish: AtomicU64::new(0),
             stop: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
+            writable_until: AtomicU64::new(u64::MAX),
         });
+        if node.topology.lease_ttl().is_some() {
+            node.topology.heartbeat(&node.me)?;
+            let ttl = node.topology.lease_ttl().unwrap_or_default();
+            node.writable_until
+                .store(now_ms() + ttl.as_millis() as u64, Ordering::Release);
+        }
         node.apply(&topo);
         let n = node.clone();
         let h = std::thread::Builder::new()
@@ -208,8 +222,10 @@ impl Node {
         let v = self.view();
         let p = self.progress();
         let mig = v.migration.as_ref();
+        let until = self.writable_until.load(Ordering::Relaxed);
         serde_json::json!({
             "node": self.me,
+            "writable": until == u64::MAX || now_ms() < until,
             "epoch": v.epoch,
             "nodes": v.serving.nodes(),
             "migration": mig.map(|m| m.id),
@@ -269,8 +285,21 @@ impl Node {
 
     fn watch(self: Arc<Node>) {
         let mut last_error = None;
+        let mut beat = Instant::now() - Duration::from_secs(60);
         while !self.stop.load(Ordering::Relaxed) {
-            std::thread::sleep(POLL);
+            if beat.elapsed() >= HEARTBEAT {
+                beat = Instant::now();
+                match self.topology.heartbeat(&self.me) {
+                    Ok(()) => {
+                        if let Some(ttl) = self.topology.lease_ttl() {
+                            let until = now_ms() + ttl.as_millis() as u64;
+                            self.writable_until.store(until, Ordering::Release);
+                        }
+                    }
+                    Err(e) => tracing::warn!("heartbeat: {e}"),
+                }
+            }
+            self.topology.wait(HEARTBEAT / 2);
             match self.topology.load() {
                 Ok(Some(t)) if t.epoch != self.view().epoch => self.apply(&t),
                 Ok(_) => {}
@@ -455,15 +484,14 @@ impl Node {
         future: &Ring,
         id: u64,
     ) -> Result<&'p mut Pipe, ClusterError> {
-        if !pipes.contains_key(&i) {
-            let node = &future.nodes()[i];
-            let mut p = Pipe::connect(node)?;
-            p.line(format!("cluster import {id} {}\r\n", self.me).as_bytes())?;
-            pipes.insert(i, p);
+        match pipes.entry(i) {
+            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let mut p = Pipe::connect(&future.nodes()[i])?;
+                p.line(format!("cluster import {id} {}\r\n", self.me).as_bytes())?;
+                Ok(e.insert(p))
+            }
         }
-        pipes
-            .get_mut(&i)
-            .ok_or_else(|| ClusterError::Migration("pipe vanished".into()))
     }
 
     fn flush(&self, pipes: &mut HashMap<usize, Pipe>) -> Result<(), ClusterError> {
@@ -578,6 +606,17 @@ impl Gate {
             },
             None => Verdict::Serve { leaving: false },
         }
+    }
+
+    /// Whether this node may take writes now (its liveness in the store has not lapsed).
+    pub fn may_write(&self) -> bool {
+        let until = self.node.writable_until.load(Ordering::Acquire);
+        until == u64::MAX || now_ms() < until
+    }
+
+    /// The epoch of the view taken by [`Gate::begin`].
+    pub fn epoch(&self) -> u64 {
+        self.view.epoch
     }
 
     /// Records a write to a leaving key (call before [`Gate::end`]).

@@ -17,6 +17,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kvlab_client::Ring;
 use serde::{Deserialize, Serialize};
@@ -110,6 +111,24 @@ pub trait TopologyStore: Send + Sync {
     fn describe(&self) -> String;
     /// Removes the cluster (`kvlab cluster down`).
     fn clear(&self) -> Result<(), ClusterError>;
+    /// Blocks until the topology may have changed, or `timeout` (a file is polled: this
+    /// sleeps a poll interval; etcd is watched).
+    fn wait(&self, timeout: Duration) {
+        std::thread::sleep(timeout.min(crate::node::POLL));
+    }
+    /// Says node `node` is alive (called about once a second by every node); a store with
+    /// leases lets the node's liveness lapse when the calls stop.
+    fn heartbeat(&self, _node: &str) -> Result<(), ClusterError> {
+        Ok(())
+    }
+    /// How long a liveness lasts without a heartbeat (`None`: the store has no leases).
+    fn lease_ttl(&self) -> Option<Duration> {
+        None
+    }
+    /// The nodes whose liveness has not lapsed (`None`: the store does not know).
+    fn alive(&self) -> Result<Option<Vec<String>>, ClusterError> {
+        Ok(None)
+    }
 }
 
 /// The embedded store for one machine: a JSON file, changed under an exclusive `flock` and
@@ -190,12 +209,11 @@ impl TopologyStore for FileStore {
     }
 }
 
-/// Opens the store a `--cluster` argument names: `file:PATH`, or a plain path.
+/// Opens the store a `--cluster` argument names: `etcd://HOST:PORT[,HOST:PORT…]/NAME`,
+/// `file:PATH`, or a plain path.
 pub fn open_store(spec: &str) -> Result<Box<dyn TopologyStore>, ClusterError> {
-    if spec.starts_with("etcd://") || spec.starts_with("etcd:") {
-        return Err(ClusterError::Store(format!(
-            "{spec}: etcd topology is not built in this version; use a topology file"
-        )));
+    if spec.starts_with("etcd://") {
+        return Ok(Box::new(crate::etcd::EtcdStore::open(spec)?));
     }
     let path = spec.strip_prefix("file:").unwrap_or(spec);
     Ok(Box::new(FileStore::new(path)))

@@ -15,25 +15,26 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvlab_client::process::{free_ports, Probe, Process, Spawn};
+use kvlab_client::testing::Etcd;
 use kvlab_client::ClusterClient;
 use kvlab_cluster::coordinator::node_status;
-use kvlab_cluster::{FileStore, Migration, Phase, TopologyStore};
+use kvlab_cluster::{open_store, FileStore, Migration, Phase, TopologyStore};
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 
-fn node(topology: &Path, port: u16) -> Process {
+fn node(topology: &str, port: u16) -> Process {
     let name = format!("127.0.0.1:{port}");
     Spawn::new(KVLAB)
         .args(["server", "-l", "127.0.0.1", "-t", "2", "-m", "256"])
         .args(["-p".to_string(), port.to_string()])
-        .args(["--cluster".to_string(), topology.display().to_string()])
+        .args(["--cluster".to_string(), topology.to_string()])
         .args(["--cluster-node".to_string(), name])
         .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
         .start()
         .unwrap()
 }
 
-fn cluster(topology: &Path, args: &[&str]) -> Output {
+fn cluster(topology: &str, args: &[&str]) -> Output {
     let out = Command::new(KVLAB)
         .arg("cluster")
         .arg("--topology")
@@ -117,15 +118,27 @@ fn checker(seed: SocketAddr, stop: Arc<AtomicBool>) -> (u64, Vec<String>, Vec<St
 fn add_and_remove_under_verified_load_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let topology = dir.path().join("topology.json");
+    add_and_remove(dir.path(), &topology.display().to_string());
+}
+
+/// The same with the topology in a real etcd (nodes watch it and hold leases).
+#[test]
+fn add_and_remove_with_the_topology_in_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(&dir.path().join("etcd")).expect("etcd starts (.ci/run installs it)");
+    add_and_remove(dir.path(), &etcd.spec("loaded"));
+}
+
+fn add_and_remove(dir: &Path, topology: &str) {
     let ports = free_ports(4).unwrap();
     let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let mut args = vec!["create"];
     args.extend(names[..3].iter().map(String::as_str));
-    cluster(&topology, &args);
-    let _nodes: Vec<Process> = ports.iter().map(|&p| node(&topology, p)).collect();
+    cluster(topology, &args);
+    let _nodes: Vec<Process> = ports.iter().map(|&p| node(topology, p)).collect();
     let seed: SocketAddr = names[1].parse().unwrap();
 
-    let json = dir.path().join("bench.json");
+    let json = dir.join("bench.json");
     let bench = std::thread::spawn({
         let (seed, json) = (names[1].clone(), json.clone());
         move || {
@@ -162,10 +175,10 @@ fn add_and_remove_under_verified_load_lose_nothing() {
     });
 
     std::thread::sleep(Duration::from_secs(3));
-    let added = cluster(&topology, &["add", &names[3]]);
+    let added = cluster(topology, &["add", &names[3]]);
     assert!(String::from_utf8_lossy(&added.stdout).contains("done"));
     std::thread::sleep(Duration::from_millis(1500));
-    cluster(&topology, &["remove", &names[0]]);
+    cluster(topology, &["remove", &names[0]]);
 
     let out = bench.join().unwrap();
     stop.store(true, Ordering::Relaxed);
@@ -204,7 +217,7 @@ fn add_and_remove_under_verified_load_lose_nothing() {
     );
 
     // The ring is the new one; the removed node hands everything over and empties.
-    let t = FileStore::new(&topology).load().unwrap().unwrap();
+    let t = open_store(topology).unwrap().load().unwrap().unwrap();
     let mut want = names[1..].to_vec();
     want.sort();
     let mut got = t.nodes.clone();
@@ -219,11 +232,13 @@ fn add_and_remove_under_verified_load_lose_nothing() {
 #[test]
 fn a_migration_left_half_way_is_rolled_back_or_resumed_from_the_topology() {
     let dir = tempfile::tempdir().unwrap();
-    let topology = dir.path().join("topology.json");
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let topology = topology.as_str();
     let ports = free_ports(3).unwrap();
     let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    cluster(&topology, &["create", &names[0], &names[1]]);
-    let _nodes: Vec<Process> = ports.iter().map(|&p| node(&topology, p)).collect();
+    cluster(topology, &["create", &names[0], &names[1]]);
+    let _nodes: Vec<Process> = ports.iter().map(|&p| node(topology, p)).collect();
     let seed: SocketAddr = names[0].parse().unwrap();
     let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
     for i in 0..3000 {
@@ -234,7 +249,7 @@ fn a_migration_left_half_way_is_rolled_back_or_resumed_from_the_topology() {
 
     // A coordinator that began adding the third node and died during the copy: the
     // topology says so, and the nodes copy.
-    let store = FileStore::new(&topology);
+    let store = FileStore::new(&path);
     let begin = |store: &FileStore| {
         let t = store.load().unwrap().unwrap();
         let mut next = t.next();
@@ -249,7 +264,7 @@ fn a_migration_left_half_way_is_rolled_back_or_resumed_from_the_topology() {
     begin(&store);
     until("the copy to reach the new node", || items(&names[2]) > 500);
     // Abort: the old ring stays, the new node drops what it got, nothing is lost.
-    cluster(&topology, &["abort"]);
+    cluster(topology, &["abort"]);
     until("the new node to drop the copy", || items(&names[2]) == 0);
     for i in 0..3000 {
         let v = c.get(format!("k{i}").as_bytes()).unwrap();
@@ -258,7 +273,7 @@ fn a_migration_left_half_way_is_rolled_back_or_resumed_from_the_topology() {
 
     // Again, and this time another coordinator resumes it to the end.
     begin(&store);
-    let out = cluster(&topology, &["resume"]);
+    let out = cluster(topology, &["resume"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
     let t = store.load().unwrap().unwrap();
     assert_eq!((t.nodes.len(), t.migration), (3, None));
@@ -269,8 +284,7 @@ fn a_migration_left_half_way_is_rolled_back_or_resumed_from_the_topology() {
     assert!(items(&names[2]) > 500, "the third node serves its share");
     // A migration in its hand-off cannot be rolled back.
     let status = Command::new(KVLAB)
-        .args(["cluster", "--topology"])
-        .arg(&topology)
+        .args(["cluster", "--topology", topology])
         .arg("abort")
         .output()
         .unwrap();

@@ -87,6 +87,13 @@ impl Engine {
                 redirect.get_or_insert(r);
             }
         });
+        if redirect.is_none() && !gate.may_write() && changes_data(req) {
+            // Cut off from the topology store for longer than its lease: the others may
+            // have taken this node's keys over; a write here could be lost.
+            redirect = Some(kvlab_cluster::Redirect::TryAgain {
+                epoch: gate.epoch(),
+            });
+        }
         if let Some(r) = redirect {
             gate.end();
             WorkerStats::add(&self.worker.cluster_redirects, 1);
