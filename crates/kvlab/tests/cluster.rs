@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kvlab_client::process::{free_ports, Probe, Process, Spawn};
 use kvlab_client::testing::Etcd;
-use kvlab_client::ClusterClient;
+use kvlab_client::{Client, ClusterClient};
 use kvlab_cluster::coordinator::node_status;
 use kvlab_cluster::{open_store, FileStore, Migration, Phase, TopologyStore};
 
@@ -67,8 +67,15 @@ fn until(what: &str, mut f: impl FnMut() -> bool) {
 /// One writer-reader of its own keys through a cluster-aware client: every read must
 /// return the last acknowledged write of that key. Returns (writes, stale or lost reads,
 /// errors, redirects followed).
-fn checker(seed: SocketAddr, stop: Arc<AtomicBool>) -> (u64, Vec<String>, Vec<String>, u64) {
-    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+fn checker(
+    seed: SocketAddr,
+    proxy: Option<SocketAddr>,
+    stop: Arc<AtomicBool>,
+) -> (u64, Vec<String>, Vec<String>, u64) {
+    let mut c = match proxy {
+        Some(p) => Kv::Plain(Client::connect(p, Duration::from_secs(5)).unwrap(), p),
+        None => Kv::Cluster(ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap()),
+    };
     let keys = 200usize;
     let mut acked: Vec<Option<u64>> = vec![None; keys];
     let (mut writes, mut stale, mut errors) = (0u64, Vec::new(), Vec::new());
@@ -111,7 +118,47 @@ fn checker(seed: SocketAddr, stop: Arc<AtomicBool>) -> (u64, Vec<String>, Vec<St
             }
         }
     }
-    (writes, stale, errors, c.redirects)
+    let redirects = match &c {
+        Kv::Cluster(c) => c.redirects,
+        Kv::Plain(..) => 0,
+    };
+    (writes, stale, errors, redirects)
+}
+
+/// The checker's client: cluster-aware, or a plain memcached client (through a proxy).
+enum Kv {
+    Cluster(ClusterClient),
+    Plain(Client, SocketAddr),
+}
+
+impl Kv {
+    fn set(&mut self, key: &[u8], value: &[u8]) -> Result<bool, String> {
+        match self {
+            Kv::Cluster(c) => c.set(key, value).map_err(|e| e.to_string()),
+            Kv::Plain(c, addr) => Self::retry(c, *addr, |c| c.set(key, value)),
+        }
+    }
+
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        match self {
+            Kv::Cluster(c) => c.get(key).map_err(|e| e.to_string()),
+            Kv::Plain(c, addr) => Self::retry(c, *addr, |c| c.get(key)),
+        }
+    }
+
+    /// A plain client reconnects after a broken connection (and reports the error).
+    fn retry<T>(
+        c: &mut Client,
+        addr: SocketAddr,
+        f: impl Fn(&mut Client) -> Result<T, kvlab_client::ConnError>,
+    ) -> Result<T, String> {
+        f(c).map_err(|e| {
+            if let Ok(n) = Client::connect(addr, Duration::from_secs(2)) {
+                *c = n;
+            }
+            e.to_string()
+        })
+    }
 }
 
 #[test]
@@ -129,7 +176,20 @@ fn add_and_remove_with_the_topology_in_etcd() {
     add_and_remove(dir.path(), &etcd.spec("loaded"));
 }
 
+/// Unmodified clients through `kvlab proxy --cluster`: the proxy follows the ring and the
+/// redirects; the clients see no error, no stale or lost value.
+#[test]
+fn add_and_remove_behind_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json");
+    add_and_remove_via(dir.path(), &topology.display().to_string(), true);
+}
+
 fn add_and_remove(dir: &Path, topology: &str) {
+    add_and_remove_via(dir, topology, false);
+}
+
+fn add_and_remove_via(dir: &Path, topology: &str, proxied: bool) {
     let ports = free_ports(4).unwrap();
     let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let mut args = vec!["create"];
@@ -138,20 +198,37 @@ fn add_and_remove(dir: &Path, topology: &str) {
     let _nodes: Vec<Process> = ports.iter().map(|&p| node(topology, p)).collect();
     let seed: SocketAddr = names[1].parse().unwrap();
 
+    let proxy = proxied.then(|| {
+        let port = free_ports(1).unwrap()[0];
+        Spawn::new(KVLAB)
+            .args([
+                "proxy",
+                "-l",
+                "127.0.0.1",
+                "-t",
+                "2",
+                "--cluster",
+                &names[1],
+            ])
+            .args(["-p".to_string(), port.to_string()])
+            .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
+            .start()
+            .unwrap()
+    });
+    let target = proxy.as_ref().map(|p| p.addr().unwrap());
+
     let json = dir.join("bench.json");
     let bench = std::thread::spawn({
-        let (seed, json) = (names[1].clone(), json.clone());
+        let json = json.clone();
+        let how = match target {
+            Some(proxy) => ["-s".to_string(), proxy.to_string()],
+            None => ["--cluster".to_string(), names[1].clone()],
+        };
         move || {
             Command::new(KVLAB)
-                .args([
-                    "bench",
-                    "--cluster",
-                    &seed,
-                    "--keys",
-                    "20000",
-                    "--load",
-                    "--verify",
-                ])
+                .arg("bench")
+                .args(&how)
+                .args(["--keys", "20000", "--load", "--verify"])
                 .args([
                     "--duration",
                     "8",
@@ -171,7 +248,7 @@ fn add_and_remove(dir: &Path, topology: &str) {
     let stop = Arc::new(AtomicBool::new(false));
     let check = std::thread::spawn({
         let stop = stop.clone();
-        move || checker(seed, stop)
+        move || checker(seed, target, stop)
     });
 
     std::thread::sleep(Duration::from_secs(3));
@@ -211,10 +288,22 @@ fn add_and_remove(dir: &Path, topology: &str) {
         "errors: {:?}",
         &errors[..errors.len().min(5)]
     );
-    assert!(
-        redirects + n("redirects") > 0,
-        "no client was redirected: did the ring change under the load?"
-    );
+    if let Some(addr) = target {
+        // The proxy took up the new rings (one per epoch it saw).
+        let stats = kvlab_client::process::stats(addr, None, Duration::from_secs(2)).unwrap();
+        let reloads: u64 = stats
+            .iter()
+            .find(|(k, _)| k == "proxy_reloads")
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap();
+        assert!(reloads >= 2, "the proxy followed {reloads} rings");
+    }
+    if !proxied {
+        assert!(
+            redirects + n("redirects") > 0,
+            "no client was redirected: did the ring change under the load?"
+        );
+    }
 
     // The ring is the new one; the removed node hands everything over and empties.
     let t = open_store(topology).unwrap().load().unwrap().unwrap();
