@@ -19,7 +19,7 @@ pub mod topology;
 
 pub use kvlab_client::Redirect;
 pub use node::{Gate, Node, Verdict};
-pub use topology::{open_store, FileStore, Migration, Phase, Topology, TopologyStore};
+pub use topology::{FileStore, Migration, Phase, Topology, TopologyStore};
 
 /// What can go wrong in a cluster operation.
 #[derive(Debug, thiserror::Error)]
@@ -41,4 +41,14 @@ pub enum ClusterError {
     /// The request makes no sense for this topology.
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Opens the store a `--cluster` argument names: `etcd://HOST:PORT[,HOST:PORT…]/NAME`,
+/// `file:PATH`, or a plain path.
+pub fn open_store(spec: &str) -> Result<Box<dyn TopologyStore>, ClusterError> {
+    if spec.starts_with("etcd://") {
+        return Ok(Box::new(etcd::EtcdStore::open(spec)?));
+    }
+    let path = spec.strip_prefix("file:").unwrap_or(spec);
+    Ok(Box::new(topology::FileStore::new(path)))
 }

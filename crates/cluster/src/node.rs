@@ -39,9 +39,6 @@ use serde::Serialize;
 use crate::topology::{Phase, Topology, TopologyStore};
 use crate::ClusterError;
 
-/// How often a node reads a topology file.
-pub const POLL: Duration = Duration::from_millis(20);
-
 /// How often a node says it is alive (a store with leases, etcd).
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 

@@ -24,6 +24,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::ClusterError;
 
+/// How often a node reads a topology file.
+pub const POLL: Duration = Duration::from_millis(20);
+
 /// The topology of one epoch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Topology {
@@ -114,7 +117,7 @@ pub trait TopologyStore: Send + Sync {
     /// Blocks until the topology may have changed, or `timeout` (a file is polled: this
     /// sleeps a poll interval; etcd is watched).
     fn wait(&self, timeout: Duration) {
-        std::thread::sleep(timeout.min(crate::node::POLL));
+        std::thread::sleep(timeout.min(POLL));
     }
     /// Says node `node` is alive (called about once a second by every node); a store with
     /// leases lets the node's liveness lapse when the calls stop.
@@ -207,16 +210,6 @@ impl TopologyStore for FileStore {
             Err(e) => Err(ClusterError::Store(format!("{}: {e}", self.path.display()))),
         }
     }
-}
-
-/// Opens the store a `--cluster` argument names: `etcd://HOST:PORT[,HOST:PORT…]/NAME`,
-/// `file:PATH`, or a plain path.
-pub fn open_store(spec: &str) -> Result<Box<dyn TopologyStore>, ClusterError> {
-    if spec.starts_with("etcd://") {
-        return Ok(Box::new(crate::etcd::EtcdStore::open(spec)?));
-    }
-    let path = spec.strip_prefix("file:").unwrap_or(spec);
-    Ok(Box::new(FileStore::new(path)))
 }
 
 #[cfg(test)]
