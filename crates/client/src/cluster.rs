@@ -98,6 +98,28 @@ impl Ring {
         Some(n as usize)
     }
 
+    /// The `r` distinct nodes that hold a key of hash `hash` when keys are replicated: its
+    /// owner, then the next distinct nodes along the ring (fewer if the ring has fewer).
+    /// When the owner leaves the ring, its keys go to the first of the others — which
+    /// already holds them.
+    pub fn owners_of_hash(&self, hash: u64, r: usize, out: &mut Vec<usize>) {
+        out.clear();
+        let n = self.points.len();
+        if n == 0 {
+            return;
+        }
+        let start = self.points.partition_point(|&(p, _)| p < hash);
+        for i in 0..n {
+            if out.len() >= r {
+                break;
+            }
+            let node = self.points[(start + i) % n].1 as usize;
+            if !out.contains(&node) {
+                out.push(node);
+            }
+        }
+    }
+
     /// Index of the node that owns `key`.
     pub fn index_of(&self, key: &[u8]) -> Option<usize> {
         self.index_of_hash(key_hash(key))
@@ -417,6 +439,27 @@ mod tests {
         }
         let frac = moved as f64 / keys as f64;
         assert!((frac - 0.2).abs() <= 0.02, "moved {frac:.4}");
+    }
+
+    /// A key's second holder is the node that owns it once its owner leaves the ring.
+    #[test]
+    fn the_second_owner_takes_over() {
+        let all = nodes(4);
+        let ring = Ring::new(1, DEFAULT_VNODES, &all);
+        let mut owners = Vec::new();
+        for k in 0..2000 {
+            let key = format!("key:{k}");
+            ring.owners_of_hash(key_hash(key.as_bytes()), 2, &mut owners);
+            assert_eq!(owners.len(), 2);
+            assert_eq!(owners[0], ring.index_of(key.as_bytes()).unwrap());
+            let dead = &ring.nodes()[owners[0]];
+            let rest: Vec<String> = all.iter().filter(|n| *n != dead).cloned().collect();
+            let healed = Ring::new(2, DEFAULT_VNODES, &rest);
+            assert_eq!(
+                healed.owner(key.as_bytes()),
+                Some(ring.nodes()[owners[1]].as_str())
+            );
+        }
     }
 
     #[test]

@@ -76,12 +76,22 @@ fn now_ms() -> u64 {
 pub fn create(
     store: &dyn TopologyStore,
     vnodes: u32,
+    replicas: u32,
     nodes: Vec<String>,
 ) -> Result<Topology, ClusterError> {
     if nodes.is_empty() {
         return Err(ClusterError::Invalid("a cluster needs a node".into()));
     }
-    let t = Topology::new(vnodes, nodes);
+    if replicas == 0 || replicas as usize > nodes.len() {
+        return Err(ClusterError::Invalid(format!(
+            "replicas = {replicas}: must be 1..={} (the nodes)",
+            nodes.len()
+        )));
+    }
+    let t = Topology {
+        replicas,
+        ..Topology::new(vnodes, nodes)
+    };
     if !store.swap(None, &t)? {
         return Err(ClusterError::Invalid(format!(
             "a cluster already exists in {}",

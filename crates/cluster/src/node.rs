@@ -49,6 +49,8 @@ pub struct View {
     pub epoch: u64,
     /// Who owns which key now.
     pub serving: Ring,
+    /// Copies of every key (the topology's `replicas`).
+    pub replicas: u32,
     /// The migration under way.
     pub migration: Option<MigrationView>,
 }
@@ -102,6 +104,8 @@ pub struct Progress {
     pub grace_ms: u64,
     /// Items removed after a migration because this node no longer owns them.
     pub cleaned: u64,
+    /// Writes whose copy could not be written to another node.
+    pub replica_errors: u64,
     /// Last error, if any.
     pub error: Option<String>,
 }
@@ -125,6 +129,12 @@ pub struct Node {
     finish: AtomicU64,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Write-through connections to the nodes that hold this node's keys' copies, one per
+    /// node; a write's copy is sent (read back from the store) under its lock, so copies
+    /// arrive in the order the writes were applied.
+    replica_pipes: Mutex<HashMap<String, Pipe>>,
+    /// Ring nodes whose liveness has lapsed, since when (the healer's memory).
+    missing: Mutex<HashMap<String, Instant>>,
     /// With leases: until when (unix ms) this node may accept writes — its liveness key
     /// outlives its last heartbeat by the lease's TTL; a node cut off from the store
     /// stops taking writes when others may take it for dead. `u64::MAX` without leases.
@@ -160,8 +170,11 @@ impl Node {
             view: ArcSwap::from_pointee(View {
                 epoch: 0,
                 serving: Ring::new(0, 1, &[]),
+                replicas: 1,
                 migration: None,
             }),
+            replica_pipes: Mutex::new(HashMap::new()),
+            missing: Mutex::new(HashMap::new()),
             view_write: Mutex::new(()),
             running: Mutex::new(Vec::new()),
             changes: Mutex::new(HashSet::new()),
@@ -250,18 +263,26 @@ impl Node {
         let v = self.view();
         if let Some(m) = &v.migration {
             if m.id == id {
-                self.view.store(Arc::new(
-                    self.view_of(v.epoch, &v.serving, m.phase, &m.other, id),
-                ));
+                let view = self.view_of(v.epoch, &v.serving, v.replicas, m.phase, &m.other, id);
+                self.view.store(Arc::new(view));
             }
         }
     }
 
-    fn view_of(&self, epoch: u64, serving: &Ring, phase: Phase, other: &Ring, id: u64) -> View {
+    fn view_of(
+        &self,
+        epoch: u64,
+        serving: &Ring,
+        replicas: u32,
+        phase: Phase,
+        other: &Ring,
+        id: u64,
+    ) -> View {
         let d = self.drained.lock();
         View {
             epoch,
             serving: serving.clone(),
+            replicas,
             migration: Some(MigrationView {
                 id,
                 phase,
@@ -296,6 +317,9 @@ impl Node {
                     Err(e) => tracing::warn!("heartbeat: {e}"),
                 }
             }
+            if beat.elapsed() < HEARTBEAT / 8 {
+                self.heal();
+            }
             self.topology.wait(HEARTBEAT / 2);
             match self.topology.load() {
                 Ok(Some(t)) if t.epoch != self.view().epoch => self.apply(&t),
@@ -316,10 +340,13 @@ impl Node {
         let serving = t.serving();
         let previous = self.view();
         let view = match (&t.migration, t.other()) {
-            (Some(m), Some(other)) => self.view_of(t.epoch, &serving, m.phase, &other, m.id),
+            (Some(m), Some(other)) => {
+                self.view_of(t.epoch, &serving, t.replicas, m.phase, &other, m.id)
+            }
             _ => View {
                 epoch: t.epoch,
                 serving,
+                replicas: t.replicas,
                 migration: None,
             },
         };
@@ -344,12 +371,107 @@ impl Node {
             }
             Some(_) => {}
             None => {
-                // A migration ended (or was rolled back): what this node no longer owns goes.
+                // A migration ended (or was rolled back), or the ring healed: what this node
+                // no longer holds goes, and with copies, each key it owns is copied again to
+                // the nodes that should hold its copies now.
                 self.finish.store(u64::MAX, Ordering::Release);
                 self.changes.lock().clear();
+                self.replica_pipes.lock().clear();
                 self.start_cleanup(t.epoch);
             }
         }
+    }
+
+    /// With copies and leases: a ring node whose liveness has lapsed for a lease's TTL is
+    /// taken out of the ring by the first live node (by name), in one epoch — its keys then
+    /// belong to the nodes that hold their copies. Not during a migration.
+    fn heal(&self) {
+        let v = self.view();
+        let Some(ttl) = self.topology.lease_ttl() else {
+            return;
+        };
+        if v.replicas < 2 || v.migration.is_some() {
+            return;
+        }
+        let Ok(Some(alive)) = self.topology.alive() else {
+            return;
+        };
+        let mut missing = self.missing.lock();
+        missing.retain(|n, _| !alive.contains(n) && v.serving.nodes().contains(n));
+        for n in v.serving.nodes() {
+            if !alive.contains(n) {
+                missing.entry(n.clone()).or_insert_with(Instant::now);
+            }
+        }
+        let dead: Vec<String> = missing
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= ttl)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let leader = v.serving.nodes().iter().find(|n| alive.contains(n));
+        if dead.is_empty() || leader.map(String::as_str) != Some(self.me.as_str()) {
+            return;
+        }
+        let Ok(Some(t)) = self.topology.load() else {
+            return;
+        };
+        if t.epoch != v.epoch || t.migration.is_some() {
+            return;
+        }
+        let mut next = t.next();
+        next.nodes.retain(|n| !dead.contains(n));
+        if next.nodes.is_empty() {
+            return;
+        }
+        match self.topology.swap(Some(t.epoch), &next) {
+            Ok(true) => {
+                tracing::warn!(
+                    ?dead,
+                    epoch = next.epoch,
+                    "nodes out of the ring: leases lapsed"
+                )
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!("healing the ring: {e}"),
+        }
+    }
+
+    /// Writes the current state of `key` (its item, or its absence) through to the other
+    /// nodes that hold its copies under `view`. Under the pipes' lock the state is read
+    /// and sent, so the last copy sent is of the last write applied.
+    pub fn replicate(&self, view: &View, key: &[u8]) -> Result<(), ClusterError> {
+        let r = view.replicas as usize;
+        if r < 2 {
+            return Ok(());
+        }
+        let mut owners = Vec::with_capacity(r);
+        view.serving
+            .owners_of_hash(kvlab_client::cluster::key_hash(key), r, &mut owners);
+        let mut pipes = self.replica_pipes.lock();
+        for &i in owners.iter().skip(1) {
+            let node = &view.serving.nodes()[i];
+            if *node == self.me {
+                continue;
+            }
+            let pipe = match pipes.entry(node.clone()) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let mut p = Pipe::connect(node)?;
+                    p.line(format!("cluster import 0 {}\r\n", self.me).as_bytes())?;
+                    e.insert(p)
+                }
+            };
+            let sent = match self.store.peek(key) {
+                Some(m) => pipe.set(key, m.item.flags, m.item.exptime, &m.item.value),
+                None => pipe.delete(key),
+            }
+            .and_then(|()| pipe.flush().map(|_| ()));
+            if let Err(e) = sent {
+                pipes.remove(node);
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Waits until no worker runs a request checked under an epoch before `epoch`.
@@ -518,11 +640,26 @@ impl Node {
                     }
                     items.clear();
                     let me = node.me.as_str();
+                    let r = view.replicas as usize;
+                    let mut owners = Vec::with_capacity(r);
+                    let mut mine = Vec::new();
                     let step = node
                         .store
                         .scan_matching(&mut cursor, 256, &mut items, |_, k| {
-                            view.serving.owner(k) != Some(me)
+                            let h = kvlab_client::cluster::key_hash(k);
+                            view.serving.owners_of_hash(h, r, &mut owners);
+                            let nodes = view.serving.nodes();
+                            if r > 1 && owners.first().is_some_and(|&i| nodes[i] == me) {
+                                mine.push(k.to_vec());
+                            }
+                            !owners.iter().any(|&i| nodes[i] == me)
                         });
+                    // Copies of this node's own keys go (again) to their holders now.
+                    for k in &mine {
+                        if let Err(e) = node.replicate(&view, k) {
+                            node.progress.lock().error = Some(e.to_string());
+                        }
+                    }
                     for item in &items {
                         let opts = MetaDeleteOpts {
                             compare_cas: Some(item.cas()),
@@ -602,6 +739,20 @@ impl Gate {
                 },
             },
             None => Verdict::Serve { leaving: false },
+        }
+    }
+
+    /// Whether writes are copied to other nodes (the topology's `replicas` > 1).
+    pub fn replicated(&self) -> bool {
+        self.view.replicas > 1
+    }
+
+    /// Writes `key`'s new state through to its copies before the reply goes (call before
+    /// [`Gate::end`]). A copy that cannot be written is logged and counted; the write stands.
+    pub fn replicate(&self, key: &[u8]) {
+        if let Err(e) = self.node.replicate(&self.view, key) {
+            tracing::warn!("copy of a write: {e}");
+            self.node.progress.lock().replica_errors += 1;
         }
     }
 

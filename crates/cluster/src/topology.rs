@@ -36,9 +36,17 @@ pub struct Topology {
     pub vnodes: u32,
     /// The nodes (addresses `HOST:PORT`) whose ring serves outside a hand-off.
     pub nodes: Vec<String>,
+    /// Copies of every key: its owner and the next `replicas - 1` distinct nodes along the
+    /// ring, written through by the owner before it answers.
+    #[serde(default = "one")]
+    pub replicas: u32,
     /// The migration under way, if any.
     #[serde(default)]
     pub migration: Option<Migration>,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A change of the node set under way.
@@ -71,6 +79,7 @@ impl Topology {
             epoch: 1,
             vnodes,
             nodes,
+            replicas: 1,
             migration: None,
         }
     }

@@ -35,6 +35,11 @@ enum ClusterCommand {
         /// Ring points per node.
         #[arg(long, default_value_t = DEFAULT_VNODES)]
         vnodes: u32,
+        /// Copies of every key (the owner writes them through before it answers); with 2 or
+        /// more and an etcd topology, a node that dies is taken out of the ring when its
+        /// lease lapses and its keys are served from their copies.
+        #[arg(long, default_value_t = 1)]
+        replicas: u32,
         /// Flags for every node's `kvlab server` (e.g. `-m 1024 -t 2`), after `--`.
         #[arg(last = true)]
         server_args: Vec<String>,
@@ -44,6 +49,9 @@ enum ClusterCommand {
         /// Ring points per node.
         #[arg(long, default_value_t = DEFAULT_VNODES)]
         vnodes: u32,
+        /// Copies of every key (see `up --replicas`).
+        #[arg(long, default_value_t = 1)]
+        replicas: u32,
         /// The nodes, HOST:PORT.
         #[arg(required = true)]
         nodes: Vec<String>,
@@ -89,6 +97,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             nodes,
             base_port,
             vnodes,
+            replicas,
             server_args,
         } => {
             if nodes == 0 {
@@ -105,7 +114,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
                 .map(|i| format!("127.0.0.1:{}", base_port as usize + i))
                 .collect();
             // The topology first: a node reads it when it starts.
-            coordinator::create(store.as_ref(), vnodes, names.clone())?;
+            coordinator::create(store.as_ref(), vnodes, replicas, names.clone())?;
             for n in &names {
                 start_node(&dir, &args.topology, n, &server_args)?;
             }
@@ -116,8 +125,12 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             println!("topology: {}", store.describe());
             Ok(())
         }
-        ClusterCommand::Create { vnodes, nodes } => {
-            let t = coordinator::create(store.as_ref(), vnodes, nodes)?;
+        ClusterCommand::Create {
+            vnodes,
+            replicas,
+            nodes,
+        } => {
+            let t = coordinator::create(store.as_ref(), vnodes, replicas, nodes)?;
             println!(
                 "cluster created at epoch {}: {}",
                 t.epoch,

@@ -379,3 +379,69 @@ fn a_migration_left_half_way_is_rolled_back_or_resumed_from_the_topology() {
         .unwrap();
     assert!(!status.status.success(), "no migration to abort");
 }
+
+/// Three nodes with two copies of every key, topology in etcd: one node is killed with
+/// `kill -9` while a writer-reader runs. Its lease lapses, a live node takes it out of the
+/// ring, its keys are served from their copies: no acknowledged write is lost, no read is
+/// stale.
+#[test]
+fn kill_9_with_two_copies_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(&dir.path().join("etcd")).expect("etcd starts (.ci/run installs it)");
+    let topology = etcd.spec("copies");
+    let topology = topology.as_str();
+    let ports = free_ports(3).unwrap();
+    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut args = vec!["create", "--replicas", "2"];
+    args.extend(names.iter().map(String::as_str));
+    cluster(topology, &args);
+    let mut nodes: Vec<Process> = ports.iter().map(|&p| node(topology, p)).collect();
+    let seed: SocketAddr = names[1].parse().unwrap();
+
+    // Keys whose owner is the node to be killed are the interesting ones: seed many.
+    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+    for i in 0..2000 {
+        assert!(c
+            .set(format!("pre:{i}").as_bytes(), format!("p{i}").as_bytes())
+            .unwrap());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let check = std::thread::spawn({
+        let stop = stop.clone();
+        move || checker(seed, None, stop)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    nodes[0].kill(); // SIGKILL
+    let store = open_store(topology).unwrap();
+    until("the dead node to leave the ring", || {
+        store.load().unwrap().unwrap().nodes.len() == 2
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let (writes, stale, errors, _) = check.join().unwrap();
+    assert!(writes > 100, "the checker wrote {writes}");
+    assert!(
+        stale.is_empty(),
+        "stale or lost: {:?}",
+        &stale[..stale.len().min(5)]
+    );
+    // Requests in flight to the killed node may fail; none that was acknowledged is lost.
+    eprintln!(
+        "{} errors while the node died: {:?}",
+        errors.len(),
+        errors.first()
+    );
+    let mut lost = Vec::new();
+    for i in 0..2000 {
+        let v = c.get(format!("pre:{i}").as_bytes()).unwrap();
+        if v.as_deref() != Some(format!("p{i}").as_bytes()) {
+            lost.push(i);
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of 2000 keys lost, e.g. pre:{}",
+        lost.len(),
+        lost[0]
+    );
+}

@@ -104,6 +104,10 @@ impl Engine {
         if leaving && changes_data(req) {
             for_each_key(req, |key| gate.changed(key));
         }
+        if gate.replicated() && changes_data(req) {
+            // Copies are written before the reply leaves.
+            for_each_key(req, |key| gate.replicate(key));
+        }
         gate.end();
         flow
     }
