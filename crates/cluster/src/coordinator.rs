@@ -11,7 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvlab_client::cluster::resolve;
 use kvlab_client::{Answer, Client};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::topology::{Migration, Phase, Topology, TopologyStore};
@@ -22,7 +22,7 @@ use crate::ClusterError;
 pub const STALL_LIMIT: Duration = Duration::from_secs(60);
 
 /// What a finished migration did.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct MigrationReport {
     /// The migration's id (its first epoch).
     pub id: u64,
