@@ -139,6 +139,8 @@ struct Router {
     of_ring: Vec<usize>,
     addrs: Vec<SocketAddr>,
     names: Vec<String>,
+    /// When the ring was last fetched because a node could not be reached (mono ns).
+    refreshed_ns: u64,
 }
 
 impl Router {
@@ -148,6 +150,7 @@ impl Router {
             of_ring: Vec::new(),
             addrs: Vec::new(),
             names: Vec::new(),
+            refreshed_ns: 0,
         };
         r.refresh(seed)?;
         if r.ring.nodes().is_empty() {
@@ -189,6 +192,29 @@ impl Router {
         self.ring = ring;
         self.of_ring = of_ring;
         Ok(())
+    }
+
+    /// Fetches the ring from `first`, else from any other node it knows (the ring's first,
+    /// then the rest, the seed among them): a node that left may be gone already.
+    fn refresh_any(&mut self, first: SocketAddr) -> Result<(), BenchError> {
+        let mut last = match self.refresh(first) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let others: Vec<SocketAddr> = self
+            .of_ring
+            .iter()
+            .map(|&i| self.addrs[i])
+            .chain(self.addrs.iter().copied())
+            .filter(|&a| a != first)
+            .collect();
+        for a in others {
+            match self.refresh(a) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
     }
 
     fn node_of(&self, key: &[u8]) -> usize {
@@ -756,8 +782,22 @@ impl<'c> Engine<'c> {
     /// `--cluster`: sends the request in `scratch` to its key's node on slot `c`,
     /// connecting to the node first if this slot has no connection to it yet.
     fn send_routed(&mut self, c: usize, kind: kvlab_client::ReqKind, meta: Meta) {
-        let Some(router) = &self.router else { return };
-        let n = router.node_of(request_key(&self.scratch));
+        let Some(router) = self.router.as_mut() else {
+            return;
+        };
+        let mut n = router.node_of(request_key(&self.scratch));
+        if self.slots[c].conns.get(n).is_none_or(Option::is_none) {
+            // About to connect: to a node that may have left the ring since; a refresh at
+            // most every 100 ms keeps a dead node from costing one per request.
+            let now = mono_ns();
+            if now.saturating_sub(router.refreshed_ns) > 100_000_000 {
+                router.refreshed_ns = now;
+                let first = router.addrs[n];
+                if router.refresh_any(first).is_ok() {
+                    n = router.node_of(request_key(&self.scratch));
+                }
+            }
+        }
         let addr = router.addrs[n];
         let slot = &mut self.slots[c];
         if slot.conns.len() <= n {
@@ -961,7 +1001,7 @@ impl<'c> Engine<'c> {
             if let Some(router) = self.router.as_mut() {
                 if newest > router.ring.epoch() {
                     let from = router.addrs[n];
-                    if let Err(e) = router.refresh(from) {
+                    if let Err(e) = router.refresh_any(from) {
                         note(&mut self.notes, e.to_string());
                     }
                 }
@@ -1007,6 +1047,28 @@ impl<'c> Engine<'c> {
         let Some(mut conn) = self.slots[c].conns[n].take() else {
             return;
         };
+        if self.router.is_some() && err.is_some() {
+            // A cluster node that went away (removed and stopped, or dead): ask the others
+            // for the ring and send what it had not answered again, by that ring.
+            self.resend
+                .extend(conn.drain_pending().map(|(_, meta)| meta));
+            let _ = conn.deregister(self.poll.registry());
+            drop(conn);
+            if let Some(err) = &err {
+                note(
+                    &mut self.notes,
+                    format!("cluster node {n} (slot {c}): {err}"),
+                );
+            }
+            if let Some(router) = self.router.as_mut() {
+                let from = router.addrs[n];
+                if let Err(e) = router.refresh_any(from) {
+                    note(&mut self.notes, e.to_string());
+                }
+            }
+            self.resend(c);
+            return;
+        }
         let lost = conn.drain_pending().count() as u64;
         let _ = conn.deregister(self.poll.registry());
         drop(conn);

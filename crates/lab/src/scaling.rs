@@ -262,6 +262,9 @@ pub struct ScalingResult {
     pub totals: kvlab_bench::stats::Counters,
     /// Keys in the key space.
     pub keys: u64,
+    /// What the load generator noted (connection problems, its self-checks).
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 struct Cluster {
@@ -370,11 +373,13 @@ pub fn run(
         move || run_events(&events, &cluster, &records, &started, &stop)
     });
     let mut first = true;
+    let interval = Duration::from_secs_f64(spec.interval);
     let result = kvlab_bench::run::run(&cfg, &[], &mut |_| {
         if first {
+            // The first interval just ended: the run began one interval ago.
             first = false;
             if let Ok(mut s) = started.lock() {
-                s.get_or_insert_with(Instant::now);
+                s.get_or_insert_with(|| Instant::now() - interval);
             }
         }
     });
@@ -401,6 +406,12 @@ pub fn run(
         events,
         totals: result.counters,
         keys,
+        notes: result
+            .notes
+            .iter()
+            .chain(&result.warnings)
+            .cloned()
+            .collect(),
     };
     crate::runner::write_json(&out.join("scaling.json"), &res)?;
     if let Ok(mut c) = cluster.lock() {
