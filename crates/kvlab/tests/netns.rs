@@ -1,0 +1,349 @@
+//! A kvlab cluster over a real network: `scripts/cluster-netns.sh` starts every node in its
+//! own network namespace with its own address (veth pairs on a bridge), and the load comes
+//! from the root namespace through that bridge. A node is added under `kvlab bench --cluster
+//! --verify` (nothing lost, no error); a delay on one node's link raises the latency of the
+//! requests that node serves, and only theirs; a partitioned node answers nothing until it
+//! is healed, and then serves its keys again.
+//!
+//! Needs root (network namespaces), iproute2 and iptables (`.ci/run` installs them). On a
+//! machine where namespaces cannot be created the test says so and passes without running.
+//! Whatever happens, the namespaces, veths and bridge it made are removed (a guard runs the
+//! script's `down` when the test ends, panics included).
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use kvlab_client::{Client, ClusterClient};
+use kvlab_cluster::coordinator::node_status;
+use kvlab_cluster::{FileStore, TopologyStore};
+
+const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/cluster-netns.sh")
+}
+
+/// One network of namespaces, named after this process so that concurrent runs (another
+/// checkout's tests, a hand-started cluster on the default 10.77.0.0/24) do not meet.
+struct Net {
+    name: String,
+    subnet: String,
+    dir: tempfile::TempDir,
+}
+
+impl Net {
+    fn new() -> Net {
+        let pid = std::process::id();
+        Net {
+            name: format!("kvt{}", pid % 100_000),
+            subnet: format!("10.77.{}", 100 + pid % 150),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        let out = Command::new("timeout")
+            .arg("120")
+            .arg("bash")
+            .arg(script())
+            .args(args)
+            .env("KVNET", &self.name)
+            .env("KVNET_SUBNET", &self.subnet)
+            .env("KVNET_DIR", self.dir.path().join("state"))
+            .env("KVLAB", KVLAB)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "cluster-netns.sh {args:?}: {text}\n{}",
+            self.logs()
+        );
+        eprint!("{text}");
+        out
+    }
+
+    fn addr(&self, k: usize) -> String {
+        format!("{}.{}:11211", self.subnet, 10 + k)
+    }
+
+    fn topology(&self) -> PathBuf {
+        self.dir.path().join("state/topology.json")
+    }
+
+    /// The nodes' logs, for a failure's message.
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        if let Ok(dir) = std::fs::read_dir(self.dir.path().join("state")) {
+            for e in dir.flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "log") {
+                    let text = std::fs::read_to_string(&p).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(5).collect();
+                    s += &format!("--- {}: {:?}\n", p.display(), tail);
+                }
+            }
+        }
+        s
+    }
+
+    fn namespaces_left(&self) -> Vec<String> {
+        let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|n| n.starts_with(&format!("{}-", self.name)))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        let _ = Command::new("timeout")
+            .arg("60")
+            .arg("bash")
+            .arg(script())
+            .arg("down")
+            .env("KVNET", &self.name)
+            .env("KVNET_SUBNET", &self.subnet)
+            .env("KVNET_DIR", self.dir.path().join("state"))
+            .output();
+    }
+}
+
+/// Whether this machine lets us make a network namespace (root, iproute2, a kernel with
+/// them); the reason if not.
+fn can_make_namespaces() -> Result<(), String> {
+    let name = format!("kvtprobe{}", std::process::id());
+    let add = Command::new("ip")
+        .args(["netns", "add", &name])
+        .output()
+        .map_err(|e| format!("no `ip` (iproute2): {e}"))?;
+    if !add.status.success() {
+        return Err(String::from_utf8_lossy(&add.stderr).trim().to_string());
+    }
+    let _ = Command::new("ip").args(["netns", "del", &name]).output();
+    Ok(())
+}
+
+fn bench(seed: &str, json: &Path, args: &[&str]) -> serde_json::Value {
+    let out = Command::new("timeout")
+        .arg("60")
+        .arg(KVLAB)
+        .args(["bench", "--cluster", seed, "--keys", "10000", "--verify"])
+        .args(["-T", "1", "-c", "4", "--mix", "get=8,set=2", "-q"])
+        .args(args)
+        .arg("--json")
+        .arg(json)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprint!("{}", String::from_utf8_lossy(&out.stdout));
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+    report["runs"][0].clone()
+}
+
+fn assert_clean(run: &serde_json::Value) {
+    let k = &run["counters"];
+    let n = |f: &str| k[f].as_u64().unwrap();
+    assert!(n("completed") > 1000, "{k}");
+    assert_eq!(
+        (n("errors"), n("verify_errors"), n("timeouts")),
+        (0, 0, 0),
+        "bench saw errors: {k}"
+    );
+    assert_eq!(n("misses"), 0, "keys lost: {k}");
+}
+
+/// The median of the round-trip times of `get`s of `keys` (each key owned by one node).
+fn p50_of_gets(c: &mut ClusterClient, keys: &[String]) -> Duration {
+    let mut t: Vec<Duration> = keys
+        .iter()
+        .map(|k| {
+            let start = Instant::now();
+            let v = c.get(k.as_bytes()).unwrap();
+            assert_eq!(v.as_deref(), Some(k.as_bytes()), "{k}");
+            start.elapsed()
+        })
+        .collect();
+    t.sort();
+    t[t.len() / 2]
+}
+
+#[test]
+fn a_cluster_across_network_namespaces_grows_under_load_and_feels_its_links() {
+    if let Err(why) = can_make_namespaces() {
+        eprintln!("SKIPPED: this machine cannot create network namespaces ({why})");
+        return;
+    }
+    let net = Net::new();
+    net.run(&["up", "3", "--", "-t", "1", "-m", "128"]);
+    let seed = net.addr(1);
+    let dir = net.dir.path();
+
+    // 1. Verified load from the root namespace through the bridge; a fourth node joins.
+    let bench_thread = std::thread::spawn({
+        let (seed, json) = (seed.clone(), dir.join("grow.json"));
+        move || bench(&seed, &json, &["--load", "--duration", "6"])
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    net.run(&["start", "4", "--", "-t", "1", "-m", "128"]);
+    let added = Command::new("timeout")
+        .arg("60")
+        .arg(KVLAB)
+        .arg("cluster")
+        .arg("--topology")
+        .arg(net.topology())
+        .args(["add", &net.addr(4)])
+        .output()
+        .unwrap();
+    assert!(
+        added.status.success() && String::from_utf8_lossy(&added.stdout).contains("done"),
+        "cluster add: {}{}",
+        String::from_utf8_lossy(&added.stdout),
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let grow = bench_thread.join().unwrap();
+    assert_clean(&grow);
+    let t = FileStore::new(net.topology()).load().unwrap().unwrap();
+    assert_eq!((t.nodes.len(), t.migration), (4, None));
+    let items = |k: usize| {
+        node_status(&net.addr(k)).unwrap()["items"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(
+        items(4) > 10_000 / 4 / 2,
+        "the added node holds {} items",
+        items(4)
+    );
+
+    // 2. A delay on node 2's link: its keys' gets slow down by it, the others' do not.
+    let seeds: Vec<SocketAddr> = vec![seed.parse().unwrap()];
+    let mut c = ClusterClient::connect(&seeds, Duration::from_secs(2)).unwrap();
+    let (mut on2, mut on1, mut on3) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..2000 {
+        let key = format!("lat:{i}");
+        assert!(c.set(key.as_bytes(), key.as_bytes()).unwrap());
+        let owner = c.ring().owner(key.as_bytes()).unwrap().to_string();
+        let list = match owner {
+            o if o == net.addr(1) => &mut on1,
+            o if o == net.addr(2) => &mut on2,
+            o if o == net.addr(3) => &mut on3,
+            _ => continue,
+        };
+        if list.len() < 100 {
+            list.push(key);
+        }
+    }
+    assert!(on1.len() == 100 && on2.len() == 100 && on3.len() == 100);
+    let before2 = p50_of_gets(&mut c, &on2);
+    let base = bench(
+        &seed,
+        &dir.join("base.json"),
+        &["--noload", "--duration", "2"],
+    );
+    assert_clean(&base);
+
+    let delay = Duration::from_millis(20);
+    net.run(&["netem", "2", "delay", "20ms"]);
+    let during2 = p50_of_gets(&mut c, &on2);
+    let during1 = p50_of_gets(&mut c, &on1);
+    let slow = bench(
+        &seed,
+        &dir.join("delay.json"),
+        &["--noload", "--duration", "2"],
+    );
+    net.run(&["netem", "2", "clear"]);
+    let after2 = p50_of_gets(&mut c, &on2);
+    eprintln!(
+        "node 2's keys: get p50 {before2:?} before, {during2:?} with +{delay:?} on its link, \
+         {after2:?} after; node 1's keys meanwhile {during1:?}"
+    );
+    assert!(
+        during2 >= before2 + delay / 2,
+        "the delay did not show: p50 {before2:?} -> {during2:?}"
+    );
+    assert!(
+        during1 + delay / 2 <= during2,
+        "node 1 slowed too: {during1:?} vs node 2 {during2:?}"
+    );
+    assert!(
+        after2 + delay / 2 <= during2,
+        "clear left a delay: {after2:?}"
+    );
+    // Through the cluster-aware load: a quarter of the requests go to node 2, so p90 (not
+    // p50) carries the delay; no request is lost or wrong meanwhile.
+    assert_eq!(slow["counters"]["errors"].as_u64(), Some(0), "{slow}");
+    assert_eq!(slow["counters"]["verify_errors"].as_u64(), Some(0));
+    let p90 = |r: &serde_json::Value| r["latency"]["p90_us"].as_f64().unwrap();
+    eprintln!(
+        "bench --cluster p90: {:.0} µs without, {:.0} µs with the delay on node 2; {:.0} vs {:.0} req/s",
+        p90(&base),
+        p90(&slow),
+        base["throughput_qps"].as_f64().unwrap(),
+        slow["throughput_qps"].as_f64().unwrap()
+    );
+    assert!(
+        p90(&slow) >= p90(&base) + delay.as_micros() as f64 / 2.0,
+        "bench p90 {} -> {} µs",
+        p90(&base),
+        p90(&slow)
+    );
+
+    // 3. A partition: node 3 answers nothing, not even on a connection opened before; healed,
+    // it serves its keys again.
+    let n3: SocketAddr = net.addr(3).parse().unwrap();
+    let timeout = Duration::from_millis(500);
+    let mut open = Client::connect(n3, timeout).unwrap();
+    assert!(open.call(b"version\r\n").is_ok());
+    net.run(&["partition", "3"]);
+    assert!(
+        open.call(b"version\r\n").is_err(),
+        "a partitioned node answered"
+    );
+    assert!(
+        Client::connect(n3, timeout).is_err(),
+        "connected through a partition"
+    );
+    let n1: SocketAddr = seed.parse().unwrap();
+    assert!(Client::connect(n1, timeout)
+        .unwrap()
+        .call(b"version\r\n")
+        .is_ok());
+    net.run(&["heal", "3"]);
+    assert!(Client::connect(n3, timeout)
+        .unwrap()
+        .call(b"version\r\n")
+        .is_ok());
+    let mut fresh = ClusterClient::connect(&seeds, Duration::from_secs(2)).unwrap();
+    for k in &on3 {
+        assert_eq!(
+            fresh.get(k.as_bytes()).unwrap().as_deref(),
+            Some(k.as_bytes())
+        );
+    }
+
+    // 4. Down removes everything it made.
+    net.run(&["down"]);
+    assert_eq!(net.namespaces_left(), Vec::<String>::new());
+    let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(
+        !links.contains(&format!(" {}-", net.name)),
+        "links left: {links}"
+    );
+}
