@@ -301,17 +301,30 @@ cmd_heal() {
   say "node $k healed"
 }
 
+any_alive() {
+  local p
+  for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done
+  return 1
+}
+
 cmd_down_locked() {
-  local n k p
-  # Every process inside our namespaces (nodes, delayers, anything run with `exec`).
+  local n k p f deadline pids=()
+  # Every process inside our namespaces (nodes, delayers, anything run with `exec`), and
+  # those whose pid files say they are ours (checked against their command line).
   for n in $(our_namespaces); do
-    for p in $(ip netns pids "$n" 2>/dev/null); do kill -TERM "$p" 2>/dev/null || true; done
+    for p in $(ip netns pids "$n" 2>/dev/null); do pids+=("$p"); done
   done
-  local deadline=$((SECONDS + 5))
-  for n in $(our_namespaces); do
-    while [ -n "$(ip netns pids "$n" 2>/dev/null)" ] && ((SECONDS < deadline)); do sleep 0.1; done
-    for p in $(ip netns pids "$n" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+  for f in "$DIR"/node-*.pid "$DIR"/delay-*.pid; do
+    [ -f "$f" ] || continue
+    p=$(cat "$f")
+    if grep -qE 'kvlab|nfqueue-delay' "/proc/$p/cmdline" 2>/dev/null; then pids+=("$p"); fi
   done
+  if [ ${#pids[@]} -gt 0 ]; then
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    deadline=$((SECONDS + 5))
+    while any_alive "${pids[@]}" && ((SECONDS < deadline)); do sleep 0.1; done
+    kill -KILL "${pids[@]}" 2>/dev/null || true
+  fi
   for n in $(our_namespaces); do
     k=${n##*-}
     ip link del "$(veth "$k")" 2>/dev/null || true
@@ -352,6 +365,10 @@ cmd_status() {
 
 [ "$(id -u)" = 0 ] || die "needs root (network namespaces)"
 command -v ip >/dev/null || die "needs iproute2 (apt-get install iproute2)"
+# From inside a named namespace the bridge would land there while the node namespaces
+# (named globally) would not: refuse.
+inside=$(ip netns identify $$ 2>/dev/null || true)
+[ -z "$inside" ] || die "run from the root network namespace, not from $inside"
 cmd=${1:-}
 shift || true
 case "$cmd" in
