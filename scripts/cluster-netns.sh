@@ -7,29 +7,38 @@
 #   scripts/cluster-netns.sh start K [-- FLAGS]       namespace and node K, not in the ring
 #                                                     (then: kvlab cluster --topology T add ADDR)
 #   scripts/cluster-netns.sh stop K [-9]              stop node K's process (-9: kill it)
-#   scripts/cluster-netns.sh netem K delay 20ms | loss 1% | clear
-#   scripts/cluster-netns.sh partition K | heal K     drop all of K's traffic | let it flow again
-#   scripts/cluster-netns.sh exec K CMD...            run CMD inside node K's namespace
-#   scripts/cluster-netns.sh addr K | topology | status
+#   scripts/cluster-netns.sh netem H delay 20ms | loss 1% | clear
+#   scripts/cluster-netns.sh partition H [PEER]       drop all of H's traffic, or only to and
+#                                                     from PEER (a node, etcd or root)
+#   scripts/cluster-netns.sh heal H                   let it all flow again
+#   scripts/cluster-netns.sh exec H CMD...            run CMD inside H's namespace
+#   scripts/cluster-netns.sh addr H | topology | status
 #   scripts/cluster-netns.sh down                     stop everything, remove all it made
 #
-# Addresses: node K is SUBNET.(10+K):PORT (10.77.0.11:11211 for node 1), the bridge is
-# SUBNET.1, reachable from the root namespace (so `kvlab bench --cluster 10.77.0.11:11211`
-# runs from there). The namespaces have no default route: their traffic cannot leave the
-# bridge. The nodes share a topology file in the state directory (one machine, one
-# filesystem; across machines the topology would be etcd).
+# H is a node's number K or `etcd`. Addresses: node K is SUBNET.(10+K):PORT (10.77.0.11:11211
+# for node 1), the bridge is SUBNET.1 (`root`), reachable from the root namespace (so
+# `kvlab bench --cluster 10.77.0.11:11211` runs from there). The namespaces have no default
+# route: their traffic cannot leave the bridge.
+#
+# The topology (KVNET_STORE, chosen at `up`): `file` (default), a JSON file in the state
+# directory that all nodes share (one machine, one filesystem); or `etcd`, Debian's etcd
+# (package etcd-server) started in a namespace of its own, KVNET-0 at SUBNET.10:2379, so
+# that nodes reach their topology over the network and can be cut off from it
+# (`partition K etcd`). `topology` prints the --topology/--cluster value either way.
 #
 # Delay and loss use `tc qdisc ... netem` on the node's interface (egress, so a delay adds
 # once to every round trip). Kernels built without sch_netem get the same effect from
 # iptables in the node's namespace: loss by `-m statistic`, delay by NFQUEUE and
-# scripts/nfqueue-delay.py holding each outgoing packet. A partition is iptables DROP of
-# everything in and out of the node's interface (its links stay up, packets vanish).
+# scripts/nfqueue-delay.py holding each outgoing packet. A partition is iptables DROP in the
+# host's namespace of everything in and out of its interface, or of its traffic with one
+# peer (its links stay up, packets vanish).
 #
 # Environment: KVNET (name, ≤ 8 characters; default kvnet) names the namespaces KVNET-K, the
 # bridge KVNET-br, host-side veths KVNET-vK; KVNET_SUBNET (default 10.77.0, a /24 inside
 # 10.77.0.0/16); KVNET_PORT (default 11211); KVNET_DIR (state: topology, logs, pids; default
-# /tmp/kvnet-KVNET); KVLAB (the binary; default kvlab on PATH, else target/debug/kvlab).
-# Needs root, iproute2 (ip, tc) and, for partitions and where netem is missing, iptables.
+# /tmp/kvnet-KVNET); KVNET_STORE (file or etcd, see above); KVLAB (the binary; default kvlab
+# on PATH, else target/debug/kvlab). Needs root, iproute2 (ip, tc), for partitions and where
+# netem is missing iptables, and for KVNET_STORE=etcd Debian's etcd-server.
 # Every wait is bounded; `up` cleans up what it made if it fails; `down` is idempotent.
 set -euo pipefail
 
@@ -39,8 +48,8 @@ PORT=${KVNET_PORT:-11211}
 DIR=${KVNET_DIR:-/tmp/kvnet-$KVNET}
 BR="$KVNET-br"
 HERE=$(cd "$(dirname "$0")" && pwd)
-TOPOLOGY="$DIR/topology.json"
 MAX_NODES=100
+ETCD_PORT=2379
 
 die() { echo "cluster-netns: $*" >&2; exit 1; }
 say() { echo "cluster-netns: $*" >&2; }
@@ -65,6 +74,28 @@ addr() { echo "$(ip_of "$1"):$PORT"; }
 check_k() {
   if ! [[ ${1:-} =~ ^[0-9]+$ ]] || (($1 < 1 || $1 > MAX_NODES)); then
     die "node: a number 1..$MAX_NODES, not '${1:-}'"
+  fi
+}
+# A host: a node's number, or `etcd` (host 0); prints its number.
+host() {
+  case "${1:-}" in
+    etcd) echo 0 ;;
+    *) check_k "${1:-}"; echo "$1" ;;
+  esac
+}
+host_name() { if [ "$1" = 0 ]; then echo etcd; else echo "node $1"; fi; }
+
+# The topology store: chosen by KVNET_STORE at `up`, then remembered in the state directory.
+store_kind() {
+  local k
+  k=$(cat "$DIR/store" 2>/dev/null || echo "${KVNET_STORE:-file}")
+  case "$k" in file | etcd) echo "$k" ;; *) die "KVNET_STORE=$k: file or etcd" ;; esac
+}
+topology() {
+  if [ "$(store_kind)" = etcd ]; then
+    echo "etcd://$(ip_of 0):$ETCD_PORT/$KVNET"
+  else
+    echo "$DIR/topology.json"
   fi
 }
 in_ns() { local k=$1; shift; ip netns exec "$(ns "$k")" "$@"; }
@@ -116,6 +147,49 @@ running() {
   [ -n "$p" ] && kill -0 "$p" 2>/dev/null && grep -q kvlab "/proc/$p/cmdline" 2>/dev/null
 }
 
+etcd_running() {
+  local p
+  p=$(cat "$DIR/etcd.pid" 2>/dev/null || true)
+  [ -n "$p" ] && kill -0 "$p" 2>/dev/null && grep -q etcd "/proc/$p/cmdline" 2>/dev/null
+}
+
+# etcd in namespace 0 (one member, data in the state directory), ready when /health says so.
+etcd_up() {
+  local bin ip
+  bin=$(command -v etcd || true)
+  [ -n "$bin" ] || die "KVNET_STORE=etcd needs etcd (apt-get install etcd-server)"
+  ip=$(ip_of 0)
+  ns_up 0
+  if ! etcd_running; then
+    ip netns exec "$(ns 0)" "$bin" --name "$KVNET" --data-dir "$DIR/etcd" \
+      --listen-client-urls "http://$ip:$ETCD_PORT" --advertise-client-urls "http://$ip:$ETCD_PORT" \
+      --listen-peer-urls "http://$ip:2380" --initial-advertise-peer-urls "http://$ip:2380" \
+      --initial-cluster "$KVNET=http://$ip:2380" \
+      </dev/null >"$DIR/etcd.log" 2>&1 9>&- &
+    echo $! >"$DIR/etcd.pid"
+  fi
+  local deadline=$((SECONDS + 15))
+  until timeout 1 bash -c "exec 3<>/dev/tcp/$ip/$ETCD_PORT && printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && grep -q '\"health\":\"true\"' <&3" 2>/dev/null; do
+    etcd_running || { tail -3 "$DIR/etcd.log" >&2 || true; die "etcd exited"; }
+    ((SECONDS < deadline)) || die "etcd ($ip:$ETCD_PORT) not healthy in 15 s"
+    sleep 0.2
+  done
+}
+
+# Creates the cluster of NODES unless the store holds one.
+create_cluster() {
+  local out
+  if [ "$(store_kind)" = file ] && [ -s "$(topology)" ]; then return 0; fi
+  if out=$(timeout 30 "$(kvlab_bin)" cluster --topology "$(topology)" create "$@" 2>&1); then
+    echo "$out" >&2
+  elif echo "$out" | grep -q "already exists"; then
+    :
+  else
+    echo "$out" >&2
+    die "creating the cluster failed"
+  fi
+}
+
 # Asks node K for its version from the root namespace, through the bridge (≤ 1 s).
 probe() {
   timeout 1 bash -c "exec 3<>/dev/tcp/$(ip_of "$1")/$PORT && printf 'version\r\n' >&3 && read -r -t 1 line <&3 && [[ \$line == VERSION* ]]" 2>/dev/null
@@ -136,7 +210,7 @@ node_start() {
   local bin
   bin=$(kvlab_bin)
   ip netns exec "$(ns "$k")" "$bin" server -l "$(ip_of "$k")" -p "$PORT" \
-    --cluster "$TOPOLOGY" --cluster-node "$(addr "$k")" "$@" \
+    --cluster "$(topology)" --cluster-node "$(addr "$k")" "$@" \
     </dev/null >"$DIR/node-$k.log" 2>&1 9>&- &
   echo $! >"$DIR/node-$k.pid"
 }
@@ -157,20 +231,20 @@ cmd_up() {
   mkdir -p "$DIR"
   trap up_exit EXIT
   trap 'exit 130' INT TERM
+  store_kind >"$DIR/store.new" && mv "$DIR/store.new" "$DIR/store"
   bridge_up
+  [ "$(store_kind)" = etcd ] && etcd_up
   local k nodes=()
   for ((k = 1; k <= n; k++)); do nodes+=("$(addr "$k")"); done
   # The topology first: a node reads it when it starts.
-  if [ ! -s "$TOPOLOGY" ]; then
-    timeout 30 "$(kvlab_bin)" cluster --topology "$TOPOLOGY" create "${nodes[@]}" >&2
-  fi
+  create_cluster "${nodes[@]}"
   for ((k = 1; k <= n; k++)); do
     ns_up "$k"
     node_start "$k" "$@"
   done
   for ((k = 1; k <= n; k++)); do wait_ready "$k"; done
   trap - EXIT
-  say "up: ${nodes[*]} (topology $TOPOLOGY)"
+  say "up: ${nodes[*]} (topology $(topology))"
 }
 
 cmd_start() {
@@ -179,7 +253,7 @@ cmd_start() {
   check_k "$k"
   lock
   mkdir -p "$DIR"
-  [ -s "$TOPOLOGY" ] || die "no cluster yet (up first)"
+  [ -s "$DIR/store" ] || die "no cluster yet (up first)"
   bridge_up
   ns_up "$k"
   node_start "$k" "$@"
@@ -232,13 +306,13 @@ emulation_clear() {
 }
 
 cmd_netem() {
-  local k=${1:-} what=${2:-} value=${3:-}
-  check_k "$k"
-  have_ns "$k" || die "no node $k"
+  local k what=${2:-} value=${3:-}
+  k=$(host "${1:-}")
+  have_ns "$k" || die "no $(host_name "$k")"
   case "$what" in
     clear)
       emulation_clear "$k"
-      say "node $k: no delay, no loss"
+      say "$(host_name "$k"): no delay, no loss"
       ;;
     delay)
       [[ $value =~ ^([0-9]+(\.[0-9]+)?)ms$ ]] || die "delay: e.g. 20ms, not '$value'"
@@ -246,7 +320,7 @@ cmd_netem() {
       emulation_clear "$k"
       if have_netem "$k"; then
         in_ns "$k" tc qdisc add dev eth0 root netem delay "${ms}ms"
-        say "node $k: +${ms} ms on every packet it sends (tc netem)"
+        say "$(host_name "$k"): +${ms} ms on every packet it sends (tc netem)"
       else
         need_iptables
         ip netns exec "$(ns "$k")" python3 "$HERE/nfqueue-delay.py" --queue 0 --delay-ms "$ms" --max-seconds 86400 \
@@ -259,7 +333,7 @@ cmd_netem() {
           sleep 0.05
         done
         in_ns "$k" iptables -A OUTPUT -o eth0 -j NFQUEUE --queue-num 0 --queue-bypass
-        say "node $k: +${ms} ms on every packet it sends (NFQUEUE delayer: this kernel has no netem)"
+        say "$(host_name "$k"): +${ms} ms on every packet it sends (NFQUEUE delayer: this kernel has no netem)"
       fi
       ;;
     loss)
@@ -268,37 +342,64 @@ cmd_netem() {
       emulation_clear "$k"
       if have_netem "$k"; then
         in_ns "$k" tc qdisc add dev eth0 root netem loss "${pct}%"
-        say "node $k: ${pct}% of the packets it sends lost (tc netem)"
+        say "$(host_name "$k"): ${pct}% of the packets it sends lost (tc netem)"
       else
         need_iptables
         local p
         p=$(awk -v x="$pct" 'BEGIN { printf "%.6f", x / 100 }')
         in_ns "$k" iptables -A OUTPUT -o eth0 -m statistic --mode random --probability "$p" -j DROP
-        say "node $k: ${pct}% of the packets it sends lost (iptables statistic: this kernel has no netem)"
+        say "$(host_name "$k"): ${pct}% of the packets it sends lost (iptables statistic: this kernel has no netem)"
       fi
       ;;
     *) die "netem K delay Nms | loss P% | clear" ;;
   esac
 }
 
+# iptables rules (in H's namespace) that drop its traffic, all or to and from one address.
+partition_rules() {
+  local k=$1 peer=${2:-}
+  if [ -z "$peer" ]; then
+    echo "INPUT -i eth0 -j DROP"
+    echo "OUTPUT -o eth0 -j DROP"
+  else
+    echo "INPUT -i eth0 -s $peer/32 -j DROP"
+    echo "OUTPUT -o eth0 -d $peer/32 -j DROP"
+  fi
+}
+
 cmd_partition() {
-  local k=${1:-}
-  check_k "$k"
-  have_ns "$k" || die "no node $k"
+  local k peer="" what="everything in and out dropped" rule
+  k=$(host "${1:-}")
+  have_ns "$k" || die "no $(host_name "$k")"
+  case "${2:-}" in
+    "") ;;
+    root) peer="$SUBNET.1" what="cut off from the root namespace ($peer)" ;;
+    *)
+      local j
+      j=$(host "$2")
+      [ "$j" != "$k" ] || die "a host cannot be cut off from itself"
+      peer=$(ip_of "$j") what="cut off from $(host_name "$j") ($peer)"
+      ;;
+  esac
   need_iptables
-  in_ns "$k" iptables -C INPUT -i eth0 -j DROP 2>/dev/null || in_ns "$k" iptables -I INPUT 1 -i eth0 -j DROP
-  in_ns "$k" iptables -C OUTPUT -o eth0 -j DROP 2>/dev/null || in_ns "$k" iptables -I OUTPUT 1 -o eth0 -j DROP
-  say "node $k ($(addr "$k")) partitioned: everything in and out dropped"
+  while read -r chain rule; do
+    # shellcheck disable=SC2086
+    in_ns "$k" iptables -C "$chain" $rule 2>/dev/null || in_ns "$k" iptables -I "$chain" 1 $rule
+  done < <(partition_rules "$k" "$peer")
+  say "$(host_name "$k") partitioned: $what"
 }
 
 cmd_heal() {
-  local k=${1:-}
-  check_k "$k"
-  have_ns "$k" || die "no node $k"
+  local k rule
+  k=$(host "${1:-}")
+  have_ns "$k" || die "no $(host_name "$k")"
   need_iptables
-  while in_ns "$k" iptables -D INPUT -i eth0 -j DROP 2>/dev/null; do :; done
-  while in_ns "$k" iptables -D OUTPUT -o eth0 -j DROP 2>/dev/null; do :; done
-  say "node $k healed"
+  # Every DROP rule on eth0 except the loss emulation's (statistic): all partitions.
+  while rule=$(in_ns "$k" iptables -S 2>/dev/null | grep -E -- '^-A (INPUT|OUTPUT) .*-j DROP' | grep -v -m1 statistic | sed 's/^-A /-D /') && [ -n "$rule" ]; do
+    # shellcheck disable=SC2086
+    in_ns "$k" iptables $rule
+  done
+  say "$(host_name "$k") healed"
 }
 
 any_alive() {
@@ -314,10 +415,10 @@ cmd_down_locked() {
   for n in $(our_namespaces); do
     for p in $(ip netns pids "$n" 2>/dev/null); do pids+=("$p"); done
   done
-  for f in "$DIR"/node-*.pid "$DIR"/delay-*.pid; do
+  for f in "$DIR"/node-*.pid "$DIR"/delay-*.pid "$DIR"/etcd.pid; do
     [ -f "$f" ] || continue
     p=$(cat "$f")
-    if grep -qE 'kvlab|nfqueue-delay' "/proc/$p/cmdline" 2>/dev/null; then pids+=("$p"); fi
+    if grep -qE 'kvlab|nfqueue-delay|etcd' "/proc/$p/cmdline" 2>/dev/null; then pids+=("$p"); fi
   done
   if [ ${#pids[@]} -gt 0 ]; then
     kill -TERM "${pids[@]}" 2>/dev/null || true
@@ -352,14 +453,24 @@ cmd_status() {
   echo "bridge $BR: $(ip -br addr show "$BR" 2>/dev/null | awk '{print $2, $3}' || echo absent)"
   for n in $(our_namespaces); do
     k=${n##*-}
-    local state=stopped emu=""
-    running "$k" && state="running (pid $(pid_of "$k"))"
+    local state=stopped emu="" cut where
+    if [ "$k" = 0 ]; then
+      etcd_running && state="running (pid $(cat "$DIR/etcd.pid"))"
+      where="$(ip_of 0):$ETCD_PORT"
+    else
+      running "$k" && state="running (pid $(pid_of "$k"))"
+      where=$(addr "$k")
+    fi
     emu=$(in_ns "$k" tc qdisc show dev eth0 2>/dev/null | grep -o 'netem.*' || true)
     [ -s "$DIR/delay-$k.pid" ] && emu="$emu nfqueue delayer"
-    command -v iptables >/dev/null && in_ns "$k" iptables -C INPUT -i eth0 -j DROP 2>/dev/null && emu="$emu PARTITIONED"
-    echo "node $k $(addr "$k") $state${emu:+ [$emu]}"
+    if command -v iptables >/dev/null; then
+      cut=$(in_ns "$k" iptables -S INPUT 2>/dev/null | grep -- '-j DROP' | grep -v statistic | grep -oE -- '-s [0-9.]+' | sed 's/-s /from /; s|$| |' || true)
+      in_ns "$k" iptables -C INPUT -i eth0 -j DROP 2>/dev/null && cut="everything "
+      [ -n "$cut" ] && emu="$emu partitioned: ${cut% }"
+    fi
+    echo "$(host_name "$k") $where $state${emu:+ [${emu# }]}"
   done
-  [ -s "$TOPOLOGY" ] && echo "topology $TOPOLOGY"
+  [ -s "$DIR/store" ] && echo "topology $(topology)"
   return 0
 }
 
@@ -378,9 +489,9 @@ case "$cmd" in
   netem) cmd_netem "$@" ;;
   partition) cmd_partition "$@" ;;
   heal) cmd_heal "$@" ;;
-  exec) k=${1:-}; check_k "$k"; shift; have_ns "$k" || die "no node $k"; in_ns "$k" "$@" ;;
-  addr) check_k "${1:-}"; addr "$1" ;;
-  topology) echo "$TOPOLOGY" ;;
+  exec) k=$(host "${1:-}"); shift; have_ns "$k" || die "no $(host_name "$k")"; in_ns "$k" "$@" ;;
+  addr) k=$(host "${1:-}"); if [ "$k" = 0 ]; then echo "$(ip_of 0):$ETCD_PORT"; else addr "$k"; fi ;;
+  topology) topology ;;
   status) cmd_status ;;
   down) cmd_down ;;
   *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;

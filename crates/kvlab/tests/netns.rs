@@ -1,25 +1,30 @@
 //! A kvlab cluster over a real network: `scripts/cluster-netns.sh` starts every node in its
 //! own network namespace with its own address (veth pairs on a bridge), and the load comes
-//! from the root namespace through that bridge. A node is added under `kvlab bench --cluster
-//! --verify` (nothing lost, no error); a delay on one node's link raises the latency of the
-//! requests that node serves, and only theirs; a partitioned node answers nothing until it
-//! is healed, and then serves its keys again.
+//! from the root namespace through that bridge. On either topology store (a shared file;
+//! etcd in a namespace of its own) a node is added under `kvlab bench --cluster --verify`
+//! (nothing lost, no error). On the file: a delay on one node's link raises the latency of
+//! the requests that node serves, and only theirs; a partitioned node answers nothing until
+//! it is healed, and then serves its keys again. On etcd: a node cut off from etcd alone
+//! stops taking writes once its lease has lapsed (the others go on), and takes them again
+//! when healed.
 //!
-//! Needs root (network namespaces), iproute2 and iptables (`.ci/run` installs them). On a
-//! machine where namespaces cannot be created the test says so and passes without running.
-//! Whatever happens, the namespaces, veths and bridge it made are removed (a guard runs the
-//! script's `down` when the test ends, panics included).
+//! Needs root (network namespaces), iproute2, iptables and etcd (`.ci/run` installs them).
+//! On a machine where namespaces cannot be created the tests say so and pass without
+//! running. Whatever happens, the namespaces, veths and bridge they made are removed (a
+//! guard runs the script's `down` when a test ends, panics included). The tests take turns:
+//! each loads the machine's two cores, and the latency comparisons want them.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kvlab_client::{Client, ClusterClient};
+use kvlab_client::{Answer, Client, ClusterClient};
 use kvlab_cluster::coordinator::node_status;
-use kvlab_cluster::{FileStore, TopologyStore};
+use kvlab_cluster::open_store;
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 
@@ -27,20 +32,25 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/cluster-netns.sh")
 }
 
-/// One network of namespaces, named after this process so that concurrent runs (another
-/// checkout's tests, a hand-started cluster on the default 10.77.0.0/24) do not meet.
+static TURNS: Mutex<()> = Mutex::new(());
+
+/// One network of namespaces, named after this process and test (`n`) so that concurrent
+/// runs (another checkout's tests, a hand-started cluster on the default 10.77.0.0/24) do
+/// not meet.
 struct Net {
     name: String,
     subnet: String,
+    store: &'static str,
     dir: tempfile::TempDir,
 }
 
 impl Net {
-    fn new() -> Net {
+    fn new(n: u32, store: &'static str) -> Net {
         let pid = std::process::id();
         Net {
-            name: format!("kvt{}", pid % 100_000),
-            subnet: format!("10.77.{}", 100 + pid % 150),
+            name: format!("kv{n}{}", pid % 100_000),
+            subnet: format!("10.77.{}", 100 + (pid * 2 + n) % 150),
+            store,
             dir: tempfile::tempdir().unwrap(),
         }
     }
@@ -54,6 +64,7 @@ impl Net {
             .env("KVNET", &self.name)
             .env("KVNET_SUBNET", &self.subnet)
             .env("KVNET_DIR", self.dir.path().join("state"))
+            .env("KVNET_STORE", self.store)
             .env("KVLAB", KVLAB)
             .output()
             .unwrap();
@@ -75,8 +86,10 @@ impl Net {
         format!("{}.{}:11211", self.subnet, 10 + k)
     }
 
-    fn topology(&self) -> PathBuf {
-        self.dir.path().join("state/topology.json")
+    /// The `--topology` value (a file or an etcd address).
+    fn topology(&self) -> String {
+        let out = self.run(&["topology"]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
     /// The nodes' logs, for a failure's message.
@@ -183,20 +196,26 @@ fn p50_of_gets(c: &mut ClusterClient, keys: &[String]) -> Duration {
     t[t.len() / 2]
 }
 
-#[test]
-fn a_cluster_across_network_namespaces_grows_under_load_and_feels_its_links() {
-    if let Err(why) = can_make_namespaces() {
-        eprintln!("SKIPPED: this machine cannot create network namespaces ({why})");
-        return;
+/// Takes this test's turn and checks that namespaces can be made; `None` (after saying why)
+/// if they cannot.
+fn begin() -> Option<std::sync::MutexGuard<'static, ()>> {
+    let turn = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    match can_make_namespaces() {
+        Ok(()) => Some(turn),
+        Err(why) => {
+            eprintln!("SKIPPED: this machine cannot create network namespaces ({why})");
+            None
+        }
     }
-    let net = Net::new();
+}
+
+/// Three nodes up; a fourth added while `kvlab bench --cluster --verify` loads them from the
+/// root namespace: no error, no miss, the new node holds its share.
+fn grow(net: &Net) {
     net.run(&["up", "3", "--", "-t", "1", "-m", "128"]);
     let seed = net.addr(1);
-    let dir = net.dir.path();
-
-    // 1. Verified load from the root namespace through the bridge; a fourth node joins.
     let bench_thread = std::thread::spawn({
-        let (seed, json) = (seed.clone(), dir.join("grow.json"));
+        let (seed, json) = (seed.clone(), net.dir.path().join("grow.json"));
         move || bench(&seed, &json, &["--load", "--duration", "6"])
     });
     std::thread::sleep(Duration::from_secs(2));
@@ -204,9 +223,7 @@ fn a_cluster_across_network_namespaces_grows_under_load_and_feels_its_links() {
     let added = Command::new("timeout")
         .arg("60")
         .arg(KVLAB)
-        .arg("cluster")
-        .arg("--topology")
-        .arg(net.topology())
+        .args(["cluster", "--topology", &net.topology()])
         .args(["add", &net.addr(4)])
         .output()
         .unwrap();
@@ -216,40 +233,64 @@ fn a_cluster_across_network_namespaces_grows_under_load_and_feels_its_links() {
         String::from_utf8_lossy(&added.stdout),
         String::from_utf8_lossy(&added.stderr)
     );
+    eprint!("{}", String::from_utf8_lossy(&added.stdout));
     let grow = bench_thread.join().unwrap();
     assert_clean(&grow);
-    let t = FileStore::new(net.topology()).load().unwrap().unwrap();
+    let t = open_store(&net.topology())
+        .unwrap()
+        .load()
+        .unwrap()
+        .unwrap();
     assert_eq!((t.nodes.len(), t.migration), (4, None));
-    let items = |k: usize| {
-        node_status(&net.addr(k)).unwrap()["items"]
-            .as_u64()
-            .unwrap()
-    };
-    assert!(
-        items(4) > 10_000 / 4 / 2,
-        "the added node holds {} items",
-        items(4)
-    );
+    let items = node_status(&net.addr(4)).unwrap()["items"]
+        .as_u64()
+        .unwrap();
+    assert!(items > 10_000 / 4 / 2, "the added node holds {items} items");
+}
 
-    // 2. A delay on node 2's link: its keys' gets slow down by it, the others' do not.
-    let seeds: Vec<SocketAddr> = vec![seed.parse().unwrap()];
-    let mut c = ClusterClient::connect(&seeds, Duration::from_secs(2)).unwrap();
-    let (mut on2, mut on1, mut on3) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..2000 {
-        let key = format!("lat:{i}");
-        assert!(c.set(key.as_bytes(), key.as_bytes()).unwrap());
-        let owner = c.ring().owner(key.as_bytes()).unwrap().to_string();
-        let list = match owner {
-            o if o == net.addr(1) => &mut on1,
-            o if o == net.addr(2) => &mut on2,
-            o if o == net.addr(3) => &mut on3,
-            _ => continue,
-        };
-        if list.len() < 100 {
-            list.push(key);
+/// `down` leaves nothing behind.
+fn down(net: &Net) {
+    net.run(&["down"]);
+    assert_eq!(net.namespaces_left(), Vec::<String>::new());
+    let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(
+        !links.contains(&format!(" {}-", net.name)),
+        "links left: {links}"
+    );
+}
+
+/// Up to `n` keys `prefix:i` that node `k` owns, set through the cluster.
+fn keys_of(c: &mut ClusterClient, net: &Net, k: usize, prefix: &str, n: usize) -> Vec<String> {
+    let mut keys = Vec::new();
+    for i in 0..(n * 40) {
+        let key = format!("{prefix}:{i}");
+        if c.ring().owner(key.as_bytes()) == Some(net.addr(k).as_str()) {
+            assert!(c.set(key.as_bytes(), key.as_bytes()).unwrap());
+            keys.push(key);
+            if keys.len() == n {
+                break;
+            }
         }
     }
-    assert!(on1.len() == 100 && on2.len() == 100 && on3.len() == 100);
+    assert_eq!(keys.len(), n, "node {k} owns too few keys");
+    keys
+}
+
+#[test]
+fn a_cluster_across_network_namespaces_grows_under_load_and_feels_its_links() {
+    let Some(_turn) = begin() else { return };
+    let net = Net::new(1, "file");
+    grow(&net);
+    let seed = net.addr(1);
+    let dir = net.dir.path();
+
+    // A delay on node 2's link: its keys' gets slow down by it, the others' do not.
+    let seeds: Vec<SocketAddr> = vec![seed.parse().unwrap()];
+    let mut c = ClusterClient::connect(&seeds, Duration::from_secs(2)).unwrap();
+    let on1 = keys_of(&mut c, &net, 1, "lat", 100);
+    let on2 = keys_of(&mut c, &net, 2, "lat", 100);
+    let on3 = keys_of(&mut c, &net, 3, "lat", 100);
     let before2 = p50_of_gets(&mut c, &on2);
     let base = bench(
         &seed,
@@ -304,7 +345,7 @@ fn a_cluster_across_network_namespaces_grows_under_load_and_feels_its_links() {
         p90(&slow)
     );
 
-    // 3. A partition: node 3 answers nothing, not even on a connection opened before; healed,
+    // A partition: node 3 answers nothing, not even on a connection opened before; healed,
     // it serves its keys again.
     let n3: SocketAddr = net.addr(3).parse().unwrap();
     let timeout = Duration::from_millis(500);
@@ -337,13 +378,74 @@ fn a_cluster_across_network_namespaces_grows_under_load_and_feels_its_links() {
         );
     }
 
-    // 4. Down removes everything it made.
-    net.run(&["down"]);
-    assert_eq!(net.namespaces_left(), Vec::<String>::new());
-    let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
-    let links = String::from_utf8_lossy(&links.stdout);
-    assert!(
-        !links.contains(&format!(" {}-", net.name)),
-        "links left: {links}"
-    );
+    down(&net);
+}
+
+/// `set key` straight to one node: its reply line (`STORED`, `SERVER_ERROR TRYAGAIN …`).
+fn set_on(node: &str, key: &str) -> String {
+    let mut c = Client::connect(node.parse().unwrap(), Duration::from_secs(2)).unwrap();
+    let req = format!("set {key} 0 0 {}\r\n{key}\r\n", key.len());
+    match c.call(req.as_bytes()).unwrap() {
+        Answer::Line(l) => String::from_utf8_lossy(&l).trim_end().to_string(),
+        other => panic!("set {key}: {other:?}"),
+    }
+}
+
+fn writable(net: &Net, k: usize) -> bool {
+    node_status(&net.addr(k)).unwrap()["writable"]
+        .as_bool()
+        .unwrap()
+}
+
+/// Asks until `f` holds (at most 20 s); returns how long it took.
+fn until(what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !f() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn on_etcd_a_node_cut_off_from_etcd_stops_taking_writes_once_its_lease_lapses() {
+    let Some(_turn) = begin() else { return };
+    let net = Net::new(2, "etcd");
+    grow(&net);
+    let seeds: Vec<SocketAddr> = vec![net.addr(1).parse().unwrap()];
+    let mut c = ClusterClient::connect(&seeds, Duration::from_secs(2)).unwrap();
+    let on3 = keys_of(&mut c, &net, 3, "cut", 20);
+    let on1 = keys_of(&mut c, &net, 1, "cut", 20);
+    assert!(writable(&net, 3));
+    assert_eq!(set_on(&net.addr(3), &on3[0]), "STORED");
+
+    // Node 3 loses etcd but not its clients: once its lease may have lapsed it refuses
+    // writes (a successor may own its keys by then), and keeps refusing them.
+    net.run(&["partition", "3", "etcd"]);
+    let took = until("node 3 to stop taking writes", || !writable(&net, 3));
+    eprintln!("node 3 cut off from etcd: writes refused after {took:?}");
+    for k in &on3 {
+        let reply = set_on(&net.addr(3), k);
+        assert!(
+            reply.starts_with("SERVER_ERROR TRYAGAIN"),
+            "{k} written on a node cut off from etcd: {reply}"
+        );
+    }
+    // The rest of the cluster still reaches etcd and takes writes.
+    for k in &on1 {
+        assert_eq!(set_on(&net.addr(1), k), "STORED");
+    }
+    assert!(writable(&net, 1) && writable(&net, 2) && writable(&net, 4));
+
+    // Healed: its lease renewed, it takes writes again.
+    net.run(&["heal", "3"]);
+    let took = until("node 3 to take writes again", || writable(&net, 3));
+    eprintln!("node 3 healed: writes taken again after {took:?}");
+    for k in &on3 {
+        assert_eq!(set_on(&net.addr(3), k), "STORED");
+    }
+    down(&net);
 }
