@@ -124,6 +124,15 @@ bridge_up() {
     ip addr add "$SUBNET.1/24" dev "$BR"
   fi
   ip link set "$BR" up
+  # With br_netfilter, bridged packets (node to node) pass the root namespace's FORWARD
+  # chain; where its policy drops (a Docker host), let our bridge's own traffic through.
+  # `down` removes the rule (found by its comment).
+  if [ "$(cat /proc/sys/net/bridge/bridge-nf-call-iptables 2>/dev/null || echo 0)" = 1 ] &&
+    command -v iptables >/dev/null &&
+    ! iptables -S FORWARD 2>/dev/null | grep -qx -- '-P FORWARD ACCEPT' &&
+    ! iptables -C FORWARD -i "$BR" -o "$BR" -m comment --comment "$BR" -j ACCEPT 2>/dev/null; then
+    iptables -I FORWARD 1 -i "$BR" -o "$BR" -m comment --comment "$BR" -j ACCEPT
+  fi
 }
 
 # Namespace K with its veth on the bridge and its address (idempotent).
@@ -436,10 +445,14 @@ cmd_down_locked() {
     ip link del "$p" 2>/dev/null || true
   done
   ip link del "$BR" 2>/dev/null || true
+  if command -v iptables >/dev/null; then
+    while iptables -D FORWARD -i "$BR" -o "$BR" -m comment --comment "$BR" -j ACCEPT 2>/dev/null; do :; done
+  fi
   # Deletion of a namespace's devices is asynchronous: wait (bounded) until they are gone.
   deadline=$((SECONDS + 5))
   while ip -o link show 2>/dev/null | grep -qE ": $KVNET-(v[0-9]+|br)[@:]" && ((SECONDS < deadline)); do sleep 0.1; done
   if [ -z "${KVNET_KEEP:-}" ]; then rm -rf "$DIR"; fi
+  rm -f "/tmp/kvnet-$KVNET.lock"
   say "down: no namespace, veth or bridge of $KVNET left"
 }
 
