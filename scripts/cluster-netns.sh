@@ -179,7 +179,7 @@ etcd_up() {
   fi
   local deadline=$((SECONDS + 15))
   until timeout 1 bash -c "exec 3<>/dev/tcp/$ip/$ETCD_PORT && printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && grep -q '\"health\":\"true\"' <&3" 2>/dev/null; do
-    etcd_running || { tail -3 "$DIR/etcd.log" >&2 || true; die "etcd exited"; }
+    kill -0 "$(cat "$DIR/etcd.pid")" 2>/dev/null || { tail -3 "$DIR/etcd.log" >&2 || true; die "etcd exited"; }
     ((SECONDS < deadline)) || die "etcd ($ip:$ETCD_PORT) not healthy in 15 s"
     sleep 0.2
   done
@@ -207,7 +207,8 @@ probe() {
 wait_ready() {
   local k=$1 deadline=$((SECONDS + 15))
   until probe "$k"; do
-    running "$k" || { grep -m3 -v '^ ' "$DIR/node-$k.log" >&2 || true; die "node $k exited"; }
+    # Alive is enough here: just started, it may not have become kvlab (exec) yet.
+    kill -0 "$(pid_of "$k")" 2>/dev/null || { grep -m3 -v '^ ' "$DIR/node-$k.log" >&2 || true; die "node $k exited"; }
     ((SECONDS < deadline)) || die "node $k ($(addr "$k")) not ready in 15 s"
     sleep 0.1
   done
@@ -263,11 +264,29 @@ cmd_start() {
   lock
   mkdir -p "$DIR"
   [ -s "$DIR/store" ] || die "no cluster yet (up first)"
+  running "$k" && { addr "$k"; return 0; }
+  START_K=$k
+  trap start_exit EXIT
+  trap 'exit 130' INT TERM
   bridge_up
   ns_up "$k"
   node_start "$k" "$@"
   wait_ready "$k"
+  trap - EXIT
   addr "$k"
+}
+
+# A failed `start K` removes node K's process, namespace and veth (the rest stays).
+start_exit() {
+  local rc=$? k=${START_K:-}
+  if [ "$rc" -ne 0 ] && [ -n "$k" ]; then
+    say "start $k failed: removing node $k"
+    local p
+    for p in $(ip netns pids "$(ns "$k")" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+    ip link del "$(veth "$k")" 2>/dev/null || true
+    ip netns del "$(ns "$k")" 2>/dev/null || true
+    rm -f "$DIR/node-$k.pid"
+  fi
 }
 
 cmd_stop() {
