@@ -25,7 +25,7 @@ echo "== the manifests agree with each other"
 python3 - <<'PY'
 import re, sys, tomllib, yaml
 
-docs = [d for f in ("deploy/k8s/etcd.yaml", "deploy/k8s/kvlab.yaml")
+docs = [d for f in ("deploy/k8s/etcd.yaml", "deploy/k8s/kvlab.yaml", "deploy/k8s/proxy.yaml")
         for d in yaml.safe_load_all(open(f)) if d]
 by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
 problems = []
@@ -65,9 +65,21 @@ check(args[args.index("--cluster") + 1] == "$(KVLAB_TOPOLOGY)", "--cluster is th
 check(args[args.index("-p") + 1] == "11211", "the node listens on the Service's port")
 init = pod["initContainers"][0]["command"][-1]
 check("kvlab-$i.kvlab.$POD_NAMESPACE.svc:11211" in init, "the init step names nodes as the nodes name themselves")
+check('--replicas "$KVLAB_REPLICAS"' in init and int(cm["KVLAB_REPLICAS"]) <= kv["spec"]["replicas"],
+      "the ring is created with the ConfigMap's copies, no more than there are nodes")
+
+proxy = by[("Deployment", "kvlab-proxy")]
+ppod = proxy["spec"]["template"]["spec"]
+pargs = ppod["containers"][0]["args"]
+check(pargs[0] == "proxy" and pargs[pargs.index("-l") + 1] == "0.0.0.0", "the proxy listens on all interfaces")
+check(pargs[pargs.index("--cluster") + 1] == "kvlab:11211", "the proxy finds the ring through the nodes' Service")
+psvc = by[("Service", "kvlab-proxy")]
+plabels = proxy["spec"]["template"]["metadata"]["labels"]
+check(all(plabels.get(k) == v for k, v in psvc["spec"]["selector"].items()), "kvlab-proxy: Service selects the pods")
+check(str(pargs[pargs.index("-p") + 1]) == str(psvc["spec"]["ports"][0]["port"]), "the proxy listens on its Service's port")
 
 version = tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["version"]
-for c in pod["initContainers"] + pod["containers"]:
+for c in pod["initContainers"] + pod["containers"] + ppod["containers"]:
     check(c["image"] == f"kvlab:{version}", f"{c['name']}: image kvlab:{version} (the workspace's version), not {c['image']}")
 
 if problems:

@@ -1,7 +1,8 @@
 //! The Kubernetes manifests' init step (`deploy/k8s/kvlab.yaml`, the node pods'
 //! `create-cluster` container) run for real: its shell script, taken from the manifest,
 //! against a real etcd and this build's `kvlab`. The first pod creates the ring of the
-//! initial nodes under their stable DNS names; the next ones find it made; with etcd
+//! initial nodes under their stable DNS names, with the ConfigMap's copies of every key;
+//! the next ones find it made; with etcd
 //! unreachable the step fails (and the kubelet retries it). The manifests' schemas and
 //! cross-references are `deploy/check.sh`'s (run by `.ci/run`).
 
@@ -52,6 +53,7 @@ fn run_init(script: &str, bin: &Path, topology: &str) -> Output {
         .env("PATH", format!("{}:/usr/bin:/bin", bin.display()))
         .env("KVLAB_TOPOLOGY", topology)
         .env("KVLAB_INITIAL_NODES", "3")
+        .env("KVLAB_REPLICAS", "2")
         .env("POD_NAMESPACE", "cache")
         .output()
         .unwrap()
@@ -75,6 +77,7 @@ fn the_init_step_creates_the_ring_once_under_the_pods_stable_names() {
         String::from_utf8_lossy(&first.stderr)
     );
     let t = open_store(&spec).unwrap().load().unwrap().unwrap();
+    assert_eq!(t.replicas, 2);
     assert_eq!(
         t.nodes,
         vec![
