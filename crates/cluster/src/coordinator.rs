@@ -255,7 +255,22 @@ fn drive(
     let mut last_sent = u64::MAX;
     if m.phase == Phase::Copy {
         loop {
-            let (snap, _) = figures(&t, m.id, &mut report)?;
+            // A node that fails while the old ring still serves: roll back (nothing has
+            // moved for the clients yet; the new owners drop what they got).
+            let (snap, _) = match figures(&t, m.id, &mut report) {
+                Ok(f) => f,
+                Err(e) => {
+                    return Err(match abort(store) {
+                        Ok(back) => ClusterError::Migration(format!(
+                            "{e}; rolled back to the old ring (epoch {})",
+                            back.epoch
+                        )),
+                        Err(a) => {
+                            ClusterError::Migration(format!("{e}; and the roll-back failed: {a}"))
+                        }
+                    });
+                }
+            };
             report.total_s = start.elapsed().as_secs_f64();
             progress(&report);
             if snap {
