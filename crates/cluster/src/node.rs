@@ -440,38 +440,74 @@ impl Node {
     /// nodes that hold its copies under `view`. Under the pipes' lock the state is read
     /// and sent, so the last copy sent is of the last write applied.
     pub fn replicate(&self, view: &View, key: &[u8]) -> Result<(), ClusterError> {
+        self.replicate_all(view, std::slice::from_ref(&key))
+    }
+
+    /// [`Node::replicate`] for many keys: queued on each copy connection, then one flush
+    /// per connection (one round trip for the lot).
+    pub fn replicate_all<K: AsRef<[u8]>>(
+        &self,
+        view: &View,
+        keys: &[K],
+    ) -> Result<(), ClusterError> {
         let r = view.replicas as usize;
-        if r < 2 {
+        if r < 2 || keys.is_empty() {
             return Ok(());
         }
         let mut owners = Vec::with_capacity(r);
-        view.serving
-            .owners_of_hash(kvlab_client::cluster::key_hash(key), r, &mut owners);
         let mut pipes = self.replica_pipes.lock();
-        for &i in owners.iter().skip(1) {
-            let node = &view.serving.nodes()[i];
-            if *node == self.me {
-                continue;
-            }
-            let pipe = match pipes.entry(node.clone()) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    let mut p = Pipe::connect(node)?;
-                    p.line(format!("cluster import 0 {}\r\n", self.me).as_bytes())?;
-                    e.insert(p)
+        let mut used: Vec<String> = Vec::new();
+        let mut result = Ok(());
+        'keys: for key in keys {
+            let key = key.as_ref();
+            view.serving
+                .owners_of_hash(kvlab_client::cluster::key_hash(key), r, &mut owners);
+            for &i in owners.iter().skip(1) {
+                let node = &view.serving.nodes()[i];
+                if *node == self.me {
+                    continue;
                 }
-            };
-            let sent = match self.store.peek(key) {
-                Some(m) => pipe.set(key, m.item.flags, m.item.exptime, &m.item.value),
-                None => pipe.delete(key),
-            }
-            .and_then(|()| pipe.flush().map(|_| ()));
-            if let Err(e) = sent {
-                pipes.remove(node);
-                return Err(e);
+                let pipe = match pipes.entry(node.clone()) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        let mut p = match Pipe::connect(node) {
+                            Ok(p) => p,
+                            Err(err) => {
+                                result = Err(err);
+                                break 'keys;
+                            }
+                        };
+                        let hello = format!("cluster import 0 {}\r\n", self.me);
+                        if let Err(err) = p.line(hello.as_bytes()) {
+                            result = Err(err);
+                            break 'keys;
+                        }
+                        e.insert(p)
+                    }
+                };
+                let queued = match self.store.peek(key) {
+                    Some(m) => pipe.set(key, m.item.flags, m.item.exptime, &m.item.value),
+                    None => pipe.delete(key),
+                };
+                if let Err(err) = queued {
+                    pipes.remove(node);
+                    result = Err(err);
+                    break 'keys;
+                }
+                if !used.contains(node) {
+                    used.push(node.clone());
+                }
             }
         }
-        Ok(())
+        for node in used {
+            if let Some(pipe) = pipes.get_mut(&node) {
+                if let Err(err) = pipe.flush() {
+                    pipes.remove(&node);
+                    result = Err(err);
+                }
+            }
+        }
+        result
     }
 
     /// Waits until no worker runs a request checked under an epoch before `epoch`.
@@ -656,10 +692,9 @@ impl Node {
                             !owners.iter().any(|&i| nodes[i] == me)
                         });
                     // Copies of this node's own keys go (again) to their holders now.
-                    for k in &mine {
-                        if let Err(e) = node.replicate(&view, k) {
-                            node.progress.lock().error = Some(e.to_string());
-                        }
+                    if let Err(e) = node.replicate_all(&view, &mine) {
+                        node.progress.lock().replica_errors += 1;
+                        tracing::warn!("copying keys to their holders: {e}");
                     }
                     for item in &items {
                         let opts = MetaDeleteOpts {
