@@ -7,6 +7,8 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Command, Output};
@@ -53,6 +55,17 @@ fn cluster(topology: &str, args: &[&str]) -> Output {
 
 fn items(name: &str) -> u64 {
     node_status(name).unwrap()["items"].as_u64().unwrap()
+}
+
+/// Three nodes on a topology file in a fresh directory, the first two in the ring.
+fn two_of_three() -> (tempfile::TempDir, Vec<String>, Vec<Process>) {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json").display().to_string();
+    let ports = free_ports(3).unwrap();
+    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    cluster(&topology, &["create", &names[0], &names[1]]);
+    let nodes = ports.iter().map(|&p| node(&topology, p)).collect();
+    (dir, names, nodes)
 }
 
 /// Asks until `f` holds (at most 15 s).
@@ -266,16 +279,9 @@ fn add_and_remove_via(dir: &Path, topology: &str, proxied: bool) {
         String::from_utf8_lossy(&out.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let k = &report["runs"][0]["counters"];
-    let n = |f: &str| k[f].as_u64().unwrap();
-    assert!(n("completed") > 1000, "{k}");
-    assert_eq!(
-        (n("errors"), n("verify_errors"), n("timeouts")),
-        (0, 0, 0),
-        "bench saw errors: {k}"
-    );
-    // Every key was set before the run: a miss is a lost key.
-    assert_eq!(n("misses"), 0, "keys lost: {k}");
+    let run = &report["runs"][0];
+    common::assert_clean(run);
+    let n = |f: &str| run["counters"][f].as_u64().unwrap();
 
     assert!(writes > 100, "the checker wrote {writes}");
     assert!(
@@ -320,14 +326,10 @@ fn add_and_remove_via(dir: &Path, topology: &str, proxied: bool) {
 
 #[test]
 fn a_migration_left_half_way_is_rolled_back_or_resumed_from_the_topology() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, names, _nodes) = two_of_three();
     let path = dir.path().join("topology.json");
     let topology = path.display().to_string();
     let topology = topology.as_str();
-    let ports = free_ports(3).unwrap();
-    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    cluster(topology, &["create", &names[0], &names[1]]);
-    let _nodes: Vec<Process> = ports.iter().map(|&p| node(topology, p)).collect();
     let seed: SocketAddr = names[0].parse().unwrap();
     let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
     for i in 0..3000 {
@@ -450,14 +452,10 @@ fn kill_9_with_two_copies_loses_no_acknowledged_write() {
 /// back, never half-applied — the old ring serves every key as it was.
 #[test]
 fn a_node_that_dies_during_the_copy_rolls_the_migration_back() {
-    let dir = tempfile::tempdir().unwrap();
+    let (dir, names, mut nodes) = two_of_three();
     let path = dir.path().join("topology.json");
     let topology = path.display().to_string();
     let topology = topology.as_str();
-    let ports = free_ports(3).unwrap();
-    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    cluster(topology, &["create", &names[0], &names[1]]);
-    let mut nodes: Vec<Process> = ports.iter().map(|&p| node(topology, p)).collect();
     let keys = "100000";
     let bench = |args: &[&str]| {
         let out = Command::new(KVLAB)

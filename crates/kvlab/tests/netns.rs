@@ -16,6 +16,8 @@
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -169,18 +171,6 @@ fn bench(seed: &str, json: &Path, args: &[&str]) -> serde_json::Value {
     report["runs"][0].clone()
 }
 
-fn assert_clean(run: &serde_json::Value) {
-    let k = &run["counters"];
-    let n = |f: &str| k[f].as_u64().unwrap();
-    assert!(n("completed") > 1000, "{k}");
-    assert_eq!(
-        (n("errors"), n("verify_errors"), n("timeouts")),
-        (0, 0, 0),
-        "bench saw errors: {k}"
-    );
-    assert_eq!(n("misses"), 0, "keys lost: {k}");
-}
-
 /// The median of the round-trip times of `get`s of `keys` (each key owned by one node).
 fn p50_of_gets(c: &mut ClusterClient, keys: &[String]) -> Duration {
     let mut t: Vec<Duration> = keys
@@ -235,7 +225,7 @@ fn grow(net: &Net) {
     );
     eprint!("{}", String::from_utf8_lossy(&added.stdout));
     let grow = bench_thread.join().unwrap();
-    assert_clean(&grow);
+    common::assert_clean(&grow);
     let t = open_store(&net.topology())
         .unwrap()
         .load()
@@ -297,7 +287,7 @@ fn a_cluster_across_network_namespaces_grows_under_load_and_feels_its_links() {
         &dir.join("base.json"),
         &["--noload", "--duration", "2"],
     );
-    assert_clean(&base);
+    common::assert_clean(&base);
 
     let delay = Duration::from_millis(20);
     net.run(&["netem", "2", "delay", "20ms"]);
