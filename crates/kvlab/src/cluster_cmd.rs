@@ -230,7 +230,8 @@ fn wait_node(node: &str) -> anyhow::Result<()> {
 }
 
 fn show_progress() -> impl FnMut(&MigrationReport) {
-    let mut last = Instant::now() - Duration::from_secs(1);
+    // A migration that ends within half a second prints only its result.
+    let mut last = Instant::now();
     move |r: &MigrationReport| {
         if last.elapsed() >= Duration::from_millis(500) {
             last = Instant::now();
