@@ -32,3 +32,48 @@ pub(crate) fn parse_i64(t: &[u8]) -> Option<i64> {
         _ => parse_u64(t).and_then(|v| i64::try_from(v).ok()),
     }
 }
+
+/// Splits a command line on spaces (memcached's tokenizer: runs of spaces are one separator).
+#[derive(Clone)]
+pub(crate) struct Tokens<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Tokens<'a> {
+    pub(crate) fn new(line: &'a [u8]) -> Self {
+        Tokens { rest: line }
+    }
+
+    /// The unsplit remainder, leading spaces removed.
+    pub(crate) fn remainder(&self) -> &'a [u8] {
+        let start = self
+            .rest
+            .iter()
+            .position(|&b| b != b' ')
+            .unwrap_or(self.rest.len());
+        &self.rest[start..]
+    }
+
+    pub(crate) fn rest_is_empty(&self) -> bool {
+        self.remainder().is_empty()
+    }
+
+    pub(crate) fn token_count(&self) -> usize {
+        self.clone().fold(0, |n, _| n + 1)
+    }
+}
+
+impl<'a> Iterator for Tokens<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = self.remainder();
+        if rest.is_empty() {
+            self.rest = rest;
+            return None;
+        }
+        let end = memchr::memchr(b' ', rest).unwrap_or(rest.len());
+        self.rest = &rest[end..];
+        Some(&rest[..end])
+    }
+}

@@ -93,7 +93,11 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
                 out.extend_from_slice(data);
             }
         }
-        Request::Verbosity { .. } | Request::Version | Request::Quit | Request::Stats { .. } => {}
+        Request::Verbosity { .. }
+        | Request::Version
+        | Request::Quit
+        | Request::Stats { .. }
+        | Request::Admin(_) => {}
     }
     out.extend_from_slice(b"\r\n");
 }

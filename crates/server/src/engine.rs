@@ -13,6 +13,7 @@ use kvlab_store::{
     SetStatus, Store,
 };
 
+use crate::admin::{self, Next};
 pub use crate::cache::Blocking;
 use crate::cache::DiskRules;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
@@ -80,9 +81,14 @@ impl Engine {
         match *req {
             Request::Get { keys, cas } => {
                 let mut n = 0;
+                let detail = self.server.admin.detail.enabled();
                 for key in keys.iter() {
                     n += 1;
-                    if let Some(item) = self.store.get(key) {
+                    let item = self.store.get(key);
+                    if detail {
+                        self.server.admin.detail.get(key, item.is_some());
+                    }
+                    if let Some(item) = item {
                         r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
                     }
                 }
@@ -93,9 +99,14 @@ impl Engine {
                 let mut n = 0;
                 // Under `sync` a new TTL is a write: the touched keys are persisted.
                 let mut touched = Vec::new();
+                let detail = self.server.admin.detail.enabled();
                 for key in keys.iter() {
                     n += 1;
-                    if let Some(item) = self.store.get_and_touch(key, exptime) {
+                    let item = self.store.get_and_touch(key, exptime);
+                    if detail {
+                        self.server.admin.detail.get(key, item.is_some());
+                    }
+                    if let Some(item) = item {
                         r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
                         if self.disk.sync {
                             touched.push(key.to_vec());
@@ -119,6 +130,9 @@ impl Engine {
                 noreply,
             } => {
                 WorkerStats::add(&self.worker.cmd_set, 1);
+                if self.server.admin.detail.enabled() {
+                    self.server.admin.detail.set(key);
+                }
                 let (mode, compare_cas) = match command {
                     StoreCommand::Set => (SetMode::Set, None),
                     StoreCommand::Add => (SetMode::Add, None),
@@ -183,6 +197,9 @@ impl Engine {
                 }
             }
             Request::Delete { key, noreply } => {
+                if self.server.admin.detail.enabled() {
+                    self.server.admin.detail.delete(key);
+                }
                 let deleted = self.store.delete(key);
                 if !noreply {
                     out.extend_from_slice(if deleted { r::DELETED } else { r::NOT_FOUND });
@@ -224,6 +241,11 @@ impl Engine {
             Request::SlabsAutomove { mode } => {
                 self.server.slab_automove.store(u64::from(mode), Relaxed);
                 out.extend_from_slice(r::OK);
+            }
+            Request::Admin(cmd) => {
+                if admin::execute(&self.server.admin, &self.store, cmd, out) == Next::Close {
+                    return Flow::Close;
+                }
             }
             Request::Version => r::version(out, VERSION),
             Request::Quit => return Flow::Close,
@@ -288,11 +310,8 @@ impl Engine {
             }
             Some(b"reset") => {
                 self.server.reset();
+                self.server.admin.detail.clear();
                 out.extend_from_slice(r::RESET);
-                return;
-            }
-            Some(b"detail") => {
-                out.extend_from_slice(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n");
                 return;
             }
             Some(_) => {

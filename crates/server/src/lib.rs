@@ -8,6 +8,8 @@
 //!        ◄──                  ◄──                   ◄── protocol::response ◄──
 //! ```
 //!
+//! - [`admin`]: memcached's administration commands (`shutdown`, `cache_memlimit`,
+//!   `slabs reassign`, `stats detail` with [`detail`], `lru_crawler`);
 //! - [`cache`]: the durable cache's semantics (read-through, persist before the reply) and
 //!   its disk work, shared by the engine and the REST handlers;
 //! - [`engine`]: memcached command semantics over the store, reply composition; the
@@ -22,8 +24,10 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod admin;
 pub mod cache;
 pub mod crawler;
+pub mod detail;
 pub mod engine;
 pub mod http;
 pub mod metrics;
@@ -36,8 +40,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvlab_protocol::Limits;
-use kvlab_store::{Clock, Config as StoreConfig, DurableConfig, Policy, Store, SystemClock};
-use parking_lot::{Condvar, Mutex};
+use kvlab_store::{
+    Clock, Config as StoreConfig, DurableConfig, Policy, SizeClasses, Store, SystemClock,
+};
+
+use crate::admin::AdminState;
 
 use crate::stats::{ServerStats, WorkerStats};
 
@@ -80,8 +87,20 @@ pub struct ServerConfig {
     /// becomes a write-back cache over an embedded storage engine.
     pub durable: Option<DurableConfig>,
     /// The background crawler that reclaims expired and flushed items
-    /// (`--crawler-interval-ms`, `-o lru_crawler|no_lru_crawler`); `None` = off.
+    /// (`--crawler-interval-ms`, `-o lru_crawler|no_lru_crawler`); `None` = off (the
+    /// thread waits for `lru_crawler enable`).
     pub crawler: Option<CrawlerConfig>,
+    /// `-A`: serve the `shutdown` command.
+    pub shutdown_command: bool,
+    /// `slabs reassign` allowed (`-o slab_reassign`, the default; `-o no_slab_reassign`).
+    pub slab_reassign: bool,
+    /// memcached's size classes (`-f` growth factor, `-n` smallest chunk's data size),
+    /// used to report items by class.
+    pub growth_factor: f64,
+    /// `-n`: bytes of key and data in the smallest chunk.
+    pub chunk_size: u32,
+    /// `-D`: the key prefix delimiter of `stats detail`; giving it turns detail on.
+    pub prefix_delimiter: Option<u8>,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +119,11 @@ impl Default for ServerConfig {
             clock: Arc::new(SystemClock),
             durable: None,
             crawler: Some(CrawlerConfig::default()),
+            shutdown_command: false,
+            slab_reassign: true,
+            growth_factor: 1.25,
+            chunk_size: 48,
+            prefix_delimiter: None,
         }
     }
 }
@@ -114,16 +138,12 @@ pub struct Shared {
     pub limits: Limits,
     /// Set when the threads must stop; they check it after every wake-up.
     pub shutdown: AtomicBool,
-    /// A request to stop (signal, `POST /shutdown`) that [`Server::wait`] is waiting for.
-    stop_requested: Mutex<bool>,
-    stop_cv: Condvar,
 }
 
 impl Shared {
     /// Asks the owner of the [`Server`] to shut it down; returns at once.
     pub fn request_stop(&self) {
-        *self.stop_requested.lock() = true;
-        self.stop_cv.notify_all();
+        self.stats.admin.stop.request();
     }
 }
 
@@ -210,6 +230,20 @@ impl Server {
             Some(durable) => Store::open(store_config, config.clock.clone(), durable.clone())?,
             None => Store::new(store_config, config.clock.clone()),
         });
+        let mut admin = AdminState::new(Arc::default());
+        admin.shutdown_command = config.shutdown_command;
+        admin.slab_reassign = config.slab_reassign;
+        admin.classes = SizeClasses::new(
+            config.growth_factor,
+            config.chunk_size,
+            config.item_size_max,
+        );
+        if let Some(d) = config.prefix_delimiter {
+            admin.detail = detail::Detail::new(d, true);
+        }
+        admin.crawler = crawler::Control::new(config.crawler.is_some());
+        let crawler_stats = admin.crawler_stats.clone();
+        let crawler_control = admin.crawler.clone();
         let stats = Arc::new(ServerStats {
             started: Instant::now(),
             started_unix: stats::unix_now(),
@@ -229,7 +263,8 @@ impl Server {
             port: addr.port(),
             io_model: config.io.name(),
             crawler_config: config.crawler,
-            crawler: Arc::default(),
+            crawler: crawler_stats,
+            admin: Arc::new(admin),
         });
         let limits = Limits {
             item_size_max: config.item_size_max,
@@ -240,8 +275,6 @@ impl Server {
             stats,
             limits,
             shutdown: AtomicBool::new(false),
-            stop_requested: Mutex::new(false),
-            stop_cv: Condvar::new(),
         });
         let metrics = match config.metrics {
             Some(at) => Some(metrics::start(at, shared.clone())?),
@@ -257,15 +290,14 @@ impl Server {
             None => None,
         };
         let http_addr = http.as_ref().map(|h| h.addr());
-        // Before the driver: if that fails to start, dropping the crawler stops it.
-        let crawler = match config.crawler {
-            Some(c) => Some(crawler::Crawler::start(
-                shared.store.clone(),
-                shared.stats.crawler.clone(),
-                c,
-            )?),
-            None => None,
-        };
+        // Before the driver: if that fails to start, dropping the crawler stops it. Off
+        // (`config.crawler` is `None`), the thread waits for `lru_crawler enable`.
+        let crawler = Some(crawler::Crawler::start(
+            shared.store.clone(),
+            shared.stats.crawler.clone(),
+            config.crawler.unwrap_or_default(),
+            crawler_control,
+        )?);
         let net = kvlab_net::Config {
             threads: config.threads,
             limits,
@@ -313,12 +345,10 @@ impl Server {
         StopHandle(self.shared.clone())
     }
 
-    /// Blocks until something asks the server to stop ([`StopHandle::request_stop`]).
+    /// Blocks until something asks the server to stop ([`StopHandle::request_stop`],
+    /// `shutdown` with `-A`).
     pub fn wait(&self) {
-        let mut requested = self.shared.stop_requested.lock();
-        while !*requested {
-            self.shared.stop_cv.wait(&mut requested);
-        }
+        self.shared.stats.admin.stop.wait();
     }
 
     /// Stops accepting, closes every connection after flushing what it has composed, and

@@ -15,6 +15,7 @@ use hdrhistogram::Histogram;
 use kvlab_store::{Figure, Kind, Policy, Store};
 use parking_lot::Mutex;
 
+use crate::admin::AdminState;
 use crate::crawler::{CrawlerConfig, CrawlerStats};
 
 /// Declares [`WorkerStats`]: each per-worker counter is one line of the table, which makes
@@ -133,6 +134,8 @@ pub struct ServerStats {
     pub crawler_config: Option<CrawlerConfig>,
     /// The crawler thread's figures.
     pub crawler: Arc<CrawlerStats>,
+    /// What the administration commands read and change.
+    pub admin: Arc<AdminState>,
 }
 
 /// `VERSION` reply: the memcached protocol level kvlab speaks, then kvlab's own version.
@@ -296,6 +299,7 @@ impl ServerStats {
             io_model: "none",
             crawler_config: None,
             crawler: Arc::default(),
+            admin: Arc::new(AdminState::new(Arc::default())),
         }
     }
 
@@ -325,13 +329,26 @@ impl ServerStats {
             ("cas_enabled", "yes".to_string()),
             ("io_model", self.io_model.to_string()),
             (
+                "shutdown_command",
+                yes_no(self.admin.shutdown_command).to_string(),
+            ),
+            (
+                "growth_factor",
+                format!("{:.2}", self.admin.classes.factor()),
+            ),
+            ("chunk_size", self.admin.classes.chunk_size().to_string()),
+            (
+                "stat_key_prefix",
+                char::from(self.admin.detail.delimiter()).to_string(),
+            ),
+            (
+                "detail_enabled",
+                yes_no(self.admin.detail.enabled()).to_string(),
+            ),
+            ("slab_reassign", yes_no(self.admin.slab_reassign).to_string()),
+            (
                 "lru_crawler",
-                if self.crawler_config.is_some() {
-                    "yes"
-                } else {
-                    "no"
-                }
-                .to_string(),
+                yes_no(self.admin.crawler.enabled()).to_string(),
             ),
             (
                 "lru_crawler_sleep",
@@ -355,6 +372,14 @@ impl ServerStats {
         for w in self.workers.iter().chain([&self.http]) {
             w.reset();
         }
+    }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
     }
 }
 

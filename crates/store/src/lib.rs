@@ -130,6 +130,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod classes;
 mod clock;
 mod durable;
 mod item;
@@ -142,6 +143,7 @@ mod stats;
 mod store;
 mod wb;
 
+pub use classes::{SizeClasses, ITEM_HEADER, MAX_CLASSES};
 pub use clock::{Clock, ManualClock, SystemClock, REALTIME_MAXDELTA};
 pub use durable::{Durability, DurableConfig, ParseDurabilityError};
 pub use item::{ExportedItem, ItemView, MetaView, Value, ITEM_OVERHEAD, MAX_KEY_LEN};

@@ -641,7 +641,10 @@ impl Shard {
             } else {
                 time.abs(e.exptime)
             };
-            out.push(ExportedItem::from_block(b.clone(), exptime, b.cas()));
+            out.push(
+                ExportedItem::from_block(b.clone(), exptime, b.cas())
+                    .with_access(time.abs(e.atime), e.has(FETCHED)),
+            );
         }
         Scanned {
             examined: end.saturating_sub(from) as usize,

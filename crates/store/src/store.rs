@@ -1576,6 +1576,40 @@ impl Store {
         self.set_item(&req, Some(item.exptime()))
     }
 
+    /// Changes the memory limit at run time (memcached's `cache_memlimit`). A higher
+    /// limit takes effect at once. A lower one evicts by the policy, a share of the
+    /// excess from every shard per round (at most [`PER_VISIT`] items per shard lock),
+    /// until the charged bytes fit; meanwhile no store can reserve memory. Under the
+    /// `none` policy only expired and flushed items go, and stores fail as out of
+    /// memory until deletes bring the bytes under the new limit. Returns the charged
+    /// bytes afterwards.
+    pub fn set_memory_limit(&self, limit: usize) -> usize {
+        self.budget.set_limit(limit);
+        let now = self.now();
+        let n = self.shards.len();
+        // Each round frees something or ends: bounded by the number of items.
+        loop {
+            let over = self.budget.used().saturating_sub(self.budget.limit());
+            if over == 0 {
+                break;
+            }
+            let share = over.div_ceil(n);
+            let mut freed = 0;
+            for si in 0..n {
+                if self.budget.used() <= self.budget.limit() {
+                    break;
+                }
+                freed += self
+                    .lock(si)
+                    .evict_some(share, PER_VISIT, &now, &self.budget);
+            }
+            if freed == 0 {
+                break;
+            }
+        }
+        self.budget.used()
+    }
+
     /// Counts a store that a front end refused as over the item size limit before it
     /// reached the store (a data block longer than `-I`, an oversize HTTP body), so
     /// `store_too_large` counts every such refusal, as memcached's does.

@@ -1580,3 +1580,42 @@ fn import_respects_the_memory_limit() {
     let huge = ExportedItem::new(b"huge", &vec![0; 1 << 20], 0, 0, 0).unwrap();
     assert_eq!(s.import(&huge, ImportMode::Overwrite), SetStatus::TooLarge);
 }
+
+#[test]
+fn a_lowered_memory_limit_evicts_down_to_it_and_a_raised_one_admits_more() {
+    let (s, _clock) = store_with(Policy::Lru, 1 << 20, 4);
+    let value = vec![b'v'; 1000];
+    for i in 0..800 {
+        assert!(matches!(
+            set(&s, format!("k{i}").as_bytes(), &value),
+            SetStatus::Stored { .. }
+        ));
+    }
+    let before = s.stats();
+    assert_eq!(before.curr_items, 800);
+    let limit = 200 * 1024;
+    let used = s.set_memory_limit(limit);
+    let after = s.stats();
+    assert!(used <= limit, "{used} > {limit}");
+    assert_eq!(after.limit_maxbytes, limit as u64);
+    assert!(after.curr_items < 210, "{}", after.curr_items);
+    assert_eq!(after.evictions - before.evictions, 800 - after.curr_items);
+    // The most recently stored keys are the ones kept (lru, per shard).
+    assert!(s.get(b"k799").is_some());
+    assert!(s.get(b"k0").is_none());
+    // Stores still work under the new limit, evicting as usual.
+    for i in 800..1000 {
+        assert!(matches!(
+            set(&s, format!("k{i}").as_bytes(), &value),
+            SetStatus::Stored { .. }
+        ));
+        assert!(s.stats().bytes <= limit as u64);
+    }
+    // Raised again: room for more without evicting.
+    s.set_memory_limit(1 << 20);
+    let ev = s.stats().evictions;
+    for i in 0..300 {
+        set(&s, format!("n{i}").as_bytes(), &value);
+    }
+    assert_eq!(s.stats().evictions, ev);
+}

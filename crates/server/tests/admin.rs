@@ -1,0 +1,192 @@
+//! Administration commands that need a server of their own (`-A`'s `shutdown` stops it;
+//! `lru_crawler metadump`'s lines carry times and CAS values), each compared with
+//! Debian's memcached started with the same flags.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kvlab_client::testing::Memcached;
+use kvlab_server::IoModel;
+
+fn memcached(args: &[&str]) -> Memcached {
+    Memcached::start_with(args).unwrap_or_else(|e| panic!("{e} (.ci/run installs memcached)"))
+}
+
+/// `shutdown` with `-A`: a bad mode is refused; `shutdown` closes the asking connection
+/// without a reply and stops the server, in memcached and in kvlab (every I/O model).
+#[test]
+fn shutdown_with_dash_a_stops_the_server_as_memcached_does() {
+    let before = b"shutdown foo\r\nshutdown graceful x\r\nshutdown noreply\r\nmn\r\n";
+    let want_before: &[u8] = b"CLIENT_ERROR invalid shutdown mode\r\nCLIENT_ERROR invalid shutdown mode\r\nCLIENT_ERROR invalid shutdown mode\r\nMN\r\n";
+
+    for mode in ["shutdown\r\n", "shutdown graceful\r\n"] {
+        let mut mc = memcached(&["-A"]);
+        let mut s = connect(mc.addr);
+        assert_eq!(exchange(&mut s, before, b"MN\r\n"), want_before);
+        let got = exchange(&mut s, mode.as_bytes(), b"<EOF>");
+        assert!(
+            got == b"<EOF>" || got == b"<RESET>",
+            "memcached {mode:?}: {got:?}"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !mc.process.exited() {
+            assert!(
+                Instant::now() < deadline,
+                "memcached still runs after {mode:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+
+        for &io in IoModel::ALL {
+            let (server, _clock) = start(io, |c| c.shutdown_command = true);
+            let addr = server.addr();
+            let mut s = connect(addr);
+            assert_eq!(exchange(&mut s, before, b"MN\r\n"), want_before);
+            let (tx, rx) = mpsc::channel();
+            let waiter = std::thread::spawn(move || {
+                server.wait();
+                server.shutdown();
+                let _ = tx.send(());
+            });
+            let got = exchange(&mut s, mode.as_bytes(), b"<EOF>");
+            assert!(
+                got == b"<EOF>" || got == b"<RESET>",
+                "{} {mode:?}: {got:?}",
+                io.name()
+            );
+            rx.recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("{}: the server did not stop on {mode:?}", io.name()));
+            waiter.join().expect("waiter");
+            assert!(
+                std::net::TcpStream::connect(addr).is_err(),
+                "still listening"
+            );
+        }
+    }
+}
+
+/// Replaces every run of digits after `exp=`, `la=` and `cas=` with `N`: those are the
+/// moment and the server's own counter.
+fn mask(line: &str) -> String {
+    line.split(' ')
+        .map(|field| match field.split_once('=') {
+            Some((k @ ("la" | "cas"), _)) => format!("{k}=N"),
+            Some(("exp", v)) if v != "-1" => "exp=N".to_string(),
+            _ => field.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn metadump(addr: std::net::SocketAddr, classes: &str) -> (BTreeSet<String>, Vec<u8>) {
+    let mut s = connect(addr);
+    let setup = b"set a:b 0 0 1\r\nx\r\nset big 5 100 1000\r\n".to_vec();
+    let mut setup = setup;
+    setup.extend(std::iter::repeat_n(b'v', 1000));
+    setup.extend_from_slice(b"\r\nset k%20 0 0 300\r\n");
+    setup.extend(std::iter::repeat_n(b'w', 300));
+    setup.extend_from_slice(b"\r\nget a:b\r\n");
+    assert_eq!(
+        exchange(&mut s, &setup, b"END\r\n"),
+        b"STORED\r\nSTORED\r\nSTORED\r\nVALUE a:b 0 1\r\nx\r\nEND\r\n"
+    );
+    // A fresh connection: memcached refuses a metadump behind replies not yet sent.
+    let mut s = connect(addr);
+    let got = exchange(
+        &mut s,
+        format!("lru_crawler metadump {classes}\r\n").as_bytes(),
+        b"END\r\n",
+    );
+    let text = String::from_utf8_lossy(&got).into_owned();
+    let body = text
+        .strip_suffix("END\r\n")
+        .unwrap_or_else(|| panic!("{text:?}"));
+    let lines = body.split_terminator('\n').map(mask).collect();
+    (lines, got)
+}
+
+/// `lru_crawler metadump`: one `key=… exp=… la=… cas=… fetch=… cls=… size=…` line per
+/// item (`\n`-ended, keys URI-encoded), classes and sizes as memcached's, then `END`.
+#[test]
+fn metadump_lists_items_as_memcached_does() {
+    let mc = memcached(&[]);
+    let (server, clock) = start(IoModel::Reactor, |c| {
+        c.crawler = Some(kvlab_server::CrawlerConfig {
+            interval: Duration::from_secs(3600),
+            ..kvlab_server::CrawlerConfig::default()
+        })
+    });
+    for classes in ["all", "hash", "1,9", "1", "9", "12"] {
+        let (got, raw) = metadump(server.addr(), classes);
+        // memcached's crawler can pass over an item its LRU maintainer is moving at that
+        // moment (the one just fetched): asked again, it lists it.
+        let mut want = metadump(mc.addr, classes).0;
+        for _ in 0..50 {
+            if want == got {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            want = metadump(mc.addr, classes).0;
+        }
+        assert_eq!(got, want, "metadump {classes}");
+        if classes == "all" {
+            assert_eq!(want.len(), 3, "{want:?}");
+            // Times are the store clock's, absolute.
+            let raw = String::from_utf8_lossy(&raw).into_owned();
+            assert!(raw.contains(&format!("la={T0} ")), "{raw}");
+            assert!(raw.contains(&format!("exp={} ", T0 + 100)), "{raw}");
+        }
+    }
+    let _ = clock;
+    // With the crawler off, both refuse.
+    let mc = memcached(&["-o", "no_lru_crawler"]);
+    let (server, _clock) = start(IoModel::Reactor, |c| c.crawler = None);
+    for addr in [mc.addr, server.addr()] {
+        let mut s = connect(addr);
+        assert_eq!(
+            exchange(
+                &mut s,
+                b"lru_crawler metadump all\r\nlru_crawler crawl all\r\n",
+                b"disabled\r\nCLIENT_ERROR lru crawler disabled\r\n"
+            ),
+            b"CLIENT_ERROR lru crawler disabled\r\nCLIENT_ERROR lru crawler disabled\r\n"
+        );
+    }
+}
+
+/// `cache_memlimit` changes `limit_maxbytes` and `stats settings`' `maxbytes` at once,
+/// and a lower limit evicts down to it.
+#[test]
+fn cache_memlimit_changes_the_limit_at_run_time() {
+    let (server, _clock) = start(IoModel::Reactor, |c| c.memory_limit = 64 << 20);
+    let mut s = connect(server.addr());
+    let value = vec![b'v'; 100_000];
+    for i in 0..300 {
+        let mut req = format!("set k{i} 0 0 {}\r\n", value.len()).into_bytes();
+        req.extend_from_slice(&value);
+        req.extend_from_slice(b"\r\n");
+        assert_eq!(exchange(&mut s, &req, b"\r\n"), b"STORED\r\n");
+    }
+    let stats = server.store().stats();
+    assert_eq!(stats.curr_items, 300);
+    assert_eq!(
+        exchange(&mut s, b"cache_memlimit 8\r\n", b"\r\n"),
+        b"OK\r\n"
+    );
+    let stats = server.store().stats();
+    assert_eq!(stats.limit_maxbytes, 8 << 20);
+    assert!(stats.bytes <= 8 << 20, "{}", stats.bytes);
+    assert!(
+        stats.curr_items <= 84 && stats.evictions >= 216,
+        "{stats:?}"
+    );
+    let settings = exchange(&mut s, b"stats settings\r\n", b"END\r\n");
+    let settings = String::from_utf8_lossy(&settings);
+    assert!(settings.contains("STAT maxbytes 8388608\r\n"), "{settings}");
+    let all = exchange(&mut s, b"stats\r\n", b"END\r\n");
+    assert!(String::from_utf8_lossy(&all).contains("STAT limit_maxbytes 8388608\r\n"));
+}
