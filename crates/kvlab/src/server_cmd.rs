@@ -78,7 +78,7 @@ pub struct ServerArgs {
     crawler_interval_ms: u64,
     /// memcached's extended options, comma-separated; kvlab knows lru_crawler (the
     /// default), no_lru_crawler (same as --crawler-interval-ms 0), slab_reassign (the
-    /// default) and no_slab_reassign.
+    /// default), no_slab_reassign and idle_timeout=SECONDS.
     #[arg(short = 'o', long = "extended", value_delimiter = ',')]
     extended: Vec<String>,
     /// Enable the "shutdown" command (memcached's -A).
@@ -124,6 +124,7 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
 struct Extended {
     crawler: Option<CrawlerConfig>,
     slab_reassign: bool,
+    idle_timeout: Option<std::time::Duration>,
 }
 
 /// The `-o` options (and `--crawler-interval-ms`, which `-o lru_crawler` must agree
@@ -147,9 +148,15 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             ("no_lru_crawler", None) => on = false,
             ("slab_reassign", None) => out.slab_reassign = true,
             ("no_slab_reassign", None) => out.slab_reassign = false,
+            ("idle_timeout", Some(v)) => {
+                let secs: u64 = v
+                    .parse()
+                    .with_context(|| format!("-o idle_timeout={v}: not a number of seconds"))?;
+                out.idle_timeout = (secs > 0).then(|| std::time::Duration::from_secs(secs));
+            }
             _ => anyhow::bail!(
                 "unsupported -o option {opt:?} (kvlab knows lru_crawler, no_lru_crawler, \
-                 slab_reassign, no_slab_reassign)"
+                 slab_reassign, no_slab_reassign, idle_timeout=N)"
             ),
         }
     }
@@ -220,6 +227,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         admin_token: args.admin_token.clone(),
         crawler: ext.crawler,
         slab_reassign: ext.slab_reassign,
+        idle_timeout: ext.idle_timeout,
         shutdown_command: args.enable_shutdown,
         growth_factor: args.growth_factor,
         chunk_size: args.chunk_size,
@@ -290,5 +298,11 @@ mod tests {
         };
         assert!(o(&[]).unwrap().slab_reassign);
         assert!(!o(&["no_slab_reassign"]).unwrap().slab_reassign);
+        assert_eq!(
+            o(&["idle_timeout=5"]).unwrap().idle_timeout,
+            Some(std::time::Duration::from_secs(5))
+        );
+        assert_eq!(o(&["idle_timeout=0"]).unwrap().idle_timeout, None);
+        assert!(o(&["idle_timeout=x"]).is_err());
     }
 }

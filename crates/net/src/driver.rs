@@ -38,6 +38,61 @@ pub enum Pump {
     Blocked,
 }
 
+/// When connections idle past a timeout are closed: the driver stamps a connection with
+/// [`Idle::now`] when it serves it, and [`Idle::sweep_due`] says when to look for idle
+/// ones (about once a second; the clock is read once per loop round, not per request).
+pub(crate) struct Idle {
+    timeout: std::time::Duration,
+    now: std::time::Instant,
+    last_sweep: std::time::Instant,
+}
+
+impl Idle {
+    /// How often connections are checked.
+    pub(crate) const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+    pub(crate) fn new(timeout: Option<std::time::Duration>) -> Option<Idle> {
+        let now = std::time::Instant::now();
+        timeout.map(|timeout| Idle {
+            timeout,
+            now,
+            last_sweep: now,
+        })
+    }
+
+    /// Reads the clock (once per loop round).
+    pub(crate) fn tick(&mut self) {
+        self.now = std::time::Instant::now();
+    }
+
+    /// The time of this round.
+    pub(crate) fn now(&self) -> std::time::Instant {
+        self.now
+    }
+
+    /// Whether a second has passed since the last sweep (and starts a new one if so).
+    pub(crate) fn sweep_due(&mut self) -> bool {
+        if self.now.duration_since(self.last_sweep) < Self::EVERY {
+            return false;
+        }
+        self.last_sweep = self.now;
+        true
+    }
+
+    /// Whether a connection last served at `last` with `session` is to be closed: idle
+    /// past the timeout, with no reply owed or unsent. (Half a command line counts as
+    /// idle, as in memcached.)
+    pub(crate) fn expired<S: Service>(
+        &self,
+        last: std::time::Instant,
+        session: &Session<S>,
+    ) -> bool {
+        self.now.duration_since(last) > self.timeout
+            && !session.is_waiting()
+            && session.output().is_empty()
+    }
+}
+
 /// Moves bytes for one non-blocking connection until its input is drained or its output
 /// blocks.
 ///

@@ -52,6 +52,8 @@ struct Conn<A: App> {
     touched: bool,
     /// The socket may hold unread input (see [`driver::pump`]).
     readable: bool,
+    /// When it was last ready (with an idle timeout; see [`driver::Idle`]).
+    last_active: std::time::Instant,
 }
 
 /// Helper threads and the channel their results come back on.
@@ -79,6 +81,8 @@ pub struct EventLoop<A: App> {
     batch: Vec<WorkOf<A>>,
     batch_slots: Vec<(usize, u64, SlotId)>,
     batch_done: Vec<(usize, Completion)>,
+    /// The idle timeout's clock, when there is one.
+    idle: Option<driver::Idle>,
 }
 
 impl<A: App> EventLoop<A> {
@@ -99,7 +103,14 @@ impl<A: App> EventLoop<A> {
             batch: Vec::new(),
             batch_slots: Vec::new(),
             batch_done: Vec::new(),
+            idle: None,
         }
+    }
+
+    /// Connections idle longer than `timeout` are closed (see [`driver::Idle`]).
+    pub fn with_idle_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+        self.idle = driver::Idle::new(timeout);
+        self
     }
 
     /// Deferred work goes to `threads` helper threads, whose results wake the loop through
@@ -135,13 +146,20 @@ impl<A: App> EventLoop<A> {
         let mut events = Events::with_capacity(1024);
         while !self.app.stopping() {
             // Work collected while serving the last batch's replies runs without waiting.
-            let timeout = (!self.batch.is_empty()).then_some(std::time::Duration::ZERO);
+            let timeout = if !self.batch.is_empty() {
+                Some(std::time::Duration::ZERO)
+            } else {
+                self.idle.as_ref().map(|_| driver::Idle::EVERY)
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
                 tracing::error!(%e, "worker poll failed");
                 break;
+            }
+            if let Some(idle) = &mut self.idle {
+                idle.tick();
             }
             for event in events.iter() {
                 match event.token() {
@@ -153,14 +171,38 @@ impl<A: App> EventLoop<A> {
                     Token(i) => {
                         if let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) {
                             conn.readable = true;
+                            if let Some(idle) = &self.idle {
+                                conn.last_active = idle.now();
+                            }
                         }
                         self.serve(i);
                     }
                 }
             }
             self.run_batch();
+            self.close_idle();
         }
         self.close_all();
+    }
+
+    /// Closes the connections idle past the timeout, once a second.
+    fn close_idle(&mut self) {
+        let Some(idle) = self.idle.as_mut() else {
+            return;
+        };
+        if !idle.sweep_due() {
+            return;
+        }
+        for slot in 0..self.conns.len() {
+            let expired = match (&self.idle, &self.conns[slot]) {
+                (Some(idle), Some(c)) => idle.expired(c.last_active, &c.session),
+                _ => false,
+            };
+            if expired {
+                self.app.idle_kick();
+                self.drop_conn(slot);
+            }
+        }
     }
 
     /// Runs the work collected this round as one batch, completes it in its sessions, and
@@ -255,6 +297,10 @@ impl<A: App> EventLoop<A> {
             helper: None,
             touched: false,
             readable: true,
+            last_active: self
+                .idle
+                .as_ref()
+                .map_or_else(std::time::Instant::now, driver::Idle::now),
         });
         // Edge-triggered: data may already be waiting.
         self.serve(slot);

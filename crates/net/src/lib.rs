@@ -105,6 +105,9 @@ pub struct Config {
     pub threads: usize,
     /// Parsing limits of every session.
     pub limits: Limits,
+    /// Close a connection idle this long (memcached's `-o idle_timeout`): no request
+    /// and no reply in flight. Checked about once a second. `None`: never.
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 /// A running I/O driver.

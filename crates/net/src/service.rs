@@ -151,6 +151,10 @@ pub trait App: Send + Sync + 'static {
     /// Counts an admitted connection out.
     fn release(&self);
 
+    /// A connection is being closed for idling past the idle timeout (memcached counts
+    /// these as `idle_kicks`); [`App::release`] follows.
+    fn idle_kick(&self) {}
+
     /// Whether the driver's threads must stop (checked after every wake-up).
     fn stopping(&self) -> bool;
 }

@@ -61,13 +61,14 @@ impl SignalDriver {
         let wake_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || wake(&waker));
         let workers = (0..config.threads.max(1)).map(|i| app.helper(i)).collect();
         let pool = HelperPool::start("kvlab-helper", workers, done_tx, wake_fn)?;
-        let limits = config.limits;
+        let (limits, idle) = (config.limits, config.idle_timeout);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kvlab-signal".into())
             .spawn(move || {
                 match Loop::new(listener, wake_r, service, app, limits, pool, done_rx) {
                     Ok(mut l) => {
+                        l.idle = driver::Idle::new(idle);
                         let _ = ready_tx.send(Ok(()));
                         l.run();
                     }
@@ -153,6 +154,8 @@ struct Conn<A: App> {
     generation: u64,
     /// The helper running this connection's work while any is in flight.
     helper: Option<usize>,
+    /// When it was last served (with an idle timeout; see [`driver::Idle`]).
+    last_active: std::time::Instant,
 }
 
 struct Loop<A: App> {
@@ -170,6 +173,8 @@ struct Loop<A: App> {
     generation: u64,
     pool: HelperPool<WorkOf<A>>,
     done: mpsc::Receiver<Done>,
+    /// The idle timeout's clock, when there is one.
+    idle: Option<driver::Idle>,
 }
 
 impl<A: App> Loop<A> {
@@ -213,6 +218,7 @@ impl<A: App> Loop<A> {
             generation: 0,
             pool,
             done,
+            idle: None,
         })
     }
 
@@ -221,6 +227,22 @@ impl<A: App> Loop<A> {
         self.accept();
         let mut infos: [MaybeUninit<libc::signalfd_siginfo>; 64] = [MaybeUninit::uninit(); 64];
         while !self.app.stopping() {
+            if let Some(idle) = &mut self.idle {
+                // With an idle timeout, wait at most a second for signals, then look.
+                let mut pfd = libc::pollfd {
+                    fd: self.signalfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let ms = driver::Idle::EVERY.as_millis() as libc::c_int;
+                // SAFETY: one valid pollfd for the call's duration.
+                let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+                idle.tick();
+                if ready <= 0 {
+                    self.close_idle();
+                    continue;
+                }
+            }
             let want = size_of::<libc::signalfd_siginfo>() * infos.len();
             // SAFETY: reading into a buffer of `want` bytes; the kernel writes whole records.
             let n =
@@ -252,6 +274,7 @@ impl<A: App> Loop<A> {
                     self.serve(fd);
                 }
             }
+            self.close_idle();
         }
         for fd in 0..self.conns.len() {
             if let Some(conn) = self.conns[fd].as_mut() {
@@ -317,6 +340,10 @@ impl<A: App> Loop<A> {
                         session: Session::new(self.limits),
                         generation: self.generation,
                         helper: None,
+                        last_active: self
+                            .idle
+                            .as_ref()
+                            .map_or_else(std::time::Instant::now, driver::Idle::now),
                     });
                     // Bytes that came before O_ASYNC raised no signal.
                     self.serve(fd);
@@ -340,6 +367,9 @@ impl<A: App> Loop<A> {
             // A signal queued before its connection closed.
             return;
         };
+        if let Some(idle) = &self.idle {
+            conn.last_active = idle.now();
+        }
         let pumped = driver::pump(
             &mut conn.stream,
             &mut conn.session,
@@ -356,6 +386,26 @@ impl<A: App> Loop<A> {
             let helper = *conn.helper.get_or_insert_with(|| self.pool.pick());
             self.pool
                 .submit(helper, (fd as usize, conn.generation), id, work);
+        }
+    }
+
+    /// Closes the connections idle past the timeout, once a second.
+    fn close_idle(&mut self) {
+        let Some(idle) = self.idle.as_mut() else {
+            return;
+        };
+        if !idle.sweep_due() {
+            return;
+        }
+        for fd in 0..self.conns.len() {
+            let expired = match (&self.idle, &self.conns[fd]) {
+                (Some(idle), Some(c)) => idle.expired(c.last_active, &c.session),
+                _ => false,
+            };
+            if expired {
+                self.app.idle_kick();
+                self.drop_conn(fd as RawFd);
+            }
         }
     }
 

@@ -316,6 +316,7 @@ impl Proxy {
             kvlab_net::Config {
                 threads: workers,
                 limits: options.limits,
+                idle_timeout: None,
             },
         )?;
         let mut threads = Vec::new();

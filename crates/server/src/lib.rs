@@ -101,6 +101,8 @@ pub struct ServerConfig {
     pub chunk_size: u32,
     /// `-D`: the key prefix delimiter of `stats detail`; giving it turns detail on.
     pub prefix_delimiter: Option<u8>,
+    /// `-o idle_timeout=N`: close connections idle this long (counted in `idle_kicks`).
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 impl Default for ServerConfig {
@@ -124,6 +126,7 @@ impl Default for ServerConfig {
             growth_factor: 1.25,
             chunk_size: 48,
             prefix_delimiter: None,
+            idle_timeout: None,
         }
     }
 }
@@ -178,6 +181,10 @@ impl kvlab_net::App for Shared {
 
     fn release(&self) {
         self.stats.curr_connections.fetch_sub(1, Relaxed);
+    }
+
+    fn idle_kick(&self) {
+        self.stats.idle_kicks.fetch_add(1, Relaxed);
     }
 
     fn stopping(&self) -> bool {
@@ -265,6 +272,8 @@ impl Server {
             crawler_config: config.crawler,
             crawler: crawler_stats,
             admin: Arc::new(admin),
+            idle_timeout: config.idle_timeout,
+            idle_kicks: AtomicU64::new(0),
         });
         let limits = Limits {
             item_size_max: config.item_size_max,
@@ -301,6 +310,7 @@ impl Server {
         let net = kvlab_net::Config {
             threads: config.threads,
             limits,
+            idle_timeout: config.idle_timeout,
         };
         let driver = kvlab_net::Driver::start(config.io, listener, shared.clone(), net)?;
         Ok(Server {

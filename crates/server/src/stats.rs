@@ -136,6 +136,10 @@ pub struct ServerStats {
     pub crawler: Arc<CrawlerStats>,
     /// What the administration commands read and change.
     pub admin: Arc<AdminState>,
+    /// `-o idle_timeout`.
+    pub idle_timeout: Option<std::time::Duration>,
+    /// Connections closed for idling (memcached `idle_kicks`, shown with an idle timeout).
+    pub idle_kicks: AtomicU64,
 }
 
 /// `VERSION` reply: the memcached protocol level kvlab speaks, then kvlab's own version.
@@ -241,6 +245,9 @@ impl ServerStats {
                 load(&self.rejected_connections),
             ),
         ];
+        if self.idle_timeout.is_some() {
+            fields.push(Stat::count("idle_kicks", Counter, load(&self.idle_kicks)));
+        }
         fields.extend(WorkerStats::sums(
             self.workers
                 .iter()
@@ -300,6 +307,8 @@ impl ServerStats {
             crawler_config: None,
             crawler: Arc::default(),
             admin: Arc::new(AdminState::new(Arc::default())),
+            idle_timeout: None,
+            idle_kicks: AtomicU64::new(0),
         }
     }
 
@@ -345,7 +354,14 @@ impl ServerStats {
                 "detail_enabled",
                 yes_no(self.admin.detail.enabled()).to_string(),
             ),
-            ("slab_reassign", yes_no(self.admin.slab_reassign).to_string()),
+            (
+                "slab_reassign",
+                yes_no(self.admin.slab_reassign).to_string(),
+            ),
+            (
+                "idle_timeout",
+                self.idle_timeout.map_or(0, |t| t.as_secs()).to_string(),
+            ),
             (
                 "lru_crawler",
                 yes_no(self.admin.crawler.enabled()).to_string(),
@@ -369,6 +385,7 @@ impl ServerStats {
     pub fn reset(&self) {
         self.total_connections.store(0, Relaxed);
         self.rejected_connections.store(0, Relaxed);
+        self.idle_kicks.store(0, Relaxed);
         for w in self.workers.iter().chain([&self.http]) {
             w.reset();
         }

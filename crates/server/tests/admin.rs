@@ -190,3 +190,45 @@ fn cache_memlimit_changes_the_limit_at_run_time() {
     let all = exchange(&mut s, b"stats\r\n", b"END\r\n");
     assert!(String::from_utf8_lossy(&all).contains("STAT limit_maxbytes 8388608\r\n"));
 }
+
+/// Reads `stat`'s value from `stats`.
+fn stat(addr: std::net::SocketAddr, name: &str) -> Option<String> {
+    let mut s = connect(addr);
+    let all = exchange(&mut s, b"stats\r\n", b"END\r\n");
+    let all = String::from_utf8_lossy(&all).into_owned();
+    all.lines()
+        .find_map(|l| l.strip_prefix(&format!("STAT {name} ")).map(str::to_string))
+}
+
+/// `-o idle_timeout=1`: a connection holding half a command is closed without a word and
+/// counted in `idle_kicks`; the server goes on serving others. As memcached, under every
+/// I/O model.
+#[test]
+fn idle_connections_are_closed_after_the_idle_timeout() {
+    let mc = memcached(&["-o", "idle_timeout=1"]);
+    let mut servers = vec![];
+    for &io in IoModel::ALL {
+        servers.push((
+            io.name(),
+            start(io, |c| c.idle_timeout = Some(Duration::from_secs(1))),
+        ));
+    }
+    let mut addrs = vec![("memcached", mc.addr)];
+    addrs.extend(servers.iter().map(|(name, (s, _))| (*name, s.addr())));
+    for (name, addr) in addrs {
+        assert_eq!(stat(addr, "idle_kicks").as_deref(), Some("0"), "{name}");
+        let mut idle = connect(addr);
+        idle.set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("timeout");
+        // Half a command, then nothing: closed after a second or two.
+        let got = exchange(&mut idle, b"get k", b"<EOF>");
+        assert!(got == b"<EOF>" || got == b"<RESET>", "{name}: {got:?}");
+        assert_eq!(stat(addr, "idle_kicks").as_deref(), Some("1"), "{name}");
+        let mut s = connect(addr);
+        let settings = exchange(&mut s, b"stats settings\r\n", b"END\r\n");
+        assert!(
+            String::from_utf8_lossy(&settings).contains("STAT idle_timeout 1\r\n"),
+            "{name}"
+        );
+    }
+}
