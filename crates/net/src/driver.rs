@@ -108,7 +108,7 @@ impl Idle {
 ///
 /// With `inline`, deferred work runs here on the service's own worker; otherwise it stays in
 /// the session for the caller to hand to helper threads ([`Session::take_work`]).
-pub fn pump<T: Read + Write, S: Service>(
+pub fn pump<T: Read + Write + std::os::fd::AsFd, S: Service>(
     stream: &mut T,
     session: &mut Session<S>,
     service: &mut S,
@@ -121,6 +121,10 @@ pub fn pump<T: Read + Write, S: Service>(
             session.process_inline(service);
         } else {
             session.process(service);
+        }
+        if session.hands_off() && !session.is_waiting() {
+            hand_off(stream, session, service);
+            return Pump::Closed;
         }
         if !flush(stream, session, service) {
             return Pump::Closed;
@@ -160,6 +164,22 @@ pub fn pump<T: Read + Write, S: Service>(
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return Pump::Closed,
             }
+        }
+    }
+}
+
+/// A session that hands its connection off ([`crate::Flow::HandOff`]) gives the service
+/// its own descriptor of the socket and its unsent replies (the driver then drops its
+/// copy).
+pub(crate) fn hand_off<T: std::os::fd::AsFd, S: Service>(
+    stream: &T,
+    session: &Session<S>,
+    service: &mut S,
+) {
+    if session.hands_off() {
+        match stream.as_fd().try_clone_to_owned() {
+            Ok(fd) => service.take_over(fd, session.output()),
+            Err(e) => tracing::warn!(%e, "cannot hand a connection off"),
         }
     }
 }

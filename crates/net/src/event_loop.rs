@@ -302,6 +302,11 @@ impl<A: App> EventLoop<A> {
                 .as_ref()
                 .map_or_else(std::time::Instant::now, driver::Idle::now),
         });
+        if let Some(conn) = self.conns[slot].as_mut() {
+            use std::os::fd::AsRawFd;
+            conn.session
+                .opened(&mut self.service, conn.stream.as_raw_fd());
+        }
         // Edge-triggered: data may already be waiting.
         self.serve(slot);
     }

@@ -19,6 +19,11 @@ pub enum Flow<W> {
     Done,
     /// Flush what is composed, then close the connection (`quit`).
     Close,
+    /// Hand the socket, with the replies composed and not yet sent, to the service
+    /// ([`Service::take_over`]) instead of closing it, and read nothing more from it
+    /// (`watch`: the connection becomes a log stream written by someone else, who must
+    /// hear of every event after the request).
+    HandOff,
     /// The reply completes later, once `W` has run; [`Order`] says how the session waits.
     Defer(W, Order),
 }
@@ -117,6 +122,20 @@ pub trait Service: Send + 'static {
 
     /// Service times (ns) of the requests processed from one batch of input.
     fn record_service(&mut self, samples: &[u64]);
+
+    /// A connection on socket `fd` begins, with `conn` its state (a log line names the
+    /// client's socket, as memcached's `cfd=`).
+    fn opened(&mut self, conn: &mut Self::Conn, fd: std::os::fd::RawFd) {
+        let _ = (conn, fd);
+    }
+
+    /// Takes a connection's socket after [`Flow::HandOff`], with the replies composed
+    /// before it and not yet sent (`unsent`, to send first); its input is no longer read
+    /// and the driver forgets the connection. By default the socket is closed.
+    fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8]) {
+        let _ = unsent;
+        drop(socket);
+    }
 
     /// `n` bytes were read from a connection.
     fn bytes_read(&mut self, n: usize);

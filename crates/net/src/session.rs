@@ -62,6 +62,8 @@ pub struct Session<S: Service> {
     /// Bytes still to discard (the data of a refused value).
     swallow: usize,
     closing: bool,
+    /// Closing by handing the socket to the service ([`Flow::HandOff`]).
+    hand_off: bool,
     limits: Limits,
     /// Service times of the current batch (ns), reported to the service.
     samples: Vec<u64>,
@@ -87,6 +89,7 @@ impl<S: Service> Session<S> {
             written: 0,
             swallow: 0,
             closing: false,
+            hand_off: false,
             limits,
             samples: Vec::with_capacity(64),
             conn: S::Conn::default(),
@@ -172,6 +175,10 @@ impl<S: Service> Session<S> {
                     match service.call(&mut self.conn, &request, &mut self.output, rerun) {
                         Flow::Done => {}
                         Flow::Close => self.closing = true,
+                        Flow::HandOff => {
+                            self.closing = true;
+                            self.hand_off = true;
+                        }
                         Flow::Defer(work, order) if inline => {
                             match (work.run(service.worker()), order) {
                                 (Completion::Failed(reason), _) => {
@@ -378,6 +385,18 @@ impl<S: Service> Session<S> {
     /// Bytes held by the input buffer (its allocation), for bounds checks.
     pub fn input_capacity(&self) -> usize {
         self.input.capacity()
+    }
+
+    /// Tells the service that this session's connection is on socket `fd`
+    /// ([`Service::opened`]).
+    pub fn opened(&mut self, service: &mut S, fd: std::os::fd::RawFd) {
+        service.opened(&mut self.conn, fd);
+    }
+
+    /// Whether the socket goes to the service once the replies are out
+    /// ([`Flow::HandOff`]).
+    pub fn hands_off(&self) -> bool {
+        self.hand_off
     }
 
     /// Marks the session closing (e.g. server shutdown).

@@ -345,6 +345,9 @@ impl<A: App> Loop<A> {
                             .as_ref()
                             .map_or_else(std::time::Instant::now, driver::Idle::now),
                     });
+                    if let Some(conn) = self.conns[idx].as_mut() {
+                        conn.session.opened(&mut self.service, fd);
+                    }
                     // Bytes that came before O_ASYNC raised no signal.
                     self.serve(fd);
                 }

@@ -149,8 +149,16 @@ enum End {
 /// Blocking loop for one connection: read, process, write everything, repeat.
 fn serve<S: Service>(mut stream: std::net::TcpStream, mut service: S, limits: Limits) -> End {
     let mut session = Session::new(limits);
+    {
+        use std::os::fd::AsRawFd;
+        session.opened(&mut service, stream.as_raw_fd());
+    }
     loop {
         session.process_inline(&mut service);
+        if session.hands_off() {
+            driver::hand_off(&stream, &session, &mut service);
+            return End::Closed;
+        }
         if !session.output().is_empty() {
             match stream.write(session.output()) {
                 Ok(0) | Err(_) => return End::Closed,

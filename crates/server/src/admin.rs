@@ -19,6 +19,8 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::crawler::{self, CrawlerStats};
 use crate::detail::Detail;
+use crate::slabs::ClassEvictions;
+use crate::watch::Watchers;
 
 /// A request to stop the server (`shutdown`, a signal, `POST /shutdown`) and who waits
 /// for it.
@@ -66,13 +68,23 @@ pub struct AdminState {
     pub stop: Arc<StopRequest>,
     /// A `shutdown` was served (its connection closes; the server stops).
     pub shutting_down: AtomicBool,
+    /// `watch` log streams.
+    pub watchers: Arc<Watchers>,
+    /// Evictions by class (the store's eviction observer).
+    pub evictions: Arc<ClassEvictions>,
 }
 
 impl AdminState {
     /// Defaults as memcached's: no `shutdown`, slab reassign allowed, default classes,
     /// detail off with `:`, the crawler on.
     pub fn new(stop: Arc<StopRequest>) -> AdminState {
+        let watchers = Arc::new(Watchers::default());
         AdminState {
+            evictions: Arc::new(ClassEvictions::new(
+                SizeClasses::default(),
+                watchers.clone(),
+            )),
+            watchers,
             shutdown_command: false,
             slab_reassign: true,
             classes: SizeClasses::default(),

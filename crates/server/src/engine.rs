@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use kvlab_protocol::response::{self as r, push_i64, push_u64};
-use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey, Request, StoreCommand};
+use kvlab_protocol::{Admin, MetaCommand, MetaFlags, MetaKey, Request, StoreCommand, Watch};
 use kvlab_store::{
     ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
     SetStatus, Store,
@@ -16,6 +16,7 @@ use kvlab_store::{
 use crate::admin::{self, Next};
 pub use crate::cache::Blocking;
 use crate::cache::DiskRules;
+use crate::slabs;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
 
 /// Defers disk work the way the session must wait for it.
@@ -38,6 +39,10 @@ pub struct Engine {
     pub worker: Arc<WorkerStats>,
     /// When the store's disk is touched (read-through, persist before the reply).
     disk: DiskRules,
+    /// The socket of the connection whose request runs (for `watch` lines' `cfd=`).
+    cfd: i32,
+    /// The streams a `watch` asked for, until its socket is handed over.
+    watch: u16,
 }
 
 impl Engine {
@@ -48,6 +53,8 @@ impl Engine {
             store,
             server,
             worker,
+            cfd: -1,
+            watch: 0,
         }
     }
 
@@ -88,6 +95,7 @@ impl Engine {
                     if detail {
                         self.server.admin.detail.get(key, item.is_some());
                     }
+                    self.log_fetch(key, item.as_ref().map(|i| (i.value.len(), i.flags)));
                     if let Some(item) = item {
                         r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
                     }
@@ -106,6 +114,7 @@ impl Engine {
                     if detail {
                         self.server.admin.detail.get(key, item.is_some());
                     }
+                    self.log_fetch(key, item.as_ref().map(|i| (i.value.len(), i.flags)));
                     if let Some(item) = item {
                         r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
                         if self.disk.sync {
@@ -151,6 +160,7 @@ impl Engine {
                     new_cas: None,
                     invalidate: false,
                 });
+                self.log_store(key, status, command.name(), exptime, data.len(), flags);
                 let reply = match status {
                     SetStatus::Stored { .. } => r::STORED,
                     SetStatus::NotStored => r::NOT_STORED,
@@ -242,6 +252,21 @@ impl Engine {
                 self.server.slab_automove.store(u64::from(mode), Relaxed);
                 out.extend_from_slice(r::OK);
             }
+            Request::Admin(Admin::Watch { streams }) => {
+                let Some(streams) = streams else {
+                    out.extend_from_slice(r::ERROR);
+                    return Flow::Done;
+                };
+                // Replies composed before it leave first (memcached refuses a `watch`
+                // behind unsent replies); input after it is not read.
+                if self.server.admin.watchers.check_room().is_err() {
+                    out.extend_from_slice(b"WATCHER_TOO_MANY log watcher limit reached\r\n");
+                    return Flow::Done;
+                }
+                out.extend_from_slice(r::OK);
+                self.watch = streams;
+                return Flow::HandOff;
+            }
             Request::Admin(cmd) => {
                 if admin::execute(&self.server.admin, &self.store, cmd, out) == Next::Close {
                     return Flow::Close;
@@ -280,26 +305,13 @@ impl Engine {
             // memcached's per-size histogram is off unless `stats sizes_enable`; kvlab has none.
             Some(b"sizes") => r::stat(out, "sizes_status", "disabled"),
             Some(b"items") => {
-                let s = self.store.stats();
-                r::stat(out, "items:1:number", s.curr_items);
-                r::stat(out, "items:1:evicted", s.evictions);
-                r::stat(out, "items:1:evicted_unfetched", s.evicted_unfetched);
-                r::stat(out, "items:1:expired_unfetched", s.expired_unfetched);
-                r::stat(out, "items:1:reclaimed", s.reclaimed);
-                r::stat(out, "items:1:crawler_reclaimed", s.crawler_reclaimed);
-                r::stat(
-                    out,
-                    "items:1:crawler_items_checked",
-                    s.crawler_items_checked,
-                );
-                r::stat(out, "items:1:mem_requested", s.bytes);
+                let now = self.store.now_unix();
+                return slabs::stats_items(&self.store, &self.server.admin.evictions, now, out);
             }
             Some(b"slabs") => {
-                let s = self.store.stats();
-                r::stat(out, "1:used_chunks", s.curr_items);
-                r::stat(out, "1:mem_requested", s.bytes);
-                r::stat(out, "active_slabs", 1);
-                r::stat(out, "total_malloced", s.bytes);
+                let now = self.store.now_unix();
+                let classes = &self.server.admin.classes;
+                return slabs::stats_slabs(&self.store, classes, now, out);
             }
             Some(b"conns") => {
                 r::stat(
@@ -320,6 +332,62 @@ impl Engine {
             }
         }
         out.extend_from_slice(r::END);
+    }
+
+    /// `watch fetchers`: a lookup of `key` found an item of `(value bytes, flags)` or none.
+    fn log_fetch(&self, key: &[u8], found: Option<(usize, u32)>) {
+        let watchers = &self.server.admin.watchers;
+        if !watchers.watching(Watch::FETCHERS) {
+            return;
+        }
+        let (class, size) = match found {
+            Some((len, flags)) => (
+                self.server
+                    .admin
+                    .classes
+                    .class_of_item(key.len(), len, flags),
+                len,
+            ),
+            None => (0, 0),
+        };
+        watchers.fetch(key, found.is_some(), class, size, self.cfd);
+    }
+
+    /// `watch mutations`: a store command's outcome.
+    fn log_store(
+        &self,
+        key: &[u8],
+        status: SetStatus,
+        cmd: &[u8],
+        exptime: i64,
+        len: usize,
+        flags: u32,
+    ) {
+        let watchers = &self.server.admin.watchers;
+        if !watchers.watching(Watch::MUTATIONS) {
+            return;
+        }
+        let status = match status {
+            SetStatus::Stored { .. } => "stored",
+            SetStatus::NotStored => "not_stored",
+            SetStatus::Exists => "exists",
+            SetStatus::NotFound => "not_found",
+            SetStatus::TooLarge => "too_large",
+            SetStatus::OutOfMemory => "no_memory",
+        };
+        // Seconds from now, as memcached prints the item's expiry (0: none).
+        let ttl = match exptime {
+            t if t <= 0 => 0,
+            t if t <= kvlab_store::REALTIME_MAXDELTA => t,
+            t => t.saturating_sub(self.store.now_unix() as i64).max(0),
+        };
+        let class = self
+            .server
+            .admin
+            .classes
+            .class_of_item(key.len(), len, flags);
+        let cmd = std::str::from_utf8(cmd).unwrap_or("na");
+        watchers.store(key, status, cmd, ttl as u32, class, len, self.cfd);
     }
 
     /// Runs a meta command; returns whether it changed the key (to persist under `sync`).
@@ -395,7 +463,9 @@ impl Engine {
             recache: flags.recache,
             no_bump: flags.no_bump,
         };
-        let Some(hit) = key.with(|k| self.store.meta_get(k, &opts)) else {
+        let hit = key.with(|k| self.store.meta_get(k, &opts));
+        key.with(|k| self.log_fetch(k, hit.as_ref().map(|h| (h.item.value.len(), h.item.flags))));
+        let Some(hit) = hit else {
             if !flags.quiet {
                 out.extend_from_slice(b"EN");
                 echo_flags(out, key, flags, 0);
@@ -472,6 +542,15 @@ impl Engine {
                 invalidate: flags.invalidate,
             };
             let status = self.store.set(&req);
+            let cmd: &[u8] = match (mode, req.compare_cas) {
+                (SetMode::Set, Some(_)) => b"cas",
+                (SetMode::Set, None) => b"set",
+                (SetMode::Add, _) => b"add",
+                (SetMode::Replace, _) => b"replace",
+                (SetMode::Append, _) => b"append",
+                (SetMode::Prepend, _) => b"prepend",
+            };
+            self.log_store(k, status, cmd, req.exptime, data.len(), req.flags);
             // `N` with append/prepend: create the item when it is missing (autovivify).
             if status == SetStatus::NotStored
                 && matches!(mode, SetMode::Append | SetMode::Prepend)
@@ -643,9 +722,10 @@ fn echo_flags(out: &mut Vec<u8>, key: MetaKey<'_>, flags: &MetaFlags<'_>, cas: u
     }
 }
 
-/// The keys one request has read through so far (kept across its re-runs).
+/// A connection's state in the engine: the keys one request has read through so far
+/// (kept across its re-runs), and its socket (for `watch` lines).
 #[derive(Default)]
-pub struct Loaded(Vec<Vec<u8>>);
+pub struct Loaded(Vec<Vec<u8>>, i32);
 
 impl kvlab_net::Service for Engine {
     type Conn = Loaded;
@@ -661,12 +741,24 @@ impl kvlab_net::Service for Engine {
         if !rerun {
             loaded.0.clear();
         }
+        self.cfd = loaded.1;
         let flow = self.apply(req, out, &loaded.0);
         if let Flow::Defer(Blocking::Load(key), _) = &flow {
             // Runs again once `key` is in the cache: don't defer for it a second time.
             loaded.0.push(key.clone());
         }
         flow
+    }
+
+    fn opened(&mut self, conn: &mut Loaded, fd: std::os::fd::RawFd) {
+        conn.1 = fd;
+    }
+
+    fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8]) {
+        let streams = std::mem::take(&mut self.watch);
+        if let Err(e) = self.server.admin.watchers.add(socket, streams, unsent) {
+            tracing::warn!(?e, "cannot add a watcher");
+        }
     }
 
     fn worker(&mut self) -> &mut Arc<Store> {

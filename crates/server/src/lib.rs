@@ -10,6 +10,8 @@
 //!
 //! - [`admin`]: memcached's administration commands (`shutdown`, `cache_memlimit`,
 //!   `slabs reassign`, `stats detail` with [`detail`], `lru_crawler`);
+//! - [`slabs`]: `stats items` and `stats slabs` by memcached's size classes, and
+//!   evictions counted per class; [`watch`]: `watch` log streams;
 //! - [`cache`]: the durable cache's semantics (read-through, persist before the reply) and
 //!   its disk work, shared by the engine and the REST handlers;
 //! - [`engine`]: memcached command semantics over the store, reply composition; the
@@ -31,7 +33,9 @@ pub mod detail;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+pub mod slabs;
 pub mod stats;
+pub mod watch;
 
 use std::io;
 use std::net::SocketAddr;
@@ -250,6 +254,10 @@ impl Server {
         }
         admin.crawler = crawler::Control::new(config.crawler.is_some());
         let crawler_stats = admin.crawler_stats.clone();
+        admin.evictions = Arc::new(slabs::ClassEvictions::new(
+            admin.classes.clone(),
+            admin.watchers.clone(),
+        ));
         let crawler_control = admin.crawler.clone();
         let stats = Arc::new(ServerStats {
             started: Instant::now(),
@@ -279,6 +287,7 @@ impl Server {
             item_size_max: config.item_size_max,
             ..Limits::default()
         };
+        store.observe_evictions(stats.admin.evictions.clone());
         let shared = Arc::new(Shared {
             store,
             stats,
@@ -375,6 +384,7 @@ impl Server {
         if let Some(d) = self.driver.take() {
             d.stop();
         }
+        self.shared.stats.admin.watchers.stop();
         if let Some(m) = self.metrics.take() {
             m.stop();
         }

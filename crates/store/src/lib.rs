@@ -133,6 +133,7 @@
 mod classes;
 mod clock;
 mod durable;
+mod evicted;
 mod item;
 mod memory;
 mod policy;
@@ -146,6 +147,7 @@ mod wb;
 pub use classes::{SizeClasses, ITEM_HEADER, MAX_CLASSES};
 pub use clock::{Clock, ManualClock, SystemClock, REALTIME_MAXDELTA};
 pub use durable::{Durability, DurableConfig, ParseDurabilityError};
+pub use evicted::{Evicted, EvictionObserver};
 pub use item::{ExportedItem, ItemView, MetaView, Value, ITEM_OVERHEAD, MAX_KEY_LEN};
 pub use policy::{ParsePolicyError, Policy};
 pub use request::{

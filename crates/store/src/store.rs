@@ -1576,6 +1576,19 @@ impl Store {
         self.set_item(&req, Some(item.exptime()))
     }
 
+    /// The store clock's time, unix seconds.
+    pub fn now_unix(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// From now on `observer` hears of every eviction (under the evicted item's shard
+    /// lock; see [`crate::EvictionObserver`]).
+    pub fn observe_evictions(&self, observer: Arc<dyn crate::EvictionObserver>) {
+        for si in 0..self.shards.len() {
+            self.lock(si).observer = Some(observer.clone());
+        }
+    }
+
     /// Changes the memory limit at run time (memcached's `cache_memlimit`). A higher
     /// limit takes effect at once. A lower one evicts by the policy, a share of the
     /// excess from every shard per round (at most [`PER_VISIT`] items per shard lock),
