@@ -1237,10 +1237,11 @@ impl Store {
         DeleteStatus::Deleted
     }
 
-    /// `incr`/`decr` and meta `ma`. The value must be 1 to 20 ASCII digits fitting a
-    /// `u64`; the result is stored as plain decimal digits (memcached pads a shorter
-    /// result with spaces; this store does not), keeping flags, exptime (unless
-    /// `touch`) and item state, with a new CAS.
+    /// `incr`/`decr` and meta `ma`. The value is read as memcached reads it
+    /// ([`parse_counter`]); the result is stored as decimal digits, space-padded to the
+    /// old value's length when shorter (memcached rewrites such a value in place: `100`
+    /// decremented by 1 reads `99 `), keeping flags, exptime (unless `touch`) and item
+    /// state, with a new CAS.
     pub fn arith(&self, key: &[u8], req: &ArithRequest) -> ArithStatus {
         self.throttle();
         let now = self.now();
@@ -1263,7 +1264,7 @@ impl Store {
                         self.budget.release(reserved);
                         return ArithStatus::Exists;
                     }
-                    let Some(cur) = parse_u64(old.value()) else {
+                    let Some(cur) = parse_counter(old.value()) else {
                         self.budget.release(reserved);
                         return ArithStatus::NonNumeric;
                     };
@@ -1277,9 +1278,13 @@ impl Store {
                         Some(t) => self.stored_exptime(t),
                         None => Some(e.exptime),
                     };
+                    const SPACES: [u8; 20] = [b' '; 20];
+                    // A shorter result keeps the old length (at most 20 + spaces: a
+                    // longer old value is not a number memcached would read).
+                    let pad = old.value().len().saturating_sub(n).min(SPACES.len());
                     (
                         value,
-                        Block::new(key, &[&digits[..n]], old.flags()),
+                        Block::new(key, &[&digits[..n], &SPACES[..pad]], old.flags()),
                         exptime,
                         e.bits,
                     )
@@ -1693,16 +1698,40 @@ impl Drop for Store {
 }
 
 /// Parses 1 to 20 ASCII digits that fit a `u64`.
-fn parse_u64(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 20 {
+/// A counter's value as memcached reads it (`strtoull`, then its checks): leading
+/// whitespace, an optional sign (`-` only for zero), 1 or more digits fitting a `u64`,
+/// then the end or whitespace (anything after that whitespace is ignored).
+pub(crate) fn parse_counter(v: &[u8]) -> Option<u64> {
+    let space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r');
+    let start = v.iter().position(|&b| !space(b))?;
+    let mut rest = &v[start..];
+    let negative = match rest.first() {
+        Some(b'-') => true,
+        Some(b'+') => false,
+        _ => {
+            return digits_then_space(rest, space);
+        }
+    };
+    rest = &rest[1..];
+    let n = digits_then_space(rest, space)?;
+    if negative && n != 0 {
+        // strtoull negates it; memcached refuses a negative result with a `-` in it.
         return None;
     }
-    v.iter().try_fold(0u64, |acc, &b| {
-        if b.is_ascii_digit() {
-            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-        } else {
-            None
-        }
+    Some(n)
+}
+
+fn digits_then_space(v: &[u8], space: impl Fn(u8) -> bool) -> Option<u64> {
+    let end = v
+        .iter()
+        .position(|&b| !b.is_ascii_digit())
+        .unwrap_or(v.len());
+    if end == 0 || !(end == v.len() || space(v[end])) {
+        return None;
+    }
+    // strtoull: any number of leading zeros; overflow is an error.
+    v[..end].iter().try_fold(0u64, |acc, &b| {
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
     })
 }
 

@@ -124,6 +124,14 @@ pub fn table() -> Vec<Case> {
         case("incr non-numeric", b"set n 0 0 2\r\nab\r\nincr n 1\r\n", b"STORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n", SAME),
         case("incr too-long number", b"set n 0 0 21\r\n184467440737095516150\r\nincr n 1\r\n", b"STORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n", SAME),
         case("incr bad delta", b"incr n abc\r\nincr n -1\r\n", b"CLIENT_ERROR invalid numeric delta argument\r\nCLIENT_ERROR invalid numeric delta argument\r\n", SAME),
+        // A shorter result keeps the old length, space-padded (memcached rewrites the value
+        // in place), for incr and decr and ma alike.
+        case("decr pads a shorter result", b"set n 0 0 3\r\n100\r\ndecr n 1\r\nget n\r\nms c 3\r\n100\r\nma c MD v\r\nmg c v\r\n",
+            b"STORED\r\n99\r\nVALUE n 0 3\r\n99 \r\nEND\r\nHD\r\nVA 2\r\n99\r\nVA 3\r\n99 \r\n", SAME),
+        // memcached reads a counter with strtoull: leading whitespace, a `+`, leading zeros,
+        // and anything after a space are fine.
+        case("incr reads numbers as memcached", b"set n 0 0 2\r\n 5\r\nincr n 1\r\nget n\r\nset n 0 0 3\r\n5 x\r\nincr n 1\r\nset n 0 0 3\r\n+07\r\nincr n 1\r\nset n 0 0 2\r\n-0\r\nincr n 1\r\nset n 0 0 2\r\n-1\r\nincr n 1\r\n",
+            b"STORED\r\n6\r\nVALUE n 0 2\r\n6 \r\nEND\r\nSTORED\r\n6\r\nSTORED\r\n8\r\nSTORED\r\n1\r\nSTORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n", SAME),
         case("incr noreply", b"set n 0 0 1\r\n1\r\nincr n 1 noreply\r\nget n\r\n", b"STORED\r\nVALUE n 0 1\r\n2\r\nEND\r\n", SAME),
         // Delete, touch, flush, verbosity.
         case("delete", b"set k 0 0 1\r\nx\r\ndelete k\r\ndelete k\r\n", b"STORED\r\nDELETED\r\nNOT_FOUND\r\n", SAME),
@@ -147,6 +155,10 @@ pub fn table() -> Vec<Case> {
         case("bad data chunk", b"set k 0 0 3\r\nabcde\r\nget k\r\n", b"CLIENT_ERROR bad data chunk\r\nERROR\r\nEND\r\n", SAME),
         case("negative length", b"set k 0 0 -1\r\nget k\r\n", b"CLIENT_ERROR bad command line format\r\nEND\r\n", SAME),
         case("non-numeric length", b"set k 0 0 abc\r\n", b"CLIENT_ERROR bad command line format\r\n", SAME),
+        // Kept on purpose: memcached truncates a length past 2^31 to 32 bits (`set k 0 0
+        // 4294967297` reads one byte and stores it; this one waits for a block of the
+        // truncated size), which stores another length than asked and desynchronises the
+        // stream. kvlab refuses it as a bad line.
         case("absurd length", b"set k 0 0 99999999999999\r\nget k\r\n", b"CLIENT_ERROR bad command line format\r\nEND\r\n", OURS),
         case("object too large is swallowed", &too_large, b"SERVER_ERROR object too large for cache\r\nEND\r\n", SAME),
         case("a set too large drops the old value", &set_big, b"STORED\r\nSERVER_ERROR object too large for cache\r\nEND\r\n", SAME),
@@ -158,10 +170,15 @@ pub fn table() -> Vec<Case> {
         case("cas too large keeps it", &cas_big, b"STORED\r\nSERVER_ERROR object too large for cache\r\nVALUE k 0 2\r\nhi\r\nEND\r\n", SAME),
         case("wrong arity", b"set k 0 0\r\nset k 0 0 1 extra junk\r\nx\r\nincr k\r\ntouch k\r\n", b"ERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n", SAME),
         case("bad flags", b"set k abc 0 1\r\nx\r\nset k -1 0 1\r\nx\r\n", b"CLIENT_ERROR bad command line format\r\nERROR\r\nCLIENT_ERROR bad command line format\r\nERROR\r\n", SAME),
+        // Kept on purpose: memcached 1.6 takes flags up to 2^64-1 and silently keeps their
+        // low 32 bits (`set k 4294967296 …` then `get k` says flags 0), so the client reads
+        // back other flags than it stored. kvlab refuses flags it cannot keep.
         case("flags over 32 bits", b"set k 4294967296 0 1\r\nx\r\n", b"CLIENT_ERROR bad command line format\r\nERROR\r\n", OURS),
         case("cas without unique", b"cas k 0 0 1\r\nx\r\n", b"ERROR\r\nERROR\r\n", SAME),
         case("cas bad unique", b"cas k 0 0 1 abc\r\nx\r\n", b"CLIENT_ERROR bad command line format\r\nERROR\r\n", SAME),
-        case("control character in key", b"get a\x01b\r\n", b"CLIENT_ERROR bad command line format\r\n", OURS),
+        // The protocol asks clients not to, but memcached takes any byte but a space.
+        case("control characters in keys", b"get a\x01b\r\nset a\x01b 0 0 1\r\nx\r\nset c\x7f\td 0 0 1\r\ny\r\nget a\x01b c\x7f\td\r\n",
+            b"END\r\nSTORED\r\nSTORED\r\nVALUE a\x01b 0 1\r\nx\r\nVALUE c\x7f\td 0 1\r\ny\r\nEND\r\n", SAME),
         case("noreply silences argument errors", b"verbosity noreply\r\nverbosity foo bar my\r\nset k abc 0 1 noreply\r\nx\r\nincr k abc noreply\r\n", b"ERROR\r\nERROR\r\n", SAME),
         case("stats unknown group", b"stats nonsense\r\n", b"ERROR\r\n", SAME),
         // A long line that arrived whole is parsed like any other.

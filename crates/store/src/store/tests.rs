@@ -366,16 +366,20 @@ fn incr_decr() {
         (&*got.value, got.flags, got.exptime, got.cas),
         (&b"15"[..], 3, T0 + 50, cas)
     );
-    // decr to a shorter number: no padding.
+    // decr to a shorter number: space-padded to the old length, as memcached does.
     assert_eq!(arith_value(decr(&s, b"n", 6)), 9);
-    assert_eq!(val(&s, b"n").unwrap(), b"9");
+    assert_eq!(val(&s, b"n").unwrap(), b"9 ");
     // decr floors at 0.
     assert_eq!(arith_value(decr(&s, b"n", 100)), 0);
-    assert_eq!(val(&s, b"n").unwrap(), b"0");
+    assert_eq!(val(&s, b"n").unwrap(), b"0 ");
+    set(&s, b"n", b"5");
     // incr wraps at 2^64.
     set(&s, b"n", b"18446744073709551615");
     assert_eq!(arith_value(incr(&s, b"n", 2)), 1);
-    assert_eq!(val(&s, b"n").unwrap(), b"1");
+    assert_eq!(
+        val(&s, b"n").unwrap(),
+        format!("1{}", " ".repeat(19)).as_bytes()
+    );
     set(&s, b"n", b"18446744073709551615");
     assert_eq!(arith_value(incr(&s, b"n", u64::MAX)), u64::MAX - 1);
     let st = s.stats();
@@ -392,10 +396,9 @@ fn arith_non_numeric() {
         &b""[..],
         b"abc",
         b"12a",
-        b" 12",
         b"-1",
         b"18446744073709551616",
-        b"000000000000000000001",
+        b"x12",
     ] {
         set(&s, b"n", bad);
         assert_eq!(incr(&s, b"n", 1), ArithStatus::NonNumeric, "{bad:?}");
@@ -1618,4 +1621,26 @@ fn a_lowered_memory_limit_evicts_down_to_it_and_a_raised_one_admits_more() {
         set(&s, format!("n{i}").as_bytes(), &value);
     }
     assert_eq!(s.stats().evictions, ev);
+}
+
+#[test]
+fn counters_read_as_memcached_reads_them() {
+    for (v, want) in [
+        (&b"5"[..], Some(5)),
+        (b" 5", Some(5)),
+        (b"\t+5", Some(5)),
+        (b"5  ", Some(5)),
+        (b"5 x", Some(5)),
+        (b"-0", Some(0)),
+        (b"-5", None),
+        (b"5x", None),
+        (b"", None),
+        (b"  ", None),
+        (b"x5", None),
+        (b"18446744073709551615", Some(u64::MAX)),
+        (b"18446744073709551616", None),
+        (b"00000000000000000000001", Some(1)),
+    ] {
+        assert_eq!(parse_counter(v), want, "{:?}", String::from_utf8_lossy(v));
+    }
 }
