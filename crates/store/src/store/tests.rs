@@ -968,7 +968,7 @@ fn parse_and_format_numbers() {
     for v in [0, 9, 10, 12345, u64::MAX] {
         let n = format_u64(v, &mut buf);
         assert_eq!(&buf[..n], v.to_string().as_bytes());
-        assert_eq!(parse_u64(&buf[..n]), Some(v));
+        assert_eq!(parse_counter(&buf[..n]), Some(v));
     }
 }
 
