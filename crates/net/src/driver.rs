@@ -38,11 +38,12 @@ pub enum Pump {
     Blocked,
 }
 
-/// When connections idle past a timeout are closed: the driver stamps a connection with
-/// [`Idle::now`] when it serves it, and [`Idle::sweep_due`] says when to look for idle
-/// ones (about once a second; the clock is read once per loop round, not per request).
+/// Idle connections: the driver stamps a connection with [`Idle::now`] when it is ready,
+/// and [`Idle::sweep_due`] says when to look at them (about once a second; the clock is
+/// read once per loop round, not per request). One idle a second or more gives its
+/// buffers back ([`Session::shrink`]); one idle past the idle timeout, if any, is closed.
 pub(crate) struct Idle {
-    timeout: std::time::Duration,
+    timeout: Option<std::time::Duration>,
     now: std::time::Instant,
     last_sweep: std::time::Instant,
 }
@@ -51,13 +52,13 @@ impl Idle {
     /// How often connections are checked.
     pub(crate) const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-    pub(crate) fn new(timeout: Option<std::time::Duration>) -> Option<Idle> {
+    pub(crate) fn new(timeout: Option<std::time::Duration>) -> Idle {
         let now = std::time::Instant::now();
-        timeout.map(|timeout| Idle {
+        Idle {
             timeout,
             now,
             last_sweep: now,
-        })
+        }
     }
 
     /// Reads the clock (once per loop round).
@@ -87,9 +88,16 @@ impl Idle {
         last: std::time::Instant,
         session: &Session<S>,
     ) -> bool {
-        self.now.duration_since(last) > self.timeout
+        self.timeout
+            .is_some_and(|t| self.now.duration_since(last) > t)
             && !session.is_waiting()
             && session.output().is_empty()
+    }
+
+    /// Whether a connection last ready at `last` has been idle for a sweep interval (its
+    /// buffers can go back).
+    pub(crate) fn stale(&self, last: std::time::Instant) -> bool {
+        self.now.duration_since(last) >= Self::EVERY
     }
 }
 

@@ -81,8 +81,8 @@ pub struct EventLoop<A: App> {
     batch: Vec<WorkOf<A>>,
     batch_slots: Vec<(usize, u64, SlotId)>,
     batch_done: Vec<(usize, Completion)>,
-    /// The idle timeout's clock, when there is one.
-    idle: Option<driver::Idle>,
+    /// The clock of idle connections (buffers given back, the idle timeout).
+    idle: driver::Idle,
 }
 
 impl<A: App> EventLoop<A> {
@@ -103,7 +103,7 @@ impl<A: App> EventLoop<A> {
             batch: Vec::new(),
             batch_slots: Vec::new(),
             batch_done: Vec::new(),
-            idle: None,
+            idle: driver::Idle::new(None),
         }
     }
 
@@ -149,7 +149,7 @@ impl<A: App> EventLoop<A> {
             let timeout = if !self.batch.is_empty() {
                 Some(std::time::Duration::ZERO)
             } else {
-                self.idle.as_ref().map(|_| driver::Idle::EVERY)
+                Some(driver::Idle::EVERY)
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -158,9 +158,7 @@ impl<A: App> EventLoop<A> {
                 tracing::error!(%e, "worker poll failed");
                 break;
             }
-            if let Some(idle) = &mut self.idle {
-                idle.tick();
-            }
+            self.idle.tick();
             for event in events.iter() {
                 match event.token() {
                     WAKER => {
@@ -171,9 +169,7 @@ impl<A: App> EventLoop<A> {
                     Token(i) => {
                         if let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) {
                             conn.readable = true;
-                            if let Some(idle) = &self.idle {
-                                conn.last_active = idle.now();
-                            }
+                            conn.last_active = self.idle.now();
                         }
                         self.serve(i);
                     }
@@ -185,22 +181,21 @@ impl<A: App> EventLoop<A> {
         self.close_all();
     }
 
-    /// Closes the connections idle past the timeout, once a second.
+    /// Once a second: connections idle a while give their buffers back; those idle past
+    /// the idle timeout are closed.
     fn close_idle(&mut self) {
-        let Some(idle) = self.idle.as_mut() else {
-            return;
-        };
-        if !idle.sweep_due() {
+        if !self.idle.sweep_due() {
             return;
         }
         for slot in 0..self.conns.len() {
-            let expired = match (&self.idle, &self.conns[slot]) {
-                (Some(idle), Some(c)) => idle.expired(c.last_active, &c.session),
-                _ => false,
+            let Some(c) = self.conns[slot].as_mut() else {
+                continue;
             };
-            if expired {
+            if self.idle.expired(c.last_active, &c.session) {
                 self.app.idle_kick();
                 self.drop_conn(slot);
+            } else if self.idle.stale(c.last_active) {
+                c.session.shrink();
             }
         }
     }
@@ -297,10 +292,7 @@ impl<A: App> EventLoop<A> {
             helper: None,
             touched: false,
             readable: true,
-            last_active: self
-                .idle
-                .as_ref()
-                .map_or_else(std::time::Instant::now, driver::Idle::now),
+            last_active: self.idle.now(),
         });
         if let Some(conn) = self.conns[slot].as_mut() {
             use std::os::fd::AsRawFd;

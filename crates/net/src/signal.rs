@@ -69,6 +69,7 @@ impl SignalDriver {
                 match Loop::new(listener, wake_r, service, app, limits, pool, done_rx) {
                     Ok(mut l) => {
                         l.idle = driver::Idle::new(idle);
+                        l.idle_timeout = idle.is_some();
                         let _ = ready_tx.send(Ok(()));
                         l.run();
                     }
@@ -173,8 +174,10 @@ struct Loop<A: App> {
     generation: u64,
     pool: HelperPool<WorkOf<A>>,
     done: mpsc::Receiver<Done>,
-    /// The idle timeout's clock, when there is one.
-    idle: Option<driver::Idle>,
+    /// The clock of idle connections (buffers given back, the idle timeout).
+    idle: driver::Idle,
+    /// An idle timeout is set.
+    idle_timeout: bool,
 }
 
 impl<A: App> Loop<A> {
@@ -218,7 +221,8 @@ impl<A: App> Loop<A> {
             generation: 0,
             pool,
             done,
-            idle: None,
+            idle: driver::Idle::new(None),
+            idle_timeout: false,
         })
     }
 
@@ -227,8 +231,10 @@ impl<A: App> Loop<A> {
         self.accept();
         let mut infos: [MaybeUninit<libc::signalfd_siginfo>; 64] = [MaybeUninit::uninit(); 64];
         while !self.app.stopping() {
-            if let Some(idle) = &mut self.idle {
-                // With an idle timeout, wait at most a second for signals, then look.
+            if self.idle_timeout {
+                // With an idle timeout, wait at most a second for signals, then look at
+                // idle connections (without one, the sweep after each round of signals
+                // is enough to give idle buffers back: no extra system call per wake).
                 let mut pfd = libc::pollfd {
                     fd: self.signalfd.as_raw_fd(),
                     events: libc::POLLIN,
@@ -237,7 +243,7 @@ impl<A: App> Loop<A> {
                 let ms = driver::Idle::EVERY.as_millis() as libc::c_int;
                 // SAFETY: one valid pollfd for the call's duration.
                 let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
-                idle.tick();
+                self.idle.tick();
                 if ready <= 0 {
                     self.close_idle();
                     continue;
@@ -255,6 +261,7 @@ impl<A: App> Loop<A> {
                 tracing::error!(%e, "signalfd read failed");
                 break;
             }
+            self.idle.tick();
             let count = n as usize / size_of::<libc::signalfd_siginfo>();
             for info in &infos[..count] {
                 // SAFETY: the kernel filled the first `count` records.
@@ -340,10 +347,7 @@ impl<A: App> Loop<A> {
                         session: Session::new(self.limits),
                         generation: self.generation,
                         helper: None,
-                        last_active: self
-                            .idle
-                            .as_ref()
-                            .map_or_else(std::time::Instant::now, driver::Idle::now),
+                        last_active: self.idle.now(),
                     });
                     if let Some(conn) = self.conns[idx].as_mut() {
                         conn.session.opened(&mut self.service, fd);
@@ -370,9 +374,7 @@ impl<A: App> Loop<A> {
             // A signal queued before its connection closed.
             return;
         };
-        if let Some(idle) = &self.idle {
-            conn.last_active = idle.now();
-        }
+        conn.last_active = self.idle.now();
         let pumped = driver::pump(
             &mut conn.stream,
             &mut conn.session,
@@ -392,22 +394,21 @@ impl<A: App> Loop<A> {
         }
     }
 
-    /// Closes the connections idle past the timeout, once a second.
+    /// Once a second: connections idle a while give their buffers back; those idle past
+    /// the idle timeout are closed.
     fn close_idle(&mut self) {
-        let Some(idle) = self.idle.as_mut() else {
-            return;
-        };
-        if !idle.sweep_due() {
+        if !self.idle.sweep_due() {
             return;
         }
         for fd in 0..self.conns.len() {
-            let expired = match (&self.idle, &self.conns[fd]) {
-                (Some(idle), Some(c)) => idle.expired(c.last_active, &c.session),
-                _ => false,
+            let Some(c) = self.conns[fd].as_mut() else {
+                continue;
             };
-            if expired {
+            if self.idle.expired(c.last_active, &c.session) {
                 self.app.idle_kick();
                 self.drop_conn(fd as RawFd);
+            } else if self.idle.stale(c.last_active) {
+                c.session.shrink();
             }
         }
     }

@@ -486,3 +486,48 @@ fn evictions_are_counted_in_the_evicted_items_class() {
     );
     assert_eq!(text.lines().count() as u64, total);
 }
+
+/// Opens connections (at most 64) until one is refused; returns how many were served and
+/// the refused one's bytes.
+fn fill(addr: std::net::SocketAddr) -> (usize, Vec<u8>) {
+    let mut open = Vec::new();
+    for _ in 0..64 {
+        let mut s = connect(addr);
+        let got = exchange(&mut s, b"version\r\n", b"\r\n");
+        if got.starts_with(b"VERSION ") {
+            open.push(s);
+            continue;
+        }
+        let mut got = got;
+        got.extend(read_until(&mut s, b"<EOF>"));
+        return (open.len(), got);
+    }
+    (open.len(), Vec::new())
+}
+
+/// Over `-c`: `ERROR Too many open connections`, then the close, as memcached answers.
+/// (memcached counts its own descriptors against `-c` too, so it serves fewer clients
+/// than the number; kvlab serves exactly `-c` clients.)
+#[test]
+fn connections_over_the_limit_are_refused_as_memcached_refuses_them() {
+    let mc = memcached(&["-c", "30"]);
+    let (served, refused) = fill(mc.addr);
+    assert!(served >= 1, "{served}");
+    // The close may come as a reset: the refused client's request is left unread.
+    let refusal = |got: &[u8]| {
+        got == b"ERROR Too many open connections\r\n<EOF>"
+            || got == b"ERROR Too many open connections\r\n<RESET>"
+    };
+    assert!(refusal(&refused), "{:?}", String::from_utf8_lossy(&refused));
+    for &io in IoModel::ALL {
+        let (server, _clock) = start(io, |c| c.max_connections = 5);
+        let (served, refused) = fill(server.addr());
+        assert_eq!(served, 5, "{}", io.name());
+        assert!(
+            refusal(&refused),
+            "{}: {:?}",
+            io.name(),
+            String::from_utf8_lossy(&refused)
+        );
+    }
+}
