@@ -73,6 +73,9 @@ pub enum Probe {
     Version(SocketAddr),
     /// `GET /` over HTTP/1.1 answers `200`.
     HttpGet(SocketAddr),
+    /// `version\r\n` on the memcached protocol gets any reply line (a server that wants
+    /// authentication first answers `CLIENT_ERROR unauthenticated`).
+    Answers(SocketAddr),
 }
 
 impl Probe {
@@ -81,6 +84,7 @@ impl Probe {
         match *self {
             Probe::Version(addr) => probe_version(addr, timeout),
             Probe::HttpGet(addr) => probe_http(addr, timeout),
+            Probe::Answers(addr) => ask(addr, b"version\r\n", "", timeout),
         }
     }
 
@@ -88,6 +92,7 @@ impl Probe {
         match self {
             Probe::Version(a) => format!("`version` at {a}"),
             Probe::HttpGet(a) => format!("`GET /` at http://{a}"),
+            Probe::Answers(a) => format!("any reply to `version` at {a}"),
         }
     }
 }
@@ -302,7 +307,7 @@ impl Process {
     /// The address of its first memcached-protocol probe.
     pub fn addr(&self) -> Option<SocketAddr> {
         self.probes.iter().find_map(|p| match p {
-            Probe::Version(a) => Some(*a),
+            Probe::Version(a) | Probe::Answers(a) => Some(*a),
             Probe::HttpGet(_) => None,
         })
     }

@@ -94,6 +94,11 @@ pub struct ServerArgs {
     /// Key prefix delimiter for "stats detail" (giving it turns detail on).
     #[arg(short = 'D')]
     prefix_delimiter: Option<char>,
+    /// memcached's ASCII authentication: a file of user:password lines; a connection's
+    /// first command must be "set <key> <flags> <exptime> <length>" with "user password"
+    /// as its data, and every other request is refused until then.
+    #[arg(short = 'Y', long = "auth-file")]
+    auth_file: Option<std::path::PathBuf>,
     /// UDP port; kvlab serves TCP only, so only 0 (off, memcached's default) is accepted.
     #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
     udp_port: u16,
@@ -205,6 +210,10 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         None => None,
     };
     let ext = extended(args.crawler_interval_ms, &args.extended)?;
+    let auth = match &args.auth_file {
+        Some(path) => Some(kvlab_server::auth::AuthFile::load(path)?),
+        None => None,
+    };
     let memory_limit = args
         .memory_mb
         .checked_mul(1024 * 1024)
@@ -228,6 +237,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         crawler: ext.crawler,
         slab_reassign: ext.slab_reassign,
         idle_timeout: ext.idle_timeout,
+        auth,
         shutdown_command: args.enable_shutdown,
         growth_factor: args.growth_factor,
         chunk_size: args.chunk_size,

@@ -111,6 +111,18 @@ pub trait Service: Send + 'static {
     /// A request could not be parsed; the session has composed the error reply.
     fn protocol_error(&mut self, error: ProtocolError);
 
+    /// The reply to a request that could not be parsed when it is not memcached's usual
+    /// one for `error` (a connection that has not authenticated yet is told
+    /// `CLIENT_ERROR unauthenticated`, `noreply` or not). By default, the usual one.
+    fn error_reply(
+        &mut self,
+        conn: &mut Self::Conn,
+        error: ProtocolError,
+    ) -> Option<&'static [u8]> {
+        let _ = (conn, error);
+        None
+    }
+
     /// A `set` (or `ms` setting) was refused as too large: `key`'s old value must go too,
     /// as in memcached, so that no stale value stays readable. The error reply is already
     /// composed; work returned here holds it back until it completes (its reply bytes, if

@@ -261,8 +261,10 @@ impl<S: Service> Session<S> {
                     service.protocol_error(error);
                     tracing::debug!(%error, "bad request");
                     let hold = self.output.len();
-                    if !noreply {
-                        self.output.extend_from_slice(error.reply());
+                    match service.error_reply(&mut self.conn, error) {
+                        Some(reply) if !error.closes() => self.output.extend_from_slice(reply),
+                        _ if noreply => {}
+                        _ => self.output.extend_from_slice(error.reply()),
                     }
                     if let Some(key) = drops {
                         match service.drop_stale(&mut self.conn, key) {

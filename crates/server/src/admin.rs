@@ -17,6 +17,7 @@ use kvlab_protocol::{Admin, LruCrawler, ShutdownMode};
 use kvlab_store::{ScanCursor, SizeClasses, Store, MAX_CLASSES};
 use parking_lot::{Condvar, Mutex};
 
+use crate::auth::AuthFile;
 use crate::crawler::{self, CrawlerStats};
 use crate::detail::Detail;
 use crate::slabs::ClassEvictions;
@@ -70,6 +71,8 @@ pub struct AdminState {
     pub shutting_down: AtomicBool,
     /// `watch` log streams.
     pub watchers: Arc<Watchers>,
+    /// `-Y`: the users a connection must authenticate as first.
+    pub auth: Option<AuthFile>,
     /// Evictions by class (the store's eviction observer).
     pub evictions: Arc<ClassEvictions>,
 }
@@ -85,6 +88,7 @@ impl AdminState {
                 watchers.clone(),
             )),
             watchers,
+            auth: None,
             shutdown_command: false,
             slab_reassign: true,
             classes: SizeClasses::default(),

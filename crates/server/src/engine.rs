@@ -14,6 +14,7 @@ use kvlab_store::{
 };
 
 use crate::admin::{self, Next};
+use crate::auth::AuthFile;
 pub use crate::cache::Blocking;
 use crate::cache::DiskRules;
 use crate::slabs;
@@ -723,9 +724,45 @@ fn echo_flags(out: &mut Vec<u8>, key: MetaKey<'_>, flags: &MetaFlags<'_>, cas: u
 }
 
 /// A connection's state in the engine: the keys one request has read through so far
-/// (kept across its re-runs), and its socket (for `watch` lines).
+/// (kept across its re-runs), its socket (for `watch` lines), and whether it has
+/// authenticated (`-Y`).
 #[derive(Default)]
-pub struct Loaded(Vec<Vec<u8>>, i32);
+pub struct Loaded(Vec<Vec<u8>>, i32, bool);
+
+const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
+
+/// A request on a connection that has not authenticated (`-Y`): only a `set` whose data is
+/// `user password` is taken, as memcached's ASCII auth; returns whether it authenticated.
+fn authenticate(
+    auth: &AuthFile,
+    worker: &WorkerStats,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+) -> bool {
+    let Request::Store {
+        command: StoreCommand::Set,
+        data,
+        ..
+    } = *req
+    else {
+        out.extend_from_slice(UNAUTHENTICATED);
+        return false;
+    };
+    let Some((user, password)) = AuthFile::credentials(data) else {
+        out.extend_from_slice(b"CLIENT_ERROR bad authentication token format\r\n");
+        return false;
+    };
+    // As memcached counts: attempts whose data held a user and a password.
+    WorkerStats::add(&worker.auth_cmds, 1);
+    if auth.check(user, password) {
+        out.extend_from_slice(r::STORED);
+        true
+    } else {
+        WorkerStats::add(&worker.auth_errors, 1);
+        out.extend_from_slice(b"CLIENT_ERROR authentication failure\r\n");
+        false
+    }
+}
 
 impl kvlab_net::Service for Engine {
     type Conn = Loaded;
@@ -742,6 +779,12 @@ impl kvlab_net::Service for Engine {
             loaded.0.clear();
         }
         self.cfd = loaded.1;
+        if !loaded.2 {
+            if let Some(auth) = &self.server.admin.auth {
+                loaded.2 = authenticate(auth, &self.worker, req, out);
+                return Flow::Done;
+            }
+        }
         let flow = self.apply(req, out, &loaded.0);
         if let Flow::Defer(Blocking::Load(key), _) = &flow {
             // Runs again once `key` is in the cache: don't defer for it a second time.
@@ -772,7 +815,23 @@ impl kvlab_net::Service for Engine {
         }
     }
 
-    fn drop_stale(&mut self, _: &mut Loaded, key: kvlab_protocol::MetaKey<'_>) -> Option<Blocking> {
+    fn error_reply(
+        &mut self,
+        conn: &mut Loaded,
+        _: kvlab_protocol::ProtocolError,
+    ) -> Option<&'static [u8]> {
+        (self.server.admin.auth.is_some() && !conn.2).then_some(UNAUTHENTICATED)
+    }
+
+    fn drop_stale(
+        &mut self,
+        conn: &mut Loaded,
+        key: kvlab_protocol::MetaKey<'_>,
+    ) -> Option<Blocking> {
+        if self.server.admin.auth.is_some() && !conn.2 {
+            // Nothing changes for a connection that has not authenticated.
+            return None;
+        }
         // The old value goes, as in memcached; under `--durability sync` the removal is on
         // disk before the error reply leaves.
         key.with(|key| {

@@ -12,6 +12,7 @@
 //!   `slabs reassign`, `stats detail` with [`detail`], `lru_crawler`);
 //! - [`slabs`]: `stats items` and `stats slabs` by memcached's size classes, and
 //!   evictions counted per class; [`watch`]: `watch` log streams;
+//! - [`auth`]: memcached's ASCII authentication (`-Y`);
 //! - [`cache`]: the durable cache's semantics (read-through, persist before the reply) and
 //!   its disk work, shared by the engine and the REST handlers;
 //! - [`engine`]: memcached command semantics over the store, reply composition; the
@@ -27,6 +28,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod admin;
+pub mod auth;
 pub mod cache;
 pub mod crawler;
 pub mod detail;
@@ -107,6 +109,8 @@ pub struct ServerConfig {
     pub prefix_delimiter: Option<u8>,
     /// `-o idle_timeout=N`: close connections idle this long (counted in `idle_kicks`).
     pub idle_timeout: Option<std::time::Duration>,
+    /// `-Y FILE`: connections must authenticate as one of these users first.
+    pub auth: Option<auth::AuthFile>,
 }
 
 impl Default for ServerConfig {
@@ -131,6 +135,7 @@ impl Default for ServerConfig {
             chunk_size: 48,
             prefix_delimiter: None,
             idle_timeout: None,
+            auth: None,
         }
     }
 }
@@ -244,6 +249,7 @@ impl Server {
         let mut admin = AdminState::new(Arc::default());
         admin.shutdown_command = config.shutdown_command;
         admin.slab_reassign = config.slab_reassign;
+        admin.auth = config.auth.clone();
         admin.classes = SizeClasses::new(
             config.growth_factor,
             config.chunk_size,

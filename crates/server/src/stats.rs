@@ -65,6 +65,10 @@ worker_counters! {
     bytes_written,
     /// Requests answered with a protocol error.
     protocol_errors,
+    /// Authentication attempts (`-Y`).
+    auth_cmds,
+    /// Failed authentication attempts (`-Y`).
+    auth_errors,
 }
 
 impl WorkerStats {
@@ -357,6 +361,10 @@ impl ServerStats {
             (
                 "slab_reassign",
                 yes_no(self.admin.slab_reassign).to_string(),
+            ),
+            (
+                "auth_enabled_ascii",
+                yes_no(self.admin.auth.is_some()).to_string(),
             ),
             (
                 "idle_timeout",

@@ -531,3 +531,65 @@ fn connections_over_the_limit_are_refused_as_memcached_refuses_them() {
         );
     }
 }
+
+/// `-Y`: before a `set` with `user password` as its data, every request is refused with
+/// memcached's words (bad input too) and changes nothing; a wrong password is refused and
+/// counted; afterwards everything works. Compared with memcached `-Y`, every I/O model.
+#[test]
+fn ascii_auth_refuses_everything_until_a_user_authenticates() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("auth");
+    std::fs::write(&file, "alice:s3cret\nbob:hunter2\n").expect("write");
+    let mc = memcached(&["-Y", file.to_str().expect("utf-8")]);
+    let users = kvlab_server::auth::AuthFile::load(&file).expect("loads");
+    let mut servers = vec![];
+    for &io in IoModel::ALL {
+        let users = users.clone();
+        servers.push((io.name(), start(io, move |c| c.auth = Some(users))));
+    }
+    let mut addrs = vec![("memcached", mc.addr)];
+    addrs.extend(servers.iter().map(|(n, (s, _))| (*n, s.addr())));
+    // One at a time: memcached loses all but the last of several refusals pipelined in one
+    // read (they overwrite each other); kvlab answers each.
+    let before: [(&[u8], &[u8]); 7] = [
+        (b"get k\r\n", b"CLIENT_ERROR unauthenticated\r\n"),
+        (b"version\r\n", b"CLIENT_ERROR unauthenticated\r\n"),
+        (b"bogus\r\n", b"CLIENT_ERROR unauthenticated\r\n"),
+        (b"delete k noreply\r\n", b"CLIENT_ERROR unauthenticated\r\n"),
+        (
+            b"set k 0 0 12\r\nalice wrong!\r\n",
+            b"CLIENT_ERROR authentication failure\r\n",
+        ),
+        (
+            b"set k 0 0 5\r\nalice\r\n",
+            b"CLIENT_ERROR bad authentication token format\r\n",
+        ),
+        (
+            b"set k 0 0 1 noreply\r\nx\r\n",
+            b"CLIENT_ERROR bad authentication token format\r\n",
+        ),
+    ];
+    let login: &[u8] = b"set anykey 0 0 11\r\nbob hunter2\r\n";
+    for (name, addr) in addrs {
+        let mut s = connect(addr);
+        for (req, want) in before {
+            let got = exchange(&mut s, req, b"\r\n");
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(want),
+                "{name}: {}",
+                String::from_utf8_lossy(req)
+            );
+        }
+        assert_eq!(exchange(&mut s, login, b"\r\n"), b"STORED\r\n", "{name}");
+        assert_eq!(
+            exchange(&mut s, b"set k 0 0 1\r\nv\r\nget k anykey\r\n", b"END\r\n"),
+            b"STORED\r\nVALUE k 0 1\r\nv\r\nEND\r\n",
+            "{name}: the auth set stored nothing"
+        );
+        let stats = exchange(&mut s, b"stats\r\n", b"END\r\n");
+        let stats = String::from_utf8_lossy(&stats);
+        assert!(stats.contains("STAT auth_cmds 2\r\n"), "{name}: {stats}");
+        assert!(stats.contains("STAT auth_errors 1\r\n"), "{name}: {stats}");
+    }
+}
