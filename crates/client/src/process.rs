@@ -76,6 +76,8 @@ pub enum Probe {
     /// `version\r\n` on the memcached protocol gets any reply line (a server that wants
     /// authentication first answers `CLIENT_ERROR unauthenticated`).
     Answers(SocketAddr),
+    /// A TCP connection is accepted (a TLS port, where a plaintext request gets no reply).
+    Connects(SocketAddr),
 }
 
 impl Probe {
@@ -85,6 +87,8 @@ impl Probe {
             Probe::Version(addr) => probe_version(addr, timeout),
             Probe::HttpGet(addr) => probe_http(addr, timeout),
             Probe::Answers(addr) => ask(addr, b"version\r\n", "", timeout),
+            Probe::Connects(addr) => std::net::TcpStream::connect_timeout(&addr, timeout)
+                .map(|_| format!("connected to {addr}")),
         }
     }
 
@@ -93,6 +97,7 @@ impl Probe {
             Probe::Version(a) => format!("`version` at {a}"),
             Probe::HttpGet(a) => format!("`GET /` at http://{a}"),
             Probe::Answers(a) => format!("any reply to `version` at {a}"),
+            Probe::Connects(a) => format!("a connection to {a}"),
         }
     }
 }
@@ -307,7 +312,7 @@ impl Process {
     /// The address of its first memcached-protocol probe.
     pub fn addr(&self) -> Option<SocketAddr> {
         self.probes.iter().find_map(|p| match p {
-            Probe::Version(a) | Probe::Answers(a) => Some(*a),
+            Probe::Version(a) | Probe::Answers(a) | Probe::Connects(a) => Some(*a),
             Probe::HttpGet(_) => None,
         })
     }

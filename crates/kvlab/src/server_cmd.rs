@@ -99,6 +99,11 @@ pub struct ServerArgs {
     /// as its data, and every other request is refused until then.
     #[arg(short = 'Y', long = "auth-file")]
     auth_file: Option<std::path::PathBuf>,
+    /// TLS on the memcached port (memcached's -Z), with -o ssl_chain_cert=FILE,
+    /// ssl_key=FILE and optionally ssl_ca_cert=FILE, ssl_verify_mode=0..3 (client
+    /// certificates: 0 none, 1 optional, 2 and 3 required).
+    #[arg(short = 'Z', long = "enable-ssl")]
+    enable_ssl: bool,
     /// UDP port; kvlab serves TCP only, so only 0 (off, memcached's default) is accepted.
     #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
     udp_port: u16,
@@ -130,6 +135,7 @@ struct Extended {
     crawler: Option<CrawlerConfig>,
     slab_reassign: bool,
     idle_timeout: Option<std::time::Duration>,
+    tls: kvlab_server::tls::TlsSettings,
 }
 
 /// The `-o` options (and `--crawler-interval-ms`, which `-o lru_crawler` must agree
@@ -153,6 +159,15 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             ("no_lru_crawler", None) => on = false,
             ("slab_reassign", None) => out.slab_reassign = true,
             ("no_slab_reassign", None) => out.slab_reassign = false,
+            ("ssl_chain_cert", Some(v)) => out.tls.chain_cert = Some(v.into()),
+            ("ssl_key", Some(v)) => out.tls.key = Some(v.into()),
+            ("ssl_ca_cert", Some(v)) => out.tls.ca_cert = Some(v.into()),
+            ("ssl_verify_mode", Some(v)) => {
+                out.tls.verify_mode = match v.parse() {
+                    Ok(m @ 0..=3) => m,
+                    _ => anyhow::bail!("-o ssl_verify_mode={v}: 0, 1, 2 or 3"),
+                }
+            }
             ("idle_timeout", Some(v)) => {
                 let secs: u64 = v
                     .parse()
@@ -161,7 +176,8 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             }
             _ => anyhow::bail!(
                 "unsupported -o option {opt:?} (kvlab knows lru_crawler, no_lru_crawler, \
-                 slab_reassign, no_slab_reassign, idle_timeout=N)"
+                 slab_reassign, no_slab_reassign, idle_timeout=N, ssl_chain_cert=, \
+                 ssl_key=, ssl_ca_cert=, ssl_verify_mode=)"
             ),
         }
     }
@@ -238,6 +254,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         slab_reassign: ext.slab_reassign,
         idle_timeout: ext.idle_timeout,
         auth,
+        tls: args.enable_ssl.then(|| ext.tls.clone()),
         shutdown_command: args.enable_shutdown,
         growth_factor: args.growth_factor,
         chunk_size: args.chunk_size,

@@ -54,6 +54,8 @@ struct Conn<A: App> {
     readable: bool,
     /// When it was last ready (with an idle timeout; see [`driver::Idle`]).
     last_active: std::time::Instant,
+    /// Its TLS state, when the server serves TLS.
+    tls: Option<Box<rustls::ServerConnection>>,
 }
 
 /// Helper threads and the channel their results come back on.
@@ -83,6 +85,8 @@ pub struct EventLoop<A: App> {
     batch_done: Vec<(usize, Completion)>,
     /// The clock of idle connections (buffers given back, the idle timeout).
     idle: driver::Idle,
+    /// Serve TLS with this configuration.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl<A: App> EventLoop<A> {
@@ -104,7 +108,14 @@ impl<A: App> EventLoop<A> {
             batch_slots: Vec::new(),
             batch_done: Vec::new(),
             idle: driver::Idle::new(None),
+            tls: None,
         }
+    }
+
+    /// Every connection speaks TLS with `config` (see [`crate::tls`]).
+    pub fn with_tls(mut self, config: Option<Arc<rustls::ServerConfig>>) -> Self {
+        self.tls = config;
+        self
     }
 
     /// Connections idle longer than `timeout` are closed (see [`driver::Idle`]).
@@ -272,6 +283,17 @@ impl<A: App> EventLoop<A> {
     }
 
     fn adopt(&mut self, mut stream: TcpStream) {
+        let tls = match &self.tls {
+            Some(config) => match rustls::ServerConnection::new(config.clone()) {
+                Ok(c) => Some(Box::new(c)),
+                Err(e) => {
+                    tracing::warn!(%e, "cannot start TLS on a connection");
+                    self.app.release();
+                    return;
+                }
+            },
+            None => None,
+        };
         let slot = self.free.pop().unwrap_or_else(|| {
             self.conns.push(None);
             self.conns.len() - 1
@@ -293,11 +315,13 @@ impl<A: App> EventLoop<A> {
             touched: false,
             readable: true,
             last_active: self.idle.now(),
+            tls,
         });
         if let Some(conn) = self.conns[slot].as_mut() {
             use std::os::fd::AsRawFd;
+            let fd = conn.stream.as_raw_fd();
             conn.session
-                .opened(&mut self.service, conn.stream.as_raw_fd());
+                .opened(&mut self.service, fd, conn.tls.is_some());
         }
         // Edge-triggered: data may already be waiting.
         self.serve(slot);
@@ -309,13 +333,39 @@ impl<A: App> EventLoop<A> {
         };
         let batched = self.helpers.is_none() && <WorkOf<A> as Work>::BATCH > 1;
         let inline = self.helpers.is_none() && !batched;
-        let pumped = driver::pump(
-            &mut conn.stream,
-            &mut conn.session,
-            &mut self.service,
-            inline,
-            &mut conn.readable,
-        );
+        let pumped = match conn.tls.as_deref_mut() {
+            Some(tls) => {
+                // Ciphertext left over from the last write goes first.
+                let flushed = match crate::tls::flush(tls, &mut conn.stream) {
+                    Ok(()) => true,
+                    Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+                };
+                let pumped = if flushed {
+                    let mut stream = crate::tls::TlsStream::new(&mut conn.stream, tls);
+                    driver::pump(
+                        &mut stream,
+                        &mut conn.session,
+                        &mut self.service,
+                        inline,
+                        &mut conn.readable,
+                    )
+                } else {
+                    Pump::Closed
+                };
+                match pumped {
+                    // Ciphertext still queued: wait until the socket takes it.
+                    Pump::Idle if crate::tls::pending(tls) => Pump::Blocked,
+                    p => p,
+                }
+            }
+            None => driver::pump(
+                &mut conn.stream,
+                &mut conn.session,
+                &mut self.service,
+                inline,
+                &mut conn.readable,
+            ),
+        };
         let keep = match pumped {
             Pump::Closed => false,
             Pump::Idle => arm_writable(conn, &self.poll, Token(slot), false),
@@ -360,7 +410,13 @@ impl<A: App> EventLoop<A> {
     fn close_all(&mut self) {
         for slot in 0..self.conns.len() {
             if let Some(conn) = self.conns[slot].as_mut() {
-                driver::flush_on_close(&mut conn.stream, &conn.session);
+                match conn.tls.as_deref_mut() {
+                    Some(tls) => {
+                        let mut stream = crate::tls::TlsStream::new(&mut conn.stream, tls);
+                        driver::flush_on_close(&mut stream, &conn.session);
+                    }
+                    None => driver::flush_on_close(&mut conn.stream, &conn.session),
+                }
             }
             self.drop_conn(slot);
         }

@@ -57,12 +57,14 @@ impl Reactor {
             wakers.push(waker);
             let service = app.service(i);
             let (app, limits, idle) = (app.clone(), config.limits, config.idle_timeout);
+            let tls = config.tls.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("kvlab-worker-{i}"))
                     .spawn(move || {
                         EventLoop::new(poll, service, app, limits)
                             .with_idle_timeout(idle)
+                            .with_tls(tls)
                             .with_incoming(rx)
                             .run()
                     })?,

@@ -135,10 +135,11 @@ pub trait Service: Send + 'static {
     /// Service times (ns) of the requests processed from one batch of input.
     fn record_service(&mut self, samples: &[u64]);
 
-    /// A connection on socket `fd` begins, with `conn` its state (a log line names the
-    /// client's socket, as memcached's `cfd=`).
-    fn opened(&mut self, conn: &mut Self::Conn, fd: std::os::fd::RawFd) {
-        let _ = (conn, fd);
+    /// A connection on socket `fd` begins (over TLS if `tls`), with `conn` its state (a
+    /// log line names the client's socket, as memcached's `cfd=`; a TLS connection cannot
+    /// be handed off as a plain socket).
+    fn opened(&mut self, conn: &mut Self::Conn, fd: std::os::fd::RawFd, tls: bool) {
+        let _ = (conn, fd, tls);
     }
 
     /// Takes a connection's socket after [`Flow::HandOff`], with the replies composed

@@ -419,10 +419,10 @@ impl<S: Service> Session<S> {
         self.input.capacity()
     }
 
-    /// Tells the service that this session's connection is on socket `fd`
+    /// Tells the service that this session's connection is on socket `fd`, over TLS or not
     /// ([`Service::opened`]).
-    pub fn opened(&mut self, service: &mut S, fd: std::os::fd::RawFd) {
-        service.opened(&mut self.conn, fd);
+    pub fn opened(&mut self, service: &mut S, fd: std::os::fd::RawFd, tls: bool) {
+        service.opened(&mut self.conn, fd, tls);
     }
 
     /// Whether the socket goes to the service once the replies are out

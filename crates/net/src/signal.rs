@@ -350,7 +350,7 @@ impl<A: App> Loop<A> {
                         last_active: self.idle.now(),
                     });
                     if let Some(conn) = self.conns[idx].as_mut() {
-                        conn.session.opened(&mut self.service, fd);
+                        conn.session.opened(&mut self.service, fd, false);
                     }
                     // Bytes that came before O_ASYNC raised no signal.
                     self.serve(fd);

@@ -65,7 +65,7 @@ impl Threaded {
             .name("kvlab-acceptor".into())
             .spawn(move || {
                 driver::accept_loop(poll, listener, &*app, |stream| {
-                    spawn_conn(stream, &app, config, &reg)
+                    spawn_conn(stream, &app, &config, &reg)
                 })
             })?;
         Ok(Threaded {
@@ -94,7 +94,7 @@ impl Threaded {
 fn spawn_conn<A: App>(
     stream: mio::net::TcpStream,
     app: &Arc<A>,
-    config: Config,
+    config: &Config,
     reg: &Arc<Registry>,
 ) -> bool {
     // SAFETY: `into_raw_fd` hands over sole ownership of a valid socket descriptor.
@@ -113,10 +113,27 @@ fn spawn_conn<A: App>(
     reg.streams.lock().insert(id, clone);
     let service = app.service(id as usize);
     let (app2, reg2) = (app.clone(), reg.clone());
+    let (limits, tls) = (config.limits, config.tls.clone());
     let spawned = std::thread::Builder::new()
         .name(format!("kvlab-conn-{id}"))
         .spawn(move || {
-            if serve(stream, service, config.limits) == End::Idle {
+            use std::os::fd::AsRawFd;
+            let fd = stream.as_raw_fd();
+            let end = match tls {
+                Some(config) => match rustls::ServerConnection::new(config) {
+                    Ok(conn) => {
+                        let stream =
+                            crate::tls::BlockingTls(rustls::StreamOwned::new(conn, stream));
+                        serve(stream, service, limits, fd, true)
+                    }
+                    Err(e) => {
+                        tracing::warn!(%e, "cannot start TLS on a connection");
+                        End::Closed
+                    }
+                },
+                None => serve(stream, service, limits, fd, false),
+            };
+            if end == End::Idle {
                 app2.idle_kick();
             }
             reg2.streams.lock().remove(&id);
@@ -146,13 +163,17 @@ enum End {
     Idle,
 }
 
-/// Blocking loop for one connection: read, process, write everything, repeat.
-fn serve<S: Service>(mut stream: std::net::TcpStream, mut service: S, limits: Limits) -> End {
+/// Blocking loop for one connection (socket `fd`, over TLS if `tls`): read, process,
+/// write everything, repeat.
+fn serve<T: Read + Write + std::os::fd::AsFd, S: Service>(
+    mut stream: T,
+    mut service: S,
+    limits: Limits,
+    fd: std::os::fd::RawFd,
+    tls: bool,
+) -> End {
     let mut session = Session::new(limits);
-    {
-        use std::os::fd::AsRawFd;
-        session.opened(&mut service, stream.as_raw_fd());
-    }
+    session.opened(&mut service, fd, tls);
     loop {
         session.process_inline(&mut service);
         if session.hands_off() {

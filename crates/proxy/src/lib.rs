@@ -317,6 +317,7 @@ impl Proxy {
                 threads: workers,
                 limits: options.limits,
                 idle_timeout: None,
+                tls: None,
             },
         )?;
         let mut threads = Vec::new();

@@ -73,6 +73,8 @@ pub struct AdminState {
     pub watchers: Arc<Watchers>,
     /// `-Y`: the users a connection must authenticate as first.
     pub auth: Option<AuthFile>,
+    /// `-Z`: the TLS settings (for `stats settings`).
+    pub tls: Option<crate::tls::TlsSettings>,
     /// Evictions by class (the store's eviction observer).
     pub evictions: Arc<ClassEvictions>,
 }
@@ -89,6 +91,7 @@ impl AdminState {
             )),
             watchers,
             auth: None,
+            tls: None,
             shutdown_command: false,
             slab_reassign: true,
             classes: SizeClasses::default(),

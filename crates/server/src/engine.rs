@@ -44,6 +44,8 @@ pub struct Engine {
     cfd: i32,
     /// The streams a `watch` asked for, until its socket is handed over.
     watch: u16,
+    /// The connection whose request runs speaks TLS.
+    over_tls: bool,
 }
 
 impl Engine {
@@ -56,6 +58,7 @@ impl Engine {
             worker,
             cfd: -1,
             watch: 0,
+            over_tls: false,
         }
     }
 
@@ -260,6 +263,12 @@ impl Engine {
                 };
                 // Replies composed before it leave first (memcached refuses a `watch`
                 // behind unsent replies); input after it is not read.
+                // A TLS connection's bytes are rustls's: the log thread cannot write to
+                // its socket.
+                if self.over_tls {
+                    out.extend_from_slice(b"WATCHER_FAILED failed to add log watcher\r\n");
+                    return Flow::Done;
+                }
                 if self.server.admin.watchers.check_room().is_err() {
                     out.extend_from_slice(b"WATCHER_TOO_MANY log watcher limit reached\r\n");
                     return Flow::Done;
@@ -724,10 +733,10 @@ fn echo_flags(out: &mut Vec<u8>, key: MetaKey<'_>, flags: &MetaFlags<'_>, cas: u
 }
 
 /// A connection's state in the engine: the keys one request has read through so far
-/// (kept across its re-runs), its socket (for `watch` lines), and whether it has
-/// authenticated (`-Y`).
+/// (kept across its re-runs), its socket (for `watch` lines), whether it has
+/// authenticated (`-Y`), and whether it speaks TLS (`-Z`).
 #[derive(Default)]
-pub struct Loaded(Vec<Vec<u8>>, i32, bool);
+pub struct Loaded(Vec<Vec<u8>>, i32, bool, bool);
 
 const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
 
@@ -779,6 +788,7 @@ impl kvlab_net::Service for Engine {
             loaded.0.clear();
         }
         self.cfd = loaded.1;
+        self.over_tls = loaded.3;
         if !loaded.2 {
             if let Some(auth) = &self.server.admin.auth {
                 loaded.2 = authenticate(auth, &self.worker, req, out);
@@ -793,8 +803,9 @@ impl kvlab_net::Service for Engine {
         flow
     }
 
-    fn opened(&mut self, conn: &mut Loaded, fd: std::os::fd::RawFd) {
+    fn opened(&mut self, conn: &mut Loaded, fd: std::os::fd::RawFd, tls: bool) {
         conn.1 = fd;
+        conn.3 = tls;
     }
 
     fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8]) {

@@ -13,6 +13,7 @@
 //! - [`slabs`]: `stats items` and `stats slabs` by memcached's size classes, and
 //!   evictions counted per class; [`watch`]: `watch` log streams;
 //! - [`auth`]: memcached's ASCII authentication (`-Y`);
+//! - [`tls`]: `-Z` (memcached's TLS options as a rustls configuration);
 //! - [`cache`]: the durable cache's semantics (read-through, persist before the reply) and
 //!   its disk work, shared by the engine and the REST handlers;
 //! - [`engine`]: memcached command semantics over the store, reply composition; the
@@ -37,6 +38,7 @@ pub mod http;
 pub mod metrics;
 pub mod slabs;
 pub mod stats;
+pub mod tls;
 pub mod watch;
 
 use std::io;
@@ -111,6 +113,8 @@ pub struct ServerConfig {
     pub idle_timeout: Option<std::time::Duration>,
     /// `-Y FILE`: connections must authenticate as one of these users first.
     pub auth: Option<auth::AuthFile>,
+    /// `-Z`: TLS on the memcached port, with memcached's `ssl_*` options.
+    pub tls: Option<tls::TlsSettings>,
 }
 
 impl Default for ServerConfig {
@@ -136,6 +140,7 @@ impl Default for ServerConfig {
             prefix_delimiter: None,
             idle_timeout: None,
             auth: None,
+            tls: None,
         }
     }
 }
@@ -234,6 +239,13 @@ impl Server {
                 "threads must be at least 1",
             ));
         }
+        let tls = match &config.tls {
+            Some(t) => Some(
+                t.server_config()
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            ),
+            None => None,
+        };
         let listener = std::net::TcpListener::bind(config.listen)?;
         let addr = listener.local_addr()?;
         let store_config = StoreConfig {
@@ -250,6 +262,7 @@ impl Server {
         admin.shutdown_command = config.shutdown_command;
         admin.slab_reassign = config.slab_reassign;
         admin.auth = config.auth.clone();
+        admin.tls = config.tls.clone();
         admin.classes = SizeClasses::new(
             config.growth_factor,
             config.chunk_size,
@@ -326,6 +339,7 @@ impl Server {
             threads: config.threads,
             limits,
             idle_timeout: config.idle_timeout,
+            tls,
         };
         let driver = kvlab_net::Driver::start(config.io, listener, shared.clone(), net)?;
         Ok(Server {

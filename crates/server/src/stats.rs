@@ -366,6 +366,15 @@ impl ServerStats {
                 "auth_enabled_ascii",
                 yes_no(self.admin.auth.is_some()).to_string(),
             ),
+            ("ssl_enabled", yes_no(self.admin.tls.is_some()).to_string()),
+            (
+                "ssl_verify_mode",
+                self.admin
+                    .tls
+                    .as_ref()
+                    .map_or(0, |t| t.verify_mode)
+                    .to_string(),
+            ),
             (
                 "idle_timeout",
                 self.idle_timeout.map_or(0, |t| t.as_secs()).to_string(),

@@ -45,7 +45,10 @@ impl Memcached {
             .args(args)
             .output(Output::Inherit)
             // With `-Y` it answers only `CLIENT_ERROR unauthenticated` until a login.
-            .ready(if args.contains(&"-Y") {
+            .ready(if args.contains(&"-Z") {
+                // TLS: a plaintext `version` gets no reply.
+                Probe::Connects(addr)
+            } else if args.contains(&"-Y") {
                 Probe::Answers(addr)
             } else {
                 Probe::Version(addr)
