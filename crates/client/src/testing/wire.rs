@@ -205,7 +205,7 @@ pub fn table() -> Vec<Case> {
         case("ms without length", b"ms k\r\nms k S2 T0\r\nhi\r\n", b"CLIENT_ERROR bad command line format\r\nCLIENT_ERROR bad command line format\r\nERROR\r\n", SAME),
         case("ms negative ttl", b"ms k 2 T-1\r\nhi\r\nmg k v\r\n", b"HD\r\nEN\r\n", SAME),
         case("ms invalidate without cas", b"ms k 2 I\r\nhi\r\n", b"HD\r\n", SAME),
-        case("ms too large", &ms_too_large, b"SERVER_ERROR object too large for cache\r\n", OURS),
+        case("ms too large", &ms_too_large, b"SERVER_ERROR object too large for cache\r\n", SAME),
         case("ma", b"ma cnt\r\nma cnt N0 J13\r\nma cnt v\r\nma cnt MD D10 v\r\n", b"NF\r\nHD\r\nVA 2\r\n14\r\nVA 1\r\n4\r\n", SAME),
         case("ma non-numeric", b"ms m1 2\r\nhi\r\nma m1\r\n", b"HD\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n", SAME),
         case("ma bad mode and delta", b"ma cnt MX\r\nma cnt D-1\r\n", b"CLIENT_ERROR invalid mode for ma M token\r\nCLIENT_ERROR invalid or duplicate flag\r\n", SAME),
