@@ -10,6 +10,8 @@
 //!                                    └─► kvlab_client (pipelined connections, HTTP side)
 //! kvlab proxy     proxy_cmd     ──► kvlab_proxy (routing, workers, stage times)
 //!                                    └─► kvlab_net (epoll driver), kvlab_protocol
+//! kvlab cluster   cluster_cmd   ──► kvlab_cluster (topology, coordinator) over nodes that
+//!                                    are `kvlab server --cluster` (kvlab_cluster::node)
 //! kvlab populate  populate_cmd  ──► kvlab_bench::populate (or a data dir through the store)
 //! kvlab lab       lab_cmd       ──► kvlab_lab (experiment spec, systems, runner, analysis)
 //!                                    ├─► kvlab_client::process (start on a free port, wait)
@@ -21,6 +23,7 @@
 //! still `anyhow`), shown with their context and a non-zero exit.
 
 mod bench_cmd;
+mod cluster_cmd;
 mod lab_cmd;
 mod populate_cmd;
 mod proxy_cmd;
@@ -51,6 +54,8 @@ enum Command {
     Populate(populate_cmd::PopulateArgs),
     /// memcached proxy in front of several servers: sharding, replication, split multi-gets.
     Proxy(proxy_cmd::ProxyArgs),
+    /// Elastic cluster: start nodes, add or remove one while it serves, status.
+    Cluster(cluster_cmd::ClusterArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,5 +66,6 @@ fn main() -> anyhow::Result<()> {
         Command::Populate(args) => populate_cmd::run(args),
         Command::Lab(args) => lab_cmd::run(args),
         Command::Proxy(args) => proxy_cmd::run(args),
+        Command::Cluster(args) => cluster_cmd::run(args),
     }
 }

@@ -107,6 +107,14 @@ pub struct ServerArgs {
     /// UDP port; kvlab serves TCP only, so only 0 (off, memcached's default) is accepted.
     #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
     udp_port: u16,
+    /// Join a kvlab cluster whose topology is in this file (`file:PATH` or PATH, as
+    /// `kvlab cluster up`/`create` made it): serve the keys the ring gives this node,
+    /// answer `SERVER_ERROR MOVED <epoch> <node>` for others, `cluster ring` with the ring.
+    #[arg(long = "cluster", conflicts_with = "data_dir")]
+    cluster: Option<String>,
+    /// With --cluster: this node's name in the topology [default: the listen address]
+    #[arg(long = "cluster-node", requires = "cluster")]
+    cluster_node: Option<String>,
     /// Verbose: -v logs errors and warnings and connection events, -vv each bad request.
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -259,6 +267,13 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         growth_factor: args.growth_factor,
         chunk_size: args.chunk_size,
         prefix_delimiter,
+        cluster: args
+            .cluster
+            .clone()
+            .map(|topology| kvlab_server::ClusterConfig {
+                topology,
+                node: args.cluster_node.clone(),
+            }),
         ..ServerConfig::default()
     };
     let mut signals = signal_hook::iterator::Signals::new([

@@ -4,7 +4,9 @@
 //! - [`spec`]: the experiment file (TOML) resolved into parts, points and planned runs;
 //! - [`system`]: the systems under test (kvlab's server, memcached, an external address);
 //! - [`runner`]: every point × repetition × system, raw results and metadata on disk;
-//! - [`analyse`]: raw results → statistics, model checks and the HTML report.
+//! - [`analyse`]: raw results → statistics, model checks and the HTML report;
+//! - [`scaling`]: `kind = "scaling"` experiments — a kvlab cluster under a verified load
+//!   while nodes are added, removed or killed on a schedule.
 //!
 //! ```text
 //! Source (file | shipped) + Overrides
@@ -161,6 +163,7 @@
 
 pub mod analyse;
 pub mod runner;
+pub mod scaling;
 pub mod spec;
 pub mod system;
 
@@ -209,6 +212,14 @@ pub const SHIPPED: &[(&str, &str)] = &[
         "proxy-2k",
         include_str!("../../../experiments/proxy-2k.toml"),
     ),
+    (
+        "cluster-scaling",
+        include_str!("../../../experiments/cluster-scaling.toml"),
+    ),
+    (
+        "cluster-failure",
+        include_str!("../../../experiments/cluster-failure.toml"),
+    ),
 ];
 
 /// The text of a shipped experiment.
@@ -218,6 +229,11 @@ pub fn shipped(name: &str) -> Option<&'static str> {
 
 /// The first line of a shipped experiment's description ("" when it has none).
 pub fn shipped_summary(name: &str) -> String {
+    if let Some(text) = shipped(name).filter(|t| scaling::is_scaling(t)) {
+        return scaling::ScalingSpec::parse(text, name)
+            .map(|s| s.description)
+            .unwrap_or_default();
+    }
     shipped(name)
         .and_then(|text| Experiment::parse(text, name, &Overrides::default()).ok())
         .and_then(|e| e.description)
@@ -342,6 +358,9 @@ impl Lab {
         overrides: &Overrides,
         out: Option<PathBuf>,
     ) -> anyhow::Result<Finished> {
+        if scaling::is_scaling(&source.text) {
+            return self.run_scaling(source, out);
+        }
         let exp = Experiment::parse(&source.text, &source.stem, overrides).with_context(|| {
             if overrides.is_empty() {
                 format!("experiment {}", source.label)
@@ -366,6 +385,29 @@ impl Lab {
     }
 }
 
+impl Lab {
+    /// A `kind = "scaling"` experiment (see [`scaling`]): overrides do not apply.
+    fn run_scaling(&self, source: &Source, out: Option<PathBuf>) -> anyhow::Result<Finished> {
+        let spec = scaling::ScalingSpec::parse(&source.text, &source.stem)
+            .with_context(|| format!("experiment {}", source.label))?;
+        let out = match out {
+            Some(o) => o,
+            None => default_out(&spec.name, std::time::SystemTime::now()),
+        };
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let bin = self
+            .kvlab_bin
+            .as_deref()
+            .context("a scaling experiment starts kvlab nodes: set KVLAB_BIN")?;
+        let (summary, report) = scaling::run(&spec, &source.text, &out, bin)?;
+        Ok(Finished {
+            dir: out,
+            summary,
+            report,
+        })
+    }
+}
+
 /// `results/<name>-<date>`, with `-2`, `-3`, … when it exists.
 pub fn default_out(name: &str, now: std::time::SystemTime) -> PathBuf {
     let base = PathBuf::from("results").join(format!("{name}-{}", runner::stamp(now)));
@@ -381,6 +423,14 @@ pub fn default_out(name: &str, now: std::time::SystemTime) -> PathBuf {
 /// Re-analyses a results directory's raw data (as the experiment stored in its `meta.json`
 /// was run) and rewrites its report.
 pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
+    if dir.join("scaling.json").exists() {
+        let (summary, report) = scaling::analyse_dir(dir)?;
+        return Ok(Finished {
+            dir: dir.to_path_buf(),
+            summary,
+            report,
+        });
+    }
     let (meta, raws) = runner::load(dir)?;
     let exp = Experiment::parse(&meta.experiment_text, "experiment", &meta.overrides)
         .context("the experiment stored in meta.json")?;

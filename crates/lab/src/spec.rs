@@ -1242,6 +1242,11 @@ mod tests {
     #[test]
     fn shipped_experiments_parse() {
         for (name, text) in crate::SHIPPED {
+            if crate::scaling::is_scaling(text) {
+                crate::scaling::ScalingSpec::parse(text, name)
+                    .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+                continue;
+            }
             let e = Experiment::parse(text, name, &Overrides::default())
                 .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(!e.runs().is_empty(), "{name}");

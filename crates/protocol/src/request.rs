@@ -186,6 +186,13 @@ pub enum Request<'a> {
         /// 0 off, 1 on (the default), 2 aggressive.
         mode: u8,
     },
+    /// `cluster <subcommand> …`: a kvlab cluster node's own commands (the ring, migration
+    /// streams); `args` is the rest of the line. A server that is not a cluster node answers
+    /// `ERROR`, as memcached does.
+    Cluster {
+        /// The words after `cluster`, as sent.
+        args: &'a [u8],
+    },
     /// `version`.
     Version,
     /// `quit`: close the connection.
@@ -409,6 +416,12 @@ fn parse_one<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
         b"cache_memlimit" => admin_request(admin::cache_memlimit(tokens), line_end),
         b"lru_crawler" => admin_request(admin::lru_crawler(tokens), line_end),
         b"watch" => admin_request(admin::watch(tokens), line_end),
+        b"cluster" => request(
+            Request::Cluster {
+                args: tokens.remainder(),
+            },
+            line_end,
+        ),
         // memcached ignores anything after `version`.
         b"version" => request(Request::Version, line_end),
         b"quit" if tokens.rest_is_empty() => request(Request::Quit, line_end),

@@ -85,6 +85,11 @@ impl Service for ProxyService {
                 Flow::Done
             }
             Request::Quit => Flow::Close,
+            // A cluster node's own commands mean nothing to a proxy (memcached's answer).
+            Request::Cluster { .. } => {
+                out.extend_from_slice(b"ERROR\r\n");
+                Flow::Done
+            }
             Request::Stats { group } => {
                 if !crate::render::stats(&self.shared, *group, out) {
                     out.extend_from_slice(b"ERROR\r\n");

@@ -19,6 +19,7 @@ pub use crate::cache::Blocking;
 use crate::cache::DiskRules;
 use crate::slabs;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
+use kvlab_cluster::{Gate, Node, Verdict};
 
 /// Defers disk work the way the session must wait for it.
 fn defer(work: Blocking) -> Flow {
@@ -46,6 +47,8 @@ pub struct Engine {
     watch: u16,
     /// The connection whose request runs speaks TLS.
     over_tls: bool,
+    /// This worker's gate into the cluster, when the server is a cluster node.
+    cluster: Option<Gate>,
 }
 
 impl Engine {
@@ -59,7 +62,66 @@ impl Engine {
             cfd: -1,
             watch: 0,
             over_tls: false,
+            cluster: None,
         }
+    }
+
+    /// The same engine as a worker of cluster node `node`: every keyed request is checked
+    /// against the node's ring first.
+    pub fn in_cluster(mut self, node: &Arc<Node>) -> Self {
+        self.cluster = Some(node.gate());
+        self
+    }
+
+    /// A cluster node's request: the ownership check around [`Engine::apply`], and the
+    /// node's own `cluster` commands.
+    fn call_in_cluster(
+        &mut self,
+        gate: &mut Gate,
+        conn: &mut Loaded,
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+    ) -> Flow {
+        if let Request::Cluster { args } = *req {
+            cluster_command(gate.node(), conn, args, out);
+            return Flow::Done;
+        }
+        if conn.import {
+            // A migration stream from the key's previous owner: no ownership check.
+            return self.apply(req, out, &conn.keys);
+        }
+        gate.begin();
+        let mut leaving = false;
+        let mut redirect = None;
+        for_each_key(req, |key| match gate.check(key) {
+            Verdict::Serve { leaving: l } => leaving |= l,
+            Verdict::Redirect(r) => {
+                redirect.get_or_insert(r);
+            }
+        });
+        if redirect.is_none() && !gate.may_write() && changes_data(req) {
+            // Cut off from the topology store for longer than its lease: the others may
+            // have taken this node's keys over; a write here could be lost.
+            redirect = Some(kvlab_cluster::Redirect::TryAgain {
+                epoch: gate.epoch(),
+            });
+        }
+        if let Some(r) = redirect {
+            gate.end();
+            WorkerStats::add(&self.worker.cluster_redirects, 1);
+            r.write(out);
+            return Flow::Done;
+        }
+        let flow = self.apply(req, out, &conn.keys);
+        if leaving && changes_data(req) {
+            for_each_key(req, |key| gate.changed(key));
+        }
+        if gate.replicated() && changes_data(req) {
+            // Copies are written before the reply leaves.
+            for_each_key(req, |key| gate.replicate(key));
+        }
+        gate.end();
+        flow
     }
 
     /// Applies one request and appends its reply (if any) to `out`. `loaded` lists the keys
@@ -283,6 +345,8 @@ impl Engine {
                 }
             }
             Request::Version => r::version(out, VERSION),
+            // Only a cluster node knows `cluster` (see `call`); memcached's answer otherwise.
+            Request::Cluster { .. } => out.extend_from_slice(r::ERROR),
             Request::Quit => return Flow::Close,
             Request::Stats { group } => self.stats(group, out),
             Request::Meta {
@@ -732,12 +796,6 @@ fn echo_flags(out: &mut Vec<u8>, key: MetaKey<'_>, flags: &MetaFlags<'_>, cas: u
     }
 }
 
-/// A connection's state in the engine: the keys one request has read through so far
-/// (kept across its re-runs), its socket (for `watch` lines), whether it has
-/// authenticated (`-Y`), and whether it speaks TLS (`-Z`).
-#[derive(Default)]
-pub struct Loaded(Vec<Vec<u8>>, i32, bool, bool);
-
 const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
 
 /// A request on a connection that has not authenticated (`-Y`): only a `set` whose data is
@@ -773,6 +831,76 @@ fn authenticate(
     }
 }
 
+/// A connection's state: the keys one request has read through so far (kept across its
+/// re-runs), whether it is a cluster migration stream, its socket, whether it has
+/// authenticated (`-Y`) and whether it speaks TLS (`-Z`).
+#[derive(Default)]
+pub struct Loaded {
+    keys: Vec<Vec<u8>>,
+    /// Said `cluster import`: items from their previous owner, stored without the
+    /// ownership check.
+    import: bool,
+    /// Its socket (for `watch` lines' `cfd=`).
+    fd: i32,
+    /// It has authenticated (`-Y`).
+    authenticated: bool,
+    /// It speaks TLS (`-Z`).
+    tls: bool,
+}
+
+/// Calls `f` with every key `req` names.
+fn for_each_key(req: &Request<'_>, mut f: impl FnMut(&[u8])) {
+    match *req {
+        Request::Get { keys, .. } | Request::Gat { keys, .. } => keys.iter().for_each(f),
+        Request::Store { key, .. }
+        | Request::Arith { key, .. }
+        | Request::Delete { key, .. }
+        | Request::Touch { key, .. } => f(key),
+        Request::Meta { command, key, .. } if command != MetaCommand::Noop => key.with(f),
+        _ => {}
+    }
+}
+
+/// Whether `req` may change the item of a key it names (a touch counts: it changes the
+/// expiry that a migration must carry).
+fn changes_data(req: &Request<'_>) -> bool {
+    match *req {
+        Request::Get { .. } => false,
+        Request::Meta { command, flags, .. } => match command {
+            MetaCommand::Get => flags.has(b'T') || flags.has(b'N') || flags.has(b'E'),
+            MetaCommand::Debug | MetaCommand::Noop => false,
+            _ => true,
+        },
+        _ => true,
+    }
+}
+
+/// `cluster ring|status|import ID NODE|drained ID NODE`.
+fn cluster_command(node: &Arc<Node>, conn: &mut Loaded, args: &[u8], out: &mut Vec<u8>) {
+    let text = String::from_utf8_lossy(args);
+    let words: Vec<&str> = text.split_ascii_whitespace().collect();
+    let value = |out: &mut Vec<u8>, name: &[u8], data: &[u8]| {
+        r::value(out, name, 0, data, None);
+        out.extend_from_slice(r::END);
+    };
+    match words.as_slice() {
+        ["ring"] => value(out, b"ring", node.view().serving.describe().as_bytes()),
+        ["status"] => value(out, b"status", node.status_json().as_bytes()),
+        ["import", id, _from] if id.parse::<u64>().is_ok() => {
+            conn.import = true;
+            out.extend_from_slice(b"OK\r\n");
+        }
+        ["drained", id, from] => match id.parse::<u64>() {
+            Ok(id) => {
+                node.drained_from(id, from);
+                out.extend_from_slice(b"OK\r\n");
+            }
+            Err(_) => out.extend_from_slice(b"CLIENT_ERROR bad command line format\r\n"),
+        },
+        _ => out.extend_from_slice(b"CLIENT_ERROR bad command line format\r\n"),
+    }
+}
+
 impl kvlab_net::Service for Engine {
     type Conn = Loaded;
     type Work = Blocking;
@@ -785,27 +913,34 @@ impl kvlab_net::Service for Engine {
         rerun: bool,
     ) -> Flow {
         if !rerun {
-            loaded.0.clear();
+            loaded.keys.clear();
         }
-        self.cfd = loaded.1;
-        self.over_tls = loaded.3;
-        if !loaded.2 {
+        self.cfd = loaded.fd;
+        self.over_tls = loaded.tls;
+        if !loaded.authenticated {
             if let Some(auth) = &self.server.admin.auth {
-                loaded.2 = authenticate(auth, &self.worker, req, out);
+                loaded.authenticated = authenticate(auth, &self.worker, req, out);
                 return Flow::Done;
             }
         }
-        let flow = self.apply(req, out, &loaded.0);
+        let flow = match self.cluster.take() {
+            Some(mut gate) => {
+                let flow = self.call_in_cluster(&mut gate, loaded, req, out);
+                self.cluster = Some(gate);
+                flow
+            }
+            None => self.apply(req, out, &loaded.keys),
+        };
         if let Flow::Defer(Blocking::Load(key), _) = &flow {
             // Runs again once `key` is in the cache: don't defer for it a second time.
-            loaded.0.push(key.clone());
+            loaded.keys.push(key.clone());
         }
         flow
     }
 
     fn opened(&mut self, conn: &mut Loaded, fd: std::os::fd::RawFd, tls: bool) {
-        conn.1 = fd;
-        conn.3 = tls;
+        conn.fd = fd;
+        conn.tls = tls;
     }
 
     fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8]) {
@@ -831,7 +966,7 @@ impl kvlab_net::Service for Engine {
         conn: &mut Loaded,
         _: kvlab_protocol::ProtocolError,
     ) -> Option<&'static [u8]> {
-        (self.server.admin.auth.is_some() && !conn.2).then_some(UNAUTHENTICATED)
+        (self.server.admin.auth.is_some() && !conn.authenticated).then_some(UNAUTHENTICATED)
     }
 
     fn drop_stale(
@@ -839,7 +974,7 @@ impl kvlab_net::Service for Engine {
         conn: &mut Loaded,
         key: kvlab_protocol::MetaKey<'_>,
     ) -> Option<Blocking> {
-        if self.server.admin.auth.is_some() && !conn.2 {
+        if self.server.admin.auth.is_some() && !conn.authenticated {
             // Nothing changes for a connection that has not authenticated.
             return None;
         }

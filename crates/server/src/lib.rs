@@ -115,6 +115,17 @@ pub struct ServerConfig {
     pub auth: Option<auth::AuthFile>,
     /// `-Z`: TLS on the memcached port, with memcached's `ssl_*` options.
     pub tls: Option<tls::TlsSettings>,
+    /// Join a cluster (`--cluster`): where its topology is, and this node's name in it.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// How a server joins a cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// The topology store (`file:PATH` or a path; see `kvlab_cluster::open_store`).
+    pub topology: String,
+    /// This node's name in the topology (`--cluster-node`); `None`: the listen address.
+    pub node: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -141,6 +152,7 @@ impl Default for ServerConfig {
             idle_timeout: None,
             auth: None,
             tls: None,
+            cluster: None,
         }
     }
 }
@@ -155,6 +167,8 @@ pub struct Shared {
     pub limits: Limits,
     /// Set when the threads must stop; they check it after every wake-up.
     pub shutdown: AtomicBool,
+    /// The cluster node this server is, if any.
+    pub cluster: Option<Arc<kvlab_cluster::Node>>,
 }
 
 impl Shared {
@@ -175,7 +189,11 @@ impl kvlab_net::App for Shared {
         // sharing is safe and cheap.
         let workers = &self.stats.workers;
         let worker = workers[index % workers.len()].clone();
-        Engine::new(self.store.clone(), self.stats.clone(), worker)
+        let engine = Engine::new(self.store.clone(), self.stats.clone(), worker);
+        match &self.cluster {
+            Some(node) => engine.in_cluster(node),
+            None => engine,
+        }
     }
 
     fn helper(&self, _index: usize) -> Arc<Store> {
@@ -307,7 +325,20 @@ impl Server {
             ..Limits::default()
         };
         store.observe_evictions(stats.admin.evictions.clone());
+        let cluster = match &config.cluster {
+            Some(c) => {
+                let me = c.node.clone().unwrap_or_else(|| addr.to_string());
+                let topology = kvlab_cluster::open_store(&c.topology)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+                Some(
+                    kvlab_cluster::Node::start(me, store.clone(), topology)
+                        .map_err(|e| io::Error::other(e.to_string()))?,
+                )
+            }
+            None => None,
+        };
         let shared = Arc::new(Shared {
+            cluster,
             store,
             stats,
             limits,
@@ -398,6 +429,9 @@ impl Server {
 
     fn stop(&mut self) {
         self.shared.shutdown.store(true, SeqCst);
+        if let Some(node) = &self.shared.cluster {
+            node.stop();
+        }
         if let Some(c) = self.crawler.take() {
             c.stop();
         }

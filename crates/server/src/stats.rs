@@ -69,6 +69,8 @@ worker_counters! {
     auth_cmds,
     /// Failed authentication attempts (`-Y`).
     auth_errors,
+    /// Cluster node: requests answered `MOVED` or `TRYAGAIN` instead of served.
+    cluster_redirects,
 }
 
 impl WorkerStats {
