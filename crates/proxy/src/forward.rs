@@ -97,6 +97,7 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
         | Request::Version
         | Request::Quit
         | Request::Stats { .. }
+        | Request::Admin(_)
         | Request::Cluster { .. } => {}
     }
     out.extend_from_slice(b"\r\n");

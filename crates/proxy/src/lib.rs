@@ -364,6 +364,8 @@ impl Proxy {
             kvlab_net::Config {
                 threads: workers,
                 limits: options.limits,
+                idle_timeout: None,
+                tls: None,
             },
         )?;
         let mut threads = Vec::new();

@@ -96,6 +96,13 @@ impl Service for ProxyService {
                 }
                 Flow::Done
             }
+            // One server's administration (`shutdown`, `cache_memlimit`, `slabs
+            // reassign`, `stats detail`, `lru_crawler`, `watch`) has no meaning for a
+            // proxy in front of several: unknown here, as in other memcached proxies.
+            Request::Admin(_) => {
+                out.extend_from_slice(b"ERROR\r\n");
+                Flow::Done
+            }
             Request::Verbosity { noreply, .. } => {
                 if !noreply {
                     out.extend_from_slice(b"OK\r\n");

@@ -44,7 +44,15 @@ impl Memcached {
             .args(["-u", "root"])
             .args(args)
             .output(Output::Inherit)
-            .ready(Probe::Version(addr))
+            // With `-Y` it answers only `CLIENT_ERROR unauthenticated` until a login.
+            .ready(if args.contains(&"-Z") {
+                // TLS: a plaintext `version` gets no reply.
+                Probe::Connects(addr)
+            } else if args.contains(&"-Y") {
+                Probe::Answers(addr)
+            } else {
+                Probe::Version(addr)
+            })
             .start()?;
         Ok(Memcached { process, addr })
     }
