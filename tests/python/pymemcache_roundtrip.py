@@ -1,16 +1,19 @@
 """Round-trips every common command through pymemcache (a real client from PyPI).
 
-Usage: python3 pymemcache_roundtrip.py PORT
-Exits non-zero with a message on the first mismatch.
+Usage: python3 pymemcache_roundtrip.py PORT [--proxy] [--tls CA_FILE]
+Exits non-zero with a message on the first mismatch. With --tls, over TLS, trusting CA_FILE.
 """
+import ssl
 import sys
 
 from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheServerError
 
 
-def main(port: int, proxy: bool = False) -> None:
-    c = Client(("127.0.0.1", port), connect_timeout=5, timeout=5, default_noreply=False)
+def main(port: int, proxy: bool = False, ca_file: str = "") -> None:
+    tls = ssl.create_default_context(cafile=ca_file) if ca_file else None
+    c = Client(("127.0.0.1", port), connect_timeout=5, timeout=5, default_noreply=False,
+               tls_context=tls)
     assert c.flush_all() is True
     assert c.set("k", b"v1", expire=0, noreply=False) is True
     assert c.get("k") == b"v1"
@@ -69,4 +72,6 @@ def main(port: int, proxy: bool = False) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), proxy="--proxy" in sys.argv[2:])
+    args = sys.argv[2:]
+    ca = args[args.index("--tls") + 1] if "--tls" in args else ""
+    main(int(sys.argv[1]), proxy="--proxy" in args, ca_file=ca)

@@ -63,6 +63,9 @@ pub struct Config {
     /// Meta protocol: send keys base64-encoded (the `b` flag).
     #[serde(default)]
     pub meta_base64: bool,
+    /// `target` is a node of a kvlab cluster: every key goes to its node by the ring.
+    #[serde(default)]
+    pub cluster: bool,
     /// Generator threads (per participant: the master and each agent).
     pub threads: usize,
     /// Connections per thread.

@@ -26,7 +26,7 @@ use std::net::{SocketAddr, TcpStream as StdStream};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Duration;
 
-use kvlab_client::{Conn, ConnError, Event, Status};
+use kvlab_client::{Conn, ConnError, Event, Ring, Status};
 use kvlab_protocol::client::MetaKeyMode;
 use mio::net::TcpStream;
 use mio::{Events, Poll, Token};
@@ -42,6 +42,8 @@ use crate::workload::{Generator, Op};
 use crate::BenchError;
 
 const TIMER: Token = Token(usize::MAX);
+/// Tokens: connection slot × STRIDE + node (a cluster's nodes; 0 for a single target).
+const STRIDE: usize = 64;
 /// Deadlines closer than this are waited for by polling without sleeping, ns.
 const SPIN_NS: u64 = 5_000;
 /// Open loop: planned requests one connection may hold back while its pipeline is full; past
@@ -98,10 +100,14 @@ struct Meta {
     planned: u64,
     sent: u64,
     key: u64,
+    op: Op,
 }
 
 struct Slot {
-    conn: Option<Conn<Meta>>,
+    /// One connection per node (one for a single target), opened when first needed.
+    conns: Vec<Option<Conn<Meta>>>,
+    /// `--cluster`: connections are opened when a key first goes to their node.
+    lazy: bool,
     arrivals: Option<crate::schedule::Arrivals>,
     /// Open loop: planned times of requests waiting for in-flight < depth, oldest first.
     backlog: VecDeque<u64>,
@@ -114,6 +120,113 @@ struct Slot {
     dirty: bool,
 }
 
+impl Slot {
+    fn in_flight(&self) -> usize {
+        self.conns.iter().flatten().map(|c| c.in_flight()).sum()
+    }
+
+    /// No connection left (every one failed and could not be reopened).
+    fn dead(&self) -> bool {
+        !self.lazy && self.conns.iter().all(Option::is_none)
+    }
+}
+
+/// `--cluster`: which node each key goes to, by the ring the cluster publishes
+/// (`kvlab_client::cluster`); nodes keep their index for the whole run.
+struct Router {
+    ring: Ring,
+    /// Per ring node, its index in `addrs`.
+    of_ring: Vec<usize>,
+    addrs: Vec<SocketAddr>,
+    names: Vec<String>,
+    /// When the ring was last fetched because a node could not be reached (mono ns).
+    refreshed_ns: u64,
+}
+
+impl Router {
+    fn new(seed: SocketAddr) -> Result<Router, BenchError> {
+        let mut r = Router {
+            ring: Ring::new(0, 1, &[]),
+            of_ring: Vec::new(),
+            addrs: Vec::new(),
+            names: Vec::new(),
+            refreshed_ns: 0,
+        };
+        r.refresh(seed)?;
+        if r.ring.nodes().is_empty() {
+            return Err(BenchError::Connect(
+                seed.to_string(),
+                "the cluster has no nodes".into(),
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Fetches the ring from `from` and adopts it if it is newer.
+    fn refresh(&mut self, from: SocketAddr) -> Result<(), BenchError> {
+        let ring = kvlab_client::cluster::fetch_ring(from, Duration::from_secs(2))
+            .map_err(|e| BenchError::Connect(from.to_string(), format!("cluster ring: {e}")))?;
+        if ring.epoch() <= self.ring.epoch() && !self.of_ring.is_empty() {
+            return Ok(());
+        }
+        let mut of_ring = Vec::with_capacity(ring.nodes().len());
+        for name in ring.nodes() {
+            let i = match self.names.iter().position(|n| n == name) {
+                Some(i) => i,
+                None => {
+                    let addr = kvlab_client::cluster::resolve(name)
+                        .map_err(|e| BenchError::Connect(name.clone(), e.to_string()))?;
+                    if self.addrs.len() == STRIDE {
+                        return Err(BenchError::Connect(
+                            name.clone(),
+                            format!("more than {STRIDE} cluster nodes"),
+                        ));
+                    }
+                    self.addrs.push(addr);
+                    self.names.push(name.clone());
+                    self.addrs.len() - 1
+                }
+            };
+            of_ring.push(i);
+        }
+        self.ring = ring;
+        self.of_ring = of_ring;
+        Ok(())
+    }
+
+    /// Fetches the ring from `first`, else from any other node it knows (the ring's first,
+    /// then the rest, the seed among them): a node that left may be gone already.
+    fn refresh_any(&mut self, first: SocketAddr) -> Result<(), BenchError> {
+        let mut last = match self.refresh(first) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let others: Vec<SocketAddr> = self
+            .of_ring
+            .iter()
+            .map(|&i| self.addrs[i])
+            .chain(self.addrs.iter().copied())
+            .filter(|&a| a != first)
+            .collect();
+        for a in others {
+            match self.refresh(a) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn node_of(&self, key: &[u8]) -> usize {
+        self.ring.index_of(key).map_or(0, |i| self.of_ring[i])
+    }
+}
+
+/// The key of a composed single-key request: its first line's second word.
+fn request_key(req: &[u8]) -> &[u8] {
+    let line = &req[..req.iter().position(|&b| b == b'\r').unwrap_or(req.len())];
+    line.split(|&b| b == b' ').nth(1).unwrap_or_default()
+}
 /// What a thread runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -187,6 +300,12 @@ struct Engine<'c> {
     notes: Vec<String>,
     /// Per-connection rate factor: a connection's share of the total rate.
     conn_share: f64,
+    /// `--cluster`: the ring's routing.
+    router: Option<Router>,
+    /// A request composed before its node is known (`--cluster`).
+    scratch: Vec<u8>,
+    /// Redirected requests to send again (`--cluster`), reused.
+    resend: Vec<Meta>,
 }
 
 impl<'c> Engine<'c> {
@@ -201,11 +320,30 @@ impl<'c> Engine<'c> {
         let n = cfg.connections;
         let total_requests = cfg.requests.unwrap_or(u64::MAX);
         let mut slots = Vec::with_capacity(n);
+        let router = if cfg.cluster {
+            if cfg.protocol == Protocol::Http || cfg.workload.multiget > 1 {
+                return Err(BenchError::Spec(
+                    "--cluster loads single-key requests over the memcached or meta protocol"
+                        .into(),
+                ));
+            }
+            Some(Router::new(cfg.target)?)
+        } else {
+            None
+        };
         for i in 0..n {
             let global = ctx.conn_offset + i as u64;
-            let mut conn = connect(cfg.target, cfg.protocol.wire())
-                .map_err(|e| BenchError::Connect(cfg.target.to_string(), e.to_string()))?;
-            conn.register(poll.registry(), Token(i))?;
+            let mut conns = Vec::new();
+            match &router {
+                // Cluster nodes are connected to when a key first goes there.
+                Some(r) => conns.resize_with(r.addrs.len(), || None),
+                None => {
+                    let mut conn = connect(cfg.target, cfg.protocol.wire())
+                        .map_err(|e| BenchError::Connect(cfg.target.to_string(), e.to_string()))?;
+                    conn.register(poll.registry(), Token(i * STRIDE))?;
+                    conns.push(Some(conn));
+                }
+            }
             let budget = if total_requests == u64::MAX {
                 u64::MAX
             } else {
@@ -219,7 +357,8 @@ impl<'c> Engine<'c> {
                 (keys as u128 * (global + 1) as u128 / ctx.total_conns as u128) as u64,
             );
             slots.push(Slot {
-                conn: Some(conn),
+                conns,
+                lazy: router.is_some(),
                 arrivals: None,
                 backlog: VecDeque::new(),
                 budget: if phase == Phase::Load {
@@ -267,6 +406,9 @@ impl<'c> Engine<'c> {
             gaps: GapStats::default(),
             notes: Vec::new(),
             conn_share: 1.0 / ctx.total_conns as f64,
+            router,
+            scratch: Vec::with_capacity(4096),
+            resend: Vec::new(),
         })
     }
 
@@ -423,8 +565,8 @@ impl<'c> Engine<'c> {
             ready[n] = ev.token().0;
             n += 1;
         }
-        for &c in batches.iter().chain(ready[..n].iter()) {
-            self.on_ready(c, now);
+        for &t in batches.iter().chain(ready[..n].iter()) {
+            self.on_ready(t / STRIDE, t % STRIDE, now);
         }
         self.flush_dirty();
         Ok(())
@@ -439,11 +581,7 @@ impl<'c> Engine<'c> {
         let grace = self.timeout_ns.min(self.cfg.interval_ns());
         let limit = mono_ns().saturating_add(grace);
         loop {
-            let unanswered: usize = self
-                .slots
-                .iter()
-                .map(|s| s.conn.as_ref().map_or(0, |c| c.in_flight()))
-                .sum();
+            let unanswered: usize = self.slots.iter().map(Slot::in_flight).sum();
             let now = mono_ns();
             if unanswered == 0 {
                 return Ok(());
@@ -474,9 +612,9 @@ impl<'c> Engine<'c> {
     }
 
     fn all_done(&self) -> bool {
-        self.slots.iter().all(|s| {
-            s.budget == 0 && s.conn.as_ref().is_none_or(|c| c.in_flight() == 0) || s.conn.is_none()
-        })
+        self.slots
+            .iter()
+            .all(|s| s.budget == 0 && s.in_flight() == 0 || s.dead())
     }
 
     fn roll_over(&mut self) {
@@ -504,10 +642,7 @@ impl<'c> Engine<'c> {
         if qps > 0.0 {
             self.cur.counters.planned += 1;
             let slot = &mut self.slots[c];
-            let full = slot
-                .conn
-                .as_ref()
-                .is_none_or(|k| k.in_flight() >= self.cfg.depth);
+            let full = slot.dead() || slot.in_flight() >= self.cfg.depth;
             if full || !slot.backlog.is_empty() {
                 if slot.backlog.len() < BACKLOG_MAX {
                     slot.backlog.push_back(t);
@@ -546,10 +681,11 @@ impl<'c> Engine<'c> {
     fn drain_backlog(&mut self, c: usize, now: u64) {
         loop {
             let slot = &mut self.slots[c];
-            let Some(conn) = slot.conn.as_ref() else {
-                return;
-            };
-            if conn.in_flight() >= self.cfg.depth || slot.budget == 0 || now >= self.end {
+            if slot.dead()
+                || slot.in_flight() >= self.cfg.depth
+                || slot.budget == 0
+                || now >= self.end
+            {
                 return;
             }
             let Some(t) = slot.backlog.pop_front() else {
@@ -563,10 +699,7 @@ impl<'c> Engine<'c> {
     fn issue(&mut self, c: usize, planned: u64, now: u64) {
         let cut = self.cut();
         let slot = &mut self.slots[c];
-        let Some(conn) = slot.conn.as_mut() else {
-            return;
-        };
-        if slot.budget == 0 {
+        if slot.dead() || slot.budget == 0 {
             return;
         }
         let gen = &mut self.gen;
@@ -579,20 +712,43 @@ impl<'c> Engine<'c> {
             }
             Phase::Run => (gen.op(rng), None),
         };
-        let r = conn.request(|out| {
-            let (kind, k) = match key {
-                Some(k) => gen.compose_key(op, k, rng, out)?,
-                None => gen.compose(op, rng, out)?,
-            };
-            Ok((
-                kind,
-                Meta {
-                    planned,
-                    sent: now,
-                    key: k,
-                },
-            ))
-        });
+        let r = match &self.router {
+            None => match slot.conns[0].as_mut() {
+                Some(conn) => conn.request(|out| {
+                    let (kind, k) = match key {
+                        Some(k) => gen.compose_key(op, k, rng, out)?,
+                        None => gen.compose(op, rng, out)?,
+                    };
+                    Ok((
+                        kind,
+                        Meta {
+                            planned,
+                            sent: now,
+                            key: k,
+                            op,
+                        },
+                    ))
+                }),
+                None => return,
+            },
+            Some(_) => {
+                self.scratch.clear();
+                match key {
+                    Some(k) => gen.compose_key(op, k, rng, &mut self.scratch),
+                    None => gen.compose(op, rng, &mut self.scratch),
+                }
+                .map(|(kind, k)| {
+                    let meta = Meta {
+                        planned,
+                        sent: now,
+                        key: k,
+                        op,
+                    };
+                    self.send_routed(c, kind, meta);
+                })
+            }
+        };
+        let slot = &mut self.slots[c];
         if let Err(e) = r {
             // Workload::validate makes every generated key valid; count it if not.
             self.cur.counters.errors += 1;
@@ -623,19 +779,91 @@ impl<'c> Engine<'c> {
         }
     }
 
+    /// `--cluster`: sends the request in `scratch` to its key's node on slot `c`,
+    /// connecting to the node first if this slot has no connection to it yet.
+    fn send_routed(&mut self, c: usize, kind: kvlab_client::ReqKind, meta: Meta) {
+        let Some(router) = self.router.as_mut() else {
+            return;
+        };
+        let mut n = router.node_of(request_key(&self.scratch));
+        if self.slots[c].conns.get(n).is_none_or(Option::is_none) {
+            // About to connect: to a node that may have left the ring since; a refresh at
+            // most every 100 ms keeps a dead node from costing one per request.
+            let now = mono_ns();
+            if now.saturating_sub(router.refreshed_ns) > 100_000_000 {
+                router.refreshed_ns = now;
+                let first = router.addrs[n];
+                if router.refresh_any(first).is_ok() {
+                    n = router.node_of(request_key(&self.scratch));
+                }
+            }
+        }
+        let addr = router.addrs[n];
+        let slot = &mut self.slots[c];
+        if slot.conns.len() <= n {
+            slot.conns.resize_with(n + 1, || None);
+        }
+        if slot.conns[n].is_none() {
+            match connect(addr, self.cfg.protocol.wire()) {
+                Ok(mut conn) => {
+                    if conn
+                        .register(self.poll.registry(), Token(c * STRIDE + n))
+                        .is_ok()
+                    {
+                        slot.conns[n] = Some(conn);
+                    }
+                }
+                Err(e) => note(&mut self.notes, format!("connect {addr}: {e}")),
+            }
+        }
+        let Some(conn) = slot.conns[n].as_mut() else {
+            self.cur.counters.errors += 1;
+            return;
+        };
+        let scratch = &self.scratch;
+        let _ = conn.request(|out| {
+            out.extend_from_slice(scratch);
+            Ok((kind, meta))
+        });
+    }
+
+    /// `--cluster`: sends redirected requests of slot `c` again, by the (refreshed) ring;
+    /// each keeps its planned time, so the detour is part of its latency.
+    fn resend(&mut self, c: usize) {
+        let mut resend = std::mem::take(&mut self.resend);
+        for meta in resend.drain(..) {
+            self.scratch.clear();
+            match self
+                .gen
+                .compose_key(meta.op, meta.key, &mut self.rng, &mut self.scratch)
+            {
+                Ok((kind, _)) => self.send_routed(c, kind, meta),
+                Err(_) => self.cur.counters.errors += 1,
+            }
+        }
+        self.resend = resend;
+        if !self.slots[c].dirty {
+            self.slots[c].dirty = true;
+            self.dirty.push(c as u32);
+        }
+    }
+
     /// Closed loop: fill connection `c` up to `depth` in flight.
     fn top_up(&mut self, c: usize, now: u64) {
         if self.cfg.think_us > 0 && self.phase == Phase::Run {
             // With think time, each finished slot waits before its next request.
-            let Some(conn) = self.slots[c].conn.as_ref() else {
+            if self.slots[c].dead() {
                 return;
-            };
+            }
             let waiting = self
                 .heap
                 .iter()
                 .filter(|Reverse((_, i))| *i as usize == c)
                 .count();
-            let free = self.cfg.depth.saturating_sub(conn.in_flight() + waiting);
+            let free = self
+                .cfg
+                .depth
+                .saturating_sub(self.slots[c].in_flight() + waiting);
             for _ in 0..free {
                 self.heap
                     .push(Reverse((now + self.cfg.think_us * 1000, c as u32)));
@@ -646,8 +874,9 @@ impl<'c> Engine<'c> {
             Phase::Run => self.cfg.depth,
             Phase::Load => self.cfg.depth.max(32),
         };
-        while let Some(conn) = self.slots[c].conn.as_ref() {
-            if conn.in_flight() >= depth || self.slots[c].budget == 0 || now >= self.end {
+        loop {
+            let slot = &self.slots[c];
+            if slot.dead() || slot.in_flight() >= depth || slot.budget == 0 || now >= self.end {
                 break;
             }
             self.issue(c, now, now);
@@ -658,31 +887,36 @@ impl<'c> Engine<'c> {
         while let Some(c) = self.dirty.pop() {
             let c = c as usize;
             self.slots[c].dirty = false;
-            let r = match self.slots[c].conn.as_mut() {
-                Some(conn) => conn.flush(),
-                None => continue,
-            };
-            if let Err(e) = r {
-                self.reset(c, Some(ConnError::Io(e)));
+            for n in 0..self.slots[c].conns.len() {
+                let r = match self.slots[c].conns[n].as_mut() {
+                    Some(conn) if conn.has_output() => conn.flush(),
+                    _ => continue,
+                };
+                if let Err(e) = r {
+                    self.reset(c, n, Some(ConnError::Io(e)));
+                }
             }
         }
     }
 
-    fn on_ready(&mut self, c: usize, now: u64) {
+    fn on_ready(&mut self, c: usize, n: usize, now: u64) {
         // A warm-up request answered after the warm-up is left out of the measurement.
         let cut = self.cut();
         let Some(slot) = self.slots.get_mut(c) else {
             return;
         };
-        let Some(conn) = slot.conn.as_mut() else {
+        let Some(Some(conn)) = slot.conns.get_mut(n) else {
             return;
         };
         if conn.has_output() {
             if let Err(e) = conn.flush() {
-                self.reset(c, Some(ConnError::Io(e)));
+                self.reset(c, n, Some(ConnError::Io(e)));
                 return;
             }
         }
+        let cluster = self.router.is_some();
+        let resend = &mut self.resend;
+        let mut newest = 0u64;
         let counters = &mut self.cur.counters;
         let lat = &mut self.cur.latency;
         let lat_send = &mut self.cur.latency_send;
@@ -714,6 +948,14 @@ impl<'c> Engine<'c> {
                         bad_values += 1;
                     }
                 }
+            }
+            Event::Done { user, outcome, .. } if cluster && outcome.redirect.is_some() => {
+                // Not an answer: the key lives elsewhere now, or its data is still on its
+                // way there. Sent again below (values of a redirected get were none).
+                newest = newest.max(outcome.redirect.unwrap_or(0));
+                counters.redirects += 1;
+                resend.push(user);
+                bad_values = 0;
             }
             Event::Done { user, .. } if cut.left_out(user.planned) => {
                 bad_values = 0;
@@ -755,6 +997,17 @@ impl<'c> Engine<'c> {
                 record(lat_send, now.saturating_sub(user.sent));
             }
         });
+        if !self.resend.is_empty() {
+            if let Some(router) = self.router.as_mut() {
+                if newest > router.ring.epoch() {
+                    let from = router.addrs[n];
+                    if let Err(e) = router.refresh_any(from) {
+                        note(&mut self.notes, e.to_string());
+                    }
+                }
+            }
+            self.resend(c);
+        }
         match r {
             Ok(0) => {}
             Ok(_) => {
@@ -764,7 +1017,7 @@ impl<'c> Engine<'c> {
                     self.top_up(c, now);
                 }
             }
-            Err(e) => self.reset(c, Some(e)),
+            Err(e) => self.reset(c, n, Some(e)),
         }
     }
 
@@ -772,15 +1025,16 @@ impl<'c> Engine<'c> {
     fn check_timeouts(&mut self, now: u64) {
         let mut next = now + self.timeout_ns;
         for c in 0..self.slots.len() {
-            let oldest = self.slots[c]
-                .conn
-                .as_ref()
-                .and_then(|k| k.oldest().map(|m| m.sent));
-            if let Some(sent) = oldest {
-                if sent + self.timeout_ns <= now {
-                    self.reset(c, None);
-                } else {
-                    next = next.min(sent + self.timeout_ns);
+            for n in 0..self.slots[c].conns.len() {
+                let oldest = self.slots[c].conns[n]
+                    .as_ref()
+                    .and_then(|k| k.oldest().map(|m| m.sent));
+                if let Some(sent) = oldest {
+                    if sent + self.timeout_ns <= now {
+                        self.reset(c, n, None);
+                    } else {
+                        next = next.min(sent + self.timeout_ns);
+                    }
                 }
             }
         }
@@ -789,10 +1043,32 @@ impl<'c> Engine<'c> {
 
     /// Drops connection `c` after an error (`None`: a timeout), counts its pending requests,
     /// and reconnects.
-    fn reset(&mut self, c: usize, err: Option<ConnError>) {
-        let Some(mut conn) = self.slots[c].conn.take() else {
+    fn reset(&mut self, c: usize, n: usize, err: Option<ConnError>) {
+        let Some(mut conn) = self.slots[c].conns[n].take() else {
             return;
         };
+        if self.router.is_some() && err.is_some() {
+            // A cluster node that went away (removed and stopped, or dead): ask the others
+            // for the ring and send what it had not answered again, by that ring.
+            self.resend
+                .extend(conn.drain_pending().map(|(_, meta)| meta));
+            let _ = conn.deregister(self.poll.registry());
+            drop(conn);
+            if let Some(err) = &err {
+                note(
+                    &mut self.notes,
+                    format!("cluster node {n} (slot {c}): {err}"),
+                );
+            }
+            if let Some(router) = self.router.as_mut() {
+                let from = router.addrs[n];
+                if let Err(e) = router.refresh_any(from) {
+                    note(&mut self.notes, e.to_string());
+                }
+            }
+            self.resend(c);
+            return;
+        }
         let lost = conn.drain_pending().count() as u64;
         let _ = conn.deregister(self.poll.registry());
         drop(conn);
@@ -803,15 +1079,26 @@ impl<'c> Engine<'c> {
                 note(&mut self.notes, format!("connection {c}: {e}"));
             }
         }
-        match connect(self.cfg.target, self.cfg.protocol.wire()) {
+        let addr = match &self.router {
+            Some(r) => r.addrs[n],
+            None => self.cfg.target,
+        };
+        match connect(addr, self.cfg.protocol.wire()) {
             Ok(mut conn) => {
-                if conn.register(self.poll.registry(), Token(c)).is_ok() {
-                    self.slots[c].conn = Some(conn);
+                if conn
+                    .register(self.poll.registry(), Token(c * STRIDE + n))
+                    .is_ok()
+                {
+                    self.slots[c].conns[n] = Some(conn);
                 }
+            }
+            // A cluster node that left is simply not used again once the ring moves on.
+            Err(e) if self.router.is_some() => {
+                note(&mut self.notes, format!("reconnect {addr}: {e}"))
             }
             Err(e) => note(&mut self.notes, format!("reconnect {c}: {e}")),
         }
-        if self.slots[c].conn.is_none() {
+        if self.slots[c].conns[n].is_none() {
             return;
         }
         let now = mono_ns();

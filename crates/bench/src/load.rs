@@ -48,6 +48,9 @@ pub struct Load {
     pub protocol: Protocol,
     /// Meta protocol: keys travel base64-encoded (`b` flag).
     pub meta_base64: bool,
+    /// The target is a node of a kvlab cluster: route every key to its node by the
+    /// cluster's ring and follow redirects (`kvlab_client::cluster`).
+    pub cluster: bool,
     /// Generator threads (per participant: the master and each agent).
     pub threads: usize,
     /// Connections per generator thread.
@@ -78,6 +81,7 @@ impl Default for Load {
         Load {
             protocol: Protocol::default(),
             meta_base64: false,
+            cluster: false,
             threads: 1,
             connections: 4,
             mode: Mode::default(),
@@ -355,6 +359,7 @@ impl Load {
             target,
             protocol: self.protocol,
             meta_base64: self.meta_base64,
+            cluster: self.cluster,
             threads: self.threads,
             connections: self.connections,
             depth: self.depth(),
@@ -422,6 +427,8 @@ options! {
     protocol: Protocol,
     /// Meta protocol: send keys base64-encoded.
     meta_base64: bool,
+    /// The target is a kvlab cluster node: route keys by the cluster's ring.
+    cluster: bool,
     /// Generator threads.
     threads: usize,
     /// Connections per thread.
@@ -639,6 +646,7 @@ impl Options {
         let load = Load {
             protocol: self.protocol.unwrap_or(d.protocol),
             meta_base64: self.meta_base64.unwrap_or(d.meta_base64),
+            cluster: self.cluster.unwrap_or(d.cluster),
             threads: self.threads.unwrap_or(d.threads),
             connections: self.connections.unwrap_or(d.connections),
             mode,

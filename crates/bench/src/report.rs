@@ -139,8 +139,16 @@ pub fn summary(r: &RunResult) -> String {
     );
     let _ = writeln!(
         out,
-        "  errors {} (verification {}), timeouts {}, sent {}",
-        k.errors, k.verify_errors, k.timeouts, k.sent
+        "  errors {} (verification {}), timeouts {}, sent {}{}",
+        k.errors,
+        k.verify_errors,
+        k.timeouts,
+        k.sent,
+        if k.redirects > 0 {
+            format!(", cluster redirects followed {}", k.redirects)
+        } else {
+            String::new()
+        }
     );
     lat_header(&mut out);
     lat_line(&mut out, "from planned", &r.latency);

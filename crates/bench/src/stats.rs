@@ -56,6 +56,10 @@ pub struct Counters {
     pub verify_errors: u64,
     /// Requests with no reply within the timeout.
     pub timeouts: u64,
+    /// `--cluster`: redirects followed (`MOVED`/`TRYAGAIN`; the request was sent again and
+    /// counts once, when answered).
+    #[serde(default)]
+    pub redirects: u64,
 }
 
 impl Counters {
@@ -72,6 +76,7 @@ impl Counters {
         self.errors += o.errors;
         self.verify_errors += o.verify_errors;
         self.timeouts += o.timeouts;
+        self.redirects += o.redirects;
     }
 }
 

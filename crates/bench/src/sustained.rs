@@ -657,6 +657,7 @@ mod tests {
             target: "127.0.0.1:1".parse().unwrap(),
             protocol: Default::default(),
             meta_base64: false,
+            cluster: false,
             threads: 1,
             connections: 1,
             depth: 1,

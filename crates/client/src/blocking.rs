@@ -14,6 +14,23 @@ pub struct Client {
     stream: TcpStream,
     out: Vec<u8>,
     inb: Vec<u8>,
+    /// The last reply line that was not a value (without `\r\n`).
+    last_line: Vec<u8>,
+}
+
+/// What [`Client::call`] read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A retrieval's values (key, flags, data), ended by `END`.
+    Values(Vec<(Vec<u8>, u32, Vec<u8>)>),
+    /// Any other reply: its line, without `\r\n`.
+    Line(Vec<u8>),
+}
+
+enum Step {
+    Value(Vec<u8>, u32, Vec<u8>),
+    End,
+    Line,
 }
 
 impl Client {
@@ -27,6 +44,7 @@ impl Client {
             stream,
             out: Vec::new(),
             inb: Vec::new(),
+            last_line: Vec::new(),
         })
     }
 
@@ -87,6 +105,33 @@ impl Client {
         })
     }
 
+    /// Sends one request (whole, with its data) and reads its answer: the values of a
+    /// retrieval up to `END`, or the one line that answers anything else (`STORED`,
+    /// `SERVER_ERROR …`, a meta reply's line). For replies without a value block only.
+    pub fn call(&mut self, req: &[u8]) -> Result<Answer, ConnError> {
+        self.stream.write_all(req)?;
+        let mut values = Vec::new();
+        loop {
+            let step = self.next(|r| {
+                Ok(match r {
+                    Reply::Value {
+                        key, flags, data, ..
+                    } => Step::Value(key.to_vec(), flags, data.to_vec()),
+                    Reply::End => Step::End,
+                    _ => Step::Line,
+                })
+            })?;
+            match step {
+                Step::Value(k, f, d) => values.push((k, f, d)),
+                Step::End => return Ok(Answer::Values(values)),
+                Step::Line => {
+                    let line = self.last_line.clone();
+                    return Ok(Answer::Line(line));
+                }
+            }
+        }
+    }
+
     fn send(&mut self) -> Result<(), ConnError> {
         self.stream.write_all(&self.out)?;
         Ok(())
@@ -96,6 +141,11 @@ impl Client {
     fn next<R>(&mut self, f: impl Fn(Reply<'_>) -> Result<R, String>) -> Result<R, ConnError> {
         loop {
             if let ParsedReply::Complete { reply, len } = proto::parse_reply(&self.inb)? {
+                if !matches!(reply, Reply::Value { .. }) {
+                    let end = self.inb[..len].len().saturating_sub(2);
+                    self.last_line.clear();
+                    self.last_line.extend_from_slice(&self.inb[..end]);
+                }
                 let r = f(reply).map_err(|reply| ConnError::Unexpected { reply, kind: None });
                 self.inb.drain(..len);
                 return r;

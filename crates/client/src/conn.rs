@@ -103,6 +103,9 @@ pub struct Outcome {
     pub hits: u32,
     /// For a get: keys asked for and not found.
     pub misses: u32,
+    /// The error was a cluster node's redirect (`MOVED`/`TRYAGAIN`, see
+    /// [`crate::cluster`]), under the node's ring of this epoch.
+    pub redirect: Option<u64>,
 }
 
 /// What [`Conn::on_readable`] reports.
@@ -171,6 +174,8 @@ pub struct Conn<T> {
     pending: VecDeque<Pending<T>>,
     /// Values seen so far for the head request.
     head_hits: u32,
+    /// The head request's error was a cluster redirect under this epoch.
+    head_redirect: Option<u64>,
     /// HTTP: responses seen so far for the head request (a multi-get is several GETs).
     head_responses: u32,
     /// HTTP: one of the head request's GETs was answered with an error; meta: one of the head
@@ -204,6 +209,7 @@ impl<T> Conn<T> {
             in_end: 0,
             pending: VecDeque::with_capacity(64),
             head_hits: 0,
+            head_redirect: None,
             head_responses: 0,
             head_failed: false,
             wire,
@@ -358,7 +364,10 @@ impl<T> Conn<T> {
                     self.in_start += len;
                     continue;
                 }
-                (_, r) if r.is_error() => Status::Error,
+                (_, r) if r.is_error() => {
+                    self.head_redirect = redirect_epoch(r);
+                    Status::Error
+                }
                 (ReqKind::Get { .. }, Reply::End) => Status::Ok,
                 (ReqKind::Store, Reply::Stored) => Status::Ok,
                 (ReqKind::Store, Reply::NotStored | Reply::Exists | Reply::NotFound) => {
@@ -409,6 +418,7 @@ impl<T> Conn<T> {
     ) -> bool {
         self.in_start += len;
         let hits = std::mem::take(&mut self.head_hits);
+        let redirect = self.head_redirect.take();
         let misses = match kind {
             ReqKind::Get { keys } if status == Status::Ok => keys.saturating_sub(hits),
             _ => 0,
@@ -419,6 +429,7 @@ impl<T> Conn<T> {
                 status,
                 hits,
                 misses,
+                redirect,
             },
             f,
         )
@@ -461,7 +472,10 @@ impl<T> Conn<T> {
                 }
                 (ReqKind::Get { .. }, Reply::MetaNoop) if quiet => Status::Ok,
                 (ReqKind::Get { .. }, Reply::MetaMiss) if !quiet => Status::Ok,
-                (_, r) if r.is_error() => Status::Error,
+                (_, r) if r.is_error() => {
+                    self.head_redirect = redirect_epoch(r);
+                    Status::Error
+                }
                 (ReqKind::Store | ReqKind::Delete | ReqKind::Line, Reply::MetaHeader(_)) => {
                     Status::Ok
                 }
@@ -567,12 +581,14 @@ impl<T> Conn<T> {
                 _ => 0,
             };
             let misses = if status == Status::Error { 0 } else { misses };
+            let redirect = self.head_redirect.take();
             if !self.complete_head(
                 kind,
                 Outcome {
                     status,
                     hits,
                     misses,
+                    redirect,
                 },
                 f,
             ) {
@@ -643,6 +659,14 @@ fn unexpected(reply: &Reply<'_>, kind: Option<ReqKind>) -> ConnError {
     let mut s = format!("{reply:?}");
     s.truncate(100);
     ConnError::Unexpected { reply: s, kind }
+}
+
+/// The epoch of a cluster node's redirect (`SERVER_ERROR MOVED|TRYAGAIN <epoch> …`).
+fn redirect_epoch(r: &Reply<'_>) -> Option<u64> {
+    match r {
+        Reply::ServerError(reason) => crate::redirect::Redirect::parse(reason).map(|r| r.epoch()),
+        _ => None,
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,8 @@
 //! - [`http`]: the HTTP/1.1 side of kvlab's REST interface (compose requests, parse responses
 //!   incrementally); [`Conn`] speaks it with [`Wire::Http`].
 //! - [`blocking`]: a small blocking client for tools and tests.
+//! - [`cluster`]: a kvlab cluster's ring (key → node), its redirects, and a blocking
+//!   cluster-aware client that follows them.
 //! - [`process`]: start a system (kvlab's server, memcached, any program) on a free port,
 //!   wait until it answers, stop it on drop — for the lab, tests and tools.
 //! - [`testing`]: Debian's memcached for this workspace's tests (over [`process`]).
@@ -16,11 +18,14 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod blocking;
+pub mod cluster;
 pub mod conn;
 pub mod http;
 pub mod process;
+pub mod redirect;
 
-pub use blocking::Client;
+pub use blocking::{Answer, Client};
+pub use cluster::{ClusterClient, Redirect, Ring};
 pub use conn::{Conn, ConnError, Event, Outcome, ReqKind, Status, Wire};
 pub use process::{Probe, Process, Spawn, SpawnError};
 pub mod testing;

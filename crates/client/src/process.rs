@@ -73,6 +73,13 @@ pub enum Probe {
     Version(SocketAddr),
     /// `GET /` over HTTP/1.1 answers `200`.
     HttpGet(SocketAddr),
+    /// `version\r\n` on the memcached protocol gets any reply line (a server that wants
+    /// authentication first answers `CLIENT_ERROR unauthenticated`).
+    Answers(SocketAddr),
+    /// A TCP connection is accepted (a TLS port, where a plaintext request gets no reply).
+    Connects(SocketAddr),
+    /// `GET <path>` over HTTP/1.1 answers `200` (e.g. etcd's `/health`).
+    HttpGetPath(SocketAddr, &'static str),
 }
 
 impl Probe {
@@ -81,6 +88,10 @@ impl Probe {
         match *self {
             Probe::Version(addr) => probe_version(addr, timeout),
             Probe::HttpGet(addr) => probe_http(addr, timeout),
+            Probe::Answers(addr) => ask(addr, b"version\r\n", "", timeout),
+            Probe::Connects(addr) => std::net::TcpStream::connect_timeout(&addr, timeout)
+                .map(|_| format!("connected to {addr}")),
+            Probe::HttpGetPath(addr, path) => probe_http_path(addr, path, timeout),
         }
     }
 
@@ -88,6 +99,9 @@ impl Probe {
         match self {
             Probe::Version(a) => format!("`version` at {a}"),
             Probe::HttpGet(a) => format!("`GET /` at http://{a}"),
+            Probe::Answers(a) => format!("any reply to `version` at {a}"),
+            Probe::Connects(a) => format!("a connection to {a}"),
+            Probe::HttpGetPath(a, p) => format!("`GET {p}` at http://{a}"),
         }
     }
 }
@@ -302,8 +316,8 @@ impl Process {
     /// The address of its first memcached-protocol probe.
     pub fn addr(&self) -> Option<SocketAddr> {
         self.probes.iter().find_map(|p| match p {
-            Probe::Version(a) => Some(*a),
-            Probe::HttpGet(_) => None,
+            Probe::Version(a) | Probe::Answers(a) | Probe::Connects(a) => Some(*a),
+            Probe::HttpGet(_) | Probe::HttpGetPath(..) => None,
         })
     }
 
@@ -406,7 +420,12 @@ pub fn probe_version(addr: SocketAddr, timeout: Duration) -> io::Result<String> 
 
 /// Sends `GET /` (HTTP/1.1) and returns the status line if it is 200.
 pub fn probe_http(addr: SocketAddr, timeout: Duration) -> io::Result<String> {
-    let request = format!("GET / HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    probe_http_path(addr, "/", timeout)
+}
+
+/// `GET <path>` over HTTP/1.1; the status line if it is `200`.
+pub fn probe_http_path(addr: SocketAddr, path: &str, timeout: Duration) -> io::Result<String> {
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
     ask(addr, request.as_bytes(), "HTTP/1.1 200", timeout)
 }
 

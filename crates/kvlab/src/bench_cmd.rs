@@ -83,6 +83,11 @@ struct RunArgs {
     /// With --protocol meta: send keys base64-encoded (the `b` flag; keys up to 186 bytes).
     #[arg(long)]
     meta_base64: bool,
+    /// Load a kvlab cluster through this node (HOST:PORT; instead of -s): every key goes to
+    /// its node by the cluster's ring; MOVED/TRYAGAIN redirects are followed, not counted
+    /// as errors (the run reports how many).
+    #[arg(long, value_name = "ADDR", conflicts_with = "targets")]
+    cluster: Option<String>,
 
     // --- load model ---
     #[arg(long, short = 'T', help = dflt("Generator threads", Load::default().threads))]
@@ -281,6 +286,7 @@ impl RunArgs {
                 ProtocolArg::Http => Protocol::Http,
             }),
             meta_base64: self.meta_base64.then_some(true),
+            cluster: self.cluster.is_some().then_some(true),
             threads: self.threads,
             connections: self.connections,
             depth: self.depth,
@@ -328,10 +334,14 @@ impl RunArgs {
     }
 
     fn configs_of(&self, load: &Load) -> anyhow::Result<Vec<Config>> {
-        self.targets
-            .iter()
-            .map(|t| Ok(load.config(resolve(t)?)?))
-            .collect()
+        match &self.cluster {
+            Some(seed) => Ok(vec![load.config(resolve(seed)?)?]),
+            None => self
+                .targets
+                .iter()
+                .map(|t| Ok(load.config(resolve(t)?)?))
+                .collect(),
+        }
     }
 
     fn search_spec(&self) -> anyhow::Result<SearchSpec> {

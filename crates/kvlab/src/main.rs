@@ -10,6 +10,8 @@
 //!                                    └─► kvlab_client (pipelined connections, HTTP side)
 //! kvlab proxy     proxy_cmd     ──► kvlab_proxy (routing, workers, stage times)
 //!                                    └─► kvlab_net (epoll driver), kvlab_protocol
+//! kvlab cluster   cluster_cmd   ──► kvlab_cluster (topology, coordinator) over nodes that
+//!                                    are `kvlab server --cluster` (kvlab_cluster::node)
 //! kvlab populate  populate_cmd  ──► kvlab_bench::populate (or a data dir through the store)
 //! kvlab control   control_cmd   ──► kvlab_control (policies, cpuset/affinity, freezer/signals,
 //!                                    job queue, JSON-lines log)
@@ -23,6 +25,7 @@
 //! still `anyhow`), shown with their context and a non-zero exit.
 
 mod bench_cmd;
+mod cluster_cmd;
 mod control_cmd;
 mod lab_cmd;
 mod populate_cmd;
@@ -56,6 +59,8 @@ enum Command {
     Proxy(proxy_cmd::ProxyArgs),
     /// Keep a server inside its latency SLO while batch jobs use the spare cores.
     Control(Box<control_cmd::ControlArgs>),
+    /// Elastic cluster: start nodes, add or remove one while it serves, status.
+    Cluster(cluster_cmd::ClusterArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -67,5 +72,6 @@ fn main() -> anyhow::Result<()> {
         Command::Lab(args) => lab_cmd::run(args),
         Command::Proxy(args) => proxy_cmd::run(args),
         Command::Control(args) => control_cmd::run(*args),
+        Command::Cluster(args) => cluster_cmd::run(args),
     }
 }

@@ -35,6 +35,11 @@ pub struct ProxyArgs {
     /// change of the file reloads it without dropping clients.
     #[arg(long = "config", value_name = "FILE", conflicts_with_all = ["backends", "distribution", "replicas", "write_policy", "read_policy", "multiget", "timeout_ms", "failure_limit", "retry_timeout_ms"])]
     config: Option<PathBuf>,
+    /// Front a kvlab cluster through this node (HOST:PORT): the backends are the cluster's
+    /// nodes, keys go where its live ring says (followed as it changes), and MOVED/TRYAGAIN
+    /// redirects are followed, so unmodified memcached clients need no changes.
+    #[arg(long = "cluster", value_name = "HOST:PORT", conflicts_with_all = ["config", "backends", "distribution", "replicas", "write_policy", "read_policy", "multiget"])]
+    cluster: Option<String>,
     /// Key → backend map: ketama (consistent hashing, the same servers as twemproxy and
     /// libmemcached) or modula.
     #[arg(long = "distribution")]
@@ -124,6 +129,12 @@ fn proxy_config(args: &ProxyArgs) -> anyhow::Result<ProxyConfig> {
             }
             if let Some(ms) = args.retry_timeout_ms {
                 c.retry_timeout = Duration::from_millis(ms);
+            }
+            if let Some(seed) = &args.cluster {
+                let addr = kvlab_client::cluster::resolve(seed)?;
+                let ring = kvlab_client::cluster::fetch_ring(addr, Duration::from_secs(2))
+                    .map_err(|e| anyhow::anyhow!("cluster ring from {seed}: {e}"))?;
+                c = c.of_cluster(seed, ring)?;
             }
             if c.pools[0].backends.is_empty() {
                 anyhow::bail!(

@@ -77,12 +77,44 @@ pub struct ServerArgs {
     #[arg(long = "crawler-interval-ms", default_value_t = 2000)]
     crawler_interval_ms: u64,
     /// memcached's extended options, comma-separated; kvlab knows lru_crawler (the
-    /// default) and no_lru_crawler (same as --crawler-interval-ms 0).
+    /// default), no_lru_crawler (same as --crawler-interval-ms 0), slab_reassign (the
+    /// default), no_slab_reassign and idle_timeout=SECONDS.
     #[arg(short = 'o', long = "extended", value_delimiter = ',')]
     extended: Vec<String>,
+    /// Enable the "shutdown" command (memcached's -A).
+    #[arg(short = 'A', long = "enable-shutdown")]
+    enable_shutdown: bool,
+    /// Growth factor between memcached's size classes, as which items are reported in
+    /// "stats items", "stats slabs" and "lru_crawler".
+    #[arg(short = 'f', long = "slab-growth-factor", default_value_t = 1.25)]
+    growth_factor: f64,
+    /// Bytes of key + value + flags in the smallest size class's chunk.
+    #[arg(short = 'n', long = "slab-min-size", default_value_t = 48)]
+    chunk_size: u32,
+    /// Key prefix delimiter for "stats detail" (giving it turns detail on).
+    #[arg(short = 'D')]
+    prefix_delimiter: Option<char>,
+    /// memcached's ASCII authentication: a file of user:password lines; a connection's
+    /// first command must be "set <key> <flags> <exptime> <length>" with "user password"
+    /// as its data, and every other request is refused until then.
+    #[arg(short = 'Y', long = "auth-file")]
+    auth_file: Option<std::path::PathBuf>,
+    /// TLS on the memcached port (memcached's -Z), with -o ssl_chain_cert=FILE,
+    /// ssl_key=FILE and optionally ssl_ca_cert=FILE, ssl_verify_mode=0..3 (client
+    /// certificates: 0 none, 1 optional, 2 and 3 required).
+    #[arg(short = 'Z', long = "enable-ssl")]
+    enable_ssl: bool,
     /// UDP port; kvlab serves TCP only, so only 0 (off, memcached's default) is accepted.
     #[arg(short = 'U', long = "udp-port", default_value_t = 0)]
     udp_port: u16,
+    /// Join a kvlab cluster whose topology is in this file (`file:PATH` or PATH, as
+    /// `kvlab cluster up`/`create` made it): serve the keys the ring gives this node,
+    /// answer `SERVER_ERROR MOVED <epoch> <node>` for others, `cluster ring` with the ring.
+    #[arg(long = "cluster", conflicts_with = "data_dir")]
+    cluster: Option<String>,
+    /// With --cluster: this node's name in the topology [default: the listen address]
+    #[arg(long = "cluster-node", requires = "cluster")]
+    cluster_node: Option<String>,
     /// Verbose: -v logs errors and warnings and connection events, -vv each bad request.
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -105,25 +137,63 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
     Ok(size)
 }
 
-/// The crawler's settings from `--crawler-interval-ms` and `-o`, `None` when off.
-fn crawler_config(interval_ms: u64, extended: &[String]) -> anyhow::Result<Option<CrawlerConfig>> {
+/// What `-o` says.
+#[derive(Debug, Default, PartialEq)]
+struct Extended {
+    crawler: Option<CrawlerConfig>,
+    slab_reassign: bool,
+    idle_timeout: Option<std::time::Duration>,
+    tls: kvlab_server::tls::TlsSettings,
+}
+
+/// The `-o` options (and `--crawler-interval-ms`, which `-o lru_crawler` must agree
+/// with).
+fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
     let mut on = interval_ms != 0;
+    let mut out = Extended {
+        slab_reassign: true,
+        ..Extended::default()
+    };
     for opt in extended {
-        match opt.trim() {
-            "lru_crawler" if interval_ms == 0 => {
+        let (name, value) = match opt.trim().split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (opt.trim(), None),
+        };
+        match (name, value) {
+            ("lru_crawler", None) if interval_ms == 0 => {
                 anyhow::bail!("-o lru_crawler contradicts --crawler-interval-ms 0")
             }
-            "lru_crawler" => on = true,
-            "no_lru_crawler" => on = false,
-            other => anyhow::bail!(
-                "unsupported -o option {other:?} (kvlab knows lru_crawler, no_lru_crawler)"
+            ("lru_crawler", None) => on = true,
+            ("no_lru_crawler", None) => on = false,
+            ("slab_reassign", None) => out.slab_reassign = true,
+            ("no_slab_reassign", None) => out.slab_reassign = false,
+            ("ssl_chain_cert", Some(v)) => out.tls.chain_cert = Some(v.into()),
+            ("ssl_key", Some(v)) => out.tls.key = Some(v.into()),
+            ("ssl_ca_cert", Some(v)) => out.tls.ca_cert = Some(v.into()),
+            ("ssl_verify_mode", Some(v)) => {
+                out.tls.verify_mode = match v.parse() {
+                    Ok(m @ 0..=3) => m,
+                    _ => anyhow::bail!("-o ssl_verify_mode={v}: 0, 1, 2 or 3"),
+                }
+            }
+            ("idle_timeout", Some(v)) => {
+                let secs: u64 = v
+                    .parse()
+                    .with_context(|| format!("-o idle_timeout={v}: not a number of seconds"))?;
+                out.idle_timeout = (secs > 0).then(|| std::time::Duration::from_secs(secs));
+            }
+            _ => anyhow::bail!(
+                "unsupported -o option {opt:?} (kvlab knows lru_crawler, no_lru_crawler, \
+                 slab_reassign, no_slab_reassign, idle_timeout=N, ssl_chain_cert=, \
+                 ssl_key=, ssl_ca_cert=, ssl_verify_mode=)"
             ),
         }
     }
-    Ok(on.then(|| CrawlerConfig {
+    out.crawler = on.then(|| CrawlerConfig {
         interval: std::time::Duration::from_millis(interval_ms),
         ..CrawlerConfig::default()
-    }))
+    });
+    Ok(out)
 }
 
 /// Log level for memcached's -v count.
@@ -152,6 +222,22 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     } else {
         args.eviction
     };
+    if args.growth_factor <= 1.0 {
+        anyhow::bail!("Factor must be greater than 1");
+    }
+    if args.chunk_size == 0 {
+        anyhow::bail!("Chunk size must be greater than 0");
+    }
+    let prefix_delimiter = match args.prefix_delimiter {
+        Some(c) if c.is_ascii() => Some(c as u8),
+        Some(c) => anyhow::bail!("-D {c:?}: the delimiter must be one ASCII character"),
+        None => None,
+    };
+    let ext = extended(args.crawler_interval_ms, &args.extended)?;
+    let auth = match &args.auth_file {
+        Some(path) => Some(kvlab_server::auth::AuthFile::load(path)?),
+        None => None,
+    };
     let memory_limit = args
         .memory_mb
         .checked_mul(1024 * 1024)
@@ -172,7 +258,22 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
             flush_interval: std::time::Duration::from_millis(args.flush_interval_ms.max(1)),
         }),
         admin_token: args.admin_token.clone(),
-        crawler: crawler_config(args.crawler_interval_ms, &args.extended)?,
+        crawler: ext.crawler,
+        slab_reassign: ext.slab_reassign,
+        idle_timeout: ext.idle_timeout,
+        auth,
+        tls: args.enable_ssl.then(|| ext.tls.clone()),
+        shutdown_command: args.enable_shutdown,
+        growth_factor: args.growth_factor,
+        chunk_size: args.chunk_size,
+        prefix_delimiter,
+        cluster: args
+            .cluster
+            .clone()
+            .map(|topology| kvlab_server::ClusterConfig {
+                topology,
+                node: args.cluster_node.clone(),
+            }),
         ..ServerConfig::default()
     };
     let mut signals = signal_hook::iterator::Signals::new([
@@ -224,14 +325,26 @@ mod tests {
     fn crawler_flags() {
         let on = |ms, o: &[&str]| {
             let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
-            crawler_config(ms, &o).map(|c| c.map(|c| c.interval.as_millis()))
+            extended(ms, &o).map(|e| e.crawler.map(|c| c.interval.as_millis()))
         };
         assert_eq!(on(2000, &[]).unwrap(), Some(2000));
         assert_eq!(on(0, &[]).unwrap(), None);
         assert_eq!(on(500, &["lru_crawler"]).unwrap(), Some(500));
         assert_eq!(on(500, &["no_lru_crawler"]).unwrap(), None);
         assert!(on(0, &["lru_crawler"]).is_err());
-        let err = on(500, &["slab_reassign"]).unwrap_err().to_string();
-        assert!(err.contains("slab_reassign"), "{err}");
+        let err = on(500, &["slab_automove=2"]).unwrap_err().to_string();
+        assert!(err.contains("slab_automove"), "{err}");
+        let o = |o: &[&str]| {
+            let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
+            extended(2000, &o)
+        };
+        assert!(o(&[]).unwrap().slab_reassign);
+        assert!(!o(&["no_slab_reassign"]).unwrap().slab_reassign);
+        assert_eq!(
+            o(&["idle_timeout=5"]).unwrap().idle_timeout,
+            Some(std::time::Duration::from_secs(5))
+        );
+        assert_eq!(o(&["idle_timeout=0"]).unwrap().idle_timeout, None);
+        assert!(o(&["idle_timeout=x"]).is_err());
     }
 }

@@ -4,7 +4,9 @@
 //! - [`spec`]: the experiment file (TOML) resolved into parts, points and planned runs;
 //! - [`system`]: the systems under test (kvlab's server, memcached, an external address);
 //! - [`runner`]: every point × repetition × system, raw results and metadata on disk;
-//! - [`analyse`]: raw results → statistics, model checks and the HTML report.
+//! - [`analyse`]: raw results → statistics, model checks and the HTML report;
+//! - [`scaling`]: `kind = "scaling"` experiments — a kvlab cluster under a verified load
+//!   while nodes are added, removed or killed on a schedule.
 //!
 //! ```text
 //! Source (file | shipped) + Overrides
@@ -168,6 +170,7 @@
 
 pub mod analyse;
 pub mod runner;
+pub mod scaling;
 pub mod spec;
 pub mod system;
 pub mod workflow;
@@ -229,6 +232,14 @@ pub const SHIPPED: &[(&str, &str)] = &[
         "proxy-2k",
         include_str!("../../../experiments/proxy-2k.toml"),
     ),
+    (
+        "cluster-scaling",
+        include_str!("../../../experiments/cluster-scaling.toml"),
+    ),
+    (
+        "cluster-failure",
+        include_str!("../../../experiments/cluster-failure.toml"),
+    ),
 ];
 
 /// The text of a shipped experiment.
@@ -238,6 +249,11 @@ pub fn shipped(name: &str) -> Option<&'static str> {
 
 /// The first line of a shipped experiment's description ("" when it has none).
 pub fn shipped_summary(name: &str) -> String {
+    if let Some(text) = shipped(name).filter(|t| scaling::is_scaling(t)) {
+        return scaling::ScalingSpec::parse(text, name)
+            .map(|s| s.description)
+            .unwrap_or_default();
+    }
     shipped(name)
         .and_then(|text| match workflow::is_workflow(text) {
             true => workflow::WorkflowSpec::parse(text).ok()?.description(),
@@ -390,6 +406,9 @@ impl Lab {
                 report,
             });
         }
+        if scaling::is_scaling(&source.text) {
+            return self.run_scaling(source, out);
+        }
         let exp = Experiment::parse(&source.text, &source.stem, overrides).with_context(|| {
             if overrides.is_empty() {
                 format!("experiment {}", source.label)
@@ -409,6 +428,29 @@ impl Lab {
         Ok(Finished {
             dir: out,
             summary: a.summary,
+            report,
+        })
+    }
+}
+
+impl Lab {
+    /// A `kind = "scaling"` experiment (see [`scaling`]): overrides do not apply.
+    fn run_scaling(&self, source: &Source, out: Option<PathBuf>) -> anyhow::Result<Finished> {
+        let spec = scaling::ScalingSpec::parse(&source.text, &source.stem)
+            .with_context(|| format!("experiment {}", source.label))?;
+        let out = match out {
+            Some(o) => o,
+            None => default_out(&spec.name, std::time::SystemTime::now()),
+        };
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let bin = self
+            .kvlab_bin
+            .as_deref()
+            .context("a scaling experiment starts kvlab nodes: set KVLAB_BIN")?;
+        let (summary, report) = scaling::run(&spec, &source.text, &out, bin)?;
+        Ok(Finished {
+            dir: out,
+            summary,
             report,
         })
     }
@@ -434,6 +476,14 @@ pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
             report: workflow::analyse(dir)?,
             summary: workflow::summary_text(dir)?,
             dir: dir.to_path_buf(),
+        });
+    }
+    if dir.join("scaling.json").exists() {
+        let (summary, report) = scaling::analyse_dir(dir)?;
+        return Ok(Finished {
+            dir: dir.to_path_buf(),
+            summary,
+            report,
         });
     }
     let (meta, raws) = runner::load(dir)?;

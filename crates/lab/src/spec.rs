@@ -1293,6 +1293,11 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{name}: {e:#}"));
                 continue;
             }
+            if crate::scaling::is_scaling(text) {
+                crate::scaling::ScalingSpec::parse(text, name)
+                    .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+                continue;
+            }
             let e = Experiment::parse(text, name, &Overrides::default())
                 .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(!e.runs().is_empty(), "{name}");

@@ -38,6 +38,69 @@ pub enum Pump {
     Blocked,
 }
 
+/// Idle connections: the driver stamps a connection with [`Idle::now`] when it is ready,
+/// and [`Idle::sweep_due`] says when to look at them (about once a second; the clock is
+/// read once per loop round, not per request). One idle a second or more gives its
+/// buffers back ([`Session::shrink`]); one idle past the idle timeout, if any, is closed.
+pub(crate) struct Idle {
+    timeout: Option<std::time::Duration>,
+    now: std::time::Instant,
+    last_sweep: std::time::Instant,
+}
+
+impl Idle {
+    /// How often connections are checked.
+    pub(crate) const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+    pub(crate) fn new(timeout: Option<std::time::Duration>) -> Idle {
+        let now = std::time::Instant::now();
+        Idle {
+            timeout,
+            now,
+            last_sweep: now,
+        }
+    }
+
+    /// Reads the clock (once per loop round).
+    pub(crate) fn tick(&mut self) {
+        self.now = std::time::Instant::now();
+    }
+
+    /// The time of this round.
+    pub(crate) fn now(&self) -> std::time::Instant {
+        self.now
+    }
+
+    /// Whether a second has passed since the last sweep (and starts a new one if so).
+    pub(crate) fn sweep_due(&mut self) -> bool {
+        if self.now.duration_since(self.last_sweep) < Self::EVERY {
+            return false;
+        }
+        self.last_sweep = self.now;
+        true
+    }
+
+    /// Whether a connection last served at `last` with `session` is to be closed: idle
+    /// past the timeout, with no reply owed or unsent. (Half a command line counts as
+    /// idle, as in memcached.)
+    pub(crate) fn expired<S: Service>(
+        &self,
+        last: std::time::Instant,
+        session: &Session<S>,
+    ) -> bool {
+        self.timeout
+            .is_some_and(|t| self.now.duration_since(last) > t)
+            && !session.is_waiting()
+            && session.output().is_empty()
+    }
+
+    /// Whether a connection last ready at `last` has been idle for a sweep interval (its
+    /// buffers can go back).
+    pub(crate) fn stale(&self, last: std::time::Instant) -> bool {
+        self.now.duration_since(last) >= Self::EVERY
+    }
+}
+
 /// Moves bytes for one non-blocking connection until its input is drained or its output
 /// blocks.
 ///
@@ -53,7 +116,7 @@ pub enum Pump {
 ///
 /// With `inline`, deferred work runs here on the service's own worker; otherwise it stays in
 /// the session for the caller to hand to helper threads ([`Session::take_work`]).
-pub fn pump<T: Read + Write, S: Service>(
+pub fn pump<T: Read + Write + std::os::fd::AsFd, S: Service>(
     stream: &mut T,
     session: &mut Session<S>,
     service: &mut S,
@@ -66,6 +129,10 @@ pub fn pump<T: Read + Write, S: Service>(
             session.process_inline(service);
         } else {
             session.process(service);
+        }
+        if session.hands_off() && !session.is_waiting() {
+            hand_off(stream, session, service);
+            return Pump::Closed;
         }
         if !flush(stream, session, service) {
             return Pump::Closed;
@@ -105,6 +172,22 @@ pub fn pump<T: Read + Write, S: Service>(
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(_) => return Pump::Closed,
             }
+        }
+    }
+}
+
+/// A session that hands its connection off ([`crate::Flow::HandOff`]) gives the service
+/// its own descriptor of the socket and its unsent replies (the driver then drops its
+/// copy).
+pub(crate) fn hand_off<T: std::os::fd::AsFd, S: Service>(
+    stream: &T,
+    session: &Session<S>,
+    service: &mut S,
+) {
+    if session.hands_off() {
+        match stream.as_fd().try_clone_to_owned() {
+            Ok(fd) => service.take_over(fd, session.output()),
+            Err(e) => tracing::warn!(%e, "cannot hand a connection off"),
         }
     }
 }

@@ -45,6 +45,8 @@ impl Epoll {
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
         let service = app.service(0);
         let event_loop = EventLoop::new(poll, service, app, config.limits)
+            .with_idle_timeout(config.idle_timeout)
+            .with_tls(config.tls.clone())
             .with_listener(mio::net::TcpListener::from_std(listener))?
             .with_helpers(config.threads, waker.clone())?;
         let thread = std::thread::Builder::new()

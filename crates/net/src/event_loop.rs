@@ -52,6 +52,10 @@ struct Conn<A: App> {
     touched: bool,
     /// The socket may hold unread input (see [`driver::pump`]).
     readable: bool,
+    /// When it was last ready (with an idle timeout; see [`driver::Idle`]).
+    last_active: std::time::Instant,
+    /// Its TLS state, when the server serves TLS.
+    tls: Option<Box<rustls::ServerConnection>>,
 }
 
 /// Helper threads and the channel their results come back on.
@@ -79,6 +83,10 @@ pub struct EventLoop<A: App> {
     batch: Vec<WorkOf<A>>,
     batch_slots: Vec<(usize, u64, SlotId)>,
     batch_done: Vec<(usize, Completion)>,
+    /// The clock of idle connections (buffers given back, the idle timeout).
+    idle: driver::Idle,
+    /// Serve TLS with this configuration.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl<A: App> EventLoop<A> {
@@ -99,7 +107,21 @@ impl<A: App> EventLoop<A> {
             batch: Vec::new(),
             batch_slots: Vec::new(),
             batch_done: Vec::new(),
+            idle: driver::Idle::new(None),
+            tls: None,
         }
+    }
+
+    /// Every connection speaks TLS with `config` (see [`crate::tls`]).
+    pub fn with_tls(mut self, config: Option<Arc<rustls::ServerConfig>>) -> Self {
+        self.tls = config;
+        self
+    }
+
+    /// Connections idle longer than `timeout` are closed (see [`driver::Idle`]).
+    pub fn with_idle_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+        self.idle = driver::Idle::new(timeout);
+        self
     }
 
     /// Deferred work goes to `threads` helper threads, whose results wake the loop through
@@ -135,7 +157,11 @@ impl<A: App> EventLoop<A> {
         let mut events = Events::with_capacity(1024);
         while !self.app.stopping() {
             // Work collected while serving the last batch's replies runs without waiting.
-            let timeout = (!self.batch.is_empty()).then_some(std::time::Duration::ZERO);
+            let timeout = if !self.batch.is_empty() {
+                Some(std::time::Duration::ZERO)
+            } else {
+                Some(driver::Idle::EVERY)
+            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -143,6 +169,7 @@ impl<A: App> EventLoop<A> {
                 tracing::error!(%e, "worker poll failed");
                 break;
             }
+            self.idle.tick();
             for event in events.iter() {
                 match event.token() {
                     WAKER => {
@@ -153,14 +180,35 @@ impl<A: App> EventLoop<A> {
                     Token(i) => {
                         if let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) {
                             conn.readable = true;
+                            conn.last_active = self.idle.now();
                         }
                         self.serve(i);
                     }
                 }
             }
             self.run_batch();
+            self.close_idle();
         }
         self.close_all();
+    }
+
+    /// Once a second: connections idle a while give their buffers back; those idle past
+    /// the idle timeout are closed.
+    fn close_idle(&mut self) {
+        if !self.idle.sweep_due() {
+            return;
+        }
+        for slot in 0..self.conns.len() {
+            let Some(c) = self.conns[slot].as_mut() else {
+                continue;
+            };
+            if self.idle.expired(c.last_active, &c.session) {
+                self.app.idle_kick();
+                self.drop_conn(slot);
+            } else if self.idle.stale(c.last_active) {
+                c.session.shrink();
+            }
+        }
     }
 
     /// Runs the work collected this round as one batch, completes it in its sessions, and
@@ -235,6 +283,17 @@ impl<A: App> EventLoop<A> {
     }
 
     fn adopt(&mut self, mut stream: TcpStream) {
+        let tls = match &self.tls {
+            Some(config) => match rustls::ServerConnection::new(config.clone()) {
+                Ok(c) => Some(Box::new(c)),
+                Err(e) => {
+                    tracing::warn!(%e, "cannot start TLS on a connection");
+                    self.app.release();
+                    return;
+                }
+            },
+            None => None,
+        };
         let slot = self.free.pop().unwrap_or_else(|| {
             self.conns.push(None);
             self.conns.len() - 1
@@ -255,7 +314,15 @@ impl<A: App> EventLoop<A> {
             helper: None,
             touched: false,
             readable: true,
+            last_active: self.idle.now(),
+            tls,
         });
+        if let Some(conn) = self.conns[slot].as_mut() {
+            use std::os::fd::AsRawFd;
+            let fd = conn.stream.as_raw_fd();
+            conn.session
+                .opened(&mut self.service, fd, conn.tls.is_some());
+        }
         // Edge-triggered: data may already be waiting.
         self.serve(slot);
     }
@@ -266,13 +333,39 @@ impl<A: App> EventLoop<A> {
         };
         let batched = self.helpers.is_none() && <WorkOf<A> as Work>::BATCH > 1;
         let inline = self.helpers.is_none() && !batched;
-        let pumped = driver::pump(
-            &mut conn.stream,
-            &mut conn.session,
-            &mut self.service,
-            inline,
-            &mut conn.readable,
-        );
+        let pumped = match conn.tls.as_deref_mut() {
+            Some(tls) => {
+                // Ciphertext left over from the last write goes first.
+                let flushed = match crate::tls::flush(tls, &mut conn.stream) {
+                    Ok(()) => true,
+                    Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+                };
+                let pumped = if flushed {
+                    let mut stream = crate::tls::TlsStream::new(&mut conn.stream, tls);
+                    driver::pump(
+                        &mut stream,
+                        &mut conn.session,
+                        &mut self.service,
+                        inline,
+                        &mut conn.readable,
+                    )
+                } else {
+                    Pump::Closed
+                };
+                match pumped {
+                    // Ciphertext still queued: wait until the socket takes it.
+                    Pump::Idle if crate::tls::pending(tls) => Pump::Blocked,
+                    p => p,
+                }
+            }
+            None => driver::pump(
+                &mut conn.stream,
+                &mut conn.session,
+                &mut self.service,
+                inline,
+                &mut conn.readable,
+            ),
+        };
         let keep = match pumped {
             Pump::Closed => false,
             Pump::Idle => arm_writable(conn, &self.poll, Token(slot), false),
@@ -317,7 +410,13 @@ impl<A: App> EventLoop<A> {
     fn close_all(&mut self) {
         for slot in 0..self.conns.len() {
             if let Some(conn) = self.conns[slot].as_mut() {
-                driver::flush_on_close(&mut conn.stream, &conn.session);
+                match conn.tls.as_deref_mut() {
+                    Some(tls) => {
+                        let mut stream = crate::tls::TlsStream::new(&mut conn.stream, tls);
+                        driver::flush_on_close(&mut stream, &conn.session);
+                    }
+                    None => driver::flush_on_close(&mut conn.stream, &conn.session),
+                }
             }
             self.drop_conn(slot);
         }

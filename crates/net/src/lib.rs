@@ -22,6 +22,7 @@
 //! - [`driver`]: what every driver shares: admission, the accept loop, the pump between a
 //!   non-blocking socket and its session;
 //! - [`event_loop`]: one edge-triggered epoll loop over many connections;
+//! - [`tls`]: a connection's bytes through rustls (`-Z`), non-blocking and blocking;
 //! - [`pool`]: helper threads that run deferred work and wake the loop (thread diagram there);
 //! - the drivers, each with its thread diagram: [`reactor`] (the default: one loop per worker,
 //!   deferred work inline), [`threaded`] (a thread per connection, deferred work inline),
@@ -43,6 +44,7 @@ pub mod service;
 pub mod session;
 pub mod signal;
 pub mod threaded;
+pub mod tls;
 
 use std::io;
 use std::sync::Arc;
@@ -99,12 +101,19 @@ impl std::str::FromStr for IoModel {
 }
 
 /// What every driver is told.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Config {
     /// Worker threads (reactor) or helper threads (epoll, signal); `-t`.
     pub threads: usize,
     /// Parsing limits of every session.
     pub limits: Limits,
+    /// Close a connection idle this long (memcached's `-o idle_timeout`): no request
+    /// and no reply in flight. Checked about once a second. `None`: never.
+    pub idle_timeout: Option<std::time::Duration>,
+    /// Serve TLS (memcached's `-Z`) with this configuration: every connection's bytes go
+    /// through rustls ([`tls`]). The reactor, epoll and threaded drivers serve it; the
+    /// signal driver refuses to start with it.
+    pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
 }
 
 /// A running I/O driver.
@@ -133,6 +142,12 @@ impl Driver {
                 Driver::Threaded(threaded::Threaded::start(listener, app, config)?)
             }
             IoModel::Epoll => Driver::Epoll(epoll::Epoll::start(listener, app, config)?),
+            IoModel::Signal if config.tls.is_some() => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "the signal I/O model does not serve TLS (use reactor, epoll or threaded)",
+                ))
+            }
             IoModel::Signal => Driver::Signal(signal::SignalDriver::start(listener, app, config)?),
         })
     }

@@ -56,12 +56,15 @@ impl Reactor {
             senders.push((tx, waker.clone()));
             wakers.push(waker);
             let service = app.service(i);
-            let (app, limits) = (app.clone(), config.limits);
+            let (app, limits, idle) = (app.clone(), config.limits, config.idle_timeout);
+            let tls = config.tls.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("kvlab-worker-{i}"))
                     .spawn(move || {
                         EventLoop::new(poll, service, app, limits)
+                            .with_idle_timeout(idle)
+                            .with_tls(tls)
                             .with_incoming(rx)
                             .run()
                     })?,

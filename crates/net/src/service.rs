@@ -19,6 +19,11 @@ pub enum Flow<W> {
     Done,
     /// Flush what is composed, then close the connection (`quit`).
     Close,
+    /// Hand the socket, with the replies composed and not yet sent, to the service
+    /// ([`Service::take_over`]) instead of closing it, and read nothing more from it
+    /// (`watch`: the connection becomes a log stream written by someone else, who must
+    /// hear of every event after the request).
+    HandOff,
     /// The reply completes later, once `W` has run; [`Order`] says how the session waits.
     Defer(W, Order),
 }
@@ -106,6 +111,18 @@ pub trait Service: Send + 'static {
     /// A request could not be parsed; the session has composed the error reply.
     fn protocol_error(&mut self, error: ProtocolError);
 
+    /// The reply to a request that could not be parsed when it is not memcached's usual
+    /// one for `error` (a connection that has not authenticated yet is told
+    /// `CLIENT_ERROR unauthenticated`, `noreply` or not). By default, the usual one.
+    fn error_reply(
+        &mut self,
+        conn: &mut Self::Conn,
+        error: ProtocolError,
+    ) -> Option<&'static [u8]> {
+        let _ = (conn, error);
+        None
+    }
+
     /// A `set` (or `ms` setting) was refused as too large: `key`'s old value must go too,
     /// as in memcached, so that no stale value stays readable. The error reply is already
     /// composed; work returned here holds it back until it completes (its reply bytes, if
@@ -117,6 +134,21 @@ pub trait Service: Send + 'static {
 
     /// Service times (ns) of the requests processed from one batch of input.
     fn record_service(&mut self, samples: &[u64]);
+
+    /// A connection on socket `fd` begins (over TLS if `tls`), with `conn` its state (a
+    /// log line names the client's socket, as memcached's `cfd=`; a TLS connection cannot
+    /// be handed off as a plain socket).
+    fn opened(&mut self, conn: &mut Self::Conn, fd: std::os::fd::RawFd, tls: bool) {
+        let _ = (conn, fd, tls);
+    }
+
+    /// Takes a connection's socket after [`Flow::HandOff`], with the replies composed
+    /// before it and not yet sent (`unsent`, to send first); its input is no longer read
+    /// and the driver forgets the connection. By default the socket is closed.
+    fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8]) {
+        let _ = unsent;
+        drop(socket);
+    }
 
     /// `n` bytes were read from a connection.
     fn bytes_read(&mut self, n: usize);
@@ -150,6 +182,10 @@ pub trait App: Send + Sync + 'static {
 
     /// Counts an admitted connection out.
     fn release(&self);
+
+    /// A connection is being closed for idling past the idle timeout (memcached counts
+    /// these as `idle_kicks`); [`App::release`] follows.
+    fn idle_kick(&self) {}
 
     /// Whether the driver's threads must stop (checked after every wake-up).
     fn stopping(&self) -> bool;

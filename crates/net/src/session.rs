@@ -26,8 +26,13 @@ use kvlab_protocol::{parse, Limits, Parsed};
 
 use crate::service::{Completion, Flow, Order, Service, Work};
 
-/// Initial and idle size of the input buffer.
-const INPUT_INITIAL: usize = 16 * 1024;
+/// Initial and idle size of the input buffer: a command line or a small value fits, and
+/// an idle connection holds little (memory per connection is what limits how many a
+/// server holds).
+const INPUT_INITIAL: usize = 2 * 1024;
+/// A read that fills the input buffer doubles it, up to this, so a busy pipelining
+/// connection reads in large chunks; [`Session::shrink`] gives it back once idle.
+const INPUT_BURST: usize = 16 * 1024;
 /// Processing stops while this much output is waiting for the client to read it.
 pub const OUTPUT_HIGH_WATER: usize = 4 * 1024 * 1024;
 /// Buffers grown past this are given back when the connection goes idle.
@@ -53,6 +58,8 @@ struct Pending {
 /// One client connection's protocol state.
 pub struct Session<S: Service> {
     input: Vec<u8>,
+    /// The last read filled all the free input space: more is likely waiting.
+    filled_all: bool,
     /// `input[start..end]` holds bytes received and not yet parsed.
     start: usize,
     end: usize,
@@ -62,6 +69,8 @@ pub struct Session<S: Service> {
     /// Bytes still to discard (the data of a refused value).
     swallow: usize,
     closing: bool,
+    /// Closing by handing the socket to the service ([`Flow::HandOff`]).
+    hand_off: bool,
     limits: Limits,
     /// Service times of the current batch (ns), reported to the service.
     samples: Vec<u64>,
@@ -81,14 +90,17 @@ impl<S: Service> Session<S> {
     pub fn new(limits: Limits) -> Self {
         Session {
             input: vec![0; INPUT_INITIAL],
+            filled_all: false,
             start: 0,
             end: 0,
-            output: Vec::with_capacity(INPUT_INITIAL),
+            // Allocated by the first reply, kept while the connection is busy.
+            output: Vec::new(),
             written: 0,
             swallow: 0,
             closing: false,
+            hand_off: false,
             limits,
-            samples: Vec::with_capacity(64),
+            samples: Vec::new(),
             conn: S::Conn::default(),
             pending: VecDeque::new(),
             work: VecDeque::new(),
@@ -110,12 +122,15 @@ impl<S: Service> Session<S> {
 
     /// Free space to read into, made by compacting and, if a request needs it, growing.
     pub fn read_space(&mut self) -> &mut [u8] {
-        if self.end == self.input.len() {
+        let burst = std::mem::take(&mut self.filled_all) && self.input.len() < INPUT_BURST;
+        if self.end == self.input.len() || burst {
             if self.start > 0 {
                 self.input.copy_within(self.start..self.end, 0);
                 self.end -= self.start;
                 self.start = 0;
-            } else if self.input.len() < self.input_max() {
+            }
+            let full = self.end == self.input.len();
+            if (full || burst) && self.input.len() < self.input_max() {
                 let grown = (self.input.len() * 2).min(self.input_max());
                 self.input.resize(grown, 0);
             }
@@ -123,8 +138,26 @@ impl<S: Service> Session<S> {
         &mut self.input[self.end..]
     }
 
+    /// Gives back buffer memory a connection no longer uses (its input and output empty):
+    /// the input buffer returns to its initial size and the output buffer is freed. The
+    /// drivers call it for connections idle a while, so a busy one keeps its buffers.
+    pub fn shrink(&mut self) {
+        if self.start == self.end && self.pending_output() == 0 && self.pending.is_empty() {
+            if self.input.len() > INPUT_INITIAL {
+                self.start = 0;
+                self.end = 0;
+                self.input.truncate(INPUT_INITIAL);
+                self.input.shrink_to_fit();
+            }
+            self.output = Vec::new();
+            self.written = 0;
+            self.samples = Vec::new();
+        }
+    }
+
     /// Records that `n` bytes were read into [`Session::read_space`].
     pub fn filled(&mut self, n: usize) {
+        self.filled_all = self.end + n == self.input.len();
         self.end += n;
         if self.swallow > 0 {
             let drop = self.swallow.min(self.end - self.start);
@@ -172,6 +205,10 @@ impl<S: Service> Session<S> {
                     match service.call(&mut self.conn, &request, &mut self.output, rerun) {
                         Flow::Done => {}
                         Flow::Close => self.closing = true,
+                        Flow::HandOff => {
+                            self.closing = true;
+                            self.hand_off = true;
+                        }
                         Flow::Defer(work, order) if inline => {
                             match (work.run(service.worker()), order) {
                                 (Completion::Failed(reason), _) => {
@@ -224,8 +261,10 @@ impl<S: Service> Session<S> {
                     service.protocol_error(error);
                     tracing::debug!(%error, "bad request");
                     let hold = self.output.len();
-                    if !noreply {
-                        self.output.extend_from_slice(error.reply());
+                    match service.error_reply(&mut self.conn, error) {
+                        Some(reply) if !error.closes() => self.output.extend_from_slice(reply),
+                        _ if noreply => {}
+                        _ => self.output.extend_from_slice(error.reply()),
                     }
                     if let Some(key) = drops {
                         match service.drop_stale(&mut self.conn, key) {
@@ -378,6 +417,18 @@ impl<S: Service> Session<S> {
     /// Bytes held by the input buffer (its allocation), for bounds checks.
     pub fn input_capacity(&self) -> usize {
         self.input.capacity()
+    }
+
+    /// Tells the service that this session's connection is on socket `fd`, over TLS or not
+    /// ([`Service::opened`]).
+    pub fn opened(&mut self, service: &mut S, fd: std::os::fd::RawFd, tls: bool) {
+        service.opened(&mut self.conn, fd, tls);
+    }
+
+    /// Whether the socket goes to the service once the replies are out
+    /// ([`Flow::HandOff`]).
+    pub fn hands_off(&self) -> bool {
+        self.hand_off
     }
 
     /// Marks the session closing (e.g. server shutdown).
@@ -534,6 +585,36 @@ mod tests {
         (Session::new(Limits::default()), Toy::default())
     }
 
+    /// A connection starts with a small input buffer and no output buffer; reads that fill
+    /// the input double it (up to a burst size); once idle, `shrink` gives it all back.
+    #[test]
+    fn buffers_start_small_grow_with_bursts_and_shrink_when_idle() {
+        let (mut s, mut e) = new();
+        assert_eq!(s.input_capacity(), INPUT_INITIAL);
+        assert_eq!(s.output.capacity(), 0);
+        // Half a command: nothing grows.
+        let mut cap = 0;
+        feed(&mut s, &mut e, b"get k", 64 * 1024, &mut cap);
+        assert_eq!(cap, INPUT_INITIAL);
+        // A burst of pipelined requests arriving in reads that fill the buffer.
+        let burst = b"\r\n"
+            .iter()
+            .copied()
+            .chain(b"get k\r\n".repeat(20_000))
+            .collect::<Vec<u8>>();
+        feed(&mut s, &mut e, &burst, 64 * 1024, &mut cap);
+        assert_eq!(cap, INPUT_BURST, "grown to the burst size, no further");
+        let out = take_output(&mut s);
+        assert_eq!(out, b"END\r\n".repeat(20_001));
+        assert!(s.output.capacity() > 0);
+        s.shrink();
+        assert_eq!(s.input_capacity(), INPUT_INITIAL);
+        assert_eq!(s.output.capacity(), 0);
+        // Still serves after shrinking.
+        feed(&mut s, &mut e, b"get k\r\n", 64 * 1024, &mut cap);
+        assert_eq!(take_output(&mut s), b"END\r\n");
+    }
+
     #[test]
     fn garbage_without_newline_closes_and_stays_small() {
         let (mut s, mut e) = new();
@@ -542,7 +623,7 @@ mod tests {
         assert!(s.is_closing());
         // Closed without a word, as memcached does.
         assert_eq!(take_output(&mut s), b"");
-        assert!(cap <= INPUT_INITIAL, "input grew to {cap}");
+        assert!(cap <= INPUT_BURST, "input grew to {cap}");
         assert_eq!(e.errors, 1);
     }
 
@@ -558,7 +639,7 @@ mod tests {
             take_output(&mut s),
             b"SERVER_ERROR object too large for cache\r\nEND\r\n"
         );
-        assert!(cap <= INPUT_INITIAL, "input grew to {cap}");
+        assert!(cap <= INPUT_BURST, "input grew to {cap}");
         assert_eq!(e.errors, 1);
     }
 

@@ -61,13 +61,15 @@ impl SignalDriver {
         let wake_fn: Arc<dyn Fn() + Send + Sync> = Arc::new(move || wake(&waker));
         let workers = (0..config.threads.max(1)).map(|i| app.helper(i)).collect();
         let pool = HelperPool::start("kvlab-helper", workers, done_tx, wake_fn)?;
-        let limits = config.limits;
+        let (limits, idle) = (config.limits, config.idle_timeout);
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kvlab-signal".into())
             .spawn(move || {
                 match Loop::new(listener, wake_r, service, app, limits, pool, done_rx) {
                     Ok(mut l) => {
+                        l.idle = driver::Idle::new(idle);
+                        l.idle_timeout = idle.is_some();
                         let _ = ready_tx.send(Ok(()));
                         l.run();
                     }
@@ -153,6 +155,8 @@ struct Conn<A: App> {
     generation: u64,
     /// The helper running this connection's work while any is in flight.
     helper: Option<usize>,
+    /// When it was last served (with an idle timeout; see [`driver::Idle`]).
+    last_active: std::time::Instant,
 }
 
 struct Loop<A: App> {
@@ -170,6 +174,10 @@ struct Loop<A: App> {
     generation: u64,
     pool: HelperPool<WorkOf<A>>,
     done: mpsc::Receiver<Done>,
+    /// The clock of idle connections (buffers given back, the idle timeout).
+    idle: driver::Idle,
+    /// An idle timeout is set.
+    idle_timeout: bool,
 }
 
 impl<A: App> Loop<A> {
@@ -213,6 +221,8 @@ impl<A: App> Loop<A> {
             generation: 0,
             pool,
             done,
+            idle: driver::Idle::new(None),
+            idle_timeout: false,
         })
     }
 
@@ -221,6 +231,24 @@ impl<A: App> Loop<A> {
         self.accept();
         let mut infos: [MaybeUninit<libc::signalfd_siginfo>; 64] = [MaybeUninit::uninit(); 64];
         while !self.app.stopping() {
+            if self.idle_timeout {
+                // With an idle timeout, wait at most a second for signals, then look at
+                // idle connections (without one, the sweep after each round of signals
+                // is enough to give idle buffers back: no extra system call per wake).
+                let mut pfd = libc::pollfd {
+                    fd: self.signalfd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                let ms = driver::Idle::EVERY.as_millis() as libc::c_int;
+                // SAFETY: one valid pollfd for the call's duration.
+                let ready = unsafe { libc::poll(&mut pfd, 1, ms) };
+                self.idle.tick();
+                if ready <= 0 {
+                    self.close_idle();
+                    continue;
+                }
+            }
             let want = size_of::<libc::signalfd_siginfo>() * infos.len();
             // SAFETY: reading into a buffer of `want` bytes; the kernel writes whole records.
             let n =
@@ -233,6 +261,7 @@ impl<A: App> Loop<A> {
                 tracing::error!(%e, "signalfd read failed");
                 break;
             }
+            self.idle.tick();
             let count = n as usize / size_of::<libc::signalfd_siginfo>();
             for info in &infos[..count] {
                 // SAFETY: the kernel filled the first `count` records.
@@ -252,6 +281,7 @@ impl<A: App> Loop<A> {
                     self.serve(fd);
                 }
             }
+            self.close_idle();
         }
         for fd in 0..self.conns.len() {
             if let Some(conn) = self.conns[fd].as_mut() {
@@ -317,7 +347,11 @@ impl<A: App> Loop<A> {
                         session: Session::new(self.limits),
                         generation: self.generation,
                         helper: None,
+                        last_active: self.idle.now(),
                     });
+                    if let Some(conn) = self.conns[idx].as_mut() {
+                        conn.session.opened(&mut self.service, fd, false);
+                    }
                     // Bytes that came before O_ASYNC raised no signal.
                     self.serve(fd);
                 }
@@ -340,6 +374,7 @@ impl<A: App> Loop<A> {
             // A signal queued before its connection closed.
             return;
         };
+        conn.last_active = self.idle.now();
         let pumped = driver::pump(
             &mut conn.stream,
             &mut conn.session,
@@ -356,6 +391,25 @@ impl<A: App> Loop<A> {
             let helper = *conn.helper.get_or_insert_with(|| self.pool.pick());
             self.pool
                 .submit(helper, (fd as usize, conn.generation), id, work);
+        }
+    }
+
+    /// Once a second: connections idle a while give their buffers back; those idle past
+    /// the idle timeout are closed.
+    fn close_idle(&mut self) {
+        if !self.idle.sweep_due() {
+            return;
+        }
+        for fd in 0..self.conns.len() {
+            let Some(c) = self.conns[fd].as_mut() else {
+                continue;
+            };
+            if self.idle.expired(c.last_active, &c.session) {
+                self.app.idle_kick();
+                self.drop_conn(fd as RawFd);
+            } else if self.idle.stale(c.last_active) {
+                c.session.shrink();
+            }
         }
     }
 

@@ -65,7 +65,7 @@ impl Threaded {
             .name("kvlab-acceptor".into())
             .spawn(move || {
                 driver::accept_loop(poll, listener, &*app, |stream| {
-                    spawn_conn(stream, &app, config.limits, &reg)
+                    spawn_conn(stream, &app, &config, &reg)
                 })
             })?;
         Ok(Threaded {
@@ -94,12 +94,16 @@ impl Threaded {
 fn spawn_conn<A: App>(
     stream: mio::net::TcpStream,
     app: &Arc<A>,
-    limits: Limits,
+    config: &Config,
     reg: &Arc<Registry>,
 ) -> bool {
     // SAFETY: `into_raw_fd` hands over sole ownership of a valid socket descriptor.
     let stream = unsafe { std::net::TcpStream::from_raw_fd(stream.into_raw_fd()) };
     if stream.set_nonblocking(false).is_err() {
+        return false;
+    }
+    // With an idle timeout a blocked read returns after it, and the thread looks.
+    if stream.set_read_timeout(config.idle_timeout).is_err() {
         return false;
     }
     let Ok(clone) = stream.try_clone() else {
@@ -109,10 +113,29 @@ fn spawn_conn<A: App>(
     reg.streams.lock().insert(id, clone);
     let service = app.service(id as usize);
     let (app2, reg2) = (app.clone(), reg.clone());
+    let (limits, tls) = (config.limits, config.tls.clone());
     let spawned = std::thread::Builder::new()
         .name(format!("kvlab-conn-{id}"))
         .spawn(move || {
-            serve(stream, service, limits);
+            use std::os::fd::AsRawFd;
+            let fd = stream.as_raw_fd();
+            let end = match tls {
+                Some(config) => match rustls::ServerConnection::new(config) {
+                    Ok(conn) => {
+                        let stream =
+                            crate::tls::BlockingTls(rustls::StreamOwned::new(conn, stream));
+                        serve(stream, service, limits, fd, true)
+                    }
+                    Err(e) => {
+                        tracing::warn!(%e, "cannot start TLS on a connection");
+                        End::Closed
+                    }
+                },
+                None => serve(stream, service, limits, fd, false),
+            };
+            if end == End::Idle {
+                app2.idle_kick();
+            }
             reg2.streams.lock().remove(&id);
             app2.release();
         });
@@ -131,14 +154,35 @@ fn spawn_conn<A: App>(
     }
 }
 
-/// Blocking loop for one connection: read, process, write everything, repeat.
-fn serve<S: Service>(mut stream: std::net::TcpStream, mut service: S, limits: Limits) {
+/// How a connection's thread ended.
+#[derive(PartialEq, Eq)]
+enum End {
+    /// Closed by the client, an error, `quit`, or shutdown.
+    Closed,
+    /// Idle past the idle timeout (the socket's read timeout).
+    Idle,
+}
+
+/// Blocking loop for one connection (socket `fd`, over TLS if `tls`): read, process,
+/// write everything, repeat.
+fn serve<T: Read + Write + std::os::fd::AsFd, S: Service>(
+    mut stream: T,
+    mut service: S,
+    limits: Limits,
+    fd: std::os::fd::RawFd,
+    tls: bool,
+) -> End {
     let mut session = Session::new(limits);
+    session.opened(&mut service, fd, tls);
     loop {
         session.process_inline(&mut service);
+        if session.hands_off() {
+            driver::hand_off(&stream, &session, &mut service);
+            return End::Closed;
+        }
         if !session.output().is_empty() {
             match stream.write(session.output()) {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => return End::Closed,
                 Ok(n) => {
                     service.bytes_written(n);
                     session.wrote(n);
@@ -147,16 +191,26 @@ fn serve<S: Service>(mut stream: std::net::TcpStream, mut service: S, limits: Li
             continue;
         }
         if session.is_closing() {
-            return;
+            return End::Closed;
         }
         match stream.read(session.read_space()) {
-            Ok(0) => return,
+            Ok(0) => return End::Closed,
             Ok(n) => {
                 service.bytes_read(n);
                 session.filled(n);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => return,
+            // The read timeout is the idle timeout: nothing came for that long (work runs
+            // inline and every reply was written, so nothing is owed).
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return End::Idle
+            }
+            Err(_) => return End::Closed,
         }
     }
 }

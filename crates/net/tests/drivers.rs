@@ -113,6 +113,8 @@ fn replies_completing_out_of_order_leave_in_request_order_under_every_driver() {
         let config = Config {
             threads: 2,
             limits: Limits::default(),
+            idle_timeout: None,
+            tls: None,
         };
         let driver = Driver::start(io, listener, app.clone(), config).unwrap();
         // The listener is bound: a connection waits in its backlog until accepted.

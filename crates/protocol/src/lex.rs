@@ -4,10 +4,12 @@
 /// Keys longer than this are refused (memcached's `KEY_MAX_LENGTH`).
 pub const MAX_KEY_LEN: usize = 250;
 
-/// A key as memcached accepts it: 1..=250 bytes, no control characters (spaces can't occur:
-/// they separate tokens).
+/// A key as memcached 1.6 accepts it: 1..=250 bytes of anything but a space (which
+/// separates tokens). The protocol asks clients not to send control characters, but the
+/// server takes them (`get a\x01b` is a plain miss), so kvlab does too; kvlab's own
+/// clients refuse to send them ([`crate::client`]).
 pub fn valid_key(key: &[u8]) -> bool {
-    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > b' ' && b != 0x7f)
+    !key.is_empty() && key.len() <= MAX_KEY_LEN && !key.contains(&b' ')
 }
 
 /// An unsigned decimal of at most 20 digits; `None` on empty, non-digits or overflow.
@@ -30,5 +32,50 @@ pub(crate) fn parse_i64(t: &[u8]) -> Option<i64> {
     match t {
         [b'-', digits @ ..] => parse_u64(digits).and_then(|v| 0i64.checked_sub_unsigned(v)),
         _ => parse_u64(t).and_then(|v| i64::try_from(v).ok()),
+    }
+}
+
+/// Splits a command line on spaces (memcached's tokenizer: runs of spaces are one separator).
+#[derive(Clone)]
+pub(crate) struct Tokens<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Tokens<'a> {
+    pub(crate) fn new(line: &'a [u8]) -> Self {
+        Tokens { rest: line }
+    }
+
+    /// The unsplit remainder, leading spaces removed.
+    pub(crate) fn remainder(&self) -> &'a [u8] {
+        let start = self
+            .rest
+            .iter()
+            .position(|&b| b != b' ')
+            .unwrap_or(self.rest.len());
+        &self.rest[start..]
+    }
+
+    pub(crate) fn rest_is_empty(&self) -> bool {
+        self.remainder().is_empty()
+    }
+
+    pub(crate) fn token_count(&self) -> usize {
+        self.clone().fold(0, |n, _| n + 1)
+    }
+}
+
+impl<'a> Iterator for Tokens<'a> {
+    type Item = &'a [u8];
+
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let rest = self.remainder();
+        if rest.is_empty() {
+            self.rest = rest;
+            return None;
+        }
+        let end = memchr::memchr(b' ', rest).unwrap_or(rest.len());
+        self.rest = &rest[end..];
+        Some(&rest[..end])
     }
 }

@@ -1,6 +1,8 @@
 //! The memcached text and meta protocol, for both directions.
 //!
 //! - [`request`] parses client requests (server side) and [`response`] composes replies;
+//! - [`admin`] parses memcached's administration commands (`shutdown`, `cache_memlimit`,
+//!   `slabs reassign`, `stats detail`, `lru_crawler`, `watch`);
 //! - [`meta`] holds the meta commands' keys and flags, shared by both directions;
 //! - `lex` holds the lexical rules both share (keys, numbers);
 //! - [`client`] composes requests and parses replies (used by the proxy, bench and cluster).
@@ -12,11 +14,13 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod admin;
 pub mod client;
 mod lex;
 pub mod meta;
 pub mod request;
 pub mod response;
 
+pub use admin::{Admin, LruCrawler, ShutdownMode, Watch};
 pub use meta::{MetaCommand, MetaError, MetaFlags, MetaKey};
 pub use request::{parse, Keys, Limits, Parsed, ProtocolError, Request, StoreCommand, MAX_KEY_LEN};

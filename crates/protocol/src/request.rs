@@ -13,7 +13,8 @@
 //!
 //! The wording of every error is memcached 1.6's, checked against the real server.
 
-use crate::lex::{parse_i64, parse_u64};
+use crate::admin::{self, Admin};
+use crate::lex::{parse_i64, parse_u64, Tokens};
 use crate::meta::{MetaCommand, MetaError, MetaFlags, MetaKey};
 
 pub use crate::lex::{valid_key, MAX_KEY_LEN};
@@ -185,6 +186,13 @@ pub enum Request<'a> {
         /// 0 off, 1 on (the default), 2 aggressive.
         mode: u8,
     },
+    /// `cluster <subcommand> …`: a kvlab cluster node's own commands (the ring, migration
+    /// streams); `args` is the rest of the line. A server that is not a cluster node answers
+    /// `ERROR`, as memcached does.
+    Cluster {
+        /// The words after `cluster`, as sent.
+        args: &'a [u8],
+    },
     /// `version`.
     Version,
     /// `quit`: close the connection.
@@ -194,6 +202,9 @@ pub enum Request<'a> {
         /// The group name.
         group: Option<&'a [u8]>,
     },
+    /// An administration command (`shutdown`, `cache_memlimit`, `slabs reassign`,
+    /// `stats detail`, `lru_crawler`, `watch`).
+    Admin(Admin<'a>),
     /// A meta command (`mg ms md ma mn me`).
     Meta {
         /// Which meta command.
@@ -216,7 +227,8 @@ impl Request<'_> {
             | Request::Delete { noreply, .. }
             | Request::Touch { noreply, .. }
             | Request::FlushAll { noreply, .. }
-            | Request::Verbosity { noreply, .. } => noreply,
+            | Request::Verbosity { noreply, .. }
+            | Request::Admin(Admin::CacheMemlimit { noreply, .. }) => noreply,
             _ => false,
         }
     }
@@ -400,11 +412,24 @@ fn parse_one<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
         b"flush_all" => parse_flush_all(tokens, line_end),
         b"verbosity" => parse_verbosity(tokens, line_end),
         b"slabs" => parse_slabs(tokens, line_end),
+        b"shutdown" => admin_request(admin::shutdown(tokens), line_end),
+        b"cache_memlimit" => admin_request(admin::cache_memlimit(tokens), line_end),
+        b"lru_crawler" => admin_request(admin::lru_crawler(tokens), line_end),
+        b"watch" => admin_request(admin::watch(tokens), line_end),
+        b"cluster" => request(
+            Request::Cluster {
+                args: tokens.remainder(),
+            },
+            line_end,
+        ),
         // memcached ignores anything after `version`.
         b"version" => request(Request::Version, line_end),
         b"quit" if tokens.rest_is_empty() => request(Request::Quit, line_end),
         b"stats" => {
             let group = tokens.next();
+            if group == Some(b"detail") {
+                return admin_request(admin::stats_detail(tokens), line_end);
+            }
             if tokens.rest_is_empty() {
                 request(Request::Stats { group }, line_end)
             } else {
@@ -430,6 +455,14 @@ fn request(request: Request<'_>, consumed: usize) -> Parsed<'_> {
     Parsed::Request { request, consumed }
 }
 
+fn admin_request(parsed: admin::Parsed<'_>, line_end: usize) -> Parsed<'_> {
+    match parsed {
+        admin::Parsed::Command(a) => request(Request::Admin(a), line_end),
+        admin::Parsed::Unknown => error(ProtocolError::UnknownCommand, line_end),
+        admin::Parsed::BadFormat => error(ProtocolError::BadFormat, line_end),
+    }
+}
+
 /// No newline yet: wait, unless the line is already longer than any valid one.
 fn incomplete_line(buf: &[u8], limits: &Limits) -> Parsed<'static> {
     let limit = if is_retrieval(buf) {
@@ -450,51 +483,6 @@ fn is_retrieval(line: &[u8]) -> bool {
     [&b"get "[..], b"gets ", b"gat ", b"gats "]
         .iter()
         .any(|p| line.starts_with(p))
-}
-
-/// Splits a command line on spaces (memcached's tokenizer: runs of spaces are one separator).
-#[derive(Clone)]
-pub(crate) struct Tokens<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> Tokens<'a> {
-    pub(crate) fn new(line: &'a [u8]) -> Self {
-        Tokens { rest: line }
-    }
-
-    /// The unsplit remainder, leading spaces removed.
-    pub(crate) fn remainder(&self) -> &'a [u8] {
-        let start = self
-            .rest
-            .iter()
-            .position(|&b| b != b' ')
-            .unwrap_or(self.rest.len());
-        &self.rest[start..]
-    }
-
-    pub(crate) fn rest_is_empty(&self) -> bool {
-        self.remainder().is_empty()
-    }
-
-    pub(crate) fn token_count(&self) -> usize {
-        self.clone().fold(0, |n, _| n + 1)
-    }
-}
-
-impl<'a> Iterator for Tokens<'a> {
-    type Item = &'a [u8];
-
-    fn next(&mut self) -> Option<&'a [u8]> {
-        let rest = self.remainder();
-        if rest.is_empty() {
-            self.rest = rest;
-            return None;
-        }
-        let end = memchr::memchr(b' ', rest).unwrap_or(rest.len());
-        self.rest = &rest[end..];
-        Some(&rest[..end])
-    }
 }
 
 fn parse_u32(t: &[u8]) -> Option<u32> {
@@ -631,6 +619,12 @@ pub(crate) fn data_block<'a>(
 /// `slabs automove <0|1|2>` (memcached: a number above 2 or a missing one is `ERROR`, a
 /// non-number a bad command line); other `slabs` subcommands are unknown here.
 fn parse_slabs(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
+    // memcached: `reassign` with exactly two arguments; any other count falls through to
+    // `automove` and so to `ERROR`.
+    if tokens.token_count() == 3 && tokens.clone().next() == Some(b"reassign") {
+        tokens.next();
+        return admin_request(admin::slabs_reassign(tokens), line_end);
+    }
     match (tokens.next(), tokens.next(), tokens.rest_is_empty()) {
         (Some(b"automove"), Some(mode), true) => match parse_u64(mode) {
             Some(m @ 0..=2) => request(Request::SlabsAutomove { mode: m as u8 }, line_end),

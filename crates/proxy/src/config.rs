@@ -83,6 +83,9 @@ from_str_via_serde!(WritePolicy: "write policy", ReadPolicy: "read policy", Mult
 /// One pool: backends sharing a key space.
 #[derive(Clone, Debug)]
 pub struct Pool {
+    /// A kvlab cluster's ring (`--cluster`): the backends are its nodes, in its order, and
+    /// keys go where it says.
+    pub cluster: Option<std::sync::Arc<kvlab_client::Ring>>,
     /// Its name (in stats and logs).
     pub name: String,
     /// Keys starting with this prefix go to this pool; `""` takes every key no other pool takes.
@@ -105,6 +108,7 @@ impl Pool {
     /// A pool of `backends` with every other setting at its default.
     pub fn new(backends: Vec<Backend>) -> Pool {
         Pool {
+            cluster: None,
             name: "pool0".into(),
             prefix: String::new(),
             backends,
@@ -130,6 +134,9 @@ pub struct ProxyConfig {
     pub failure_limit: u32,
     /// Interval between probes of an ejected backend.
     pub retry_timeout: Duration,
+    /// A node of the kvlab cluster to follow (`--cluster`): the one pool's backends and ring
+    /// come from the cluster's live ring, and MOVED/TRYAGAIN replies are followed.
+    pub cluster: Option<String>,
 }
 
 /// A configuration that can't be used.
@@ -193,7 +200,29 @@ impl ProxyConfig {
             timeout: DEFAULT_TIMEOUT,
             failure_limit: DEFAULT_FAILURE_LIMIT,
             retry_timeout: DEFAULT_RETRY_TIMEOUT,
+            cluster: None,
         }
+    }
+
+    /// The configuration for following a kvlab cluster whose ring is `ring` (seed `seed`):
+    /// one pool of its nodes.
+    pub fn of_cluster(
+        &self,
+        seed: &str,
+        ring: kvlab_client::Ring,
+    ) -> Result<ProxyConfig, ConfigError> {
+        let backends = ring
+            .nodes()
+            .iter()
+            .map(|n| parse_backend(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut pool = Pool::new(backends);
+        pool.cluster = Some(std::sync::Arc::new(ring));
+        Ok(ProxyConfig {
+            pools: vec![pool],
+            cluster: Some(seed.to_string()),
+            ..self.clone()
+        })
     }
 
     /// Reads and checks a TOML file.
@@ -272,10 +301,16 @@ impl ProxyConfig {
                     pool.backends.len().min(MAX_REPLICAS)
                 ));
             }
-            Ring::new(&pool.backends, pool.distribution).map_err(|source| ConfigError::Ring {
-                pool: pool.name.clone(),
-                source,
-            })?;
+            if pool.cluster.is_none() {
+                Ring::new(&pool.backends, pool.distribution).map_err(|source| {
+                    ConfigError::Ring {
+                        pool: pool.name.clone(),
+                        source,
+                    }
+                })?;
+            } else if pool.backends.is_empty() {
+                return invalid("the cluster has no nodes".into());
+            }
         }
         if !prefixes.contains("") {
             return invalid("one pool must take every other key (prefix = \"\")".into());

@@ -93,7 +93,12 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
                 out.extend_from_slice(data);
             }
         }
-        Request::Verbosity { .. } | Request::Version | Request::Quit | Request::Stats { .. } => {}
+        Request::Verbosity { .. }
+        | Request::Version
+        | Request::Quit
+        | Request::Stats { .. }
+        | Request::Admin(_)
+        | Request::Cluster { .. } => {}
     }
     out.extend_from_slice(b"\r\n");
 }

@@ -180,6 +180,8 @@ pub struct Shared {
     pub last_reload_error: Mutex<String>,
     /// Set (by SIGHUP) to reload the configuration file.
     pub reload_requested: Arc<AtomicBool>,
+    /// One cluster ring fetch at a time (`follow_cluster`).
+    cluster_lock: Mutex<()>,
     /// The file the configuration came from.
     pub config_file: Option<PathBuf>,
     /// Per-request figures are recorded ([`ProxyOptions::record`]).
@@ -228,6 +230,51 @@ impl Shared {
             }
             Err(reason) => Err(self.refuse_reload(reason)),
         }
+    }
+
+    /// Following a kvlab cluster (`--cluster`): fetches the ring from one of its nodes (the
+    /// current ring's, then the seed) and takes it up if its epoch is newer. True when the
+    /// routing changed. Serialised: workers that saw a redirect at the same time fetch once.
+    pub(crate) fn follow_cluster(&self) -> bool {
+        let _one = self.cluster_lock.lock();
+        let (routing, _) = self.routing();
+        let Some(seed) = routing.config.cluster.clone() else {
+            return false;
+        };
+        let current = routing.pools.first().and_then(|p| p.pool.cluster.clone());
+        let epoch = current.as_ref().map_or(0, |r| r.epoch());
+        let mut candidates: Vec<String> = current
+            .iter()
+            .flat_map(|r| r.nodes().iter().cloned())
+            .collect();
+        candidates.push(seed.clone());
+        for node in candidates {
+            let Ok(addr) = kvlab_client::cluster::resolve(&node) else {
+                continue;
+            };
+            let Ok(ring) = kvlab_client::cluster::fetch_ring(addr, Duration::from_millis(500))
+            else {
+                continue;
+            };
+            if ring.epoch() <= epoch {
+                return false;
+            }
+            let ring_epoch = ring.epoch();
+            return match routing.config.of_cluster(&seed, ring) {
+                Ok(config) => {
+                    let changed = self.reload(config).is_ok();
+                    if changed {
+                        tracing::info!(epoch = ring_epoch, "following the cluster's new ring");
+                    }
+                    changed
+                }
+                Err(e) => {
+                    self.refuse_reload(e.to_string());
+                    false
+                }
+            };
+        }
+        false
     }
 
     /// Counts and keeps the reason of a refused reload; returns it.
@@ -296,6 +343,7 @@ impl Proxy {
             reload_failures: AtomicU64::new(0),
             last_reload_error: Mutex::new(String::new()),
             reload_requested: Arc::new(AtomicBool::new(false)),
+            cluster_lock: Mutex::new(()),
             config_file: options.config_file.clone(),
             record: options.record,
             stopping: AtomicBool::new(false),
@@ -316,6 +364,8 @@ impl Proxy {
             kvlab_net::Config {
                 threads: workers,
                 limits: options.limits,
+                idle_timeout: None,
+                tls: None,
             },
         )?;
         let mut threads = Vec::new();
@@ -387,11 +437,15 @@ impl Drop for Proxy {
 /// Every `retry_timeout`, asks each ejected backend `version`; one that answers is flushed
 /// (it missed writes while it was out, so what it holds may be stale) and put back. Also
 /// reloads the configuration file on SIGHUP or when it changes.
+/// How often a proxy following a kvlab cluster asks for its ring (a redirect asks at once).
+const CLUSTER_POLL: Duration = Duration::from_millis(200);
+
 fn prober(shared: &Shared) {
     let mut next = Instant::now();
     let modified = |path: &PathBuf| std::fs::metadata(path).and_then(|m| m.modified()).ok();
     let mut seen = shared.config_file.as_ref().and_then(modified);
     let mut next_look = Instant::now();
+    let mut next_ring = Instant::now();
     while !shared.stopping.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(20));
         if let Some(path) = &shared.config_file {
@@ -412,6 +466,10 @@ fn prober(shared: &Shared) {
             }
         }
         let (routing, _) = shared.routing();
+        if routing.config.cluster.is_some() && Instant::now() >= next_ring {
+            next_ring = Instant::now() + CLUSTER_POLL;
+            shared.follow_cluster();
+        }
         if Instant::now() < next {
             continue;
         }

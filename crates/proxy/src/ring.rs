@@ -15,6 +15,7 @@
 //! of the same backends send every key to the same one (tested against Debian's nutcracker).
 
 use md5::{Digest, Md5};
+use std::sync::Arc;
 
 /// Points per backend on the ketama continuum when all weights are equal.
 pub const KETAMA_POINTS_PER_BACKEND: u32 = 160;
@@ -80,6 +81,8 @@ pub struct Ring {
     distribution: Distribution,
     /// Ketama: points sorted by value; modula: one entry per unit of weight (value unused).
     points: Vec<Point>,
+    /// A kvlab cluster's ring instead (`--cluster`): backends are its nodes, in its order.
+    cluster: Option<Arc<kvlab_client::Ring>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -105,11 +108,24 @@ impl Ring {
         Ok(Ring {
             distribution,
             points,
+            cluster: None,
         })
+    }
+
+    /// A kvlab cluster's ring: backend `i` is its node `i`.
+    pub fn of_cluster(ring: Arc<kvlab_client::Ring>) -> Ring {
+        Ring {
+            distribution: Distribution::Ketama,
+            points: Vec::new(),
+            cluster: Some(ring),
+        }
     }
 
     /// The index of the backend that serves `key`.
     pub fn backend_of(&self, key: &[u8]) -> usize {
+        if let Some(c) = &self.cluster {
+            return c.index_of(key).unwrap_or(0);
+        }
         self.points
             .get(self.start(key_hash(key)))
             .map_or(0, |p| p.backend as usize)
@@ -136,6 +152,11 @@ impl Ring {
     /// table (modula). Fewer when the ring has fewer backends.
     pub fn replicas(&self, key: &[u8], r: usize, out: &mut Vec<usize>) {
         out.clear();
+        if self.cluster.is_some() {
+            // A cluster node owns its keys alone.
+            out.push(self.backend_of(key));
+            return;
+        }
         let n = self.points.len();
         let start = self.start(key_hash(key));
         for i in 0..n {
@@ -156,7 +177,7 @@ impl Ring {
 
     /// Whether the ring has no points (never true for a ring built by [`Ring::new`]).
     pub fn is_empty(&self) -> bool {
-        self.points.is_empty()
+        self.points.is_empty() && self.cluster.is_none()
     }
 }
 

@@ -39,7 +39,10 @@ impl Routing {
         let mut pools = Vec::new();
         let mut backends = Vec::new();
         for pool in &config.pools {
-            let ring = Ring::new(&pool.backends, pool.distribution).map_err(|e| e.to_string())?;
+            let ring = match &pool.cluster {
+                Some(c) => Ring::of_cluster(c.clone()),
+                None => Ring::new(&pool.backends, pool.distribution).map_err(|e| e.to_string())?,
+            };
             let base = backends.len();
             for b in &pool.backends {
                 let name = format!("{}:{}", b.host, b.port);

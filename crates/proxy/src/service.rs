@@ -85,10 +85,22 @@ impl Service for ProxyService {
                 Flow::Done
             }
             Request::Quit => Flow::Close,
+            // A cluster node's own commands mean nothing to a proxy (memcached's answer).
+            Request::Cluster { .. } => {
+                out.extend_from_slice(b"ERROR\r\n");
+                Flow::Done
+            }
             Request::Stats { group } => {
                 if !crate::render::stats(&self.shared, *group, out) {
                     out.extend_from_slice(b"ERROR\r\n");
                 }
+                Flow::Done
+            }
+            // One server's administration (`shutdown`, `cache_memlimit`, `slabs
+            // reassign`, `stats detail`, `lru_crawler`, `watch`) has no meaning for a
+            // proxy in front of several: unknown here, as in other memcached proxies.
+            Request::Admin(_) => {
+                out.extend_from_slice(b"ERROR\r\n");
                 Flow::Done
             }
             Request::Verbosity { noreply, .. } => {

@@ -201,6 +201,9 @@ pub struct Worker {
     dequeued: Instant,
     /// The clock as last read (once per round of I/O, not per request).
     now: Instant,
+    /// Following a kvlab cluster: jobs of the batch a node redirected (the key moved, or
+    /// its data is still arriving), to send again by the new ring.
+    redo: Vec<usize>,
 }
 
 impl Worker {
@@ -233,6 +236,7 @@ impl Worker {
             events: Vec::new(),
             dequeued: Instant::now(),
             now: Instant::now(),
+            redo: Vec::new(),
         }
     }
 
@@ -275,6 +279,69 @@ impl Worker {
         // arrived, then fail the connections whose oldest reply is past its deadline.
         self.drain();
         self.expire(self.dequeued);
+        self.run_jobs(works, done);
+        if !self.redo.is_empty() {
+            self.follow_redirects(works, done);
+        }
+        self.record();
+    }
+
+    /// Following a kvlab cluster: sends the redirected jobs again once the ring moved on
+    /// (or, for a key whose data is still arriving, a moment later), for up to
+    /// [`kvlab_client::cluster::REDIRECT_PATIENCE`]. A redirect never reaches the client:
+    /// a node redirects before it applies anything, so sending again is safe.
+    fn follow_redirects(
+        &mut self,
+        works: &mut [ProxyWork],
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
+        let start = Instant::now();
+        let mut pause = Duration::from_micros(200);
+        while !self.redo.is_empty() {
+            let redo = std::mem::take(&mut self.redo);
+            if start.elapsed() > kvlab_client::cluster::REDIRECT_PATIENCE {
+                for i in redo {
+                    let mut reply = std::mem::take(&mut works[i].buf);
+                    reply.clear();
+                    if !works[i].noreply {
+                        reply.extend_from_slice(
+                            b"SERVER_ERROR proxy: the cluster still redirects\r\n",
+                        );
+                    }
+                    done(i, Completion::Reply(reply));
+                }
+                return;
+            }
+            if !self.shared.follow_cluster() {
+                // The same ring: a hand-off under way. Wait a little.
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(20));
+            }
+            self.refresh();
+            let mut again: Vec<ProxyWork> = redo
+                .iter()
+                .map(|&i| {
+                    let w = &mut works[i];
+                    ProxyWork {
+                        buf: std::mem::take(&mut w.buf),
+                        noreply: w.noreply,
+                        arrival: w.arrival,
+                        queue_len: w.queue_len,
+                    }
+                })
+                .collect();
+            self.run_jobs(&mut again, &mut |j, c| done(redo[j], c));
+            // Jobs redirected again are indices into `again`: carry their works back.
+            let next: Vec<usize> = std::mem::take(&mut self.redo);
+            for j in next {
+                works[redo[j]].buf = std::mem::take(&mut again[j].buf);
+                self.redo.push(redo[j]);
+            }
+        }
+    }
+
+    /// Routes, sends and decides `works` (one batch, or the redirected part of one).
+    fn run_jobs(&mut self, works: &mut [ProxyWork], done: &mut dyn FnMut(usize, Completion)) {
         for (i, work) in works.iter().enumerate() {
             self.route(i, work);
         }
@@ -295,7 +362,6 @@ impl Worker {
         self.jobs.clear();
         self.key_part.clear();
         self.ready.clear();
-        self.record();
     }
 
     fn record(&mut self) {
@@ -1113,6 +1179,12 @@ impl Worker {
                 }
             }
         }
+        if self.routing.config.cluster.is_some() && is_redirect(&self.assembled) {
+            // Not an answer for the client: sent again by the new ring (see
+            // `follow_redirects`); the request stays in its buffer.
+            self.redo.push(i);
+            return;
+        }
         let work = &mut works[i];
         let job = &self.jobs[i];
         let mut backend_ns = 0;
@@ -1234,6 +1306,13 @@ impl Worker {
             }
         }
     }
+}
+
+/// Whether `reply` is a kvlab cluster node's redirect (`SERVER_ERROR MOVED|TRYAGAIN …`).
+fn is_redirect(reply: &[u8]) -> bool {
+    reply
+        .strip_prefix(b"SERVER_ERROR ")
+        .is_some_and(|r| r.starts_with(b"MOVED ") || r.starts_with(b"TRYAGAIN "))
 }
 
 /// Whether a read part failed (and is worth a retry elsewhere).

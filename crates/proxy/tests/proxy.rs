@@ -9,7 +9,7 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use kvlab_client::testing::wire::{connect, exchange, run_closing, run_table};
+use kvlab_client::testing::wire::{connect, exchange, run_closing, run_table_proxied};
 use kvlab_client::testing::Memcached;
 use kvlab_proxy::config::parse_backend;
 use kvlab_proxy::{Proxy, ProxyConfig, ProxyIo, ProxyOptions, WritePolicy};
@@ -77,7 +77,7 @@ fn the_wire_table_passes_through_the_proxy_to_kvlab_backends() {
     let addrs: Vec<SocketAddr> = backends.iter().map(|s| s.addr()).collect();
     for io in BOTH {
         let p = proxy_io(config(&addrs), io);
-        let mut failures = run_table(p.addr(), false);
+        let mut failures = run_table_proxied(p.addr(), false);
         failures.extend(run_closing(p.addr(), false));
         assert!(failures.is_empty(), "{io:?}:\n{}", failures.join("\n"));
     }
@@ -99,7 +99,7 @@ fn the_wire_table_passes_through_the_proxy_to_memcached_backends() {
             c.pools[0].replicas = 3;
         }
         let p = proxy_io(c, io);
-        let mut failures = run_table(p.addr(), true);
+        let mut failures = run_table_proxied(p.addr(), true);
         if multiget == "single" {
             // Reads spread over replicas: a read of an invalidated item hands out its win
             // token on each replica it reaches (each replica's own state, as in any

@@ -59,23 +59,77 @@ impl Default for CrawlerConfig {
     }
 }
 
-/// The stop flag and what the thread waits on.
-#[derive(Default)]
-struct Stop {
-    stopped: Mutex<bool>,
+/// What the thread waits on: a stop, a kick (`lru_crawler crawl`), or its next pass;
+/// and whether passes run at all (`lru_crawler enable|disable`, `-o no_lru_crawler`).
+pub struct Control {
+    state: Mutex<State>,
     cv: Condvar,
+    enabled: AtomicBool,
 }
 
-impl Stop {
-    /// Waits until `deadline` or a stop; returns whether to stop.
+#[derive(Default)]
+struct State {
+    stopped: bool,
+    kicked: bool,
+}
+
+impl Control {
+    /// A control whose passes run (`enabled`) or wait for `lru_crawler enable`.
+    pub fn new(enabled: bool) -> Arc<Control> {
+        Arc::new(Control {
+            state: Mutex::default(),
+            cv: Condvar::new(),
+            enabled: AtomicBool::new(enabled),
+        })
+    }
+
+    /// Whether passes run.
+    pub fn enabled(&self) -> bool {
+        self.enabled.load(Relaxed)
+    }
+
+    /// `lru_crawler enable|disable`: a pass in progress finishes its step and stops.
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Relaxed);
+        self.cv.notify_all();
+    }
+
+    /// `lru_crawler crawl`: start a pass now (if none is running).
+    pub fn kick(&self) {
+        self.state.lock().kicked = true;
+        self.cv.notify_all();
+    }
+
+    fn stop(&self) {
+        self.state.lock().stopped = true;
+        self.cv.notify_all();
+    }
+
+    fn stopped(&self) -> bool {
+        self.state.lock().stopped
+    }
+
+    /// Waits until `deadline`, a kick or a stop; returns whether to stop.
     fn wait_until(&self, deadline: Instant) -> bool {
-        let mut stopped = self.stopped.lock();
-        while !*stopped {
-            if self.cv.wait_until(&mut stopped, deadline).timed_out() {
+        let mut state = self.state.lock();
+        while !state.stopped && !state.kicked {
+            if self.cv.wait_until(&mut state, deadline).timed_out() {
                 break;
             }
         }
-        *stopped
+        state.kicked = false;
+        state.stopped
+    }
+
+    /// Waits until `deadline` or a stop (a kick does not cut a pause short).
+    fn pause_until(&self, deadline: Instant) -> bool {
+        let mut state = self.state.lock();
+        while !state.stopped {
+            if self.cv.wait_until(&mut state, deadline).timed_out() {
+                break;
+            }
+        }
+        state.stopped
     }
 }
 
@@ -91,26 +145,27 @@ pub struct CrawlerStats {
 
 /// The running crawler thread; dropping it stops the thread.
 pub struct Crawler {
-    stop: Arc<Stop>,
+    control: Arc<Control>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Crawler {
-    /// Starts the thread; its first pass begins one `interval` from now.
+    /// Starts the thread; its first pass begins one `interval` from now, or at a kick
+    /// (while `control` is enabled).
     pub fn start(
         store: Arc<Store>,
         stats: Arc<CrawlerStats>,
         config: CrawlerConfig,
+        control: Arc<Control>,
     ) -> io::Result<Crawler> {
-        let stop = Arc::new(Stop::default());
         let thread = std::thread::Builder::new()
             .name("kvlab-crawler".into())
             .spawn({
-                let stop = stop.clone();
-                move || run(&store, &stats, config, &stop)
+                let control = control.clone();
+                move || run(&store, &stats, config, &control)
             })?;
         Ok(Crawler {
-            stop,
+            control,
             thread: Some(thread),
         })
     }
@@ -121,8 +176,7 @@ impl Crawler {
     }
 
     fn stop_and_join(&mut self) {
-        *self.stop.stopped.lock() = true;
-        self.stop.cv.notify_all();
+        self.control.stop();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -135,16 +189,20 @@ impl Drop for Crawler {
     }
 }
 
-fn run(store: &Store, stats: &CrawlerStats, config: CrawlerConfig, stop: &Stop) {
+fn run(store: &Store, stats: &CrawlerStats, config: CrawlerConfig, control: &Control) {
     let mut next_pass = Instant::now() + config.interval;
     loop {
-        if stop.wait_until(next_pass) {
+        if control.wait_until(next_pass) {
             return;
+        }
+        if !control.enabled() {
+            next_pass = Instant::now() + config.interval;
+            continue;
         }
         let began = Instant::now();
         stats.starts.fetch_add(1, Relaxed);
         stats.running.store(true, Relaxed);
-        let finished = pass(store, config, stop);
+        let finished = pass(store, config, control);
         stats.running.store(false, Relaxed);
         if !finished {
             return;
@@ -153,10 +211,14 @@ fn run(store: &Store, stats: &CrawlerStats, config: CrawlerConfig, stop: &Stop) 
     }
 }
 
-/// One pass over the whole store; false if stopped before it wrapped.
-fn pass(store: &Store, config: CrawlerConfig, stop: &Stop) -> bool {
+/// One pass over the whole store; false if stopped before it wrapped (a pass cut
+/// short by `lru_crawler disable` counts as finished).
+fn pass(store: &Store, config: CrawlerConfig, control: &Control) -> bool {
     let mut cursor = CrawlCursor::default();
     loop {
+        if !control.enabled() {
+            return true;
+        }
         let began = Instant::now();
         let step = store.crawl_step(&mut cursor, config.step_slots);
         if step.wrapped {
@@ -165,10 +227,10 @@ fn pass(store: &Store, config: CrawlerConfig, stop: &Stop) -> bool {
         // Steps over empty shards cost no lock time worth resting from.
         let now = Instant::now();
         let pause = config.pause.max((now - began) * 4);
-        if step.examined > 0 && stop.wait_until(now + pause) {
+        if step.examined > 0 && control.pause_until(now + pause) {
             return false;
         }
-        if step.examined == 0 && *stop.stopped.lock() {
+        if step.examined == 0 && control.stopped() {
             return false;
         }
     }

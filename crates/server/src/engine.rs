@@ -7,15 +7,19 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use kvlab_protocol::response::{self as r, push_i64, push_u64};
-use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey, Request, StoreCommand};
+use kvlab_protocol::{Admin, MetaCommand, MetaFlags, MetaKey, Request, StoreCommand, Watch};
 use kvlab_store::{
     ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
     SetStatus, Store,
 };
 
+use crate::admin::{self, Next};
+use crate::auth::AuthFile;
 pub use crate::cache::Blocking;
 use crate::cache::DiskRules;
+use crate::slabs;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
+use kvlab_cluster::{Gate, Node, Verdict};
 
 /// Defers disk work the way the session must wait for it.
 fn defer(work: Blocking) -> Flow {
@@ -37,6 +41,14 @@ pub struct Engine {
     pub worker: Arc<WorkerStats>,
     /// When the store's disk is touched (read-through, persist before the reply).
     disk: DiskRules,
+    /// The socket of the connection whose request runs (for `watch` lines' `cfd=`).
+    cfd: i32,
+    /// The streams a `watch` asked for, until its socket is handed over.
+    watch: u16,
+    /// The connection whose request runs speaks TLS.
+    over_tls: bool,
+    /// This worker's gate into the cluster, when the server is a cluster node.
+    cluster: Option<Gate>,
 }
 
 impl Engine {
@@ -47,7 +59,69 @@ impl Engine {
             store,
             server,
             worker,
+            cfd: -1,
+            watch: 0,
+            over_tls: false,
+            cluster: None,
         }
+    }
+
+    /// The same engine as a worker of cluster node `node`: every keyed request is checked
+    /// against the node's ring first.
+    pub fn in_cluster(mut self, node: &Arc<Node>) -> Self {
+        self.cluster = Some(node.gate());
+        self
+    }
+
+    /// A cluster node's request: the ownership check around [`Engine::apply`], and the
+    /// node's own `cluster` commands.
+    fn call_in_cluster(
+        &mut self,
+        gate: &mut Gate,
+        conn: &mut Loaded,
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+    ) -> Flow {
+        if let Request::Cluster { args } = *req {
+            cluster_command(gate.node(), conn, args, out);
+            return Flow::Done;
+        }
+        if conn.import {
+            // A migration stream from the key's previous owner: no ownership check.
+            return self.apply(req, out, &conn.keys);
+        }
+        gate.begin();
+        let mut leaving = false;
+        let mut redirect = None;
+        for_each_key(req, |key| match gate.check(key) {
+            Verdict::Serve { leaving: l } => leaving |= l,
+            Verdict::Redirect(r) => {
+                redirect.get_or_insert(r);
+            }
+        });
+        if redirect.is_none() && !gate.may_write() && changes_data(req) {
+            // Cut off from the topology store for longer than its lease: the others may
+            // have taken this node's keys over; a write here could be lost.
+            redirect = Some(kvlab_cluster::Redirect::TryAgain {
+                epoch: gate.epoch(),
+            });
+        }
+        if let Some(r) = redirect {
+            gate.end();
+            WorkerStats::add(&self.worker.cluster_redirects, 1);
+            r.write(out);
+            return Flow::Done;
+        }
+        let flow = self.apply(req, out, &conn.keys);
+        if leaving && changes_data(req) {
+            for_each_key(req, |key| gate.changed(key));
+        }
+        if gate.replicated() && changes_data(req) {
+            // Copies are written before the reply leaves.
+            for_each_key(req, |key| gate.replicate(key));
+        }
+        gate.end();
+        flow
     }
 
     /// Applies one request and appends its reply (if any) to `out`. `loaded` lists the keys
@@ -80,9 +154,15 @@ impl Engine {
         match *req {
             Request::Get { keys, cas } => {
                 let mut n = 0;
+                let detail = self.server.admin.detail.enabled();
                 for key in keys.iter() {
                     n += 1;
-                    if let Some(item) = self.store.get(key) {
+                    let item = self.store.get(key);
+                    if detail {
+                        self.server.admin.detail.get(key, item.is_some());
+                    }
+                    self.log_fetch(key, item.as_ref().map(|i| (i.value.len(), i.flags)));
+                    if let Some(item) = item {
                         r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
                     }
                 }
@@ -93,9 +173,15 @@ impl Engine {
                 let mut n = 0;
                 // Under `sync` a new TTL is a write: the touched keys are persisted.
                 let mut touched = Vec::new();
+                let detail = self.server.admin.detail.enabled();
                 for key in keys.iter() {
                     n += 1;
-                    if let Some(item) = self.store.get_and_touch(key, exptime) {
+                    let item = self.store.get_and_touch(key, exptime);
+                    if detail {
+                        self.server.admin.detail.get(key, item.is_some());
+                    }
+                    self.log_fetch(key, item.as_ref().map(|i| (i.value.len(), i.flags)));
+                    if let Some(item) = item {
                         r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
                         if self.disk.sync {
                             touched.push(key.to_vec());
@@ -119,6 +205,9 @@ impl Engine {
                 noreply,
             } => {
                 WorkerStats::add(&self.worker.cmd_set, 1);
+                if self.server.admin.detail.enabled() {
+                    self.server.admin.detail.set(key);
+                }
                 let (mode, compare_cas) = match command {
                     StoreCommand::Set => (SetMode::Set, None),
                     StoreCommand::Add => (SetMode::Add, None),
@@ -137,6 +226,7 @@ impl Engine {
                     new_cas: None,
                     invalidate: false,
                 });
+                self.log_store(key, status, command.name(), exptime, data.len(), flags);
                 let reply = match status {
                     SetStatus::Stored { .. } => r::STORED,
                     SetStatus::NotStored => r::NOT_STORED,
@@ -183,6 +273,9 @@ impl Engine {
                 }
             }
             Request::Delete { key, noreply } => {
+                if self.server.admin.detail.enabled() {
+                    self.server.admin.detail.delete(key);
+                }
                 let deleted = self.store.delete(key);
                 if !noreply {
                     out.extend_from_slice(if deleted { r::DELETED } else { r::NOT_FOUND });
@@ -225,7 +318,35 @@ impl Engine {
                 self.server.slab_automove.store(u64::from(mode), Relaxed);
                 out.extend_from_slice(r::OK);
             }
+            Request::Admin(Admin::Watch { streams }) => {
+                let Some(streams) = streams else {
+                    out.extend_from_slice(r::ERROR);
+                    return Flow::Done;
+                };
+                // Replies composed before it leave first (memcached refuses a `watch`
+                // behind unsent replies); input after it is not read.
+                // A TLS connection's bytes are rustls's: the log thread cannot write to
+                // its socket.
+                if self.over_tls {
+                    out.extend_from_slice(b"WATCHER_FAILED failed to add log watcher\r\n");
+                    return Flow::Done;
+                }
+                if self.server.admin.watchers.check_room().is_err() {
+                    out.extend_from_slice(b"WATCHER_TOO_MANY log watcher limit reached\r\n");
+                    return Flow::Done;
+                }
+                out.extend_from_slice(r::OK);
+                self.watch = streams;
+                return Flow::HandOff;
+            }
+            Request::Admin(cmd) => {
+                if admin::execute(&self.server.admin, &self.store, cmd, out) == Next::Close {
+                    return Flow::Close;
+                }
+            }
             Request::Version => r::version(out, VERSION),
+            // Only a cluster node knows `cluster` (see `call`); memcached's answer otherwise.
+            Request::Cluster { .. } => out.extend_from_slice(r::ERROR),
             Request::Quit => return Flow::Close,
             Request::Stats { group } => self.stats(group, out),
             Request::Meta {
@@ -258,26 +379,13 @@ impl Engine {
             // memcached's per-size histogram is off unless `stats sizes_enable`; kvlab has none.
             Some(b"sizes") => r::stat(out, "sizes_status", "disabled"),
             Some(b"items") => {
-                let s = self.store.stats();
-                r::stat(out, "items:1:number", s.curr_items);
-                r::stat(out, "items:1:evicted", s.evictions);
-                r::stat(out, "items:1:evicted_unfetched", s.evicted_unfetched);
-                r::stat(out, "items:1:expired_unfetched", s.expired_unfetched);
-                r::stat(out, "items:1:reclaimed", s.reclaimed);
-                r::stat(out, "items:1:crawler_reclaimed", s.crawler_reclaimed);
-                r::stat(
-                    out,
-                    "items:1:crawler_items_checked",
-                    s.crawler_items_checked,
-                );
-                r::stat(out, "items:1:mem_requested", s.bytes);
+                let now = self.store.now_unix();
+                return slabs::stats_items(&self.store, &self.server.admin.evictions, now, out);
             }
             Some(b"slabs") => {
-                let s = self.store.stats();
-                r::stat(out, "1:used_chunks", s.curr_items);
-                r::stat(out, "1:mem_requested", s.bytes);
-                r::stat(out, "active_slabs", 1);
-                r::stat(out, "total_malloced", s.bytes);
+                let now = self.store.now_unix();
+                let classes = &self.server.admin.classes;
+                return slabs::stats_slabs(&self.store, classes, now, out);
             }
             Some(b"conns") => {
                 r::stat(
@@ -288,11 +396,8 @@ impl Engine {
             }
             Some(b"reset") => {
                 self.server.reset();
+                self.server.admin.detail.clear();
                 out.extend_from_slice(r::RESET);
-                return;
-            }
-            Some(b"detail") => {
-                out.extend_from_slice(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n");
                 return;
             }
             Some(_) => {
@@ -301,6 +406,62 @@ impl Engine {
             }
         }
         out.extend_from_slice(r::END);
+    }
+
+    /// `watch fetchers`: a lookup of `key` found an item of `(value bytes, flags)` or none.
+    fn log_fetch(&self, key: &[u8], found: Option<(usize, u32)>) {
+        let watchers = &self.server.admin.watchers;
+        if !watchers.watching(Watch::FETCHERS) {
+            return;
+        }
+        let (class, size) = match found {
+            Some((len, flags)) => (
+                self.server
+                    .admin
+                    .classes
+                    .class_of_item(key.len(), len, flags),
+                len,
+            ),
+            None => (0, 0),
+        };
+        watchers.fetch(key, found.is_some(), class, size, self.cfd);
+    }
+
+    /// `watch mutations`: a store command's outcome.
+    fn log_store(
+        &self,
+        key: &[u8],
+        status: SetStatus,
+        cmd: &[u8],
+        exptime: i64,
+        len: usize,
+        flags: u32,
+    ) {
+        let watchers = &self.server.admin.watchers;
+        if !watchers.watching(Watch::MUTATIONS) {
+            return;
+        }
+        let status = match status {
+            SetStatus::Stored { .. } => "stored",
+            SetStatus::NotStored => "not_stored",
+            SetStatus::Exists => "exists",
+            SetStatus::NotFound => "not_found",
+            SetStatus::TooLarge => "too_large",
+            SetStatus::OutOfMemory => "no_memory",
+        };
+        // Seconds from now, as memcached prints the item's expiry (0: none).
+        let ttl = match exptime {
+            t if t <= 0 => 0,
+            t if t <= kvlab_store::REALTIME_MAXDELTA => t,
+            t => t.saturating_sub(self.store.now_unix() as i64).max(0),
+        };
+        let class = self
+            .server
+            .admin
+            .classes
+            .class_of_item(key.len(), len, flags);
+        let cmd = std::str::from_utf8(cmd).unwrap_or("na");
+        watchers.store(key, status, cmd, ttl as u32, class, len, self.cfd);
     }
 
     /// Runs a meta command; returns whether it changed the key (to persist under `sync`).
@@ -376,7 +537,9 @@ impl Engine {
             recache: flags.recache,
             no_bump: flags.no_bump,
         };
-        let Some(hit) = key.with(|k| self.store.meta_get(k, &opts)) else {
+        let hit = key.with(|k| self.store.meta_get(k, &opts));
+        key.with(|k| self.log_fetch(k, hit.as_ref().map(|h| (h.item.value.len(), h.item.flags))));
+        let Some(hit) = hit else {
             if !flags.quiet {
                 out.extend_from_slice(b"EN");
                 echo_flags(out, key, flags, 0);
@@ -453,6 +616,15 @@ impl Engine {
                 invalidate: flags.invalidate,
             };
             let status = self.store.set(&req);
+            let cmd: &[u8] = match (mode, req.compare_cas) {
+                (SetMode::Set, Some(_)) => b"cas",
+                (SetMode::Set, None) => b"set",
+                (SetMode::Add, _) => b"add",
+                (SetMode::Replace, _) => b"replace",
+                (SetMode::Append, _) => b"append",
+                (SetMode::Prepend, _) => b"prepend",
+            };
+            self.log_store(k, status, cmd, req.exptime, data.len(), req.flags);
             // `N` with append/prepend: create the item when it is missing (autovivify).
             if status == SetStatus::NotStored
                 && matches!(mode, SetMode::Append | SetMode::Prepend)
@@ -624,9 +796,110 @@ fn echo_flags(out: &mut Vec<u8>, key: MetaKey<'_>, flags: &MetaFlags<'_>, cas: u
     }
 }
 
-/// The keys one request has read through so far (kept across its re-runs).
+const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
+
+/// A request on a connection that has not authenticated (`-Y`): only a `set` whose data is
+/// `user password` is taken, as memcached's ASCII auth; returns whether it authenticated.
+fn authenticate(
+    auth: &AuthFile,
+    worker: &WorkerStats,
+    req: &Request<'_>,
+    out: &mut Vec<u8>,
+) -> bool {
+    let Request::Store {
+        command: StoreCommand::Set,
+        data,
+        ..
+    } = *req
+    else {
+        out.extend_from_slice(UNAUTHENTICATED);
+        return false;
+    };
+    let Some((user, password)) = AuthFile::credentials(data) else {
+        out.extend_from_slice(b"CLIENT_ERROR bad authentication token format\r\n");
+        return false;
+    };
+    // As memcached counts: attempts whose data held a user and a password.
+    WorkerStats::add(&worker.auth_cmds, 1);
+    if auth.check(user, password) {
+        out.extend_from_slice(r::STORED);
+        true
+    } else {
+        WorkerStats::add(&worker.auth_errors, 1);
+        out.extend_from_slice(b"CLIENT_ERROR authentication failure\r\n");
+        false
+    }
+}
+
+/// A connection's state: the keys one request has read through so far (kept across its
+/// re-runs), whether it is a cluster migration stream, its socket, whether it has
+/// authenticated (`-Y`) and whether it speaks TLS (`-Z`).
 #[derive(Default)]
-pub struct Loaded(Vec<Vec<u8>>);
+pub struct Loaded {
+    keys: Vec<Vec<u8>>,
+    /// Said `cluster import`: items from their previous owner, stored without the
+    /// ownership check.
+    import: bool,
+    /// Its socket (for `watch` lines' `cfd=`).
+    fd: i32,
+    /// It has authenticated (`-Y`).
+    authenticated: bool,
+    /// It speaks TLS (`-Z`).
+    tls: bool,
+}
+
+/// Calls `f` with every key `req` names.
+fn for_each_key(req: &Request<'_>, mut f: impl FnMut(&[u8])) {
+    match *req {
+        Request::Get { keys, .. } | Request::Gat { keys, .. } => keys.iter().for_each(f),
+        Request::Store { key, .. }
+        | Request::Arith { key, .. }
+        | Request::Delete { key, .. }
+        | Request::Touch { key, .. } => f(key),
+        Request::Meta { command, key, .. } if command != MetaCommand::Noop => key.with(f),
+        _ => {}
+    }
+}
+
+/// Whether `req` may change the item of a key it names (a touch counts: it changes the
+/// expiry that a migration must carry).
+fn changes_data(req: &Request<'_>) -> bool {
+    match *req {
+        Request::Get { .. } => false,
+        Request::Meta { command, flags, .. } => match command {
+            MetaCommand::Get => flags.has(b'T') || flags.has(b'N') || flags.has(b'E'),
+            MetaCommand::Debug | MetaCommand::Noop => false,
+            _ => true,
+        },
+        _ => true,
+    }
+}
+
+/// `cluster ring|status|import ID NODE|drained ID NODE`.
+fn cluster_command(node: &Arc<Node>, conn: &mut Loaded, args: &[u8], out: &mut Vec<u8>) {
+    let text = String::from_utf8_lossy(args);
+    let words: Vec<&str> = text.split_ascii_whitespace().collect();
+    let value = |out: &mut Vec<u8>, name: &[u8], data: &[u8]| {
+        r::value(out, name, 0, data, None);
+        out.extend_from_slice(r::END);
+    };
+    match words.as_slice() {
+        ["ring"] => value(out, b"ring", node.view().serving.describe().as_bytes()),
+        ["status"] => value(out, b"status", node.status_json().as_bytes()),
+        ["import", id, _from] if id.parse::<u64>().is_ok() => {
+            conn.import = true;
+            out.extend_from_slice(b"OK\r\n");
+        }
+        ["drained", id, from] => match id.parse::<u64>() {
+            Ok(id) => {
+                node.drained_from(id, from);
+                out.extend_from_slice(b"OK\r\n");
+            }
+            Err(_) => out.extend_from_slice(b"CLIENT_ERROR bad command line format\r\n"),
+        },
+        _ => out.extend_from_slice(b"CLIENT_ERROR bad command line format\r\n"),
+    }
+}
 
 impl kvlab_net::Service for Engine {
     type Conn = Loaded;
@@ -640,14 +913,41 @@ impl kvlab_net::Service for Engine {
         rerun: bool,
     ) -> Flow {
         if !rerun {
-            loaded.0.clear();
+            loaded.keys.clear();
         }
-        let flow = self.apply(req, out, &loaded.0);
+        self.cfd = loaded.fd;
+        self.over_tls = loaded.tls;
+        if !loaded.authenticated {
+            if let Some(auth) = &self.server.admin.auth {
+                loaded.authenticated = authenticate(auth, &self.worker, req, out);
+                return Flow::Done;
+            }
+        }
+        let flow = match self.cluster.take() {
+            Some(mut gate) => {
+                let flow = self.call_in_cluster(&mut gate, loaded, req, out);
+                self.cluster = Some(gate);
+                flow
+            }
+            None => self.apply(req, out, &loaded.keys),
+        };
         if let Flow::Defer(Blocking::Load(key), _) = &flow {
             // Runs again once `key` is in the cache: don't defer for it a second time.
-            loaded.0.push(key.clone());
+            loaded.keys.push(key.clone());
         }
         flow
+    }
+
+    fn opened(&mut self, conn: &mut Loaded, fd: std::os::fd::RawFd, tls: bool) {
+        conn.fd = fd;
+        conn.tls = tls;
+    }
+
+    fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8]) {
+        let streams = std::mem::take(&mut self.watch);
+        if let Err(e) = self.server.admin.watchers.add(socket, streams, unsent) {
+            tracing::warn!(?e, "cannot add a watcher");
+        }
     }
 
     fn worker(&mut self) -> &mut Arc<Store> {
@@ -661,7 +961,23 @@ impl kvlab_net::Service for Engine {
         }
     }
 
-    fn drop_stale(&mut self, _: &mut Loaded, key: kvlab_protocol::MetaKey<'_>) -> Option<Blocking> {
+    fn error_reply(
+        &mut self,
+        conn: &mut Loaded,
+        _: kvlab_protocol::ProtocolError,
+    ) -> Option<&'static [u8]> {
+        (self.server.admin.auth.is_some() && !conn.authenticated).then_some(UNAUTHENTICATED)
+    }
+
+    fn drop_stale(
+        &mut self,
+        conn: &mut Loaded,
+        key: kvlab_protocol::MetaKey<'_>,
+    ) -> Option<Blocking> {
+        if self.server.admin.auth.is_some() && !conn.authenticated {
+            // Nothing changes for a connection that has not authenticated.
+            return None;
+        }
         // The old value goes, as in memcached; under `--durability sync` the removal is on
         // disk before the error reply leaves.
         key.with(|key| {

@@ -76,7 +76,7 @@ use serde_json::{json, Map, Value as Json};
 use tokio::sync::watch;
 
 use crate::cache::{Blocking, DiskRules};
-use crate::stats::StatValue;
+use crate::stats::{StatValue, WorkerStats};
 use crate::Shared;
 
 /// How long [`HttpServer::stop`] lets open requests finish before dropping them.
@@ -212,8 +212,58 @@ fn router(app: App) -> Router {
         .route("/metrics", get(metrics))
         .route("/shutdown", post(shutdown))
         .fallback(not_found)
+        .layer(middleware::from_fn_with_state(app.clone(), require_user))
         .layer(middleware::from_fn(json_errors))
         .with_state(app)
+}
+
+/// With `-Y`, every request names one of its users: `Authorization: Basic
+/// base64(user:password)` or `Authorization: Bearer user:password`; otherwise 401 with a
+/// `WWW-Authenticate` challenge. Counted like the memcached port's logins: a request that
+/// names a user in `auth_cmds`, a wrong password also in `auth_errors`.
+async fn require_user(State(app): State<App>, req: Request, next: Next) -> Response {
+    let Some(users) = app.shared.stats.admin.auth.as_ref() else {
+        return next.run(req).await;
+    };
+    let offered = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            if let Some(b64) = v.strip_prefix("Basic ") {
+                base64::engine::general_purpose::STANDARD
+                    .decode(b64.trim())
+                    .ok()
+            } else {
+                v.strip_prefix("Bearer ")
+                    .map(|t| t.trim().as_bytes().to_vec())
+            }
+        });
+    let http = &app.shared.stats.http;
+    let ok = match offered.as_deref().and_then(|o| {
+        let colon = o.iter().position(|&b| b == b':')?;
+        Some((&o[..colon], &o[colon + 1..]))
+    }) {
+        Some((user, password)) => {
+            WorkerStats::add(&http.auth_cmds, 1);
+            let ok = users.check(user, password);
+            if !ok {
+                WorkerStats::add(&http.auth_errors, 1);
+            }
+            ok
+        }
+        None => false,
+    };
+    if ok {
+        return next.run(req).await;
+    }
+    let mut resp =
+        ApiError::new(StatusCode::UNAUTHORIZED, "authentication required").into_response();
+    resp.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Basic realm=\"kvlab\""),
+    );
+    resp
 }
 
 /// An error reply: status and message, rendered as `{"error": …, "status": …}`.

@@ -8,6 +8,12 @@
 //!        ◄──                  ◄──                   ◄── protocol::response ◄──
 //! ```
 //!
+//! - [`admin`]: memcached's administration commands (`shutdown`, `cache_memlimit`,
+//!   `slabs reassign`, `stats detail` with [`detail`], `lru_crawler`);
+//! - [`slabs`]: `stats items` and `stats slabs` by memcached's size classes, and
+//!   evictions counted per class; [`watch`]: `watch` log streams;
+//! - [`auth`]: memcached's ASCII authentication (`-Y`);
+//! - [`tls`]: `-Z` (memcached's TLS options as a rustls configuration);
 //! - [`cache`]: the durable cache's semantics (read-through, persist before the reply) and
 //!   its disk work, shared by the engine and the REST handlers;
 //! - [`engine`]: memcached command semantics over the store, reply composition; the
@@ -22,12 +28,18 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod admin;
+pub mod auth;
 pub mod cache;
 pub mod crawler;
+pub mod detail;
 pub mod engine;
 pub mod http;
 pub mod metrics;
+pub mod slabs;
 pub mod stats;
+pub mod tls;
+pub mod watch;
 
 use std::io;
 use std::net::SocketAddr;
@@ -36,8 +48,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvlab_protocol::Limits;
-use kvlab_store::{Clock, Config as StoreConfig, DurableConfig, Policy, Store, SystemClock};
-use parking_lot::{Condvar, Mutex};
+use kvlab_store::{
+    Clock, Config as StoreConfig, DurableConfig, Policy, SizeClasses, Store, SystemClock,
+};
+
+use crate::admin::AdminState;
 
 use crate::stats::{ServerStats, WorkerStats};
 
@@ -80,8 +95,37 @@ pub struct ServerConfig {
     /// becomes a write-back cache over an embedded storage engine.
     pub durable: Option<DurableConfig>,
     /// The background crawler that reclaims expired and flushed items
-    /// (`--crawler-interval-ms`, `-o lru_crawler|no_lru_crawler`); `None` = off.
+    /// (`--crawler-interval-ms`, `-o lru_crawler|no_lru_crawler`); `None` = off (the
+    /// thread waits for `lru_crawler enable`).
     pub crawler: Option<CrawlerConfig>,
+    /// `-A`: serve the `shutdown` command.
+    pub shutdown_command: bool,
+    /// `slabs reassign` allowed (`-o slab_reassign`, the default; `-o no_slab_reassign`).
+    pub slab_reassign: bool,
+    /// memcached's size classes (`-f` growth factor, `-n` smallest chunk's data size),
+    /// used to report items by class.
+    pub growth_factor: f64,
+    /// `-n`: bytes of key and data in the smallest chunk.
+    pub chunk_size: u32,
+    /// `-D`: the key prefix delimiter of `stats detail`; giving it turns detail on.
+    pub prefix_delimiter: Option<u8>,
+    /// `-o idle_timeout=N`: close connections idle this long (counted in `idle_kicks`).
+    pub idle_timeout: Option<std::time::Duration>,
+    /// `-Y FILE`: connections must authenticate as one of these users first.
+    pub auth: Option<auth::AuthFile>,
+    /// `-Z`: TLS on the memcached port, with memcached's `ssl_*` options.
+    pub tls: Option<tls::TlsSettings>,
+    /// Join a cluster (`--cluster`): where its topology is, and this node's name in it.
+    pub cluster: Option<ClusterConfig>,
+}
+
+/// How a server joins a cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// The topology store (`file:PATH` or a path; see `kvlab_cluster::open_store`).
+    pub topology: String,
+    /// This node's name in the topology (`--cluster-node`); `None`: the listen address.
+    pub node: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +144,15 @@ impl Default for ServerConfig {
             clock: Arc::new(SystemClock),
             durable: None,
             crawler: Some(CrawlerConfig::default()),
+            shutdown_command: false,
+            slab_reassign: true,
+            growth_factor: 1.25,
+            chunk_size: 48,
+            prefix_delimiter: None,
+            idle_timeout: None,
+            auth: None,
+            tls: None,
+            cluster: None,
         }
     }
 }
@@ -114,16 +167,14 @@ pub struct Shared {
     pub limits: Limits,
     /// Set when the threads must stop; they check it after every wake-up.
     pub shutdown: AtomicBool,
-    /// A request to stop (signal, `POST /shutdown`) that [`Server::wait`] is waiting for.
-    stop_requested: Mutex<bool>,
-    stop_cv: Condvar,
+    /// The cluster node this server is, if any.
+    pub cluster: Option<Arc<kvlab_cluster::Node>>,
 }
 
 impl Shared {
     /// Asks the owner of the [`Server`] to shut it down; returns at once.
     pub fn request_stop(&self) {
-        *self.stop_requested.lock() = true;
-        self.stop_cv.notify_all();
+        self.stats.admin.stop.request();
     }
 }
 
@@ -138,7 +189,11 @@ impl kvlab_net::App for Shared {
         // sharing is safe and cheap.
         let workers = &self.stats.workers;
         let worker = workers[index % workers.len()].clone();
-        Engine::new(self.store.clone(), self.stats.clone(), worker)
+        let engine = Engine::new(self.store.clone(), self.stats.clone(), worker);
+        match &self.cluster {
+            Some(node) => engine.in_cluster(node),
+            None => engine,
+        }
     }
 
     fn helper(&self, _index: usize) -> Arc<Store> {
@@ -158,6 +213,10 @@ impl kvlab_net::App for Shared {
 
     fn release(&self) {
         self.stats.curr_connections.fetch_sub(1, Relaxed);
+    }
+
+    fn idle_kick(&self) {
+        self.stats.idle_kicks.fetch_add(1, Relaxed);
     }
 
     fn stopping(&self) -> bool {
@@ -198,6 +257,13 @@ impl Server {
                 "threads must be at least 1",
             ));
         }
+        let tls = match &config.tls {
+            Some(t) => Some(
+                t.server_config()
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            ),
+            None => None,
+        };
         let listener = std::net::TcpListener::bind(config.listen)?;
         let addr = listener.local_addr()?;
         let store_config = StoreConfig {
@@ -210,6 +276,26 @@ impl Server {
             Some(durable) => Store::open(store_config, config.clock.clone(), durable.clone())?,
             None => Store::new(store_config, config.clock.clone()),
         });
+        let mut admin = AdminState::new(Arc::default());
+        admin.shutdown_command = config.shutdown_command;
+        admin.slab_reassign = config.slab_reassign;
+        admin.auth = config.auth.clone();
+        admin.tls = config.tls.clone();
+        admin.classes = SizeClasses::new(
+            config.growth_factor,
+            config.chunk_size,
+            config.item_size_max,
+        );
+        if let Some(d) = config.prefix_delimiter {
+            admin.detail = detail::Detail::new(d, true);
+        }
+        admin.crawler = crawler::Control::new(config.crawler.is_some());
+        let crawler_stats = admin.crawler_stats.clone();
+        admin.evictions = Arc::new(slabs::ClassEvictions::new(
+            admin.classes.clone(),
+            admin.watchers.clone(),
+        ));
+        let crawler_control = admin.crawler.clone();
         let stats = Arc::new(ServerStats {
             started: Instant::now(),
             started_unix: stats::unix_now(),
@@ -229,19 +315,34 @@ impl Server {
             port: addr.port(),
             io_model: config.io.name(),
             crawler_config: config.crawler,
-            crawler: Arc::default(),
+            crawler: crawler_stats,
+            admin: Arc::new(admin),
+            idle_timeout: config.idle_timeout,
+            idle_kicks: AtomicU64::new(0),
         });
         let limits = Limits {
             item_size_max: config.item_size_max,
             ..Limits::default()
         };
+        store.observe_evictions(stats.admin.evictions.clone());
+        let cluster = match &config.cluster {
+            Some(c) => {
+                let me = c.node.clone().unwrap_or_else(|| addr.to_string());
+                let topology = kvlab_cluster::open_store(&c.topology)
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+                Some(
+                    kvlab_cluster::Node::start(me, store.clone(), topology)
+                        .map_err(|e| io::Error::other(e.to_string()))?,
+                )
+            }
+            None => None,
+        };
         let shared = Arc::new(Shared {
+            cluster,
             store,
             stats,
             limits,
             shutdown: AtomicBool::new(false),
-            stop_requested: Mutex::new(false),
-            stop_cv: Condvar::new(),
         });
         let metrics = match config.metrics {
             Some(at) => Some(metrics::start(at, shared.clone())?),
@@ -257,18 +358,19 @@ impl Server {
             None => None,
         };
         let http_addr = http.as_ref().map(|h| h.addr());
-        // Before the driver: if that fails to start, dropping the crawler stops it.
-        let crawler = match config.crawler {
-            Some(c) => Some(crawler::Crawler::start(
-                shared.store.clone(),
-                shared.stats.crawler.clone(),
-                c,
-            )?),
-            None => None,
-        };
+        // Before the driver: if that fails to start, dropping the crawler stops it. Off
+        // (`config.crawler` is `None`), the thread waits for `lru_crawler enable`.
+        let crawler = Some(crawler::Crawler::start(
+            shared.store.clone(),
+            shared.stats.crawler.clone(),
+            config.crawler.unwrap_or_default(),
+            crawler_control,
+        )?);
         let net = kvlab_net::Config {
             threads: config.threads,
             limits,
+            idle_timeout: config.idle_timeout,
+            tls,
         };
         let driver = kvlab_net::Driver::start(config.io, listener, shared.clone(), net)?;
         Ok(Server {
@@ -313,12 +415,10 @@ impl Server {
         StopHandle(self.shared.clone())
     }
 
-    /// Blocks until something asks the server to stop ([`StopHandle::request_stop`]).
+    /// Blocks until something asks the server to stop ([`StopHandle::request_stop`],
+    /// `shutdown` with `-A`).
     pub fn wait(&self) {
-        let mut requested = self.shared.stop_requested.lock();
-        while !*requested {
-            self.shared.stop_cv.wait(&mut requested);
-        }
+        self.shared.stats.admin.stop.wait();
     }
 
     /// Stops accepting, closes every connection after flushing what it has composed, and
@@ -329,12 +429,16 @@ impl Server {
 
     fn stop(&mut self) {
         self.shared.shutdown.store(true, SeqCst);
+        if let Some(node) = &self.shared.cluster {
+            node.stop();
+        }
         if let Some(c) = self.crawler.take() {
             c.stop();
         }
         if let Some(d) = self.driver.take() {
             d.stop();
         }
+        self.shared.stats.admin.watchers.stop();
         if let Some(m) = self.metrics.take() {
             m.stop();
         }

@@ -15,6 +15,7 @@ use hdrhistogram::Histogram;
 use kvlab_store::{Figure, Kind, Policy, Store};
 use parking_lot::Mutex;
 
+use crate::admin::AdminState;
 use crate::crawler::{CrawlerConfig, CrawlerStats};
 
 /// Declares [`WorkerStats`]: each per-worker counter is one line of the table, which makes
@@ -64,6 +65,12 @@ worker_counters! {
     bytes_written,
     /// Requests answered with a protocol error.
     protocol_errors,
+    /// Authentication attempts (`-Y`).
+    auth_cmds,
+    /// Failed authentication attempts (`-Y`).
+    auth_errors,
+    /// Cluster node: requests answered `MOVED` or `TRYAGAIN` instead of served.
+    cluster_redirects,
 }
 
 impl WorkerStats {
@@ -133,6 +140,12 @@ pub struct ServerStats {
     pub crawler_config: Option<CrawlerConfig>,
     /// The crawler thread's figures.
     pub crawler: Arc<CrawlerStats>,
+    /// What the administration commands read and change.
+    pub admin: Arc<AdminState>,
+    /// `-o idle_timeout`.
+    pub idle_timeout: Option<std::time::Duration>,
+    /// Connections closed for idling (memcached `idle_kicks`, shown with an idle timeout).
+    pub idle_kicks: AtomicU64,
 }
 
 /// `VERSION` reply: the memcached protocol level kvlab speaks, then kvlab's own version.
@@ -238,6 +251,9 @@ impl ServerStats {
                 load(&self.rejected_connections),
             ),
         ];
+        if self.idle_timeout.is_some() {
+            fields.push(Stat::count("idle_kicks", Counter, load(&self.idle_kicks)));
+        }
         fields.extend(WorkerStats::sums(
             self.workers
                 .iter()
@@ -296,6 +312,9 @@ impl ServerStats {
             io_model: "none",
             crawler_config: None,
             crawler: Arc::default(),
+            admin: Arc::new(AdminState::new(Arc::default())),
+            idle_timeout: None,
+            idle_kicks: AtomicU64::new(0),
         }
     }
 
@@ -325,13 +344,46 @@ impl ServerStats {
             ("cas_enabled", "yes".to_string()),
             ("io_model", self.io_model.to_string()),
             (
+                "shutdown_command",
+                yes_no(self.admin.shutdown_command).to_string(),
+            ),
+            (
+                "growth_factor",
+                format!("{:.2}", self.admin.classes.factor()),
+            ),
+            ("chunk_size", self.admin.classes.chunk_size().to_string()),
+            (
+                "stat_key_prefix",
+                char::from(self.admin.detail.delimiter()).to_string(),
+            ),
+            (
+                "detail_enabled",
+                yes_no(self.admin.detail.enabled()).to_string(),
+            ),
+            (
+                "slab_reassign",
+                yes_no(self.admin.slab_reassign).to_string(),
+            ),
+            (
+                "auth_enabled_ascii",
+                yes_no(self.admin.auth.is_some()).to_string(),
+            ),
+            ("ssl_enabled", yes_no(self.admin.tls.is_some()).to_string()),
+            (
+                "ssl_verify_mode",
+                self.admin
+                    .tls
+                    .as_ref()
+                    .map_or(0, |t| t.verify_mode)
+                    .to_string(),
+            ),
+            (
+                "idle_timeout",
+                self.idle_timeout.map_or(0, |t| t.as_secs()).to_string(),
+            ),
+            (
                 "lru_crawler",
-                if self.crawler_config.is_some() {
-                    "yes"
-                } else {
-                    "no"
-                }
-                .to_string(),
+                yes_no(self.admin.crawler.enabled()).to_string(),
             ),
             (
                 "lru_crawler_sleep",
@@ -352,9 +404,18 @@ impl ServerStats {
     pub fn reset(&self) {
         self.total_connections.store(0, Relaxed);
         self.rejected_connections.store(0, Relaxed);
+        self.idle_kicks.store(0, Relaxed);
         for w in self.workers.iter().chain([&self.http]) {
             w.reset();
         }
+    }
+}
+
+fn yes_no(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
     }
 }
 

@@ -952,3 +952,35 @@ fn durable_store_reads_through_and_persists_over_http() {
         "{text}"
     );
 }
+
+/// With `-Y`, the REST port takes the same users (Basic or `Bearer user:password`); any
+/// other request is 401 with a challenge and changes nothing; wrong passwords are counted.
+#[test]
+fn rest_takes_the_auth_file_users() {
+    let users = kvlab_server::auth::AuthFile::parse(b"alice:s3cret\n").expect("parses");
+    let (server, _clock) = start_http(|c| c.auth = Some(users));
+    let (a, url) = (agent(), format!("{}/key/k", base(&server)));
+    let r = send(&a, "PUT", &url, &[], b"v");
+    r.assert_error(401);
+    assert_eq!(r.header("www-authenticate"), "Basic realm=\"kvlab\"");
+    // alice:wrong, then alice:s3cret, base64.
+    send(
+        &a,
+        "GET",
+        &url,
+        &[("Authorization", "Basic YWxpY2U6d3Jvbmc=")],
+        b"",
+    )
+    .assert_error(401);
+    assert!(server.store().get(b"k").is_none());
+    let basic = [("Authorization", "Basic YWxpY2U6czNjcmV0")];
+    assert_eq!(send(&a, "PUT", &url, &basic, b"v").status, 201);
+    let bearer = [("Authorization", "Bearer alice:s3cret")];
+    let got = send(&a, "GET", &url, &bearer, b"");
+    assert_eq!((got.status, got.json()["value"].as_str()), (200, Some("v")));
+    let st = send(&a, "GET", &format!("{}/stats", base(&server)), &bearer, b"").json();
+    assert_eq!(
+        (st["auth_cmds"].as_u64(), st["auth_errors"].as_u64()),
+        (Some(4), Some(1))
+    );
+}

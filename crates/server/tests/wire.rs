@@ -11,10 +11,19 @@ use kvlab_client::testing::wire::{run_closing, run_table};
 use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
 
+/// The crawler thread runs (`lru_crawler` rows need it), but only when asked: its own
+/// passes are an hour apart.
+fn with_crawler(c: &mut kvlab_server::ServerConfig) {
+    c.crawler = Some(kvlab_server::CrawlerConfig {
+        interval: std::time::Duration::from_secs(3600),
+        ..kvlab_server::CrawlerConfig::default()
+    });
+}
+
 #[test]
 fn table_passes_under_every_io_model() {
     for &io in IoModel::ALL {
-        let (server, _clock) = start(io, |_| {});
+        let (server, _clock) = start(io, with_crawler);
         let failures = run_table(server.addr(), false);
         assert!(
             failures.is_empty(),
@@ -33,6 +42,7 @@ fn table_passes_over_a_durable_store_under_every_io_model() {
     for &io in IoModel::ALL {
         let dir = tempfile::tempdir().expect("tempdir");
         let (server, _clock) = start(io, |c| {
+            with_crawler(c);
             c.durable = Some(kvlab_store::DurableConfig {
                 dir: dir.path().to_path_buf(),
                 durability: kvlab_store::Durability::Sync,

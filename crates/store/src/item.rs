@@ -306,6 +306,8 @@ pub struct ExportedItem {
     value: Value,
     exptime: u64,
     cas: u64,
+    last_access: u64,
+    fetched: bool,
 }
 
 impl ExportedItem {
@@ -314,7 +316,28 @@ impl ExportedItem {
             value: Value::new(block),
             exptime,
             cas,
+            last_access: 0,
+            fetched: false,
         }
+    }
+
+    /// With the time of its last access (absolute unix seconds) and whether it was
+    /// fetched since stored, as the store knew them when it exported the item.
+    pub(crate) fn with_access(mut self, last_access: u64, fetched: bool) -> ExportedItem {
+        self.last_access = last_access;
+        self.fetched = fetched;
+        self
+    }
+
+    /// When the item was last stored or read: absolute unix seconds (0 for an item
+    /// made by [`ExportedItem::new`]).
+    pub fn last_access(&self) -> u64 {
+        self.last_access
+    }
+
+    /// Whether the item was read since it was stored (memcached's `fetch=yes`).
+    pub fn fetched(&self) -> bool {
+        self.fetched
     }
 
     /// An item received from elsewhere (e.g. decoded from a migration stream), to

@@ -130,8 +130,10 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod classes;
 mod clock;
 mod durable;
+mod evicted;
 mod item;
 mod memory;
 mod policy;
@@ -142,8 +144,10 @@ mod stats;
 mod store;
 mod wb;
 
+pub use classes::{SizeClasses, ITEM_HEADER, MAX_CLASSES};
 pub use clock::{Clock, ManualClock, SystemClock, REALTIME_MAXDELTA};
 pub use durable::{Durability, DurableConfig, ParseDurabilityError};
+pub use evicted::{Evicted, EvictionObserver};
 pub use item::{ExportedItem, ItemView, MetaView, Value, ITEM_OVERHEAD, MAX_KEY_LEN};
 pub use policy::{ParsePolicyError, Policy};
 pub use request::{

@@ -3,7 +3,9 @@
 //! A store first *reserves* the bytes it needs with a compare-and-swap that never
 //! takes the counter above the limit, and only then links the item; removing an item
 //! releases its charge. So the counter — `stats().bytes` — never exceeds the limit,
-//! whatever the interleaving of threads.
+//! whatever the interleaving of threads, except while a lowered limit
+//! (`cache_memlimit`) is being evicted down to: then no reservation succeeds until it
+//! is met.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -11,19 +13,25 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 #[repr(align(128))]
 pub(crate) struct Budget {
     used: AtomicUsize,
-    limit: usize,
+    /// Changed at run time by [`Budget::set_limit`] (`cache_memlimit`); read relaxed, as
+    /// a reservation only needs some recent value.
+    limit: AtomicUsize,
 }
 
 impl Budget {
     pub(crate) fn new(limit: usize) -> Budget {
         Budget {
             used: AtomicUsize::new(0),
-            limit,
+            limit: AtomicUsize::new(limit),
         }
     }
 
     pub(crate) fn limit(&self) -> usize {
-        self.limit
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set_limit(&self, limit: usize) {
+        self.limit.store(limit, Ordering::Relaxed);
     }
 
     pub(crate) fn used(&self) -> usize {
@@ -40,8 +48,9 @@ impl Budget {
             return true;
         }
         let mut cur = self.used.load(Ordering::Relaxed);
+        let limit = self.limit();
         loop {
-            let Some(new) = cur.checked_add(n).filter(|&t| t <= self.limit) else {
+            let Some(new) = cur.checked_add(n).filter(|&t| t <= limit) else {
                 return false;
             };
             match self
@@ -78,5 +87,10 @@ mod tests {
         b.release(50);
         assert_eq!(b.used(), 50);
         assert!(!b.try_reserve(usize::MAX));
+        b.set_limit(40);
+        assert!(!b.try_reserve(1), "over a lowered limit nothing fits");
+        b.release(20);
+        assert!(b.try_reserve(10));
+        assert!(!b.try_reserve(1));
     }
 }

@@ -123,6 +123,8 @@ pub(crate) struct Shard {
     /// `largest` policy only: every shard's [largest-charge hint](LargestHints),
     /// and this shard's index in it.
     hints: Option<(LargestHints, usize)>,
+    /// Hears of each eviction ([`crate::Store::observe_evictions`]).
+    pub(crate) observer: Option<std::sync::Arc<dyn crate::EvictionObserver>>,
 }
 
 /// Keeps each shard's mutex on its own cache lines.
@@ -190,6 +192,7 @@ impl Shard {
             stats: ShardStats::default(),
             wb: None,
             hints: hints.map(|h| (h, index)),
+            observer: None,
         }
     }
 
@@ -533,7 +536,7 @@ impl Shard {
         });
         if let ControlFlow::Break(i) = dead {
             if i != NIL {
-                return self.reclaim(i, budget);
+                return self.reclaim(i, now, budget, false);
             }
         }
         if self.policy == Policy::None || victim == NIL {
@@ -543,6 +546,9 @@ impl Shard {
         let e = self.slab.get(victim);
         if !e.has(FETCHED) {
             self.stats.evicted_unfetched += 1;
+        }
+        if let Some(observer) = &self.observer {
+            observer.evicted(&Self::seen(e, now));
         }
         let freed = e.block().charge();
         self.unlink_unhashed(victim, budget);
@@ -571,10 +577,30 @@ impl Shard {
         freed
     }
 
-    fn reclaim(&mut self, idx: u32, budget: &Budget) -> usize {
+    /// An item as the eviction observer hears of it.
+    fn seen<'e>(e: &'e Entry, now: &Now) -> crate::Evicted<'e> {
+        let b = e.block();
+        crate::Evicted {
+            key: b.key(),
+            value_len: b.value().len(),
+            flags: b.flags(),
+            fetched: e.has(FETCHED),
+            ttl: if e.exptime == 0 {
+                -1
+            } else {
+                i64::from(e.exptime) - i64::from(now.rel)
+            },
+            idle: u64::from(now.rel.saturating_sub(e.atime)),
+        }
+    }
+
+    fn reclaim(&mut self, idx: u32, now: &Now, budget: &Budget, by_crawler: bool) -> usize {
         self.stats.reclaimed += 1;
         if !self.slab.get(idx).has(FETCHED) {
             self.stats.expired_unfetched += 1;
+        }
+        if let Some(observer) = &self.observer {
+            observer.reclaimed(&Self::seen(self.slab.get(idx), now), by_crawler);
         }
         let freed = self.slab.get(idx).block().charge();
         self.unlink_unhashed(idx, budget);
@@ -604,7 +630,7 @@ impl Shard {
             }
             out.checked += 1;
             if Self::is_dead(e, now) {
-                self.reclaim(idx, budget);
+                self.reclaim(idx, now, budget, true);
                 out.reclaimed += 1;
             }
         }
@@ -641,7 +667,10 @@ impl Shard {
             } else {
                 time.abs(e.exptime)
             };
-            out.push(ExportedItem::from_block(b.clone(), exptime, b.cas()));
+            out.push(
+                ExportedItem::from_block(b.clone(), exptime, b.cas())
+                    .with_access(time.abs(e.atime), e.has(FETCHED)),
+            );
         }
         Scanned {
             examined: end.saturating_sub(from) as usize,

@@ -1237,10 +1237,11 @@ impl Store {
         DeleteStatus::Deleted
     }
 
-    /// `incr`/`decr` and meta `ma`. The value must be 1 to 20 ASCII digits fitting a
-    /// `u64`; the result is stored as plain decimal digits (memcached pads a shorter
-    /// result with spaces; this store does not), keeping flags, exptime (unless
-    /// `touch`) and item state, with a new CAS.
+    /// `incr`/`decr` and meta `ma`. The value is read as memcached reads it
+    /// ([`parse_counter`]); the result is stored as decimal digits, space-padded to the
+    /// old value's length when shorter (memcached rewrites such a value in place: `100`
+    /// decremented by 1 reads `99 `), keeping flags, exptime (unless `touch`) and item
+    /// state, with a new CAS.
     pub fn arith(&self, key: &[u8], req: &ArithRequest) -> ArithStatus {
         self.throttle();
         let now = self.now();
@@ -1263,7 +1264,7 @@ impl Store {
                         self.budget.release(reserved);
                         return ArithStatus::Exists;
                     }
-                    let Some(cur) = parse_u64(old.value()) else {
+                    let Some(cur) = parse_counter(old.value()) else {
                         self.budget.release(reserved);
                         return ArithStatus::NonNumeric;
                     };
@@ -1277,9 +1278,13 @@ impl Store {
                         Some(t) => self.stored_exptime(t),
                         None => Some(e.exptime),
                     };
+                    const SPACES: [u8; 20] = [b' '; 20];
+                    // A shorter result keeps the old length (at most 20 + spaces: a
+                    // longer old value is not a number memcached would read).
+                    let pad = old.value().len().saturating_sub(n).min(SPACES.len());
                     (
                         value,
-                        Block::new(key, &[&digits[..n]], old.flags()),
+                        Block::new(key, &[&digits[..n], &SPACES[..pad]], old.flags()),
                         exptime,
                         e.bits,
                     )
@@ -1576,6 +1581,53 @@ impl Store {
         self.set_item(&req, Some(item.exptime()))
     }
 
+    /// The store clock's time, unix seconds.
+    pub fn now_unix(&self) -> u64 {
+        self.clock.now()
+    }
+
+    /// From now on `observer` hears of every eviction (under the evicted item's shard
+    /// lock; see [`crate::EvictionObserver`]).
+    pub fn observe_evictions(&self, observer: Arc<dyn crate::EvictionObserver>) {
+        for si in 0..self.shards.len() {
+            self.lock(si).observer = Some(observer.clone());
+        }
+    }
+
+    /// Changes the memory limit at run time (memcached's `cache_memlimit`). A higher
+    /// limit takes effect at once. A lower one evicts by the policy, a share of the
+    /// excess from every shard per round (at most [`PER_VISIT`] items per shard lock),
+    /// until the charged bytes fit; meanwhile no store can reserve memory. Under the
+    /// `none` policy only expired and flushed items go, and stores fail as out of
+    /// memory until deletes bring the bytes under the new limit. Returns the charged
+    /// bytes afterwards.
+    pub fn set_memory_limit(&self, limit: usize) -> usize {
+        self.budget.set_limit(limit);
+        let now = self.now();
+        let n = self.shards.len();
+        // Each round frees something or ends: bounded by the number of items.
+        loop {
+            let over = self.budget.used().saturating_sub(self.budget.limit());
+            if over == 0 {
+                break;
+            }
+            let share = over.div_ceil(n);
+            let mut freed = 0;
+            for si in 0..n {
+                if self.budget.used() <= self.budget.limit() {
+                    break;
+                }
+                freed += self
+                    .lock(si)
+                    .evict_some(share, PER_VISIT, &now, &self.budget);
+            }
+            if freed == 0 {
+                break;
+            }
+        }
+        self.budget.used()
+    }
+
     /// Counts a store that a front end refused as over the item size limit before it
     /// reached the store (a data block longer than `-I`, an oversize HTTP body), so
     /// `store_too_large` counts every such refusal, as memcached's does.
@@ -1646,16 +1698,40 @@ impl Drop for Store {
 }
 
 /// Parses 1 to 20 ASCII digits that fit a `u64`.
-fn parse_u64(v: &[u8]) -> Option<u64> {
-    if v.is_empty() || v.len() > 20 {
+/// A counter's value as memcached reads it (`strtoull`, then its checks): leading
+/// whitespace, an optional sign (`-` only for zero), 1 or more digits fitting a `u64`,
+/// then the end or whitespace (anything after that whitespace is ignored).
+pub(crate) fn parse_counter(v: &[u8]) -> Option<u64> {
+    let space = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\x0b' | b'\x0c' | b'\r');
+    let start = v.iter().position(|&b| !space(b))?;
+    let mut rest = &v[start..];
+    let negative = match rest.first() {
+        Some(b'-') => true,
+        Some(b'+') => false,
+        _ => {
+            return digits_then_space(rest, space);
+        }
+    };
+    rest = &rest[1..];
+    let n = digits_then_space(rest, space)?;
+    if negative && n != 0 {
+        // strtoull negates it; memcached refuses a negative result with a `-` in it.
         return None;
     }
-    v.iter().try_fold(0u64, |acc, &b| {
-        if b.is_ascii_digit() {
-            acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-        } else {
-            None
-        }
+    Some(n)
+}
+
+fn digits_then_space(v: &[u8], space: impl Fn(u8) -> bool) -> Option<u64> {
+    let end = v
+        .iter()
+        .position(|&b| !b.is_ascii_digit())
+        .unwrap_or(v.len());
+    if end == 0 || !(end == v.len() || space(v[end])) {
+        return None;
+    }
+    // strtoull: any number of leading zeros; overflow is an error.
+    v[..end].iter().try_fold(0u64, |acc, &b| {
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
     })
 }
 

@@ -299,6 +299,7 @@ pub fn closed(target: SocketAddr, requests: u64) -> Config {
         target,
         protocol: Default::default(),
         meta_base64: false,
+        cluster: false,
         threads: 1,
         connections: 2,
         depth: 4,

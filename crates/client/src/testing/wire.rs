@@ -31,6 +31,17 @@ pub struct Case {
     pub reply: Vec<u8>,
     /// The reference memcached gives the same bytes.
     pub same_as_memcached: bool,
+    /// One server's own administration (`shutdown`, `cache_memlimit`, `lru_crawler`…):
+    /// a proxy in front of several servers answers `ERROR`, so the proxy's tests skip it.
+    pub server_only: bool,
+}
+
+impl Case {
+    /// Marks the case as one server's own administration (see [`Case::server_only`]).
+    pub fn server_only(mut self) -> Case {
+        self.server_only = true;
+        self
+    }
 }
 
 /// A case.
@@ -40,6 +51,7 @@ pub fn case(name: &'static str, request: &[u8], reply: &[u8], same: bool) -> Cas
         request: request.to_vec(),
         reply: reply.to_vec(),
         same_as_memcached: same,
+        server_only: false,
     }
 }
 
@@ -112,6 +124,14 @@ pub fn table() -> Vec<Case> {
         case("incr non-numeric", b"set n 0 0 2\r\nab\r\nincr n 1\r\n", b"STORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n", SAME),
         case("incr too-long number", b"set n 0 0 21\r\n184467440737095516150\r\nincr n 1\r\n", b"STORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n", SAME),
         case("incr bad delta", b"incr n abc\r\nincr n -1\r\n", b"CLIENT_ERROR invalid numeric delta argument\r\nCLIENT_ERROR invalid numeric delta argument\r\n", SAME),
+        // A shorter result keeps the old length, space-padded (memcached rewrites the value
+        // in place), for incr and decr and ma alike.
+        case("decr pads a shorter result", b"set n 0 0 3\r\n100\r\ndecr n 1\r\nget n\r\nms c 3\r\n100\r\nma c MD v\r\nmg c v\r\n",
+            b"STORED\r\n99\r\nVALUE n 0 3\r\n99 \r\nEND\r\nHD\r\nVA 2\r\n99\r\nVA 3\r\n99 \r\n", SAME),
+        // memcached reads a counter with strtoull: leading whitespace, a `+`, leading zeros,
+        // and anything after a space are fine.
+        case("incr reads numbers as memcached", b"set n 0 0 2\r\n 5\r\nincr n 1\r\nget n\r\nset n 0 0 3\r\n5 x\r\nincr n 1\r\nset n 0 0 3\r\n+07\r\nincr n 1\r\nset n 0 0 2\r\n-0\r\nincr n 1\r\nset n 0 0 2\r\n-1\r\nincr n 1\r\n",
+            b"STORED\r\n6\r\nVALUE n 0 2\r\n6 \r\nEND\r\nSTORED\r\n6\r\nSTORED\r\n8\r\nSTORED\r\n1\r\nSTORED\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n", SAME),
         case("incr noreply", b"set n 0 0 1\r\n1\r\nincr n 1 noreply\r\nget n\r\n", b"STORED\r\nVALUE n 0 1\r\n2\r\nEND\r\n", SAME),
         // Delete, touch, flush, verbosity.
         case("delete", b"set k 0 0 1\r\nx\r\ndelete k\r\ndelete k\r\n", b"STORED\r\nDELETED\r\nNOT_FOUND\r\n", SAME),
@@ -135,6 +155,10 @@ pub fn table() -> Vec<Case> {
         case("bad data chunk", b"set k 0 0 3\r\nabcde\r\nget k\r\n", b"CLIENT_ERROR bad data chunk\r\nERROR\r\nEND\r\n", SAME),
         case("negative length", b"set k 0 0 -1\r\nget k\r\n", b"CLIENT_ERROR bad command line format\r\nEND\r\n", SAME),
         case("non-numeric length", b"set k 0 0 abc\r\n", b"CLIENT_ERROR bad command line format\r\n", SAME),
+        // Kept on purpose: memcached truncates a length past 2^31 to 32 bits (`set k 0 0
+        // 4294967297` reads one byte and stores it; this one waits for a block of the
+        // truncated size), which stores another length than asked and desynchronises the
+        // stream. kvlab refuses it as a bad line.
         case("absurd length", b"set k 0 0 99999999999999\r\nget k\r\n", b"CLIENT_ERROR bad command line format\r\nEND\r\n", OURS),
         case("object too large is swallowed", &too_large, b"SERVER_ERROR object too large for cache\r\nEND\r\n", SAME),
         case("a set too large drops the old value", &set_big, b"STORED\r\nSERVER_ERROR object too large for cache\r\nEND\r\n", SAME),
@@ -146,10 +170,15 @@ pub fn table() -> Vec<Case> {
         case("cas too large keeps it", &cas_big, b"STORED\r\nSERVER_ERROR object too large for cache\r\nVALUE k 0 2\r\nhi\r\nEND\r\n", SAME),
         case("wrong arity", b"set k 0 0\r\nset k 0 0 1 extra junk\r\nx\r\nincr k\r\ntouch k\r\n", b"ERROR\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\n", SAME),
         case("bad flags", b"set k abc 0 1\r\nx\r\nset k -1 0 1\r\nx\r\n", b"CLIENT_ERROR bad command line format\r\nERROR\r\nCLIENT_ERROR bad command line format\r\nERROR\r\n", SAME),
+        // Kept on purpose: memcached 1.6 takes flags up to 2^64-1 and silently keeps their
+        // low 32 bits (`set k 4294967296 …` then `get k` says flags 0), so the client reads
+        // back other flags than it stored. kvlab refuses flags it cannot keep.
         case("flags over 32 bits", b"set k 4294967296 0 1\r\nx\r\n", b"CLIENT_ERROR bad command line format\r\nERROR\r\n", OURS),
         case("cas without unique", b"cas k 0 0 1\r\nx\r\n", b"ERROR\r\nERROR\r\n", SAME),
         case("cas bad unique", b"cas k 0 0 1 abc\r\nx\r\n", b"CLIENT_ERROR bad command line format\r\nERROR\r\n", SAME),
-        case("control character in key", b"get a\x01b\r\n", b"CLIENT_ERROR bad command line format\r\n", OURS),
+        // The protocol asks clients not to, but memcached takes any byte but a space.
+        case("control characters in keys", b"get a\x01b\r\nset a\x01b 0 0 1\r\nx\r\nset c\x7f\td 0 0 1\r\ny\r\nget a\x01b c\x7f\td\r\n",
+            b"END\r\nSTORED\r\nSTORED\r\nVALUE a\x01b 0 1\r\nx\r\nVALUE c\x7f\td 0 1\r\ny\r\nEND\r\n", SAME),
         case("noreply silences argument errors", b"verbosity noreply\r\nverbosity foo bar my\r\nset k abc 0 1 noreply\r\nx\r\nincr k abc noreply\r\n", b"ERROR\r\nERROR\r\n", SAME),
         case("stats unknown group", b"stats nonsense\r\n", b"ERROR\r\n", SAME),
         // A long line that arrived whole is parsed like any other.
@@ -176,7 +205,7 @@ pub fn table() -> Vec<Case> {
         case("ms without length", b"ms k\r\nms k S2 T0\r\nhi\r\n", b"CLIENT_ERROR bad command line format\r\nCLIENT_ERROR bad command line format\r\nERROR\r\n", SAME),
         case("ms negative ttl", b"ms k 2 T-1\r\nhi\r\nmg k v\r\n", b"HD\r\nEN\r\n", SAME),
         case("ms invalidate without cas", b"ms k 2 I\r\nhi\r\n", b"HD\r\n", SAME),
-        case("ms too large", &ms_too_large, b"SERVER_ERROR object too large for cache\r\n", OURS),
+        case("ms too large", &ms_too_large, b"SERVER_ERROR object too large for cache\r\n", SAME),
         case("ma", b"ma cnt\r\nma cnt N0 J13\r\nma cnt v\r\nma cnt MD D10 v\r\n", b"NF\r\nHD\r\nVA 2\r\n14\r\nVA 1\r\n4\r\n", SAME),
         case("ma non-numeric", b"ms m1 2\r\nhi\r\nma m1\r\n", b"HD\r\nCLIENT_ERROR cannot increment or decrement non-numeric value\r\n", SAME),
         case("ma bad mode and delta", b"ma cnt MX\r\nma cnt D-1\r\n", b"CLIENT_ERROR invalid mode for ma M token\r\nCLIENT_ERROR invalid or duplicate flag\r\n", SAME),
@@ -198,6 +227,28 @@ pub fn table() -> Vec<Case> {
             b"CLIENT_ERROR bad command line format\r\nERROR\r\nCLIENT_ERROR bad command line format\r\n", SAME),
         case("longest base64 key", format!("ms {b64_186} 1 b\r\nx\r\nmg {b64_186} b v\r\n").as_bytes(),
             b"HD\r\nVA 1\r\nx\r\n", SAME),
+        // Administration (one server's: the proxy answers ERROR). `-A` is off here: the
+        // servers with it are tested on their own, since `shutdown` stops them.
+        case("shutdown without -A", b"shutdown\r\nshutdown graceful\r\nshutdown foo\r\n",
+            &b"ERROR: shutdown not enabled\r\n".repeat(3), SAME).server_only(),
+        // megabytes; at least 8, at most 10^9; noreply silences even the errors. Ends where
+        // every server here started (64 MB).
+        case("cache_memlimit", b"cache_memlimit\r\ncache_memlimit abc\r\ncache_memlimit -5\r\ncache_memlimit 7\r\ncache_memlimit 99999999999\r\ncache_memlimit 8 9 10\r\ncache_memlimit 1 noreply\r\ncache_memlimit 8\r\ncache_memlimit 100 x\r\ncache_memlimit 64 noreply\r\n",
+            b"ERROR\r\nERROR\r\nERROR\r\nMEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\nMEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\nERROR\r\nOK\r\nOK\r\n", SAME).server_only(),
+        // No slab pages to move: memcached's answers for a class without a spare page.
+        case("slabs reassign", b"slabs reassign 1 2\r\nslabs reassign 39 1\r\nslabs reassign 0 2\r\nslabs reassign 1 1\r\nslabs reassign -1 -1\r\nslabs reassign -1 2\r\nslabs reassign 40 1\r\nslabs reassign 1 -2\r\nslabs reassign a b\r\nslabs reassign 1\r\nslabs reassign 1 2 3\r\nslabs reassign\r\n",
+            b"NOSPARE source class has no spare pages\r\nNOSPARE source class has no spare pages\r\nNOSPARE source class has no spare pages\r\nSAME src and dst class are identical\r\nSAME src and dst class are identical\r\nBADCLASS invalid src or dst class id\r\nBADCLASS invalid src or dst class id\r\nBADCLASS invalid src or dst class id\r\nCLIENT_ERROR bad command line format\r\nERROR\r\nERROR\r\nERROR\r\n", SAME).server_only(),
+        case("stats detail usage", b"stats detail\r\nstats detail foo\r\nstats detail off x\r\n",
+            b"CLIENT_ERROR usage: stats detail on|off|dump\r\nCLIENT_ERROR usage: stats detail on|off|dump\r\nOK\r\n", SAME).server_only(),
+        // Per-prefix counts of text gets (a hit or not, gat too), stores and deletes; meta
+        // commands and keys without the delimiter are not counted; prefixes in memcached's
+        // own order (its hash buckets); `stats reset` forgets them.
+        case("stats detail dump",
+            b"stats reset\r\nstats detail on\r\nset a:b 0 0 1\r\nx\r\nget a:b a:c b:x nodelim\r\ndelete a:b\r\nset b:1 0 0 1\r\nx\r\nadd c:1 0 0 1\r\nx\r\nmg a:z v\r\nms a:q 1\r\nx\r\nmd a:q\r\ngat 0 d:1\r\nincr a:n 1\r\nstats detail off\r\nget a:b\r\nstats detail dump\r\nstats reset\r\nstats detail dump\r\n",
+            b"RESET\r\nOK\r\nSTORED\r\nVALUE a:b 0 1\r\nx\r\nEND\r\nDELETED\r\nSTORED\r\nSTORED\r\nEN\r\nHD\r\nHD\r\nEND\r\nNOT_FOUND\r\nOK\r\nEND\r\nPREFIX b get 1 hit 0 set 1 del 0\r\nPREFIX c get 0 hit 0 set 1 del 0\r\nPREFIX d get 1 hit 0 set 0 del 0\r\nPREFIX a get 2 hit 1 set 1 del 1\r\nEND\r\nRESET\r\nEND\r\n", SAME).server_only(),
+        // One crawl only: a second one while the first runs is `BUSY` in both.
+        case("lru_crawler", b"lru_crawler crawl hash\r\nlru_crawler crawl 1,2\r\nlru_crawler crawl 0\r\nlru_crawler crawl 64\r\nlru_crawler crawl abc\r\nlru_crawler crawl 1,x\r\nlru_crawler\r\nlru_crawler foo\r\nlru_crawler metadump\r\nlru_crawler crawl all x\r\nlru_crawler tocrawl x\r\nlru_crawler sleep 2000000\r\nlru_crawler sleep 100\r\nlru_crawler tocrawl 0\r\n",
+            b"ERROR an unknown error happened\r\nOK\r\nBADCLASS invalid class id\r\nBADCLASS invalid class id\r\nBADCLASS invalid class id\r\nBADCLASS invalid class id\r\nERROR\r\nERROR\r\nERROR\r\nERROR\r\nCLIENT_ERROR bad command line format\r\nCLIENT_ERROR sleep must be one second or less\r\nOK\r\nOK\r\n", SAME).server_only(),
     ]
 }
 
@@ -251,8 +302,19 @@ pub fn run_closing(addr: SocketAddr, only_same: bool) -> Vec<String> {
 /// Runs the cases (only those marked [`SAME`] if `only_same`) against `addr`; returns a
 /// description of each mismatch.
 pub fn run_table(addr: SocketAddr, only_same: bool) -> Vec<String> {
+    run_cases(addr, table(), only_same)
+}
+
+/// [`run_table`] for a proxy: without the cases of one server's own administration
+/// ([`Case::server_only`]).
+pub fn run_table_proxied(addr: SocketAddr, only_same: bool) -> Vec<String> {
+    let cases = table().into_iter().filter(|c| !c.server_only).collect();
+    run_cases(addr, cases, only_same)
+}
+
+fn run_cases(addr: SocketAddr, cases: Vec<Case>, only_same: bool) -> Vec<String> {
     let mut failures = Vec::new();
-    for c in table()
+    for c in cases
         .into_iter()
         .filter(|c| c.same_as_memcached || !only_same)
     {

@@ -366,16 +366,20 @@ fn incr_decr() {
         (&*got.value, got.flags, got.exptime, got.cas),
         (&b"15"[..], 3, T0 + 50, cas)
     );
-    // decr to a shorter number: no padding.
+    // decr to a shorter number: space-padded to the old length, as memcached does.
     assert_eq!(arith_value(decr(&s, b"n", 6)), 9);
-    assert_eq!(val(&s, b"n").unwrap(), b"9");
+    assert_eq!(val(&s, b"n").unwrap(), b"9 ");
     // decr floors at 0.
     assert_eq!(arith_value(decr(&s, b"n", 100)), 0);
-    assert_eq!(val(&s, b"n").unwrap(), b"0");
+    assert_eq!(val(&s, b"n").unwrap(), b"0 ");
+    set(&s, b"n", b"5");
     // incr wraps at 2^64.
     set(&s, b"n", b"18446744073709551615");
     assert_eq!(arith_value(incr(&s, b"n", 2)), 1);
-    assert_eq!(val(&s, b"n").unwrap(), b"1");
+    assert_eq!(
+        val(&s, b"n").unwrap(),
+        format!("1{}", " ".repeat(19)).as_bytes()
+    );
     set(&s, b"n", b"18446744073709551615");
     assert_eq!(arith_value(incr(&s, b"n", u64::MAX)), u64::MAX - 1);
     let st = s.stats();
@@ -392,10 +396,9 @@ fn arith_non_numeric() {
         &b""[..],
         b"abc",
         b"12a",
-        b" 12",
         b"-1",
         b"18446744073709551616",
-        b"000000000000000000001",
+        b"x12",
     ] {
         set(&s, b"n", bad);
         assert_eq!(incr(&s, b"n", 1), ArithStatus::NonNumeric, "{bad:?}");
@@ -965,7 +968,7 @@ fn parse_and_format_numbers() {
     for v in [0, 9, 10, 12345, u64::MAX] {
         let n = format_u64(v, &mut buf);
         assert_eq!(&buf[..n], v.to_string().as_bytes());
-        assert_eq!(parse_u64(&buf[..n]), Some(v));
+        assert_eq!(parse_counter(&buf[..n]), Some(v));
     }
 }
 
@@ -1579,4 +1582,65 @@ fn import_respects_the_memory_limit() {
     let (s, _) = store_with(Policy::Lru, 64 << 20, 1);
     let huge = ExportedItem::new(b"huge", &vec![0; 1 << 20], 0, 0, 0).unwrap();
     assert_eq!(s.import(&huge, ImportMode::Overwrite), SetStatus::TooLarge);
+}
+
+#[test]
+fn a_lowered_memory_limit_evicts_down_to_it_and_a_raised_one_admits_more() {
+    let (s, _clock) = store_with(Policy::Lru, 1 << 20, 4);
+    let value = vec![b'v'; 1000];
+    for i in 0..800 {
+        assert!(matches!(
+            set(&s, format!("k{i}").as_bytes(), &value),
+            SetStatus::Stored { .. }
+        ));
+    }
+    let before = s.stats();
+    assert_eq!(before.curr_items, 800);
+    let limit = 200 * 1024;
+    let used = s.set_memory_limit(limit);
+    let after = s.stats();
+    assert!(used <= limit, "{used} > {limit}");
+    assert_eq!(after.limit_maxbytes, limit as u64);
+    assert!(after.curr_items < 210, "{}", after.curr_items);
+    assert_eq!(after.evictions - before.evictions, 800 - after.curr_items);
+    // The most recently stored keys are the ones kept (lru, per shard).
+    assert!(s.get(b"k799").is_some());
+    assert!(s.get(b"k0").is_none());
+    // Stores still work under the new limit, evicting as usual.
+    for i in 800..1000 {
+        assert!(matches!(
+            set(&s, format!("k{i}").as_bytes(), &value),
+            SetStatus::Stored { .. }
+        ));
+        assert!(s.stats().bytes <= limit as u64);
+    }
+    // Raised again: room for more without evicting.
+    s.set_memory_limit(1 << 20);
+    let ev = s.stats().evictions;
+    for i in 0..300 {
+        set(&s, format!("n{i}").as_bytes(), &value);
+    }
+    assert_eq!(s.stats().evictions, ev);
+}
+
+#[test]
+fn counters_read_as_memcached_reads_them() {
+    for (v, want) in [
+        (&b"5"[..], Some(5)),
+        (b" 5", Some(5)),
+        (b"\t+5", Some(5)),
+        (b"5  ", Some(5)),
+        (b"5 x", Some(5)),
+        (b"-0", Some(0)),
+        (b"-5", None),
+        (b"5x", None),
+        (b"", None),
+        (b"  ", None),
+        (b"x5", None),
+        (b"18446744073709551615", Some(u64::MAX)),
+        (b"18446744073709551616", None),
+        (b"00000000000000000000001", Some(1)),
+    ] {
+        assert_eq!(parse_counter(v), want, "{:?}", String::from_utf8_lossy(v));
+    }
 }

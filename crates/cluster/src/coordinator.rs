@@ -1,0 +1,329 @@
+//! What `kvlab cluster` does to a cluster: create it, add or remove a node (a migration
+//! driven through its phases in the topology store), resume or abort a migration left
+//! half-way, and read every node's status.
+//!
+//! The coordinator holds no state of its own: every step is an epoch in the topology
+//! store, so a coordinator that dies can be replaced by another that reads where the
+//! migration stands and resumes it (or, while it is still copying, rolls it back).
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use kvlab_client::cluster::resolve;
+use kvlab_client::{Answer, Client};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::topology::{Migration, Phase, Topology, TopologyStore};
+use crate::ClusterError;
+
+/// How long a migration may go without any node making progress before the coordinator
+/// gives up (the topology keeps its state: resume or abort it).
+pub const STALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// What a finished migration did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MigrationReport {
+    /// The migration's id (its first epoch).
+    pub id: u64,
+    /// Nodes before and after.
+    pub from: Vec<String>,
+    /// Nodes after.
+    pub to: Vec<String>,
+    /// Items copied by the snapshots.
+    pub keys_copied: u64,
+    /// Changes streamed after the snapshots.
+    pub changes_sent: u64,
+    /// Value bytes sent.
+    pub bytes_sent: u64,
+    /// Items a new owner refused.
+    pub refused: u64,
+    /// Seconds from the start until every snapshot was done.
+    pub copy_s: f64,
+    /// Seconds of the hand-off (new ring in force until every old owner drained).
+    pub handoff_s: f64,
+    /// Seconds from start to end.
+    pub total_s: f64,
+}
+
+/// A node's `cluster status`, parsed.
+pub fn node_status(node: &str) -> Result<Value, ClusterError> {
+    let err = |reason: String| ClusterError::Node {
+        node: node.to_string(),
+        reason,
+    };
+    let addr: SocketAddr = resolve(node).map_err(|e| err(e.to_string()))?;
+    let mut c = Client::connect(addr, Duration::from_secs(2)).map_err(|e| err(e.to_string()))?;
+    match c
+        .call(b"cluster status\r\n")
+        .map_err(|e| err(e.to_string()))?
+    {
+        Answer::Values(v) if v.len() == 1 => {
+            serde_json::from_slice(&v[0].2).map_err(|e| err(e.to_string()))
+        }
+        other => Err(err(format!("unexpected reply {other:?}"))),
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Creates a cluster of `nodes` (each already running `kvlab server --cluster`, or about
+/// to). Fails if one exists.
+pub fn create(
+    store: &dyn TopologyStore,
+    vnodes: u32,
+    replicas: u32,
+    nodes: Vec<String>,
+) -> Result<Topology, ClusterError> {
+    if nodes.is_empty() {
+        return Err(ClusterError::Invalid("a cluster needs a node".into()));
+    }
+    if replicas == 0 || replicas as usize > nodes.len() {
+        return Err(ClusterError::Invalid(format!(
+            "replicas = {replicas}: must be 1..={} (the nodes)",
+            nodes.len()
+        )));
+    }
+    let t = Topology {
+        replicas,
+        ..Topology::new(vnodes, nodes)
+    };
+    if !store.swap(None, &t)? {
+        return Err(ClusterError::Invalid(format!(
+            "a cluster already exists in {}",
+            store.describe()
+        )));
+    }
+    Ok(t)
+}
+
+fn load(store: &dyn TopologyStore) -> Result<Topology, ClusterError> {
+    store
+        .load()?
+        .ok_or_else(|| ClusterError::Invalid(format!("no cluster in {}", store.describe())))
+}
+
+/// Adds `node` (running `kvlab server --cluster` on the same topology) and moves its keys
+/// to it; `progress` is called with the migration's figures while it runs.
+pub fn add(
+    store: &dyn TopologyStore,
+    node: &str,
+    progress: &mut dyn FnMut(&MigrationReport),
+) -> Result<MigrationReport, ClusterError> {
+    let t = load(store)?;
+    if t.nodes.iter().any(|n| n == node) {
+        return Err(ClusterError::Invalid(format!("{node} is already a node")));
+    }
+    node_status(node)?; // it must be up and a cluster node
+    let mut to = t.nodes.clone();
+    to.push(node.to_string());
+    migrate(store, t, to, progress)
+}
+
+/// Removes `node`, moving its keys to the others first.
+pub fn remove(
+    store: &dyn TopologyStore,
+    node: &str,
+    progress: &mut dyn FnMut(&MigrationReport),
+) -> Result<MigrationReport, ClusterError> {
+    let t = load(store)?;
+    if !t.nodes.iter().any(|n| n == node) {
+        return Err(ClusterError::Invalid(format!("{node} is not a node")));
+    }
+    if t.nodes.len() == 1 {
+        return Err(ClusterError::Invalid("cannot remove the last node".into()));
+    }
+    let to = t.nodes.iter().filter(|n| *n != node).cloned().collect();
+    migrate(store, t, to, progress)
+}
+
+fn migrate(
+    store: &dyn TopologyStore,
+    t: Topology,
+    to: Vec<String>,
+    progress: &mut dyn FnMut(&MigrationReport),
+) -> Result<MigrationReport, ClusterError> {
+    if let Some(m) = &t.migration {
+        return Err(ClusterError::Invalid(format!(
+            "migration {} is under way ({:?}): resume or abort it first",
+            m.id, m.phase
+        )));
+    }
+    let mut next = t.next();
+    next.migration = Some(Migration {
+        id: next.epoch,
+        to,
+        phase: Phase::Copy,
+        started_ms: now_ms(),
+    });
+    if !store.swap(Some(t.epoch), &next)? {
+        return Err(ClusterError::Invalid(
+            "the topology changed meanwhile; try again".into(),
+        ));
+    }
+    drive(store, next, progress)
+}
+
+/// Takes up the migration the topology holds and drives it to its end.
+pub fn resume(
+    store: &dyn TopologyStore,
+    progress: &mut dyn FnMut(&MigrationReport),
+) -> Result<MigrationReport, ClusterError> {
+    let t = load(store)?;
+    if t.migration.is_none() {
+        return Err(ClusterError::Invalid("no migration is under way".into()));
+    }
+    drive(store, t, progress)
+}
+
+/// Rolls back a migration that is still copying: the old ring stays, the new owners drop
+/// what they received. A migration in its hand-off can only be resumed.
+pub fn abort(store: &dyn TopologyStore) -> Result<Topology, ClusterError> {
+    let t = load(store)?;
+    match &t.migration {
+        None => Err(ClusterError::Invalid("no migration is under way".into())),
+        Some(m) if m.phase == Phase::Handoff => Err(ClusterError::Invalid(format!(
+            "migration {} is in its hand-off: the new ring already serves; resume it",
+            m.id
+        ))),
+        Some(_) => {
+            let mut next = t.next();
+            next.migration = None;
+            if !store.swap(Some(t.epoch), &next)? {
+                return Err(ClusterError::Invalid(
+                    "the topology changed meanwhile; try again".into(),
+                ));
+            }
+            Ok(next)
+        }
+    }
+}
+
+fn figures(
+    t: &Topology,
+    id: u64,
+    report: &mut MigrationReport,
+) -> Result<(bool, bool), ClusterError> {
+    let (mut snap, mut handed) = (true, true);
+    report.keys_copied = 0;
+    report.changes_sent = 0;
+    report.bytes_sent = 0;
+    report.refused = 0;
+    for n in &t.nodes {
+        let s = node_status(n)?;
+        let p = &s["progress"];
+        if let Some(e) = p["error"].as_str() {
+            return Err(ClusterError::Node {
+                node: n.clone(),
+                reason: format!("migration failed: {e}"),
+            });
+        }
+        let this = p["migration"].as_u64() == Some(id);
+        snap &= this && p["snapshot_done"].as_bool() == Some(true);
+        handed &= p["handed_off"].as_u64() == Some(id);
+        if this {
+            report.keys_copied += p["keys_copied"].as_u64().unwrap_or(0);
+            report.changes_sent += p["changes_sent"].as_u64().unwrap_or(0);
+            report.bytes_sent += p["bytes_sent"].as_u64().unwrap_or(0);
+            report.refused += p["refused"].as_u64().unwrap_or(0);
+        }
+    }
+    Ok((snap, handed))
+}
+
+fn drive(
+    store: &dyn TopologyStore,
+    mut t: Topology,
+    progress: &mut dyn FnMut(&MigrationReport),
+) -> Result<MigrationReport, ClusterError> {
+    let Some(m) = t.migration.clone() else {
+        return Err(ClusterError::Invalid("no migration is under way".into()));
+    };
+    let start = Instant::now();
+    let mut report = MigrationReport {
+        id: m.id,
+        from: t.nodes.clone(),
+        to: m.to.clone(),
+        ..MigrationReport::default()
+    };
+    let poll = Duration::from_millis(10);
+    let mut last_change = Instant::now();
+    let mut last_sent = u64::MAX;
+    if m.phase == Phase::Copy {
+        loop {
+            // A node that fails while the old ring still serves: roll back (nothing has
+            // moved for the clients yet; the new owners drop what they got).
+            let (snap, _) = match figures(&t, m.id, &mut report) {
+                Ok(f) => f,
+                Err(e) => {
+                    return Err(match abort(store) {
+                        Ok(back) => ClusterError::Migration(format!(
+                            "{e}; rolled back to the old ring (epoch {})",
+                            back.epoch
+                        )),
+                        Err(a) => {
+                            ClusterError::Migration(format!("{e}; and the roll-back failed: {a}"))
+                        }
+                    });
+                }
+            };
+            report.total_s = start.elapsed().as_secs_f64();
+            progress(&report);
+            if snap {
+                break;
+            }
+            let sent = report.keys_copied;
+            if sent != last_sent {
+                last_sent = sent;
+                last_change = Instant::now();
+            } else if last_change.elapsed() > STALL_LIMIT {
+                return Err(ClusterError::Migration(format!(
+                    "no progress for {STALL_LIMIT:?}; `kvlab cluster resume` or `abort`"
+                )));
+            }
+            std::thread::sleep(poll);
+        }
+        report.copy_s = start.elapsed().as_secs_f64();
+        let mut next = t.next();
+        if let Some(nm) = next.migration.as_mut() {
+            nm.phase = Phase::Handoff;
+        }
+        if !store.swap(Some(t.epoch), &next)? {
+            return Err(ClusterError::Migration(
+                "the topology changed under the migration".into(),
+            ));
+        }
+        t = next;
+    }
+    let handoff = Instant::now();
+    loop {
+        let (_, handed) = figures(&t, m.id, &mut report)?;
+        report.total_s = start.elapsed().as_secs_f64();
+        progress(&report);
+        if handed {
+            break;
+        }
+        if handoff.elapsed() > STALL_LIMIT {
+            return Err(ClusterError::Migration(format!(
+                "hand-off not done after {STALL_LIMIT:?}; `kvlab cluster resume`"
+            )));
+        }
+        std::thread::sleep(poll);
+    }
+    report.handoff_s = handoff.elapsed().as_secs_f64();
+    let mut done = t.next();
+    done.nodes = m.to.clone();
+    done.migration = None;
+    if !store.swap(Some(t.epoch), &done)? {
+        return Err(ClusterError::Migration(
+            "the topology changed under the migration".into(),
+        ));
+    }
+    report.total_s = start.elapsed().as_secs_f64();
+    progress(&report);
+    Ok(report)
+}

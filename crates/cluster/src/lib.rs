@@ -1,0 +1,54 @@
+//! kvlab's elastic cluster: a ring of `kvlab server --cluster` nodes whose topology (nodes,
+//! ring epoch, the migration under way) lives in a shared [`topology::TopologyStore`];
+//! clients route keys by the ring (`kvlab_client::cluster`); adding or removing a node moves
+//! the keys that change owner while every node keeps serving.
+//!
+//! - [`topology`]: the topology, its phases, and where it is kept (a file on one machine).
+//! - [`etcd`]: the topology in etcd, with node liveness by leases and changes by watch.
+//! - [`node`]: a node's side: the per-request ownership check (serve, `MOVED`,
+//!   `TRYAGAIN`), the topology watcher, and the copy/stream/hand-off of leaving keys.
+//! - [`coordinator`]: what `kvlab cluster` does: create, add, remove, resume, abort, status.
+
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod coordinator;
+pub mod etcd;
+pub mod node;
+pub mod topology;
+
+pub use kvlab_client::Redirect;
+pub use node::{Gate, Node, Verdict};
+pub use topology::{FileStore, Migration, Phase, Topology, TopologyStore};
+
+/// What can go wrong in a cluster operation.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The topology store failed or holds something unexpected.
+    #[error("topology: {0}")]
+    Store(String),
+    /// A node could not be reached or answered unexpectedly.
+    #[error("node {node}: {reason}")]
+    Node {
+        /// The node.
+        node: String,
+        /// What happened.
+        reason: String,
+    },
+    /// A migration could not go on.
+    #[error("migration: {0}")]
+    Migration(String),
+    /// The request makes no sense for this topology.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Opens the store a `--cluster` argument names: `etcd://HOST:PORT[,HOST:PORT…]/NAME`,
+/// `file:PATH`, or a plain path.
+pub fn open_store(spec: &str) -> Result<Box<dyn TopologyStore>, ClusterError> {
+    if spec.starts_with("etcd://") {
+        return Ok(Box::new(etcd::EtcdStore::open(spec)?));
+    }
+    let path = spec.strip_prefix("file:").unwrap_or(spec);
+    Ok(Box::new(topology::FileStore::new(path)))
+}

@@ -1,0 +1,936 @@
+//! A cluster node: what a server started with `--cluster` consults for every request, the
+//! thread that follows the topology, and the node's side of a migration.
+//!
+//! ```text
+//!  topology store ──poll 20 ms──► watcher thread ──► View (epoch, serving ring, migration)
+//!                                     │                  │ ArcSwap, read per request
+//!                                     │                  ▼
+//!                                     │      engine workers: Gate::check(key) ─► serve │ MOVED │ TRYAGAIN
+//!                                     │                  │ a write to a key that is leaving ─► change log
+//!                                     ▼                  ▼
+//!                                copier thread: snapshot of the leaving keys ─► new owners
+//!                                               (`cluster import` connections), then the
+//!                                               change log, until the hand-off: grace, last
+//!                                               drain, `cluster drained` to every new owner
+//! ```
+//!
+//! The hand-off needs no write lock: when the watcher installs the hand-off ring, every
+//! worker that may still be running a request under the copy ring finishes it first (each
+//! worker publishes the epoch of the request it is running; the watcher waits until none
+//! runs an older one), so every write to a leaving key is either in the change log before
+//! the last drain or redirected. A new owner serves a moved key only after the node it came
+//! from said `drained` on the same connection that carried the key's data.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+use kvlab_client::cluster::resolve;
+use kvlab_client::{Redirect, Ring};
+use kvlab_store::{DeleteStatus, MetaDeleteOpts, ScanCursor, Store};
+use parking_lot::Mutex;
+use serde::Serialize;
+
+use crate::topology::{Phase, Topology, TopologyStore};
+use crate::ClusterError;
+
+/// How often a node says it is alive (a store with leases, etcd).
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// What a node serves by in one epoch.
+#[derive(Debug)]
+pub struct View {
+    /// The topology's epoch.
+    pub epoch: u64,
+    /// Who owns which key now.
+    pub serving: Ring,
+    /// Copies of every key (the topology's `replicas`).
+    pub replicas: u32,
+    /// The migration under way.
+    pub migration: Option<MigrationView>,
+}
+
+/// A node's view of a migration.
+#[derive(Debug)]
+pub struct MigrationView {
+    /// Its id.
+    pub id: u64,
+    /// Its phase.
+    pub phase: Phase,
+    /// Copy: the ring after it; hand-off: the ring before it.
+    pub other: Ring,
+    /// Hand-off: the nodes that finished sending this node its keys.
+    pub drained: Vec<String>,
+}
+
+/// The answer for one key of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Serve it; `log`: a write to it must go to the change log (the key is leaving).
+    Serve {
+        /// The key is leaving this node in the migration under way.
+        leaving: bool,
+    },
+    /// Answer with this redirect instead.
+    Redirect(Redirect),
+}
+
+/// A migration's progress on this node (as `cluster status` shows it).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Progress {
+    /// The migration this node last copied for (0: none).
+    pub migration: u64,
+    /// Its snapshot pass is complete.
+    pub snapshot_done: bool,
+    /// The migration whose hand-off this node finished (sent `drained` to every new
+    /// owner).
+    pub handed_off: u64,
+    /// Items sent by the snapshot pass.
+    pub keys_copied: u64,
+    /// Changes sent from the change log (stores and deletes).
+    pub changes_sent: u64,
+    /// Value bytes sent.
+    pub bytes_sent: u64,
+    /// Replies other than success from new owners (items they refused).
+    pub refused: u64,
+    /// Milliseconds from the copy's start to the end of its snapshot.
+    pub snapshot_ms: u64,
+    /// Milliseconds the hand-off's grace period waited for older requests.
+    pub grace_ms: u64,
+    /// Items removed after a migration because this node no longer owns them.
+    pub cleaned: u64,
+    /// Writes whose copy could not be written to another node.
+    pub replica_errors: u64,
+    /// Last error, if any.
+    pub error: Option<String>,
+}
+
+/// A cluster node's shared state: one per server, shared by its workers.
+pub struct Node {
+    me: String,
+    store: Arc<Store>,
+    topology: Box<dyn TopologyStore>,
+    view: ArcSwap<View>,
+    /// Serialises view replacements (the watcher, `drained` messages).
+    view_write: Mutex<()>,
+    /// Per worker: the epoch of the request it is running, 0 between requests.
+    running: Mutex<Vec<Arc<AtomicU64>>>,
+    /// Keys written while leaving, not yet sent to their new owners.
+    changes: Mutex<HashSet<Vec<u8>>>,
+    /// Per migration id, the nodes that said `drained` to this node.
+    drained: Mutex<(u64, Vec<String>)>,
+    progress: Mutex<Progress>,
+    /// The copier's order to finish (the hand-off's grace period is over), by migration id.
+    finish: AtomicU64,
+    stop: AtomicBool,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Write-through connections to the nodes that hold this node's keys' copies, one per
+    /// node; a write's copy is sent (read back from the store) under its lock, so copies
+    /// arrive in the order the writes were applied.
+    replica_pipes: Mutex<HashMap<String, Pipe>>,
+    /// Ring nodes whose liveness has lapsed, since when (the healer's memory).
+    missing: Mutex<HashMap<String, Instant>>,
+    /// With leases: until when (unix ms) this node may accept writes — its liveness key
+    /// outlives its last heartbeat by the lease's TTL; a node cut off from the store
+    /// stops taking writes when others may take it for dead. `u64::MAX` without leases.
+    writable_until: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn now_unix() -> u64 {
+    now_ms() / 1000
+}
+
+impl Node {
+    /// Joins the cluster whose topology `topology` holds as node `me` (its address as the
+    /// topology names it), serving `store`. Reads the topology once (it must exist) and
+    /// starts the watcher thread.
+    pub fn start(
+        me: String,
+        store: Arc<Store>,
+        topology: Box<dyn TopologyStore>,
+    ) -> Result<Arc<Node>, ClusterError> {
+        let topo = topology
+            .load()?
+            .ok_or_else(|| ClusterError::Store(format!("no cluster in {}", topology.describe())))?;
+        let node = Arc::new(Node {
+            me,
+            store,
+            topology,
+            view: ArcSwap::from_pointee(View {
+                epoch: 0,
+                serving: Ring::new(0, 1, &[]),
+                replicas: 1,
+                migration: None,
+            }),
+            replica_pipes: Mutex::new(HashMap::new()),
+            missing: Mutex::new(HashMap::new()),
+            view_write: Mutex::new(()),
+            running: Mutex::new(Vec::new()),
+            changes: Mutex::new(HashSet::new()),
+            drained: Mutex::new((0, Vec::new())),
+            progress: Mutex::new(Progress::default()),
+            finish: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            threads: Mutex::new(Vec::new()),
+            writable_until: AtomicU64::new(u64::MAX),
+        });
+        if node.topology.lease_ttl().is_some() {
+            node.topology.heartbeat(&node.me)?;
+            let ttl = node.topology.lease_ttl().unwrap_or_default();
+            node.writable_until
+                .store(now_ms() + ttl.as_millis() as u64, Ordering::Release);
+        }
+        node.apply(&topo);
+        let n = node.clone();
+        let h = std::thread::Builder::new()
+            .name("kvlab-cluster".into())
+            .spawn(move || n.watch())
+            .map_err(|e| ClusterError::Store(e.to_string()))?;
+        node.threads.lock().push(h);
+        Ok(node)
+    }
+
+    /// This node's name.
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// The view in force.
+    pub fn view(&self) -> Arc<View> {
+        self.view.load_full()
+    }
+
+    /// A worker's handle (one per serving thread).
+    pub fn gate(self: &Arc<Node>) -> Gate {
+        let running = Arc::new(AtomicU64::new(0));
+        self.running.lock().push(running.clone());
+        Gate {
+            node: self.clone(),
+            running,
+            view: self.view(),
+        }
+    }
+
+    /// The migration progress.
+    pub fn progress(&self) -> Progress {
+        self.progress.lock().clone()
+    }
+
+    /// `cluster status`: this node's view and progress, as JSON.
+    pub fn status_json(&self) -> String {
+        let v = self.view();
+        let p = self.progress();
+        let mig = v.migration.as_ref();
+        let until = self.writable_until.load(Ordering::Relaxed);
+        serde_json::json!({
+            "node": self.me,
+            "writable": until == u64::MAX || now_ms() < until,
+            "epoch": v.epoch,
+            "nodes": v.serving.nodes(),
+            "migration": mig.map(|m| m.id),
+            "phase": mig.map(|m| m.phase),
+            "drained_from": mig.map(|m| m.drained.clone()),
+            "pending_changes": self.changes.lock().len(),
+            "progress": p,
+            "items": self.store.stats().curr_items,
+        })
+        .to_string()
+    }
+
+    /// A new owner hears that `source` sent it everything for migration `id`.
+    pub fn drained_from(&self, id: u64, source: &str) {
+        {
+            let mut d = self.drained.lock();
+            if d.0 != id {
+                *d = (id, Vec::new());
+            }
+            if !d.1.iter().any(|s| s == source) {
+                d.1.push(source.to_string());
+            }
+        }
+        let _g = self.view_write.lock();
+        let v = self.view();
+        if let Some(m) = &v.migration {
+            if m.id == id {
+                let view = self.view_of(v.epoch, &v.serving, v.replicas, m.phase, &m.other, id);
+                self.view.store(Arc::new(view));
+            }
+        }
+    }
+
+    fn view_of(
+        &self,
+        epoch: u64,
+        serving: &Ring,
+        replicas: u32,
+        phase: Phase,
+        other: &Ring,
+        id: u64,
+    ) -> View {
+        let d = self.drained.lock();
+        View {
+            epoch,
+            serving: serving.clone(),
+            replicas,
+            migration: Some(MigrationView {
+                id,
+                phase,
+                other: other.clone(),
+                drained: if d.0 == id { d.1.clone() } else { Vec::new() },
+            }),
+        }
+    }
+
+    /// Stops the node's threads (the server is shutting down).
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    fn watch(self: Arc<Node>) {
+        let mut last_error = None;
+        let mut beat = Instant::now() - Duration::from_secs(60);
+        while !self.stop.load(Ordering::Relaxed) {
+            if beat.elapsed() >= HEARTBEAT {
+                beat = Instant::now();
+                match self.topology.heartbeat(&self.me) {
+                    Ok(()) => {
+                        if let Some(ttl) = self.topology.lease_ttl() {
+                            let until = now_ms() + ttl.as_millis() as u64;
+                            self.writable_until.store(until, Ordering::Release);
+                        }
+                    }
+                    Err(e) => tracing::warn!("heartbeat: {e}"),
+                }
+            }
+            if beat.elapsed() < HEARTBEAT / 8 {
+                self.heal();
+            }
+            self.topology.wait(HEARTBEAT / 2);
+            match self.topology.load() {
+                Ok(Some(t)) if t.epoch != self.view().epoch => self.apply(&t),
+                Ok(_) => {}
+                Err(e) => {
+                    let e = e.to_string();
+                    if last_error.as_ref() != Some(&e) {
+                        tracing::warn!("topology: {e}");
+                        last_error = Some(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Installs the view of `t` and does what the change asks of this node.
+    fn apply(self: &Arc<Node>, t: &Topology) {
+        let serving = t.serving();
+        let previous = self.view();
+        let view = match (&t.migration, t.other()) {
+            (Some(m), Some(other)) => {
+                self.view_of(t.epoch, &serving, t.replicas, m.phase, &other, m.id)
+            }
+            _ => View {
+                epoch: t.epoch,
+                serving,
+                replicas: t.replicas,
+                migration: None,
+            },
+        };
+        {
+            let _g = self.view_write.lock();
+            self.view.store(Arc::new(view));
+        }
+        let source = t.nodes.iter().any(|n| *n == self.me);
+        match &t.migration {
+            Some(m) if m.phase == Phase::Copy && source => {
+                let started = previous.migration.as_ref().is_some_and(|p| p.id == m.id);
+                if !started {
+                    self.start_copier(m.id, t);
+                }
+            }
+            Some(m) if m.phase == Phase::Handoff && source => {
+                // Every request checked under an older ring finishes before the last drain.
+                let t0 = Instant::now();
+                self.grace(t.epoch);
+                self.progress.lock().grace_ms = t0.elapsed().as_millis() as u64;
+                self.finish.store(m.id, Ordering::Release);
+            }
+            Some(_) => {}
+            None => {
+                // A migration ended (or was rolled back), or the ring healed: what this node
+                // no longer holds goes, and with copies, each key it owns is copied again to
+                // the nodes that should hold its copies now.
+                self.finish.store(u64::MAX, Ordering::Release);
+                self.changes.lock().clear();
+                self.replica_pipes.lock().clear();
+                self.start_cleanup(t.epoch);
+            }
+        }
+    }
+
+    /// With copies and leases: a ring node whose liveness has lapsed for a lease's TTL is
+    /// taken out of the ring by the first live node (by name), in one epoch — its keys then
+    /// belong to the nodes that hold their copies. Not during a migration.
+    fn heal(&self) {
+        let v = self.view();
+        let Some(ttl) = self.topology.lease_ttl() else {
+            return;
+        };
+        if v.replicas < 2 || v.migration.is_some() {
+            return;
+        }
+        let Ok(Some(alive)) = self.topology.alive() else {
+            return;
+        };
+        let mut missing = self.missing.lock();
+        missing.retain(|n, _| !alive.contains(n) && v.serving.nodes().contains(n));
+        for n in v.serving.nodes() {
+            if !alive.contains(n) {
+                missing.entry(n.clone()).or_insert_with(Instant::now);
+            }
+        }
+        let dead: Vec<String> = missing
+            .iter()
+            .filter(|(_, since)| since.elapsed() >= ttl)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let leader = v.serving.nodes().iter().find(|n| alive.contains(n));
+        if dead.is_empty() || leader.map(String::as_str) != Some(self.me.as_str()) {
+            return;
+        }
+        let Ok(Some(t)) = self.topology.load() else {
+            return;
+        };
+        if t.epoch != v.epoch || t.migration.is_some() {
+            return;
+        }
+        let mut next = t.next();
+        next.nodes.retain(|n| !dead.contains(n));
+        if next.nodes.is_empty() {
+            return;
+        }
+        match self.topology.swap(Some(t.epoch), &next) {
+            Ok(true) => {
+                tracing::warn!(
+                    ?dead,
+                    epoch = next.epoch,
+                    "nodes out of the ring: leases lapsed"
+                )
+            }
+            Ok(false) => {}
+            Err(e) => tracing::warn!("healing the ring: {e}"),
+        }
+    }
+
+    /// Writes the current state of `key` (its item, or its absence) through to the other
+    /// nodes that hold its copies under `view`. Under the pipes' lock the state is read
+    /// and sent, so the last copy sent is of the last write applied.
+    pub fn replicate(&self, view: &View, key: &[u8]) -> Result<(), ClusterError> {
+        self.replicate_all(view, std::slice::from_ref(&key))
+    }
+
+    /// [`Node::replicate`] for many keys: queued on each copy connection, then one flush
+    /// per connection (one round trip for the lot).
+    pub fn replicate_all<K: AsRef<[u8]>>(
+        &self,
+        view: &View,
+        keys: &[K],
+    ) -> Result<(), ClusterError> {
+        let r = view.replicas as usize;
+        if r < 2 || keys.is_empty() {
+            return Ok(());
+        }
+        let mut owners = Vec::with_capacity(r);
+        let mut pipes = self.replica_pipes.lock();
+        let mut used: Vec<String> = Vec::new();
+        let mut result = Ok(());
+        'keys: for key in keys {
+            let key = key.as_ref();
+            view.serving
+                .owners_of_hash(kvlab_client::cluster::key_hash(key), r, &mut owners);
+            for &i in owners.iter().skip(1) {
+                let node = &view.serving.nodes()[i];
+                if *node == self.me {
+                    continue;
+                }
+                let pipe = match pipes.entry(node.clone()) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        let mut p = match Pipe::connect(node) {
+                            Ok(p) => p,
+                            Err(err) => {
+                                result = Err(err);
+                                break 'keys;
+                            }
+                        };
+                        let hello = format!("cluster import 0 {}\r\n", self.me);
+                        if let Err(err) = p.line(hello.as_bytes()) {
+                            result = Err(err);
+                            break 'keys;
+                        }
+                        e.insert(p)
+                    }
+                };
+                let queued = match self.store.peek(key) {
+                    Some(m) => pipe.set(key, m.item.flags, m.item.exptime, &m.item.value),
+                    None => pipe.delete(key),
+                };
+                if let Err(err) = queued {
+                    pipes.remove(node);
+                    result = Err(err);
+                    break 'keys;
+                }
+                if !used.contains(node) {
+                    used.push(node.clone());
+                }
+            }
+        }
+        for node in used {
+            if let Some(pipe) = pipes.get_mut(&node) {
+                if let Err(err) = pipe.flush() {
+                    pipes.remove(&node);
+                    result = Err(err);
+                }
+            }
+        }
+        result
+    }
+
+    /// Waits until no worker runs a request checked under an epoch before `epoch`.
+    fn grace(&self, epoch: u64) {
+        let running: Vec<_> = self.running.lock().clone();
+        for r in running {
+            loop {
+                let e = r.load(Ordering::Acquire);
+                if e == 0 || e >= epoch || self.stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn start_copier(self: &Arc<Node>, id: u64, t: &Topology) {
+        let Some(future) = t.other() else { return };
+        self.changes.lock().clear();
+        self.finish.store(0, Ordering::Release);
+        *self.progress.lock() = Progress {
+            migration: id,
+            ..Progress::default()
+        };
+        let node = self.clone();
+        let started_ms = t.migration.as_ref().map_or(0, |m| m.started_ms);
+        let spawned = std::thread::Builder::new()
+            .name("kvlab-migrate".into())
+            .spawn(move || {
+                if let Err(e) = node.copy(id, &future, started_ms) {
+                    tracing::warn!("migration {id}: {e}");
+                    node.progress.lock().error = Some(e.to_string());
+                }
+            });
+        match spawned {
+            Ok(h) => self.threads.lock().push(h),
+            Err(e) => self.progress.lock().error = Some(e.to_string()),
+        }
+    }
+
+    /// The source's side of migration `id`: snapshot, stream changes, and after the grace
+    /// period a last drain and `drained` to every new owner.
+    fn copy(&self, id: u64, future: &Ring, started_ms: u64) -> Result<(), ClusterError> {
+        let mut pipes: HashMap<usize, Pipe> = HashMap::new();
+        let me = self.me.as_str();
+        let target_of = |key: &[u8]| future.index_of(key).filter(|&i| future.nodes()[i] != me);
+        // Snapshot: every key that leaves, as it is now.
+        let mut cursor = ScanCursor::default();
+        let mut items = Vec::with_capacity(512);
+        loop {
+            if self.abandoned(id) {
+                return Ok(());
+            }
+            items.clear();
+            let step = self
+                .store
+                .scan_matching(&mut cursor, 512, &mut items, |_, key| {
+                    target_of(key).is_some()
+                });
+            for item in &items {
+                let Some(i) = target_of(item.key()) else {
+                    continue;
+                };
+                let pipe = self.pipe(&mut pipes, i, future, id)?;
+                pipe.set(item.key(), item.flags(), item.exptime(), item.value())?;
+                let mut p = self.progress.lock();
+                p.keys_copied += 1;
+                p.bytes_sent += item.value().len() as u64;
+            }
+            self.flush(&mut pipes)?;
+            if step.done {
+                break;
+            }
+        }
+        {
+            let mut p = self.progress.lock();
+            p.snapshot_done = true;
+            p.snapshot_ms = now_ms().saturating_sub(started_ms);
+        }
+        // Stream changes until the hand-off's grace period is over, then drain once more.
+        loop {
+            let finishing = self.finish.load(Ordering::Acquire);
+            if finishing == u64::MAX || self.stop.load(Ordering::Relaxed) {
+                return Ok(()); // rolled back
+            }
+            let last = finishing == id;
+            let keys: Vec<Vec<u8>> = self.changes.lock().drain().collect();
+            for key in &keys {
+                let Some(i) = target_of(key) else { continue };
+                let pipe = self.pipe(&mut pipes, i, future, id)?;
+                match self.store.peek(key) {
+                    Some(m) => {
+                        pipe.set(key, m.item.flags, m.item.exptime, &m.item.value)?;
+                        self.progress.lock().bytes_sent += m.item.value.len() as u64;
+                    }
+                    None => pipe.delete(key)?,
+                }
+                self.progress.lock().changes_sent += 1;
+            }
+            self.flush(&mut pipes)?;
+            if last {
+                break;
+            }
+            if keys.is_empty() {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        for i in 0..future.nodes().len() {
+            if future.nodes()[i] != me {
+                let pipe = self.pipe(&mut pipes, i, future, id)?;
+                pipe.line(format!("cluster drained {id} {me}\r\n").as_bytes())?;
+            }
+        }
+        self.flush(&mut pipes)?;
+        self.progress.lock().handed_off = id;
+        Ok(())
+    }
+
+    fn abandoned(&self, id: u64) -> bool {
+        self.stop.load(Ordering::Relaxed)
+            || self.finish.load(Ordering::Acquire) == u64::MAX
+            || self.view().migration.as_ref().is_none_or(|m| m.id != id)
+    }
+
+    fn pipe<'p>(
+        &self,
+        pipes: &'p mut HashMap<usize, Pipe>,
+        i: usize,
+        future: &Ring,
+        id: u64,
+    ) -> Result<&'p mut Pipe, ClusterError> {
+        match pipes.entry(i) {
+            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let mut p = Pipe::connect(&future.nodes()[i])?;
+                p.line(format!("cluster import {id} {}\r\n", self.me).as_bytes())?;
+                Ok(e.insert(p))
+            }
+        }
+    }
+
+    fn flush(&self, pipes: &mut HashMap<usize, Pipe>) -> Result<(), ClusterError> {
+        for p in pipes.values_mut() {
+            let refused = p.flush()?;
+            if refused > 0 {
+                self.progress.lock().refused += refused;
+            }
+        }
+        Ok(())
+    }
+
+    /// After a migration: removes the items this node no longer owns, in small steps, as
+    /// long as the ring stays that of `epoch` (an item is removed only if unchanged since
+    /// it was looked at).
+    fn start_cleanup(self: &Arc<Node>, epoch: u64) {
+        let node = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("kvlab-cleanup".into())
+            .spawn(move || {
+                let mut cursor = ScanCursor::default();
+                let mut items = Vec::with_capacity(256);
+                loop {
+                    let view = node.view();
+                    if view.epoch != epoch || node.stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let t0 = Instant::now();
+                    items.clear();
+                    let me = node.me.as_str();
+                    let r = view.replicas as usize;
+                    let mut owners = Vec::with_capacity(r);
+                    let mut mine = Vec::new();
+                    let step = node
+                        .store
+                        .scan_matching(&mut cursor, 256, &mut items, |_, k| {
+                            let h = kvlab_client::cluster::key_hash(k);
+                            view.serving.owners_of_hash(h, r, &mut owners);
+                            let nodes = view.serving.nodes();
+                            if r > 1 && owners.first().is_some_and(|&i| nodes[i] == me) {
+                                mine.push(k.to_vec());
+                            }
+                            !owners.iter().any(|&i| nodes[i] == me)
+                        });
+                    // Copies of this node's own keys go (again) to their holders now.
+                    if let Err(e) = node.replicate_all(&view, &mine) {
+                        node.progress.lock().replica_errors += 1;
+                        tracing::warn!("copying keys to their holders: {e}");
+                    }
+                    for item in &items {
+                        let opts = MetaDeleteOpts {
+                            compare_cas: Some(item.cas()),
+                            ..MetaDeleteOpts::default()
+                        };
+                        if node.store.meta_delete(item.key(), &opts) == DeleteStatus::Deleted {
+                            node.progress.lock().cleaned += 1;
+                        }
+                    }
+                    if step.done {
+                        return;
+                    }
+                    // Nothing waits for the clean-up: it takes at most a fifth of a core
+                    // from the requests (as the crawler does).
+                    std::thread::sleep((t0.elapsed() * 4).max(Duration::from_micros(50)));
+                }
+            });
+        match spawned {
+            Ok(h) => self.threads.lock().push(h),
+            Err(e) => self.progress.lock().error = Some(e.to_string()),
+        }
+    }
+}
+
+/// One worker's handle on the node: the view it checks requests against, and the epoch it
+/// publishes while a request runs.
+pub struct Gate {
+    node: Arc<Node>,
+    running: Arc<AtomicU64>,
+    view: Arc<View>,
+}
+
+impl Gate {
+    /// Before a request: takes the view in force and publishes its epoch.
+    pub fn begin(&mut self) {
+        let current = self.node.view.load();
+        if !Arc::ptr_eq(&current, &self.view) {
+            self.view = Arc::clone(&current);
+        }
+        self.running.store(self.view.epoch, Ordering::Release);
+    }
+
+    /// After the request (and its change-log entries).
+    pub fn end(&self) {
+        self.running.store(0, Ordering::Release);
+    }
+
+    /// The node.
+    pub fn node(&self) -> &Arc<Node> {
+        &self.node
+    }
+
+    /// Whether this node serves `key` under the view taken by [`Gate::begin`].
+    pub fn check(&self, key: &[u8]) -> Verdict {
+        let v = &self.view;
+        let me = self.node.me.as_str();
+        let hash = kvlab_client::cluster::key_hash(key);
+        match v.serving.owner_of_hash(hash) {
+            Some(owner) if owner == me => {}
+            Some(owner) => {
+                return Verdict::Redirect(Redirect::Moved {
+                    epoch: v.epoch,
+                    node: owner.to_string(),
+                })
+            }
+            None => {
+                return Verdict::Redirect(Redirect::TryAgain { epoch: v.epoch });
+            }
+        }
+        match &v.migration {
+            Some(m) => match m.phase {
+                Phase::Copy => Verdict::Serve {
+                    leaving: m.other.owner_of_hash(hash) != Some(me),
+                },
+                Phase::Handoff => match m.other.owner_of_hash(hash) {
+                    Some(prev) if prev != me && !m.drained.iter().any(|d| d == prev) => {
+                        Verdict::Redirect(Redirect::TryAgain { epoch: v.epoch })
+                    }
+                    _ => Verdict::Serve { leaving: false },
+                },
+            },
+            None => Verdict::Serve { leaving: false },
+        }
+    }
+
+    /// Whether writes are copied to other nodes (the topology's `replicas` > 1).
+    pub fn replicated(&self) -> bool {
+        self.view.replicas > 1
+    }
+
+    /// Writes `key`'s new state through to its copies before the reply goes (call before
+    /// [`Gate::end`]). A copy that cannot be written is logged and counted; the write stands.
+    pub fn replicate(&self, key: &[u8]) {
+        if let Err(e) = self.node.replicate(&self.view, key) {
+            tracing::warn!("copy of a write: {e}");
+            self.node.progress.lock().replica_errors += 1;
+        }
+    }
+
+    /// Whether this node may take writes now (its liveness in the store has not lapsed).
+    pub fn may_write(&self) -> bool {
+        let until = self.node.writable_until.load(Ordering::Acquire);
+        until == u64::MAX || now_ms() < until
+    }
+
+    /// The epoch of the view taken by [`Gate::begin`].
+    pub fn epoch(&self) -> u64 {
+        self.view.epoch
+    }
+
+    /// Records a write to a leaving key (call before [`Gate::end`]).
+    pub fn changed(&self, key: &[u8]) {
+        self.node.changes.lock().insert(key.to_vec());
+    }
+}
+
+impl Drop for Gate {
+    fn drop(&mut self) {
+        // A connection's engine (thread-per-connection) goes with its connection.
+        self.node
+            .running
+            .lock()
+            .retain(|r| !Arc::ptr_eq(r, &self.running));
+    }
+}
+
+/// A pipelined connection to a new owner: requests are written in batches and their
+/// one-line replies counted back.
+struct Pipe {
+    stream: TcpStream,
+    out: Vec<u8>,
+    owed: usize,
+    inb: Vec<u8>,
+}
+
+impl Pipe {
+    fn connect(node: &str) -> Result<Pipe, ClusterError> {
+        let err = |e: std::io::Error| ClusterError::Migration(format!("{node}: {e}"));
+        let stream =
+            TcpStream::connect_timeout(&resolve(node).map_err(err)?, Duration::from_secs(2))
+                .map_err(err)?;
+        stream.set_nodelay(true).map_err(err)?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(err)?;
+        Ok(Pipe {
+            stream,
+            out: Vec::with_capacity(256 * 1024),
+            owed: 0,
+            inb: Vec::with_capacity(64 * 1024),
+        })
+    }
+
+    fn set(
+        &mut self,
+        key: &[u8],
+        flags: u32,
+        exptime: u64,
+        value: &[u8],
+    ) -> Result<(), ClusterError> {
+        if exptime != 0 && exptime <= now_unix() {
+            return Ok(()); // expired meanwhile
+        }
+        // An absolute unix time (> 30 days) is read as such by the receiving node.
+        self.out.extend_from_slice(b"set ");
+        self.out.extend_from_slice(key);
+        self.out
+            .extend_from_slice(format!(" {flags} {exptime} {}\r\n", value.len()).as_bytes());
+        self.out.extend_from_slice(value);
+        self.out.extend_from_slice(b"\r\n");
+        self.owed += 1;
+        self.maybe_flush()
+    }
+
+    fn delete(&mut self, key: &[u8]) -> Result<(), ClusterError> {
+        self.out.extend_from_slice(b"delete ");
+        self.out.extend_from_slice(key);
+        self.out.extend_from_slice(b"\r\n");
+        self.owed += 1;
+        self.maybe_flush()
+    }
+
+    fn line(&mut self, line: &[u8]) -> Result<(), ClusterError> {
+        self.out.extend_from_slice(line);
+        self.owed += 1;
+        self.maybe_flush()
+    }
+
+    fn maybe_flush(&mut self) -> Result<(), ClusterError> {
+        if self.out.len() >= 128 * 1024 {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is queued and reads every reply owed; returns how many were refusals.
+    fn flush(&mut self) -> Result<u64, ClusterError> {
+        let err = |e: std::io::Error| ClusterError::Migration(format!("stream: {e}"));
+        if !self.out.is_empty() {
+            self.stream.write_all(&self.out).map_err(err)?;
+            self.out.clear();
+        }
+        let mut refused = 0;
+        let mut chunk = [0u8; 64 * 1024];
+        while self.owed > 0 {
+            while let Some(nl) = memchr_nl(&self.inb) {
+                let line = &self.inb[..nl];
+                if line.starts_with(b"SERVER_ERROR")
+                    || line.starts_with(b"CLIENT_ERROR")
+                    || line.starts_with(b"ERROR")
+                {
+                    refused += 1;
+                    tracing::warn!("migration: {}", String::from_utf8_lossy(line).trim_end());
+                }
+                self.inb.drain(..=nl);
+                self.owed -= 1;
+                if self.owed == 0 {
+                    break;
+                }
+            }
+            if self.owed == 0 {
+                break;
+            }
+            let n = self.stream.read(&mut chunk).map_err(err)?;
+            if n == 0 {
+                return Err(ClusterError::Migration(
+                    "new owner closed the stream".into(),
+                ));
+            }
+            self.inb.extend_from_slice(&chunk[..n]);
+        }
+        Ok(refused)
+    }
+}
+
+fn memchr_nl(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n')
+}

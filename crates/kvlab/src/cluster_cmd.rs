@@ -1,0 +1,359 @@
+//! `kvlab cluster`: start, grow, shrink and inspect a kvlab cluster (see `kvlab_cluster`).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command as Proc, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use kvlab_client::cluster::DEFAULT_VNODES;
+use kvlab_cluster::coordinator::{self, MigrationReport};
+use kvlab_cluster::{open_store, TopologyStore};
+
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// Where the cluster's topology is: `file:PATH` or PATH (the embedded store for one
+    /// machine: a JSON file every node polls).
+    #[arg(long, global = true, default_value = "kvlab-cluster/topology.json")]
+    topology: String,
+    #[command(subcommand)]
+    command: ClusterCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Start N local nodes (`kvlab server --cluster`) in the background and create the
+    /// cluster of them; their logs and pids go beside the topology file.
+    Up {
+        /// Nodes to start.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Port of the first node; the others follow.
+        #[arg(long, default_value_t = 7101)]
+        base_port: u16,
+        /// Ring points per node.
+        #[arg(long, default_value_t = DEFAULT_VNODES)]
+        vnodes: u32,
+        /// Copies of every key (the owner writes them through before it answers); with 2 or
+        /// more and an etcd topology, a node that dies is taken out of the ring when its
+        /// lease lapses and its keys are served from their copies.
+        #[arg(long, default_value_t = 1)]
+        replicas: u32,
+        /// Flags for every node's `kvlab server` (e.g. `-m 1024 -t 2`), after `--`.
+        #[arg(last = true)]
+        server_args: Vec<String>,
+    },
+    /// Create a cluster of nodes that are already running with `--cluster` on this topology.
+    Create {
+        /// Ring points per node.
+        #[arg(long, default_value_t = DEFAULT_VNODES)]
+        vnodes: u32,
+        /// Copies of every key (see `up --replicas`).
+        #[arg(long, default_value_t = 1)]
+        replicas: u32,
+        /// The nodes, HOST:PORT.
+        #[arg(required = true)]
+        nodes: Vec<String>,
+    },
+    /// Add a node and move its share of the keys to it while the cluster serves.
+    Add {
+        /// The node (HOST:PORT), running `kvlab server --cluster` on this topology; with
+        /// --start, the port of a local node to start first.
+        node: String,
+        /// Start a local node on that address first (logs beside the topology file), with
+        /// the flags after `--`.
+        #[arg(long)]
+        start: bool,
+        /// Flags for the started node's `kvlab server`, after `--`.
+        #[arg(last = true)]
+        server_args: Vec<String>,
+    },
+    /// Move a node's keys to the others and take it out of the ring (it keeps running;
+    /// stop it afterwards).
+    Remove {
+        /// The node, HOST:PORT.
+        node: String,
+    },
+    /// The topology, the migration under way, and every node's view and progress.
+    Status {
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Drive a migration left half-way (its coordinator died) to its end.
+    Resume,
+    /// Roll back a migration that is still copying (the old ring stays).
+    Abort,
+    /// Stop the nodes `up` started and remove the topology.
+    Down,
+}
+
+pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
+    let store = open_store(&args.topology)?;
+    let dir = topology_dir(&args.topology);
+    match args.command {
+        ClusterCommand::Up {
+            nodes,
+            base_port,
+            vnodes,
+            replicas,
+            server_args,
+        } => {
+            if nodes == 0 {
+                bail!("--nodes must be at least 1");
+            }
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            if store.load()?.is_some() {
+                bail!(
+                    "a cluster already exists in {} (kvlab cluster down first)",
+                    store.describe()
+                );
+            }
+            let names: Vec<String> = (0..nodes)
+                .map(|i| format!("127.0.0.1:{}", base_port as usize + i))
+                .collect();
+            // The topology first: a node reads it when it starts.
+            coordinator::create(store.as_ref(), vnodes, replicas, names.clone())?;
+            for n in &names {
+                start_node(&dir, &args.topology, n, &server_args)?;
+            }
+            for n in &names {
+                wait_node(n)?;
+            }
+            println!("cluster of {} nodes up: {}", nodes, names.join(" "));
+            println!("topology: {}", store.describe());
+            Ok(())
+        }
+        ClusterCommand::Create {
+            vnodes,
+            replicas,
+            nodes,
+        } => {
+            let t = coordinator::create(store.as_ref(), vnodes, replicas, nodes)?;
+            println!(
+                "cluster created at epoch {}: {}",
+                t.epoch,
+                t.nodes.join(" ")
+            );
+            Ok(())
+        }
+        ClusterCommand::Add {
+            node,
+            start,
+            server_args,
+        } => {
+            if start {
+                start_node(&dir, &args.topology, &node, &server_args)?;
+                wait_node(&node)?;
+            }
+            let r = coordinator::add(store.as_ref(), &node, &mut show_progress())?;
+            finish(&r)
+        }
+        ClusterCommand::Remove { node } => {
+            let r = coordinator::remove(store.as_ref(), &node, &mut show_progress())?;
+            finish(&r)
+        }
+        ClusterCommand::Resume => {
+            let r = coordinator::resume(store.as_ref(), &mut show_progress())?;
+            finish(&r)
+        }
+        ClusterCommand::Abort => {
+            let t = coordinator::abort(store.as_ref())?;
+            println!(
+                "rolled back: epoch {}, nodes {}",
+                t.epoch,
+                t.nodes.join(" ")
+            );
+            Ok(())
+        }
+        ClusterCommand::Status { json } => status(store.as_ref(), json),
+        ClusterCommand::Down => down(store.as_ref(), &dir),
+    }
+}
+
+fn topology_dir(spec: &str) -> PathBuf {
+    let path = Path::new(spec.strip_prefix("file:").unwrap_or(spec));
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// Starts `kvlab server --cluster` for `node` in the background (its own process group, so
+/// it outlives this command), logging to `DIR/node-PORT.log`; its pid goes to `DIR/pids`.
+fn start_node(dir: &Path, topology: &str, node: &str, extra: &[String]) -> anyhow::Result<()> {
+    let (host, port) = node
+        .rsplit_once(':')
+        .with_context(|| format!("{node}: expected HOST:PORT"))?;
+    let log_path = dir.join(format!("node-{port}.log"));
+    let log = std::fs::File::create(&log_path)
+        .with_context(|| format!("creating {}", log_path.display()))?;
+    let exe = std::env::current_exe().context("finding the kvlab binary")?;
+    use std::os::unix::process::CommandExt;
+    let child = Proc::new(exe)
+        .args([
+            "server",
+            "-l",
+            host,
+            "-p",
+            port,
+            "--cluster",
+            topology,
+            "--cluster-node",
+            node,
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting node {node}"))?;
+    let mut pids = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("pids"))?;
+    writeln!(pids, "{} {node}", child.id())?;
+    Ok(())
+}
+
+fn wait_node(node: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match coordinator::node_status(node) {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() > deadline => bail!("{node} did not come up: {e}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+fn show_progress() -> impl FnMut(&MigrationReport) {
+    // A migration that ends within half a second prints only its result.
+    let mut last = Instant::now();
+    move |r: &MigrationReport| {
+        if last.elapsed() >= Duration::from_millis(500) {
+            last = Instant::now();
+            eprintln!(
+                "  migration {}: {:.1} s, {} keys copied, {} changes streamed, {:.1} MB",
+                r.id,
+                r.total_s,
+                r.keys_copied,
+                r.changes_sent,
+                r.bytes_sent as f64 / 1e6
+            );
+        }
+    }
+}
+
+fn finish(r: &MigrationReport) -> anyhow::Result<()> {
+    println!(
+        "migration {} done in {:.3} s (copy {:.3} s, hand-off {:.3} s): {} keys copied, {} \
+         changes streamed, {:.1} MB ({:.1} MB/s){}",
+        r.id,
+        r.total_s,
+        r.copy_s,
+        r.handoff_s,
+        r.keys_copied,
+        r.changes_sent,
+        r.bytes_sent as f64 / 1e6,
+        r.bytes_sent as f64 / 1e6 / r.total_s.max(1e-9),
+        if r.refused > 0 {
+            format!("; {} items refused by their new owner", r.refused)
+        } else {
+            String::new()
+        }
+    );
+    println!("nodes: {}", r.to.join(" "));
+    Ok(())
+}
+
+fn status(store: &dyn TopologyStore, json: bool) -> anyhow::Result<()> {
+    let Some(t) = store.load()? else {
+        bail!("no cluster in {}", store.describe());
+    };
+    let mut names = t.nodes.clone();
+    if let Some(m) = &t.migration {
+        for n in &m.to {
+            if !names.contains(n) {
+                names.push(n.clone());
+            }
+        }
+    }
+    let nodes: Vec<(String, Result<serde_json::Value, String>)> = names
+        .iter()
+        .map(|n| {
+            (
+                n.clone(),
+                coordinator::node_status(n).map_err(|e| e.to_string()),
+            )
+        })
+        .collect();
+    if json {
+        let out = serde_json::json!({
+            "topology": t,
+            "nodes": nodes.iter().map(|(n, s)| (n.clone(), match s {
+                Ok(v) => v.clone(),
+                Err(e) => serde_json::json!({ "error": e }),
+            })).collect::<serde_json::Map<_, _>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "epoch {}, {} points per node, nodes: {}",
+        t.epoch,
+        t.vnodes,
+        t.nodes.join(" ")
+    );
+    if let Some(m) = &t.migration {
+        println!("migration {} ({:?}) to: {}", m.id, m.phase, m.to.join(" "));
+    }
+    for (n, s) in nodes {
+        match s {
+            Ok(v) => {
+                let p = &v["progress"];
+                println!(
+                    "  {n}: epoch {}, {} items, migration {} keys copied {} changes {} bytes {}{}",
+                    v["epoch"],
+                    v["items"],
+                    p["migration"],
+                    p["keys_copied"],
+                    p["changes_sent"],
+                    p["bytes_sent"],
+                    if p["handed_off"] == p["migration"] && p["migration"] != 0 {
+                        " (handed off)"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Err(e) => println!("  {n}: unreachable ({e})"),
+        }
+    }
+    Ok(())
+}
+
+fn down(store: &dyn TopologyStore, dir: &Path) -> anyhow::Result<()> {
+    let pids_path = dir.join("pids");
+    let pids = std::fs::read_to_string(&pids_path).unwrap_or_default();
+    let mut stopped = 0;
+    for line in pids.lines() {
+        let Some(pid) = line
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: kill(2) with a pid this cluster's `up`/`add --start` recorded.
+        if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
+            stopped += 1;
+        }
+    }
+    let _ = std::fs::remove_file(&pids_path);
+    store.clear()?;
+    println!("stopped {stopped} nodes; topology removed");
+    Ok(())
+}

@@ -1,0 +1,526 @@
+//! `kvlab cluster` with real nodes (`kvlab server --cluster`, each its own process) on the
+//! embedded topology store: a node is added and another removed while `kvlab bench
+//! --cluster --verify` loads the cluster and a checker writes and reads back versions of
+//! its own keys. Nothing may be lost, no read may be stale, no error may reach a
+//! cluster-aware client. And a migration left half-way is rolled back or resumed from the
+//! topology alone.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+mod common;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvlab_client::process::{free_ports, Probe, Process, Spawn};
+use kvlab_client::testing::Etcd;
+use kvlab_client::{Client, ClusterClient};
+use kvlab_cluster::coordinator::node_status;
+use kvlab_cluster::{open_store, FileStore, Migration, Phase, TopologyStore};
+
+const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
+
+fn node(topology: &str, port: u16) -> Process {
+    let name = format!("127.0.0.1:{port}");
+    Spawn::new(KVLAB)
+        .args(["server", "-l", "127.0.0.1", "-t", "2", "-m", "256"])
+        .args(["-p".to_string(), port.to_string()])
+        .args(["--cluster".to_string(), topology.to_string()])
+        .args(["--cluster-node".to_string(), name])
+        .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
+        .start()
+        .unwrap()
+}
+
+fn cluster(topology: &str, args: &[&str]) -> Output {
+    let out = Command::new(KVLAB)
+        .arg("cluster")
+        .arg("--topology")
+        .arg(topology)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kvlab cluster {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn items(name: &str) -> u64 {
+    node_status(name).unwrap()["items"].as_u64().unwrap()
+}
+
+/// Three nodes on a topology file in a fresh directory, the first two in the ring.
+fn two_of_three() -> (tempfile::TempDir, Vec<String>, Vec<Process>) {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json").display().to_string();
+    let ports = free_ports(3).unwrap();
+    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    cluster(&topology, &["create", &names[0], &names[1]]);
+    let nodes = ports.iter().map(|&p| node(&topology, p)).collect();
+    (dir, names, nodes)
+}
+
+/// Asks until `f` holds (at most 15 s).
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// One writer-reader of its own keys through a cluster-aware client: every read must
+/// return the last acknowledged write of that key. Returns (writes, stale or lost reads,
+/// errors, redirects followed).
+fn checker(
+    seed: SocketAddr,
+    proxy: Option<SocketAddr>,
+    stop: Arc<AtomicBool>,
+) -> (u64, Vec<String>, Vec<String>, u64) {
+    let mut c = match proxy {
+        Some(p) => Kv::Plain(Client::connect(p, Duration::from_secs(5)).unwrap(), p),
+        None => Kv::Cluster(ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap()),
+    };
+    let keys = 200usize;
+    let mut acked: Vec<Option<u64>> = vec![None; keys];
+    let (mut writes, mut stale, mut errors) = (0u64, Vec::new(), Vec::new());
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut i = 0usize;
+    while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+        let k = i % keys;
+        let key = format!("chk:{k}");
+        let v = i as u64;
+        match c.set(key.as_bytes(), v.to_string().as_bytes()) {
+            Ok(true) => {
+                acked[k] = Some(v);
+                writes += 1;
+            }
+            Ok(false) => errors.push(format!("set {key}: not stored")),
+            Err(e) => errors.push(format!("set {key}: {e}")),
+        }
+        // Read back an earlier key: it must hold its last acknowledged version.
+        let j = (i * 7 + 3) % keys;
+        if let Some(want) = acked[j] {
+            let key = format!("chk:{j}");
+            match c.get(key.as_bytes()) {
+                Ok(Some(got)) if got == want.to_string().as_bytes() => {}
+                Ok(got) => stale.push(format!(
+                    "{key}: read {:?}, last acknowledged {want}",
+                    got.map(|g| String::from_utf8_lossy(&g).into_owned())
+                )),
+                Err(e) => errors.push(format!("get {key}: {e}")),
+            }
+        }
+        i += 1;
+    }
+    // After the changes: every key holds its last acknowledged version.
+    for (k, want) in acked.iter().enumerate() {
+        let key = format!("chk:{k}");
+        if let Some(want) = want {
+            match c.get(key.as_bytes()) {
+                Ok(Some(got)) if got == want.to_string().as_bytes() => {}
+                other => stale.push(format!("at the end {key}: {other:?}, want {want}")),
+            }
+        }
+    }
+    let redirects = match &c {
+        Kv::Cluster(c) => c.redirects,
+        Kv::Plain(..) => 0,
+    };
+    (writes, stale, errors, redirects)
+}
+
+/// The checker's client: cluster-aware, or a plain memcached client (through a proxy).
+enum Kv {
+    Cluster(ClusterClient),
+    Plain(Client, SocketAddr),
+}
+
+impl Kv {
+    fn set(&mut self, key: &[u8], value: &[u8]) -> Result<bool, String> {
+        match self {
+            Kv::Cluster(c) => c.set(key, value).map_err(|e| e.to_string()),
+            Kv::Plain(c, addr) => Self::retry(c, *addr, |c| c.set(key, value)),
+        }
+    }
+
+    fn get(&mut self, key: &[u8]) -> Result<Option<Vec<u8>>, String> {
+        match self {
+            Kv::Cluster(c) => c.get(key).map_err(|e| e.to_string()),
+            Kv::Plain(c, addr) => Self::retry(c, *addr, |c| c.get(key)),
+        }
+    }
+
+    /// A plain client reconnects after a broken connection (and reports the error).
+    fn retry<T>(
+        c: &mut Client,
+        addr: SocketAddr,
+        f: impl Fn(&mut Client) -> Result<T, kvlab_client::ConnError>,
+    ) -> Result<T, String> {
+        f(c).map_err(|e| {
+            if let Ok(n) = Client::connect(addr, Duration::from_secs(2)) {
+                *c = n;
+            }
+            e.to_string()
+        })
+    }
+}
+
+#[test]
+fn add_and_remove_under_verified_load_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json");
+    add_and_remove(dir.path(), &topology.display().to_string());
+}
+
+/// The same with the topology in a real etcd (nodes watch it and hold leases).
+#[test]
+fn add_and_remove_with_the_topology_in_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(&dir.path().join("etcd")).expect("etcd starts (.ci/run installs it)");
+    add_and_remove(dir.path(), &etcd.spec("loaded"));
+}
+
+/// Unmodified clients through `kvlab proxy --cluster`: the proxy follows the ring and the
+/// redirects; the clients see no error, no stale or lost value.
+#[test]
+fn add_and_remove_behind_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json");
+    add_and_remove_via(dir.path(), &topology.display().to_string(), true);
+}
+
+fn add_and_remove(dir: &Path, topology: &str) {
+    add_and_remove_via(dir, topology, false);
+}
+
+fn add_and_remove_via(dir: &Path, topology: &str, proxied: bool) {
+    let ports = free_ports(4).unwrap();
+    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut args = vec!["create"];
+    args.extend(names[..3].iter().map(String::as_str));
+    cluster(topology, &args);
+    let _nodes: Vec<Process> = ports.iter().map(|&p| node(topology, p)).collect();
+    let seed: SocketAddr = names[1].parse().unwrap();
+
+    let proxy = proxied.then(|| {
+        let port = free_ports(1).unwrap()[0];
+        Spawn::new(KVLAB)
+            .args([
+                "proxy",
+                "-l",
+                "127.0.0.1",
+                "-t",
+                "2",
+                "--cluster",
+                &names[1],
+            ])
+            .args(["-p".to_string(), port.to_string()])
+            .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
+            .start()
+            .unwrap()
+    });
+    let target = proxy.as_ref().map(|p| p.addr().unwrap());
+
+    let json = dir.join("bench.json");
+    let bench = std::thread::spawn({
+        let json = json.clone();
+        let how = match target {
+            Some(proxy) => ["-s".to_string(), proxy.to_string()],
+            None => ["--cluster".to_string(), names[1].clone()],
+        };
+        move || {
+            Command::new(KVLAB)
+                .arg("bench")
+                .args(&how)
+                .args(["--keys", "20000", "--load", "--verify"])
+                .args([
+                    "--duration",
+                    "8",
+                    "-T",
+                    "1",
+                    "-c",
+                    "4",
+                    "--mix",
+                    "get=8,set=2",
+                ])
+                .arg("--json")
+                .arg(&json)
+                .output()
+                .unwrap()
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let check = std::thread::spawn({
+        let stop = stop.clone();
+        move || checker(seed, target, stop)
+    });
+
+    std::thread::sleep(Duration::from_secs(3));
+    let added = cluster(topology, &["add", &names[3]]);
+    assert!(String::from_utf8_lossy(&added.stdout).contains("done"));
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster(topology, &["remove", &names[0]]);
+
+    let out = bench.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let (writes, stale, errors, redirects) = check.join().unwrap();
+    assert!(
+        out.status.success(),
+        "bench: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let run = &report["runs"][0];
+    common::assert_clean(run);
+    let n = |f: &str| run["counters"][f].as_u64().unwrap();
+
+    assert!(writes > 100, "the checker wrote {writes}");
+    assert!(
+        stale.is_empty(),
+        "stale or lost: {:?}",
+        &stale[..stale.len().min(5)]
+    );
+    assert!(
+        errors.is_empty(),
+        "errors: {:?}",
+        &errors[..errors.len().min(5)]
+    );
+    if let Some(addr) = target {
+        // The proxy took up the new rings (one per epoch it saw).
+        let stats = kvlab_client::process::stats(addr, None, Duration::from_secs(2)).unwrap();
+        let reloads: u64 = stats
+            .iter()
+            .find(|(k, _)| k == "proxy_reloads")
+            .map(|(_, v)| v.parse().unwrap())
+            .unwrap();
+        assert!(reloads >= 2, "the proxy followed {reloads} rings");
+    }
+    if !proxied {
+        assert!(
+            redirects + n("redirects") > 0,
+            "no client was redirected: did the ring change under the load?"
+        );
+    }
+
+    // The ring is the new one; the removed node hands everything over and empties.
+    let t = open_store(topology).unwrap().load().unwrap().unwrap();
+    let mut want = names[1..].to_vec();
+    want.sort();
+    let mut got = t.nodes.clone();
+    got.sort();
+    assert_eq!((got, t.migration), (want, None));
+    until("the removed node to drop its items", || {
+        items(&names[0]) == 0
+    });
+    assert!(items(&names[3]) > 1000, "the added node holds its share");
+}
+
+#[test]
+fn a_migration_left_half_way_is_rolled_back_or_resumed_from_the_topology() {
+    let (dir, names, _nodes) = two_of_three();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let topology = topology.as_str();
+    let seed: SocketAddr = names[0].parse().unwrap();
+    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+    for i in 0..3000 {
+        assert!(c
+            .set(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())
+            .unwrap());
+    }
+
+    // A coordinator that began adding the third node and died during the copy: the
+    // topology says so, and the nodes copy.
+    let store = FileStore::new(&path);
+    let begin = |store: &FileStore| {
+        let t = store.load().unwrap().unwrap();
+        let mut next = t.next();
+        next.migration = Some(Migration {
+            id: next.epoch,
+            to: names.clone(),
+            phase: Phase::Copy,
+            started_ms: 0,
+        });
+        assert!(store.swap(Some(t.epoch), &next).unwrap());
+    };
+    begin(&store);
+    until("the copy to reach the new node", || items(&names[2]) > 500);
+    // Abort: the old ring stays, the new node drops what it got, nothing is lost.
+    cluster(topology, &["abort"]);
+    until("the new node to drop the copy", || items(&names[2]) == 0);
+    for i in 0..3000 {
+        let v = c.get(format!("k{i}").as_bytes()).unwrap();
+        assert_eq!(v.as_deref(), Some(format!("v{i}").as_bytes()), "k{i}");
+    }
+
+    // Again, and this time another coordinator resumes it to the end.
+    begin(&store);
+    let out = cluster(topology, &["resume"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
+    let t = store.load().unwrap().unwrap();
+    assert_eq!((t.nodes.len(), t.migration), (3, None));
+    for i in 0..3000 {
+        let v = c.get(format!("k{i}").as_bytes()).unwrap();
+        assert_eq!(v.as_deref(), Some(format!("v{i}").as_bytes()), "k{i}");
+    }
+    assert!(items(&names[2]) > 500, "the third node serves its share");
+    // A migration in its hand-off cannot be rolled back.
+    let status = Command::new(KVLAB)
+        .args(["cluster", "--topology", topology])
+        .arg("abort")
+        .output()
+        .unwrap();
+    assert!(!status.status.success(), "no migration to abort");
+}
+
+/// Three nodes with two copies of every key, topology in etcd: one node is killed with
+/// `kill -9` while a writer-reader runs. Its lease lapses, a live node takes it out of the
+/// ring, its keys are served from their copies: no acknowledged write is lost, no read is
+/// stale.
+#[test]
+fn kill_9_with_two_copies_loses_no_acknowledged_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(&dir.path().join("etcd")).expect("etcd starts (.ci/run installs it)");
+    let topology = etcd.spec("copies");
+    let topology = topology.as_str();
+    let ports = free_ports(3).unwrap();
+    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut args = vec!["create", "--replicas", "2"];
+    args.extend(names.iter().map(String::as_str));
+    cluster(topology, &args);
+    let mut nodes: Vec<Process> = ports.iter().map(|&p| node(topology, p)).collect();
+    let seed: SocketAddr = names[1].parse().unwrap();
+
+    // Keys whose owner is the node to be killed are the interesting ones: seed many.
+    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+    for i in 0..2000 {
+        assert!(c
+            .set(format!("pre:{i}").as_bytes(), format!("p{i}").as_bytes())
+            .unwrap());
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let check = std::thread::spawn({
+        let stop = stop.clone();
+        move || checker(seed, None, stop)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    nodes[0].kill(); // SIGKILL
+    let store = open_store(topology).unwrap();
+    until("the dead node to leave the ring", || {
+        store.load().unwrap().unwrap().nodes.len() == 2
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, Ordering::Relaxed);
+    let (writes, stale, errors, _) = check.join().unwrap();
+    assert!(writes > 100, "the checker wrote {writes}");
+    assert!(
+        stale.is_empty(),
+        "stale or lost: {:?}",
+        &stale[..stale.len().min(5)]
+    );
+    // Requests in flight to the killed node may fail; none that was acknowledged is lost.
+    eprintln!(
+        "{} errors while the node died: {:?}",
+        errors.len(),
+        errors.first()
+    );
+    let mut lost = Vec::new();
+    for i in 0..2000 {
+        let v = c.get(format!("pre:{i}").as_bytes()).unwrap();
+        if v.as_deref() != Some(format!("p{i}").as_bytes()) {
+            lost.push(i);
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of 2000 keys lost, e.g. pre:{}",
+        lost.len(),
+        lost[0]
+    );
+}
+
+/// A new node that dies (`kill -9`) while a migration to it copies: the migration is rolled
+/// back, never half-applied — the old ring serves every key as it was.
+#[test]
+fn a_node_that_dies_during_the_copy_rolls_the_migration_back() {
+    let (dir, names, mut nodes) = two_of_three();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let topology = topology.as_str();
+    let keys = "100000";
+    let bench = |args: &[&str]| {
+        let out = Command::new(KVLAB)
+            .args([
+                "bench",
+                "--cluster",
+                &names[0],
+                "--keys",
+                keys,
+                "-T",
+                "1",
+                "-c",
+                "4",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    bench(&["--load", "--requests", "1"]);
+    // The coordinator runs in the background; the new node dies once its copy is arriving.
+    let add = std::thread::spawn({
+        let (topology, node) = (topology.to_string(), names[2].clone());
+        move || {
+            Command::new(KVLAB)
+                .args(["cluster", "--topology", &topology, "add", &node])
+                .output()
+                .unwrap()
+        }
+    });
+    until("the copy to start", || {
+        add.is_finished() || items(&names[2]) > 0
+    });
+    nodes[2].kill();
+    let out = add.join().unwrap();
+    let t = FileStore::new(&path).load().unwrap().unwrap();
+    assert!(
+        !out.status.success(),
+        "the migration finished before the kill (the copy outran the test): {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("rolled back"), "{said}");
+    assert_eq!(
+        (t.nodes.len(), t.migration),
+        (2, None),
+        "the old ring, no migration"
+    );
+    // Every key, once each, verified: none missing, none wrong.
+    let report = bench(&[
+        "--verify",
+        "--mix",
+        "get=1",
+        "--key-dist",
+        "sequential",
+        "--requests",
+        keys,
+    ]);
+    assert!(
+        report.contains("misses 0)") && report.contains("errors 0 (verification 0)"),
+        "{report}"
+    );
+}
