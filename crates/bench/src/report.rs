@@ -261,6 +261,12 @@ pub fn to_json(runs: &[RunResult], comparison: &[TargetSummary]) -> String {
     serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
+/// One interval as one line of JSON (no newline): what `kvlab bench --live` appends as each
+/// interval ends (`kvlab control` reads the p95 from it).
+pub fn interval_json(i: &IntervalRow) -> String {
+    serde_json::to_string(i).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
 /// The CSV header of [`csv_row`].
 pub const CSV_HEADER: &str = "run,target,ts_start,ts_end,warmup,step,target_qps,achieved_qps,completed,hits,misses,errors,timeouts,p25_us,p50_us,p75_us,p90_us,p95_us,p99_us,p99_9_us,p99_99_us,max_us,mean_us,send_p50_us,send_p99_us,send_p99_9_us,send_max_us";
 

@@ -212,6 +212,10 @@ struct RunArgs {
     /// Write the intervals as CSV.
     #[arg(long)]
     csv: Option<PathBuf>,
+    /// Append every interval to FILE as one line of JSON as soon as it is measured (what
+    /// `kvlab control --live` reads; with --interval 0.1 it sees the p95 every 100 ms).
+    #[arg(long, value_name = "FILE")]
+    live: Option<PathBuf>,
     /// An agent (`kvlab bench agent`) to generate load too; repeat for several.
     #[arg(long = "agent")]
     agents: Vec<String>,
@@ -462,6 +466,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let configs = r.configs_of(&r.load()?)?;
     let show_progress = !r.quiet && std::io::stderr().is_terminal();
+    let mut live = match &r.live {
+        Some(p) => {
+            Some(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)
+        }
+        None => None,
+    };
     let mut runs = Vec::new();
     let mut loaded = vec![false; configs.len()];
     for round in 0..r.repeat {
@@ -486,6 +496,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             };
             let mut first_ts: Option<u64> = None;
             let mut progress = |row: &kvlab_bench::run::IntervalRow| {
+                if let Some(f) = &mut live {
+                    use std::io::Write as _;
+                    // Best effort: a full disk must not stop the load mid-run.
+                    let _ = writeln!(f, "{}", report::interval_json(row)).and_then(|()| f.flush());
+                }
                 if show_progress {
                     let first = *first_ts.get_or_insert(row.ts_start);
                     let elapsed = row.ts_end.saturating_sub(first) as f64 / 1000.0;

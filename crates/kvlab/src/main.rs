@@ -13,6 +13,8 @@
 //! kvlab cluster   cluster_cmd   ──► kvlab_cluster (topology, coordinator) over nodes that
 //!                                    are `kvlab server --cluster` (kvlab_cluster::node)
 //! kvlab populate  populate_cmd  ──► kvlab_bench::populate (or a data dir through the store)
+//! kvlab control   control_cmd   ──► kvlab_control (policies, cpuset/affinity, freezer/signals,
+//!                                    job queue, JSON-lines log)
 //! kvlab lab       lab_cmd       ──► kvlab_lab (experiment spec, systems, runner, analysis)
 //!                                    ├─► kvlab_client::process (start on a free port, wait)
 //!                                    ├─► kvlab_bench (the load of every run)
@@ -24,6 +26,7 @@
 
 mod bench_cmd;
 mod cluster_cmd;
+mod control_cmd;
 mod lab_cmd;
 mod populate_cmd;
 mod proxy_cmd;
@@ -54,6 +57,8 @@ enum Command {
     Populate(populate_cmd::PopulateArgs),
     /// memcached proxy in front of several servers: sharding, replication, split multi-gets.
     Proxy(proxy_cmd::ProxyArgs),
+    /// Keep a server inside its latency SLO while batch jobs use the spare cores.
+    Control(Box<control_cmd::ControlArgs>),
     /// Elastic cluster: start nodes, add or remove one while it serves, status.
     Cluster(cluster_cmd::ClusterArgs),
 }
@@ -66,6 +71,7 @@ fn main() -> anyhow::Result<()> {
         Command::Populate(args) => populate_cmd::run(args),
         Command::Lab(args) => lab_cmd::run(args),
         Command::Proxy(args) => proxy_cmd::run(args),
+        Command::Control(args) => control_cmd::run(*args),
         Command::Cluster(args) => cluster_cmd::run(args),
     }
 }

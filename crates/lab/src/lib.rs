@@ -70,6 +70,10 @@
 //!                             # with p95 below this (µs) and >= 99 % of it achieved, every
 //!                             # lower rate of the scan passing too
 //! seed = 1                    # repetition i uses seed + i
+//! corunner = <none>           # a command run beside every run (sh -c, its own process
+//!                             # group, killed after the run; "{factor}" allowed), e.g.
+//!                             # "stress-ng --{stressor} 1 --taskset 0": interference; the
+//!                             # raw run keeps it and its CPU (cores busy)
 //!
 //! [[system]]                  # one or more; *required*
 //! name = "kvlab"              # *required*, unique
@@ -100,6 +104,9 @@
 //!                             # does a point it cannot serve (HTTP on memcached), with a note
 //! start_timeout = 10.0        # seconds to wait for an answer to `version` (and to `GET /`
 //!                             # on the HTTP port)
+//! cpus = <any>                # a CPU list ("0", "0-1,3"; "{factor}" allowed): every
+//!                             # thread of the system is pinned there once it is up (a
+//!                             # proxy's own threads, not its backends')
 //!
 //! [workload]                  # everything `kvlab bench` takes
 //! clients = <none>            # closed loop: total connections (= threads x connections,
@@ -141,8 +148,8 @@
 //!
 //! [[part]]                    # several studies in one file: each part has its own
 //! name = "part<i>"            # name, description, systems = [names], repetitions,
-//!                             # duration, warmup, [part.workload] (over [workload]),
-//!                             # [part.factors], design, points
+//!                             # duration, warmup, corunner, [part.workload] (over
+//!                             # [workload]), [part.factors], design, points
 //! ```
 //!
 //! A proxy's CPU (the runner's /proc reading) is the proxy process' own; for each run the
@@ -166,6 +173,7 @@ pub mod runner;
 pub mod scaling;
 pub mod spec;
 pub mod system;
+pub mod workflow;
 
 use std::path::{Path, PathBuf};
 
@@ -183,6 +191,18 @@ pub const SHIPPED: &[(&str, &str)] = &[
     (
         "rate-scan",
         include_str!("../../../experiments/rate-scan.toml"),
+    ),
+    (
+        "control-characterise",
+        include_str!("../../../experiments/control-characterise.toml"),
+    ),
+    (
+        "control-workflow",
+        include_str!("../../../experiments/control-workflow.toml"),
+    ),
+    (
+        "control-workflow-quick",
+        include_str!("../../../experiments/control-workflow-quick.toml"),
     ),
     (
         "factorial-2k",
@@ -235,8 +255,14 @@ pub fn shipped_summary(name: &str) -> String {
             .unwrap_or_default();
     }
     shipped(name)
-        .and_then(|text| Experiment::parse(text, name, &Overrides::default()).ok())
-        .and_then(|e| e.description)
+        .and_then(|text| match workflow::is_workflow(text) {
+            true => workflow::WorkflowSpec::parse(text).ok()?.description(),
+            false => {
+                Experiment::parse(text, name, &Overrides::default())
+                    .ok()?
+                    .description
+            }
+        })
         .and_then(|d| d.lines().next().map(str::to_string))
         .unwrap_or_default()
 }
@@ -358,6 +384,28 @@ impl Lab {
         overrides: &Overrides,
         out: Option<PathBuf>,
     ) -> anyhow::Result<Finished> {
+        if workflow::is_workflow(&source.text) {
+            let spec = workflow::WorkflowSpec::parse(&source.text)
+                .with_context(|| format!("control experiment {}", source.label))?;
+            let out = match out {
+                Some(o) => o,
+                None => default_out(&spec.name(&source.stem), std::time::SystemTime::now()),
+            };
+            let bin = self
+                .kvlab_bin
+                .as_deref()
+                .context("a control experiment needs the kvlab executable ($KVLAB_BIN)")?;
+            let base = Path::new(&source.label)
+                .parent()
+                .filter(|p| p.exists())
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            let report = workflow::run(&source.text, &base, &out, bin, overrides)?;
+            return Ok(Finished {
+                summary: workflow::summary_text(&out)?,
+                dir: out,
+                report,
+            });
+        }
         if scaling::is_scaling(&source.text) {
             return self.run_scaling(source, out);
         }
@@ -423,6 +471,13 @@ pub fn default_out(name: &str, now: std::time::SystemTime) -> PathBuf {
 /// Re-analyses a results directory's raw data (as the experiment stored in its `meta.json`
 /// was run) and rewrites its report.
 pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
+    if workflow::is_workflow_dir(dir) {
+        return Ok(Finished {
+            report: workflow::analyse(dir)?,
+            summary: workflow::summary_text(dir)?,
+            dir: dir.to_path_buf(),
+        });
+    }
     if dir.join("scaling.json").exists() {
         let (summary, report) = scaling::analyse_dir(dir)?;
         return Ok(Finished {

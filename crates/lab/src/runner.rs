@@ -182,6 +182,12 @@ pub struct RawRun {
     /// A proxy's own figures over the measured time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyFigures>,
+    /// The CPUs the system was pinned to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<String>,
+    /// The command run beside it (interference), and its CPU over the run (cores busy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corunner: Option<(String, Option<f64>)>,
     /// What the load generator measured.
     pub result: Option<RunResult>,
     /// Latency from the planned send, ns, over the measured time.
@@ -496,6 +502,8 @@ fn one_run(
         cpu: None,
         backends: inst.backend_commands(),
         proxy: None,
+        cpus: inst.flags.cpus.clone(),
+        corunner: None,
         result: None,
         latency_hist: None,
         error: None,
@@ -572,7 +580,16 @@ fn one_run(
             );
         }
     };
+    let corunner = match part.corunner_of(&levels).map(|c| Corunner::start(&c)) {
+        Some(Ok(c)) => Some(c),
+        Some(Err(e)) => {
+            raw.error = Some(format!("{e:#}"));
+            return raw;
+        }
+        None => None,
+    };
     let result = kvlab_bench::run(&cfg, &[], &mut progress);
+    raw.corunner = corunner.map(Corunner::stop);
     if tty {
         eprint!("\r\x1b[2K");
     }
@@ -589,6 +606,64 @@ fn one_run(
         Err(e) => raw.error = Some(format!("{e}")),
     }
     raw
+}
+
+/// A command run beside a run (interference): `sh -c` as the leader of its own process
+/// group, so that ending it ends everything it started.
+struct Corunner {
+    command: String,
+    child: std::process::Child,
+    started: Instant,
+}
+
+impl Corunner {
+    fn start(command: &str) -> anyhow::Result<Corunner> {
+        use std::os::unix::process::CommandExt as _;
+        let child = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(command)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting the corunner {command:?}"))?;
+        Ok(Corunner {
+            command: command.to_string(),
+            child,
+            started: Instant::now(),
+        })
+    }
+
+    /// Ends it; returns its command and the CPU its process group used over its life
+    /// (cores busy: utime + stime of every live process of the group just before the end;
+    /// `None` when none could be read).
+    fn stop(mut self) -> (String, Option<f64>) {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let pgid = self.child.id() as i32;
+        let ticks: Option<u64> = kvlab_control::machine::processes_in_group(pgid)
+            .into_iter()
+            .map(|p| laws::read_proc_stat(p).ok().map(|s| s.cpu_ticks()))
+            .sum();
+        // SAFETY: killpg has no memory preconditions; the group is the corunner's own.
+        unsafe { libc::killpg(pgid, libc::SIGKILL) };
+        let _ = self.child.wait();
+        let tps = laws::clock_ticks_per_second() as f64;
+        let cpu = ticks
+            .filter(|_| elapsed > 0.0)
+            .map(|t| t as f64 / tps / elapsed);
+        (std::mem::take(&mut self.command), cpu)
+    }
+}
+
+impl Drop for Corunner {
+    fn drop(&mut self) {
+        if !self.command.is_empty() {
+            // SAFETY: as in stop.
+            unsafe { libc::killpg(self.child.id() as i32, libc::SIGKILL) };
+            let _ = self.child.wait();
+        }
+    }
 }
 
 /// How long the runner waits for a proxy's `stats`.

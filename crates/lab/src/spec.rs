@@ -41,6 +41,7 @@ struct FileSpec {
     tolerance: Option<f64>,
     slo_p95_us: Option<f64>,
     seed: Option<u64>,
+    corunner: Option<String>,
     #[serde(default, rename = "system")]
     systems: Vec<SystemSpec>,
     #[serde(default)]
@@ -63,6 +64,7 @@ struct PartSpec {
     repetitions: Option<usize>,
     duration: Option<f64>,
     warmup: Option<f64>,
+    corunner: Option<String>,
     #[serde(default)]
     workload: toml::Table,
     #[serde(default)]
@@ -151,6 +153,9 @@ pub struct SystemSpec {
     /// A proxy's backends: every backend's flags (`{factor}` placeholders as in `args`).
     #[serde(default)]
     pub backend_args: Vec<String>,
+    /// The CPUs every thread of the system may run on, a CPU list (`"0"`, `"0-1"`; a
+    /// `{factor}` placeholder lets a factor vary it); set once it is up. Default: any.
+    pub cpus: Option<String>,
 }
 
 /// What a system runs with at one point, its `{factor}` placeholders filled in: a running
@@ -161,6 +166,8 @@ pub struct Flags {
     pub args: Vec<String>,
     /// A proxy's backends: how many, and each one's flags.
     pub backends: Option<(usize, Vec<String>)>,
+    /// The CPUs its threads may run on (a CPU list), when it is pinned.
+    pub cpus: Option<String>,
 }
 
 impl SystemKind {
@@ -225,7 +232,13 @@ impl SystemSpec {
             Some(BackendCount::Text(t)) => Some(t),
             _ => None,
         };
-        placeholders_in(self.args.iter().chain(&self.backend_args).chain(count))
+        placeholders_in(
+            self.args
+                .iter()
+                .chain(&self.backend_args)
+                .chain(count)
+                .chain(&self.cpus),
+        )
     }
 
     /// `args` with the point's levels filled in.
@@ -262,9 +275,27 @@ impl SystemSpec {
             }
             _ => None,
         };
+        let cpus = match &self.cpus {
+            None => None,
+            Some(c) => {
+                let r = render(std::slice::from_ref(c), levels).remove(0);
+                if r.trim().is_empty()
+                    || !r.split(',').flat_map(|p| p.split('-')).all(|n| {
+                        !n.trim().is_empty() && n.trim().bytes().all(|b| b.is_ascii_digit())
+                    })
+                {
+                    bail!(
+                        "system {:?}: cpus = {c:?} is {r:?}, not a CPU list such as \"0\" or \"0-1,3\"",
+                        self.name
+                    );
+                }
+                Some(r.trim().to_string())
+            }
+        };
         Ok(Flags {
             args: self.render_args(levels),
             backends,
+            cpus,
         })
     }
 
@@ -284,6 +315,7 @@ impl SystemSpec {
             backends: None,
             backend: None,
             backend_args: Vec::new(),
+            cpus: None,
         }
     }
 
@@ -449,9 +481,18 @@ pub struct Part {
     pub points: Vec<Vec<(String, Level)>>,
     /// The protocol each point speaks (parallel to `points`).
     pub protocols: Vec<Protocol>,
+    /// A command run beside each run (`sh -c`, its own process group, ended after the run):
+    /// interference such as `stress-ng --cache 1 --taskset 1`; `{factor}` placeholders.
+    pub corunner: Option<String>,
 }
 
 impl Part {
+    /// The co-runner's command at one point (`None`: none, or it renders empty).
+    pub fn corunner_of(&self, levels: &[(String, Level)]) -> Option<String> {
+        let c = render(std::slice::from_ref(self.corunner.as_ref()?), levels).remove(0);
+        (!c.trim().is_empty()).then_some(c)
+    }
+
     /// The workload of one point.
     pub fn workload_of(&self, levels: &[(String, Level)]) -> anyhow::Result<WorkloadSpec> {
         let mut t = self.workload.clone();
@@ -761,6 +802,7 @@ impl Experiment {
             repetitions: None,
             duration: None,
             warmup: None,
+            corunner: None,
             workload: toml::Table::new(),
             factors: f.factors.clone(),
             design: f.design.clone(),
@@ -1051,6 +1093,7 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
             "duration",
             "warmup",
             "systems",
+            "corunner",
         ]
         .contains(&k.as_str())
         {
@@ -1144,22 +1187,24 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
         bail!("{} points: too many", points.len());
     }
     // Every factor must act on something, and every placeholder must be defined.
+    let corunner = p.corunner.clone().or_else(|| f.corunner.clone());
     let used: BTreeSet<String> = systems
         .iter()
         .flat_map(|&s| f.systems[s].placeholders())
+        .chain(placeholders_in(&corunner))
         .collect();
     for (fname, _) in &factors {
         if !WORKLOAD_KEYS.contains(&fname.as_str()) && !used.contains(fname) {
             bail!(
                 "factor {fname:?} is neither a workload key ({}) nor used as {{{fname}}} in a \
-                 system's args",
+                 system's args or cpus, or the corunner",
                 WORKLOAD_KEYS.join(", ")
             );
         }
     }
     for u in used.iter().filter(|u| u.as_str() != DATA_DIR) {
         if !factors.iter().any(|(f, _)| f == u) {
-            bail!("a system's args use {{{u}}} but the part has no factor {u:?}");
+            bail!("a system's args (or cpus, or the corunner) use {{{u}}} but the part has no factor {u:?}");
         }
     }
     // A proxy's number of backends at every point, now.
@@ -1180,6 +1225,7 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
         design,
         points,
         protocols: Vec::new(),
+        corunner,
     };
     // Check every point's workload now, not an hour into the run.
     let dummy: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
@@ -1242,6 +1288,11 @@ mod tests {
     #[test]
     fn shipped_experiments_parse() {
         for (name, text) in crate::SHIPPED {
+            if crate::workflow::is_workflow(text) {
+                crate::workflow::WorkflowSpec::parse(text)
+                    .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+                continue;
+            }
             if crate::scaling::is_scaling(text) {
                 crate::scaling::ScalingSpec::parse(text, name)
                     .unwrap_or_else(|e| panic!("{name}: {e:#}"));
@@ -1268,6 +1319,52 @@ mod tests {
         );
         let err = Experiment::parse(&file("{dir}"), "x", &Overrides::default()).unwrap_err();
         assert!(format!("{err:#}").contains("no factor \"dir\""), "{err:#}");
+    }
+
+    #[test]
+    fn cpus_and_the_corunner_are_factors() {
+        let e = Experiment::parse(
+            r#"
+            corunner = "stress-ng --{stressor} 1 --taskset 0"
+            [[system]]
+            name = "kvlab"
+            args = ["-t", "{threads}"]
+            cpus = "{cpus}"
+            [workload]
+            qps = 1000
+            [factors]
+            threads = [1, 2]
+            cpus = ["0", "0-1"]
+            stressor = ["cpu", "stream"]
+            "#,
+            "x",
+            &Overrides::default(),
+        )
+        .unwrap();
+        let p = &e.parts[0];
+        let last = p.points.last().unwrap();
+        assert_eq!(
+            e.systems[0].render(last).unwrap().cpus.as_deref(),
+            Some("0-1")
+        );
+        assert_eq!(
+            p.corunner_of(last).as_deref(),
+            Some("stress-ng --stream 1 --taskset 0")
+        );
+        // A corunner placeholder needs its factor; a bad CPU list is refused.
+        for (text, want) in [
+            (
+                "corunner = \"x {k}\"\n[[system]]\nname = \"kvlab\"\n",
+                "no factor \"k\"",
+            ),
+            (
+                "[[system]]\nname = \"kvlab\"\ncpus = \"{c}\"\n[factors]\nc = [\"a\"]\n",
+                "not a CPU list",
+            ),
+        ] {
+            let err = Experiment::parse(text, "x", &Overrides::default()).unwrap_err();
+            assert!(format!("{err:#}").contains(want), "{err:#}");
+        }
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! grace period) — all through [`kvlab_client::process`]. The runner reads their CPU time
 //! from `/proc/<pid>/stat`.
 //!
+//! A system with `cpus` has every thread pinned to those CPUs once it is up.
+//!
 //! A proxy system is `kvlab proxy` in front of backends the lab starts first, each as a
 //! system of its own (kvlab's server or memcached, on its own free port, with its own log
 //! `<log>.backend<i>.log`); the proxy gets `--backend` for each and `--log-dir <log>.windows`,
@@ -156,6 +158,7 @@ impl Instance {
                 let bflags = Flags {
                     args: args.clone(),
                     backends: None,
+                    cpus: None,
                 };
                 let b = Instance::start(
                     index,
@@ -253,6 +256,9 @@ impl Instance {
                 );
             }
         };
+        if let Some(c) = &flags.cpus {
+            pin(process.pid(), c).with_context(|| format!("system {:?}: cpus", spec.name))?;
+        }
         Ok(Instance {
             system: index,
             flags,
@@ -311,6 +317,14 @@ impl Drop for Instance {
     fn drop(&mut self) {
         self.stop_inner();
     }
+}
+
+/// Pins every thread of `pid` to the CPU list `cpus` (threads it starts later inherit the
+/// mask of the thread that starts them).
+pub fn pin(pid: u32, cpus: &str) -> anyhow::Result<()> {
+    let set: kvlab_control::CpuSet = cpus.parse()?;
+    kvlab_control::machine::set_affinity(pid, &set)?;
+    Ok(())
 }
 
 /// The server's worker threads as it reports them: `threads` in `stats` (kvlab's server and

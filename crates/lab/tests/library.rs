@@ -224,3 +224,65 @@ fn a_kvlab_system_without_an_executable_is_a_clear_error() {
         .unwrap_err();
     assert!(format!("{err:#}").contains("KVLAB_BIN"), "{err:#}");
 }
+
+/// A system pinned by `cpus` and a corunner beside every run: each raw run records both, and
+/// no corunner process outlives its run.
+#[test]
+fn pinned_system_and_corunner() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    let marker = tmp.path().join("corunner-pids");
+    let text = format!(
+        r#"
+name = "pinned"
+repetitions = 1
+duration = 0.5
+warmup = 0.2
+corunner = "echo $$ >> {marker}; exec sleep {{secs}}"
+
+[[system]]
+name = "kvlab"
+args = ["-t", "2", "-m", "16"]
+cpus = "{{cpus}}"
+
+[workload]
+keys = 1000
+qps = 500
+
+[factors]
+cpus = ["0", "0-1"]
+secs = [30]
+"#,
+        marker = marker.display()
+    );
+    let source = Source {
+        label: "pinned.toml".into(),
+        text,
+        stem: "pinned".into(),
+    };
+    let lab = Lab::with_kvlab_bin(kvlab_bin());
+    lab.run(&source, &Overrides::default(), Some(out.clone()))
+        .unwrap();
+    assert!(marker.exists(), "the corunner did not run");
+    let mut seen = Vec::new();
+    for f in raw_files(&out) {
+        let raw: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+        assert!(raw["error"].is_null(), "{raw}");
+        assert_eq!(
+            raw["corunner"][0],
+            format!("echo $$ >> {}; exec sleep 30", marker.display())
+        );
+        seen.push(raw["cpus"].as_str().unwrap().to_string());
+    }
+    assert_eq!(seen, ["0", "0-1"]);
+    // Each corunner ("sleep 30") was killed and reaped with its run.
+    let pids = std::fs::read_to_string(&marker).unwrap();
+    assert_eq!(pids.lines().count(), 2, "{pids}");
+    for pid in pids.lines() {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists(),
+            "corunner {pid} is still there"
+        );
+    }
+}

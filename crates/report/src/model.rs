@@ -106,6 +106,31 @@ pub struct LinePlot {
     /// A sentence under the plot.
     #[serde(default)]
     pub caption: Option<String>,
+    /// A second y axis on the right, with its own lines (e.g. the offered rate beside a
+    /// latency over time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub y2: Option<Y2>,
+    /// Vertical marks with a short label (events on a time axis).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub marks: Vec<Mark>,
+}
+
+/// The right-hand y axis of a [`LinePlot`]: from zero, its own scale.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Y2 {
+    /// With its unit, e.g. "offered rate (req/s)".
+    pub label: String,
+    /// Its lines (thin, in the palette after the left axis' lines unless coloured).
+    pub series: Vec<Series>,
+}
+
+/// A vertical mark across a plot at `x`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Mark {
+    /// Where.
+    pub x: f64,
+    /// A short label (a few characters; drawn above the frame).
+    pub label: String,
 }
 
 fn yes() -> bool {

@@ -164,13 +164,22 @@ impl Legend {
 }
 
 fn open_svg(out: &mut String, title: &str) {
+    open_svg_wide(out, title, 0.0);
+}
+
+/// Opens an SVG `extra` px wider than the others on the right (room for a second y axis).
+fn open_svg_wide(out: &mut String, title: &str, extra: f64) {
+    let w = WIDTH + extra;
     let _ = write!(
         out,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" class="plot" role="img" aria-label="{t}" width="{WIDTH}" height="@@HEIGHT@@" viewBox="0 0 {WIDTH} @@HEIGHT@@" font-family="{FONT}" font-size="12" fill="#222"><title>{t}</title><rect width="100%" height="100%" fill="#ffffff"/><text class="plot-title" x="{:.1}" y="24" font-size="15" font-weight="bold" text-anchor="middle">{t}</text>"##,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" class="plot" role="img" aria-label="{t}" width="{w}" height="@@HEIGHT@@" viewBox="0 0 {w} @@HEIGHT@@" font-family="{FONT}" font-size="12" fill="#222"><title>{t}</title><rect width="100%" height="100%" fill="#ffffff"/><text class="plot-title" x="{:.1}" y="24" font-size="15" font-weight="bold" text-anchor="middle">{t}</text>"##,
         WIDTH / 2.0,
         t = escape(title)
     );
 }
+
+/// Room right of the frame for a second y axis' ticks and label.
+const Y2_EXTRA: f64 = 64.0;
 
 fn close_svg(mut out: String, height: f64) -> String {
     out.push_str("</svg>\n");
@@ -302,7 +311,8 @@ pub fn line_plot(plot: &LinePlot, id: &str) -> String {
     let py = |y: f64| b - ya.frac(y) * PLOT_H;
 
     let mut out = String::new();
-    open_svg(&mut out, &plot.title);
+    let extra = if plot.y2.is_some() { Y2_EXTRA } else { 0.0 };
+    open_svg_wide(&mut out, &plot.title, extra);
     let clip = format!("{}-clip", crate::escape::slug(id));
     let _ = write!(
         out,
@@ -410,11 +420,120 @@ pub fn line_plot(plot: &LinePlot, id: &str) -> String {
         ));
     }
     out.push_str("</g>");
+    if let Some(y2) = &plot.y2 {
+        second_axis(
+            &mut out,
+            y2,
+            plot.series.len(),
+            &clip,
+            &px,
+            &drawable,
+            &mut legend,
+        );
+    }
+    for m in &plot.marks {
+        let f = xa.frac(m.x);
+        if !m.x.is_finite() || !(-1e-9..=1.0 + 1e-9).contains(&f) {
+            continue;
+        }
+        let x = px(m.x);
+        // The label runs down along the line, inside the frame, clear of the title.
+        let _ = write!(
+            out,
+            r##"<g class="mark"><line x1="{x:.1}" y1="{TOP:.1}" x2="{x:.1}" y2="{b:.1}" stroke="#777" stroke-width="0.8" stroke-dasharray="3 3"/><text x="{:.1}" y="{:.1}" font-size="9" fill="#555" transform="rotate(90 {:.1} {:.1})">{}</text></g>"##,
+            x + 2.0,
+            TOP + 4.0,
+            x + 2.0,
+            TOP + 4.0,
+            escape(&m.label)
+        );
+    }
     if let Some(e) = &plot.error_bars {
         legend.entries.push((e.clone(), Swatch::ErrorBar));
     }
     let h = legend.write(&mut out, b + 62.0);
     close_svg(out, h)
+}
+
+/// The right-hand axis (from zero) and its lines; colours continue after the left
+/// axis' `left` series.
+fn second_axis(
+    out: &mut String,
+    y2: &crate::model::Y2,
+    left: usize,
+    clip: &str,
+    px: &dyn Fn(f64) -> f64,
+    drawable: &dyn Fn(f64, f64) -> bool,
+    legend: &mut Legend,
+) {
+    let (x1, b) = (WIDTH - RIGHT, TOP + PLOT_H);
+    let hi = y2
+        .series
+        .iter()
+        .flat_map(|s| &s.points)
+        .filter(|p| drawable(p.x, p.y))
+        .map(|p| p.y)
+        .fold(0.0f64, f64::max);
+    let ya = Axis::new(Scale::Linear, 0.0, if hi > 0.0 { hi } else { 1.0 }, 6);
+    let py = |y: f64| b - ya.frac(y) * PLOT_H;
+    out.push_str(r#"<g class="y2-axis" font-size="11">"#);
+    for (v, label) in &ya.ticks {
+        let y = py(*v);
+        let _ = write!(
+            out,
+            r##"<line x1="{x1:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="#333"/><text x="{:.1}" y="{:.1}" text-anchor="start">{}</text>"##,
+            x1 + 5.0,
+            x1 + 8.0,
+            y + 4.0,
+            escape(label)
+        );
+    }
+    let _ = write!(
+        out,
+        r#"<text class="axis-label" transform="translate({:.1},{:.1}) rotate(90)" text-anchor="middle" font-size="13">{}</text></g>"#,
+        WIDTH - RIGHT + Y2_EXTRA + 8.0,
+        TOP + PLOT_H / 2.0,
+        escape(&y2.label)
+    );
+    let _ = write!(out, r#"<g clip-path="url(#{clip})">"#);
+    for (i, s) in y2.series.iter().enumerate() {
+        let c = s.color.unwrap_or(left + i);
+        let mut pts: Vec<_> = s.points.iter().filter(|p| drawable(p.x, p.y)).collect();
+        pts.sort_by(|a, b| a.x.total_cmp(&b.x));
+        if pts.len() > 1 {
+            let d: Vec<String> = pts
+                .iter()
+                .enumerate()
+                .map(|(k, p)| {
+                    format!(
+                        "{}{:.1},{:.1}",
+                        if k == 0 { 'M' } else { 'L' },
+                        px(p.x),
+                        py(p.y)
+                    )
+                })
+                .collect();
+            let dash = match s.style {
+                LineStyle::Solid => "",
+                LineStyle::Dashed => r#" stroke-dasharray="6 4""#,
+            };
+            let _ = write!(
+                out,
+                r#"<path class="line y2" data-name="{}" d="{}" stroke="{}" stroke-width="1.3" fill="none" opacity="0.8"{dash}/>"#,
+                escape(&s.name),
+                d.join(" "),
+                color(c)
+            );
+        }
+        legend.entries.push((
+            format!("{} (right axis)", s.name),
+            Swatch::Line {
+                color: c,
+                style: s.style,
+            },
+        ));
+    }
+    out.push_str("</g>");
 }
 
 /// A short edge label: about 3 significant digits, k/M/G for large values.
@@ -606,6 +725,35 @@ mod tests {
 
     fn parse(svg: &str) -> roxmltree::Document<'_> {
         roxmltree::Document::parse(svg).unwrap_or_else(|e| panic!("malformed SVG: {e}\n{svg}"))
+    }
+
+    #[test]
+    fn a_second_axis_and_marks_are_drawn() {
+        let mut p = sample_plot();
+        assert!(!line_plot(&p, "a").contains("y2-axis"));
+        p.y2 = Some(crate::model::Y2 {
+            label: "rate (req/s)".into(),
+            series: vec![Series {
+                name: "offered".into(),
+                points: vec![Point::new(1.0, 1000.0), Point::new(4.0, 3000.0)],
+                ..Series::default()
+            }],
+        });
+        p.marks = vec![
+            crate::model::Mark {
+                x: 2.0,
+                label: "start <xz>".into(),
+            },
+            crate::model::Mark {
+                x: 99.0,
+                label: "outside".into(),
+            },
+        ];
+        let svg = line_plot(&p, "b");
+        assert!(svg.contains(r#"class="y2-axis""#) && svg.contains("rate (req/s)"));
+        assert!(svg.contains("offered (right axis)"));
+        assert!(svg.contains(&format!(r#"width="{}""#, WIDTH + Y2_EXTRA)));
+        assert!(svg.contains("start &lt;xz&gt;") && !svg.contains("outside"));
     }
 
     #[test]

@@ -1,0 +1,312 @@
+//! The controller: one step per sample — reap the jobs that ended, ask the policy for the
+//! server's cores, move the cores, then pause, resume and start jobs so that they fit in
+//! the rest — and the loop that samples every 100 ms.
+//!
+//! ```text
+//! every interval:  Sensor::sample ──► Signal ──► Controller::step
+//!                                                 ├─ Machine::ended ─► Queue::ended   (end)
+//!                                                 ├─ Policy::decide ─► Machine::set_cpus (cores)
+//!                                                 └─ Queue::fit ─► Machine::pause/resume/start
+//!                  every event ──► EventLog (JSON lines)
+//! ```
+//!
+//! The controller never reads a clock: the time comes with the signal, so tests drive it
+//! with a simulated server and clock ([`Machine`] is the seam) and never sleep.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::cpus::CpuSet;
+use crate::event::{unix_ms, Event, EventLog, What};
+use crate::jobs::JobSpec;
+use crate::policy::{Decision, Policy, Signal};
+use crate::queue::{Action, Queue, State};
+use crate::ControlError;
+
+/// What the controller acts on: the server's and the jobs' CPUs, and the jobs' processes.
+pub trait Machine {
+    /// Gives the server `server` and the jobs `jobs` (empty: every job is paused, their
+    /// CPUs are left as they were); returns what the kernel reports for the server.
+    fn set_cpus(&mut self, server: &CpuSet, jobs: &CpuSet) -> Result<String, ControlError>;
+    /// Starts job `i`; returns its process id, if it has one.
+    fn start(&mut self, i: usize, job: &JobSpec) -> Result<Option<u32>, ControlError>;
+    /// Pauses job `i`.
+    fn pause(&mut self, i: usize) -> Result<(), ControlError>;
+    /// Resumes job `i`.
+    fn resume(&mut self, i: usize) -> Result<(), ControlError>;
+    /// Jobs that exited since the last call, with their exit codes.
+    fn ended(&mut self) -> Vec<(usize, Option<i32>)>;
+    /// Ends every job still running or paused (the run is over).
+    fn stop_all(&mut self);
+}
+
+/// Cores and their bounds.
+#[derive(Debug, Clone)]
+pub struct Share {
+    /// The CPUs shared between the server and the jobs.
+    pub cpus: CpuSet,
+    /// The fewest the server gets.
+    pub min_server: usize,
+}
+
+/// The controller's state.
+pub struct Controller<M: Machine> {
+    /// What it acts on.
+    pub machine: M,
+    /// The jobs.
+    pub queue: Queue,
+    /// Its log.
+    pub log: EventLog,
+    policy: Policy,
+    share: Share,
+    server: usize,
+    last: Duration,
+}
+
+impl<M: Machine> Controller<M> {
+    /// A controller over `machine`; gives the server its initial share at once.
+    pub fn new(
+        mut machine: M,
+        policy: Policy,
+        jobs: Vec<JobSpec>,
+        share: Share,
+        mut log: EventLog,
+    ) -> Result<Controller<M>, ControlError> {
+        let max = share.cpus.len();
+        if max == 0 || share.min_server == 0 || share.min_server > max {
+            return Err(ControlError::Spec(format!(
+                "{} CPU(s) managed, the server's minimum {}: give at least one CPU and a \
+                 minimum between 1 and the CPUs",
+                max, share.min_server
+            )));
+        }
+        let server = policy.initial(max).max(share.min_server);
+        let (s, j) = share.cpus.split(server);
+        let readback = machine.set_cpus(&s, &j)?;
+        log.push(Event {
+            t_s: 0.0,
+            unix_ms: unix_ms(),
+            what: What::Cores {
+                from: max,
+                to: server,
+                server_cpus: s.to_string(),
+                job_cpus: j.to_string(),
+                readback,
+            },
+            reason: format!("initial share ({})", policy.spec().name()),
+            signal: None,
+        })?;
+        Ok(Controller {
+            machine,
+            queue: Queue::new(jobs),
+            log,
+            policy,
+            share,
+            server,
+            last: Duration::ZERO,
+        })
+    }
+
+    /// The server's cores now.
+    pub fn server_cores(&self) -> usize {
+        self.server
+    }
+
+    /// One sample: jobs that ended, the policy's share, the jobs fitted to it.
+    pub fn step(&mut self, s: &Signal) -> Result<(), ControlError> {
+        let now = s.t;
+        self.last = now;
+        for (i, exit) in self.machine.ended() {
+            if self.queue.entries[i].state == State::Done {
+                continue;
+            }
+            self.queue.ended(i, exit, now);
+            let e = &self.queue.entries[i];
+            let what = What::End {
+                job: e.spec.name.clone(),
+                exit,
+                runtime_s: e.runtime(now).as_secs_f64(),
+                paused_s: e.paused.as_secs_f64(),
+                pauses: e.pauses,
+            };
+            self.event(now, what, String::new(), None)?;
+        }
+        let max = self.share.cpus.len();
+        let Decision { cores, reason } =
+            self.policy
+                .decide(s, self.server, self.share.min_server, max);
+        if cores != self.server {
+            let from = self.server;
+            self.server = cores;
+            let (sc, jc) = self.share.cpus.split(cores);
+            if cores > from {
+                // Jobs leave the cores first, then the server takes them.
+                self.fit(now, s, &reason)?;
+            }
+            let readback = self.machine.set_cpus(&sc, &jc)?;
+            let what = What::Cores {
+                from,
+                to: cores,
+                server_cpus: sc.to_string(),
+                job_cpus: jc.to_string(),
+                readback,
+            };
+            self.event(now, what, reason.clone(), Some(s.clone()))?;
+        }
+        self.fit(now, s, &reason)?;
+        let what = What::Sample {
+            cores: self.server,
+            running: self.count(State::Running),
+            paused: self.count(State::Paused),
+        };
+        self.event(now, what, String::new(), Some(s.clone()))
+    }
+
+    /// Ends the run: stops the jobs left, gives the server every CPU back, logs why.
+    pub fn finish(&mut self, why: &str) -> Result<(), ControlError> {
+        self.machine.stop_all();
+        let all = self.share.cpus.clone();
+        let readback = self.machine.set_cpus(&all, &CpuSet::default())?;
+        if self.server != all.len() {
+            let what = What::Cores {
+                from: self.server,
+                to: all.len(),
+                server_cpus: all.to_string(),
+                job_cpus: String::new(),
+                readback,
+            };
+            self.server = all.len();
+            self.event(self.last, what, "the run ended".into(), None)?;
+        }
+        self.event(
+            self.last,
+            What::Stop { why: why.into() },
+            String::new(),
+            None,
+        )
+    }
+
+    fn count(&self, st: State) -> usize {
+        self.queue.entries.iter().filter(|e| e.state == st).count()
+    }
+
+    fn fit(&mut self, now: Duration, s: &Signal, reason: &str) -> Result<(), ControlError> {
+        let free = self.share.cpus.len() - self.server;
+        for a in self.queue.fit(free, now) {
+            let (what, why) = match a {
+                Action::Start(i, cores) => {
+                    let pid = self.machine.start(i, &self.queue.entries[i].spec)?;
+                    let job = self.queue.entries[i].spec.name.clone();
+                    (
+                        What::Start { job, cores, pid },
+                        format!("{free} core(s) free"),
+                    )
+                }
+                Action::Pause(i) => {
+                    self.machine.pause(i)?;
+                    let job = self.queue.entries[i].spec.name.clone();
+                    (
+                        What::Pause { job },
+                        format!("the server took the cores: {reason}"),
+                    )
+                }
+                Action::Resume(i, cores) => {
+                    self.machine.resume(i)?;
+                    let job = self.queue.entries[i].spec.name.clone();
+                    (What::Resume { job, cores }, format!("{free} core(s) free"))
+                }
+            };
+            self.event(now, what, why, Some(s.clone()))?;
+        }
+        Ok(())
+    }
+
+    fn event(
+        &mut self,
+        now: Duration,
+        what: What,
+        reason: String,
+        signal: Option<Signal>,
+    ) -> Result<(), ControlError> {
+        self.log.push(Event {
+            t_s: now.as_secs_f64(),
+            unix_ms: unix_ms(),
+            what,
+            reason,
+            signal,
+        })
+    }
+}
+
+/// Something that samples the server (see [`crate::sensor`]).
+pub trait Sensor {
+    /// One sample at `t` since the start.
+    fn sample(&mut self, t: Duration) -> Signal;
+}
+
+/// When the loop stops.
+#[derive(Debug, Clone, Copy)]
+pub struct RunLimits {
+    /// Time between samples.
+    pub interval: Duration,
+    /// Stop after this long at the latest.
+    pub max: Duration,
+    /// Stop when every job has ended.
+    pub until_jobs_done: bool,
+}
+
+/// Samples every `interval` (on an absolute schedule: a late sample does not shift the
+/// next), steps the controller, until the limits or `stop` say so; then
+/// [`Controller::finish`]. Returns why it stopped.
+pub fn run<M: Machine>(
+    c: &mut Controller<M>,
+    sensor: &mut dyn Sensor,
+    limits: RunLimits,
+    stop: &dyn Fn() -> bool,
+) -> Result<String, ControlError> {
+    let start = Instant::now();
+    let mut next = start;
+    let why = loop {
+        next += limits.interval;
+        let now = Instant::now();
+        if next > now {
+            std::thread::sleep(next - now);
+        } else {
+            // Far behind (a stalled machine): skip the missed ticks.
+            next = now;
+        }
+        let t = start.elapsed();
+        let s = sensor.sample(t);
+        c.step(&s)?;
+        if limits.until_jobs_done && c.queue.all_done() {
+            break "every job ended".to_string();
+        }
+        if t >= limits.max {
+            break format!("time limit ({:.0} s)", limits.max.as_secs_f64());
+        }
+        if stop() {
+            break "asked to stop".to_string();
+        }
+    };
+    c.finish(&why)?;
+    Ok(why)
+}
+
+/// Runs the job file's `prepare` commands in `work` (sh -c, in order); a failure stops.
+pub fn prepare(commands: &[String], work: &Path) -> Result<(), ControlError> {
+    for cmd in commands {
+        let text = crate::jobs::fill(cmd, work);
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&text)
+            .current_dir(work)
+            .status()
+            .map_err(|e| ControlError::io(format!("running {text:?}"), e))?;
+        if !status.success() {
+            return Err(ControlError::Spec(format!(
+                "prepare command {text:?} failed ({status})"
+            )));
+        }
+    }
+    Ok(())
+}

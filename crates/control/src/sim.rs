@@ -1,0 +1,280 @@
+//! A simulated server and machine for the policies' tests: the server's p95 follows from
+//! the offered rate and its cores (an M/M/1-like curve per core), jobs are amounts of work
+//! that progress only while they run, and time is whatever the test says.
+
+use std::time::Duration;
+
+use crate::controller::{Controller, Machine, Share};
+use crate::cpus::CpuSet;
+use crate::event::{EventLog, What};
+use crate::jobs::{JobFile, JobSpec};
+use crate::policy::{Policy, PolicySpec, Signal, Slack};
+
+/// Requests/s one core serves.
+const PER_CORE: f64 = 50_000.0;
+/// p95 of an idle server, µs.
+const BASE_US: f64 = 100.0;
+
+fn p95_us(qps: f64, cores: usize) -> f64 {
+    let rho = qps / (cores as f64 * PER_CORE);
+    if rho >= 1.0 {
+        100_000.0
+    } else {
+        BASE_US / (1.0 - rho)
+    }
+}
+
+#[derive(Default)]
+struct SimJob {
+    work: f64,
+    done: f64,
+    running: bool,
+    started: bool,
+    reported: bool,
+}
+
+#[derive(Default)]
+struct Sim {
+    server: CpuSet,
+    jobs_cpus: CpuSet,
+    jobs: Vec<SimJob>,
+    work: Vec<f64>,
+    starts: Vec<usize>,
+}
+
+impl Sim {
+    /// Advances running jobs by `dt`.
+    fn advance(&mut self, dt: f64) {
+        for j in &mut self.jobs {
+            if j.running && j.done < j.work {
+                j.done = (j.done + dt).min(j.work);
+            }
+        }
+    }
+}
+
+impl Machine for Sim {
+    fn set_cpus(&mut self, server: &CpuSet, jobs: &CpuSet) -> Result<String, crate::ControlError> {
+        self.server = server.clone();
+        if !jobs.is_empty() {
+            self.jobs_cpus = jobs.clone();
+        }
+        Ok(server.to_string())
+    }
+    fn start(&mut self, i: usize, _job: &JobSpec) -> Result<Option<u32>, crate::ControlError> {
+        if self.jobs.len() <= i {
+            self.jobs.resize_with(i + 1, SimJob::default);
+        }
+        let j = &mut self.jobs[i];
+        assert!(!j.started, "job {i} started twice");
+        j.work = self.work[i];
+        j.running = true;
+        j.started = true;
+        self.starts.push(i);
+        Ok(None)
+    }
+    fn pause(&mut self, i: usize) -> Result<(), crate::ControlError> {
+        assert!(self.jobs[i].running);
+        self.jobs[i].running = false;
+        Ok(())
+    }
+    fn resume(&mut self, i: usize) -> Result<(), crate::ControlError> {
+        assert!(!self.jobs[i].running);
+        self.jobs[i].running = true;
+        Ok(())
+    }
+    fn ended(&mut self) -> Vec<(usize, Option<i32>)> {
+        let mut out = Vec::new();
+        for (i, j) in self.jobs.iter_mut().enumerate() {
+            if j.started && !j.reported && j.done >= j.work {
+                j.reported = true;
+                j.running = false;
+                out.push((i, Some(0)));
+            }
+        }
+        out
+    }
+    fn stop_all(&mut self) {}
+}
+
+const SLACK: Slack = Slack {
+    slo_p95_us: 1000.0,
+    grow_slack: 0.05,
+    shrink_slack: 0.20,
+    hold: 10,
+};
+
+fn reactive() -> PolicySpec {
+    PolicySpec::Reactive { slack: SLACK }
+}
+
+fn predictive() -> PolicySpec {
+    PolicySpec::Predictive {
+        slack: SLACK,
+        // Within the SLO (p95 < 1 ms) up to ρ = 0.9 per core.
+        capacity: vec![45_000.0, 90_000.0],
+        headroom: 0.1,
+    }
+}
+
+/// A run: `load(t)` the offered rate; jobs of `work` seconds each; 100 ms samples up to
+/// `secs`. Returns the controller and the server's cores after every sample.
+fn drive(
+    spec: PolicySpec,
+    jobs: &str,
+    work: &[f64],
+    load: impl Fn(f64) -> f64,
+    secs: f64,
+) -> (Controller<Sim>, Vec<(f64, usize)>) {
+    let jobs: Vec<JobSpec> = JobFile::parse(jobs).unwrap().jobs;
+    let sim = Sim {
+        work: work.to_vec(),
+        ..Sim::default()
+    };
+    let share = Share {
+        cpus: CpuSet::first(2),
+        min_server: 1,
+    };
+    let mut c = Controller::new(sim, Policy::new(spec), jobs, share, EventLog::memory()).unwrap();
+    let mut cores = Vec::new();
+    let dt = 0.1;
+    let mut t = 0.0;
+    while t < secs {
+        t += dt;
+        c.machine.advance(dt);
+        let qps = load(t);
+        let s = Signal {
+            t: Duration::from_secs_f64(t),
+            p95_us: Some(p95_us(qps, c.server_cores())),
+            qps: Some(qps),
+            cpu: Some((qps / PER_CORE).min(c.server_cores() as f64)),
+            conns: Some(4),
+        };
+        c.step(&s).unwrap();
+        assert_eq!(c.machine.server.len(), c.server_cores());
+        cores.push((t, c.server_cores()));
+    }
+    (c, cores)
+}
+
+fn at(cores: &[(f64, usize)], t: f64) -> usize {
+    cores
+        .iter()
+        .find(|(x, _)| (x - t).abs() < 1e-6)
+        .map(|&(_, c)| c)
+        .unwrap()
+}
+
+const ONE_JOB: &str = "[[job]]\nname = \"batch\"\ncommand = \"x\"";
+
+fn step_load(t: f64) -> f64 {
+    // 88k on two cores: p95 ≈ 830 µs, slack 0.17: no calm to give a core back.
+    if (3.0..6.0).contains(&t) {
+        88_000.0
+    } else {
+        10_000.0
+    }
+}
+
+#[test]
+fn every_policy_grants_cores_within_one_sample_of_a_load_step_and_returns_them() {
+    for spec in [reactive(), predictive()] {
+        let name = spec.name();
+        let (c, cores) = drive(spec, ONE_JOB, &[100.0], step_load, 10.0);
+        // Calm low load: one core given back within the hold.
+        assert_eq!(at(&cores, 2.9), 1, "{name}: {cores:?}");
+        // The load steps up at 3.0: the sample at 3.0 already grants the second core.
+        assert_eq!(at(&cores, 3.0), 2, "{name}");
+        assert!(cores
+            .iter()
+            .filter(|(t, _)| (3.0..6.0).contains(t))
+            .all(|&(_, c)| c == 2));
+        // It steps down at 6.0: the core goes back (within a few holds), and stays back.
+        assert_eq!(at(&cores, 9.0), 1, "{name}: {cores:?}");
+        // The job was paused for the step and resumed after it.
+        let ev: Vec<&What> = c.log.events.iter().map(|e| &e.what).collect();
+        assert!(ev.iter().any(|w| matches!(w, What::Pause { .. })), "{name}");
+        assert!(
+            ev.iter().any(|w| matches!(w, What::Resume { .. })),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn the_predictive_policy_acts_before_the_latency_moves() {
+    // 43k req/s on one core: p95 ≈ 714 µs, inside the SLO with slack 0.29, so the reactive
+    // policy keeps one core; with 10% headroom the prediction (45k per core) asks for two.
+    let load = |t: f64| if t >= 3.0 { 43_000.0 } else { 10_000.0 };
+    let (_, r) = drive(reactive(), ONE_JOB, &[100.0], load, 5.0);
+    let (_, p) = drive(predictive(), ONE_JOB, &[100.0], load, 5.0);
+    assert_eq!((at(&r, 2.9), at(&p, 2.9)), (1, 1));
+    assert_eq!(at(&r, 4.0), 1);
+    assert_eq!(at(&p, 3.0), 2);
+}
+
+#[test]
+fn a_static_split_never_moves_and_the_jobs_use_the_rest() {
+    let (c, cores) = drive(
+        PolicySpec::Static { cores: 1 },
+        ONE_JOB,
+        &[2.0],
+        step_load,
+        4.0,
+    );
+    assert!(cores.iter().all(|&(_, c)| c == 1));
+    let e = &c.queue.entries[0];
+    assert_eq!(e.pauses, 0);
+    assert!(c.queue.all_done());
+}
+
+#[test]
+fn paused_time_is_excluded_from_runtime() {
+    // 4 s of work; the step at 3 s pauses it for 3 s and more.
+    let (c, _) = drive(reactive(), ONE_JOB, &[4.0], step_load, 12.0);
+    let e = &c.queue.entries[0];
+    assert!(c.queue.all_done());
+    let runtime = e.runtime(Duration::ZERO).as_secs_f64();
+    let wall = (e.ended.unwrap() - e.started.unwrap()).as_secs_f64();
+    assert!(e.pauses >= 1 && e.paused.as_secs_f64() >= 3.0, "{e:?}");
+    // Work advances before the sample that sees it end: the end is seen within a sample.
+    assert!((4.0..=4.1 + 1e-9).contains(&runtime), "{runtime}");
+    assert!((wall - runtime - e.paused.as_secs_f64()).abs() < 1e-9);
+    let end = c.log.events.iter().find_map(|ev| match &ev.what {
+        What::End { runtime_s, .. } => Some(*runtime_s),
+        _ => None,
+    });
+    assert_eq!(end, Some(runtime));
+}
+
+#[test]
+fn the_job_order_and_dependencies_hold_under_a_policy() {
+    let jobs = r#"
+        [[job]]
+        name = "a"
+        command = "x"
+        [[job]]
+        name = "b"
+        command = "x"
+        after = ["a"]
+        [[job]]
+        name = "c"
+        command = "x"
+        order = 5
+        [[job]]
+        name = "d"
+        command = "x"
+        order = 3
+        "#;
+    let (c, _) = drive(reactive(), jobs, &[1.0, 1.0, 1.0, 1.0], step_load, 12.0);
+    assert!(c.queue.all_done());
+    let names: Vec<&str> = c
+        .machine
+        .starts
+        .iter()
+        .map(|&i| c.queue.entries[i].spec.name.as_str())
+        .collect();
+    assert_eq!(names, ["a", "b", "d", "c"]);
+    let e = |n: &str| c.queue.entries.iter().find(|e| e.spec.name == n).unwrap();
+    assert!(e("b").started >= e("a").ended);
+}

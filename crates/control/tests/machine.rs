@@ -1,0 +1,89 @@
+//! The real machine on this one: CPUs really move (read back from `/proc/PID/status`),
+//! jobs are really stopped and continued, by every method this machine offers.
+
+use std::process::{Command, Stdio};
+
+use kvlab_control::machine::{
+    cpus_allowed, processes_in_group, state, CpuMethod, PauseMethod, System,
+};
+use kvlab_control::{CpuSet, JobFile, Machine};
+
+fn methods() -> Vec<(CpuMethod, PauseMethod)> {
+    let mut m = vec![(CpuMethod::Affinity, PauseMethod::Signal)];
+    // cgroups need root and a mounted hierarchy.
+    if std::path::Path::new("/sys/fs/cgroup/cpuset/cpuset.cpus").exists()
+        && unsafe { libc::geteuid() } == 0
+    {
+        m.push((CpuMethod::CgroupV1, PauseMethod::Freezer));
+    } else {
+        eprintln!("note: no writable cgroup v1 cpuset here; only affinity and signals tested");
+    }
+    m
+}
+
+#[test]
+fn cpus_move_and_jobs_stop_and_continue() {
+    let all = CpuSet::allowed_now().unwrap();
+    if all.len() < 2 {
+        eprintln!("note: one CPU only, nothing to move");
+        return;
+    }
+    let two = CpuSet::of(all.iter().take(2));
+    let (c0, c1) = two.split(1);
+    for (cpu, pause) in methods() {
+        let work = tempfile::tempdir().unwrap();
+        // The "server": any process with threads of its own would do; sleep has one.
+        let mut server = Command::new("sleep")
+            .arg("60")
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut m = System::new(server.id(), &two, cpu, pause, work.path()).unwrap();
+        eprintln!("{}", m.describe());
+        let jobs = JobFile::parse(
+            "[[job]]\nname = \"spin\"\ncommand = \"sh -c 'sleep 30' & sleep 30; wait\"",
+        )
+        .unwrap()
+        .jobs;
+        m.set_cpus(&c0, &c1).unwrap();
+        let pid = m.start(0, &jobs[0]).unwrap().unwrap();
+        // The child and the grandchildren it forks all carry the jobs' CPUs.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while processes_in_group(pid as i32).len() < 3 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let group = processes_in_group(pid as i32);
+        assert!(group.len() >= 3, "{group:?}");
+        for p in &group {
+            assert_eq!(
+                cpus_allowed(*p),
+                Some(c1.clone()),
+                "{cpu:?}: job process {p}"
+            );
+        }
+        assert_eq!(cpus_allowed(server.id()), Some(c0.clone()), "{cpu:?}");
+        // The server takes both: the job is paused first (its CPUs stay as they were).
+        m.pause(0).unwrap();
+        let readback = m.set_cpus(&two, &CpuSet::default()).unwrap();
+        assert_eq!(readback, two.to_string());
+        assert_eq!(cpus_allowed(server.id()), Some(two.clone()));
+        assert_eq!(m.job_stopped(0), Some(true), "{cpu:?} {pause:?}");
+        if pause == PauseMethod::Signal {
+            for p in &group {
+                assert_eq!(state(*p), Some('T'), "process {p}");
+            }
+        }
+        m.set_cpus(&c0, &c1).unwrap();
+        m.resume(0).unwrap();
+        assert_eq!(m.job_stopped(0), Some(false));
+        assert_eq!(cpus_allowed(server.id()), Some(c0.clone()));
+        assert!(m.ended().is_empty());
+        m.stop_all();
+        drop(m);
+        // Moved back out of the controller's cgroup, which is gone.
+        let cg = std::fs::read_to_string(format!("/proc/{}/cgroup", server.id())).unwrap();
+        assert!(!cg.contains("kvlab-control"), "{cg}");
+        server.kill().unwrap();
+        server.wait().unwrap();
+    }
+}

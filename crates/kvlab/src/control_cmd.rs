@@ -1,0 +1,350 @@
+//! `kvlab control`: keeps a cache server inside its latency SLO while batch jobs use the
+//! cores it does not need. Starts the server (the command after `--`) or attaches to one
+//! (`--pid`), runs the job file's queue, and moves cores and pauses jobs by the policy;
+//! every action goes to the JSON-lines log. The work is in [`kvlab_control`].
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use kvlab_client::process::{Output, Probe, Spawn};
+use kvlab_control::app::{self, Options, DEFAULT_INTERVAL};
+use kvlab_control::machine::{CpuMethod, PauseMethod};
+use kvlab_control::{CpuSet, JobFile, PolicySpec, Share, Slack, DEFAULT_HEADROOM, DEFAULT_SLACK};
+
+/// Flags of `kvlab control`.
+#[derive(Debug, Args)]
+pub struct ControlArgs {
+    /// The server's address: its `stats` give the request rate (and readiness when started).
+    #[arg(long, value_name = "HOST:PORT")]
+    addr: Option<String>,
+    /// Attach to this running server process instead of starting one.
+    #[arg(long, conflicts_with = "server")]
+    pid: Option<u32>,
+    /// The job file (TOML; see the README). Without one, only the server's cores move.
+    #[arg(long, value_name = "FILE")]
+    jobs: Option<PathBuf>,
+    /// Where jobs run, make their inputs and write their logs ({work} in the job file)
+    /// [default: a new directory under the system's temp dir].
+    #[arg(long, value_name = "DIR")]
+    work_dir: Option<PathBuf>,
+    /// Do not run the job file's `prepare` commands (the inputs are already in --work-dir).
+    #[arg(long)]
+    no_prepare: bool,
+    /// Only run the job file's `prepare` commands in --work-dir, then exit.
+    #[arg(long)]
+    prepare_only: bool,
+    /// Run each job alone at each of its core counts (threads = cores, pinned), print its
+    /// runtime and CPU time, then exit (--summary writes them as JSON). Prepares first
+    /// unless --no-prepare.
+    #[arg(long)]
+    speedup: bool,
+    /// static (a fixed split), reactive (slack thresholds on the measured p95) or
+    /// predictive (capacity per core count with headroom, plus the reactive guard).
+    #[arg(long, default_value = "reactive")]
+    policy: String,
+    /// static: the server's cores.
+    #[arg(long, value_name = "N")]
+    static_cores: Option<usize>,
+    /// The latency SLO: p95 below this, µs.
+    #[arg(long, default_value_t = DEFAULT_SLACK.slo_p95_us)]
+    slo_p95_us: f64,
+    /// Give the server a core when the slack (1 - p95/SLO) falls below this.
+    #[arg(long, default_value_t = DEFAULT_SLACK.grow_slack)]
+    grow_slack: f64,
+    /// Take a core back when the slack stays above this ...
+    #[arg(long, default_value_t = DEFAULT_SLACK.shrink_slack)]
+    shrink_slack: f64,
+    /// ... for this many samples in a row.
+    #[arg(long, default_value_t = DEFAULT_SLACK.hold)]
+    hold: u32,
+    /// predictive: requests/s the server sustains within the SLO with 1, 2, … cores
+    /// (comma-separated; from the characterisation experiment).
+    #[arg(long, value_name = "QPS,QPS,…")]
+    capacity: Option<String>,
+    /// predictive: plan for this fraction more than the measured rate.
+    #[arg(long, default_value_t = DEFAULT_HEADROOM)]
+    headroom: f64,
+    /// The CPUs shared between the server and the jobs [default: those this process may
+    /// use].
+    #[arg(long, value_name = "LIST")]
+    cpus: Option<String>,
+    /// The fewest cores the server keeps.
+    #[arg(long, default_value_t = 1)]
+    min_server_cores: usize,
+    /// How cores move: auto (cgroup v1 cpuset, else v2, else affinity), cgroup-v1,
+    /// cgroup-v2, affinity.
+    #[arg(long, default_value = "auto")]
+    cpu_method: String,
+    /// How jobs pause: auto (the cgroup freezer, else signals), freezer, signal.
+    #[arg(long, default_value = "auto")]
+    pause_method: String,
+    /// The load's intervals as `kvlab bench --live FILE` appends them (the p95 signal).
+    #[arg(long, value_name = "FILE")]
+    live: Option<PathBuf>,
+    /// Milliseconds between samples.
+    #[arg(long, default_value_t = DEFAULT_INTERVAL.as_millis() as u64)]
+    interval_ms: u64,
+    /// Stop after this many seconds at the latest.
+    #[arg(long, default_value_t = 3600.0)]
+    duration: f64,
+    /// Keep controlling after the jobs have ended (until --duration or a signal).
+    #[arg(long)]
+    keep_running: bool,
+    /// The control log, JSON lines [default: WORK_DIR/control.jsonl].
+    #[arg(long, value_name = "FILE")]
+    log: Option<PathBuf>,
+    /// Write the run's figures as JSON.
+    #[arg(long, value_name = "FILE")]
+    summary: Option<PathBuf>,
+    /// The server to start, with its arguments (after `--`), e.g.
+    /// `-- memcached -p 11311 -t 2` (needs --addr to know when it is ready).
+    #[arg(last = true, value_name = "SERVER")]
+    server: Vec<String>,
+}
+
+fn policy(a: &ControlArgs) -> anyhow::Result<PolicySpec> {
+    let slack = Slack {
+        slo_p95_us: a.slo_p95_us,
+        grow_slack: a.grow_slack,
+        shrink_slack: a.shrink_slack,
+        hold: a.hold,
+    };
+    if !(slack.slo_p95_us > 0.0 && slack.grow_slack < slack.shrink_slack) {
+        bail!("need --slo-p95-us > 0 and --grow-slack < --shrink-slack");
+    }
+    Ok(match a.policy.as_str() {
+        "static" => PolicySpec::Static {
+            cores: a
+                .static_cores
+                .context("--policy static needs --static-cores N")?,
+        },
+        "reactive" => PolicySpec::Reactive { slack },
+        "predictive" => {
+            let text = a
+                .capacity
+                .as_deref()
+                .context("--policy predictive needs --capacity QPS,QPS,… (1, 2, … cores)")?;
+            let capacity = text
+                .split(',')
+                .map(|v| v.trim().parse::<f64>())
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("--capacity {text:?}: numbers, comma-separated"))?;
+            if capacity.is_empty() || capacity.iter().any(|c| c.is_nan() || *c <= 0.0) {
+                bail!("--capacity {text:?}: positive requests/s per core count");
+            }
+            if a.headroom.is_nan() || a.headroom < 0.0 {
+                bail!("--headroom must be >= 0");
+            }
+            PolicySpec::Predictive {
+                slack,
+                capacity,
+                headroom: a.headroom,
+            }
+        }
+        p => bail!("--policy {p:?}: static, reactive or predictive"),
+    })
+}
+
+fn resolve(a: &str) -> anyhow::Result<SocketAddr> {
+    a.to_socket_addrs()
+        .with_context(|| format!("bad address {a:?}"))?
+        .next()
+        .with_context(|| format!("{a:?} resolves to nothing"))
+}
+
+/// Runs `kvlab control`.
+pub fn run(a: ControlArgs) -> anyhow::Result<()> {
+    let spec = policy(&a)?;
+    let jobs = match &a.jobs {
+        Some(p) => JobFile::load(p)?,
+        None => JobFile::default(),
+    };
+    let work = match &a.work_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("kvlab-control-{}", std::process::id())),
+    };
+    if a.prepare_only {
+        std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+        kvlab_control::controller::prepare(&jobs.prepare, &work)?;
+        eprintln!("kvlab control: inputs made in {}", work.display());
+        return Ok(());
+    }
+    let cpus: CpuSet = match &a.cpus {
+        Some(l) => l.parse()?,
+        None => CpuSet::allowed_now()?,
+    };
+    if a.speedup {
+        std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+        if !a.no_prepare {
+            kvlab_control::controller::prepare(&jobs.prepare, &work)?;
+        }
+        let rows = kvlab_control::speedup::speedup(&jobs, &cpus, &work)?;
+        println!(
+            "{:<24} {:>6} {:>10} {:>10} {:>5}",
+            "job", "cores", "wall s", "CPU s", "exit"
+        );
+        for r in &rows {
+            println!(
+                "{:<24} {:>6} {:>10.2} {:>10.2} {:>5}",
+                r.job,
+                r.cores,
+                r.wall_s,
+                r.cpu_s,
+                r.exit.map_or("-".into(), |c| c.to_string())
+            );
+        }
+        if let Some(p) = &a.summary {
+            std::fs::write(p, serde_json::to_string_pretty(&rows)?)
+                .with_context(|| format!("writing {}", p.display()))?;
+        }
+        return Ok(());
+    }
+    let stats = a.addr.as_deref().map(resolve).transpose()?;
+    // Start the server, or attach.
+    let mut started = None;
+    let pid = match (a.pid, a.server.is_empty()) {
+        (Some(p), _) => p,
+        (None, false) => {
+            let addr = stats.context("a server to start needs --addr (to see it ready)")?;
+            std::fs::create_dir_all(&work)
+                .with_context(|| format!("creating {}", work.display()))?;
+            let p = Spawn::new(&a.server[0])
+                .args(&a.server[1..])
+                .output(Output::File(work.join("server.log")))
+                .ready(Probe::Version(addr))
+                .timeout(Duration::from_secs(10))
+                .start()
+                .with_context(|| format!("starting {}", a.server.join(" ")))?;
+            let pid = p.pid();
+            started = Some(p);
+            pid
+        }
+        (None, true) => bail!("give the server: --pid PID, or its command after `--`"),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let options = Options {
+        pid,
+        stats,
+        live: a.live.clone(),
+        jobs,
+        log: a.log.clone().unwrap_or_else(|| work.join("control.jsonl")),
+        work,
+        prepare: !a.no_prepare,
+        policy: spec,
+        share: Share {
+            cpus,
+            min_server: a.min_server_cores,
+        },
+        cpu_method: a.cpu_method.parse::<CpuMethod>()?,
+        pause_method: a.pause_method.parse::<PauseMethod>()?,
+        interval: Duration::from_millis(a.interval_ms.max(1)),
+        max: Duration::from_secs_f64(a.duration.max(0.0)),
+        until_jobs_done: !a.keep_running,
+        slo_p95_us: a.slo_p95_us,
+    };
+    eprintln!(
+        "kvlab control: server pid {pid}, CPUs {}, policy {}, log {}",
+        options.share.cpus,
+        a.policy,
+        options.log.display()
+    );
+    let outcome = app::control(&options, &|| stop.load(Ordering::Relaxed));
+    if let Some(p) = started {
+        p.stop();
+    }
+    let outcome = outcome?;
+    let s = &outcome.summary;
+    println!("{} — stopped: {}", outcome.method, outcome.stopped);
+    println!(
+        "{:<24} {:>10} {:>10} {:>7} {:>5}",
+        "job", "runtime s", "paused s", "pauses", "exit"
+    );
+    for j in &s.jobs {
+        println!(
+            "{:<24} {:>10.2} {:>10.2} {:>7} {:>5}",
+            j.name,
+            j.runtime_s,
+            j.paused_s,
+            j.pauses,
+            j.exit.map_or("-".into(), |c| c.to_string())
+        );
+    }
+    println!(
+        "jobs' total time {} s; core changes {}; pauses {}; SLO violations {} of {} intervals ({:.2}%)",
+        s.total_s.map_or("-".into(), |t| format!("{t:.2}")),
+        s.core_changes,
+        s.pauses,
+        s.violations,
+        s.intervals,
+        s.violation_ratio * 100.0
+    );
+    if let Some(p) = &a.summary {
+        let text = serde_json::to_string_pretty(&outcome)?;
+        std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if s.jobs.iter().any(|j| j.exit != Some(0)) {
+        bail!("a job did not exit with 0 (see its log in the work directory)");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControlArgs,
+    }
+
+    fn spec(argv: &[&str]) -> anyhow::Result<PolicySpec> {
+        let cli = Cli::try_parse_from(std::iter::once("control").chain(argv.iter().copied()))?;
+        policy(&cli.args)
+    }
+
+    #[test]
+    fn flags_map_onto_policies() {
+        assert_eq!(
+            spec(&["--policy", "static", "--static-cores", "2"]).unwrap(),
+            PolicySpec::Static { cores: 2 }
+        );
+        assert_eq!(
+            spec(&[]).unwrap(),
+            PolicySpec::Reactive {
+                slack: DEFAULT_SLACK
+            }
+        );
+        match spec(&["--policy", "predictive", "--capacity", "40000, 80000"]).unwrap() {
+            PolicySpec::Predictive {
+                capacity, headroom, ..
+            } => {
+                assert_eq!(capacity, vec![40000.0, 80000.0]);
+                assert_eq!(headroom, DEFAULT_HEADROOM);
+            }
+            p => panic!("{p:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        for argv in [
+            &["--policy", "static"][..],
+            &["--policy", "predictive"],
+            &["--policy", "predictive", "--capacity", "a,b"],
+            &["--policy", "fast"],
+            &["--grow-slack", "0.5", "--shrink-slack", "0.1"],
+        ] {
+            assert!(spec(argv).is_err(), "{argv:?}");
+        }
+    }
+}
