@@ -15,6 +15,8 @@ use kvlab_cluster::{open_store, TopologyStore};
 pub struct ClusterArgs {
     /// Where the cluster's topology is: `file:PATH` or PATH (the embedded store for one
     /// machine: a JSON file every node polls).
+    /// `etcd://HOST:PORT[,HOST:PORT…]/NAME` keeps it in etcd (nodes' logs and pids then go
+    /// to kvlab-cluster/NAME).
     #[arg(long, global = true, default_value = "kvlab-cluster/topology.json")]
     topology: String,
     #[command(subcommand)]
@@ -172,7 +174,14 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
     }
 }
 
+/// Where `up` and `add --start` keep the nodes' logs and pids: beside a topology file, or
+/// `kvlab-cluster/NAME` for a cluster in etcd.
 fn topology_dir(spec: &str) -> PathBuf {
+    if let Some(rest) = spec.strip_prefix("etcd://") {
+        let name = rest.split_once('/').map_or("", |(_, n)| n);
+        let name = if name.is_empty() { "default" } else { name };
+        return PathBuf::from("kvlab-cluster").join(name.replace('/', "_"));
+    }
     let path = Path::new(spec.strip_prefix("file:").unwrap_or(spec));
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -356,4 +365,26 @@ fn down(store: &dyn TopologyStore, dir: &Path) -> anyhow::Result<()> {
     store.clear()?;
     println!("stopped {stopped} nodes; topology removed");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_files_go_beside_a_topology_file_or_under_the_etcd_clusters_name() {
+        assert_eq!(
+            topology_dir("/tmp/c/topology.json"),
+            PathBuf::from("/tmp/c")
+        );
+        assert_eq!(topology_dir("file:t.json"), PathBuf::from("."));
+        assert_eq!(
+            topology_dir("etcd://127.0.0.1:2379,127.0.0.1:2380/prod"),
+            PathBuf::from("kvlab-cluster/prod")
+        );
+        assert_eq!(
+            topology_dir("etcd://127.0.0.1:2379"),
+            PathBuf::from("kvlab-cluster/default")
+        );
+    }
 }
