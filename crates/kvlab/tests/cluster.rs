@@ -68,6 +68,20 @@ fn two_of_three() -> (tempfile::TempDir, Vec<String>, Vec<Process>) {
     (dir, names, nodes)
 }
 
+/// Requests the nodes among `names` that answer have served (gets and stores).
+fn served(names: &[String]) -> u64 {
+    names
+        .iter()
+        .filter_map(|n| {
+            let addr: SocketAddr = n.parse().ok()?;
+            kvlab_client::process::stats(addr, None, Duration::from_secs(1)).ok()
+        })
+        .flat_map(|stats| stats.into_iter())
+        .filter(|(k, _)| k == "cmd_get" || k == "cmd_set")
+        .filter_map(|(_, v)| v.parse::<u64>().ok())
+        .sum()
+}
+
 /// Asks until `f` holds (at most 15 s).
 fn until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -264,10 +278,16 @@ fn add_and_remove_via(dir: &Path, topology: &str, proxied: bool) {
         move || checker(seed, target, stop)
     });
 
-    std::thread::sleep(Duration::from_secs(3));
+    // Each change happens once the load has run a while under the ring before it.
+    let ring = &names[..3];
+    let base = served(ring);
+    until("the load to run", || served(ring) >= base + 20_000);
     let added = cluster(topology, &["add", &names[3]]);
     assert!(String::from_utf8_lossy(&added.stdout).contains("done"));
-    std::thread::sleep(Duration::from_millis(1500));
+    let base = served(&names);
+    until("the load to run on four nodes", || {
+        served(&names) >= base + 10_000
+    });
     cluster(topology, &["remove", &names[0]]);
 
     let out = bench.join().unwrap();
@@ -412,13 +432,21 @@ fn kill_9_with_two_copies_loses_no_acknowledged_write() {
         let stop = stop.clone();
         move || checker(seed, None, stop)
     });
-    std::thread::sleep(Duration::from_secs(2));
+    let base = served(&names);
+    until("the checker to write and read", || {
+        served(&names) >= base + 500
+    });
     nodes[0].kill(); // SIGKILL
     let store = open_store(topology).unwrap();
     until("the dead node to leave the ring", || {
         store.load().unwrap().unwrap().nodes.len() == 2
     });
-    std::thread::sleep(Duration::from_secs(2));
+    // The checker goes on against the healed ring before it stops.
+    let live = &names[1..];
+    let base = served(live);
+    until("the checker to run on the healed ring", || {
+        served(live) >= base + 500
+    });
     stop.store(true, Ordering::Relaxed);
     let (writes, stale, errors, _) = check.join().unwrap();
     assert!(writes > 100, "the checker wrote {writes}");
