@@ -99,8 +99,9 @@ pub enum Frame {
 pub struct Expect {
     /// How to frame it.
     pub frame: Frame,
-    /// The part of the current batch it answers; `None` once the batch has moved on (its
-    /// reply is read and dropped).
+    /// The part (of the worker's requests in flight) it answers. A part whose request was
+    /// decided without it (a majority write's slowest replica) stays until its reply comes,
+    /// which is then read and dropped.
     pub part: Option<u32>,
     /// When it was sent.
     pub sent: Instant,
@@ -233,17 +234,17 @@ impl Conn {
 
     /// Connects if not connected (blocking, bounded by `timeout`), or if the connection
     /// predates the backend's latest rejoin (`epoch`: its rejoin count) and nothing is in
-    /// flight on it.
-    pub fn ensure_connected(&mut self, timeout: Duration, epoch: u64) -> io::Result<()> {
+    /// flight on it. True when it made a new connection.
+    pub fn ensure_connected(&mut self, timeout: Duration, epoch: u64) -> io::Result<bool> {
         if self.stream.is_some() && (self.epoch == epoch || !self.expect.is_empty()) {
-            return Ok(());
+            return Ok(false);
         }
         self.stream = None;
         let stream = connect(&self.name, timeout)?;
         stream.set_nonblocking(true)?;
         self.stream = Some(stream);
         self.epoch = epoch;
-        Ok(())
+        Ok(true)
     }
 
     /// Whether a socket is open.
@@ -284,6 +285,10 @@ impl Conn {
     }
 
     /// Reads what has arrived without blocking; `Ok(false)` when the backend closed.
+    ///
+    /// A read shorter than the room it had is taken as "drained" (as the network front end
+    /// does for clients): on Linux any data arriving after it raises a new readiness edge,
+    /// so the `read` that would only say `EAGAIN` is saved.
     pub fn fill(&mut self) -> io::Result<bool> {
         let Some(stream) = self.stream.as_mut() else {
             return Err(io::ErrorKind::NotConnected.into());
@@ -299,8 +304,13 @@ impl Conn {
                     self.input.resize(grown, 0);
                 }
             }
+            let room = self.input.len() - self.end;
             match stream.read(&mut self.input[self.end..]) {
                 Ok(0) => return Ok(false),
+                Ok(n) if n < room => {
+                    self.end += n;
+                    return Ok(true);
+                }
                 Ok(n) => self.end += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
