@@ -179,6 +179,9 @@ struct Part {
     retry: bool,
     /// Merge position in `reply`.
     cursor: usize,
+    /// The key of a one-key `get`/`gets` (its `VALUE` is found by it when the request
+    /// was sent coalesced with others); the buffer stays with the slot.
+    key: Vec<u8>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -291,6 +294,9 @@ pub struct Worker {
     redo_pause: Duration,
     /// Scratch for a batch's tickets.
     tagged: Vec<(usize, ProxyWork)>,
+    /// Scratch for a coalesced reply: each part's `VALUE` block; parts to free.
+    coalesced: Vec<(usize, usize)>,
+    orphans: Vec<u32>,
 }
 
 impl Worker {
@@ -332,6 +338,8 @@ impl Worker {
             redo_at: Instant::now(),
             redo_pause: REDO_PAUSE,
             tagged: Vec::new(),
+            coalesced: Vec::new(),
+            orphans: Vec::new(),
         }
     }
 
@@ -839,7 +847,12 @@ impl Worker {
     fn open_part(&mut self, i: usize, backend: usize, retry: bool) -> (u32, bool) {
         let now = self.now;
         let p = self.free_parts.pop().unwrap_or(self.parts.len() as u32);
+        let key = match self.parts.get_mut(p as usize) {
+            Some(old) => std::mem::take(&mut old.key),
+            None => Vec::new(),
+        };
         let mut part = Part {
+            key,
             job: i as u32,
             backend: backend as u32,
             next: NONE,
@@ -900,6 +913,12 @@ impl Worker {
 
     /// Queues the reply owed for part `p` on its backend.
     fn expect(&mut self, p: u32, frame: Frame) {
+        self.expect_joined(p, frame, false);
+    }
+
+    /// Queues the reply owed for part `p`; `joined`: its request shares the previous
+    /// one's line (a coalesced `get`), and so its reply.
+    fn expect_joined(&mut self, p: u32, frame: Frame, joined: bool) {
         let b = self.parts[p as usize].backend as usize;
         let health = &self.routing.backends[b];
         health.outstanding.fetch_add(1, Ordering::Relaxed);
@@ -912,6 +931,7 @@ impl Worker {
             sent: self.parts[p as usize].sent,
             ejections,
             write,
+            joined,
         });
     }
 
@@ -1002,6 +1022,24 @@ impl Worker {
             Request::Gat { exptime, .. } => ("gats", Some(exptime)),
             _ => return,
         };
+        if let (None, [b], Some(key)) = (exptime, &self.key_backend[..], keys.iter().next()) {
+            // One key: its `get` may join the one before it on the same backend connection
+            // (one line, one reply for the backend to compose and send).
+            let backend = *b as usize;
+            if *b != NONE {
+                let (p, ok) = self.open_part(i, backend, retry);
+                self.jobs[i].key_part[0] = p;
+                if ok {
+                    let part = &mut self.parts[p as usize];
+                    part.key.clear();
+                    part.key.extend_from_slice(key);
+                    let cas = verb == "gets";
+                    let joined = self.conns[backend].push_get(cas, key);
+                    self.expect_joined(p, Frame::Retrieval, joined);
+                }
+            }
+            return;
+        }
         let mut k = 0;
         while k < self.key_backend.len() {
             let b = self.key_backend[k];
@@ -1165,6 +1203,9 @@ impl Worker {
             };
             match frame(head.frame, conn.input()) {
                 Ok(None) => break,
+                Ok(Some(f)) if conn.expect.get(1).is_some_and(|e| e.joined) => {
+                    self.take_coalesced(b, f, now);
+                }
                 Ok(Some(f)) => {
                     conn.expect.pop_front();
                     health.outstanding.fetch_sub(1, Ordering::Relaxed);
@@ -1213,6 +1254,79 @@ impl Worker {
             }
             Ok(true) => {}
             Ok(false) | Err(_) => self.fail_conn(b, Fail::Closed),
+        }
+    }
+
+    /// Hands out the reply `f` (at the front of connection `b`'s input) of a coalesced
+    /// `get k1 k2 …`: each part gets its key's `VALUE` (the backend answers hits in the
+    /// order asked) and `END`, as if it had been sent alone; an error line goes to each.
+    fn take_coalesced(&mut self, b: usize, f: crate::backend::Framed, now: Instant) {
+        let health = self.routing.backends[b].clone();
+        let conn = &self.conns[b];
+        let group = 1 + conn.expect.iter().skip(1).take_while(|e| e.joined).count();
+        let mut ranges = std::mem::take(&mut self.coalesced);
+        ranges.clear();
+        let reply = &conn.input()[..f.len];
+        let mut at = 0;
+        for e in conn.expect.iter().take(group) {
+            let mut range = (0, 0);
+            if let (false, Some(p)) = (f.error, e.part) {
+                if let Ok(ParsedReply::Complete {
+                    reply: Reply::Value { key, .. },
+                    len,
+                }) = parse_reply(&reply[at..])
+                {
+                    if key == self.parts[p as usize].key.as_slice() {
+                        range = (at, at + len);
+                        at += len;
+                    }
+                }
+            }
+            ranges.push(range);
+        }
+        for &(start, end) in &ranges {
+            let Some(head) = self.conns[b].expect.pop_front() else {
+                break;
+            };
+            health.outstanding.fetch_sub(1, Ordering::Relaxed);
+            health.succeeded();
+            let Some(p) = head.part else {
+                continue;
+            };
+            if self.parts[p as usize].job == NONE {
+                // Its request was decided without it: dropped.
+                self.orphans.push(p);
+                continue;
+            }
+            let stale =
+                health.is_ejected() || health.ejections.load(Ordering::Relaxed) != head.ejections;
+            let part = &mut self.parts[p as usize];
+            if stale {
+                self.events.push((b, None, false));
+                part.state = State::Failed(Fail::Ejected);
+            } else {
+                let ns = now.saturating_duration_since(head.sent).as_nanos() as u64;
+                self.events.push((b, Some(ns), false));
+                let input = self.conns[b].input();
+                if f.error {
+                    part.reply.extend_from_slice(&input[..f.body]);
+                } else {
+                    part.reply.extend_from_slice(&input[start..end]);
+                    part.reply.extend_from_slice(b"END\r\n");
+                }
+                part.values = u32::from(end > start);
+                part.state = State::Replied {
+                    error: f.error,
+                    server_error: f.server_error,
+                };
+            }
+            part.done = now;
+            self.ready.push(p);
+        }
+        self.conns[b].consume(f.len);
+        self.coalesced = ranges;
+        while let Some(p) = self.orphans.pop() {
+            self.free_part(p);
         }
     }
 
