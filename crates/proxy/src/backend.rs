@@ -250,10 +250,12 @@ impl Conn {
     /// written is a `get` of the same kind with room, the key joins its line instead (true):
     /// the backend then composes one reply for both and sends it at once, where a pipeline
     /// of one-key `get`s costs memcached a `sendmsg` each. Nothing else changes: a backend
-    /// answers `get a b` exactly as `get a` then `get b`, with `END` once.
-    pub fn push_get(&mut self, cas: bool, key: &[u8]) -> bool {
+    /// answers `get a b` exactly as `get a` then `get b`, with `END` once. Without `join`
+    /// the line stands alone.
+    pub fn push_get(&mut self, cas: bool, key: &[u8], join: bool) -> bool {
         let (start, end, keys, open_cas) = self.open_get;
-        if self.written == 0
+        if join
+            && self.written == 0
             && self.out.len() == end
             && open_cas == cas
             && keys < COALESCE_KEYS
@@ -445,19 +447,20 @@ mod tests {
     #[test]
     fn one_key_gets_join_the_get_line_before_them() {
         let mut c = Conn::new("x".into());
-        assert!(!c.push_get(false, b"a"));
-        assert!(c.push_get(false, b"b"));
+        assert!(!c.push_get(false, b"a", true));
+        assert!(c.push_get(false, b"b", true));
         // A `gets` does not join a `get`, nor anything join what follows another request.
-        assert!(!c.push_get(true, b"c"));
-        assert!(c.push_get(true, b"d"));
+        assert!(!c.push_get(true, b"c", true));
+        assert!(c.push_get(true, b"d", true));
         c.out.extend_from_slice(b"delete e\r\n");
-        assert!(!c.push_get(true, b"f"));
+        assert!(!c.push_get(true, b"f", true));
         assert_eq!(c.out, b"get a b\r\ngets c d\r\ndelete e\r\ngets f\r\n");
         // A line is full at COALESCE_KEYS keys.
         for k in 1..COALESCE_KEYS {
-            assert!(c.push_get(true, format!("k{k}").as_bytes()));
+            assert!(c.push_get(true, format!("k{k}").as_bytes(), true));
         }
-        assert!(!c.push_get(true, b"g"));
+        assert!(!c.push_get(true, b"g", true));
+        assert!(!c.push_get(true, b"h", false));
     }
 
     #[test]

@@ -1034,7 +1034,10 @@ impl Worker {
                     part.key.clear();
                     part.key.extend_from_slice(key);
                     let cas = verb == "gets";
-                    let joined = self.conns[backend].push_get(cas, key);
+                    // Not in front of a kvlab cluster: a node redirects a whole line
+                    // for one moved key.
+                    let join = self.routing.config.cluster.is_none();
+                    let joined = self.conns[backend].push_get(cas, key, join);
                     self.expect_joined(p, Frame::Retrieval, joined);
                 }
             }
