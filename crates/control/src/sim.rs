@@ -102,6 +102,8 @@ const SLACK: Slack = Slack {
     grow_slack: 0.05,
     shrink_slack: 0.20,
     hold: 10,
+    latency: crate::policy::LatencySource::Auto,
+    max_queued: None,
 };
 
 fn reactive() -> PolicySpec {
@@ -117,6 +119,16 @@ fn predictive() -> PolicySpec {
     }
 }
 
+/// What the controller sees of the simulated server.
+#[derive(Clone, Copy, PartialEq)]
+enum View {
+    /// The load's p95 (a `--live` file) and the server's `stats` rate.
+    Client,
+    /// No load figures: the server's own p95 and queue (kvlab's `stats latency`), attached
+    /// to a server under someone else's load.
+    Server,
+}
+
 /// A run: `load(t)` the offered rate; jobs of `work` seconds each; 100 ms samples up to
 /// `secs`. Returns the controller and the server's cores after every sample.
 fn drive(
@@ -125,6 +137,18 @@ fn drive(
     work: &[f64],
     load: impl Fn(f64) -> f64,
     secs: f64,
+) -> (Controller<Sim>, Vec<(f64, usize)>) {
+    drive_seen(spec, jobs, work, load, secs, View::Client)
+}
+
+/// [`drive`], seeing the server through `view`.
+fn drive_seen(
+    spec: PolicySpec,
+    jobs: &str,
+    work: &[f64],
+    load: impl Fn(f64) -> f64,
+    secs: f64,
+    view: View,
 ) -> (Controller<Sim>, Vec<(f64, usize)>) {
     let jobs: Vec<JobSpec> = JobFile::parse(jobs).unwrap().jobs;
     let sim = Sim {
@@ -143,12 +167,19 @@ fn drive(
         t += dt;
         c.machine.advance(dt);
         let qps = load(t);
+        let cores_now = c.server_cores();
+        let p95 = p95_us(qps, cores_now);
+        let rho = (qps / (cores_now as f64 * PER_CORE)).min(0.999);
         let s = Signal {
             t: Duration::from_secs_f64(t),
-            p95_us: Some(p95_us(qps, c.server_cores())),
+            p95_us: (view == View::Client).then_some(p95),
             qps: Some(qps),
-            cpu: Some((qps / PER_CORE).min(c.server_cores() as f64)),
+            cpu: Some((qps / PER_CORE).min(cores_now as f64)),
             conns: Some(4),
+            // Inside the server: the same curve less the network's 50 µs; the mean queue
+            // of an M/M/1 at that load.
+            server_p95_us: (view == View::Server).then_some(p95 - 50.0),
+            queued: (view == View::Server).then_some(rho * rho / (1.0 - rho)),
         };
         c.step(&s).unwrap();
         assert_eq!(c.machine.server.len(), c.server_cores());
@@ -277,4 +308,54 @@ fn the_job_order_and_dependencies_hold_under_a_policy() {
     assert_eq!(names, ["a", "b", "d", "c"]);
     let e = |n: &str| c.queue.entries.iter().find(|e| e.spec.name == n).unwrap();
     assert!(e("b").started >= e("a").ended);
+}
+
+#[test]
+fn without_the_load_s_p95_the_guard_reacts_to_the_server_s_own() {
+    // Attached to a server under someone else's load: no --live file, only `stats latency`.
+    for spec in [reactive(), predictive()] {
+        let name = spec.name();
+        let (c, cores) = drive_seen(spec, ONE_JOB, &[100.0], step_load, 10.0, View::Server);
+        assert_eq!(at(&cores, 2.9), 1, "{name}: {cores:?}");
+        assert_eq!(at(&cores, 3.0), 2, "{name}: {cores:?}");
+        assert_eq!(at(&cores, 9.0), 1, "{name}: {cores:?}");
+        let grown = c.log.events.iter().find_map(|e| match e.what {
+            What::Cores { from: 1, to: 2, .. } => Some(e.reason.clone()),
+            _ => None,
+        });
+        if name == "reactive" {
+            assert!(grown.unwrap().contains("server p95"), "{name}");
+        }
+    }
+    // Told to use only the load's p95, the reactive policy has no latency and holds.
+    let client_only = PolicySpec::Reactive {
+        slack: Slack {
+            latency: crate::policy::LatencySource::Client,
+            ..SLACK
+        },
+    };
+    let (_, cores) = drive_seen(client_only, ONE_JOB, &[100.0], step_load, 4.0, View::Server);
+    assert!(cores.iter().all(|&(_, c)| c == 2), "{cores:?}");
+}
+
+#[test]
+fn a_queue_past_its_bound_grants_a_core_although_the_latency_is_within_the_slo() {
+    // 40k req/s on one core: ρ 0.8, p95 500 µs (slack 0.5), 3.2 connections queued.
+    let load = |t: f64| if t >= 3.0 { 40_000.0 } else { 10_000.0 };
+    let queue_bound = PolicySpec::Reactive {
+        slack: Slack {
+            max_queued: Some(2.0),
+            ..SLACK
+        },
+    };
+    let (_, plain) = drive_seen(reactive(), ONE_JOB, &[100.0], load, 5.0, View::Server);
+    let (c, bound) = drive_seen(queue_bound, ONE_JOB, &[100.0], load, 5.0, View::Server);
+    assert_eq!((at(&plain, 2.9), at(&bound, 2.9)), (1, 1));
+    assert_eq!(at(&plain, 4.0), 1);
+    assert_eq!(at(&bound, 3.0), 2);
+    let why = c.log.events.iter().find_map(|e| match e.what {
+        What::Cores { from: 1, to: 2, .. } => Some(e.reason.clone()),
+        _ => None,
+    });
+    assert!(why.unwrap().contains("connections queued > 2.0"));
 }

@@ -67,9 +67,21 @@ fn cpus_move_and_jobs_stop_and_continue() {
         let readback = m.set_cpus(&two, &CpuSet::default()).unwrap();
         assert_eq!(readback, two.to_string());
         assert_eq!(cpus_allowed(server.id()), Some(two.clone()));
+        // Stopping completes asynchronously (a freezer says FREEZING, a signal waits for
+        // the process to run): wait for it, bounded.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while m.job_stopped(0) != Some(true) && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
         assert_eq!(m.job_stopped(0), Some(true), "{cpu:?} {pause:?}");
         if pause == PauseMethod::Signal {
+            // SIGSTOP takes effect when the process next runs (one in the middle of an
+            // uninterruptible read shows `D` until then): wait for it, bounded.
             for p in &group {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while state(*p) != Some('T') && std::time::Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
                 assert_eq!(state(*p), Some('T'), "process {p}");
             }
         }

@@ -252,3 +252,122 @@ fn cores_move_and_jobs_pause_resume_and_finish() {
     }
     run("cgroup-v1", "freezer");
 }
+
+/// The `sample` events of a control log so far.
+fn samples(log: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "sample")
+        .collect()
+}
+
+/// Waits (bounded) until the log holds `n` samples; returns how many it holds.
+fn wait_samples(log: &Path, n: usize, control: &mut std::process::Child) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let have = samples(log).len();
+        if have >= n || Instant::now() > deadline || matches!(control.try_wait(), Ok(Some(_))) {
+            return have;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Attached to a kvlab server under someone else's load (no `--live` file): the samples
+/// carry the server's own p95 and queue over each 100 ms from `stats latency`, which are 0
+/// while nobody loads it and positive under load, and the reactive guard acts on them
+/// (here it gives a core back on an idle server, where it used to hold for lack of a
+/// latency).
+#[test]
+fn attached_without_the_load_s_figures_the_server_s_windowed_latency_drives_the_guard() {
+    if !two_cpus() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("control.jsonl");
+    let port = free_port().unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let server = Spawn::new(KVLAB)
+        .args([
+            "server",
+            "-l",
+            "127.0.0.1",
+            "-t",
+            "1",
+            "-p",
+            &port.to_string(),
+        ])
+        .ready(Probe::Version(addr))
+        .start()
+        .unwrap();
+    let mut control = Command::new(KVLAB)
+        .args(["control", "--pid", &server.pid().to_string()])
+        .args(["--addr", &addr.to_string(), "--policy", "reactive"])
+        .args(["--slo-p95-us", "1000000", "--hold", "3", "--cpus", "0-1"])
+        .args(["--cpu-method", "affinity", "--pause-method", "signal"])
+        .args(["--work-dir", dir.path().to_str().unwrap()])
+        .args(["--log", log.to_str().unwrap(), "--duration", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Idle first, then 3000 req/s for 2 s, then idle again.
+    let idle_before = wait_samples(&log, 8, &mut control);
+    let bench = Command::new(KVLAB)
+        .args(["bench", "-s", &addr.to_string(), "-q", "--qps", "3000"])
+        .args(["--duration", "2", "--connections", "2"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    let loaded_until = samples(&log).len();
+    wait_samples(&log, loaded_until + 5, &mut control);
+    // SIGTERM stops it cleanly (the server gets every CPU back).
+    unsafe { libc::kill(control.id() as i32, libc::SIGTERM) };
+    let out = control.wait_with_output().unwrap();
+    server.stop();
+    let context = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(bench.success() && out.status.success(), "{context}");
+    assert!(idle_before >= 8, "{context}");
+    let all = samples(&log);
+    let signal = |s: &serde_json::Value, k: &str| s["signal"][k].as_f64();
+    // Every sample after the first has the server's window (the first has no earlier
+    // reading to difference).
+    for s in &all[1..] {
+        assert!(signal(s, "server_p95_us").is_some(), "{s}");
+        assert!(signal(s, "queued").is_some(), "{s}");
+    }
+    // Idle windows: nothing served (the controller's own `stats` are not timed).
+    for s in &all[1..idle_before - 1] {
+        assert_eq!(signal(s, "server_p95_us"), Some(0.0), "{s}");
+    }
+    // Loaded windows: requests served, a positive p95.
+    let loaded: Vec<&serde_json::Value> = all[idle_before..loaded_until]
+        .iter()
+        .filter(|s| signal(s, "qps").is_some_and(|q| q > 1000.0))
+        .collect();
+    assert!(
+        loaded.len() >= 5,
+        "{} loaded samples\n{context}",
+        loaded.len()
+    );
+    for s in &loaded {
+        assert!(signal(s, "server_p95_us").unwrap() > 0.0, "{s}");
+    }
+    // The guard used the server's latency: a core given back on its slack.
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        events.iter().any(|e| e["event"] == "cores"
+            && e["to"] == 1
+            && e["reason"].as_str().unwrap().contains("server p95")),
+        "{context}"
+    );
+}

@@ -35,7 +35,8 @@
 //! [[system]]                     # as in lab experiments (name, kind, args, binary, …)
 //! [[policy]]                     # name (default: the policy), policy = "static" |
 //! policy = "static"              # "reactive" | "predictive"; cores (static); capacity,
-//! cores = 1                      # headroom (predictive); grow_slack, shrink_slack, hold
+//! cores = 1                      # headroom (predictive); grow_slack, shrink_slack, hold,
+//!                                # latency ("auto" | "client" | "server"), max_queued
 //! ```
 //!
 //! A window's p95 is not kept by the load generator, only each 100 ms interval's; a window
@@ -82,6 +83,8 @@ struct PolicyEntry {
     grow_slack: Option<f64>,
     shrink_slack: Option<f64>,
     hold: Option<u32>,
+    latency: Option<String>,
+    max_queued: Option<f64>,
 }
 
 /// A control experiment as written.
@@ -167,6 +170,11 @@ impl WorkflowSpec {
             grow_slack: p.grow_slack.unwrap_or(DEFAULT_SLACK.grow_slack),
             shrink_slack: p.shrink_slack.unwrap_or(DEFAULT_SLACK.shrink_slack),
             hold: p.hold.unwrap_or(DEFAULT_SLACK.hold),
+            latency: match &p.latency {
+                Some(l) => l.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+                None => DEFAULT_SLACK.latency,
+            },
+            max_queued: p.max_queued,
         };
         let spec = match p.policy.as_str() {
             "static" => PolicySpec::Static {

@@ -998,6 +998,10 @@ impl kvlab_net::Service for Engine {
         self.worker.record_service(samples);
     }
 
+    fn timed(&self, req: &Request<'_>) -> bool {
+        !matches!(req, Request::Stats { .. })
+    }
+
     fn record_wait(&mut self, waited_ns: u64) {
         self.worker.wait_buckets.record(waited_ns);
     }

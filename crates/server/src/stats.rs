@@ -396,10 +396,8 @@ impl ServerStats {
     /// workers.
     pub fn latency(&self) -> Vec<(String, u64)> {
         let workers = self.workers.iter().map(Arc::as_ref);
-        let mut out = LatencyBuckets::render(
-            "service_time",
-            workers.clone().map(|w| &w.service_buckets),
-        );
+        let mut out =
+            LatencyBuckets::render("service_time", workers.clone().map(|w| &w.service_buckets));
         out.extend(LatencyBuckets::render(
             "loop_wait",
             workers.map(|w| &w.wait_buckets),
@@ -602,9 +600,14 @@ mod tests {
         // 20 s past every bound.
         w.record_service(&[500, 1000, 1001, 900_000, 20_000_000_000]);
         let lines: std::collections::HashMap<String, u64> =
-            LatencyBuckets::render("s", [&w.service_buckets].into_iter()).into_iter().collect();
+            LatencyBuckets::render("s", [&w.service_buckets].into_iter())
+                .into_iter()
+                .collect();
         assert_eq!(lines["s_count"], 5);
-        assert_eq!(lines["s_sum_us"], (500 + 1000 + 1001 + 900_000 + 20_000_000_000) / 1000);
+        assert_eq!(
+            lines["s_sum_us"],
+            (500 + 1000 + 1001 + 900_000 + 20_000_000_000) / 1000
+        );
         assert_eq!(lines["s_le_1"], 2);
         assert_eq!(lines["s_le_2"], 3);
         assert_eq!(lines["s_le_800"], 3);
