@@ -198,14 +198,20 @@ impl WorkflowSpec {
     /// The job file it names, resolved next to `base` (the experiment file's folder) or
     /// shipped.
     fn job_file(&self, base: &Path) -> anyhow::Result<(String, JobFile)> {
-        if let Some((_, text)) = SHIPPED_JOBS.iter().find(|(n, _)| *n == self.jobs) {
-            return Ok((text.to_string(), JobFile::parse(text)?));
-        }
-        let p = base.join(&self.jobs);
-        let text = std::fs::read_to_string(&p)
-            .with_context(|| format!("reading the job file {}", p.display()))?;
-        Ok((text.clone(), JobFile::parse(&text)?))
+        job_file(&self.jobs, base)
     }
+}
+
+/// The job file `name`: a shipped one (`control-jobs`, `control-jobs-quick`) or a path
+/// relative to `base` (the experiment file's folder); its text and its jobs.
+pub fn job_file(name: &str, base: &Path) -> anyhow::Result<(String, JobFile)> {
+    if let Some((_, text)) = SHIPPED_JOBS.iter().find(|(n, _)| *n == name) {
+        return Ok((text.to_string(), JobFile::parse(text)?));
+    }
+    let p = base.join(name);
+    let text = std::fs::read_to_string(&p)
+        .with_context(|| format!("reading the job file {}", p.display()))?;
+    Ok((text.clone(), JobFile::parse(&text)?))
 }
 
 /// One run as stored in `raw/NNNN.json`.
@@ -636,7 +642,8 @@ fn static_reference(runs: &[WorkflowRun], system: &str, interval: &str) -> Optio
         .map(|(n, _, v)| (n, mean_sd(&v.into_iter().flatten().collect::<Vec<_>>()).0))
 }
 
-fn mean_sd(v: &[f64]) -> (f64, f64) {
+/// Mean and sample standard deviation (NaN for none, sd 0 for one).
+pub fn mean_sd(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     if v.is_empty() {
         return (f64::NAN, f64::NAN);
