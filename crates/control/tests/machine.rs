@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 
 use kvlab_control::machine::{
-    cpus_allowed, processes_in_group, state, CpuMethod, PauseMethod, System,
+    cpus_allowed, processes_in_group, sched_idle, state, CpuMethod, PauseMethod, System,
 };
 use kvlab_control::{CpuSet, JobFile, Machine};
 
@@ -98,4 +98,44 @@ fn cpus_move_and_jobs_stop_and_continue() {
         server.kill().unwrap();
         server.wait().unwrap();
     }
+}
+
+#[test]
+fn idle_jobs_and_everything_they_fork_run_at_sched_idle() {
+    let all = CpuSet::allowed_now().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let mut server = Command::new("sleep")
+        .arg("60")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut m = System::new(
+        server.id(),
+        &all,
+        CpuMethod::Affinity,
+        PauseMethod::Signal,
+        work.path(),
+    )
+    .unwrap();
+    m.idle_jobs().unwrap();
+    let jobs = JobFile::parse("[[job]]\nname = \"j\"\ncommand = \"sleep 30 & sleep 30; wait\"")
+        .unwrap()
+        .jobs;
+    m.set_cpus(&all, &all).unwrap();
+    let pid = m.start(0, &jobs[0]).unwrap().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while processes_in_group(pid as i32).len() < 3 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    let group = processes_in_group(pid as i32);
+    assert!(group.len() >= 3, "{group:?}");
+    for p in &group {
+        assert_eq!(sched_idle(*p), Some(true), "job process {p}");
+    }
+    // The server is left alone.
+    assert_eq!(sched_idle(server.id()), Some(false));
+    m.stop_all();
+    drop(m);
+    server.kill().unwrap();
+    server.wait().unwrap();
 }

@@ -84,6 +84,11 @@ pub struct ControlArgs {
     /// use].
     #[arg(long, value_name = "LIST")]
     cpus: Option<String>,
+    /// Jobs also run on the server's CPUs, at idle priority (SCHED_IDLE): the server
+    /// preempts them, so they get its idle time; the policy's last step beyond every core
+    /// to the server is then the jobs paused (`idle` events in the log).
+    #[arg(long)]
+    idle_jobs: bool,
     /// The fewest cores the server keeps.
     #[arg(long, default_value_t = 1)]
     min_server_cores: usize,
@@ -261,6 +266,7 @@ pub fn run(a: ControlArgs) -> anyhow::Result<()> {
         share: Share {
             cpus,
             min_server: a.min_server_cores,
+            idle_jobs: a.idle_jobs,
         },
         cpu_method: a.cpu_method.parse::<CpuMethod>()?,
         pause_method: a.pause_method.parse::<PauseMethod>()?,

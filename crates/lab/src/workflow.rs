@@ -36,7 +36,9 @@
 //! [[policy]]                     # name (default: the policy), policy = "static" |
 //! policy = "static"              # "reactive" | "predictive"; cores (static); capacity,
 //! cores = 1                      # headroom (predictive); grow_slack, shrink_slack, hold,
-//!                                # latency ("auto" | "client" | "server"), max_queued
+//!                                # latency ("auto" | "client" | "server"), max_queued;
+//!                                # idle_jobs = true: jobs also on the server's CPUs at
+//!                                # SCHED_IDLE (kvlab control --idle-jobs)
 //! ```
 //!
 //! A window's p95 is not kept by the load generator, only each 100 ms interval's; a window
@@ -85,6 +87,8 @@ struct PolicyEntry {
     hold: Option<u32>,
     latency: Option<String>,
     max_queued: Option<f64>,
+    #[serde(default)]
+    idle_jobs: bool,
 }
 
 /// A control experiment as written.
@@ -164,7 +168,9 @@ impl WorkflowSpec {
         self.slo_p95_us.unwrap_or(DEFAULT_SLACK.slo_p95_us)
     }
 
-    fn policy(&self, p: &PolicyEntry) -> anyhow::Result<(String, PolicySpec)> {
+    /// A `[[policy]]`: its name, the policy, and whether jobs also use the server's CPUs
+    /// at idle priority.
+    fn policy(&self, p: &PolicyEntry) -> anyhow::Result<(String, PolicySpec, bool)> {
         let slack = Slack {
             slo_p95_us: self.slo(),
             grow_slack: p.grow_slack.unwrap_or(DEFAULT_SLACK.grow_slack),
@@ -192,7 +198,7 @@ impl WorkflowSpec {
             o => bail!("policy {o:?}: static, reactive or predictive"),
         };
         let name = p.name.clone().unwrap_or_else(|| spec.name().to_string());
-        Ok((name, spec))
+        Ok((name, spec, p.idle_jobs))
     }
 
     /// The job file it names, resolved next to `base` (the experiment file's folder) or
@@ -399,7 +405,7 @@ pub fn run(
     crate::runner::write_json(&out.join("meta.json"), &meta)?;
     eprintln!("making the jobs' inputs in {}", work.display());
     kvlab_control::controller::prepare(&jobs.prepare, &work)?;
-    let policies: Vec<(String, PolicySpec)> = spec
+    let policies: Vec<(String, PolicySpec, bool)> = spec
         .policies
         .iter()
         .map(|p| spec.policy(p))
@@ -416,7 +422,7 @@ pub fn run(
     'all: for &seed in &spec.seeds {
         for &interval in &spec.qps_intervals {
             for (si, sys) in spec.systems.iter().enumerate() {
-                for (pname, policy) in &policies {
+                for (pname, policy, idle_jobs) in &policies {
                     if stopped() {
                         eprintln!("stopped by a signal");
                         break 'all;
@@ -427,8 +433,8 @@ pub fn run(
                         sys.name
                     );
                     let run = one(
-                        &spec, index, si, sys, pname, policy, interval, seed, &jobs, &cpus,
-                        &generator, &work, out, kvlab_bin, &stopped,
+                        &spec, index, si, sys, pname, policy, *idle_jobs, interval, seed, &jobs,
+                        &cpus, &generator, &work, out, kvlab_bin, &stopped,
                     );
                     match (&run.error, &run.outcome) {
                         (Some(e), _) => eprintln!("        failed: {e}"),
@@ -461,6 +467,7 @@ fn one(
     sys: &SystemSpec,
     pname: &str,
     policy: &PolicySpec,
+    idle_jobs: bool,
     interval: f64,
     seed: u64,
     jobs: &JobFile,
@@ -486,7 +493,8 @@ fn one(
         error: None,
     };
     if let Err(e) = one_inner(
-        spec, &mut run, si, sys, policy, jobs, cpus, generator, work, out, kvlab_bin, stop,
+        spec, &mut run, si, sys, policy, idle_jobs, jobs, cpus, generator, work, out, kvlab_bin,
+        stop,
     ) {
         run.error = Some(format!("{e:#}"));
     }
@@ -500,6 +508,7 @@ fn one_inner(
     si: usize,
     sys: &SystemSpec,
     policy: &PolicySpec,
+    idle_jobs: bool,
     jobs: &JobFile,
     cpus: &CpuSet,
     generator: &str,
@@ -575,13 +584,14 @@ fn one_inner(
         share: Share {
             cpus: cpus.clone(),
             min_server: 1,
+            idle_jobs,
         },
         cpu_method: spec.cpu_method.as_deref().unwrap_or("auto").parse()?,
         pause_method: spec.pause_method.as_deref().unwrap_or("auto").parse()?,
         interval: app::DEFAULT_INTERVAL,
         // A static split that leaves the jobs no core runs the trace alone: no grace.
         max: Duration::from_secs_f64(match policy {
-            PolicySpec::Static { cores } if *cores >= cpus.len() => spec.duration,
+            PolicySpec::Static { cores } if *cores >= cpus.len() && !idle_jobs => spec.duration,
             _ => spec.duration + spec.grace.unwrap_or(60.0),
         }),
         until_jobs_done: true,
@@ -1019,7 +1029,32 @@ mod tests {
         let spec = WorkflowSpec::parse(text).unwrap();
         let (_, jobs) = spec.job_file(Path::new("/nonexistent")).unwrap();
         assert_eq!(jobs.jobs.len(), 7);
-        assert_eq!(spec.policies.len(), 4);
+        // The issue's matrix in one file: 3 seeds x {10, 5, 1} s x {the static split that
+        // meets the SLO at the peak (static-2), reactive, predictive} x {kvlab, memcached},
+        // plus static-1 and the idle-priority variants.
+        assert_eq!(spec.seeds, [1, 2, 3]);
+        assert_eq!(spec.qps_intervals, [10.0, 5.0, 1.0]);
+        let systems: Vec<&str> = spec.systems.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(systems, ["kvlab", "memcached"]);
+        let policies: Vec<(String, PolicySpec, bool)> = spec
+            .policies
+            .iter()
+            .map(|p| spec.policy(p).unwrap())
+            .collect();
+        let names: Vec<&str> = policies.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "static-2",
+                "static-1",
+                "reactive",
+                "predictive",
+                "static-2-idle",
+                "predictive-idle"
+            ]
+        );
+        assert!(matches!(policies[0].1, PolicySpec::Static { cores: 2 }) && !policies[0].2);
+        assert!(policies[4].2 && policies[5].2);
         assert!(
             WorkflowSpec::parse(&text.replace("policy = \"reactive\"", "policy = \"fast\""))
                 .is_err()
