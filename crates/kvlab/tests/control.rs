@@ -371,3 +371,105 @@ fn attached_without_the_load_s_figures_the_server_s_windowed_latency_drives_the_
         "{context}"
     );
 }
+
+/// A tiny control workflow through `kvlab lab run` (the shape of the shipped
+/// `control-workflow`, shrunk): one seed, one trace interval, the static split that leaves
+/// the jobs no core (the trace alone), the same with idle jobs, and reactive with idle jobs,
+/// on kvlab's server; every run is stored without error, the idle ones' job ends, and the
+/// report is written.
+#[test]
+fn a_tiny_control_workflow_runs_every_policy_and_writes_its_report() {
+    if !two_cpus() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("jobs.toml"),
+        "[[job]]\nname = \"sort\"\ncommand = \"seq 1 200000 | sort -rn > {work}/sorted\"\n\
+         cores = [1, 2]\n",
+    )
+    .unwrap();
+    let exp = dir.path().join("tiny-workflow.toml");
+    std::fs::write(
+        &exp,
+        r#"
+name = "tiny-workflow"
+jobs = "jobs.toml"
+seeds = [1]
+qps_min = 500
+qps_max = 2000
+qps_intervals = [1]
+duration = 3
+grace = 20
+slo_p95_us = 100000
+cpus = "0-1"
+generator_cpus = "1"
+cpu_method = "affinity"
+pause_method = "signal"
+[workload]
+keys = 1000
+value_size = 32
+connections = 2
+[[system]]
+name = "kvlab"
+args = ["-t", "2", "-m", "16"]
+[[policy]]
+name = "static-2"
+policy = "static"
+cores = 2
+[[policy]]
+name = "static-2-idle"
+policy = "static"
+cores = 2
+idle_jobs = true
+[[policy]]
+name = "reactive-idle"
+policy = "reactive"
+idle_jobs = true
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = Command::new(KVLAB)
+        .args([
+            "lab",
+            "run",
+            exp.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let context = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{context}");
+    let mut raws: Vec<_> = std::fs::read_dir(out.join("raw"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    raws.sort();
+    assert_eq!(raws.len(), 3, "{context}");
+    for (f, policy) in raws
+        .iter()
+        .zip(["static-2", "static-2-idle", "reactive-idle"])
+    {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+        assert_eq!(v["policy"], policy);
+        assert!(v["error"].is_null(), "{policy}: {}\n{context}", v["error"]);
+        let jobs = v["outcome"]["summary"]["jobs"].as_array().unwrap();
+        if policy == "static-2" {
+            // No core for the jobs: the trace alone.
+            assert!(jobs.is_empty(), "{v}");
+        } else {
+            // On the server's idle time the job ran and ended with 0.
+            assert_eq!(jobs.len(), 1, "{policy}: {v}");
+            assert_eq!(jobs[0]["exit"], 0, "{policy}: {v}");
+        }
+    }
+    assert!(out.join("report").join("index.html").is_file());
+}
