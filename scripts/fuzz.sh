@@ -9,6 +9,8 @@
 # at the end (libFuzzer's -merge=1), which is how the corpora in the repository grew.
 # A failing input is saved under fuzz/artifacts/TARGET/; copy it into
 # fuzz/regressions/TARGET/ and `cargo test -p kvlab-fuzz` replays it from then on.
+# FUZZ_SEED=N fixes libFuzzer's random seed (CI uses 1, so its short run explores the same
+# way each time); unset, every run explores differently.
 # Prints one line per target: executions, coverage (edges), features and corpus size.
 set -euo pipefail
 cd "$(dirname "$0")/../fuzz"
@@ -35,7 +37,7 @@ for t in "${targets[@]}"; do
   mkdir -p "$scratch/$t" "artifacts/$t"
   log="$scratch/$t.log"
   if cargo fuzz run -s none -O "$t" "$scratch/$t" "corpus/$t" -- \
-      -max_total_time="$seconds" -max_len="$(max_len "$t")" -timeout=10 \
+      -max_total_time="$seconds" -max_len="$(max_len "$t")" -timeout=10 -seed="${FUZZ_SEED:-0}" \
       -print_final_stats=1 >"$log" 2>&1; then
     runs=$(grep -o 'Done [0-9]* runs in [0-9]* second' "$log" | tail -1 | awk '{print $2}')
     final=$(grep -E '#[0-9]+[[:space:]]+DONE' "$log" | tail -1 | grep -o 'cov: [0-9]* ft: [0-9]* corp: [0-9]*/[0-9A-Za-z]*')
