@@ -213,6 +213,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
         include_str!("../../../experiments/control-workflow-quick.toml"),
     ),
     (
+        "control-workflow-idle",
+        include_str!("../../../experiments/control-workflow-idle.toml"),
+    ),
+    (
         "factorial-2k",
         include_str!("../../../experiments/factorial-2k.toml"),
     ),
