@@ -36,6 +36,11 @@ pub trait Machine {
     fn resume(&mut self, i: usize) -> Result<(), ControlError>;
     /// Jobs that exited since the last call, with their exit codes.
     fn ended(&mut self) -> Vec<(usize, Option<i32>)>;
+    /// Jobs started from now on run at idle priority (`SCHED_IDLE`), so that they may share
+    /// the server's CPUs: the server preempts them. Called once, before any job starts.
+    fn idle_jobs(&mut self) -> Result<(), ControlError> {
+        Ok(())
+    }
     /// Ends every job still running or paused (the run is over).
     fn stop_all(&mut self);
 }
@@ -47,6 +52,43 @@ pub struct Share {
     pub cpus: CpuSet,
     /// The fewest the server gets.
     pub min_server: usize,
+    /// The jobs also run on the server's CPUs, at idle priority (`SCHED_IDLE`): the server
+    /// preempts them, so the jobs get its idle time. The policy then has one more step
+    /// beyond all cores to the server: the jobs paused (off the server's CPUs too).
+    pub idle_jobs: bool,
+}
+
+impl Share {
+    /// The policy's steps: 1 ..= CPUs are the server's cores; with idle jobs one more
+    /// (every core to the server and the jobs paused).
+    pub fn levels(&self) -> usize {
+        self.cpus.len() + usize::from(self.idle_jobs)
+    }
+
+    /// The server's cores at `level`.
+    pub fn server_cores(&self, level: usize) -> usize {
+        level.min(self.cpus.len())
+    }
+
+    /// The cores the jobs may use at `level` (with idle jobs: all of them, the server's at
+    /// idle priority, until the last level).
+    pub fn job_cores(&self, level: usize) -> usize {
+        match self.idle_jobs {
+            true if level <= self.cpus.len() => self.cpus.len(),
+            true => 0,
+            false => self.cpus.len() - self.server_cores(level),
+        }
+    }
+
+    /// The server's and the jobs' CPUs at `level`.
+    pub fn cpus_at(&self, level: usize) -> (CpuSet, CpuSet) {
+        let (server, jobs) = self.cpus.split(self.server_cores(level));
+        if self.idle_jobs && level <= self.cpus.len() {
+            (server, self.cpus.clone())
+        } else {
+            (server, jobs)
+        }
+    }
 }
 
 /// The controller's state.
@@ -59,7 +101,8 @@ pub struct Controller<M: Machine> {
     pub log: EventLog,
     policy: Policy,
     share: Share,
-    server: usize,
+    /// The policy's step (the server's cores, or one more: see [`Share::levels`]).
+    level: usize,
     last: Duration,
 }
 
@@ -80,8 +123,12 @@ impl<M: Machine> Controller<M> {
                 max, share.min_server
             )));
         }
-        let server = policy.initial(max).max(share.min_server);
-        let (s, j) = share.cpus.split(server);
+        let level = policy.initial(share.levels()).max(share.min_server);
+        let server = share.server_cores(level);
+        let (s, j) = share.cpus_at(level);
+        if share.idle_jobs {
+            machine.idle_jobs()?;
+        }
         let readback = machine.set_cpus(&s, &j)?;
         log.push(Event {
             t_s: 0.0,
@@ -96,20 +143,39 @@ impl<M: Machine> Controller<M> {
             reason: format!("initial share ({})", policy.spec().name()),
             signal: None,
         })?;
+        if share.idle_jobs {
+            log.push(Event {
+                t_s: 0.0,
+                unix_ms: unix_ms(),
+                what: What::Idle {
+                    on: level <= max,
+                    job_cpus: j.to_string(),
+                },
+                reason: "initial share: jobs at idle priority (SCHED_IDLE) may use the \
+                         server's CPUs"
+                    .into(),
+                signal: None,
+            })?;
+        }
         Ok(Controller {
             machine,
             queue: Queue::new(jobs),
             log,
             policy,
             share,
-            server,
+            level,
             last: Duration::ZERO,
         })
     }
 
     /// The server's cores now.
     pub fn server_cores(&self) -> usize {
-        self.server
+        self.share.server_cores(self.level)
+    }
+
+    /// Whether the jobs may run on the server's CPUs now (at idle priority).
+    pub fn jobs_share_server_cpus(&self) -> bool {
+        self.share.idle_jobs && self.level <= self.share.cpus.len()
     }
 
     /// One sample: jobs that ended, the policy's share, the jobs fitted to it.
@@ -131,31 +197,43 @@ impl<M: Machine> Controller<M> {
             };
             self.event(now, what, String::new(), None)?;
         }
-        let max = self.share.cpus.len();
-        let Decision { cores, reason } =
-            self.policy
-                .decide(s, self.server, self.share.min_server, max);
-        if cores != self.server {
-            let from = self.server;
-            self.server = cores;
-            let (sc, jc) = self.share.cpus.split(cores);
-            if cores > from {
+        let Decision {
+            cores: level,
+            reason,
+        } = self
+            .policy
+            .decide(s, self.level, self.share.min_server, self.share.levels());
+        if level != self.level {
+            let (from, was_shared) = (self.server_cores(), self.jobs_share_server_cpus());
+            let grow = level > self.level;
+            self.level = level;
+            let (sc, jc) = self.share.cpus_at(level);
+            if grow {
                 // Jobs leave the cores first, then the server takes them.
                 self.fit(now, s, &reason)?;
             }
-            let readback = self.machine.set_cpus(&sc, &jc)?;
-            let what = What::Cores {
-                from,
-                to: cores,
-                server_cpus: sc.to_string(),
-                job_cpus: jc.to_string(),
-                readback,
-            };
-            self.event(now, what, reason.clone(), Some(s.clone()))?;
+            if was_shared != self.jobs_share_server_cpus() {
+                let what = What::Idle {
+                    on: !was_shared,
+                    job_cpus: jc.to_string(),
+                };
+                self.event(now, what, reason.clone(), Some(s.clone()))?;
+            }
+            if self.server_cores() != from {
+                let readback = self.machine.set_cpus(&sc, &jc)?;
+                let what = What::Cores {
+                    from,
+                    to: self.server_cores(),
+                    server_cpus: sc.to_string(),
+                    job_cpus: jc.to_string(),
+                    readback,
+                };
+                self.event(now, what, reason.clone(), Some(s.clone()))?;
+            }
         }
         self.fit(now, s, &reason)?;
         let what = What::Sample {
-            cores: self.server,
+            cores: self.server_cores(),
             running: self.count(State::Running),
             paused: self.count(State::Paused),
         };
@@ -167,15 +245,15 @@ impl<M: Machine> Controller<M> {
         self.machine.stop_all();
         let all = self.share.cpus.clone();
         let readback = self.machine.set_cpus(&all, &CpuSet::default())?;
-        if self.server != all.len() {
+        if self.server_cores() != all.len() {
             let what = What::Cores {
-                from: self.server,
+                from: self.server_cores(),
                 to: all.len(),
                 server_cpus: all.to_string(),
                 job_cpus: String::new(),
                 readback,
             };
-            self.server = all.len();
+            self.level = self.share.levels();
             self.event(self.last, what, "the run ended".into(), None)?;
         }
         self.event(
@@ -191,7 +269,7 @@ impl<M: Machine> Controller<M> {
     }
 
     fn fit(&mut self, now: Duration, s: &Signal, reason: &str) -> Result<(), ControlError> {
-        let free = self.share.cpus.len() - self.server;
+        let free = self.share.job_cores(self.level);
         for a in self.queue.fit(free, now) {
             let (what, why) = match a {
                 Action::Start(i, cores) => {

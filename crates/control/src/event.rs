@@ -46,6 +46,14 @@ pub enum What {
         /// cgroup's `cpuset.cpus`).
         readback: String,
     },
+    /// The jobs may (`on`) or may no longer use the server's CPUs at idle priority
+    /// (`Share::idle_jobs`; off: every job paused, the server has every core).
+    Idle {
+        /// Whether they may.
+        on: bool,
+        /// The jobs' CPUs now.
+        job_cpus: String,
+    },
     /// A job started.
     Start {
         /// The job.

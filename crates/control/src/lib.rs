@@ -18,7 +18,8 @@
 //! runs), [`policy`] (how many cores the server gets), [`controller`] (one step per sample,
 //! the loop), [`sensor`] (what a sample reads), [`machine`] (cgroups, affinity, signals),
 //! [`event`] (the log), [`speedup`] (each job alone at each core count), [`summary`] (runtimes and SLO violations from a log and the load's
-//! intervals).
+//! intervals), [`window`] (percentiles over a sample from the server's cumulative
+//! histograms).
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -34,6 +35,7 @@ pub mod queue;
 pub mod sensor;
 pub mod speedup;
 pub mod summary;
+pub mod window;
 
 #[cfg(test)]
 mod sim;
@@ -41,7 +43,9 @@ mod sim;
 pub use controller::{Controller, Machine, RunLimits, Sensor, Share};
 pub use cpus::CpuSet;
 pub use jobs::{JobFile, JobSpec};
-pub use policy::{Policy, PolicySpec, Signal, Slack, DEFAULT_HEADROOM, DEFAULT_SLACK};
+pub use policy::{
+    LatencySource, Policy, PolicySpec, Signal, Slack, DEFAULT_HEADROOM, DEFAULT_SLACK,
+};
 
 /// Why the controller could not do something.
 #[derive(Debug, thiserror::Error)]

@@ -127,6 +127,15 @@ pub struct System {
     job_cpus: CpuSet,
     /// The server's cgroup before it was moved (v1 cpuset or v2), to move it back.
     server_home: Option<PathBuf>,
+    /// Jobs start at `SCHED_IDLE` ([`Machine::idle_jobs`]).
+    idle: bool,
+}
+
+/// Whether process `pid` runs at `SCHED_IDLE` (`None`: it is gone).
+pub fn sched_idle(pid: u32) -> Option<bool> {
+    // SAFETY: sched_getscheduler reads a process's policy; no memory is passed.
+    let p = unsafe { libc::sched_getscheduler(pid as libc::pid_t) };
+    (p >= 0).then_some(p == libc::SCHED_IDLE)
 }
 
 fn write(path: &Path, text: &str) -> Result<(), ControlError> {
@@ -249,6 +258,7 @@ impl System {
             jobs: Vec::new(),
             job_cpus: all.clone(),
             server_home,
+            idle: false,
         })
     }
 
@@ -426,6 +436,11 @@ pub fn state(pid: u32) -> Option<char> {
 }
 
 impl Machine for System {
+    fn idle_jobs(&mut self) -> Result<(), ControlError> {
+        self.idle = true;
+        Ok(())
+    }
+
     fn set_cpus(&mut self, server: &CpuSet, jobs: &CpuSet) -> Result<String, ControlError> {
         if !jobs.is_empty() {
             self.job_cpus = jobs.clone();
@@ -484,9 +499,10 @@ impl Machine for System {
             .stderr(err)
             .process_group(0);
         let affinity = matches!(self.cpus, Cpus::Affinity).then(|| self.job_cpus.clone());
+        let idle = self.idle;
         // SAFETY: the closure runs in the child between fork and exec and calls only
-        // async-signal-safe functions (open, write, close, sched_setaffinity) on data made
-        // before the fork.
+        // async-signal-safe functions (open, write, close, sched_setaffinity,
+        // sched_setscheduler) on data made before the fork.
         unsafe {
             let mut mask: libc::cpu_set_t = std::mem::zeroed();
             if let Some(c) = &affinity {
@@ -509,6 +525,12 @@ impl Machine for System {
                 if affinity.is_some()
                     && libc::sched_setaffinity(0, std::mem::size_of_val(&mask), &mask) != 0
                 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // Idle priority, inherited by everything the job forks: it runs only when
+                // no other thread wants the CPU (any process may lower its own policy).
+                let param = libc::sched_param { sched_priority: 0 };
+                if idle && libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())

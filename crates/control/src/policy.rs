@@ -12,7 +12,10 @@
 //!   as a guard: slack below `grow_slack` adds a core beyond the prediction, and a core is
 //!   given back only when both the prediction and the slack allow it.
 //!
-//! A missing signal (no latency figure yet, no rate) holds the current share.
+//! The latency is the load's p95 (`kvlab bench --live`) or, without it or by choice
+//! ([`LatencySource`]), the server's own windowed p95 (kvlab's `stats latency`); with
+//! `max_queued`, connections queued for the server's event loops beyond it count as no
+//! slack too. A missing signal (no latency figure yet, no rate) holds the current share.
 
 use std::time::Duration;
 
@@ -32,6 +35,66 @@ pub struct Signal {
     pub cpu: Option<f64>,
     /// Open connections (kvlab server and memcached `stats`).
     pub conns: Option<u64>,
+    /// The server's own latency over the last sample, µs (kvlab's `stats latency`): the p95
+    /// of its service times plus the p95 of its connections' waits for an event loop; 0
+    /// when it served nothing in the sample.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_p95_us: Option<f64>,
+    /// Connections waiting for the server's event loops, on average over the last sample
+    /// (kvlab's `stats latency`: the waits' sum over the sample's length).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued: Option<f64>,
+}
+
+/// Which latency the slack is taken on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LatencySource {
+    /// The load's p95 when there is one (a fresh `--live` interval), else the server's.
+    #[default]
+    Auto,
+    /// Only the load's p95 (the one the SLO is about).
+    Client,
+    /// Only the server's own windowed p95 (attached to a server under someone else's
+    /// load; it lacks the network's and the client's time, so give a tighter SLO).
+    Server,
+}
+
+impl LatencySource {
+    /// Its name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            LatencySource::Auto => "auto",
+            LatencySource::Client => "client",
+            LatencySource::Server => "server",
+        }
+    }
+}
+
+impl std::str::FromStr for LatencySource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(LatencySource::Auto),
+            "client" => Ok(LatencySource::Client),
+            "server" => Ok(LatencySource::Server),
+            _ => Err(format!("latency source {s:?}: auto, client or server")),
+        }
+    }
+}
+
+impl Signal {
+    /// The latency the slack is taken on, and what it is.
+    pub fn latency(&self, source: LatencySource) -> Option<(f64, &'static str)> {
+        match source {
+            LatencySource::Client => self.p95_us.map(|p| (p, "p95")),
+            LatencySource::Server => self.server_p95_us.map(|p| (p, "server p95")),
+            LatencySource::Auto => self
+                .p95_us
+                .map(|p| (p, "p95"))
+                .or(self.server_p95_us.map(|p| (p, "server p95"))),
+        }
+    }
 }
 
 /// Reactive thresholds.
@@ -45,14 +108,24 @@ pub struct Slack {
     pub shrink_slack: f64,
     /// ... held for this many samples in a row.
     pub hold: u32,
+    /// Which latency.
+    #[serde(default)]
+    pub latency: LatencySource,
+    /// Grow too when more connections than this wait for the server's event loops on
+    /// average over a sample ([`Signal::queued`]); none: the queue is only logged.
+    #[serde(default)]
+    pub max_queued: Option<f64>,
 }
 
-/// PARTIES' thresholds, a 1 ms p95 and a 1 s hold at 100 ms samples.
+/// PARTIES' thresholds, a 1 ms p95 and a 1 s hold at 100 ms samples; the load's p95 when
+/// there is one, else the server's; the queue not used.
 pub const DEFAULT_SLACK: Slack = Slack {
     slo_p95_us: 1000.0,
     grow_slack: 0.05,
     shrink_slack: 0.20,
     hold: 10,
+    latency: LatencySource::Auto,
+    max_queued: None,
 };
 
 /// Default headroom of the predictive policy: plan for 25% more than the measured rate.
@@ -192,7 +265,7 @@ impl Policy {
     /// prediction; the minimum for the purely reactive policy): below it nothing shrinks, and
     /// a floor above `current` is granted at once.
     fn reactive(&mut self, k: &Slack, s: &Signal, current: usize, floor: usize) -> Decision {
-        let Some(p95) = s.p95_us else {
+        let Some((p95, what)) = s.latency(k.latency) else {
             let cores = floor.max(current);
             return Decision {
                 cores,
@@ -202,7 +275,11 @@ impl Policy {
         let slack = 1.0 - p95 / k.slo_p95_us;
         let failed_shrink = self.since_shrink.is_some();
         self.since_shrink = self.since_shrink.map(|n| n + 1).filter(|&n| n < self.hold);
-        if slack < k.grow_slack {
+        let queued = match (k.max_queued, s.queued) {
+            (Some(max), Some(q)) if q > max => Some((q, max)),
+            _ => None,
+        };
+        if slack < k.grow_slack || queued.is_some() {
             self.calm = 0;
             if failed_shrink {
                 // A violation soon after a shrink: the core was needed; wait longer before
@@ -210,12 +287,18 @@ impl Policy {
                 self.hold = (self.hold * 2).min(64);
                 self.since_shrink = None;
             }
-            return Decision {
-                cores: floor.max(current + 1),
-                reason: format!(
-                    "slack {slack:.2} < {:.2} (p95 {p95:.0} µs, SLO {:.0} µs)",
+            let reason = match queued {
+                Some((q, max)) if slack >= k.grow_slack => format!(
+                    "{q:.1} connections queued > {max:.1} ({what} {p95:.0} µs, slack {slack:.2})"
+                ),
+                _ => format!(
+                    "slack {slack:.2} < {:.2} ({what} {p95:.0} µs, SLO {:.0} µs)",
                     k.grow_slack, k.slo_p95_us
                 ),
+            };
+            return Decision {
+                cores: floor.max(current + 1),
+                reason,
             };
         }
         if floor > current {
@@ -235,7 +318,7 @@ impl Policy {
                 return Decision {
                     cores: current - 1,
                     reason: format!(
-                        "slack {slack:.2} > {:.2} for {} samples (p95 {p95:.0} µs)",
+                        "slack {slack:.2} > {:.2} for {} samples ({what} {p95:.0} µs)",
                         k.shrink_slack, self.hold
                     ),
                 };

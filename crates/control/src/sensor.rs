@@ -4,6 +4,10 @@
 //!   over the last sample;
 //! - its request rate and connections from `stats` (`cmd_get + cmd_set`, `curr_connections`:
 //!   kvlab's server and memcached alike), when its address is known;
+//! - from a kvlab server also `stats latency`, whose cumulative histograms differenced
+//!   over the sample ([`crate::window`]) give the server's own p95 (service time plus the
+//!   wait for an event loop) and the connections queued for its loops. A server that
+//!   answers anything but its lines (memcached: `ERROR`) is not asked again;
 //! - the latency: the p95 of the load generator's latest interval, read from the JSON
 //!   lines `kvlab bench --live FILE` appends as each interval ends (latency from the planned
 //!   send time, so queueing counts). An interval older than [`STALE_MS`] is no signal.
@@ -20,6 +24,7 @@ use kvlab_bench::run::IntervalRow;
 use crate::controller::Sensor;
 use crate::event::unix_ms;
 use crate::policy::Signal;
+use crate::window::{Cumulative, Differ};
 
 /// An interval that ended longer ago than this (ms) is not used.
 pub const STALE_MS: u64 = 2_000;
@@ -82,6 +87,45 @@ pub struct ServerSensor {
     ticks_per_s: f64,
     last_cpu: Option<(Duration, u64)>,
     last_requests: Option<(Duration, u64)>,
+    latency: ServerLatency,
+}
+
+/// The server's `stats latency` from sample to sample.
+#[derive(Debug, Default)]
+struct ServerLatency {
+    /// Whether the server answered it (unknown until asked).
+    supported: Option<bool>,
+    service: Differ,
+    wait: Differ,
+    last_t: Option<Duration>,
+}
+
+impl ServerLatency {
+    /// Reads one answer of `stats latency` taken at `t` into `s`.
+    fn read(&mut self, t: Duration, stats: &[(String, String)], s: &mut Signal) {
+        let (Some(service), Some(wait)) = (
+            Cumulative::parse("service_time", stats),
+            Cumulative::parse("loop_wait", stats),
+        ) else {
+            self.supported = Some(false);
+            return;
+        };
+        self.supported = Some(true);
+        let dt = self.last_t.and_then(|t0| t.checked_sub(t0));
+        self.last_t = Some(t);
+        let (Some(service), Some(wait), Some(dt)) =
+            (self.service.next(service), self.wait.next(wait), dt)
+        else {
+            return;
+        };
+        s.server_p95_us = Some(match (service.quantile(0.95), wait.quantile(0.95)) {
+            (Some(a), b) => a + b.unwrap_or(0.0),
+            (None, _) => 0.0,
+        });
+        if !dt.is_zero() {
+            s.queued = Some(wait.sum_us as f64 / dt.as_micros() as f64);
+        }
+    }
 }
 
 impl ServerSensor {
@@ -97,6 +141,7 @@ impl ServerSensor {
             ticks_per_s: if tck > 0 { tck as f64 } else { 100.0 },
             last_cpu: None,
             last_requests: None,
+            latency: ServerLatency::default(),
         }
     }
 
@@ -139,6 +184,16 @@ impl Sensor for ServerSensor {
                 if let (Some(g), Some(w)) = (get("cmd_get"), get("cmd_set")) {
                     s.qps = rate(&mut self.last_requests, t, g + w);
                 }
+                if self.latency.supported != Some(false) {
+                    match kvlab_client::process::stats(addr, Some("latency"), STATS_TIMEOUT) {
+                        Ok(lines) => self.latency.read(t, &lines, &mut s),
+                        // Not a timeout: the server does not know the group.
+                        Err(e) if e.kind() == std::io::ErrorKind::Other => {
+                            self.latency.supported = Some(false);
+                        }
+                        Err(_) => {}
+                    }
+                }
             }
         }
         if let Some(live) = &mut self.live {
@@ -153,5 +208,73 @@ impl Sensor for ServerSensor {
             }
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(service: &[(u64, u64)], wait_sum_us: u64, waits: u64) -> Vec<(String, String)> {
+        let count: u64 = service.last().map_or(0, |&(_, n)| n);
+        let mut v = vec![
+            ("service_time_count".to_string(), count.to_string()),
+            ("service_time_sum_us".to_string(), "0".to_string()),
+        ];
+        v.extend(
+            service
+                .iter()
+                .map(|(b, n)| (format!("service_time_le_{b}"), n.to_string())),
+        );
+        v.extend([
+            ("loop_wait_count".to_string(), waits.to_string()),
+            ("loop_wait_sum_us".to_string(), wait_sum_us.to_string()),
+            ("loop_wait_le_1".to_string(), "0".to_string()),
+            ("loop_wait_le_1000".to_string(), waits.to_string()),
+        ]);
+        v
+    }
+
+    #[test]
+    fn the_server_latency_is_the_sample_s_window() {
+        let mut l = ServerLatency::default();
+        let mut s = Signal::default();
+        let ms = Duration::from_millis;
+        // A long calm history: a million requests within 10 µs.
+        l.read(
+            ms(0),
+            &answer(&[(10, 1_000_000), (1000, 1_000_000)], 0, 0),
+            &mut s,
+        );
+        assert_eq!(l.supported, Some(true));
+        assert_eq!((s.server_p95_us, s.queued), (None, None));
+        // Then 100 ms in which 100 requests all took 10..1000 µs, and waits summing to
+        // 50 ms (half a connection waiting on average; each wait ≤ 1 ms).
+        l.read(
+            ms(100),
+            &answer(&[(10, 1_000_000), (1000, 1_000_100)], 50_000, 100),
+            &mut s,
+        );
+        let p95 = s.server_p95_us.expect("p95");
+        let service = 10.0 + 0.95 * 990.0;
+        let wait = 1.0 + 0.95 * 999.0;
+        assert!((p95 - (service + wait)).abs() < 1e-6, "{p95}");
+        assert_eq!(s.queued, Some(0.5));
+        // Nothing served in the next sample: no latency to speak of.
+        let mut s = Signal::default();
+        l.read(
+            ms(200),
+            &answer(&[(10, 1_000_000), (1000, 1_000_100)], 50_000, 100),
+            &mut s,
+        );
+        assert_eq!((s.server_p95_us, s.queued), (Some(0.0), Some(0.0)));
+    }
+
+    #[test]
+    fn a_server_without_the_group_is_not_asked_again() {
+        let mut l = ServerLatency::default();
+        let mut s = Signal::default();
+        l.read(Duration::ZERO, &[("pid".into(), "1".into())], &mut s);
+        assert_eq!(l.supported, Some(false));
     }
 }

@@ -40,14 +40,41 @@ struct Sim {
     jobs: Vec<SimJob>,
     work: Vec<f64>,
     starts: Vec<usize>,
+    /// Jobs run at idle priority and may share the server's CPUs.
+    idle: bool,
 }
 
 impl Sim {
-    /// Advances running jobs by `dt`.
-    fn advance(&mut self, dt: f64) {
+    /// Whether running jobs are on the server's CPUs (at idle priority).
+    fn sharing(&self) -> bool {
+        self.idle
+            && self.jobs.iter().any(|j| j.running)
+            && self.jobs_cpus.iter().any(|c| self.server.contains(c))
+    }
+
+    /// Advances running jobs by `dt` while the server is busy `rho` of each of its cores:
+    /// the running jobs share their own CPUs and, at idle priority, what the server leaves
+    /// of its own; a job goes at most at one core's speed.
+    fn advance(&mut self, dt: f64, rho: f64) {
+        let own = self
+            .jobs_cpus
+            .iter()
+            .filter(|&c| !self.server.contains(c))
+            .count() as f64;
+        let idle = if self.idle {
+            self.jobs_cpus
+                .iter()
+                .filter(|&c| self.server.contains(c))
+                .count() as f64
+                * (1.0 - rho.min(1.0))
+        } else {
+            0.0
+        };
+        let running = self.jobs.iter().filter(|j| j.running).count() as f64;
+        let speed = ((own + idle) / running.max(1.0)).min(1.0);
         for j in &mut self.jobs {
             if j.running && j.done < j.work {
-                j.done = (j.done + dt).min(j.work);
+                j.done = (j.done + dt * speed).min(j.work);
             }
         }
     }
@@ -95,6 +122,10 @@ impl Machine for Sim {
         out
     }
     fn stop_all(&mut self) {}
+    fn idle_jobs(&mut self) -> Result<(), crate::ControlError> {
+        self.idle = true;
+        Ok(())
+    }
 }
 
 const SLACK: Slack = Slack {
@@ -102,6 +133,8 @@ const SLACK: Slack = Slack {
     grow_slack: 0.05,
     shrink_slack: 0.20,
     hold: 10,
+    latency: crate::policy::LatencySource::Auto,
+    max_queued: None,
 };
 
 fn reactive() -> PolicySpec {
@@ -117,6 +150,16 @@ fn predictive() -> PolicySpec {
     }
 }
 
+/// What the controller sees of the simulated server.
+#[derive(Clone, Copy, PartialEq)]
+enum View {
+    /// The load's p95 (a `--live` file) and the server's `stats` rate.
+    Client,
+    /// No load figures: the server's own p95 and queue (kvlab's `stats latency`), attached
+    /// to a server under someone else's load.
+    Server,
+}
+
 /// A run: `load(t)` the offered rate; jobs of `work` seconds each; 100 ms samples up to
 /// `secs`. Returns the controller and the server's cores after every sample.
 fn drive(
@@ -126,6 +169,19 @@ fn drive(
     load: impl Fn(f64) -> f64,
     secs: f64,
 ) -> (Controller<Sim>, Vec<(f64, usize)>) {
+    drive_seen(spec, jobs, work, load, secs, View::Client, false)
+}
+
+/// [`drive`], seeing the server through `view`.
+fn drive_seen(
+    spec: PolicySpec,
+    jobs: &str,
+    work: &[f64],
+    load: impl Fn(f64) -> f64,
+    secs: f64,
+    view: View,
+    idle_jobs: bool,
+) -> (Controller<Sim>, Vec<(f64, usize)>) {
     let jobs: Vec<JobSpec> = JobFile::parse(jobs).unwrap().jobs;
     let sim = Sim {
         work: work.to_vec(),
@@ -134,6 +190,7 @@ fn drive(
     let share = Share {
         cpus: CpuSet::first(2),
         min_server: 1,
+        idle_jobs,
     };
     let mut c = Controller::new(sim, Policy::new(spec), jobs, share, EventLog::memory()).unwrap();
     let mut cores = Vec::new();
@@ -141,14 +198,24 @@ fn drive(
     let mut t = 0.0;
     while t < secs {
         t += dt;
-        c.machine.advance(dt);
         let qps = load(t);
+        let cores_now = c.server_cores();
+        let rho = (qps / (cores_now as f64 * PER_CORE)).min(0.999);
+        // Idle-priority jobs on the server's CPUs are preempted at once, but they share its
+        // caches: 15% on its latency while they run there.
+        let shared = if c.machine.sharing() { 1.15 } else { 1.0 };
+        c.machine.advance(dt, rho);
+        let p95 = p95_us(qps, cores_now) * shared;
         let s = Signal {
             t: Duration::from_secs_f64(t),
-            p95_us: Some(p95_us(qps, c.server_cores())),
+            p95_us: (view == View::Client).then_some(p95),
             qps: Some(qps),
-            cpu: Some((qps / PER_CORE).min(c.server_cores() as f64)),
+            cpu: Some((qps / PER_CORE).min(cores_now as f64)),
             conns: Some(4),
+            // Inside the server: the same curve less the network's 50 µs; the mean queue
+            // of an M/M/1 at that load.
+            server_p95_us: (view == View::Server).then_some(p95 - 50.0),
+            queued: (view == View::Server).then_some(rho * rho / (1.0 - rho)),
         };
         c.step(&s).unwrap();
         assert_eq!(c.machine.server.len(), c.server_cores());
@@ -277,4 +344,151 @@ fn the_job_order_and_dependencies_hold_under_a_policy() {
     assert_eq!(names, ["a", "b", "d", "c"]);
     let e = |n: &str| c.queue.entries.iter().find(|e| e.spec.name == n).unwrap();
     assert!(e("b").started >= e("a").ended);
+}
+
+#[test]
+fn without_the_load_s_p95_the_guard_reacts_to_the_server_s_own() {
+    // Attached to a server under someone else's load: no --live file, only `stats latency`.
+    for spec in [reactive(), predictive()] {
+        let name = spec.name();
+        let (c, cores) = drive_seen(
+            spec,
+            ONE_JOB,
+            &[100.0],
+            step_load,
+            10.0,
+            View::Server,
+            false,
+        );
+        assert_eq!(at(&cores, 2.9), 1, "{name}: {cores:?}");
+        assert_eq!(at(&cores, 3.0), 2, "{name}: {cores:?}");
+        assert_eq!(at(&cores, 9.0), 1, "{name}: {cores:?}");
+        let grown = c.log.events.iter().find_map(|e| match e.what {
+            What::Cores { from: 1, to: 2, .. } => Some(e.reason.clone()),
+            _ => None,
+        });
+        if name == "reactive" {
+            assert!(grown.unwrap().contains("server p95"), "{name}");
+        }
+    }
+    // Told to use only the load's p95, the reactive policy has no latency and holds.
+    let client_only = PolicySpec::Reactive {
+        slack: Slack {
+            latency: crate::policy::LatencySource::Client,
+            ..SLACK
+        },
+    };
+    let (_, cores) = drive_seen(
+        client_only,
+        ONE_JOB,
+        &[100.0],
+        step_load,
+        4.0,
+        View::Server,
+        false,
+    );
+    assert!(cores.iter().all(|&(_, c)| c == 2), "{cores:?}");
+}
+
+#[test]
+fn a_queue_past_its_bound_grants_a_core_although_the_latency_is_within_the_slo() {
+    // 40k req/s on one core: ρ 0.8, p95 500 µs (slack 0.5), 3.2 connections queued.
+    let load = |t: f64| if t >= 3.0 { 40_000.0 } else { 10_000.0 };
+    let queue_bound = PolicySpec::Reactive {
+        slack: Slack {
+            max_queued: Some(2.0),
+            ..SLACK
+        },
+    };
+    let (_, plain) = drive_seen(
+        reactive(),
+        ONE_JOB,
+        &[100.0],
+        load,
+        5.0,
+        View::Server,
+        false,
+    );
+    let (c, bound) = drive_seen(
+        queue_bound,
+        ONE_JOB,
+        &[100.0],
+        load,
+        5.0,
+        View::Server,
+        false,
+    );
+    assert_eq!((at(&plain, 2.9), at(&bound, 2.9)), (1, 1));
+    assert_eq!(at(&plain, 4.0), 1);
+    assert_eq!(at(&bound, 3.0), 2);
+    let why = c.log.events.iter().find_map(|e| match e.what {
+        What::Cores { from: 1, to: 2, .. } => Some(e.reason.clone()),
+        _ => None,
+    });
+    assert!(why.unwrap().contains("connections queued > 2.0"));
+}
+
+#[test]
+fn idle_jobs_run_on_the_server_s_cores_of_a_static_split_that_leaves_them_none() {
+    // static-2 on two cores: without idle jobs the job never starts; with them it runs on
+    // the server's idle time (10k req/s: 90% of two cores) and finishes, the server keeping
+    // both cores all along.
+    let calm = |_: f64| 10_000.0;
+    let (plain, _) = drive(PolicySpec::Static { cores: 2 }, ONE_JOB, &[2.0], calm, 5.0);
+    assert!(plain.queue.entries[0].started.is_none());
+    let (c, cores) = drive_seen(
+        PolicySpec::Static { cores: 2 },
+        ONE_JOB,
+        &[2.0],
+        calm,
+        5.0,
+        View::Client,
+        true,
+    );
+    assert!(cores.iter().all(|&(_, n)| n == 2));
+    assert!(c.queue.all_done(), "{:?}", c.queue.entries[0]);
+    assert!(c.log.events.iter().any(|e| matches!(
+        &e.what,
+        What::Idle { on: true, job_cpus } if job_cpus == "0-1"
+    )));
+    // The job processes are at idle priority: the machine was told before the start.
+    assert!(c.machine.idle);
+}
+
+#[test]
+fn with_idle_jobs_the_reactive_policy_pauses_only_when_slack_runs_out() {
+    let spec = reactive();
+    let (c, cores) = drive_seen(spec, ONE_JOB, &[100.0], step_load, 10.0, View::Client, true);
+    let ev = &c.log.events;
+    let at_t = |e: &crate::event::Event| e.t_s;
+    // The first pause comes only with the step at 3 s: before it the job ran throughout,
+    // on its own core and the server's idle time.
+    let first_pause = ev
+        .iter()
+        .find(|e| matches!(e.what, What::Pause { .. }))
+        .map(at_t)
+        .expect("a pause");
+    assert!(
+        first_pause >= 3.0 - 1e-9,
+        "{first_pause}: {:#?}",
+        ev.iter()
+            .filter(|e| !matches!(e.what, What::Sample { .. }))
+            .collect::<Vec<_>>()
+    );
+    // At the step: both cores to the server (1.15 × 830 µs leaves slack < 5%), then the
+    // jobs off its cores too (idle off) and paused; after it, back on.
+    assert_eq!(at(&cores, 3.1), 2);
+    // (The initial share, at 0, is every core to the server and the jobs off them.)
+    let off = ev
+        .iter()
+        .find(|e| matches!(e.what, What::Idle { on: false, .. }) && e.t_s > 0.0)
+        .expect("idle off");
+    assert!(off.t_s >= 3.0 - 1e-9 && off.t_s < 6.0, "{}", off.t_s);
+    assert!(ev
+        .iter()
+        .any(|e| matches!(e.what, What::Idle { on: true, .. }) && e.t_s >= 6.0));
+    assert!(ev
+        .iter()
+        .any(|e| matches!(e.what, What::Resume { .. }) && e.t_s >= 6.0));
+    assert_eq!(at(&cores, 9.9), 1, "{cores:?}");
 }

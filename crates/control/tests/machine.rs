@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 
 use kvlab_control::machine::{
-    cpus_allowed, processes_in_group, state, CpuMethod, PauseMethod, System,
+    cpus_allowed, processes_in_group, sched_idle, state, CpuMethod, PauseMethod, System,
 };
 use kvlab_control::{CpuSet, JobFile, Machine};
 
@@ -67,9 +67,21 @@ fn cpus_move_and_jobs_stop_and_continue() {
         let readback = m.set_cpus(&two, &CpuSet::default()).unwrap();
         assert_eq!(readback, two.to_string());
         assert_eq!(cpus_allowed(server.id()), Some(two.clone()));
+        // Stopping completes asynchronously (a freezer says FREEZING, a signal waits for
+        // the process to run): wait for it, bounded.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while m.job_stopped(0) != Some(true) && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
         assert_eq!(m.job_stopped(0), Some(true), "{cpu:?} {pause:?}");
         if pause == PauseMethod::Signal {
+            // SIGSTOP takes effect when the process next runs (one in the middle of an
+            // uninterruptible read shows `D` until then): wait for it, bounded.
             for p in &group {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                while state(*p) != Some('T') && std::time::Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
                 assert_eq!(state(*p), Some('T'), "process {p}");
             }
         }
@@ -86,4 +98,44 @@ fn cpus_move_and_jobs_stop_and_continue() {
         server.kill().unwrap();
         server.wait().unwrap();
     }
+}
+
+#[test]
+fn idle_jobs_and_everything_they_fork_run_at_sched_idle() {
+    let all = CpuSet::allowed_now().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let mut server = Command::new("sleep")
+        .arg("60")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut m = System::new(
+        server.id(),
+        &all,
+        CpuMethod::Affinity,
+        PauseMethod::Signal,
+        work.path(),
+    )
+    .unwrap();
+    m.idle_jobs().unwrap();
+    let jobs = JobFile::parse("[[job]]\nname = \"j\"\ncommand = \"sleep 30 & sleep 30; wait\"")
+        .unwrap()
+        .jobs;
+    m.set_cpus(&all, &all).unwrap();
+    let pid = m.start(0, &jobs[0]).unwrap().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while processes_in_group(pid as i32).len() < 3 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    let group = processes_in_group(pid as i32);
+    assert!(group.len() >= 3, "{group:?}");
+    for p in &group {
+        assert_eq!(sched_idle(*p), Some(true), "job process {p}");
+    }
+    // The server is left alone.
+    assert_eq!(sched_idle(server.id()), Some(false));
+    m.stop_all();
+    drop(m);
+    server.kill().unwrap();
+    server.wait().unwrap();
 }

@@ -62,6 +62,17 @@ pub struct ControlArgs {
     /// ... for this many samples in a row.
     #[arg(long, default_value_t = DEFAULT_SLACK.hold)]
     hold: u32,
+    /// The latency the slack is taken on: auto (the load's p95 from --live when there is a
+    /// fresh one, else the server's own p95 over the sample from kvlab's `stats latency`),
+    /// client (only the load's) or server (only the server's: attached to a server under
+    /// someone else's load; it lacks network and client time, so give a tighter SLO).
+    #[arg(long, default_value = "auto")]
+    latency: String,
+    /// Also give the server a core when more connections than this wait for its event loops
+    /// on average over a sample (kvlab's `stats latency`) [default: the queue is only
+    /// logged].
+    #[arg(long, value_name = "N")]
+    max_queued: Option<f64>,
     /// predictive: requests/s the server sustains within the SLO with 1, 2, … cores
     /// (comma-separated; from the characterisation experiment).
     #[arg(long, value_name = "QPS,QPS,…")]
@@ -73,6 +84,11 @@ pub struct ControlArgs {
     /// use].
     #[arg(long, value_name = "LIST")]
     cpus: Option<String>,
+    /// Jobs also run on the server's CPUs, at idle priority (SCHED_IDLE): the server
+    /// preempts them, so they get its idle time; the policy's last step beyond every core
+    /// to the server is then the jobs paused (`idle` events in the log).
+    #[arg(long)]
+    idle_jobs: bool,
     /// The fewest cores the server keeps.
     #[arg(long, default_value_t = 1)]
     min_server_cores: usize,
@@ -113,9 +129,17 @@ fn policy(a: &ControlArgs) -> anyhow::Result<PolicySpec> {
         grow_slack: a.grow_slack,
         shrink_slack: a.shrink_slack,
         hold: a.hold,
+        latency: a
+            .latency
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!("--latency: {e}"))?,
+        max_queued: a.max_queued,
     };
     if !(slack.slo_p95_us > 0.0 && slack.grow_slack < slack.shrink_slack) {
         bail!("need --slo-p95-us > 0 and --grow-slack < --shrink-slack");
+    }
+    if slack.max_queued.is_some_and(|q| q.is_nan() || q < 0.0) {
+        bail!("--max-queued: a number of connections, 0 or more");
     }
     Ok(match a.policy.as_str() {
         "static" => PolicySpec::Static {
@@ -242,6 +266,7 @@ pub fn run(a: ControlArgs) -> anyhow::Result<()> {
         share: Share {
             cpus,
             min_server: a.min_server_cores,
+            idle_jobs: a.idle_jobs,
         },
         cpu_method: a.cpu_method.parse::<CpuMethod>()?,
         pause_method: a.pause_method.parse::<PauseMethod>()?,

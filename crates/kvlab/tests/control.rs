@@ -252,3 +252,224 @@ fn cores_move_and_jobs_pause_resume_and_finish() {
     }
     run("cgroup-v1", "freezer");
 }
+
+/// The `sample` events of a control log so far.
+fn samples(log: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["event"] == "sample")
+        .collect()
+}
+
+/// Waits (bounded) until the log holds `n` samples; returns how many it holds.
+fn wait_samples(log: &Path, n: usize, control: &mut std::process::Child) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let have = samples(log).len();
+        if have >= n || Instant::now() > deadline || matches!(control.try_wait(), Ok(Some(_))) {
+            return have;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Attached to a kvlab server under someone else's load (no `--live` file): the samples
+/// carry the server's own p95 and queue over each 100 ms from `stats latency`, which are 0
+/// while nobody loads it and positive under load, and the reactive guard acts on them
+/// (here it gives a core back on an idle server, where it used to hold for lack of a
+/// latency).
+#[test]
+fn attached_without_the_load_s_figures_the_server_s_windowed_latency_drives_the_guard() {
+    if !two_cpus() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("control.jsonl");
+    let port = free_port().unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let server = Spawn::new(KVLAB)
+        .args([
+            "server",
+            "-l",
+            "127.0.0.1",
+            "-t",
+            "1",
+            "-p",
+            &port.to_string(),
+        ])
+        .ready(Probe::Version(addr))
+        .start()
+        .unwrap();
+    let mut control = Command::new(KVLAB)
+        .args(["control", "--pid", &server.pid().to_string()])
+        .args(["--addr", &addr.to_string(), "--policy", "reactive"])
+        .args(["--slo-p95-us", "1000000", "--hold", "3", "--cpus", "0-1"])
+        .args(["--cpu-method", "affinity", "--pause-method", "signal"])
+        .args(["--work-dir", dir.path().to_str().unwrap()])
+        .args(["--log", log.to_str().unwrap(), "--duration", "60"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Idle first, then 3000 req/s for 2 s, then idle again.
+    let idle_before = wait_samples(&log, 8, &mut control);
+    let bench = Command::new(KVLAB)
+        .args(["bench", "-s", &addr.to_string(), "-q", "--qps", "3000"])
+        .args(["--duration", "2", "--connections", "2"])
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    let loaded_until = samples(&log).len();
+    wait_samples(&log, loaded_until + 5, &mut control);
+    // SIGTERM stops it cleanly (the server gets every CPU back).
+    unsafe { libc::kill(control.id() as i32, libc::SIGTERM) };
+    let out = control.wait_with_output().unwrap();
+    server.stop();
+    let context = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(bench.success() && out.status.success(), "{context}");
+    assert!(idle_before >= 8, "{context}");
+    let all = samples(&log);
+    let signal = |s: &serde_json::Value, k: &str| s["signal"][k].as_f64();
+    // Every sample after the first has the server's window (the first has no earlier
+    // reading to difference).
+    for s in &all[1..] {
+        assert!(signal(s, "server_p95_us").is_some(), "{s}");
+        assert!(signal(s, "queued").is_some(), "{s}");
+    }
+    // Idle windows: nothing served (the controller's own `stats` are not timed).
+    for s in &all[1..idle_before - 1] {
+        assert_eq!(signal(s, "server_p95_us"), Some(0.0), "{s}");
+    }
+    // Loaded windows: requests served, a positive p95.
+    let loaded: Vec<&serde_json::Value> = all[idle_before..loaded_until]
+        .iter()
+        .filter(|s| signal(s, "qps").is_some_and(|q| q > 1000.0))
+        .collect();
+    assert!(
+        loaded.len() >= 5,
+        "{} loaded samples\n{context}",
+        loaded.len()
+    );
+    for s in &loaded {
+        assert!(signal(s, "server_p95_us").unwrap() > 0.0, "{s}");
+    }
+    // The guard used the server's latency: a core given back on its slack.
+    let events: Vec<serde_json::Value> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        events.iter().any(|e| e["event"] == "cores"
+            && e["to"] == 1
+            && e["reason"].as_str().unwrap().contains("server p95")),
+        "{context}"
+    );
+}
+
+/// A tiny control workflow through `kvlab lab run` (the shape of the shipped
+/// `control-workflow`, shrunk): one seed, one trace interval, the static split that leaves
+/// the jobs no core (the trace alone), the same with idle jobs, and reactive with idle jobs,
+/// on kvlab's server; every run is stored without error, the idle ones' job ends, and the
+/// report is written.
+#[test]
+fn a_tiny_control_workflow_runs_every_policy_and_writes_its_report() {
+    if !two_cpus() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("jobs.toml"),
+        "[[job]]\nname = \"sort\"\ncommand = \"seq 1 200000 | sort -rn > {work}/sorted\"\n\
+         cores = [1, 2]\n",
+    )
+    .unwrap();
+    let exp = dir.path().join("tiny-workflow.toml");
+    std::fs::write(
+        &exp,
+        r#"
+name = "tiny-workflow"
+jobs = "jobs.toml"
+seeds = [1]
+qps_min = 500
+qps_max = 2000
+qps_intervals = [1]
+duration = 3
+grace = 20
+slo_p95_us = 100000
+cpus = "0-1"
+generator_cpus = "1"
+cpu_method = "affinity"
+pause_method = "signal"
+[workload]
+keys = 1000
+value_size = 32
+connections = 2
+[[system]]
+name = "kvlab"
+args = ["-t", "2", "-m", "16"]
+[[policy]]
+name = "static-2"
+policy = "static"
+cores = 2
+[[policy]]
+name = "static-2-idle"
+policy = "static"
+cores = 2
+idle_jobs = true
+[[policy]]
+name = "reactive-idle"
+policy = "reactive"
+idle_jobs = true
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = Command::new(KVLAB)
+        .args([
+            "lab",
+            "run",
+            exp.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let context = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{context}");
+    let mut raws: Vec<_> = std::fs::read_dir(out.join("raw"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    raws.sort();
+    assert_eq!(raws.len(), 3, "{context}");
+    for (f, policy) in raws
+        .iter()
+        .zip(["static-2", "static-2-idle", "reactive-idle"])
+    {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
+        assert_eq!(v["policy"], policy);
+        assert!(v["error"].is_null(), "{policy}: {}\n{context}", v["error"]);
+        let jobs = v["outcome"]["summary"]["jobs"].as_array().unwrap();
+        if policy == "static-2" {
+            // No core for the jobs: the trace alone.
+            assert!(jobs.is_empty(), "{v}");
+        } else {
+            // On the server's idle time the job ran and ended with 0.
+            assert_eq!(jobs.len(), 1, "{policy}: {v}");
+            assert_eq!(jobs[0]["exit"], 0, "{policy}: {v}");
+        }
+    }
+    assert!(out.join("report").join("index.html").is_file());
+}

@@ -150,6 +150,13 @@
 //! name = "part<i>"            # name, description, systems = [names], repetitions,
 //!                             # duration, warmup, corunner, [part.workload] (over
 //!                             # [workload]), [part.factors], design, points
+//!
+//! [speedup]                   # after the parts: each batch job of a job file alone at
+//! jobs = <required>           # each of its core counts (threads = cores, pinned with
+//! cpus = <any>                # taskset to that many of `cpus`), `repetitions` times;
+//! repetitions = 1             # jobs: shipped (control-jobs, control-jobs-quick) or a path
+//!                             # next to this file; stored in speedup.json, reported as a
+//!                             # plot and a table of runtime vs cores (`speedup`)
 //! ```
 //!
 //! A proxy's CPU (the runner's /proc reading) is the proxy process' own; for each run the
@@ -172,6 +179,7 @@ pub mod analyse;
 pub mod runner;
 pub mod scaling;
 pub mod spec;
+pub mod speedup;
 pub mod system;
 pub mod workflow;
 
@@ -203,6 +211,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
     (
         "control-workflow-quick",
         include_str!("../../../experiments/control-workflow-quick.toml"),
+    ),
+    (
+        "control-workflow-idle",
+        include_str!("../../../experiments/control-workflow-idle.toml"),
     ),
     (
         "factorial-2k",
@@ -423,7 +435,15 @@ impl Lab {
         std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
         let mut meta = runner::Meta::collect(&source.label, &source.text, overrides);
         let raws = runner::run_experiment(&exp, &mut meta, &out, self.kvlab_bin.as_deref())?;
-        let a = analyse::analyse(&exp, &meta, &raws)?;
+        if let Some(sp) = &exp.speedup {
+            let base = Path::new(&source.label)
+                .parent()
+                .filter(|p| p.exists())
+                .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+            speedup::run(sp, &base, &out)?;
+        }
+        let mut a = analyse::analyse(&exp, &meta, &raws)?;
+        speedup::add_stored(&out, &mut a)?;
         let report = analyse::write(&out, &a)?;
         Ok(Finished {
             dir: out,
@@ -489,7 +509,8 @@ pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
     let (meta, raws) = runner::load(dir)?;
     let exp = Experiment::parse(&meta.experiment_text, "experiment", &meta.overrides)
         .context("the experiment stored in meta.json")?;
-    let a = analyse::analyse(&exp, &meta, &raws)?;
+    let mut a = analyse::analyse(&exp, &meta, &raws)?;
+    speedup::add_stored(dir, &mut a)?;
     let report = analyse::write(dir, &a)?;
     Ok(Finished {
         dir: dir.to_path_buf(),

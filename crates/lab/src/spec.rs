@@ -53,6 +53,28 @@ struct FileSpec {
     points: Vec<toml::Table>,
     #[serde(default, rename = "part")]
     parts: Vec<PartSpec>,
+    speedup: Option<SpeedupFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SpeedupFile {
+    jobs: String,
+    cpus: Option<String>,
+    repetitions: Option<usize>,
+}
+
+/// An experiment's `[speedup]`: each batch job of a job file alone at each of its core
+/// counts, after the parts (see [`crate::speedup`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpeedupSpec {
+    /// The job file: shipped (`control-jobs`, `control-jobs-quick`) or a path next to the
+    /// experiment file.
+    pub jobs: String,
+    /// The CPUs to pin to (default: all this process may use).
+    pub cpus: Option<String>,
+    /// Runs per job and core count.
+    pub repetitions: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -559,6 +581,8 @@ pub struct Experiment {
     pub systems: Vec<SystemSpec>,
     /// Parts, run in order.
     pub parts: Vec<Part>,
+    /// The batch jobs' speed-up runs after the parts, if any.
+    pub speedup: Option<SpeedupSpec>,
 }
 
 /// The keys of the `[workload]` table.
@@ -843,6 +867,20 @@ impl Experiment {
             }
             parts.push(part);
         }
+        let speedup = match f.speedup {
+            Some(sp) => {
+                let repetitions = sp.repetitions.unwrap_or(1);
+                if repetitions == 0 {
+                    bail!("[speedup] repetitions must be at least 1");
+                }
+                Some(SpeedupSpec {
+                    jobs: sp.jobs,
+                    cpus: sp.cpus,
+                    repetitions,
+                })
+            }
+            None => None,
+        };
         let name = f.name.clone().unwrap_or_else(|| default_name.to_string());
         if name.is_empty()
             || !name
@@ -860,6 +898,7 @@ impl Experiment {
             seed: f.seed.unwrap_or(1),
             systems: f.systems,
             parts,
+            speedup,
         })
     }
 

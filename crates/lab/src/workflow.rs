@@ -35,7 +35,10 @@
 //! [[system]]                     # as in lab experiments (name, kind, args, binary, …)
 //! [[policy]]                     # name (default: the policy), policy = "static" |
 //! policy = "static"              # "reactive" | "predictive"; cores (static); capacity,
-//! cores = 1                      # headroom (predictive); grow_slack, shrink_slack, hold
+//! cores = 1                      # headroom (predictive); grow_slack, shrink_slack, hold,
+//!                                # latency ("auto" | "client" | "server"), max_queued;
+//!                                # idle_jobs = true: jobs also on the server's CPUs at
+//!                                # SCHED_IDLE (kvlab control --idle-jobs)
 //! ```
 //!
 //! A window's p95 is not kept by the load generator, only each 100 ms interval's; a window
@@ -82,6 +85,10 @@ struct PolicyEntry {
     grow_slack: Option<f64>,
     shrink_slack: Option<f64>,
     hold: Option<u32>,
+    latency: Option<String>,
+    max_queued: Option<f64>,
+    #[serde(default)]
+    idle_jobs: bool,
 }
 
 /// A control experiment as written.
@@ -161,12 +168,19 @@ impl WorkflowSpec {
         self.slo_p95_us.unwrap_or(DEFAULT_SLACK.slo_p95_us)
     }
 
-    fn policy(&self, p: &PolicyEntry) -> anyhow::Result<(String, PolicySpec)> {
+    /// A `[[policy]]`: its name, the policy, and whether jobs also use the server's CPUs
+    /// at idle priority.
+    fn policy(&self, p: &PolicyEntry) -> anyhow::Result<(String, PolicySpec, bool)> {
         let slack = Slack {
             slo_p95_us: self.slo(),
             grow_slack: p.grow_slack.unwrap_or(DEFAULT_SLACK.grow_slack),
             shrink_slack: p.shrink_slack.unwrap_or(DEFAULT_SLACK.shrink_slack),
             hold: p.hold.unwrap_or(DEFAULT_SLACK.hold),
+            latency: match &p.latency {
+                Some(l) => l.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+                None => DEFAULT_SLACK.latency,
+            },
+            max_queued: p.max_queued,
         };
         let spec = match p.policy.as_str() {
             "static" => PolicySpec::Static {
@@ -184,20 +198,26 @@ impl WorkflowSpec {
             o => bail!("policy {o:?}: static, reactive or predictive"),
         };
         let name = p.name.clone().unwrap_or_else(|| spec.name().to_string());
-        Ok((name, spec))
+        Ok((name, spec, p.idle_jobs))
     }
 
     /// The job file it names, resolved next to `base` (the experiment file's folder) or
     /// shipped.
     fn job_file(&self, base: &Path) -> anyhow::Result<(String, JobFile)> {
-        if let Some((_, text)) = SHIPPED_JOBS.iter().find(|(n, _)| *n == self.jobs) {
-            return Ok((text.to_string(), JobFile::parse(text)?));
-        }
-        let p = base.join(&self.jobs);
-        let text = std::fs::read_to_string(&p)
-            .with_context(|| format!("reading the job file {}", p.display()))?;
-        Ok((text.clone(), JobFile::parse(&text)?))
+        job_file(&self.jobs, base)
     }
+}
+
+/// The job file `name`: a shipped one (`control-jobs`, `control-jobs-quick`) or a path
+/// relative to `base` (the experiment file's folder); its text and its jobs.
+pub fn job_file(name: &str, base: &Path) -> anyhow::Result<(String, JobFile)> {
+    if let Some((_, text)) = SHIPPED_JOBS.iter().find(|(n, _)| *n == name) {
+        return Ok((text.to_string(), JobFile::parse(text)?));
+    }
+    let p = base.join(name);
+    let text = std::fs::read_to_string(&p)
+        .with_context(|| format!("reading the job file {}", p.display()))?;
+    Ok((text.clone(), JobFile::parse(&text)?))
 }
 
 /// One run as stored in `raw/NNNN.json`.
@@ -385,7 +405,7 @@ pub fn run(
     crate::runner::write_json(&out.join("meta.json"), &meta)?;
     eprintln!("making the jobs' inputs in {}", work.display());
     kvlab_control::controller::prepare(&jobs.prepare, &work)?;
-    let policies: Vec<(String, PolicySpec)> = spec
+    let policies: Vec<(String, PolicySpec, bool)> = spec
         .policies
         .iter()
         .map(|p| spec.policy(p))
@@ -402,7 +422,7 @@ pub fn run(
     'all: for &seed in &spec.seeds {
         for &interval in &spec.qps_intervals {
             for (si, sys) in spec.systems.iter().enumerate() {
-                for (pname, policy) in &policies {
+                for (pname, policy, idle_jobs) in &policies {
                     if stopped() {
                         eprintln!("stopped by a signal");
                         break 'all;
@@ -413,8 +433,8 @@ pub fn run(
                         sys.name
                     );
                     let run = one(
-                        &spec, index, si, sys, pname, policy, interval, seed, &jobs, &cpus,
-                        &generator, &work, out, kvlab_bin, &stopped,
+                        &spec, index, si, sys, pname, policy, *idle_jobs, interval, seed, &jobs,
+                        &cpus, &generator, &work, out, kvlab_bin, &stopped,
                     );
                     match (&run.error, &run.outcome) {
                         (Some(e), _) => eprintln!("        failed: {e}"),
@@ -447,6 +467,7 @@ fn one(
     sys: &SystemSpec,
     pname: &str,
     policy: &PolicySpec,
+    idle_jobs: bool,
     interval: f64,
     seed: u64,
     jobs: &JobFile,
@@ -472,7 +493,8 @@ fn one(
         error: None,
     };
     if let Err(e) = one_inner(
-        spec, &mut run, si, sys, policy, jobs, cpus, generator, work, out, kvlab_bin, stop,
+        spec, &mut run, si, sys, policy, idle_jobs, jobs, cpus, generator, work, out, kvlab_bin,
+        stop,
     ) {
         run.error = Some(format!("{e:#}"));
     }
@@ -486,6 +508,7 @@ fn one_inner(
     si: usize,
     sys: &SystemSpec,
     policy: &PolicySpec,
+    idle_jobs: bool,
     jobs: &JobFile,
     cpus: &CpuSet,
     generator: &str,
@@ -561,13 +584,14 @@ fn one_inner(
         share: Share {
             cpus: cpus.clone(),
             min_server: 1,
+            idle_jobs,
         },
         cpu_method: spec.cpu_method.as_deref().unwrap_or("auto").parse()?,
         pause_method: spec.pause_method.as_deref().unwrap_or("auto").parse()?,
         interval: app::DEFAULT_INTERVAL,
         // A static split that leaves the jobs no core runs the trace alone: no grace.
         max: Duration::from_secs_f64(match policy {
-            PolicySpec::Static { cores } if *cores >= cpus.len() => spec.duration,
+            PolicySpec::Static { cores } if *cores >= cpus.len() && !idle_jobs => spec.duration,
             _ => spec.duration + spec.grace.unwrap_or(60.0),
         }),
         until_jobs_done: true,
@@ -628,7 +652,8 @@ fn static_reference(runs: &[WorkflowRun], system: &str, interval: &str) -> Optio
         .map(|(n, _, v)| (n, mean_sd(&v.into_iter().flatten().collect::<Vec<_>>()).0))
 }
 
-fn mean_sd(v: &[f64]) -> (f64, f64) {
+/// Mean and sample standard deviation (NaN for none, sd 0 for one).
+pub fn mean_sd(v: &[f64]) -> (f64, f64) {
     let n = v.len() as f64;
     if v.is_empty() {
         return (f64::NAN, f64::NAN);
@@ -1004,7 +1029,32 @@ mod tests {
         let spec = WorkflowSpec::parse(text).unwrap();
         let (_, jobs) = spec.job_file(Path::new("/nonexistent")).unwrap();
         assert_eq!(jobs.jobs.len(), 7);
-        assert_eq!(spec.policies.len(), 4);
+        // The issue's matrix in one file: 3 seeds x {10, 5, 1} s x {the static split that
+        // meets the SLO at the peak (static-2), reactive, predictive} x {kvlab, memcached},
+        // plus static-1 and the idle-priority variants.
+        assert_eq!(spec.seeds, [1, 2, 3]);
+        assert_eq!(spec.qps_intervals, [10.0, 5.0, 1.0]);
+        let systems: Vec<&str> = spec.systems.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(systems, ["kvlab", "memcached"]);
+        let policies: Vec<(String, PolicySpec, bool)> = spec
+            .policies
+            .iter()
+            .map(|p| spec.policy(p).unwrap())
+            .collect();
+        let names: Vec<&str> = policies.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "static-2",
+                "static-1",
+                "reactive",
+                "predictive",
+                "static-2-idle",
+                "predictive-idle"
+            ]
+        );
+        assert!(matches!(policies[0].1, PolicySpec::Static { cores: 2 }) && !policies[0].2);
+        assert!(policies[4].2 && policies[5].2);
         assert!(
             WorkflowSpec::parse(&text.replace("policy = \"reactive\"", "policy = \"fast\""))
                 .is_err()

@@ -111,6 +111,45 @@ fn tiny_experiment_through_the_library() {
     );
 }
 
+#[test]
+fn a_speedup_section_follows_the_parts_and_is_reanalysed() {
+    if kvlab_client::process::which("taskset").is_none() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("out");
+    std::fs::write(
+        tmp.path().join("jobs.toml"),
+        "[[job]]\nname = \"spin\"\ncommand = \"seq {threads}000 > /dev/null\"\ncores = [1, 2]\n",
+    )
+    .unwrap();
+    let text = TINY
+        .replace("clients = [1, 2]", "clients = [1]")
+        .replace("repetitions = 2", "repetitions = 1")
+        + "\n[speedup]\njobs = \"jobs.toml\"\ncpus = \"0\"\nrepetitions = 2\n";
+    let label = tmp.path().join("tiny-speedup.toml");
+    std::fs::write(&label, &text).unwrap();
+    let source = Source {
+        label: label.display().to_string(),
+        text,
+        stem: "tiny-speedup".into(),
+    };
+    let done = Lab::with_kvlab_bin(kvlab_bin())
+        .run(&source, &Overrides::default(), Some(out.clone()))
+        .unwrap();
+    // One CPU given: the job at 1 core only, twice.
+    let stored: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("speedup.json")).unwrap()).unwrap();
+    assert_eq!(stored["runs"].as_array().unwrap().len(), 2, "{stored}");
+    assert!(done.summary.contains("spin: 1 core(s)"), "{}", done.summary);
+    let html = std::fs::read_to_string(&done.report).unwrap();
+    assert!(html.contains("Batch jobs: runtime vs cores"));
+    std::fs::remove_dir_all(out.join("report")).unwrap();
+    let again = analyse_dir(&out).unwrap();
+    assert_eq!(again.summary, done.summary);
+    assert_eq!(std::fs::read_to_string(&again.report).unwrap(), html);
+}
+
 const TINY_PROXY: &str = r#"
 name = "tiny-proxy"
 repetitions = 1

@@ -231,6 +231,8 @@ impl<A: App> EventLoop<A> {
                         if let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) {
                             conn.readable = true;
                             conn.last_active = self.idle.now();
+                            let waited = self.idle.now().elapsed().as_nanos() as u64;
+                            self.service.record_wait(waited);
                         }
                         self.serve(i);
                     }

@@ -230,6 +230,22 @@ pub trait Service: Send + 'static {
     /// Service times (ns) of the requests processed from one batch of input.
     fn record_service(&mut self, samples: &[u64]);
 
+    /// Whether `req`'s service time is recorded. By default every request's is; a service
+    /// leaves out what only observes it (a server's `stats`, which a monitor asks often
+    /// and which would otherwise be most of an idle server's figures).
+    fn timed(&self, req: &Request<'_>) -> bool {
+        let _ = req;
+        true
+    }
+
+    /// A ready connection waited `waited_ns` for its event loop: from the poll's return
+    /// that reported it to the loop serving it, while the loop served the connections
+    /// before it in that round (the time a ready client waits for a busy thread). By
+    /// default not recorded.
+    fn record_wait(&mut self, waited_ns: u64) {
+        let _ = waited_ns;
+    }
+
     /// A connection on socket `fd` begins (over TLS if `tls`), with `conn` its state (a
     /// log line names the client's socket, as memcached's `cfd=`; a TLS connection cannot
     /// be handed off as a plain socket).

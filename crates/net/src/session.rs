@@ -198,8 +198,10 @@ impl<S: Service> Session<S> {
             && self.pending_output() < OUTPUT_HIGH_WATER
         {
             let parsed = parse(&self.input[self.start..self.end], &self.limits);
+            let mut timed = true;
             match parsed {
                 Parsed::Request { request, consumed } => {
+                    timed = service.timed(&request);
                     let hold = self.output.len();
                     let rerun = std::mem::take(&mut self.rerun);
                     match service.call(&mut self.conn, &request, &mut self.output, rerun) {
@@ -298,8 +300,10 @@ impl<S: Service> Session<S> {
                 }
             }
             let now = Instant::now();
-            self.samples
-                .push(now.duration_since(clock).as_nanos() as u64);
+            if timed {
+                self.samples
+                    .push(now.duration_since(clock).as_nanos() as u64);
+            }
             clock = now;
         }
         if self.start == self.end {

@@ -12,12 +12,16 @@
 //! gets per second over all clients. Both servers get the same certificate (a self-signed
 //! one made here), the same `-t`, and run on 127.0.0.1.
 
+#[path = "../tests/common/tls_client.rs"]
+mod tls_client;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tls_client::tls_client;
 
 struct Args {
     kvlab: String,
@@ -63,29 +67,6 @@ fn args() -> Args {
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
-}
-
-fn tls_client(
-    addr: SocketAddr,
-    der: &[u8],
-) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls::pki_types::CertificateDer::from(der.to_vec()))
-        .expect("root");
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let conn = rustls::ClientConnection::new(Arc::new(config), name).expect("client");
-    let sock = TcpStream::connect(addr).expect("connect");
-    sock.set_nodelay(true).expect("nodelay");
-    sock.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    rustls::StreamOwned::new(conn, sock)
 }
 
 fn read_until<R: Read>(s: &mut R, buf: &mut Vec<u8>, ends: &[u8], count: usize) {

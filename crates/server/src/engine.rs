@@ -387,6 +387,11 @@ impl Engine {
                 let classes = &self.server.admin.classes;
                 return slabs::stats_slabs(&self.store, classes, now, out);
             }
+            Some(b"latency") => {
+                for (name, value) in self.server.latency() {
+                    r::stat(out, &name, value);
+                }
+            }
             Some(b"conns") => {
                 r::stat(
                     out,
@@ -991,6 +996,14 @@ impl kvlab_net::Service for Engine {
 
     fn record_service(&mut self, samples: &[u64]) {
         self.worker.record_service(samples);
+    }
+
+    fn timed(&self, req: &Request<'_>) -> bool {
+        !matches!(req, Request::Stats { .. })
+    }
+
+    fn record_wait(&mut self, waited_ns: u64) {
+        self.worker.wait_buckets.record(waited_ns);
     }
 
     fn bytes_read(&mut self, n: usize) {

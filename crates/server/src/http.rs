@@ -112,11 +112,7 @@ impl HttpServer {
         shared: Arc<Shared>,
         admin_token: Option<String>,
     ) -> io::Result<HttpServer> {
-        let app = router(App {
-            shared,
-            admin_token: admin_token.map(Arc::from),
-        });
-        Self::serve(at, app, "kvlab-http")
+        Self::serve(at, rest_router(shared, admin_token), "kvlab-http")
     }
 
     /// Binds `at` and serves `app` on a thread named `name` with its own two-worker tokio
@@ -197,6 +193,15 @@ impl Drop for HttpServer {
             let _ = s.send(true);
         }
     }
+}
+
+/// The REST interface's routes over `shared`, as [`HttpServer::start`] serves them, for
+/// callers that drive it in-process (the fuzz targets).
+pub fn rest_router(shared: Arc<Shared>, admin_token: Option<String>) -> Router {
+    router(App {
+        shared,
+        admin_token: admin_token.map(Arc::from),
+    })
 }
 
 fn router(app: App) -> Router {

@@ -29,6 +29,10 @@ macro_rules! worker_counters {
             $( $(#[doc = $doc])* pub $field: AtomicU64, )*
             /// Request service times in nanoseconds (parse start to reply composed).
             pub service_ns: Mutex<Option<Histogram<u64>>>,
+            /// The same service times in `stats latency`'s fixed buckets.
+            pub service_buckets: LatencyBuckets,
+            /// How long ready connections waited for this worker's event loop.
+            pub wait_buckets: LatencyBuckets,
         }
 
         impl WorkerStats {
@@ -84,6 +88,9 @@ impl WorkerStats {
         if samples.is_empty() {
             return;
         }
+        for &s in samples {
+            self.service_buckets.record(s);
+        }
         let mut h = self.service_ns.lock();
         let h = h.get_or_insert_with(new_histogram);
         for &s in samples {
@@ -94,6 +101,98 @@ impl WorkerStats {
     fn reset(&self) {
         self.reset_counters();
         *self.service_ns.lock() = None;
+        self.service_buckets.reset();
+        self.wait_buckets.reset();
+    }
+}
+
+/// Number of finite buckets of `stats latency`.
+pub const LATENCY_BUCKETS: usize = 68;
+
+/// Upper bounds (µs) of `stats latency`'s buckets: 1, 2, 3, 4, 5, 6, 8 µs, then ten per
+/// decade (10, 12, 15, 20, 25, 30, 40, 50, 60, 80 × 10^k) up to 10 s. A percentile read
+/// from them by interpolation is off by less than one bucket's width (at most a third of
+/// its value), which is enough to compare against an SLO, and they are few enough to read
+/// every 100 ms.
+pub const LATENCY_BOUNDS_US: [u64; LATENCY_BUCKETS] = latency_bounds();
+
+const fn latency_bounds() -> [u64; LATENCY_BUCKETS] {
+    const SMALL: [u64; 7] = [1, 2, 3, 4, 5, 6, 8];
+    const MANTISSAS: [u64; 10] = [10, 12, 15, 20, 25, 30, 40, 50, 60, 80];
+    let mut b = [0; LATENCY_BUCKETS];
+    let mut i = 0;
+    while i < SMALL.len() {
+        b[i] = SMALL[i];
+        i += 1;
+    }
+    let mut scale = 1;
+    while scale <= 100_000 {
+        let mut m = 0;
+        while m < MANTISSAS.len() {
+            b[i] = MANTISSAS[m] * scale;
+            i += 1;
+            m += 1;
+        }
+        scale *= 10;
+    }
+    b[i] = 10_000_000;
+    b
+}
+
+/// A latency histogram in [`LATENCY_BOUNDS_US`]' buckets (and one past the last), with the
+/// values' sum: counts only ever grow (until `stats reset`), so a reader takes the
+/// difference of two readings for the window between them. Written by one worker thread
+/// (relaxed adds on its own lines), summed by readers.
+pub struct LatencyBuckets {
+    counts: [AtomicU64; LATENCY_BUCKETS + 1],
+    sum_ns: AtomicU64,
+}
+
+impl Default for LatencyBuckets {
+    fn default() -> Self {
+        LatencyBuckets {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LatencyBuckets {
+    /// Counts one value (ns) in the first bucket whose bound is at least it.
+    pub fn record(&self, ns: u64) {
+        let i = LATENCY_BOUNDS_US.partition_point(|&b| b * 1000 < ns);
+        self.counts[i].fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(ns, Relaxed);
+    }
+
+    fn reset(&self) {
+        for c in &self.counts {
+            c.store(0, Relaxed);
+        }
+        self.sum_ns.store(0, Relaxed);
+    }
+
+    /// `stats latency` lines of the sum over `all`, names starting with `prefix`: `_count`,
+    /// `_sum_us`, then `_le_<bound µs>`: how many took at most that long (cumulative, as a
+    /// Prometheus histogram's buckets).
+    fn render<'b>(
+        prefix: &str,
+        all: impl Iterator<Item = &'b LatencyBuckets> + Clone,
+    ) -> Vec<(String, u64)> {
+        let counts: Vec<u64> = (0..=LATENCY_BUCKETS)
+            .map(|i| all.clone().map(|b| b.counts[i].load(Relaxed)).sum())
+            .collect();
+        let sum_ns: u64 = all.map(|b| b.sum_ns.load(Relaxed)).sum();
+        let mut out = vec![
+            (format!("{prefix}_count"), counts.iter().sum()),
+            (format!("{prefix}_sum_us"), sum_ns / 1000),
+        ];
+        let mut below = 0;
+        for (bound, n) in LATENCY_BOUNDS_US.iter().zip(&counts) {
+            below += n;
+            out.push((format!("{prefix}_le_{bound}"), below));
+        }
+        out
     }
 }
 
@@ -292,6 +391,20 @@ impl ServerStats {
         Snapshot { fields }
     }
 
+    /// `stats latency`: the requests' service times and the ready connections' waits for
+    /// their event loop as cumulative histograms ([`LatencyBuckets`]), summed over the
+    /// workers.
+    pub fn latency(&self) -> Vec<(String, u64)> {
+        let workers = self.workers.iter().map(Arc::as_ref);
+        let mut out =
+            LatencyBuckets::render("service_time", workers.clone().map(|w| &w.service_buckets));
+        out.extend(LatencyBuckets::render(
+            "loop_wait",
+            workers.map(|w| &w.wait_buckets),
+        ));
+        out
+    }
+
     /// A server-wide record for unit tests that run an engine without a server.
     pub fn for_tests(workers: Vec<Arc<WorkerStats>>) -> ServerStats {
         ServerStats {
@@ -464,4 +577,44 @@ pub fn prometheus(snapshot: &Snapshot) -> String {
         let _ = writeln!(out, "# TYPE kvlab_{name} {kind}\nkvlab_{name} {value}");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_bounds_grow_by_at_most_a_half() {
+        assert_eq!(LATENCY_BOUNDS_US[0], 1);
+        assert_eq!(LATENCY_BOUNDS_US[LATENCY_BUCKETS - 1], 10_000_000);
+        for w in LATENCY_BOUNDS_US.windows(2) {
+            assert!(w[0] < w[1], "{w:?}");
+            assert!(w[1] * 2 <= w[0] * 3 || w[0] < 10, "{w:?}");
+        }
+    }
+
+    #[test]
+    fn latency_buckets_count_cumulatively_by_bound() {
+        let w = WorkerStats::default();
+        // 0.5 µs and 1 µs in the first bucket, 1.001 µs in the second, 900 µs in le_1000,
+        // 20 s past every bound.
+        w.record_service(&[500, 1000, 1001, 900_000, 20_000_000_000]);
+        let lines: std::collections::HashMap<String, u64> =
+            LatencyBuckets::render("s", [&w.service_buckets].into_iter())
+                .into_iter()
+                .collect();
+        assert_eq!(lines["s_count"], 5);
+        assert_eq!(
+            lines["s_sum_us"],
+            (500 + 1000 + 1001 + 900_000 + 20_000_000_000) / 1000
+        );
+        assert_eq!(lines["s_le_1"], 2);
+        assert_eq!(lines["s_le_2"], 3);
+        assert_eq!(lines["s_le_800"], 3);
+        assert_eq!(lines["s_le_1000"], 4);
+        assert_eq!(lines["s_le_10000000"], 4);
+        w.reset();
+        let lines = LatencyBuckets::render("s", [&w.service_buckets].into_iter());
+        assert!(lines.iter().all(|(_, n)| *n == 0));
+    }
 }

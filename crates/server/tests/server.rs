@@ -122,6 +122,40 @@ fn stats_has_memcached_fields_and_service_times() {
 }
 
 #[test]
+fn stats_latency_counts_every_request_in_cumulative_buckets() {
+    for &io in IoModel::ALL {
+        let (server, _clock) = start(io, |c| c.memory_limit = 8 << 20);
+        let mut s = connect(server.addr());
+        let num = |m: &std::collections::HashMap<String, String>, k: &str| -> u64 {
+            m[k].parse().expect("number")
+        };
+        let before = stats_map(&mut s, "latency");
+        exchange(&mut s, b"set a 0 0 1\r\n1\r\n", b"STORED\r\n");
+        for _ in 0..50 {
+            exchange(&mut s, b"get a\r\n", b"END\r\n");
+        }
+        let after = stats_map(&mut s, "latency");
+        // The set and the 50 gets were served in between (`stats` is not timed).
+        let served = num(&after, "service_time_count") - num(&before, "service_time_count");
+        assert_eq!(served, 51, "{}", io.name());
+        let mut last = 0;
+        for bound in kvlab_server::stats::LATENCY_BOUNDS_US {
+            let n = num(&after, &format!("service_time_le_{bound}"));
+            assert!(n >= last, "{}: le_{bound} {n} < {last}", io.name());
+            last = n;
+        }
+        assert!(last <= num(&after, "service_time_count"));
+        // Every request waited (for no time, or a little) for an event loop under the event
+        // loop models; the others have none.
+        let waits = num(&after, "loop_wait_count") - num(&before, "loop_wait_count");
+        match io.name() {
+            "reactor" | "epoll" => assert!(waits >= 51, "{}: {waits} waits", io.name()),
+            _ => assert_eq!(waits, 0, "{}", io.name()),
+        }
+    }
+}
+
+#[test]
 fn connection_limit_is_refused_cleanly() {
     for &io in IoModel::ALL {
         let (server, _clock) = start(io, |c| c.max_connections = 2);

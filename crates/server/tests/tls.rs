@@ -3,12 +3,14 @@
 //! refused.
 
 mod common;
+#[path = "common/tls_client.rs"]
+mod tls_client;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
+use tls_client::tls_client;
 
 use common::*;
 use kvlab_client::testing::Memcached;
@@ -28,28 +30,6 @@ fn certificate(dir: &Path) -> (TlsSettings, Vec<u8>) {
         ..TlsSettings::default()
     };
     (settings, cert.cert.der().to_vec())
-}
-
-fn client(
-    addr: SocketAddr,
-    der: &[u8],
-) -> rustls::StreamOwned<rustls::ClientConnection, TcpStream> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(rustls::pki_types::CertificateDer::from(der.to_vec()))
-        .expect("root");
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .expect("versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
-    let conn = rustls::ClientConnection::new(Arc::new(config), name).expect("client");
-    let sock = TcpStream::connect(addr).expect("connect");
-    sock.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    rustls::StreamOwned::new(conn, sock)
 }
 
 /// Sends `req` over TLS and reads until the reply ends with `until`.
@@ -102,7 +82,7 @@ fn get_and_set_over_tls_as_in_plain_text_and_in_memcached() {
     );
     let mc = Memcached::start_with(&["-Z", "-o", &opts])
         .unwrap_or_else(|e| panic!("{e} (.ci/run installs memcached)"));
-    let mut s = client(mc.addr, &der);
+    let mut s = tls_client(mc.addr, &der);
     let got = exchange_tls(&mut s, &small_req, b"MN\r\n");
     assert!(
         got == small_want,
@@ -113,7 +93,7 @@ fn get_and_set_over_tls_as_in_plain_text_and_in_memcached() {
     for io in [IoModel::Reactor, IoModel::Epoll, IoModel::Threaded] {
         let tls = settings.clone();
         let (server, _clock) = start(io, move |c| c.tls = Some(tls));
-        let mut s = client(server.addr(), &der);
+        let mut s = tls_client(server.addr(), &der);
         let got = exchange_tls(&mut s, &req, b"MN\r\n");
         assert!(
             got == want,
@@ -123,7 +103,7 @@ fn get_and_set_over_tls_as_in_plain_text_and_in_memcached() {
             want.len()
         );
         // A second connection, and a value split across many small writes.
-        let mut s = client(server.addr(), &der);
+        let mut s = tls_client(server.addr(), &der);
         for chunk in req.chunks(997) {
             s.write_all(chunk).expect("write");
         }

@@ -1,0 +1,3 @@
+#![no_main]
+// See kvlab_fuzz::meta for what this target checks.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvlab_fuzz::meta::check(data));

@@ -1,0 +1,3 @@
+#![no_main]
+// See kvlab_fuzz::request for what this target checks.
+libfuzzer_sys::fuzz_target!(|data: &[u8]| kvlab_fuzz::request::check(data));
