@@ -6,19 +6,10 @@ use kvlab_protocol::client::meta_flag;
 use kvlab_protocol::request::{valid_key, MAX_KEY_LEN};
 use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey};
 
-const COMMANDS: [MetaCommand; 6] = [
-    MetaCommand::Get,
-    MetaCommand::Set,
-    MetaCommand::Delete,
-    MetaCommand::Arith,
-    MetaCommand::Noop,
-    MetaCommand::Debug,
-];
-
 /// The first byte picks the command; the rest up to a newline is a key, after it the flags.
 pub fn check(data: &[u8]) {
     let (select, rest) = crate::selector(data);
-    let command = COMMANDS[usize::from(select) % COMMANDS.len()];
+    let command = MetaCommand::ALL[usize::from(select) % MetaCommand::ALL.len()];
     let (key, flags) = match rest.iter().position(|&b| b == b'\n') {
         Some(nl) => (&rest[..nl], &rest[nl + 1..]),
         None => (&[][..], rest),

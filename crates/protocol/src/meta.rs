@@ -26,7 +26,8 @@ pub enum MetaCommand {
 }
 
 impl MetaCommand {
-    const ALL: [MetaCommand; 6] = [
+    /// Every meta command.
+    pub const ALL: [MetaCommand; 6] = [
         MetaCommand::Get,
         MetaCommand::Set,
         MetaCommand::Delete,
