@@ -64,7 +64,6 @@ impl ProxyService {
             noreply,
             arrival,
             queue_len: queued.min(u64::from(u32::MAX)) as u32,
-            redirected: None,
         }
     }
 }
