@@ -69,19 +69,13 @@ fn cpus_move_and_jobs_stop_and_continue() {
         assert_eq!(cpus_allowed(server.id()), Some(two.clone()));
         // Stopping completes asynchronously (a freezer says FREEZING, a signal waits for
         // the process to run): wait for it, bounded.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while m.job_stopped(0) != Some(true) && std::time::Instant::now() < deadline {
-            std::thread::yield_now();
-        }
+        until(|| m.job_stopped(0) == Some(true));
         assert_eq!(m.job_stopped(0), Some(true), "{cpu:?} {pause:?}");
         if pause == PauseMethod::Signal {
             // SIGSTOP takes effect when the process next runs (one in the middle of an
             // uninterruptible read shows `D` until then): wait for it, bounded.
             for p in &group {
-                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-                while state(*p) != Some('T') && std::time::Instant::now() < deadline {
-                    std::thread::yield_now();
-                }
+                until(|| state(*p) == Some('T'));
                 assert_eq!(state(*p), Some('T'), "process {p}");
             }
         }
@@ -138,4 +132,12 @@ fn idle_jobs_and_everything_they_fork_run_at_sched_idle() {
     drop(m);
     server.kill().unwrap();
     server.wait().unwrap();
+}
+
+/// Waits (at most 5 s) until `done` holds; the assertion after it says what did not.
+fn until(mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !done() && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
 }
