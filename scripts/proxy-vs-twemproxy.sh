@@ -8,11 +8,12 @@
 #
 #   scripts/proxy-vs-twemproxy.sh            # needs memcached, nutcracker (.ci/run installs them)
 #   ROUNDS=5 SECONDS_PER_RUN=10 scripts/proxy-vs-twemproxy.sh
+#   WORKERS="1 2" scripts/proxy-vs-twemproxy.sh   # a kvlab proxy per -t, each in the rotation
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 SECS=${SECONDS_PER_RUN:-5}
-WORKERS=${WORKERS:-2}
+WORKERS=${WORKERS:-1 2}
 KVLAB=${KVLAB:-target/release/kvlab}
 [ -x "$KVLAB" ] || cargo build --release -q -p kvlab
 dir=$(mktemp -d)
@@ -42,10 +43,14 @@ pool:
 EOF
 nutcracker -c "$dir/nut.yml" -p "$dir/nut.pid" -o "$dir/nut.log" & pids+=($!); nut_pid=$!; wait_port "$nut"
 
-kp=$(port)
-"$KVLAB" proxy -p "$kp" -t "$WORKERS" --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" 2>"$dir/kp.log" & pids+=($!); kp_pid=$!; wait_port "$kp"
+kps=(); kp_pids=()
+for w in $WORKERS; do
+  kp=$(port)
+  "$KVLAB" proxy -p "$kp" -t "$w" --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" 2>"$dir/kp-$w.log" & pids+=($!); kp_pids+=($!); wait_port "$kp"
+  kps+=("$kp")
+done
 kr=$(port)
-"$KVLAB" proxy -p "$kr" -t "$WORKERS" --replicas 3 --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" --backend "127.0.0.1:${mc[2]}" 2>"$dir/kr.log" & pids+=($!); kr_pid=$!; wait_port "$kr"
+"$KVLAB" proxy -p "$kr" -t "${WORKERS##* }" --replicas 3 --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" --backend "127.0.0.1:${mc[2]}" 2>"$dir/kr.log" & pids+=($!); kr_pid=$!; wait_port "$kr"
 
 tick=$(getconf CLK_TCK)
 # run TARGET DEPTH PID...: one bench run; prints "req/s p99_us bench_cpu cpu_of_each_pid..."
@@ -79,21 +84,26 @@ measure() {
   local r i
   for r in $(seq "$ROUNDS"); do
     for i in "${!names[@]}"; do
-      echo "$(run "${ports[$i]}" "$depth" "$nut_pid" "$kp_pid" "$kr_pid" "${mc_pids[@]}")" >> "$dir/${names[$i]}-$depth"
+      echo "$(run "${ports[$i]}" "$depth" "$nut_pid" "${kp_pids[@]}" "$kr_pid" "${mc_pids[@]}")" >> "$dir/${names[$i]}-$depth"
     done
   done
   for i in "${!names[@]}"; do
     local f="$dir/${names[$i]}-$depth"
-    rows+=("| ${names[$i]} | $depth | $(awk '{print $1}' "$f" | median) | $(awk '{print $2}' "$f" | median) | $(awk '{print $3}' "$f" | median) | $(awk '{print $4}' "$f" | median) | $(awk '{print $5+$6}' "$f" | median) | $(awk '{print $7+$8+$9}' "$f" | median) |")
+    # fields: req/s p99 bench twemproxy, then each kvlab proxy (-t of WORKERS, then R = 3),
+    # then the three memcached
+    rows+=("| ${names[$i]} | $depth | $(awk '{print $1}' "$f" | median) | $(awk '{print $2}' "$f" | median) | $(awk '{print $3}' "$f" | median) | $(awk '{print $4}' "$f" | median) | $(awk -v k="$nk" '{s=0; for (j=5; j<5+k; j++) s+=$j; print s}' "$f" | median) | $(awk -v k="$nk" '{print $(5+k)+$(6+k)+$(7+k)}' "$f" | median) |")
   done
 }
 
+nk=$(( ${#kp_pids[@]} + 1 ))
+setups=(twemproxy "$nut")
+i=0; for w in $WORKERS; do setups+=("kvlab-proxy-t$w" "${kps[$i]}"); i=$((i+1)); done
 for depth in 1 16; do
-  measure "$depth" twemproxy "$nut" kvlab-proxy "$kp" direct-to-one "${mc[0]}"
+  measure "$depth" "${setups[@]}" direct-to-one "${mc[0]}"
   measure "$depth" kvlab-proxy-R3 "$kr"
 done
 
-echo "kvlab proxy (--io reactor -t $WORKERS) vs twemproxy $(nutcracker --version 2>&1 | head -1 | awk '{print $NF}'), memcached -t 1 backends; kvlab bench -T 1 -c 50, get:set 10:1, 100 B values, ${SECS} s runs, median of $ROUNDS (A B A B)"
+echo "kvlab proxy (--io reactor, -t each of: $WORKERS; R = 3 with -t ${WORKERS##* }) vs twemproxy $(nutcracker --version 2>&1 | head -1 | awk '{print $NF}'), memcached -t 1 backends; kvlab bench -T 1 -c 50, get:set 10:1, 100 B values, ${SECS} s runs, median of $ROUNDS (A B A B)"
 echo
 echo "| setup | depth | req/s | p99 µs | bench CPU % | twemproxy CPU % | kvlab proxies CPU % | memcached CPU % (all) |"
 echo "|---|---|---|---|---|---|---|---|"

@@ -21,6 +21,14 @@
 //! that batches, a proxy's backend requests — collected over a whole round of readiness
 //! events and run together at its end ([`Work::run_batch`]: one write per backend for
 //! everything the round read), then completed in the sessions, whose replies leave at once.
+//!
+//! Work whose worker has sockets of its own ([`Work::IN_LOOP`], a proxy's backend
+//! connections) does not block the loop at all: the loop watches those sockets in its own
+//! epoll ([`crate::service::Watch`]), starts a round's works together at its end
+//! ([`Work::start`]: one write per backend), and completes each as the worker's sockets
+//! become ready ([`Work::ready`]), in whichever later round that is, while it goes on reading
+//! and answering its clients. A ticket names each work in flight (its connection and reply
+//! slot).
 
 use std::io;
 use std::sync::mpsc;
@@ -32,7 +40,7 @@ use mio::{Events, Interest, Poll, Token};
 
 use crate::driver::{self, Pump, LISTENER};
 use crate::pool::{ConnId, Done, HelperPool};
-use crate::service::{App, Completion, Service, Work, WorkOf};
+use crate::service::{App, Completion, Service, Watch, Work, WorkOf, WATCH_BASE};
 use crate::session::Session;
 use crate::session::SlotId;
 
@@ -83,6 +91,12 @@ pub struct EventLoop<A: App> {
     batch: Vec<WorkOf<A>>,
     batch_slots: Vec<(usize, u64, SlotId)>,
     batch_done: Vec<(usize, Completion)>,
+    /// In-loop mode ([`Work::IN_LOOP`]): works to start at the end of this round, each with
+    /// its ticket; what each ticket completes; free tickets; completions to hand back.
+    started: Vec<(usize, WorkOf<A>)>,
+    tickets: Vec<(usize, u64, SlotId)>,
+    free_tickets: Vec<usize>,
+    work_done: Vec<(usize, Completion)>,
     /// The clock of idle connections (buffers given back, the idle timeout).
     idle: driver::Idle,
     /// Serve TLS with this configuration.
@@ -107,6 +121,10 @@ impl<A: App> EventLoop<A> {
             batch: Vec::new(),
             batch_slots: Vec::new(),
             batch_done: Vec::new(),
+            started: Vec::new(),
+            tickets: Vec::new(),
+            free_tickets: Vec::new(),
+            work_done: Vec::new(),
             idle: driver::Idle::new(None),
             tls: None,
         }
@@ -155,12 +173,31 @@ impl<A: App> EventLoop<A> {
     /// Serves until the server's shutdown flag is set (and the waker woken).
     pub fn run(mut self) {
         let mut events = Events::with_capacity(1024);
+        if self.in_loop() {
+            match self.poll.registry().try_clone() {
+                Ok(registry) => {
+                    <WorkOf<A> as Work>::attach(self.service.worker(), Watch::new(registry))
+                }
+                Err(e) => {
+                    tracing::error!(%e, "cannot share the loop's poll with its worker");
+                    return;
+                }
+            }
+        }
         while !self.app.stopping() {
             // Work collected while serving the last batch's replies runs without waiting.
-            let timeout = if !self.batch.is_empty() {
+            let timeout = if !self.batch.is_empty() || !self.started.is_empty() {
                 Some(std::time::Duration::ZERO)
             } else {
-                Some(driver::Idle::EVERY)
+                let due = if self.in_loop() {
+                    <WorkOf<A> as Work>::deadline(self.service.worker())
+                } else {
+                    None
+                };
+                let now = std::time::Instant::now();
+                Some(due.map_or(driver::Idle::EVERY, |due| {
+                    due.saturating_duration_since(now).min(driver::Idle::EVERY)
+                }))
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -177,6 +214,19 @@ impl<A: App> EventLoop<A> {
                         self.complete_work();
                     }
                     LISTENER => self.accept(),
+                    Token(t) if t >= WATCH_BASE => {
+                        let readable =
+                            event.is_readable() || event.is_read_closed() || event.is_error();
+                        let writable = event.is_writable() || event.is_write_closed();
+                        let done = &mut self.work_done;
+                        <WorkOf<A> as Work>::ready(
+                            self.service.worker(),
+                            t - WATCH_BASE,
+                            readable,
+                            writable,
+                            &mut |ticket, c| done.push((ticket, c)),
+                        );
+                    }
                     Token(i) => {
                         if let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) {
                             conn.readable = true;
@@ -189,6 +239,9 @@ impl<A: App> EventLoop<A> {
                 }
             }
             self.run_batch();
+            if self.in_loop() {
+                self.run_in_loop();
+            }
             self.close_idle();
         }
         self.close_all();
@@ -231,6 +284,35 @@ impl<A: App> EventLoop<A> {
         self.batch_done = done;
         slots.clear();
         self.batch_slots = slots;
+        self.serve_touched();
+    }
+
+    /// Whether deferred work runs in the loop, its worker's sockets watched by it.
+    fn in_loop(&self) -> bool {
+        self.helpers.is_none() && <WorkOf<A> as Work>::IN_LOOP
+    }
+
+    /// In-loop mode, at the end of a round: starts the round's works (their requests leave
+    /// in one write per socket of the worker), lets the worker act on its deadlines, then
+    /// completes what finished in the sessions and serves each session touched once.
+    fn run_in_loop(&mut self) {
+        let done = &mut self.work_done;
+        let worker = self.service.worker();
+        if !self.started.is_empty() {
+            <WorkOf<A> as Work>::start(&mut self.started, worker, &mut |t, c| done.push((t, c)));
+            self.started.clear();
+        }
+        <WorkOf<A> as Work>::tick(worker, self.idle.now(), &mut |t, c| done.push((t, c)));
+        <WorkOf<A> as Work>::end_round(worker);
+        let mut done = std::mem::take(&mut self.work_done);
+        for (ticket, completion) in done.drain(..) {
+            let Some(&(slot, generation, id)) = self.tickets.get(ticket) else {
+                continue;
+            };
+            self.free_tickets.push(ticket);
+            self.complete((slot, generation), id, completion);
+        }
+        self.work_done = done;
         self.serve_touched();
     }
 
@@ -333,8 +415,9 @@ impl<A: App> EventLoop<A> {
         let Some(conn) = self.conns.get_mut(slot).and_then(Option::as_mut) else {
             return;
         };
-        let batched = self.helpers.is_none() && <WorkOf<A> as Work>::BATCH > 1;
-        let inline = self.helpers.is_none() && !batched;
+        let in_loop = self.helpers.is_none() && <WorkOf<A> as Work>::IN_LOOP;
+        let batched = self.helpers.is_none() && !in_loop && <WorkOf<A> as Work>::BATCH > 1;
+        let inline = self.helpers.is_none() && !batched && !in_loop;
         let pumped = match conn.tls.as_deref_mut() {
             Some(tls) => {
                 // Ciphertext left over from the last write goes first.
@@ -388,6 +471,21 @@ impl<A: App> EventLoop<A> {
             while let Some((id, work)) = conn.session.take_work() {
                 self.batch.push(work);
                 self.batch_slots.push((slot, conn.generation, id));
+            }
+        } else if in_loop {
+            while let Some((id, work)) = conn.session.take_work() {
+                let entry = (slot, conn.generation, id);
+                let ticket = match self.free_tickets.pop() {
+                    Some(t) => {
+                        self.tickets[t] = entry;
+                        t
+                    }
+                    None => {
+                        self.tickets.push(entry);
+                        self.tickets.len() - 1
+                    }
+                };
+                self.started.push((ticket, work));
             }
         }
     }

@@ -51,7 +51,7 @@ use std::sync::Arc;
 
 use kvlab_protocol::Limits;
 
-pub use service::{App, Completion, Flow, Order, Service, Work};
+pub use service::{App, Completion, Flow, Order, Service, Watch, Work};
 pub use session::Session;
 
 /// Which I/O driver runs the sessions; all drive the same [`Session`].

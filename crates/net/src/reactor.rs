@@ -16,8 +16,10 @@
 //! edge-triggered: on readiness they read until the socket would block (or the session
 //! stops wanting input because its replies are backed up), process, and write; a partial
 //! write arms writable interest and pauses reading until the client catches up. Deferred
-//! work (a durable cache's disk reads and persists) runs inline on the worker, as it always
-//! has: its other connections wait meanwhile.
+//! work (a durable cache's disk reads and persists) runs inline on the worker: its other
+//! connections wait meanwhile — except work whose worker has sockets of its own
+//! ([`crate::Work::IN_LOOP`], a proxy's backends), which the worker's loop watches in its
+//! own epoll and completes as they become ready (see [`crate::event_loop`]).
 
 use std::io;
 use std::sync::mpsc;

@@ -67,8 +67,68 @@ pub trait Work: Send + 'static {
     /// alone.
     const BATCH: usize = 1;
 
+    /// The work's worker has sockets of its own (a proxy's backend connections) that an
+    /// event loop running it inline (the reactor) watches in its own epoll: a round's works
+    /// are started together ([`Work::start`]) and complete as those sockets become ready
+    /// ([`Work::ready`]), while the loop goes on serving its clients — no round waits for
+    /// another's work. Helper threads still run it with [`Work::run_batch`].
+    const IN_LOOP: bool = false;
+
     /// Does the work (may block).
     fn run(self, worker: &mut Self::Worker) -> Completion;
+
+    /// [`Work::IN_LOOP`]: gives the worker the loop's [`Watch`], once, before any work.
+    fn attach(worker: &mut Self::Worker, watch: Watch) {
+        let _ = (worker, watch);
+    }
+
+    /// [`Work::IN_LOOP`]: starts `works` (each with its ticket), leaving the vector empty;
+    /// each completes through `done(ticket, completion)`, now or from a later
+    /// [`Work::ready`] or [`Work::tick`]. By default they run at once, as a batch.
+    fn start(
+        works: &mut Vec<(usize, Self)>,
+        worker: &mut Self::Worker,
+        done: &mut dyn FnMut(usize, Completion),
+    ) where
+        Self: Sized,
+    {
+        let tickets: Vec<usize> = works.iter().map(|(t, _)| *t).collect();
+        let mut batch: Vec<Self> = works.drain(..).map(|(_, w)| w).collect();
+        Self::run_batch(&mut batch, worker, &mut |i, c| done(tickets[i], c));
+    }
+
+    /// [`Work::IN_LOOP`]: the socket the worker watches as `id` is ready.
+    fn ready(
+        worker: &mut Self::Worker,
+        id: usize,
+        readable: bool,
+        writable: bool,
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
+        let _ = (worker, id, readable, writable, done);
+    }
+
+    /// [`Work::IN_LOOP`]: the clock moved on (every round): deadlines past are acted on.
+    fn tick(
+        worker: &mut Self::Worker,
+        now: std::time::Instant,
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
+        let _ = (worker, now, done);
+    }
+
+    /// [`Work::IN_LOOP`]: the end of a round of the loop (writes composed during it go out,
+    /// figures are recorded).
+    fn end_round(worker: &mut Self::Worker) {
+        let _ = worker;
+    }
+
+    /// [`Work::IN_LOOP`]: the next time [`Work::tick`] must run, if any (the loop waits no
+    /// longer).
+    fn deadline(worker: &Self::Worker) -> Option<std::time::Instant> {
+        let _ = worker;
+        None
+    }
 
     /// Does several works taken from the queue together (a proxy pipelines them to its
     /// backends), handing each outcome to `done` with the work's index in `works`, which it
@@ -83,6 +143,41 @@ pub trait Work: Send + 'static {
         for (i, work) in works.drain(..).enumerate() {
             done(i, work.run(worker));
         }
+    }
+}
+
+/// Sockets of a worker that its event loop watches ([`Work::IN_LOOP`]): registered
+/// edge-triggered for reading and writing in the loop's own epoll under an `id` of the
+/// worker's choosing, which [`Work::ready`] gets back. A closed socket leaves the epoll by
+/// itself.
+pub struct Watch {
+    registry: mio::Registry,
+}
+
+/// Tokens of watched sockets start here (clients' tokens are their slots, far below).
+pub(crate) const WATCH_BASE: usize = usize::MAX / 2;
+
+impl Watch {
+    pub(crate) fn new(registry: mio::Registry) -> Watch {
+        Watch { registry }
+    }
+
+    /// Watches socket `fd` as `id`.
+    pub fn add(&self, fd: std::os::fd::RawFd, id: usize) -> std::io::Result<()> {
+        self.registry.register(
+            &mut mio::unix::SourceFd(&fd),
+            mio::Token(WATCH_BASE + id),
+            mio::Interest::READABLE | mio::Interest::WRITABLE,
+        )
+    }
+
+    /// Watches socket `fd`, already watched, as `id` from now on.
+    pub fn update(&self, fd: std::os::fd::RawFd, id: usize) -> std::io::Result<()> {
+        self.registry.reregister(
+            &mut mio::unix::SourceFd(&fd),
+            mio::Token(WATCH_BASE + id),
+            mio::Interest::READABLE | mio::Interest::WRITABLE,
+        )
     }
 }
 

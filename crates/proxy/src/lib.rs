@@ -4,6 +4,7 @@
 //! and modelled.
 //!
 //! ```text
+//!  --io epoll (the classic middleware):
 //!  clients ──► network thread (kvlab_net epoll driver + ProxyService: parse, answer
 //!              │                 version/stats/mn locally, queue the rest)
 //!              ▼
@@ -13,6 +14,9 @@
 //!              │            per backend → replies framed in order → decide → reply)
 //!              ▼
 //!            backends (one connection per worker per backend)
+//!
+//!  --io reactor: no network thread and no queue between threads; each of t event loops
+//!  serves its clients and its own backend connections in one epoll (see `ProxyIo`).
 //!
 //!  beside them: prober (ejected backends: probe, flush, rejoin) · window logger (CSV,
 //!               queue-length sampler) · /metrics (axum) · reload (SIGHUP, file change)
@@ -89,9 +93,11 @@ pub enum ProxyIo {
     /// take batches from the queue and talk to the backends (a connection's requests stay
     /// on one worker while any is in flight). Queue and worker times are real stages.
     Epoll,
-    /// `t` event loops, each serving its own clients and backends: requests read in one
-    /// round of readiness events go to the backends as one batch at its end. No hand-off
-    /// between threads; the queue stage is the wait for the end of the round.
+    /// `t` event loops, each serving its own clients and backends in one epoll: requests
+    /// read in one round of readiness events go to the backends together at its end (one
+    /// write per backend), and each is answered when its replies arrive, in a later round,
+    /// while the loop goes on reading. No hand-off between threads; the queue stage is the
+    /// wait for the end of the round, the worker stage from there to the decision.
     Reactor,
 }
 

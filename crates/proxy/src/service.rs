@@ -64,6 +64,7 @@ impl ProxyService {
             noreply,
             arrival,
             queue_len: queued.min(u64::from(u32::MAX)) as u32,
+            redirected: None,
         }
     }
 }

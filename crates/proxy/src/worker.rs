@@ -13,18 +13,27 @@
 //!  done(i, reply) ◄── decide: read reply / merge in key order / write policy ◄┘
 //! ```
 //!
-//! A request's stage times come out of it: arrival (network thread) → dequeued (batch
-//! start) → decided. Replies a decided request no longer needs (a majority write's slow
-//! replica) are read and dropped by later batches, in order, so a connection never falls
-//! out of step; every reply owed has a deadline, and a connection that misses one is closed
-//! and its requests failed.
+//! Two ways to drive it, one state machine: on a helper thread (`--io epoll`) a batch runs to
+//! its end (`Worker::batch`: start, then `poll` the backends until every request is
+//! decided); on an event loop (`--io reactor`, [`Work::IN_LOOP`]) the backend connections
+//! are watched by the loop's own epoll: a round's requests are started together (one write
+//! per backend) and each is decided when its replies arrive, in whichever later round, while
+//! the loop goes on reading and answering its clients. Requests in flight live in slabs
+//! (jobs, parts) whose slots and buffers are reused.
+//!
+//! A request's stage times come out of it: arrival (network stage) → dequeued (started by
+//! the worker) → decided. Replies a decided request no longer needs (a majority write's slow
+//! replica) are read and dropped when they come, in order, so a connection never falls out
+//! of step; every reply owed has a deadline, and a connection that misses one is closed and
+//! its requests failed. A reload waits until nothing is in flight (backends are renumbered),
+//! holding new requests meanwhile.
 
 use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvlab_net::{Completion, Work};
+use kvlab_net::{Completion, Watch, Work};
 use kvlab_protocol::client::{parse_reply, ParsedReply, Reply};
 use kvlab_protocol::{parse, Keys, MetaCommand, Parsed, Request, StoreCommand};
 
@@ -36,6 +45,8 @@ use crate::Shared;
 
 /// Most requests a worker takes from the queue at once.
 pub const BATCH: usize = 64;
+/// The first pause before a request a cluster node asked to try again is sent again.
+const REDO_PAUSE: Duration = Duration::from_micros(200);
 const NONE: u32 = u32::MAX;
 
 /// One client request on its way through the proxy.
@@ -48,6 +59,21 @@ pub struct ProxyWork {
     pub(crate) arrival: Instant,
     /// Requests queued when it arrived.
     pub(crate) queue_len: u32,
+    /// Following a kvlab cluster: when a node first redirected it.
+    pub(crate) redirected: Option<Instant>,
+}
+
+impl ProxyWork {
+    /// An empty work (a free slot of the worker's slab).
+    fn vacant(now: Instant) -> ProxyWork {
+        ProxyWork {
+            buf: Vec::new(),
+            noreply: true,
+            arrival: now,
+            queue_len: 0,
+            redirected: None,
+        }
+    }
 }
 
 impl Work for ProxyWork {
@@ -68,6 +94,44 @@ impl Work for ProxyWork {
     ) {
         worker.batch(works, done);
         works.clear();
+    }
+
+    const IN_LOOP: bool = true;
+
+    fn attach(worker: &mut Worker, watch: Watch) {
+        worker.watch = Some(watch);
+    }
+
+    fn start(
+        works: &mut Vec<(usize, Self)>,
+        worker: &mut Worker,
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
+        worker.start(works, done);
+    }
+
+    fn ready(
+        worker: &mut Worker,
+        id: usize,
+        readable: bool,
+        writable: bool,
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
+        worker.ready(id, readable, writable);
+        worker.settle_all(done);
+        worker.flush_all(done);
+    }
+
+    fn tick(worker: &mut Worker, now: Instant, done: &mut dyn FnMut(usize, Completion)) {
+        worker.tick(now, done);
+    }
+
+    fn end_round(worker: &mut Worker) {
+        worker.record();
+    }
+
+    fn deadline(worker: &Worker) -> Option<Instant> {
+        worker.deadline()
     }
 }
 
@@ -115,11 +179,14 @@ struct Part {
     retry: bool,
     /// Merge position in `reply`.
     cursor: usize,
+    /// The key of a one-key `get`/`gets` (its `VALUE` is found by it when the request
+    /// was sent coalesced with others); the buffer stays with the slot.
+    key: Vec<u8>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Class {
-    /// `get`-family: keys in `key_part`.
+    /// `get`-family: each key's part in `key_part`.
     Get,
     /// A one-key read sent as is (`mg`, `me`).
     ReadAsIs { frame: Frame },
@@ -153,10 +220,16 @@ struct Job {
     parts: u32,
     decided: bool,
     retried: bool,
-    /// Its keys' parts: `key_part[keys.0..keys.1]`.
-    keys: (u32, u32),
+    /// The part of each of its keys (`get`-family).
+    key_part: Vec<u32>,
     /// The pool of a one-key request.
     pool: usize,
+    /// In use (a slot of the slab).
+    active: bool,
+    /// Its driver's name for it ([`Work::start`]'s ticket, or its index in a batch).
+    ticket: usize,
+    /// When the worker started it.
+    dequeued: Instant,
 }
 
 impl Job {
@@ -171,24 +244,38 @@ impl Job {
             parts: 0,
             decided: false,
             retried: false,
-            keys: (0, 0),
+            key_part: Vec::new(),
             pool: 0,
+            active: true,
+            ticket: 0,
+            dequeued: Instant::now(),
         }
     }
 }
 
-/// A worker thread's state: its connections (one per backend) and its batch scratch space,
-/// all reused from batch to batch.
+/// A worker's state: its connections (one per backend), the requests in flight (slabs of
+/// jobs, their works and their parts) and scratch space, all reused.
 pub struct Worker {
     shared: Arc<Shared>,
     index: usize,
     routing: Arc<Routing>,
     version: u64,
     conns: Vec<Conn>,
+    /// The event loop that watches the connections (`--io reactor`).
+    watch: Option<Watch>,
     turn: usize,
     parts: Vec<Part>,
+    free_parts: Vec<u32>,
     jobs: Vec<Job>,
-    key_part: Vec<u32>,
+    /// Job `i`'s work is `works[i]`.
+    works: Vec<ProxyWork>,
+    free_jobs: Vec<u32>,
+    /// Jobs in use.
+    live: usize,
+    /// Jobs decided and not yet freed (freed once nothing refers to them).
+    finished: Vec<u32>,
+    /// Works waiting for a reload to take effect (nothing in flight).
+    held: Vec<(usize, ProxyWork)>,
     key_backend: Vec<u32>,
     replicas: Vec<usize>,
     spare: Vec<Vec<u8>>,
@@ -198,12 +285,18 @@ pub struct Worker {
     polled: Vec<usize>,
     samples: Vec<Sample>,
     events: Vec<(usize, Option<u64>, bool)>,
-    dequeued: Instant,
     /// The clock as last read (once per round of I/O, not per request).
     now: Instant,
-    /// Following a kvlab cluster: jobs of the batch a node redirected (the key moved, or
-    /// its data is still arriving), to send again by the new ring.
-    redo: Vec<usize>,
+    /// Following a kvlab cluster: works a node redirected (the key moved, or its data is
+    /// still arriving), to send again by the new ring, not before `redo_at`.
+    redo: Vec<(usize, ProxyWork)>,
+    redo_at: Instant,
+    redo_pause: Duration,
+    /// Scratch for a batch's tickets.
+    tagged: Vec<(usize, ProxyWork)>,
+    /// Scratch for a coalesced reply: each part's `VALUE` block; parts to free.
+    coalesced: Vec<(usize, usize)>,
+    orphans: Vec<u32>,
 }
 
 impl Worker {
@@ -221,10 +314,16 @@ impl Worker {
             routing,
             version,
             conns,
+            watch: None,
             turn: index,
             parts: Vec::with_capacity(BATCH * 2),
+            free_parts: Vec::new(),
             jobs: Vec::with_capacity(BATCH),
-            key_part: Vec::new(),
+            works: Vec::with_capacity(BATCH),
+            free_jobs: Vec::new(),
+            live: 0,
+            finished: Vec::new(),
+            held: Vec::new(),
             key_backend: Vec::new(),
             replicas: Vec::new(),
             spare: Vec::new(),
@@ -234,15 +333,20 @@ impl Worker {
             polled: Vec::new(),
             samples: Vec::with_capacity(BATCH),
             events: Vec::new(),
-            dequeued: Instant::now(),
             now: Instant::now(),
             redo: Vec::new(),
+            redo_at: Instant::now(),
+            redo_pause: REDO_PAUSE,
+            tagged: Vec::new(),
+            coalesced: Vec::new(),
+            orphans: Vec::new(),
         }
     }
 
-    /// Takes up a reload: connections to backends that stay are kept.
+    /// Takes up a reload: connections to backends that stay are kept (and watched under
+    /// their new numbers). Only with nothing in flight: parts name backends by number.
     fn refresh(&mut self) {
-        if self.shared.version.load(Ordering::Acquire) == self.version {
+        if !self.reload_pending() {
             return;
         }
         let (routing, version) = self.shared.routing();
@@ -255,119 +359,347 @@ impl Worker {
                 None => Conn::new(h.name.clone()),
             })
             .collect();
+        // Replies still owed on connections that go: nobody reads them now.
+        for mut conn in old {
+            for e in conn.reset() {
+                if let Some(p) = e.part {
+                    self.free_part(p);
+                }
+            }
+        }
+        if let Some(watch) = &self.watch {
+            for (b, conn) in self.conns.iter().enumerate() {
+                if let Some(fd) = conn.fd() {
+                    if let Err(e) = watch.update(fd, b) {
+                        tracing::warn!(backend = %conn.name, %e, "cannot watch a backend connection");
+                    }
+                }
+            }
+        }
         self.routing = routing;
         self.version = version;
+    }
+
+    /// Whether a reload has not been taken up yet.
+    fn reload_pending(&self) -> bool {
+        self.shared.version.load(Ordering::Acquire) != self.version
     }
 
     fn timeout(&self) -> Duration {
         self.routing.config.timeout
     }
 
-    /// Runs one batch: every work gets its completion through `done`.
+    /// Runs one batch to its end (a helper thread): every work gets its completion through
+    /// `done`, with its index in `works`, which it leaves empty.
     pub(crate) fn batch(
         &mut self,
-        works: &mut [ProxyWork],
+        works: &mut Vec<ProxyWork>,
         done: &mut dyn FnMut(usize, Completion),
     ) {
-        self.dequeued = Instant::now();
-        self.now = self.dequeued;
-        if self.shared.record {
-            self.shared.queue.leave(self.dequeued, works.len() as u64);
+        let mut tagged = std::mem::take(&mut self.tagged);
+        tagged.extend(works.drain(..).enumerate());
+        // Replies owed from earlier batches (a majority write's slow replica): read what
+        // has arrived, then fail the connections whose oldest reply is past its deadline.
+        for b in 0..self.conns.len() {
+            if !self.conns[b].expect.is_empty() && self.conns[b].is_connected() {
+                self.read_replies(b);
+            }
         }
-        self.refresh();
-        // Replies owed from earlier batches (a majority write's slow replica): read what has
-        // arrived, then fail the connections whose oldest reply is past its deadline.
-        self.drain();
-        self.expire(self.dequeued);
-        self.run_jobs(works, done);
-        if !self.redo.is_empty() {
-            self.follow_redirects(works, done);
+        self.expire(Instant::now());
+        self.start(&mut tagged, done);
+        self.tagged = tagged;
+        while self.live > 0 || !self.redo.is_empty() || !self.held.is_empty() {
+            self.wait(done);
         }
         self.record();
     }
 
-    /// Following a kvlab cluster: sends the redirected jobs again once the ring moved on
-    /// (or, for a key whose data is still arriving, a moment later), for up to
-    /// [`kvlab_client::cluster::REDIRECT_PATIENCE`]. A redirect never reaches the client:
-    /// a node redirects before it applies anything, so sending again is safe.
-    fn follow_redirects(
+    /// Starts `works` (each with its ticket): routed, their requests composed and written,
+    /// one write per backend. Each is decided when its replies arrive.
+    pub(crate) fn start(
         &mut self,
-        works: &mut [ProxyWork],
+        works: &mut Vec<(usize, ProxyWork)>,
         done: &mut dyn FnMut(usize, Completion),
     ) {
-        let start = Instant::now();
-        let mut pause = Duration::from_micros(200);
-        while !self.redo.is_empty() {
-            let redo = std::mem::take(&mut self.redo);
-            if start.elapsed() > kvlab_client::cluster::REDIRECT_PATIENCE {
-                for i in redo {
-                    let mut reply = std::mem::take(&mut works[i].buf);
-                    reply.clear();
-                    if !works[i].noreply {
-                        reply.extend_from_slice(
-                            b"SERVER_ERROR proxy: the cluster still redirects\r\n",
-                        );
-                    }
-                    done(i, Completion::Reply(reply));
+        self.now = Instant::now();
+        if self.shared.record {
+            self.shared.queue.leave(self.now, works.len() as u64);
+        }
+        if self.reload_pending() || !self.held.is_empty() {
+            self.held.append(works);
+            self.take_up_reload(done);
+            return;
+        }
+        self.route_all(works, done);
+    }
+
+    /// Routes and sends `works`, then decides what can be at once.
+    fn route_all(
+        &mut self,
+        works: &mut Vec<(usize, ProxyWork)>,
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
+        let now = self.now;
+        for (ticket, work) in works.drain(..) {
+            let i = match self.free_jobs.pop() {
+                Some(i) => i as usize,
+                None => {
+                    self.jobs.push(Job::new(Class::Get));
+                    self.works.push(ProxyWork::vacant(now));
+                    self.jobs.len() - 1
                 }
+            };
+            self.live += 1;
+            self.works[i] = work;
+            let job = &mut self.jobs[i];
+            job.active = true;
+            job.ticket = ticket;
+            job.dequeued = now;
+            let work = std::mem::replace(&mut self.works[i], ProxyWork::vacant(now));
+            self.route(i, &work);
+            self.works[i] = work;
+            if self.jobs[i].parts == 0 {
+                // Nothing could be sent (not a forwarded request): fail it now.
+                let mut works = std::mem::take(&mut self.works);
+                self.jobs[i].failed += 1;
+                self.decide(i, &mut works, done);
+                self.works = works;
+            }
+        }
+        self.settle_all(done);
+        self.flush_all(done);
+    }
+
+    /// With nothing in flight, takes up a pending reload and starts the works held for it.
+    fn take_up_reload(&mut self, done: &mut dyn FnMut(usize, Completion)) {
+        if self.live > 0 {
+            return;
+        }
+        self.refresh();
+        if !self.held.is_empty() {
+            let mut held = std::mem::take(&mut self.held);
+            self.route_all(&mut held, done);
+            if self.held.is_empty() {
+                self.held = held;
+            }
+        }
+    }
+
+    /// The socket of backend `b` is ready: writes what waits, reads what arrived.
+    fn ready(&mut self, b: usize, readable: bool, writable: bool) {
+        if b >= self.conns.len() {
+            return;
+        }
+        self.now = Instant::now();
+        if writable && self.conns[b].wants_write() && self.conns[b].flush().is_err() {
+            self.fail_conn(b, Fail::Closed);
+            return;
+        }
+        if readable && self.conns[b].is_connected() {
+            self.read_replies(b);
+        }
+    }
+
+    /// The clock moved on: replies past their deadline fail their connections, redirected
+    /// works due go again, a pending reload is taken up when nothing is in flight.
+    fn tick(&mut self, now: Instant, done: &mut dyn FnMut(usize, Completion)) {
+        self.now = now.max(self.now);
+        self.expire(self.now);
+        self.settle_all(done);
+        if !self.redo.is_empty() && self.now >= self.redo_at {
+            self.redo_due(done);
+        }
+        if !self.held.is_empty() || self.reload_pending() {
+            self.take_up_reload(done);
+        }
+        // Retries of reads that timed out go out now.
+        self.flush_all(done);
+    }
+
+    /// When [`Worker::tick`] must run next: the earliest reply deadline, or redirected
+    /// works' next try.
+    fn deadline(&self) -> Option<Instant> {
+        let timeout = self.timeout();
+        let mut due = (!self.redo.is_empty()).then_some(self.redo_at);
+        for conn in &self.conns {
+            if let Some(head) = conn.expect.front() {
+                let d = head.sent + timeout;
+                due = Some(due.map_or(d, |x| x.min(d)));
+            }
+        }
+        if !self.held.is_empty() {
+            // A reload waits for the last reply in flight; look again soon.
+            let soon = self.now + Duration::from_millis(1);
+            due = Some(due.map_or(soon, |x| x.min(soon)));
+        }
+        due
+    }
+
+    /// A helper thread's wait: `poll` the backends with replies owed until something is
+    /// ready or a deadline passes, then act on it.
+    fn wait(&mut self, done: &mut dyn FnMut(usize, Completion)) {
+        self.pollfds.clear();
+        self.polled.clear();
+        for (b, conn) in self.conns.iter().enumerate() {
+            let Some(fd) = conn.fd() else {
+                continue;
+            };
+            if conn.expect.is_empty() && !conn.wants_write() {
+                continue;
+            }
+            let mut events = libc::POLLIN;
+            if conn.wants_write() {
+                events |= libc::POLLOUT;
+            }
+            self.pollfds.push(libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            });
+            self.polled.push(b);
+        }
+        let Some(deadline) = self.deadline() else {
+            // Undecided jobs with nothing in flight cannot happen; fail them rather than
+            // hang.
+            self.fail_undecided(done);
+            return;
+        };
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let ms = wait.as_millis().min(i32::MAX as u128) as i32 + 1;
+        // SAFETY: `pollfds` is a valid, initialised array of `len` pollfd structs.
+        let n = unsafe {
+            libc::poll(
+                self.pollfds.as_mut_ptr(),
+                self.pollfds.len() as libc::nfds_t,
+                ms,
+            )
+        };
+        if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            self.fail_undecided(done);
+            return;
+        }
+        for k in 0..self.pollfds.len() {
+            let revents = self.pollfds[k].revents;
+            if revents == 0 {
+                continue;
+            }
+            let readable = revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0;
+            self.ready(self.polled[k], readable, revents & libc::POLLOUT != 0);
+        }
+        self.settle_all(done);
+        self.flush_all(done);
+        self.tick(Instant::now(), done);
+    }
+
+    /// Redirected works whose pause is over: those redirected for too long are answered
+    /// with an error; if the cluster's ring moved on the rest go again by it, else they wait
+    /// a little longer (a hand-off under way). A redirect never reaches the client: a node
+    /// redirects before it applies anything, so sending again is safe.
+    fn redo_due(&mut self, done: &mut dyn FnMut(usize, Completion)) {
+        let now = self.now;
+        let mut redo = std::mem::take(&mut self.redo);
+        redo.retain_mut(|(ticket, work)| {
+            let first = *work.redirected.get_or_insert(now);
+            if now.saturating_duration_since(first) <= kvlab_client::cluster::REDIRECT_PATIENCE {
+                return true;
+            }
+            let mut reply = std::mem::take(&mut work.buf);
+            reply.clear();
+            if !work.noreply {
+                reply.extend_from_slice(b"SERVER_ERROR proxy: the cluster still redirects\r\n");
+            }
+            done(*ticket, Completion::Reply(reply));
+            false
+        });
+        if redo.is_empty() {
+            self.redo_pause = REDO_PAUSE;
+            self.redo = redo;
+            return;
+        }
+        if self.shared.follow_cluster() {
+            self.redo_pause = REDO_PAUSE;
+            self.held.append(&mut redo);
+            self.redo = redo;
+            self.take_up_reload(done);
+        } else {
+            // The same ring: a hand-off under way. Wait a little.
+            self.redo_at = now + self.redo_pause;
+            self.redo_pause = (self.redo_pause * 2).min(Duration::from_millis(20));
+            self.redo = redo;
+        }
+    }
+
+    /// Decides what the replies read so far allow, then frees the jobs decided.
+    pub(crate) fn settle_all(&mut self, done: &mut dyn FnMut(usize, Completion)) {
+        if !self.ready.is_empty() {
+            let mut works = std::mem::take(&mut self.works);
+            self.settle(&mut works, done);
+            self.works = works;
+        }
+        self.free_finished();
+    }
+
+    /// Writes every backend's waiting requests (one write each); a connection that fails
+    /// fails its requests, and what that decides is decided.
+    pub(crate) fn flush_all(&mut self, done: &mut dyn FnMut(usize, Completion)) {
+        loop {
+            for b in 0..self.conns.len() {
+                if self.conns[b].wants_write() && self.conns[b].flush().is_err() {
+                    self.fail_conn(b, Fail::Closed);
+                }
+            }
+            if self.ready.is_empty() {
                 return;
             }
-            if !self.shared.follow_cluster() {
-                // The same ring: a hand-off under way. Wait a little.
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(20));
-            }
-            self.refresh();
-            let mut again: Vec<ProxyWork> = redo
-                .iter()
-                .map(|&i| {
-                    let w = &mut works[i];
-                    ProxyWork {
-                        buf: std::mem::take(&mut w.buf),
-                        noreply: w.noreply,
-                        arrival: w.arrival,
-                        queue_len: w.queue_len,
-                    }
-                })
-                .collect();
-            self.run_jobs(&mut again, &mut |j, c| done(redo[j], c));
-            // Jobs redirected again are indices into `again`: carry their works back.
-            let next: Vec<usize> = std::mem::take(&mut self.redo);
-            for j in next {
-                works[redo[j]].buf = std::mem::take(&mut again[j].buf);
-                self.redo.push(redo[j]);
-            }
+            self.settle_all(done);
         }
     }
 
-    /// Routes, sends and decides `works` (one batch, or the redirected part of one).
-    fn run_jobs(&mut self, works: &mut [ProxyWork], done: &mut dyn FnMut(usize, Completion)) {
-        for (i, work) in works.iter().enumerate() {
-            self.route(i, work);
-        }
-        self.pump(works, done);
-        self.drain();
-        for conn in &mut self.conns {
-            for e in conn.expect.iter_mut() {
-                e.part = None;
+    /// Frees the jobs decided: their parts still owed a reply stay until it comes (it is
+    /// then read and dropped), the others go back to the slab.
+    fn free_finished(&mut self) {
+        while let Some(i) = self.finished.pop() {
+            let i = i as usize;
+            let mut p = self.jobs[i].first;
+            while p != NONE {
+                let next = self.parts[p as usize].next;
+                if self.parts[p as usize].state == State::Waiting {
+                    self.parts[p as usize].job = NONE;
+                } else {
+                    self.free_part(p);
+                }
+                p = next;
             }
+            let job = &mut self.jobs[i];
+            job.active = false;
+            job.first = NONE;
+            job.last = NONE;
+            self.live -= 1;
+            self.free_jobs.push(i as u32);
         }
-        for part in self.parts.drain(..) {
-            let mut buf = part.reply;
-            buf.clear();
-            if self.spare.len() < 4 * BATCH && buf.capacity() <= 64 * 1024 {
-                self.spare.push(buf);
-            }
-        }
-        self.jobs.clear();
-        self.key_part.clear();
-        self.ready.clear();
     }
 
+    /// Gives part `p` (and its reply buffer) back.
+    fn free_part(&mut self, p: u32) {
+        let part = &mut self.parts[p as usize];
+        part.job = NONE;
+        part.next = NONE;
+        let mut buf = std::mem::take(&mut part.reply);
+        buf.clear();
+        if self.spare.len() < 4 * BATCH && buf.capacity() <= 64 * 1024 {
+            self.spare.push(buf);
+        }
+        self.free_parts.push(p);
+    }
+
+    /// Records the figures of the requests decided since the last call.
     fn record(&mut self) {
         if !self.shared.record {
             self.samples.clear();
             self.events.clear();
+            return;
+        }
+        if self.samples.is_empty() && self.events.is_empty() {
             return;
         }
         let recorder = &self.shared.recorders[self.index];
@@ -380,23 +712,35 @@ impl Worker {
         }
     }
 
+    /// Makes slot `i` (in use, its ticket and start time set) job `job`, keeping the
+    /// slot's buffers.
+    fn put_job(&mut self, i: usize, mut job: Job) {
+        let slot = &mut self.jobs[i];
+        job.ticket = slot.ticket;
+        job.dequeued = slot.dequeued;
+        job.key_part = std::mem::take(&mut slot.key_part);
+        job.key_part.clear();
+        *slot = job;
+    }
+
     fn route(&mut self, i: usize, work: &ProxyWork) {
         let request = match parse(&work.buf, &self.shared.limits) {
             Parsed::Request { request, .. } => request,
             _ => {
-                self.jobs.push(Job::new(Class::Write {
-                    policy: WritePolicy::All,
-                }));
+                self.put_job(
+                    i,
+                    Job::new(Class::Write {
+                        policy: WritePolicy::All,
+                    }),
+                );
                 return;
             }
         };
         match request {
             Request::Get { keys, .. } | Request::Gat { keys, .. } => {
-                self.jobs.push(Job::new(Class::Get));
-                let start = self.key_part.len() as u32;
-                let n = keys.iter().count() as u32;
-                self.key_part.resize((start + n) as usize, NONE);
-                self.jobs[i].keys = (start, start + n);
+                self.put_job(i, Job::new(Class::Get));
+                let n = keys.iter().count();
+                self.jobs[i].key_part.resize(n, NONE);
                 self.send_keys(i, &request, keys, None, false);
             }
             Request::Store {
@@ -404,7 +748,7 @@ impl Worker {
                 key,
                 ..
             } if self.replicated(key) => {
-                self.jobs.push(Job::new(Class::Cas));
+                self.put_job(i, Job::new(Class::Cas));
                 let pool = self.routing.pool_of(key);
                 self.jobs[i].pool = pool;
                 self.routing.replicas(pool, key, &mut self.replicas);
@@ -417,7 +761,7 @@ impl Worker {
             | Request::Touch { key, .. } => {
                 let pool = self.routing.pool_of(key);
                 let policy = self.routing.pools[pool].pool.write_policy;
-                self.jobs.push(Job::new(Class::Write { policy }));
+                self.put_job(i, Job::new(Class::Write { policy }));
                 self.routing.replicas(pool, key, &mut self.replicas);
                 self.send_all(i, &work.buf, Frame::Line, false);
             }
@@ -446,7 +790,7 @@ impl Worker {
                         MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith if compare => {
                             let mut job = Job::new(Class::Cas);
                             job.pool = pool;
-                            self.jobs.push(job);
+                            self.put_job(i, job);
                             self.replicas.truncate(1);
                             self.send_all(i, &work.buf, frame, quiet);
                         }
@@ -454,23 +798,23 @@ impl Worker {
                             // CAS values are the primary's: read them there.
                             let mut job = Job::new(Class::ReadAsIs { frame });
                             job.pool = pool;
-                            self.jobs.push(job);
+                            self.put_job(i, job);
                             self.replicas.truncate(1);
                             self.send_read_as_is(i, &work.buf, None, false);
                         }
                         MetaCommand::Get if touches => {
-                            self.jobs.push(Job::new(Class::ReadAll));
+                            self.put_job(i, Job::new(Class::ReadAll));
                             self.send_all(i, &work.buf, frame, quiet);
                         }
                         MetaCommand::Get | MetaCommand::Debug | MetaCommand::Noop => {
                             let mut job = Job::new(Class::ReadAsIs { frame });
                             job.pool = pool;
-                            self.jobs.push(job);
+                            self.put_job(i, job);
                             self.send_read_as_is(i, &work.buf, None, false);
                         }
                         MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith => {
                             let policy = self.routing.pools[pool].pool.write_policy;
-                            self.jobs.push(Job::new(Class::Write { policy }));
+                            self.put_job(i, Job::new(Class::Write { policy }));
                             self.send_all(i, &work.buf, frame, quiet);
                         }
                     }
@@ -478,17 +822,23 @@ impl Worker {
             }
             // Settings every backend takes: `OK` when all took it.
             Request::FlushAll { .. } | Request::SlabsAutomove { .. } => {
-                self.jobs.push(Job::new(Class::Write {
-                    policy: WritePolicy::All,
-                }));
+                self.put_job(
+                    i,
+                    Job::new(Class::Write {
+                        policy: WritePolicy::All,
+                    }),
+                );
                 self.replicas.clear();
                 self.replicas.extend(0..self.routing.backends.len());
                 self.send_all(i, &work.buf, Frame::Line, false);
             }
             // Answered by the network thread; never queued.
-            _ => self.jobs.push(Job::new(Class::Write {
-                policy: WritePolicy::All,
-            })),
+            _ => self.put_job(
+                i,
+                Job::new(Class::Write {
+                    policy: WritePolicy::All,
+                }),
+            ),
         }
     }
 
@@ -496,8 +846,13 @@ impl Worker {
     /// Returns the part and whether its request may be written to `conns[backend].out`.
     fn open_part(&mut self, i: usize, backend: usize, retry: bool) -> (u32, bool) {
         let now = self.now;
-        let p = self.parts.len() as u32;
+        let p = self.free_parts.pop().unwrap_or(self.parts.len() as u32);
+        let key = match self.parts.get_mut(p as usize) {
+            Some(old) => std::mem::take(&mut old.key),
+            None => Vec::new(),
+        };
         let mut part = Part {
+            key,
             job: i as u32,
             backend: backend as u32,
             next: NONE,
@@ -515,7 +870,14 @@ impl Worker {
         } else {
             let timeout = self.timeout();
             let epoch = health.rejoins.load(Ordering::Relaxed);
-            match self.conns[backend].ensure_connected(timeout, epoch) {
+            let connected = self.conns[backend]
+                .ensure_connected(timeout, epoch)
+                .and_then(|new| match (&self.watch, self.conns[backend].fd()) {
+                    // A new connection: the event loop watches it from now on.
+                    (Some(watch), Some(fd)) if new => watch.add(fd, backend),
+                    _ => Ok(()),
+                });
+            match connected {
                 Ok(()) => None,
                 Err(e) => {
                     health.failed(self.routing.config.failure_limit);
@@ -532,7 +894,11 @@ impl Worker {
             self.ready.push(p);
             self.events.push((backend, None, false));
         }
-        self.parts.push(part);
+        if p as usize == self.parts.len() {
+            self.parts.push(part);
+        } else {
+            self.parts[p as usize] = part;
+        }
         let job = &mut self.jobs[i];
         if job.last == NONE {
             job.first = p;
@@ -547,6 +913,12 @@ impl Worker {
 
     /// Queues the reply owed for part `p` on its backend.
     fn expect(&mut self, p: u32, frame: Frame) {
+        self.expect_joined(p, frame, false);
+    }
+
+    /// Queues the reply owed for part `p`; `joined`: its request shares the previous
+    /// one's line (a coalesced `get`), and so its reply.
+    fn expect_joined(&mut self, p: u32, frame: Frame, joined: bool) {
         let b = self.parts[p as usize].backend as usize;
         let health = &self.routing.backends[b];
         health.outstanding.fetch_add(1, Ordering::Relaxed);
@@ -559,6 +931,7 @@ impl Worker {
             sent: self.parts[p as usize].sent,
             ejections,
             write,
+            joined,
         });
     }
 
@@ -615,18 +988,16 @@ impl Worker {
         only: Option<u32>,
         retry: bool,
     ) {
-        let (start, _) = self.jobs[i].keys;
         let except = only.map(|p| self.parts[p as usize].backend as usize);
         self.turn = self.turn.wrapping_add(1);
         self.key_backend.clear();
-        let multi = self.jobs[i].keys.1 - start > 1;
+        let multi = self.jobs[i].key_part.len() > 1;
         let cas = matches!(
             *request,
             Request::Get { cas: true, .. } | Request::Gat { cas: true, .. }
         );
         for (k, key) in keys.iter().enumerate() {
-            let slot = start as usize + k;
-            if only.is_some_and(|p| self.key_part[slot] != p) {
+            if only.is_some_and(|p| self.jobs[i].key_part[k] != p) {
                 self.key_backend.push(NONE);
                 continue;
             }
@@ -651,6 +1022,27 @@ impl Worker {
             Request::Gat { exptime, .. } => ("gats", Some(exptime)),
             _ => return,
         };
+        if let (None, [b], Some(key)) = (exptime, &self.key_backend[..], keys.iter().next()) {
+            // One key: its `get` may join the one before it on the same backend connection
+            // (one line, one reply for the backend to compose and send).
+            let backend = *b as usize;
+            if *b != NONE {
+                let (p, ok) = self.open_part(i, backend, retry);
+                self.jobs[i].key_part[0] = p;
+                if ok {
+                    let part = &mut self.parts[p as usize];
+                    part.key.clear();
+                    part.key.extend_from_slice(key);
+                    let cas = verb == "gets";
+                    // Not in front of a kvlab cluster: a node redirects a whole line
+                    // for one moved key.
+                    let join = self.routing.config.cluster.is_none();
+                    let joined = self.conns[backend].push_get(cas, key, join);
+                    self.expect_joined(p, Frame::Retrieval, joined);
+                }
+            }
+            return;
+        }
         let mut k = 0;
         while k < self.key_backend.len() {
             let b = self.key_backend[k];
@@ -671,7 +1063,7 @@ impl Worker {
             for (j, key) in keys.iter().enumerate().skip(k) {
                 if self.key_backend[j] == b {
                     self.key_backend[j] = NONE;
-                    self.key_part[start as usize + j] = p;
+                    self.jobs[i].key_part[j] = p;
                     if ok {
                         let out = &mut self.conns[backend].out;
                         out.push(b' ');
@@ -788,96 +1180,6 @@ impl Worker {
         self.assembled = follow;
     }
 
-    /// Writes, polls and reads until every job of the batch is decided.
-    fn pump(&mut self, works: &mut [ProxyWork], done: &mut dyn FnMut(usize, Completion)) {
-        loop {
-            self.settle(works, done);
-            if self.jobs.iter().all(|j| j.decided) {
-                // Writes no job waits for (a cas's follow-ups) still go out now.
-                for b in 0..self.conns.len() {
-                    if self.conns[b].wants_write() && self.conns[b].flush().is_err() {
-                        self.fail_conn(b, Fail::Closed);
-                    }
-                }
-                return;
-            }
-            for b in 0..self.conns.len() {
-                if self.conns[b].wants_write() && self.conns[b].flush().is_err() {
-                    self.fail_conn(b, Fail::Closed);
-                }
-            }
-            if !self.ready.is_empty() {
-                continue;
-            }
-            self.pollfds.clear();
-            self.polled.clear();
-            let mut deadline: Option<Instant> = None;
-            let timeout = self.timeout();
-            for (b, conn) in self.conns.iter().enumerate() {
-                let (Some(fd), Some(head)) = (conn.fd(), conn.expect.front()) else {
-                    continue;
-                };
-                let due = head.sent + timeout;
-                deadline = Some(deadline.map_or(due, |d| d.min(due)));
-                let mut events = libc::POLLIN;
-                if conn.wants_write() {
-                    events |= libc::POLLOUT;
-                }
-                self.pollfds.push(libc::pollfd {
-                    fd,
-                    events,
-                    revents: 0,
-                });
-                self.polled.push(b);
-            }
-            let Some(deadline) = deadline else {
-                // Undecided jobs with nothing in flight cannot happen; fail them rather
-                // than hang.
-                self.fail_undecided(works, done);
-                return;
-            };
-            let wait = deadline.saturating_duration_since(Instant::now());
-            let ms = wait.as_millis().min(i32::MAX as u128) as i32 + 1;
-            // SAFETY: `pollfds` is a valid, initialised array of `len` pollfd structs.
-            let n = unsafe {
-                libc::poll(
-                    self.pollfds.as_mut_ptr(),
-                    self.pollfds.len() as libc::nfds_t,
-                    ms,
-                )
-            };
-            if n < 0 && io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-                self.fail_undecided(works, done);
-                return;
-            }
-            for k in 0..self.pollfds.len() {
-                let revents = self.pollfds[k].revents;
-                if revents == 0 {
-                    continue;
-                }
-                let b = self.polled[k];
-                if revents & libc::POLLOUT != 0 && self.conns[b].flush().is_err() {
-                    self.fail_conn(b, Fail::Closed);
-                    continue;
-                }
-                if revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
-                    self.read_replies(b);
-                }
-            }
-            self.now = Instant::now();
-            self.expire(self.now);
-        }
-    }
-
-    /// Reads, without waiting, the replies that have arrived for requests no job waits for.
-    fn drain(&mut self) {
-        for b in 0..self.conns.len() {
-            if !self.conns[b].expect.is_empty() && self.conns[b].is_connected() {
-                self.read_replies(b);
-            }
-        }
-    }
-
     /// Fails the connections whose oldest owed reply is past its deadline.
     fn expire(&mut self, now: Instant) {
         let timeout = self.timeout();
@@ -904,6 +1206,9 @@ impl Worker {
             };
             match frame(head.frame, conn.input()) {
                 Ok(None) => break,
+                Ok(Some(f)) if conn.expect.get(1).is_some_and(|e| e.joined) => {
+                    self.take_coalesced(b, f, now);
+                }
                 Ok(Some(f)) => {
                     conn.expect.pop_front();
                     health.outstanding.fetch_sub(1, Ordering::Relaxed);
@@ -912,6 +1217,12 @@ impl Worker {
                     // writes); the request counts as failed (a read is retried elsewhere).
                     let stale = health.is_ejected()
                         || health.ejections.load(Ordering::Relaxed) != head.ejections;
+                    if let Some(p) = head.part.filter(|&p| self.parts[p as usize].job == NONE) {
+                        // Its request was decided without it: dropped.
+                        conn.consume(f.len);
+                        self.free_part(p);
+                        continue;
+                    }
                     if let Some(p) = head.part {
                         let ns = now.saturating_duration_since(head.sent).as_nanos() as u64;
                         let part = &mut self.parts[p as usize];
@@ -949,6 +1260,79 @@ impl Worker {
         }
     }
 
+    /// Hands out the reply `f` (at the front of connection `b`'s input) of a coalesced
+    /// `get k1 k2 …`: each part gets its key's `VALUE` (the backend answers hits in the
+    /// order asked) and `END`, as if it had been sent alone; an error line goes to each.
+    fn take_coalesced(&mut self, b: usize, f: crate::backend::Framed, now: Instant) {
+        let health = self.routing.backends[b].clone();
+        let conn = &self.conns[b];
+        let group = 1 + conn.expect.iter().skip(1).take_while(|e| e.joined).count();
+        let mut ranges = std::mem::take(&mut self.coalesced);
+        ranges.clear();
+        let reply = &conn.input()[..f.len];
+        let mut at = 0;
+        for e in conn.expect.iter().take(group) {
+            let mut range = (0, 0);
+            if let (false, Some(p)) = (f.error, e.part) {
+                if let Ok(ParsedReply::Complete {
+                    reply: Reply::Value { key, .. },
+                    len,
+                }) = parse_reply(&reply[at..])
+                {
+                    if key == self.parts[p as usize].key.as_slice() {
+                        range = (at, at + len);
+                        at += len;
+                    }
+                }
+            }
+            ranges.push(range);
+        }
+        for &(start, end) in &ranges {
+            let Some(head) = self.conns[b].expect.pop_front() else {
+                break;
+            };
+            health.outstanding.fetch_sub(1, Ordering::Relaxed);
+            health.succeeded();
+            let Some(p) = head.part else {
+                continue;
+            };
+            if self.parts[p as usize].job == NONE {
+                // Its request was decided without it: dropped.
+                self.orphans.push(p);
+                continue;
+            }
+            let stale =
+                health.is_ejected() || health.ejections.load(Ordering::Relaxed) != head.ejections;
+            let part = &mut self.parts[p as usize];
+            if stale {
+                self.events.push((b, None, false));
+                part.state = State::Failed(Fail::Ejected);
+            } else {
+                let ns = now.saturating_duration_since(head.sent).as_nanos() as u64;
+                self.events.push((b, Some(ns), false));
+                let input = self.conns[b].input();
+                if f.error {
+                    part.reply.extend_from_slice(&input[..f.body]);
+                } else {
+                    part.reply.extend_from_slice(&input[start..end]);
+                    part.reply.extend_from_slice(b"END\r\n");
+                }
+                part.values = u32::from(end > start);
+                part.state = State::Replied {
+                    error: f.error,
+                    server_error: f.server_error,
+                };
+            }
+            part.done = now;
+            self.ready.push(p);
+        }
+        self.conns[b].consume(f.len);
+        self.coalesced = ranges;
+        while let Some(p) = self.orphans.pop() {
+            self.free_part(p);
+        }
+    }
+
     /// Closes connection `b` and fails every request in flight on it.
     fn fail_conn(&mut self, b: usize, fail: Fail) {
         let health = self.routing.backends[b].clone();
@@ -964,9 +1348,13 @@ impl Worker {
         for e in owed {
             health.outstanding.fetch_sub(1, Ordering::Relaxed);
             self.events.push((b, None, fail == Fail::Timeout));
-            if let Some(p) = e.part {
-                self.parts[p as usize].state = State::Failed(fail);
-                self.ready.push(p);
+            match e.part {
+                Some(p) if self.parts[p as usize].job == NONE => self.free_part(p),
+                Some(p) => {
+                    self.parts[p as usize].state = State::Failed(fail);
+                    self.ready.push(p);
+                }
+                None => {}
             }
         }
     }
@@ -1040,17 +1428,17 @@ impl Worker {
             (Request::Get { keys, .. } | Request::Gat { keys, .. }, _) => {
                 // Only if every key of the part has another usable replica.
                 let keys = *keys;
-                let (start, end) = self.jobs[i].keys;
+                let multi = self.jobs[i].key_part.len() > 1;
                 let cas = matches!(
                     request,
                     Request::Get { cas: true, .. } | Request::Gat { cas: true, .. }
                 );
                 for (k, key) in keys.iter().enumerate() {
-                    if self.key_part[start as usize + k] != p {
+                    if self.jobs[i].key_part[k] != p {
                         continue;
                     }
                     let pool = self.routing.pool_of(key);
-                    self.read_candidates(pool, key, end - start > 1, cas);
+                    self.read_candidates(pool, key, multi, cas);
                     if !self.another_replica(pool, failed_backend) {
                         return false;
                     }
@@ -1094,7 +1482,7 @@ impl Worker {
         let mut keys = 0;
         match job.class {
             Class::Get | Class::ReadAsIs { .. } => {
-                keys = job.keys.1 - job.keys.0;
+                keys = job.key_part.len() as u32;
                 if job.failed > 0 {
                     error = true;
                     let p = self
@@ -1179,10 +1567,15 @@ impl Worker {
                 }
             }
         }
+        self.finished.push(i as u32);
         if self.routing.config.cluster.is_some() && is_redirect(&self.assembled) {
-            // Not an answer for the client: sent again by the new ring (see
-            // `follow_redirects`); the request stays in its buffer.
-            self.redo.push(i);
+            // Not an answer for the client: sent again by the new ring (see `redo_due`).
+            let ticket = self.jobs[i].ticket;
+            let work = std::mem::replace(&mut works[i], ProxyWork::vacant(now));
+            if self.redo.is_empty() {
+                self.redo_at = now;
+            }
+            self.redo.push((ticket, work));
             return;
         }
         let work = &mut works[i];
@@ -1206,11 +1599,11 @@ impl Worker {
             parts: job.parts,
             arrival: work.arrival,
             queue_len: work.queue_len,
-            queue_ns: self
+            queue_ns: job
                 .dequeued
                 .saturating_duration_since(work.arrival)
                 .as_nanos() as u64,
-            worker_ns: now.saturating_duration_since(self.dequeued).as_nanos() as u64,
+            worker_ns: now.saturating_duration_since(job.dequeued).as_nanos() as u64,
             backend_ns,
         });
         let mut reply = std::mem::take(&mut work.buf);
@@ -1218,7 +1611,7 @@ impl Worker {
         if !work.noreply {
             std::mem::swap(&mut reply, &mut self.assembled);
         }
-        done(i, Completion::Reply(reply));
+        done(job.ticket, Completion::Reply(reply));
     }
 
     fn first_where(&self, i: usize, mut f: impl FnMut(&Part) -> bool) -> Option<u32> {
@@ -1268,7 +1661,6 @@ impl Worker {
     /// Merges the `VALUE` blocks of a multi-part get in the order the keys were asked for;
     /// returns the values.
     fn merge(&mut self, i: usize, work: &ProxyWork) -> u32 {
-        let (start, _) = self.jobs[i].keys;
         let Parsed::Request {
             request: Request::Get { keys, .. } | Request::Gat { keys, .. },
             ..
@@ -1278,7 +1670,7 @@ impl Worker {
         };
         let mut hits = 0;
         for (k, key) in keys.iter().enumerate() {
-            let p = self.key_part[start as usize + k] as usize;
+            let p = self.jobs[i].key_part[k] as usize;
             let part = &mut self.parts[p];
             if let Ok(ParsedReply::Complete {
                 reply: Reply::Value { key: got, .. },
@@ -1297,14 +1689,17 @@ impl Worker {
         hits
     }
 
-    fn fail_undecided(&mut self, works: &mut [ProxyWork], done: &mut dyn FnMut(usize, Completion)) {
+    fn fail_undecided(&mut self, done: &mut dyn FnMut(usize, Completion)) {
+        let mut works = std::mem::take(&mut self.works);
         for i in 0..self.jobs.len() {
-            if !self.jobs[i].decided {
+            if self.jobs[i].active && !self.jobs[i].decided {
                 self.jobs[i].failed += 1;
                 self.jobs[i].waiting = 0;
-                self.decide(i, works, done);
+                self.decide(i, &mut works, done);
             }
         }
+        self.works = works;
+        self.free_finished();
     }
 }
 

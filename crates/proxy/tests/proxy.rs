@@ -158,6 +158,45 @@ fn a_multi_get_is_split_by_backend_and_merged_in_key_order() {
 }
 
 #[test]
+fn pipelined_one_key_gets_are_coalesced_and_each_answered_as_if_alone() {
+    let backends: Vec<Memcached> = (0..2).map(|_| memcached()).collect();
+    let addrs: Vec<SocketAddr> = backends.iter().map(|m| m.addr).collect();
+    let value = |i: usize| format!("VALUE c{i} {i} {}\r\nv{i}\r\n", format!("v{i}").len());
+    for io in BOTH {
+        let p = proxy_io(config(&addrs), io);
+        let mut fill = String::new();
+        for i in (0..60).step_by(2) {
+            fill += &format!("set c{i} {i} 0 {}\r\nv{i}\r\n", format!("v{i}").len());
+        }
+        fill += "mn\r\n";
+        assert_eq!(
+            ask(p.addr(), &fill, "MN\r\n"),
+            "STORED\r\n".repeat(30) + "MN\r\n"
+        );
+        // One write of many one-key gets (hits, misses, the same key twice), a set of a
+        // missing key and then its get, and a multi-get among them: each reply is what
+        // the request alone gets, in request order.
+        let (mut req, mut want) = (String::new(), String::new());
+        for i in 0..60 {
+            req += &format!("get c{i}\r\n");
+            if i % 2 == 0 || i == 21 {
+                want += &value(i);
+            }
+            want += "END\r\n";
+            if i == 20 {
+                req += "get c20\r\nset c21 21 0 3\r\nv21\r\nget c21\r\nget c4 c5 c6\r\n";
+                want += &(value(20) + "END\r\nSTORED\r\n" + &value(21) + "END\r\n");
+                want += &(value(4) + &value(6) + "END\r\n");
+            }
+        }
+        req += "mn\r\n";
+        want += "MN\r\n";
+        assert_eq!(ask(p.addr(), &req, "MN\r\n"), want, "{io:?}");
+        assert_eq!(ask(p.addr(), "delete c21\r\n", "\r\n"), "DELETED\r\n");
+    }
+}
+
+#[test]
 fn replicated_writes_follow_the_write_policy_and_reads_still_hit() {
     let mut backends: Vec<Memcached> = (0..3).map(|_| memcached()).collect();
     let addrs: Vec<SocketAddr> = backends.iter().map(|m| m.addr).collect();
