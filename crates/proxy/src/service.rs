@@ -65,6 +65,7 @@ impl ProxyService {
             arrival,
             queue_len: queued.min(u64::from(u32::MAX)) as u32,
             redirected: None,
+            redirects: 0,
         }
     }
 }

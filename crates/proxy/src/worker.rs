@@ -45,8 +45,10 @@ use crate::Shared;
 
 /// Most requests a worker takes from the queue at once.
 pub const BATCH: usize = 64;
-/// The first pause before a request a cluster node asked to try again is sent again.
+/// The first pause before a request a cluster node redirected twice is sent again; it
+/// doubles with each further redirect, up to `REDO_PAUSE_MAX`.
 const REDO_PAUSE: Duration = Duration::from_micros(200);
+const REDO_PAUSE_MAX: Duration = Duration::from_millis(20);
 const NONE: u32 = u32::MAX;
 
 /// One client request on its way through the proxy.
@@ -61,6 +63,8 @@ pub struct ProxyWork {
     pub(crate) queue_len: u32,
     /// Following a kvlab cluster: when a node first redirected it.
     pub(crate) redirected: Option<Instant>,
+    /// Following a kvlab cluster: how many times nodes redirected it.
+    pub(crate) redirects: u32,
 }
 
 impl ProxyWork {
@@ -72,6 +76,7 @@ impl ProxyWork {
             arrival: now,
             queue_len: 0,
             redirected: None,
+            redirects: 0,
         }
     }
 }
@@ -291,7 +296,6 @@ pub struct Worker {
     /// still arriving), to send again by the new ring, not before `redo_at`.
     redo: Vec<(usize, ProxyWork)>,
     redo_at: Instant,
-    redo_pause: Duration,
     /// Scratch for a batch's tickets.
     tagged: Vec<(usize, ProxyWork)>,
     /// Scratch for a coalesced reply: each part's `VALUE` block; parts to free.
@@ -336,7 +340,6 @@ impl Worker {
             now: Instant::now(),
             redo: Vec::new(),
             redo_at: Instant::now(),
-            redo_pause: REDO_PAUSE,
             tagged: Vec::new(),
             coalesced: Vec::new(),
             orphans: Vec::new(),
@@ -592,9 +595,12 @@ impl Worker {
     }
 
     /// Redirected works whose pause is over: those redirected for too long are answered
-    /// with an error; if the cluster's ring moved on the rest go again by it, else they wait
-    /// a little longer (a hand-off under way). A redirect never reaches the client: a node
-    /// redirects before it applies anything, so sending again is safe.
+    /// with an error; the rest go again, by the cluster's newest ring. The ring is asked
+    /// for first: if it moved on (here, or already through another worker) they wait for
+    /// this worker to take it up; if not (a hand-off under way: the node's data is still
+    /// arriving) they go again by the same ring, after a pause that grows with each
+    /// redirect. A redirect never reaches the client: a node redirects before it applies
+    /// anything, so sending again is safe.
     fn redo_due(&mut self, done: &mut dyn FnMut(usize, Completion)) {
         let now = self.now;
         let mut redo = std::mem::take(&mut self.redo);
@@ -611,22 +617,18 @@ impl Worker {
             done(*ticket, Completion::Reply(reply));
             false
         });
-        if redo.is_empty() {
-            self.redo_pause = REDO_PAUSE;
-            self.redo = redo;
-            return;
+        if !redo.is_empty() {
+            self.shared.follow_cluster();
+            if self.reload_pending() || !self.held.is_empty() {
+                self.held.append(&mut redo);
+                self.take_up_reload(done);
+            } else {
+                self.route_all(&mut redo, done);
+            }
         }
-        if self.shared.follow_cluster() {
-            self.redo_pause = REDO_PAUSE;
-            self.held.append(&mut redo);
-            self.redo = redo;
-            self.take_up_reload(done);
-        } else {
-            // The same ring: a hand-off under way. Wait a little.
-            self.redo_at = now + self.redo_pause;
-            self.redo_pause = (self.redo_pause * 2).min(Duration::from_millis(20));
-            self.redo = redo;
-        }
+        // Works redirected meanwhile (a failure decided at once) stay for their turn.
+        redo.append(&mut self.redo);
+        self.redo = redo;
     }
 
     /// Decides what the replies read so far allow, then frees the jobs decided.
@@ -1571,9 +1573,16 @@ impl Worker {
         if self.routing.config.cluster.is_some() && is_redirect(&self.assembled) {
             // Not an answer for the client: sent again by the new ring (see `redo_due`).
             let ticket = self.jobs[i].ticket;
-            let work = std::mem::replace(&mut works[i], ProxyWork::vacant(now));
-            if self.redo.is_empty() {
-                self.redo_at = now;
+            let mut work = std::mem::replace(&mut works[i], ProxyWork::vacant(now));
+            // The first redirect goes again at once (the ring moved), later ones after a
+            // pause that doubles each time (a hand-off under way).
+            let due = match work.redirects {
+                0 => now,
+                n => now + (REDO_PAUSE * (1 << (n - 1).min(7))).min(REDO_PAUSE_MAX),
+            };
+            work.redirects = work.redirects.saturating_add(1);
+            if self.redo.is_empty() || due < self.redo_at {
+                self.redo_at = due;
             }
             self.redo.push((ticket, work));
             return;
