@@ -130,22 +130,19 @@ pub(crate) fn render(report: &Report, files: Option<&[Planned]>) -> String {
             k += 1;
             match it {
                 Item::LinePlot(p) => {
-                    let _ = write!(
-                        o,
-                        "<figure class=\"plot\" id=\"{id}\">\n{}",
-                        svg::line_plot(p, &id)
-                    );
-                    figcaption(&mut o, p.caption.as_deref(), links);
-                    o.push_str("</figure>\n");
+                    let svg = svg::line_plot(p, &id);
+                    figure(&mut o, "plot", &id, &svg, p.caption.as_deref(), links);
                 }
                 Item::Histogram(h) => {
-                    let _ = write!(
-                        o,
-                        "<figure class=\"plot histogram\" id=\"{id}\">\n{}",
-                        svg::histogram(h)
+                    let svg = svg::histogram(h);
+                    figure(
+                        &mut o,
+                        "plot histogram",
+                        &id,
+                        &svg,
+                        h.caption.as_deref(),
+                        links,
                     );
-                    figcaption(&mut o, h.caption.as_deref(), links);
-                    o.push_str("</figure>\n");
                 }
                 Item::Table(t) => table(&mut o, t, &id, links),
                 Item::Note(n) => note(&mut o, n, &id),
@@ -179,6 +176,20 @@ fn section_id(si: usize, title: &str) -> String {
 
 fn item_id(si: usize, ii: usize) -> String {
     format!("s{}-item{}", si + 1, ii + 1)
+}
+
+/// A plot's figure: its inline SVG, then its caption and file links.
+fn figure(
+    o: &mut String,
+    class: &str,
+    id: &str,
+    svg: &str,
+    caption: Option<&str>,
+    links: Option<&Planned>,
+) {
+    let _ = write!(o, "<figure class=\"{class}\" id=\"{id}\">\n{svg}");
+    figcaption(o, caption, links);
+    o.push_str("</figure>\n");
 }
 
 fn figcaption(o: &mut String, caption: Option<&str>, links: Option<&Planned>) {

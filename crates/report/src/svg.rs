@@ -556,6 +556,55 @@ fn edge_label(v: f64) -> String {
     s + suffix
 }
 
+/// An x axis of named places: a tick and a label at each x (`spacing` px apart; the labels
+/// rotated when they would not fit side by side), and the axis label `label` under them.
+/// Returns the axis label's y.
+fn category_axis(out: &mut String, labels: &[(f64, String)], spacing: f64, label: &str) -> f64 {
+    let b = TOP + PLOT_H;
+    let longest = labels
+        .iter()
+        .map(|(_, l)| l.chars().count())
+        .max()
+        .unwrap_or(1) as f64;
+    let rotate = longest * 6.5 > spacing - 4.0;
+    out.push_str(r#"<g class="x-axis" font-size="11">"#);
+    for (x, l) in labels {
+        let _ = write!(
+            out,
+            r##"<line x1="{x:.1}" y1="{b:.1}" x2="{x:.1}" y2="{:.1}" stroke="#333"/>"##,
+            b + 5.0
+        );
+        if rotate {
+            let _ = write!(
+                out,
+                r#"<text transform="translate({:.1},{:.1}) rotate(-40)" text-anchor="end">{}</text>"#,
+                x + 3.0,
+                b + 16.0,
+                escape(l)
+            );
+        } else {
+            let _ = write!(
+                out,
+                r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                b + 18.0,
+                escape(l)
+            );
+        }
+    }
+    let label_y = if rotate {
+        b + 22.0 + longest * 5.0
+    } else {
+        b + 38.0
+    };
+    let _ = write!(
+        out,
+        r#"<text class="axis-label" x="{:.1}" y="{label_y:.1}" text-anchor="middle" font-size="13">{}</text></g>"#,
+        (LEFT + WIDTH - RIGHT) / 2.0,
+        escape(label)
+    );
+    label_y
+}
+
 /// Renders a histogram as grouped bars over equal-width buckets labelled by their edges.
 pub fn histogram(h: &Histogram) -> String {
     let n = h.buckets();
@@ -624,45 +673,18 @@ pub fn histogram(h: &Histogram) -> String {
         }
         out.push_str("</g>");
     }
-    // Edge labels at bucket boundaries; rotated when they would not fit side by side.
-    let labels: Vec<String> = h.edges.iter().map(|e| edge_label(*e)).collect();
-    let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(1) as f64;
-    let rotate = longest * 6.5 > bw - 4.0;
-    out.push_str(r#"<g class="x-axis" font-size="11">"#);
-    for (j, l) in labels.iter().enumerate() {
-        let x = x0 + bw * j as f64;
-        let _ = write!(
-            out,
-            r##"<line x1="{x:.1}" y1="{b:.1}" x2="{x:.1}" y2="{:.1}" stroke="#333"/>"##,
-            b + 5.0
-        );
-        if rotate {
-            let _ = write!(
-                out,
-                r#"<text transform="translate({:.1},{:.1}) rotate(-40)" text-anchor="end">{}</text>"#,
-                x + 3.0,
-                b + 16.0,
-                escape(l)
-            );
-        } else {
-            let _ = write!(
-                out,
-                r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-                b + 18.0,
-                escape(l)
-            );
-        }
-    }
-    let label_y = if rotate {
-        b + 22.0 + longest * 5.0
-    } else {
-        b + 38.0
-    };
-    let _ = write!(
-        out,
-        r#"<text class="axis-label" x="{:.1}" y="{label_y:.1}" text-anchor="middle" font-size="13">{} — {n} buckets [low, high)</text></g>"#,
-        (x0 + x1) / 2.0,
-        escape(&h.x_label)
+    // Edge labels at bucket boundaries.
+    let labels: Vec<(f64, String)> = h
+        .edges
+        .iter()
+        .enumerate()
+        .map(|(j, e)| (x0 + bw * j as f64, edge_label(*e)))
+        .collect();
+    let label_y = category_axis(
+        &mut out,
+        &labels,
+        bw,
+        &format!("{} — {n} buckets [low, high)", h.x_label),
     );
     frame(&mut out);
 
