@@ -144,6 +144,17 @@ pub(crate) fn render(report: &Report, files: Option<&[Planned]>) -> String {
                         links,
                     );
                 }
+                Item::StackedBars(sb) => {
+                    let svg = svg::stacked_bars(sb, &id);
+                    figure(
+                        &mut o,
+                        "plot stacked",
+                        &id,
+                        &svg,
+                        sb.caption.as_deref(),
+                        links,
+                    );
+                }
                 Item::Table(t) => table(&mut o, t, &id, links),
                 Item::Note(n) => note(&mut o, n, &id),
             }
@@ -306,7 +317,7 @@ mod tests {
             .sections
             .iter()
             .flat_map(|s| &s.items)
-            .filter(|i| matches!(i, Item::LinePlot(_) | Item::Histogram(_)))
+            .filter(|i| i.is_plot())
             .count();
         assert_eq!(html.matches("<svg ").count(), plots);
         let tables = r
