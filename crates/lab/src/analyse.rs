@@ -15,7 +15,7 @@ use kvlab_analysis::{factorial, summarize, Summary};
 use kvlab_report::helpers::{self as h, Curve};
 use kvlab_report::{
     format_value, Estimate, Histogram, HistogramSeries, Item, LinePlot, LineStyle, Note, Point,
-    Report, Row, Section, Series, Table,
+    Report, Row, Section, Series, StackedBar, StackedBars, Table,
 };
 
 use crate::runner::{Meta, ProxyFigures, RawRun};
@@ -578,6 +578,9 @@ impl Analyser<'_> {
         } else if has("qps") && open {
             self.rates_section(part, pts, &mut sec);
         }
+        if let Some(chart) = stages_chart(pts) {
+            sec.items.push(Item::StackedBars(chart));
+        }
         if let Some(t) = stages_table(pts, &self.ci) {
             sec.items.push(Item::Table(t));
         }
@@ -728,6 +731,52 @@ fn proxy_centers(low: &Pt) -> Option<Vec<Center>> {
     Some(centers)
 }
 
+/// Where a stage's figure is in a point's proxy figures.
+type StageOf = fn(&ProxyPt) -> &Summary;
+
+/// The stages a client-measured mean through a proxy adds up from, in the order of the
+/// stages table's columns and the chart's segments (bottom up).
+const STAGES: [(&str, StageOf); 5] = [
+    ("net", |x| &x.net),
+    ("queue", |x| &x.queue),
+    ("worker without backend", |x| &x.worker_own),
+    ("backend", |x| &x.backend),
+    ("outside the proxy", |x| &x.outside),
+];
+
+/// Where a proxy's requests spend their time as stacked bars, one per point that has the
+/// proxy's figures (the stages table's rows); `None` when no point has them.
+fn stages_chart(pts: &[Pt]) -> Option<StackedBars> {
+    let bars: Vec<StackedBar> = pts
+        .iter()
+        .filter_map(|p| {
+            let x = p.proxy.as_ref()?;
+            Some(StackedBar {
+                name: p.describe(),
+                values: STAGES.iter().map(|(_, stage)| stage(x).mean).collect(),
+            })
+        })
+        .collect();
+    if bars.is_empty() {
+        return None;
+    }
+    Some(StackedBars {
+        title: "Where a request's time goes, per configuration".into(),
+        x_label: "configuration".into(),
+        y_label: "time per request (µs)".into(),
+        unit: "µs".into(),
+        stages: STAGES.iter().map(|(name, _)| (*name).to_string()).collect(),
+        bars,
+        caption: Some(
+            "µs per request, means over repetitions, stacked from the bottom in the legend's \
+             order; a bar's total is the client-measured mean (up to the rounding of the \
+             proxy's total). The table below gives each stage's confidence interval and what \
+             it measures."
+                .into(),
+        ),
+    })
+}
+
 /// Where a proxy's requests spend their time, one row per point that has the proxy's
 /// figures; `None` when no point has them.
 fn stages_table(pts: &[Pt], ci: &str) -> Option<Table> {
@@ -735,19 +784,15 @@ fn stages_table(pts: &[Pt], ci: &str) -> Option<Table> {
         .iter()
         .filter_map(|p| {
             let x = p.proxy.as_ref()?;
-            Some(Row::new([
-                p.describe(),
-                ci_text(&p.mean),
-                ci_text(&x.net),
-                ci_text(&x.queue),
-                ci_text(&x.worker_own),
-                ci_text(&x.backend),
-                ci_text(&x.outside),
+            let mut cells = vec![p.describe(), ci_text(&p.mean)];
+            cells.extend(STAGES.iter().map(|(_, stage)| ci_text(stage(x))));
+            cells.extend([
                 ci_text(&x.total),
                 ci_text(&x.queue_len),
                 ci_text(&x.backend_requests),
                 x.backend_cpu.as_ref().map(ci_text).unwrap_or("—".into()),
-            ]))
+            ]);
+            Some(Row::new(cells))
         })
         .collect();
     if rows.is_empty() {
@@ -778,21 +823,17 @@ fn stages_table(pts: &[Pt], ci: &str) -> Option<Table> {
     }
     Some(Table {
         title: "Where a request's time goes".into(),
-        columns: [
-            "configuration",
-            "client-measured mean",
-            "net",
-            "queue",
-            "worker without backend",
-            "backend",
-            "outside the proxy",
-            "proxy total",
-            "mean queue length",
-            "backend requests per request",
-            "backends' CPU (cores)",
-        ]
-        .map(String::from)
-        .to_vec(),
+        columns: ["configuration", "client-measured mean"]
+            .into_iter()
+            .chain(STAGES.iter().map(|(name, _)| *name))
+            .chain([
+                "proxy total",
+                "mean queue length",
+                "backend requests per request",
+                "backends' CPU (cores)",
+            ])
+            .map(String::from)
+            .collect(),
         rows,
         caption: Some(caption),
     })

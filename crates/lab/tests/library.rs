@@ -228,10 +228,13 @@ fn tiny_proxy_experiment_records_where_the_time_goes() {
     assert!(logs.join("proxy-1.backend0.log").is_file());
     assert!(logs.join("proxy-1.windows").join("windows.csv").is_file());
 
-    // The report: where the time goes, the interactive law and the proxy's MVA.
+    // The report: where the time goes (a table and a chart), the interactive law and the
+    // proxy's MVA.
     let json = std::fs::read_to_string(out.join("report").join("report.json")).unwrap();
     for needle in [
         "Where a request's time goes",
+        "Where a request's time goes, per configuration",
+        "\"kind\": \"stacked_bars\"",
         "outside the proxy",
         "interactive law R = N/X − Z",
         "Proxy MVA service demands (measured)",
@@ -241,6 +244,28 @@ fn tiny_proxy_experiment_records_where_the_time_goes() {
     ] {
         assert!(json.contains(needle), "no {needle:?} in the report");
     }
+    // The chart beside the table: a bar per point, the stages in the table's order.
+    let page = std::fs::read_to_string(&done.report).unwrap();
+    let chart = page
+        .split("<figure class=\"plot stacked\"")
+        .nth(1)
+        .and_then(|f| f.split("</figure>").next())
+        .expect("no stacked bars in the report");
+    assert_eq!(chart.matches("class=\"stack\"").count(), 2, "{chart}");
+    let legend = chart.split("class=\"legend\"").nth(1).unwrap_or_default();
+    let at = |s: &str| legend.find(&format!(">{s}</text>"));
+    let order: Vec<_> = [
+        "net",
+        "queue",
+        "worker without backend",
+        "backend",
+        "outside the proxy",
+    ]
+    .iter()
+    .map(|s| at(s).unwrap_or_else(|| panic!("no {s:?} in the legend: {chart}")))
+    .collect();
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+    assert!(page.find("plot stacked") < page.find("<caption>Where a request"));
     let html = std::fs::read(&done.report).unwrap();
     std::fs::remove_dir_all(out.join("report")).unwrap();
     let again = analyse_dir(&out).unwrap();

@@ -189,6 +189,39 @@ pub fn example_report() -> Report {
         },
     ];
 
+    // A proxy's stage means at four configurations: its queue grows with the clients.
+    let stages = [
+        "net",
+        "queue",
+        "worker without backend",
+        "backend",
+        "outside the proxy",
+    ];
+    let stage_bars = StackedBars {
+        title: "Where a request's time goes, per configuration".into(),
+        x_label: "configuration".into(),
+        y_label: "time per request (µs)".into(),
+        unit: "µs".into(),
+        stages: stages.iter().map(|s| (*s).to_string()).collect(),
+        bars: [1.0, 4.0, 16.0, 64.0]
+            .iter()
+            .enumerate()
+            .map(|(i, n): (usize, &f64)| StackedBar {
+                name: format!("proxy clients={n}"),
+                values: vec![
+                    4.0 + noise(i as u64 + 900),
+                    2.0 * n.sqrt() + n * 0.8,
+                    6.0 + noise(i as u64 + 901),
+                    31.0 + 2.0 * noise(i as u64 + 902),
+                    24.0 + 3.0 * noise(i as u64 + 903),
+                ],
+            })
+            .collect(),
+        caption: Some(
+            "Means over repetitions, µs per request; bottom to top as in the legend.".into(),
+        ),
+    };
+
     let mut model_items = vec![Item::LinePlot(rp)];
     model_items.extend(model_vs_measurement(&checks, ci));
 
@@ -225,6 +258,11 @@ pub fn example_report() -> Report {
                 title: "Trace run".into(),
                 text: vec!["A 30-second burst starts at t = 40 s.".into()],
                 items: vec![Item::LinePlot(p95), Item::LinePlot(rate)],
+            },
+            Section {
+                title: "Proxy".into(),
+                text: vec!["A proxy's own stage times, with the rest of the client-measured mean outside it.".into()],
+                items: vec![Item::StackedBars(stage_bars)],
             },
             Section {
                 title: "2^k design".into(),

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use crate::escape::csv_line;
 use crate::layout::plan;
-use crate::model::{Histogram, Item, LinePlot, Report, Table};
+use crate::model::{Histogram, Item, LinePlot, Report, StackedBars, Table};
 use crate::svg;
 
 /// Errors writing a report.
@@ -80,12 +80,12 @@ pub fn write_report(dir: impl AsRef<Path>, report: &Report) -> Result<ReportFile
         .enumerate()
         .flat_map(|(si, s)| s.items.iter().enumerate().map(move |(ii, it)| (si, ii, it)));
     for ((si, ii, it), p) in items.zip(&planned) {
+        // The page's id of the item, so a plot's inner ids are the same on the page.
+        let id = format!("s{}-item{}", si + 1, ii + 1);
         let (svg_text, csv_text) = match it {
-            Item::LinePlot(lp) => (
-                Some(svg::line_plot(lp, &format!("s{}-item{}", si + 1, ii + 1))),
-                Some(line_plot_csv(lp)),
-            ),
+            Item::LinePlot(lp) => (Some(svg::line_plot(lp, &id)), Some(line_plot_csv(lp))),
             Item::Histogram(h) => (Some(svg::histogram(h)), Some(histogram_csv(h))),
+            Item::StackedBars(sb) => (Some(svg::stacked_bars(sb, &id)), Some(stacked_bars_csv(sb))),
             Item::Table(t) => (None, Some(table_csv(t))),
             Item::Note(_) => (None, None),
         };
@@ -169,6 +169,18 @@ pub(crate) fn histogram_csv(h: &Histogram) -> String {
     out
 }
 
+/// Long format: one row per bar and stage, the values as given (the SVG draws a negative
+/// or non-finite one as 0).
+pub(crate) fn stacked_bars_csv(sb: &StackedBars) -> String {
+    let mut out = csv_line([sb.x_label.as_str(), "stage", &sb.y_label]);
+    for b in &sb.bars {
+        for (stage, v) in sb.stages.iter().zip(&b.values) {
+            out.push_str(&csv_line([b.name.as_str(), stage, &v.to_string()]));
+        }
+    }
+    out
+}
+
 /// The table as shown; a `flagged` column is added when some rows are highlighted.
 pub(crate) fn table_csv(t: &Table) -> String {
     let flag = t.rows.iter().any(|r| r.highlight);
@@ -204,7 +216,7 @@ mod tests {
             .sections
             .iter()
             .flat_map(|s| &s.items)
-            .filter(|i| matches!(i, Item::LinePlot(_) | Item::Histogram(_)))
+            .filter(|i| i.is_plot())
             .count();
         assert_eq!(f.plots.len(), plots);
         for svg in &f.plots {
@@ -259,6 +271,20 @@ mod tests {
         assert_eq!(
             histogram_csv(&h),
             "series,low (ms),high,count\ns,-inf,0,0\ns,0,1,3\ns,1,2,4\ns,2,inf,1\n"
+        );
+        let sb = StackedBars {
+            x_label: "configuration".into(),
+            y_label: "time (µs)".into(),
+            stages: vec!["net".into(), "queue, waiting".into()],
+            bars: vec![crate::model::StackedBar {
+                name: "a".into(),
+                values: vec![1.5, -0.5],
+            }],
+            ..StackedBars::default()
+        };
+        assert_eq!(
+            stacked_bars_csv(&sb),
+            "configuration,stage,time (µs)\na,net,1.5\na,\"queue, waiting\",-0.5\n"
         );
     }
 }

@@ -130,22 +130,30 @@ pub(crate) fn render(report: &Report, files: Option<&[Planned]>) -> String {
             k += 1;
             match it {
                 Item::LinePlot(p) => {
-                    let _ = write!(
-                        o,
-                        "<figure class=\"plot\" id=\"{id}\">\n{}",
-                        svg::line_plot(p, &id)
-                    );
-                    figcaption(&mut o, p.caption.as_deref(), links);
-                    o.push_str("</figure>\n");
+                    let svg = svg::line_plot(p, &id);
+                    figure(&mut o, "plot", &id, &svg, p.caption.as_deref(), links);
                 }
                 Item::Histogram(h) => {
-                    let _ = write!(
-                        o,
-                        "<figure class=\"plot histogram\" id=\"{id}\">\n{}",
-                        svg::histogram(h)
+                    let svg = svg::histogram(h);
+                    figure(
+                        &mut o,
+                        "plot histogram",
+                        &id,
+                        &svg,
+                        h.caption.as_deref(),
+                        links,
                     );
-                    figcaption(&mut o, h.caption.as_deref(), links);
-                    o.push_str("</figure>\n");
+                }
+                Item::StackedBars(sb) => {
+                    let svg = svg::stacked_bars(sb, &id);
+                    figure(
+                        &mut o,
+                        "plot stacked",
+                        &id,
+                        &svg,
+                        sb.caption.as_deref(),
+                        links,
+                    );
                 }
                 Item::Table(t) => table(&mut o, t, &id, links),
                 Item::Note(n) => note(&mut o, n, &id),
@@ -179,6 +187,20 @@ fn section_id(si: usize, title: &str) -> String {
 
 fn item_id(si: usize, ii: usize) -> String {
     format!("s{}-item{}", si + 1, ii + 1)
+}
+
+/// A plot's figure: its inline SVG, then its caption and file links.
+fn figure(
+    o: &mut String,
+    class: &str,
+    id: &str,
+    svg: &str,
+    caption: Option<&str>,
+    links: Option<&Planned>,
+) {
+    let _ = write!(o, "<figure class=\"{class}\" id=\"{id}\">\n{svg}");
+    figcaption(o, caption, links);
+    o.push_str("</figure>\n");
 }
 
 fn figcaption(o: &mut String, caption: Option<&str>, links: Option<&Planned>) {
@@ -295,7 +317,7 @@ mod tests {
             .sections
             .iter()
             .flat_map(|s| &s.items)
-            .filter(|i| matches!(i, Item::LinePlot(_) | Item::Histogram(_)))
+            .filter(|i| i.is_plot())
             .count();
         assert_eq!(html.matches("<svg ").count(), plots);
         let tables = r

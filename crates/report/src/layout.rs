@@ -18,7 +18,7 @@ pub(crate) fn plan(report: &Report) -> Vec<Planned> {
     let mut out = Vec::new();
     for it in report.sections.iter().flat_map(|s| &s.items) {
         out.push(match it {
-            Item::LinePlot(_) | Item::Histogram(_) => {
+            Item::LinePlot(_) | Item::Histogram(_) | Item::StackedBars(_) => {
                 plots += 1;
                 let stem = format!("plot-{plots:02}-{}", slug(it.title()));
                 Planned {

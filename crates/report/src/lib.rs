@@ -1,11 +1,12 @@
 //! The report of `kvlab lab`: plain data in, a self-contained HTML page, SVG plots, CSV and
 //! JSON out.
 //!
-//! The lab runner fills a [`Report`] (sections of plots, histograms, tables and notes; the
-//! [`helpers`] build the ones issue 4 asks for) and calls [`write_report`]. The page needs no
-//! network and no script: CSS and SVG are inline. Where a model disagrees with a
-//! measurement, [`helpers::model_vs_measurement`] highlights the row and adds a warning note;
-//! warnings and data that cannot be drawn as given are listed at the top of the page.
+//! The lab runner fills a [`Report`] (sections of plots, histograms, stacked bars, tables
+//! and notes; the [`helpers`] build the ones issue 4 asks for) and calls [`write_report`].
+//! The page needs no network and no script: CSS and SVG are inline. Where a model disagrees
+//! with a measurement, [`helpers::model_vs_measurement`] highlights the row and adds a
+//! warning note; warnings and data that cannot be drawn as given are listed at the top of
+//! the page.
 //!
 //! ```text
 //! lab runner ──► Report (serde) ──► render_html ──► index.html (inline SVG + tables)
@@ -40,4 +41,9 @@ pub fn line_plot_svg(plot: &LinePlot) -> String {
 /// Renders one histogram as a standalone SVG document (without the XML declaration).
 pub fn histogram_svg(h: &Histogram) -> String {
     svg::histogram(h)
+}
+
+/// Renders stacked bars as a standalone SVG document (without the XML declaration).
+pub fn stacked_bars_svg(sb: &StackedBars) -> String {
+    svg::stacked_bars(sb, "plot")
 }

@@ -49,6 +49,8 @@ pub enum Item {
     LinePlot(LinePlot),
     /// A histogram.
     Histogram(Histogram),
+    /// Stacked bars.
+    StackedBars(StackedBars),
     /// A table.
     Table(Table),
     /// A note.
@@ -288,6 +290,49 @@ pub struct HistogramSeries {
     pub above: u64,
 }
 
+/// Bars of stacked segments: one bar per case (e.g. a configuration), one segment per
+/// stage, the stages in the same order in every bar from the bottom up, so a bar's height
+/// is its stages' sum (e.g. where a request's time goes).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StackedBars {
+    /// The title (also names its files).
+    pub title: String,
+    /// What a bar is, e.g. "configuration".
+    pub x_label: String,
+    /// With its unit, e.g. "time per request (µs)".
+    pub y_label: String,
+    /// The values' unit for the bars' labels, e.g. "µs" (may be empty).
+    #[serde(default)]
+    pub unit: String,
+    /// The stages' names, the bottom segment first (the legend's order too).
+    pub stages: Vec<String>,
+    /// The bars, left to right.
+    pub bars: Vec<StackedBar>,
+    #[serde(default)]
+    /// A caption under it.
+    pub caption: Option<String>,
+}
+
+/// One bar of [`StackedBars`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StackedBar {
+    /// The name under the bar.
+    pub name: String,
+    /// One value per stage, in the stages' order.
+    pub values: Vec<f64>,
+}
+
+impl StackedBar {
+    /// The segments' heights as drawn: a value that is negative or not finite cannot be
+    /// stacked and is drawn as 0 (and reported by [`StackedBars::problems`]).
+    pub fn drawn(&self) -> Vec<f64> {
+        self.values
+            .iter()
+            .map(|v| if v.is_finite() && *v > 0.0 { *v } else { 0.0 })
+            .collect()
+    }
+}
+
 /// A table of text cells; highlighted rows (e.g. a model that disagrees with the
 /// measurement) are drawn in red.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -378,9 +423,18 @@ impl Item {
         match self {
             Item::LinePlot(p) => &p.title,
             Item::Histogram(h) => &h.title,
+            Item::StackedBars(b) => &b.title,
             Item::Table(t) => &t.title,
             Item::Note(n) => &n.title,
         }
+    }
+
+    /// Whether it is drawn as a plot (an SVG, with its data as CSV).
+    pub fn is_plot(&self) -> bool {
+        matches!(
+            self,
+            Item::LinePlot(_) | Item::Histogram(_) | Item::StackedBars(_)
+        )
     }
 
     /// What cannot be drawn as given; empty when all is well.
@@ -388,6 +442,7 @@ impl Item {
         match self {
             Item::LinePlot(p) => p.problems(),
             Item::Histogram(h) => h.problems(),
+            Item::StackedBars(b) => b.problems(),
             Item::Table(t) => t.problems(),
             Item::Note(_) => Vec::new(),
         }
@@ -477,6 +532,37 @@ impl Histogram {
                     s.name,
                     s.counts.len()
                 ));
+            }
+        }
+        out
+    }
+}
+
+impl StackedBars {
+    /// What cannot be drawn as given (no bars, a bar whose values do not match the stages,
+    /// values that are negative or not finite); empty when all is well.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.bars.is_empty() {
+            out.push("no bars".to_string());
+        }
+        let n = self.stages.len();
+        for b in &self.bars {
+            if b.values.len() != n {
+                out.push(format!(
+                    "bar \"{}\" has {} value(s) for {n} stage(s): not drawn",
+                    b.name,
+                    b.values.len()
+                ));
+                continue;
+            }
+            for (stage, v) in self.stages.iter().zip(&b.values) {
+                if !(v.is_finite() && *v >= 0.0) {
+                    out.push(format!(
+                        "bar \"{}\": {stage} is {v}, drawn as 0 (the bar's total leaves it out)",
+                        b.name
+                    ));
+                }
             }
         }
         out

@@ -13,7 +13,8 @@
 //!  │ title                                          │
 //!  │     ┌──────────────────────────────────────┐   │
 //!  │ y   │ plot area: grid, error bars, lines,  │   │
-//!  │ lbl │ markers (clipped), or grouped bars   │   │
+//!  │ lbl │ markers (clipped), or bars (grouped  │   │
+//!  │     │ or stacked)                          │   │
 //!  │     └──────────────────────────────────────┘   │
 //!  │       tick labels / x label                    │
 //!  │ legend rows (wrapping)                         │
@@ -22,9 +23,9 @@
 
 use std::fmt::Write;
 
-use crate::axis::Axis;
+use crate::axis::{format_value, Axis};
 use crate::escape::escape;
-use crate::model::{Histogram, HistogramY, LinePlot, LineStyle, Scale};
+use crate::model::{Histogram, HistogramY, LinePlot, LineStyle, Scale, StackedBar, StackedBars};
 
 const WIDTH: f64 = 760.0;
 const LEFT: f64 = 76.0;
@@ -164,15 +165,23 @@ impl Legend {
 }
 
 fn open_svg(out: &mut String, title: &str) {
-    open_svg_wide(out, title, 0.0);
+    open_svg_wide(out, title, 0.0, None);
 }
 
-/// Opens an SVG `extra` px wider than the others on the right (room for a second y axis).
-fn open_svg_wide(out: &mut String, title: &str, extra: f64) {
+/// Opens an SVG `extra` px wider than the others on the right (room for a second y axis),
+/// with `desc` = (id, text) as the description that screen readers read after the title.
+fn open_svg_wide(out: &mut String, title: &str, extra: f64, desc: Option<(&str, &str)>) {
     let w = WIDTH + extra;
+    let (described_by, desc) = match desc {
+        Some((id, text)) => (
+            format!(r#" aria-describedby="{}""#, escape(id)),
+            format!(r#"<desc id="{}">{}</desc>"#, escape(id), escape(text)),
+        ),
+        None => (String::new(), String::new()),
+    };
     let _ = write!(
         out,
-        r##"<svg xmlns="http://www.w3.org/2000/svg" class="plot" role="img" aria-label="{t}" width="{w}" height="@@HEIGHT@@" viewBox="0 0 {w} @@HEIGHT@@" font-family="{FONT}" font-size="12" fill="#222"><title>{t}</title><rect width="100%" height="100%" fill="#ffffff"/><text class="plot-title" x="{:.1}" y="24" font-size="15" font-weight="bold" text-anchor="middle">{t}</text>"##,
+        r##"<svg xmlns="http://www.w3.org/2000/svg" class="plot" role="img" aria-label="{t}"{described_by} width="{w}" height="@@HEIGHT@@" viewBox="0 0 {w} @@HEIGHT@@" font-family="{FONT}" font-size="12" fill="#222"><title>{t}</title>{desc}<rect width="100%" height="100%" fill="#ffffff"/><text class="plot-title" x="{:.1}" y="24" font-size="15" font-weight="bold" text-anchor="middle">{t}</text>"##,
         WIDTH / 2.0,
         t = escape(title)
     );
@@ -312,7 +321,7 @@ pub fn line_plot(plot: &LinePlot, id: &str) -> String {
 
     let mut out = String::new();
     let extra = if plot.y2.is_some() { Y2_EXTRA } else { 0.0 };
-    open_svg_wide(&mut out, &plot.title, extra);
+    open_svg_wide(&mut out, &plot.title, extra, None);
     let clip = format!("{}-clip", crate::escape::slug(id));
     let _ = write!(
         out,
@@ -556,6 +565,55 @@ fn edge_label(v: f64) -> String {
     s + suffix
 }
 
+/// An x axis of named places: a tick and a label at each x (`spacing` px apart; the labels
+/// rotated when they would not fit side by side), and the axis label `label` under them.
+/// Returns the axis label's y.
+fn category_axis(out: &mut String, labels: &[(f64, String)], spacing: f64, label: &str) -> f64 {
+    let b = TOP + PLOT_H;
+    let longest = labels
+        .iter()
+        .map(|(_, l)| l.chars().count())
+        .max()
+        .unwrap_or(1) as f64;
+    let rotate = longest * 6.5 > spacing - 4.0;
+    out.push_str(r#"<g class="x-axis" font-size="11">"#);
+    for (x, l) in labels {
+        let _ = write!(
+            out,
+            r##"<line x1="{x:.1}" y1="{b:.1}" x2="{x:.1}" y2="{:.1}" stroke="#333"/>"##,
+            b + 5.0
+        );
+        if rotate {
+            let _ = write!(
+                out,
+                r#"<text transform="translate({:.1},{:.1}) rotate(-40)" text-anchor="end">{}</text>"#,
+                x + 3.0,
+                b + 16.0,
+                escape(l)
+            );
+        } else {
+            let _ = write!(
+                out,
+                r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
+                b + 18.0,
+                escape(l)
+            );
+        }
+    }
+    let label_y = if rotate {
+        b + 22.0 + longest * 5.0
+    } else {
+        b + 38.0
+    };
+    let _ = write!(
+        out,
+        r#"<text class="axis-label" x="{:.1}" y="{label_y:.1}" text-anchor="middle" font-size="13">{}</text></g>"#,
+        (LEFT + WIDTH - RIGHT) / 2.0,
+        escape(label)
+    );
+    label_y
+}
+
 /// Renders a histogram as grouped bars over equal-width buckets labelled by their edges.
 pub fn histogram(h: &Histogram) -> String {
     let n = h.buckets();
@@ -624,45 +682,18 @@ pub fn histogram(h: &Histogram) -> String {
         }
         out.push_str("</g>");
     }
-    // Edge labels at bucket boundaries; rotated when they would not fit side by side.
-    let labels: Vec<String> = h.edges.iter().map(|e| edge_label(*e)).collect();
-    let longest = labels.iter().map(|l| l.chars().count()).max().unwrap_or(1) as f64;
-    let rotate = longest * 6.5 > bw - 4.0;
-    out.push_str(r#"<g class="x-axis" font-size="11">"#);
-    for (j, l) in labels.iter().enumerate() {
-        let x = x0 + bw * j as f64;
-        let _ = write!(
-            out,
-            r##"<line x1="{x:.1}" y1="{b:.1}" x2="{x:.1}" y2="{:.1}" stroke="#333"/>"##,
-            b + 5.0
-        );
-        if rotate {
-            let _ = write!(
-                out,
-                r#"<text transform="translate({:.1},{:.1}) rotate(-40)" text-anchor="end">{}</text>"#,
-                x + 3.0,
-                b + 16.0,
-                escape(l)
-            );
-        } else {
-            let _ = write!(
-                out,
-                r#"<text x="{x:.1}" y="{:.1}" text-anchor="middle">{}</text>"#,
-                b + 18.0,
-                escape(l)
-            );
-        }
-    }
-    let label_y = if rotate {
-        b + 22.0 + longest * 5.0
-    } else {
-        b + 38.0
-    };
-    let _ = write!(
-        out,
-        r#"<text class="axis-label" x="{:.1}" y="{label_y:.1}" text-anchor="middle" font-size="13">{} — {n} buckets [low, high)</text></g>"#,
-        (x0 + x1) / 2.0,
-        escape(&h.x_label)
+    // Edge labels at bucket boundaries.
+    let labels: Vec<(f64, String)> = h
+        .edges
+        .iter()
+        .enumerate()
+        .map(|(j, e)| (x0 + bw * j as f64, edge_label(*e)))
+        .collect();
+    let label_y = category_axis(
+        &mut out,
+        &labels,
+        bw,
+        &format!("{} — {n} buckets [low, high)", h.x_label),
     );
     frame(&mut out);
 
@@ -688,6 +719,114 @@ pub fn histogram(h: &Histogram) -> String {
     }
     let hgt = legend.write(&mut out, label_y + 24.0);
     close_svg(out, hgt)
+}
+
+/// Renders stacked bars: one bar per case, its stages stacked from the bottom in the stages'
+/// order, its total above it. `id` must be unique within the page (it names the
+/// description, which says every bar's numbers in words).
+pub fn stacked_bars(sb: &StackedBars, id: &str) -> String {
+    let drawn: Vec<(&StackedBar, Vec<f64>)> = sb
+        .bars
+        .iter()
+        .filter(|b| b.values.len() == sb.stages.len())
+        .map(|b| (b, b.drawn()))
+        .collect();
+    let sum = |v: &[f64]| v.iter().sum::<f64>();
+    let ymax = drawn.iter().map(|(_, v)| sum(v)).fold(0.0, f64::max);
+    // Room above the tallest bar for its total.
+    let ya = Axis::new(
+        Scale::Linear,
+        0.0,
+        if ymax > 0.0 { ymax * 1.08 } else { 1.0 },
+        6,
+    );
+    let (x0, x1, b) = (LEFT, WIDTH - RIGHT, TOP + PLOT_H);
+    let slot = (x1 - x0) / drawn.len().max(1) as f64;
+    let bw = (slot * 0.6).min(96.0);
+    // Rows rounded to the tenth of a pixel written, so a bar's segments add up to it exactly.
+    let py = |v: f64| ((b - ya.frac(v) * PLOT_H) * 10.0).round() / 10.0;
+    let unit = if sb.unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {}", sb.unit)
+    };
+
+    let mut desc = format!(
+        "{}: one bar each, stacked from the bottom: {}.",
+        sb.x_label,
+        sb.stages.join(", ")
+    );
+    for (bar, values) in &drawn {
+        let parts: Vec<String> = sb
+            .stages
+            .iter()
+            .zip(values)
+            .map(|(s, v)| format!("{s} {}", format_value(*v)))
+            .collect();
+        let _ = write!(
+            desc,
+            " {}: {}{unit} ({}).",
+            bar.name,
+            format_value(sum(values)),
+            parts.join(", ")
+        );
+    }
+    let mut out = String::new();
+    open_svg_wide(
+        &mut out,
+        &sb.title,
+        0.0,
+        Some((&format!("{}-desc", crate::escape::slug(id)), &desc)),
+    );
+    y_axis(&mut out, &ya, &sb.y_label);
+    let mut labels = Vec::new();
+    for (k, (bar, values)) in drawn.iter().enumerate() {
+        let cx = x0 + slot * (k as f64 + 0.5);
+        let total = sum(values);
+        let _ = write!(
+            out,
+            r#"<g class="stack" data-name="{}" data-total="{total}">"#,
+            escape(&bar.name)
+        );
+        let mut base = 0.0;
+        for (i, (stage, v)) in sb.stages.iter().zip(values).enumerate() {
+            if *v <= 0.0 {
+                continue;
+            }
+            let (bottom, top) = (py(base), py(base + v));
+            base += v;
+            let _ = write!(
+                out,
+                r#"<rect class="segment" data-stage="{}" data-value="{v}" x="{:.1}" y="{top:.1}" width="{bw:.1}" height="{:.1}" fill="{}"><title>{}: {} {}{unit}</title></rect>"#,
+                escape(stage),
+                cx - bw / 2.0,
+                bottom - top,
+                color(i),
+                escape(&bar.name),
+                escape(stage),
+                format_value(*v)
+            );
+        }
+        let _ = write!(
+            out,
+            r#"<text class="total" x="{cx:.1}" y="{:.1}" text-anchor="middle">{}</text></g>"#,
+            py(total) - 5.0,
+            escape(&format_value(total))
+        );
+        labels.push((cx, bar.name.clone()));
+    }
+    let label_y = category_axis(&mut out, &labels, slot, &sb.x_label);
+    frame(&mut out);
+    let legend = Legend {
+        entries: sb
+            .stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.clone(), Swatch::Bar { color: i }))
+            .collect(),
+    };
+    let h = legend.write(&mut out, label_y + 24.0);
+    close_svg(out, h)
 }
 
 #[cfg(test)]
@@ -866,6 +1005,190 @@ mod tests {
         assert_eq!(bars, 24);
         assert!(svg.contains("3 at or above"));
         assert!(svg.contains("b &amp; c"));
+    }
+
+    fn stages_sample() -> StackedBars {
+        StackedBars {
+            title: "Where <time> goes".into(),
+            x_label: "configuration".into(),
+            y_label: "time per request (µs)".into(),
+            unit: "µs".into(),
+            stages: ["net", "queue & wait", "backend"]
+                .map(String::from)
+                .to_vec(),
+            bars: vec![
+                StackedBar {
+                    name: "proxy <t=1>".into(),
+                    values: vec![3.3, 10.0, 41.7],
+                },
+                StackedBar {
+                    name: "proxy \"t=2\"".into(),
+                    values: vec![2.9, 0.0, 38.4],
+                },
+                StackedBar {
+                    name: "one too few".into(),
+                    values: vec![1.0, 2.0],
+                },
+            ],
+            caption: None,
+        }
+    }
+
+    fn attr(n: roxmltree::Node<'_, '_>, a: &str) -> f64 {
+        n.attribute(a)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no number in {a} of {n:?}"))
+    }
+
+    #[test]
+    fn stacked_segments_add_up_to_their_bar_in_the_stages_order() {
+        let sb = stages_sample();
+        let svg = stacked_bars(&sb, "s1-item1");
+        let doc = parse(&svg);
+        let stacks: Vec<_> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("stack"))
+            .collect();
+        // The bar whose values do not match the stages is not drawn.
+        assert_eq!(stacks.len(), 2);
+        // Pixels per µs, the same in every segment.
+        let mut scale = None;
+        for (stack, bar) in stacks.iter().zip(&sb.bars) {
+            assert_eq!(stack.attribute("data-name"), Some(bar.name.as_str()));
+            let segs: Vec<_> = stack
+                .children()
+                .filter(|n| n.attribute("class") == Some("segment"))
+                .collect();
+            // Bottom up in the stages' order; a zero stage has no segment.
+            let order: Vec<&str> = segs
+                .iter()
+                .filter_map(|n| n.attribute("data-stage"))
+                .collect();
+            let want: Vec<&str> = sb
+                .stages
+                .iter()
+                .zip(&bar.values)
+                .filter(|(_, v)| **v > 0.0)
+                .map(|(s, _)| s.as_str())
+                .collect();
+            assert_eq!(order, want);
+            let mut bottom = TOP + PLOT_H;
+            let mut height = 0.0;
+            for seg in &segs {
+                let (y, h, v) = (
+                    attr(*seg, "y"),
+                    attr(*seg, "height"),
+                    attr(*seg, "data-value"),
+                );
+                assert!(
+                    (y + h - bottom).abs() < 0.11,
+                    "segment not on the one below it"
+                );
+                bottom = y;
+                height += h;
+                let k = h / v;
+                let s = *scale.get_or_insert(k);
+                assert!((k - s).abs() * v < 0.11, "{k} px/µs vs {s}");
+            }
+            let total = attr(*stack, "data-total");
+            let sum: f64 = bar.values.iter().sum();
+            assert!((total - sum).abs() < 1e-9);
+            // The segments' heights add up to the total's, within the written rounding.
+            let s = scale.unwrap_or(0.0);
+            assert!(
+                (height - total * s).abs() <= 0.05 * segs.len() as f64 + 0.06,
+                "{height} px for {total} µs at {s} px/µs"
+            );
+            let label = stack
+                .children()
+                .find(|n| n.attribute("class") == Some("total"))
+                .and_then(|n| n.text());
+            assert_eq!(label, Some(crate::axis::format_value(total).as_str()));
+        }
+        // The legend names the stages in order, each once.
+        let legend: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.attribute("class") == Some("legend"))
+            .flat_map(|g| g.descendants().filter(|n| n.has_tag_name("text")))
+            .filter_map(|n| n.text())
+            .collect();
+        assert_eq!(legend, ["net", "queue & wait", "backend"]);
+    }
+
+    #[test]
+    fn stacked_bars_escape_text_and_describe_themselves() {
+        let svg = stacked_bars(&stages_sample(), "s2-item3");
+        let doc = parse(&svg);
+        for raw in ["<time>", "<t=1>", "queue & wait"] {
+            assert!(!svg.contains(raw), "unescaped {raw:?}");
+        }
+        let root = doc.root_element();
+        assert_eq!(root.attribute("aria-label"), Some("Where <time> goes"));
+        assert_eq!(root.attribute("aria-describedby"), Some("s2-item3-desc"));
+        let desc = doc
+            .descendants()
+            .find(|n| n.has_tag_name("desc"))
+            .and_then(|n| n.text())
+            .unwrap_or_default();
+        assert!(
+            desc.contains("stacked from the bottom: net, queue & wait, backend"),
+            "{desc}"
+        );
+        assert!(
+            desc.contains("proxy <t=1>: 55 µs (net 3.30, queue & wait 10, backend 41.7)"),
+            "{desc}"
+        );
+        let titles: Vec<&str> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("title"))
+            .filter_map(|n| n.text())
+            .collect();
+        assert!(
+            titles.contains(&"proxy \"t=2\": backend 38.4 µs"),
+            "{titles:?}"
+        );
+    }
+
+    #[test]
+    fn empty_zero_and_bad_stacks_render_without_nan() {
+        let mut cases = vec![
+            StackedBars::default(),
+            StackedBars {
+                bars: vec![StackedBar {
+                    name: "no stages".into(),
+                    values: vec![],
+                }],
+                ..StackedBars::default()
+            },
+        ];
+        let mut zeros = stages_sample();
+        zeros.bars.truncate(2);
+        for b in &mut zeros.bars {
+            b.values.iter_mut().for_each(|v| *v = 0.0);
+        }
+        cases.push(zeros);
+        let mut bad = stages_sample();
+        bad.bars[0].values = vec![f64::NAN, -4.0, f64::INFINITY];
+        cases.push(bad);
+        for sb in &cases {
+            let svg = stacked_bars(sb, "e");
+            parse(&svg);
+            for bad in ["NaN", "inf", "@@HEIGHT@@"] {
+                assert!(!svg.contains(bad), "{bad} in {svg}");
+            }
+        }
+        let problems = cases[3].problems();
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("queue & wait is -4, drawn as 0")),
+            "{problems:?}"
+        );
+        assert!(problems
+            .iter()
+            .any(|p| p.contains("has 2 value(s) for 3 stage(s)")));
+        assert_eq!(cases[0].problems(), ["no bars"]);
+        assert!(cases[2].problems().is_empty());
     }
 
     #[test]

@@ -92,6 +92,8 @@ const r = {
   errorbars: q('svg.plot path.errorbar').map(box).filter(([w, h]) => h > 0).length,
   dashed: q('svg.plot path.line[stroke-dasharray]').length,
   bars: q('svg.plot rect.bar').length,
+  segments: q('svg.plot rect.segment').map(box).filter(([w, h]) => w > 0 && h > 0).length,
+  described: q('svg.plot[aria-describedby]').filter(s => s.querySelector('desc')).length,
   tables: q('table.data').map(t => [t.rows.length, box(t)[0]]),
   highlightBg: getComputedStyle(q('tr.highlight td')[0]).backgroundColor,
   warningBorder: getComputedStyle(q('aside.note.warning')[0]).borderTopColor,
@@ -108,7 +110,7 @@ document.body.appendChild(pre);
 fn report_renders_in_headless_chromium() {
     let dir = tempfile::tempdir().expect("temp dir");
     let files = write_report(dir.path(), &example_report()).expect("write report");
-    let plots = count_items(|i| matches!(i, Item::LinePlot(_) | Item::Histogram(_)));
+    let plots = count_items(Item::is_plot);
     let tables = count_items(|i| matches!(i, Item::Table(_)));
 
     // 1. The page as the browser parsed it, without any script.
@@ -189,6 +191,31 @@ fn report_renders_in_headless_chromium() {
     assert!(
         r["bars"].as_u64().unwrap_or(0) >= 30,
         "histogram bars not drawn"
+    );
+    let segments = example_report()
+        .sections
+        .iter()
+        .flat_map(|s| &s.items)
+        .filter_map(|i| match i {
+            Item::StackedBars(sb) => Some(
+                sb.bars
+                    .iter()
+                    .flat_map(|b| b.drawn())
+                    .filter(|v| *v > 0.0)
+                    .count(),
+            ),
+            _ => None,
+        })
+        .sum::<usize>();
+    assert!(segments >= 10, "the example has too few stacked segments");
+    assert_eq!(
+        r["segments"].as_u64().unwrap_or(0),
+        segments as u64,
+        "stacked segments not laid out"
+    );
+    assert!(
+        r["described"].as_u64().unwrap_or(0) >= 1,
+        "the stacked bars have no description"
     );
     for t in r["tables"].as_array().expect("tables") {
         assert!(
