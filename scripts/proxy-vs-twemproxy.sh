@@ -9,11 +9,16 @@
 #   scripts/proxy-vs-twemproxy.sh            # needs memcached, nutcracker (.ci/run installs them)
 #   ROUNDS=5 SECONDS_PER_RUN=10 scripts/proxy-vs-twemproxy.sh
 #   WORKERS="1 2" scripts/proxy-vs-twemproxy.sh   # a kvlab proxy per -t, each in the rotation
+#   VARIANT="--no-record" WORKERS=1 DEPTHS=16 scripts/proxy-vs-twemproxy.sh
+#       # one more kvlab proxy (-t of the first of WORKERS) with these flags in the rotation:
+#       # what a flag costs or saves, measured side by side
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 SECS=${SECONDS_PER_RUN:-5}
 WORKERS=${WORKERS:-1 2}
+DEPTHS=${DEPTHS:-1 16}
+VARIANT=${VARIANT:-}
 KVLAB=${KVLAB:-target/release/kvlab}
 [ -x "$KVLAB" ] || cargo build --release -q -p kvlab
 dir=$(mktemp -d)
@@ -49,6 +54,11 @@ for w in $WORKERS; do
   "$KVLAB" proxy -p "$kp" -t "$w" --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" 2>"$dir/kp-$w.log" & pids+=($!); kp_pids+=($!); wait_port "$kp"
   kps+=("$kp")
 done
+if [ -n "$VARIANT" ]; then
+  kv=$(port)
+  # shellcheck disable=SC2086 # VARIANT is a list of flags
+  "$KVLAB" proxy -p "$kv" -t "${WORKERS%% *}" $VARIANT --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" 2>"$dir/kv.log" & pids+=($!); kp_pids+=($!); wait_port "$kv"
+fi
 kr=$(port)
 "$KVLAB" proxy -p "$kr" -t "${WORKERS##* }" --replicas 3 --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" --backend "127.0.0.1:${mc[2]}" 2>"$dir/kr.log" & pids+=($!); kr_pid=$!; wait_port "$kr"
 
@@ -98,7 +108,8 @@ measure() {
 nk=$(( ${#kp_pids[@]} + 1 ))
 setups=(twemproxy "$nut")
 i=0; for w in $WORKERS; do setups+=("kvlab-proxy-t$w" "${kps[$i]}"); i=$((i+1)); done
-for depth in 1 16; do
+[ -n "$VARIANT" ] && setups+=("kvlab-proxy-t${WORKERS%% *} $VARIANT" "$kv")
+for depth in $DEPTHS; do
   measure "$depth" "${setups[@]}" direct-to-one "${mc[0]}"
   measure "$depth" kvlab-proxy-R3 "$kr"
 done

@@ -231,8 +231,7 @@ impl<A: App> EventLoop<A> {
                         if let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) {
                             conn.readable = true;
                             conn.last_active = self.idle.now();
-                            let waited = self.idle.now().elapsed().as_nanos() as u64;
-                            self.service.record_wait(waited);
+                            self.service.record_wait(self.idle.now());
                         }
                         self.serve(i);
                     }

@@ -238,12 +238,19 @@ pub trait Service: Send + 'static {
         true
     }
 
-    /// A ready connection waited `waited_ns` for its event loop: from the poll's return
-    /// that reported it to the loop serving it, while the loop served the connections
-    /// before it in that round (the time a ready client waits for a busy thread). By
-    /// default not recorded.
-    fn record_wait(&mut self, waited_ns: u64) {
-        let _ = waited_ns;
+    /// A ready connection waited for its event loop since `polled`, the poll's return that
+    /// reported it, while the loop served the connections before it in that round (the
+    /// time a ready client waits for a busy thread). By default not recorded (and the
+    /// clock not read).
+    fn record_wait(&mut self, polled: std::time::Instant) {
+        let _ = polled;
+    }
+
+    /// The session starts on a request at `now`, the clock its service time is measured
+    /// from: a service that stamps the work it defers (a proxy's arrival time) takes the
+    /// time from here rather than reading the clock once more. By default ignored.
+    fn stamp(&mut self, now: std::time::Instant) {
+        let _ = now;
     }
 
     /// A connection on socket `fd` begins (over TLS if `tls`), with `conn` its state (a

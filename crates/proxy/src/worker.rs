@@ -238,7 +238,7 @@ struct Job {
 }
 
 impl Job {
-    fn new(class: Class) -> Job {
+    fn new(class: Class, now: Instant) -> Job {
         Job {
             class,
             first: NONE,
@@ -253,7 +253,7 @@ impl Job {
             pool: 0,
             active: true,
             ticket: 0,
-            dequeued: Instant::now(),
+            dequeued: now,
         }
     }
 }
@@ -447,7 +447,7 @@ impl Worker {
             let i = match self.free_jobs.pop() {
                 Some(i) => i as usize,
                 None => {
-                    self.jobs.push(Job::new(Class::Get));
+                    self.jobs.push(Job::new(Class::Get, now));
                     self.works.push(ProxyWork::vacant(now));
                     self.jobs.len() - 1
                 }
@@ -714,15 +714,22 @@ impl Worker {
         }
     }
 
-    /// Makes slot `i` (in use, its ticket and start time set) job `job`, keeping the
-    /// slot's buffers.
-    fn put_job(&mut self, i: usize, mut job: Job) {
-        let slot = &mut self.jobs[i];
-        job.ticket = slot.ticket;
-        job.dequeued = slot.dequeued;
-        job.key_part = std::mem::take(&mut slot.key_part);
+    /// Makes slot `i` (in use, its ticket and start time set) a new job of `class`, keeping
+    /// the slot's buffers.
+    fn put_job(&mut self, i: usize, class: Class) -> &mut Job {
+        let job = &mut self.jobs[i];
+        job.class = class;
+        job.first = NONE;
+        job.last = NONE;
+        job.waiting = 0;
+        job.ok = 0;
+        job.failed = 0;
+        job.parts = 0;
+        job.decided = false;
+        job.retried = false;
         job.key_part.clear();
-        *slot = job;
+        job.pool = 0;
+        job
     }
 
     fn route(&mut self, i: usize, work: &ProxyWork) {
@@ -731,16 +738,16 @@ impl Worker {
             _ => {
                 self.put_job(
                     i,
-                    Job::new(Class::Write {
+                    Class::Write {
                         policy: WritePolicy::All,
-                    }),
+                    },
                 );
                 return;
             }
         };
         match request {
             Request::Get { keys, .. } | Request::Gat { keys, .. } => {
-                self.put_job(i, Job::new(Class::Get));
+                self.put_job(i, Class::Get);
                 let n = keys.iter().count();
                 self.jobs[i].key_part.resize(n, NONE);
                 self.send_keys(i, &request, keys, None, false);
@@ -750,9 +757,8 @@ impl Worker {
                 key,
                 ..
             } if self.replicated(key) => {
-                self.put_job(i, Job::new(Class::Cas));
                 let pool = self.routing.pool_of(key);
-                self.jobs[i].pool = pool;
+                self.put_job(i, Class::Cas).pool = pool;
                 self.routing.replicas(pool, key, &mut self.replicas);
                 self.replicas.truncate(1);
                 self.send_all(i, &work.buf, Frame::Line, false);
@@ -763,7 +769,7 @@ impl Worker {
             | Request::Touch { key, .. } => {
                 let pool = self.routing.pool_of(key);
                 let policy = self.routing.pools[pool].pool.write_policy;
-                self.put_job(i, Job::new(Class::Write { policy }));
+                self.put_job(i, Class::Write { policy });
                 self.routing.replicas(pool, key, &mut self.replicas);
                 self.send_all(i, &work.buf, Frame::Line, false);
             }
@@ -790,33 +796,27 @@ impl Worker {
                     let compare = flags.compare_cas.is_some() && self.replicated(key);
                     match command {
                         MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith if compare => {
-                            let mut job = Job::new(Class::Cas);
-                            job.pool = pool;
-                            self.put_job(i, job);
+                            self.put_job(i, Class::Cas).pool = pool;
                             self.replicas.truncate(1);
                             self.send_all(i, &work.buf, frame, quiet);
                         }
                         MetaCommand::Get if flags.has(b'c') && !touches => {
                             // CAS values are the primary's: read them there.
-                            let mut job = Job::new(Class::ReadAsIs { frame });
-                            job.pool = pool;
-                            self.put_job(i, job);
+                            self.put_job(i, Class::ReadAsIs { frame }).pool = pool;
                             self.replicas.truncate(1);
                             self.send_read_as_is(i, &work.buf, None, false);
                         }
                         MetaCommand::Get if touches => {
-                            self.put_job(i, Job::new(Class::ReadAll));
+                            self.put_job(i, Class::ReadAll);
                             self.send_all(i, &work.buf, frame, quiet);
                         }
                         MetaCommand::Get | MetaCommand::Debug | MetaCommand::Noop => {
-                            let mut job = Job::new(Class::ReadAsIs { frame });
-                            job.pool = pool;
-                            self.put_job(i, job);
+                            self.put_job(i, Class::ReadAsIs { frame }).pool = pool;
                             self.send_read_as_is(i, &work.buf, None, false);
                         }
                         MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith => {
                             let policy = self.routing.pools[pool].pool.write_policy;
-                            self.put_job(i, Job::new(Class::Write { policy }));
+                            self.put_job(i, Class::Write { policy });
                             self.send_all(i, &work.buf, frame, quiet);
                         }
                     }
@@ -826,21 +826,23 @@ impl Worker {
             Request::FlushAll { .. } | Request::SlabsAutomove { .. } => {
                 self.put_job(
                     i,
-                    Job::new(Class::Write {
+                    Class::Write {
                         policy: WritePolicy::All,
-                    }),
+                    },
                 );
                 self.replicas.clear();
                 self.replicas.extend(0..self.routing.backends.len());
                 self.send_all(i, &work.buf, Frame::Line, false);
             }
             // Answered by the network thread; never queued.
-            _ => self.put_job(
-                i,
-                Job::new(Class::Write {
-                    policy: WritePolicy::All,
-                }),
-            ),
+            _ => {
+                self.put_job(
+                    i,
+                    Class::Write {
+                        policy: WritePolicy::All,
+                    },
+                );
+            }
         }
     }
 

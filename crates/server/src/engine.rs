@@ -1002,7 +1002,8 @@ impl kvlab_net::Service for Engine {
         !matches!(req, Request::Stats { .. })
     }
 
-    fn record_wait(&mut self, waited_ns: u64) {
+    fn record_wait(&mut self, polled: std::time::Instant) {
+        let waited_ns = polled.elapsed().as_nanos() as u64;
         self.worker.wait_buckets.record(waited_ns);
     }
 
