@@ -28,8 +28,10 @@ pub struct ProxyArgs {
     /// one network thread and a request queue in front of -t workers, every stage timed).
     #[arg(long = "io", default_value = "reactor")]
     io: kvlab_proxy::ProxyIo,
-    /// A backend, HOST:PORT or HOST:PORT:WEIGHT (repeat for each; one pool). Not with --config.
-    #[arg(long = "backend", value_name = "HOST:PORT[:WEIGHT]")]
+    /// A backend, HOST:PORT or HOST:PORT:WEIGHT, optionally followed by a space and a name
+    /// (twemproxy's server line: ketama hashes the name instead of the address), repeat for
+    /// each; one pool. Not with --config.
+    #[arg(long = "backend", value_name = "HOST:PORT[:WEIGHT] [NAME]")]
     backends: Vec<String>,
     /// Pools, backends and every setting from a TOML file (see the README); SIGHUP or a
     /// change of the file reloads it without dropping clients.

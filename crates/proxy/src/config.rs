@@ -15,7 +15,7 @@
 //! write_policy = "all"        # or "majority"
 //! read_policy = "round-robin" # or "least-outstanding"
 //! multiget = "sharded"        # or "single"
-//! backends = ["127.0.0.1:11212", "127.0.0.1:11213:2"]   # host:port[:weight]
+//! backends = ["127.0.0.1:11212", "127.0.0.1:11213:2"]   # host:port[:weight] [name]
 //! ```
 
 use std::path::Path;
@@ -319,14 +319,22 @@ impl ProxyConfig {
     }
 }
 
-/// `host:port[:weight]`.
+/// `host:port[:weight] [name]` (twemproxy's server line; the name, if any, is what ketama
+/// hashes instead of the address).
 pub fn parse_backend(s: &str) -> Result<Backend, ConfigError> {
     let bad = || {
         ConfigError::Invalid(format!(
-            "backend {s:?}: expected HOST:PORT or HOST:PORT:WEIGHT"
+            "backend {s:?}: expected HOST:PORT, HOST:PORT:WEIGHT or HOST:PORT:WEIGHT NAME"
         ))
     };
-    let mut parts = s.rsplitn(3, ':').collect::<Vec<_>>();
+    let (address, name) = match s.trim().split_once(char::is_whitespace) {
+        Some((address, name)) => (address, Some(name.trim())),
+        None => (s.trim(), None),
+    };
+    if name.is_some_and(|n| n.is_empty() || n.contains(char::is_whitespace)) {
+        return Err(bad());
+    }
+    let mut parts = address.rsplitn(3, ':').collect::<Vec<_>>();
     parts.reverse();
     let (host, port, weight) = match parts.as_slice() {
         [host, port] => (*host, *port, "1"),
@@ -340,6 +348,7 @@ pub fn parse_backend(s: &str) -> Result<Backend, ConfigError> {
     }
     let mut b = Backend::new(host, port);
     b.weight = weight;
+    b.name = name.map(str::to_string);
     Ok(b)
 }
 
@@ -357,6 +366,35 @@ pub fn parse_distribution(s: &str) -> Result<Distribution, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backends_parse_as_twemproxy_server_lines() {
+        let b = parse_backend("10.0.0.1:11212").unwrap();
+        assert_eq!(
+            (b.host.as_str(), b.port, b.weight, b.name),
+            ("10.0.0.1", 11212, 1, None)
+        );
+        let b = parse_backend("10.0.0.1:11212:3 shard-a").unwrap();
+        assert_eq!(
+            (b.port, b.weight, b.name.as_deref()),
+            (11212, 3, Some("shard-a"))
+        );
+        assert_eq!(b.ketama_name(), "shard-a");
+        for bad in [
+            "10.0.0.1",
+            "10.0.0.1:x",
+            "10.0.0.1:11211:0",
+            "10.0.0.1:11211:1 two words",
+            ":11211",
+        ] {
+            assert!(parse_backend(bad).is_err(), "{bad:?} was taken");
+        }
+        let same = ProxyConfig::new(vec![
+            parse_backend("10.0.0.1:11211:1 a").unwrap(),
+            parse_backend("10.0.0.2:11211:1 a").unwrap(),
+        ]);
+        assert!(same.check().is_err(), "two servers of one name were taken");
+    }
 
     #[test]
     fn a_file_with_every_setting() {

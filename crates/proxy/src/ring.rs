@@ -42,6 +42,10 @@ pub struct Backend {
     pub port: u16,
     /// Relative share of the keys (at least 1).
     pub weight: u32,
+    /// Its name, as twemproxy's `host:port:weight name`: hashed for its ketama points (and
+    /// sorted by for modula) instead of its address, so keys stay where they are when a
+    /// server moves to a new address under the same name.
+    pub name: Option<String>,
 }
 
 impl Backend {
@@ -51,12 +55,16 @@ impl Backend {
             host: host.into(),
             port,
             weight: 1,
+            name: None,
         }
     }
 
-    /// The name hashed for its ketama points: `host`, or `host:port` unless the port is 11211.
+    /// The name hashed for its ketama points: its own name if it has one, else `host`, or
+    /// `host:port` unless the port is 11211.
     pub fn ketama_name(&self) -> String {
-        if self.port == 11211 {
+        if let Some(name) = &self.name {
+            name.clone()
+        } else if self.port == 11211 {
             self.host.clone()
         } else {
             format!("{}:{}", self.host, self.port)
@@ -73,6 +81,10 @@ pub enum RingError {
     /// A backend of weight 0.
     #[error("backend {0} has weight 0 (weights start at 1)")]
     ZeroWeight(String),
+    /// Two backends hash alike (the same name, or the same address without names): their
+    /// points would coincide.
+    #[error("two backends are both named {0:?} (names, or addresses without one, must differ)")]
+    SameName(String),
 }
 
 /// The key → backend map of one pool.
@@ -100,6 +112,13 @@ impl Ring {
         }
         if let Some(b) = backends.iter().find(|b| b.weight == 0) {
             return Err(RingError::ZeroWeight(format!("{}:{}", b.host, b.port)));
+        }
+        let mut names = std::collections::HashSet::new();
+        for b in backends {
+            let name = b.ketama_name();
+            if !names.insert(name.clone()) {
+                return Err(RingError::SameName(name));
+            }
         }
         let points = match distribution {
             Distribution::Ketama => ketama_points(backends),
@@ -247,6 +266,7 @@ mod tests {
                 host: "10.0.0.1".into(),
                 port: 11211 + i as u16,
                 weight: w,
+                name: None,
             })
             .collect()
     }
@@ -320,6 +340,9 @@ mod tests {
     fn names_follow_libmemcached() {
         assert_eq!(Backend::new("cache1", 11211).ketama_name(), "cache1");
         assert_eq!(Backend::new("cache1", 11212).ketama_name(), "cache1:11212");
+        let mut named = Backend::new("10.0.0.7", 11212);
+        named.name = Some("shard-a".into());
+        assert_eq!(named.ketama_name(), "shard-a");
         assert_eq!(key_hash(b""), 0xd98c_1dd4); // md5("") = d41d8cd9…, little-endian
     }
 

@@ -44,7 +44,10 @@ fn nutcracker(dir: &Path, backends: &[Backend], dist: Distribution) -> (Process,
     };
     let servers: String = backends
         .iter()
-        .map(|b| format!("   - {}:{}:{}\n", b.host, b.port, b.weight))
+        .map(|b| match &b.name {
+            Some(name) => format!("   - {}:{}:{} {name}\n", b.host, b.port, b.weight),
+            None => format!("   - {}:{}:{}\n", b.host, b.port, b.weight),
+        })
         .collect();
     let distribution = match dist {
         Distribution::Ketama => "ketama",
@@ -139,22 +142,30 @@ fn every_key_lands_where_twemproxy_puts_it() {
         .map(|&p| SocketAddr::from(([127, 0, 0, 1], p)))
         .collect();
     let keys: Vec<String> = (0..KEYS).map(|i| format!("key:{i}:{}", i * 7919)).collect();
-    let cases: [(&[u32], Distribution); 6] = [
-        (&[1, 1, 1], Distribution::Ketama),
-        (&[1, 2, 3], Distribution::Ketama),
-        (&[1, 1, 1, 1, 1], Distribution::Ketama),
-        (&[1, 1, 2, 3, 5], Distribution::Ketama),
-        (&[1, 1, 1], Distribution::Modula),
-        (&[2, 1, 3, 1, 1], Distribution::Modula),
+    // Server names (twemproxy's `host:port:weight name`) replace the address in the hash and
+    // in the modula order; these sort unlike the ports.
+    let named: &[&str] = &["web-7", "cache-a", "zeta", "b", "cache-10"];
+    let cases: [(&[u32], Distribution, bool); 9] = [
+        (&[1, 1, 1], Distribution::Ketama, false),
+        (&[1, 2, 3], Distribution::Ketama, false),
+        (&[1, 1, 1, 1, 1], Distribution::Ketama, false),
+        (&[1, 1, 2, 3, 5], Distribution::Ketama, false),
+        (&[1, 1, 1], Distribution::Modula, false),
+        (&[2, 1, 3, 1, 1], Distribution::Modula, false),
+        (&[1, 1, 1], Distribution::Ketama, true),
+        (&[1, 1, 2, 3, 5], Distribution::Ketama, true),
+        (&[2, 1, 3, 1, 1], Distribution::Modula, true),
     ];
-    for (weights, dist) in cases {
+    for (weights, dist, with_names) in cases {
         let backends: Vec<Backend> = weights
             .iter()
             .zip(&ports)
-            .map(|(&weight, &port)| Backend {
+            .zip(named)
+            .map(|((&weight, &port), &name)| Backend {
                 host: "127.0.0.1".into(),
                 port,
                 weight,
+                name: with_names.then(|| name.to_string()),
             })
             .collect();
         for &a in &addrs {
@@ -163,6 +174,22 @@ fn every_key_lands_where_twemproxy_puts_it() {
         let (_proxy, at) = nutcracker(dir.path(), &backends, dist);
         set_all(at, &keys);
         let ring = Ring::new(&backends, dist).expect("ring");
+        if with_names {
+            // The names matter: without them the same servers place keys otherwise.
+            let unnamed: Vec<Backend> = backends
+                .iter()
+                .map(|b| Backend {
+                    name: None,
+                    ..b.clone()
+                })
+                .collect();
+            let plain = Ring::new(&unnamed, dist).expect("ring");
+            assert!(
+                keys.iter()
+                    .any(|k| plain.backend_of(k.as_bytes()) != ring.backend_of(k.as_bytes())),
+                "{dist:?} weights {weights:?}: names changed no key's server"
+            );
+        }
         let holders: Vec<Vec<bool>> = addrs[..backends.len()]
             .iter()
             .map(|&a| held(a, &keys))
@@ -177,7 +204,7 @@ fn every_key_lands_where_twemproxy_puts_it() {
         }
         assert!(
             wrong.is_empty(),
-            "{dist:?} weights {weights:?}: {} of {KEYS} keys differ, e.g. {:?}",
+            "{dist:?} weights {weights:?} (names: {with_names}): {} of {KEYS} keys differ, e.g. {:?}",
             wrong.len(),
             &wrong[..wrong.len().min(5)]
         );
@@ -201,7 +228,7 @@ fn every_key_lands_where_twemproxy_puts_it() {
             .collect();
         assert!(
             through_kvlab == holders,
-            "{dist:?} weights {weights:?}: kvlab proxy and nutcracker place keys differently"
+            "{dist:?} weights {weights:?} (names: {with_names}): kvlab proxy and nutcracker place keys differently"
         );
     }
 }
