@@ -2,8 +2,9 @@
 //!
 //! - [`Distribution::Ketama`]: consistent hashing on a continuum of 32-bit points. Each
 //!   backend gets points in proportion to its weight (160 per backend when all weights are
-//!   equal), four per MD5 digest of `"<name>-<i>"`, where the name is `host` when the port is
-//!   11211 and `host:port` otherwise (libmemcached's convention, which twemproxy keeps). A key
+//!   equal), four per MD5 digest of `"<name>-<i>"`, where the name is the server's own (a
+//!   twemproxy `host:port:weight name` line), or else `host` when the port is 11211 and
+//!   `host:port` otherwise (libmemcached's convention, which twemproxy keeps). A key
 //!   goes to the first point at or after the MD5 hash of the key, wrapping around. Adding or
 //!   removing a backend moves only the keys of the arcs it gains or loses.
 //! - [`Distribution::Modula`]: `hash % total_weight` over a table holding each backend
