@@ -246,13 +246,6 @@ pub trait Service: Send + 'static {
         let _ = polled;
     }
 
-    /// The session starts on a request at `now`, the clock its service time is measured
-    /// from: a service that stamps the work it defers (a proxy's arrival time) takes the
-    /// time from here rather than reading the clock once more. By default ignored.
-    fn stamp(&mut self, now: std::time::Instant) {
-        let _ = now;
-    }
-
     /// A connection on socket `fd` begins (over TLS if `tls`), with `conn` its state (a
     /// log line names the client's socket, as memcached's `cfd=`; a TLS connection cannot
     /// be handed off as a plain socket).

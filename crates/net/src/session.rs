@@ -202,7 +202,6 @@ impl<S: Service> Session<S> {
             match parsed {
                 Parsed::Request { request, consumed } => {
                     timed = service.timed(&request);
-                    service.stamp(clock);
                     let hold = self.output.len();
                     let rerun = std::mem::take(&mut self.rerun);
                     match service.call(&mut self.conn, &request, &mut self.output, rerun) {
@@ -270,7 +269,6 @@ impl<S: Service> Session<S> {
                         _ => self.output.extend_from_slice(error.reply()),
                     }
                     if let Some(key) = drops {
-                        service.stamp(clock);
                         match service.drop_stale(&mut self.conn, key) {
                             Some(work) if inline => {
                                 if let Completion::Reply(bytes) = work.run(service.worker()) {

@@ -33,8 +33,6 @@ pub struct ProxyService {
     /// The worker of this thread when the driver runs work on the serving thread itself
     /// (the reactor model); the epoll model's workers are helper threads.
     inline: Option<Worker>,
-    /// When the session started on the request being served ([`Service::stamp`]).
-    now: Instant,
 }
 
 impl ProxyService {
@@ -44,7 +42,6 @@ impl ProxyService {
             index,
             spare: Vec::new(),
             inline: None,
-            now: Instant::now(),
         }
     }
 
@@ -54,10 +51,9 @@ impl ProxyService {
         self.queue(buf, req.noreply())
     }
 
-    /// Queues `buf` (a request as forwarded), stamping its arrival (when the session started
-    /// on it) and the queue it finds.
+    /// Queues `buf` (a request as forwarded), stamping its arrival and the queue it finds.
     fn queue(&mut self, buf: Vec<u8>, noreply: bool) -> ProxyWork {
-        let arrival = self.now;
+        let arrival = Instant::now();
         let queued = if self.shared.record {
             self.shared.queue.arrive(arrival)
         } else {
@@ -70,6 +66,7 @@ impl ProxyService {
             queue_len: queued.min(u64::from(u32::MAX)) as u32,
             redirected: None,
             redirects: 0,
+            dequeued: None,
         }
     }
 }
@@ -142,10 +139,6 @@ impl Service for ProxyService {
     /// A `set` refused as too large drops the key's old value on its backends too, as one
     /// memcached would: a `delete` to every replica, its reply dropped (the client gets the
     /// error).
-    fn stamp(&mut self, now: Instant) {
-        self.now = now;
-    }
-
     fn drop_stale(&mut self, _conn: &mut (), key: MetaKey<'_>) -> Option<ProxyWork> {
         let mut buf = self.spare.pop().unwrap_or_default();
         key.with(|key| {

@@ -65,6 +65,9 @@ pub struct ProxyWork {
     pub(crate) redirected: Option<Instant>,
     /// Following a kvlab cluster: how many times nodes redirected it.
     pub(crate) redirects: u32,
+    /// When a worker first took it up (kept when it goes again after a redirect or waits
+    /// for a reload: its queue stage ended then).
+    pub(crate) dequeued: Option<Instant>,
 }
 
 impl ProxyWork {
@@ -77,6 +80,7 @@ impl ProxyWork {
             queue_len: 0,
             redirected: None,
             redirects: 0,
+            dequeued: None,
         }
     }
 }
@@ -294,8 +298,17 @@ pub struct Worker {
     now: Instant,
     /// Following a kvlab cluster: works a node redirected (the key moved, or its data is
     /// still arriving), to send again by the new ring, not before `redo_at`.
-    redo: Vec<(usize, ProxyWork)>,
+    /// Each with the time it may go again; in the order they were redirected, which
+    /// [`Worker::redo_due`] keeps (a connection's requests stay in order).
+    redo: Vec<(usize, ProxyWork, Instant)>,
+    /// When the first of `redo` may go again.
     redo_at: Instant,
+    /// Scratch: redirected works going again now.
+    redo_go: Vec<(usize, ProxyWork)>,
+    /// When this worker last asked the cluster for its ring, and how long it waits before
+    /// asking again (doubling while the ring stays the same).
+    followed: Option<Instant>,
+    follow_pause: Duration,
     /// Scratch for a batch's tickets.
     tagged: Vec<(usize, ProxyWork)>,
     /// Scratch for a coalesced reply: each part's `VALUE` block; parts to free.
@@ -340,6 +353,9 @@ impl Worker {
             now: Instant::now(),
             redo: Vec::new(),
             redo_at: Instant::now(),
+            redo_go: Vec::new(),
+            followed: None,
+            follow_pause: REDO_PAUSE,
             tagged: Vec::new(),
             coalesced: Vec::new(),
             orphans: Vec::new(),
@@ -428,6 +444,9 @@ impl Worker {
         if self.shared.record {
             self.shared.queue.leave(self.now, works.len() as u64);
         }
+        for (_, work) in works.iter_mut() {
+            work.dequeued = Some(self.now);
+        }
         if self.reload_pending() || !self.held.is_empty() {
             self.held.append(works);
             self.take_up_reload(done);
@@ -457,7 +476,7 @@ impl Worker {
             let job = &mut self.jobs[i];
             job.active = true;
             job.ticket = ticket;
-            job.dequeued = now;
+            job.dequeued = self.works[i].dequeued.unwrap_or(now);
             let work = std::mem::replace(&mut self.works[i], ProxyWork::vacant(now));
             self.route(i, &work);
             self.works[i] = work;
@@ -594,41 +613,55 @@ impl Worker {
         self.tick(Instant::now(), done);
     }
 
-    /// Redirected works whose pause is over: those redirected for too long are answered
-    /// with an error; the rest go again, by the cluster's newest ring. The ring is asked
-    /// for first: if it moved on (here, or already through another worker) they wait for
-    /// this worker to take it up; if not (a hand-off under way: the node's data is still
-    /// arriving) they go again by the same ring, after a pause that grows with each
-    /// redirect. A redirect never reaches the client: a node redirects before it applies
-    /// anything, so sending again is safe.
+    /// Redirected works whose pause is over, in the order they were redirected (the first
+    /// not yet due holds back those behind it, so a connection's requests keep their
+    /// order): those redirected for too long are answered with an error; the rest go again
+    /// by the cluster's newest ring. The ring is asked for first (unless a reload is already
+    /// pending here, and no more often than a pause that doubles while the ring stays the
+    /// same): if it moved on (here, or through another worker) they wait for this worker to
+    /// take it up; if not (a hand-off under way: the node's data is still arriving) they go
+    /// again by the same ring. A redirect never reaches the client: a node redirects before
+    /// it applies anything, so sending again is safe.
     fn redo_due(&mut self, done: &mut dyn FnMut(usize, Completion)) {
         let now = self.now;
-        let mut redo = std::mem::take(&mut self.redo);
-        redo.retain_mut(|(ticket, work)| {
+        let due = self.redo.iter().take_while(|(_, _, at)| *at <= now).count();
+        let mut go = std::mem::take(&mut self.redo_go);
+        for (ticket, mut work, _) in self.redo.drain(..due) {
             let first = *work.redirected.get_or_insert(now);
             if now.saturating_duration_since(first) <= kvlab_client::cluster::REDIRECT_PATIENCE {
-                return true;
+                go.push((ticket, work));
+                continue;
             }
             let mut reply = std::mem::take(&mut work.buf);
             reply.clear();
             if !work.noreply {
                 reply.extend_from_slice(b"SERVER_ERROR proxy: the cluster still redirects\r\n");
             }
-            done(*ticket, Completion::Reply(reply));
-            false
-        });
-        if !redo.is_empty() {
-            self.shared.follow_cluster();
+            done(ticket, Completion::Reply(reply));
+        }
+        if let Some(&(_, _, at)) = self.redo.first() {
+            self.redo_at = at;
+        }
+        if !go.is_empty() {
+            let ask = self
+                .followed
+                .is_none_or(|t| now.saturating_duration_since(t) >= self.follow_pause);
+            if ask && !self.reload_pending() {
+                self.followed = Some(now);
+                self.follow_pause = if self.shared.follow_cluster() {
+                    REDO_PAUSE
+                } else {
+                    (self.follow_pause * 2).min(REDO_PAUSE_MAX)
+                };
+            }
             if self.reload_pending() || !self.held.is_empty() {
-                self.held.append(&mut redo);
+                self.held.append(&mut go);
                 self.take_up_reload(done);
             } else {
-                self.route_all(&mut redo, done);
+                self.route_all(&mut go, done);
             }
         }
-        // Works redirected meanwhile (a failure decided at once) stay for their turn.
-        redo.append(&mut self.redo);
-        self.redo = redo;
+        self.redo_go = go;
     }
 
     /// Decides what the replies read so far allow, then frees the jobs decided.
@@ -1583,10 +1616,10 @@ impl Worker {
                 n => now + (REDO_PAUSE * (1 << (n - 1).min(7))).min(REDO_PAUSE_MAX),
             };
             work.redirects = work.redirects.saturating_add(1);
-            if self.redo.is_empty() || due < self.redo_at {
+            if self.redo.is_empty() {
                 self.redo_at = due;
             }
-            self.redo.push((ticket, work));
+            self.redo.push((ticket, work, due));
             return;
         }
         let work = &mut works[i];
