@@ -667,6 +667,9 @@ impl Node {
         let spawned = std::thread::Builder::new()
             .name("kvlab-cleanup".into())
             .spawn(move || {
+                // Requests begun under an older view (a migration stream's last items)
+                // are applied before the scan starts, so it sees them.
+                node.grace(epoch);
                 let mut cursor = ScanCursor::default();
                 let mut items = Vec::with_capacity(256);
                 loop {
@@ -741,6 +744,15 @@ impl Gate {
     /// After the request (and its change-log entries).
     pub fn end(&self) {
         self.running.store(0, Ordering::Release);
+    }
+
+    /// Whether items of migration `id` (0: copies of an owner's keys) are still taken under
+    /// the view taken by [`Gate::begin`]: unless this node has seen that migration end or
+    /// be rolled back (its epoch is past the migration's start and it is no longer under
+    /// way), when the cleanup after it may already have passed them.
+    pub fn imports(&self, id: u64) -> bool {
+        let v = &self.view;
+        id == 0 || v.epoch < id || v.migration.as_ref().is_some_and(|m| m.id == id)
     }
 
     /// The node.

@@ -86,9 +86,21 @@ impl Engine {
             cluster_command(gate.node(), conn, args, out);
             return Flow::Done;
         }
-        if conn.import {
-            // A migration stream from the key's previous owner: no ownership check.
-            return self.apply(req, out, &conn.keys);
+        if let Some(id) = conn.import {
+            // A migration stream from the key's previous owner: no ownership check, but
+            // only while that migration may still be under way here; a stream of one rolled
+            // back or ended would leave keys behind the cleanup that follows it.
+            gate.begin();
+            if !gate.imports(id) {
+                gate.end();
+                if !req.noreply() {
+                    out.extend_from_slice(b"SERVER_ERROR migration no longer under way\r\n");
+                }
+                return Flow::Done;
+            }
+            let flow = self.apply(req, out, &conn.keys);
+            gate.end();
+            return flow;
         }
         gate.begin();
         let mut leaving = false;
@@ -842,9 +854,9 @@ fn authenticate(
 #[derive(Default)]
 pub struct Loaded {
     keys: Vec<Vec<u8>>,
-    /// Said `cluster import`: items from their previous owner, stored without the
-    /// ownership check.
-    import: bool,
+    /// Said `cluster import ID`: items from their previous owner in migration `ID` (0:
+    /// copies of an owner's keys), stored without the ownership check.
+    import: Option<u64>,
     /// Its socket (for `watch` lines' `cfd=`).
     fd: i32,
     /// It has authenticated (`-Y`).
@@ -892,7 +904,7 @@ fn cluster_command(node: &Arc<Node>, conn: &mut Loaded, args: &[u8], out: &mut V
         ["ring"] => value(out, b"ring", node.view().serving.describe().as_bytes()),
         ["status"] => value(out, b"status", node.status_json().as_bytes()),
         ["import", id, _from] if id.parse::<u64>().is_ok() => {
-            conn.import = true;
+            conn.import = id.parse().ok();
             out.extend_from_slice(b"OK\r\n");
         }
         ["drained", id, from] => match id.parse::<u64>() {
