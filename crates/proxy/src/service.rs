@@ -66,7 +66,7 @@ impl ProxyService {
             queue_len: queued.min(u64::from(u32::MAX)) as u32,
             redirected: None,
             redirects: 0,
-            dequeued: None,
+            dequeued: arrival,
         }
     }
 }

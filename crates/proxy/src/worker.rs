@@ -67,7 +67,7 @@ pub struct ProxyWork {
     pub(crate) redirects: u32,
     /// When a worker first took it up (kept when it goes again after a redirect or waits
     /// for a reload: its queue stage ended then).
-    pub(crate) dequeued: Option<Instant>,
+    pub(crate) dequeued: Instant,
 }
 
 impl ProxyWork {
@@ -80,7 +80,7 @@ impl ProxyWork {
             queue_len: 0,
             redirected: None,
             redirects: 0,
-            dequeued: None,
+            dequeued: now,
         }
     }
 }
@@ -237,12 +237,10 @@ struct Job {
     active: bool,
     /// Its driver's name for it ([`Work::start`]'s ticket, or its index in a batch).
     ticket: usize,
-    /// When the worker started it.
-    dequeued: Instant,
 }
 
 impl Job {
-    fn new(class: Class, now: Instant) -> Job {
+    fn new(class: Class) -> Job {
         Job {
             class,
             first: NONE,
@@ -257,7 +255,6 @@ impl Job {
             pool: 0,
             active: true,
             ticket: 0,
-            dequeued: now,
         }
     }
 }
@@ -297,12 +294,10 @@ pub struct Worker {
     /// The clock as last read (once per round of I/O, not per request).
     now: Instant,
     /// Following a kvlab cluster: works a node redirected (the key moved, or its data is
-    /// still arriving), to send again by the new ring, not before `redo_at`.
-    /// Each with the time it may go again; in the order they were redirected, which
-    /// [`Worker::redo_due`] keeps (a connection's requests stay in order).
+    /// still arriving), to send again by the new ring, each with the time it may go again;
+    /// in the order they were redirected, which [`Worker::redo_due`] keeps (a connection's
+    /// requests stay in order), so the first one's time is when any may go.
     redo: Vec<(usize, ProxyWork, Instant)>,
-    /// When the first of `redo` may go again.
-    redo_at: Instant,
     /// Scratch: redirected works going again now.
     redo_go: Vec<(usize, ProxyWork)>,
     /// When this worker last asked the cluster for its ring, and how long it waits before
@@ -352,7 +347,6 @@ impl Worker {
             events: Vec::new(),
             now: Instant::now(),
             redo: Vec::new(),
-            redo_at: Instant::now(),
             redo_go: Vec::new(),
             followed: None,
             follow_pause: REDO_PAUSE,
@@ -445,7 +439,7 @@ impl Worker {
             self.shared.queue.leave(self.now, works.len() as u64);
         }
         for (_, work) in works.iter_mut() {
-            work.dequeued = Some(self.now);
+            work.dequeued = self.now;
         }
         if self.reload_pending() || !self.held.is_empty() {
             self.held.append(works);
@@ -466,7 +460,7 @@ impl Worker {
             let i = match self.free_jobs.pop() {
                 Some(i) => i as usize,
                 None => {
-                    self.jobs.push(Job::new(Class::Get, now));
+                    self.jobs.push(Job::new(Class::Get));
                     self.works.push(ProxyWork::vacant(now));
                     self.jobs.len() - 1
                 }
@@ -476,7 +470,6 @@ impl Worker {
             let job = &mut self.jobs[i];
             job.active = true;
             job.ticket = ticket;
-            job.dequeued = self.works[i].dequeued.unwrap_or(now);
             let work = std::mem::replace(&mut self.works[i], ProxyWork::vacant(now));
             self.route(i, &work);
             self.works[i] = work;
@@ -528,7 +521,7 @@ impl Worker {
         self.now = now.max(self.now);
         self.expire(self.now);
         self.settle_all(done);
-        if !self.redo.is_empty() && self.now >= self.redo_at {
+        if self.redo_at().is_some_and(|at| self.now >= at) {
             self.redo_due(done);
         }
         if !self.held.is_empty() || self.reload_pending() {
@@ -542,7 +535,7 @@ impl Worker {
     /// works' next try.
     fn deadline(&self) -> Option<Instant> {
         let timeout = self.timeout();
-        let mut due = (!self.redo.is_empty()).then_some(self.redo_at);
+        let mut due = self.redo_at();
         for conn in &self.conns {
             if let Some(head) = conn.expect.front() {
                 let d = head.sent + timeout;
@@ -613,6 +606,11 @@ impl Worker {
         self.tick(Instant::now(), done);
     }
 
+    /// When the first redirected work may go again (those behind it wait for it).
+    fn redo_at(&self) -> Option<Instant> {
+        self.redo.first().map(|&(_, _, at)| at)
+    }
+
     /// Redirected works whose pause is over, in the order they were redirected (the first
     /// not yet due holds back those behind it, so a connection's requests keep their
     /// order): those redirected for too long are answered with an error; the rest go again
@@ -638,9 +636,6 @@ impl Worker {
                 reply.extend_from_slice(b"SERVER_ERROR proxy: the cluster still redirects\r\n");
             }
             done(ticket, Completion::Reply(reply));
-        }
-        if let Some(&(_, _, at)) = self.redo.first() {
-            self.redo_at = at;
         }
         if !go.is_empty() {
             let ask = self
@@ -747,7 +742,7 @@ impl Worker {
         }
     }
 
-    /// Makes slot `i` (in use, its ticket and start time set) a new job of `class`, keeping
+    /// Makes slot `i` (in use, its ticket set) a new job of `class`, keeping
     /// the slot's buffers.
     fn put_job(&mut self, i: usize, class: Class) -> &mut Job {
         let job = &mut self.jobs[i];
@@ -1616,9 +1611,6 @@ impl Worker {
                 n => now + (REDO_PAUSE * (1 << (n - 1).min(7))).min(REDO_PAUSE_MAX),
             };
             work.redirects = work.redirects.saturating_add(1);
-            if self.redo.is_empty() {
-                self.redo_at = due;
-            }
             self.redo.push((ticket, work, due));
             return;
         }
@@ -1643,11 +1635,11 @@ impl Worker {
             parts: job.parts,
             arrival: work.arrival,
             queue_len: work.queue_len,
-            queue_ns: job
+            queue_ns: work
                 .dequeued
                 .saturating_duration_since(work.arrival)
                 .as_nanos() as u64,
-            worker_ns: now.saturating_duration_since(job.dequeued).as_nanos() as u64,
+            worker_ns: now.saturating_duration_since(work.dequeued).as_nanos() as u64,
             backend_ns,
         });
         let mut reply = std::mem::take(&mut work.buf);
