@@ -62,7 +62,7 @@ pool:
    - 127.0.0.1:${mc[0]}:1
    - 127.0.0.1:${mc[1]}:1
 EOF
-    cmd=(nutcracker -c "$tag.yml" -p "$tag.pid" -o "$tag.log")
+    cmd=(nutcracker -c "$tag.yml" -s "$(port)" -p "$tag.pid" -o "$tag.log")
   else
     # shellcheck disable=SC2206
     cmd=("$KVLAB" proxy -p "$pp" $PROXY_FLAGS --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}")

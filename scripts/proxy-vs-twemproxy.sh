@@ -46,7 +46,7 @@ pool:
    - 127.0.0.1:${mc[0]}:1
    - 127.0.0.1:${mc[1]}:1
 EOF
-nutcracker -c "$dir/nut.yml" -p "$dir/nut.pid" -o "$dir/nut.log" & pids+=($!); nut_pid=$!; wait_port "$nut"
+nutcracker -c "$dir/nut.yml" -s "$(port)" -p "$dir/nut.pid" -o "$dir/nut.log" & pids+=($!); nut_pid=$!; wait_port "$nut"
 
 kps=(); kp_pids=()
 for w in $WORKERS; do
