@@ -200,23 +200,35 @@ pub fn frame(kind: Frame, buf: &[u8]) -> Result<Option<Framed>, String> {
 }
 
 /// One worker's connection to one backend.
+///
+/// A batch's one-key `get`s to the backend travel as one coalesced line, written after the
+/// batch's other requests: memcached sends its replies (a `sendmsg`) after each retrieval
+/// command, so a batch `set; get a b; set` costs it two sends where `set; set; get a b`
+/// costs one. Requests of different client connections may pass each other (they were in
+/// flight together, so any order is one a client could have seen); a client connection's
+/// own requests never do: a request of a client with a key in the open line closes the line
+/// first, and goes after it.
 pub struct Conn {
     /// Where it goes (`host:port`).
     pub name: String,
     stream: Option<TcpStream>,
     /// The backend's rejoin count when this connection was opened.
     epoch: u64,
-    /// Requests composed and not yet written.
-    pub out: Vec<u8>,
+    /// Requests composed and not yet written (the open `get` line goes after them).
+    out: Vec<u8>,
     written: usize,
     input: Vec<u8>,
     start: usize,
     end: usize,
-    /// Replies owed, in order.
+    /// Replies owed, in order (those of the open `get` line follow, in `line_expect`).
     pub expect: VecDeque<Expect>,
-    /// The `get`/`gets` line last composed, while nothing followed it: where it starts and
-    /// ends in `out`, its keys, whether it is `gets`.
-    open_get: (usize, usize, u32, bool),
+    /// The open coalesced `get`/`gets` line (`line_cas`: `gets`), its keys, the client
+    /// connections with a key in it and the replies owed for them.
+    line: Vec<u8>,
+    line_keys: u32,
+    line_cas: bool,
+    line_clients: Vec<u32>,
+    line_expect: Vec<Expect>,
 }
 
 /// Most keys one coalesced `get` carries.
@@ -224,7 +236,6 @@ pub const COALESCE_KEYS: u32 = 24;
 /// Longest coalesced `get` line, in bytes (backends read a command line of a few KiB at
 /// most before they must see its end).
 pub const COALESCE_LINE: usize = 2048;
-const NO_GET: (usize, usize, u32, bool) = (0, usize::MAX, 0, false);
 
 const INPUT_INITIAL: usize = 16 * 1024;
 const SHRINK_ABOVE: usize = 1024 * 1024;
@@ -242,39 +253,87 @@ impl Conn {
             start: 0,
             end: 0,
             expect: VecDeque::new(),
-            open_get: NO_GET,
+            line: Vec::new(),
+            line_keys: 0,
+            line_cas: false,
+            line_clients: Vec::new(),
+            line_expect: Vec::new(),
         }
     }
 
-    /// Composes `get KEY` (`gets` with `cas`). When the last request composed and not yet
-    /// written is a `get` of the same kind with room, the key joins its line instead (true):
-    /// the backend then composes one reply for both and sends it at once, where a pipeline
-    /// of one-key `get`s costs memcached a `sendmsg` each. Nothing else changes: a backend
-    /// answers `get a b` exactly as `get a` then `get b`, with `END` once. Without `join`
-    /// the line stands alone.
-    pub fn push_get(&mut self, cas: bool, key: &[u8], join: bool) -> bool {
-        let (start, end, keys, open_cas) = self.open_get;
-        if join
-            && self.written == 0
-            && self.out.len() == end
-            && open_cas == cas
-            && keys < COALESCE_KEYS
-            && end - start + key.len() < COALESCE_LINE
-        {
-            self.out.truncate(end - 2);
-            self.out.push(b' ');
-            self.out.extend_from_slice(key);
-            self.out.extend_from_slice(b"\r\n");
-            self.open_get = (start, self.out.len(), keys + 1, cas);
-            return true;
+    /// Where a request of client connection `client` (other than a one-key `get` that may
+    /// join the open line) is composed; its reply is owed after those already owed
+    /// ([`Conn::owe`]). When the client has a key in the open `get` line, the line is
+    /// closed first, so the request goes after it.
+    pub fn out_for(&mut self, client: u32) -> &mut Vec<u8> {
+        if self.line_clients.contains(&client) {
+            self.close_line();
         }
-        let start = self.out.len();
-        self.out
-            .extend_from_slice(if cas { b"gets " } else { b"get " });
-        self.out.extend_from_slice(key);
-        self.out.extend_from_slice(b"\r\n");
-        self.open_get = (start, self.out.len(), 1, cas);
-        false
+        &mut self.out
+    }
+
+    /// Owes the reply to the request just composed with [`Conn::out_for`].
+    pub fn owe(&mut self, expect: Expect) {
+        self.expect.push_back(expect);
+    }
+
+    /// Composes `get KEY` (`gets` with `cas`) for client connection `client`, owing
+    /// `expect` for it. With `join`, the key joins the open line when it is of the same kind
+    /// and has room (true: one reply answers the whole line; a backend answers `get a b`
+    /// exactly as `get a` then `get b`, with `END` once), or opens a new line (the open one
+    /// is closed). Without `join` the request stands alone, in order with the others.
+    pub fn push_get(
+        &mut self,
+        cas: bool,
+        key: &[u8],
+        client: u32,
+        join: bool,
+        expect: Expect,
+    ) -> bool {
+        let verb: &[u8] = if cas { b"gets " } else { b"get " };
+        if !join {
+            let out = self.out_for(client);
+            out.extend_from_slice(verb);
+            out.extend_from_slice(key);
+            out.extend_from_slice(b"\r\n");
+            self.owe(Expect {
+                joined: false,
+                ..expect
+            });
+            return false;
+        }
+        let joined = !self.line.is_empty()
+            && self.line_cas == cas
+            && self.line_keys < COALESCE_KEYS
+            && self.line.len() + key.len() < COALESCE_LINE;
+        if joined {
+            self.line.truncate(self.line.len() - 2);
+            self.line.push(b' ');
+        } else {
+            self.close_line();
+            self.line.extend_from_slice(verb);
+            self.line_cas = cas;
+        }
+        self.line.extend_from_slice(key);
+        self.line.extend_from_slice(b"\r\n");
+        self.line_keys += 1;
+        if !self.line_clients.contains(&client) {
+            self.line_clients.push(client);
+        }
+        self.line_expect.push(Expect { joined, ..expect });
+        joined
+    }
+
+    /// Puts the open `get` line after the requests composed, its replies after theirs.
+    fn close_line(&mut self) {
+        if self.line.is_empty() {
+            return;
+        }
+        self.out.extend_from_slice(&self.line);
+        self.expect.extend(self.line_expect.drain(..));
+        self.line.clear();
+        self.line_keys = 0;
+        self.line_clients.clear();
     }
 
     /// Connects if not connected (blocking, bounded by `timeout`), or if the connection
@@ -304,11 +363,12 @@ impl Conn {
 
     /// Whether requests are waiting to be written.
     pub fn wants_write(&self) -> bool {
-        self.written < self.out.len()
+        self.written < self.out.len() || !self.line.is_empty()
     }
 
     /// Writes what it can without blocking.
     pub fn flush(&mut self) -> io::Result<()> {
+        self.close_line();
         let Some(stream) = self.stream.as_mut() else {
             return Err(io::ErrorKind::NotConnected.into());
         };
@@ -323,7 +383,6 @@ impl Conn {
         }
         self.out.clear();
         self.written = 0;
-        self.open_get = NO_GET;
         if self.out.capacity() > SHRINK_ABOVE {
             self.out.shrink_to(INPUT_INITIAL);
         }
@@ -385,10 +444,10 @@ impl Conn {
 
     /// Closes the socket and forgets everything in flight; returns the replies that were owed.
     pub fn reset(&mut self) -> VecDeque<Expect> {
+        self.close_line();
         self.stream = None;
         self.out.clear();
         self.written = 0;
-        self.open_get = NO_GET;
         self.start = 0;
         self.end = 0;
         std::mem::take(&mut self.expect)
@@ -444,23 +503,101 @@ mod tests {
             .map(|x| (x.len, x.body, x.values, x.error))
     }
 
-    #[test]
-    fn one_key_gets_join_the_get_line_before_them() {
-        let mut c = Conn::new("x".into());
-        assert!(!c.push_get(false, b"a", true));
-        assert!(c.push_get(false, b"b", true));
-        // A `gets` does not join a `get`, nor anything join what follows another request.
-        assert!(!c.push_get(true, b"c", true));
-        assert!(c.push_get(true, b"d", true));
-        c.out.extend_from_slice(b"delete e\r\n");
-        assert!(!c.push_get(true, b"f", true));
-        assert_eq!(c.out, b"get a b\r\ngets c d\r\ndelete e\r\ngets f\r\n");
-        // A line is full at COALESCE_KEYS keys.
-        for k in 1..COALESCE_KEYS {
-            assert!(c.push_get(true, format!("k{k}").as_bytes(), true));
+    fn owed(part: u32) -> Expect {
+        Expect {
+            frame: Frame::Retrieval,
+            part: Some(part),
+            sent: Instant::now(),
+            ejections: 0,
+            write: false,
+            joined: false,
         }
-        assert!(!c.push_get(true, b"g", true));
-        assert!(!c.push_get(true, b"h", false));
+    }
+
+    /// The bytes to write and the parts owed, in order, as `flush` would write them.
+    fn batch(c: &mut Conn) -> (String, Vec<(u32, bool)>) {
+        c.close_line();
+        let bytes = String::from_utf8(c.out.clone()).unwrap();
+        let owed = c
+            .expect
+            .iter()
+            .map(|e| (e.part.unwrap(), e.joined))
+            .collect();
+        (bytes, owed)
+    }
+
+    #[test]
+    fn one_key_gets_join_one_line_after_the_other_clients_requests() {
+        let mut c = Conn::new("x".into());
+        assert!(!c.push_get(false, b"a", 1, true, owed(0)));
+        assert!(c.push_get(false, b"b", 2, true, owed(1)));
+        // Another client's write goes ahead of the open line; the line stays open.
+        c.out_for(3).extend_from_slice(b"set s 0 0 1\r\nx\r\n");
+        c.owe(owed(2));
+        assert!(c.push_get(false, b"c", 4, true, owed(3)));
+        // A `gets` does not join a `get` line: it opens its own.
+        assert!(!c.push_get(true, b"d", 5, true, owed(4)));
+        assert_eq!(
+            batch(&mut c),
+            (
+                "set s 0 0 1\r\nx\r\nget a b c\r\ngets d\r\n".into(),
+                vec![(2, false), (0, false), (1, true), (3, true), (4, false)]
+            )
+        );
+    }
+
+    #[test]
+    fn a_clients_request_never_passes_its_own_get_in_the_line() {
+        let mut c = Conn::new("x".into());
+        c.push_get(false, b"a", 1, true, owed(0));
+        c.push_get(false, b"b", 2, true, owed(1));
+        // Client 2 deletes the key it just asked for: the line goes first, then the delete.
+        c.out_for(2).extend_from_slice(b"delete b\r\n");
+        c.owe(owed(2));
+        assert!(!c.push_get(false, b"c", 1, true, owed(3)));
+        assert_eq!(
+            batch(&mut c),
+            (
+                "get a b\r\ndelete b\r\nget c\r\n".into(),
+                vec![(0, false), (1, true), (2, false), (3, false)]
+            )
+        );
+        // Without `join` (in front of a kvlab cluster) each `get` stands alone, in order.
+        let mut c = Conn::new("x".into());
+        assert!(!c.push_get(false, b"a", 1, false, owed(0)));
+        assert!(!c.push_get(false, b"b", 2, false, owed(1)));
+        assert_eq!(
+            batch(&mut c),
+            ("get a\r\nget b\r\n".into(), vec![(0, false), (1, false)])
+        );
+    }
+
+    #[test]
+    fn a_line_is_full_at_its_key_or_byte_limit() {
+        let mut c = Conn::new("x".into());
+        for k in 0..COALESCE_KEYS {
+            assert_eq!(
+                c.push_get(false, format!("k{k}").as_bytes(), k, true, owed(k)),
+                k > 0
+            );
+        }
+        assert!(!c.push_get(false, b"next", 99, true, owed(99)));
+        let long = vec![b'x'; 250];
+        let mut c = Conn::new("x".into());
+        let mut lines = 0;
+        for k in 0..20 {
+            lines += u32::from(!c.push_get(false, &long, k, true, owed(k)));
+        }
+        let (bytes, _) = batch(&mut c);
+        assert_eq!(lines, 3);
+        assert!(bytes.split("\r\n").all(|l| l.len() < COALESCE_LINE));
+        // A reset owes back everything, the open line's replies too.
+        let mut c = Conn::new("x".into());
+        c.out_for(1).extend_from_slice(b"delete a\r\n");
+        c.owe(owed(0));
+        c.push_get(false, b"b", 2, true, owed(1));
+        assert_eq!(c.reset().len(), 2);
+        assert!(!c.wants_write());
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub struct ProxyService {
     /// The worker of this thread when the driver runs work on the serving thread itself
     /// (the reactor model); the epoll model's workers are helper threads.
     inline: Option<Worker>,
+    /// The number the next client connection gets (see [`ProxyWork`]'s `client`).
+    next_client: u32,
 }
 
 impl ProxyService {
@@ -42,17 +44,19 @@ impl ProxyService {
             index,
             spare: Vec::new(),
             inline: None,
+            next_client: 0,
         }
     }
 
-    fn forward(&mut self, req: &Request<'_>) -> ProxyWork {
+    fn forward(&mut self, client: u32, req: &Request<'_>) -> ProxyWork {
         let mut buf = self.spare.pop().unwrap_or_default();
         crate::forward::compose(req, &mut buf);
-        self.queue(buf, req.noreply())
+        self.queue(client, buf, req.noreply())
     }
 
-    /// Queues `buf` (a request as forwarded), stamping its arrival and the queue it finds.
-    fn queue(&mut self, buf: Vec<u8>, noreply: bool) -> ProxyWork {
+    /// Queues `buf` (a request of `client` as forwarded), stamping its arrival and the
+    /// queue it finds.
+    fn queue(&mut self, client: u32, buf: Vec<u8>, noreply: bool) -> ProxyWork {
         let arrival = Instant::now();
         let queued = if self.shared.record {
             self.shared.queue.arrive(arrival)
@@ -67,17 +71,19 @@ impl ProxyService {
             redirected: None,
             redirects: 0,
             dequeued: arrival,
+            client,
         }
     }
 }
 
 impl Service for ProxyService {
-    type Conn = ();
+    /// The client connection's number.
+    type Conn = u32;
     type Work = ProxyWork;
 
     fn call(
         &mut self,
-        _conn: &mut (),
+        conn: &mut u32,
         req: &Request<'_>,
         out: &mut Vec<u8>,
         _rerun: bool,
@@ -126,8 +132,13 @@ impl Service for ProxyService {
                 out.extend_from_slice(b"MN\r\n");
                 Flow::Done
             }
-            _ => Flow::Defer(self.forward(req), Order::Pipelined),
+            _ => Flow::Defer(self.forward(*conn, req), Order::Pipelined),
         }
+    }
+
+    fn opened(&mut self, conn: &mut u32, _fd: std::os::fd::RawFd, _tls: bool) {
+        *conn = self.next_client;
+        self.next_client = self.next_client.wrapping_add(1);
     }
 
     fn worker(&mut self) -> &mut Worker {
@@ -139,14 +150,14 @@ impl Service for ProxyService {
     /// A `set` refused as too large drops the key's old value on its backends too, as one
     /// memcached would: a `delete` to every replica, its reply dropped (the client gets the
     /// error).
-    fn drop_stale(&mut self, _conn: &mut (), key: MetaKey<'_>) -> Option<ProxyWork> {
+    fn drop_stale(&mut self, conn: &mut u32, key: MetaKey<'_>) -> Option<ProxyWork> {
         let mut buf = self.spare.pop().unwrap_or_default();
         key.with(|key| {
             buf.extend_from_slice(b"delete ");
             buf.extend_from_slice(key);
             buf.extend_from_slice(b"\r\n");
         });
-        Some(self.queue(buf, true))
+        Some(self.queue(*conn, buf, true))
     }
 
     fn protocol_error(&mut self, _error: ProtocolError) {

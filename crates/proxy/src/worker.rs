@@ -68,6 +68,9 @@ pub struct ProxyWork {
     /// When a worker first took it up (kept when it goes again after a redirect or waits
     /// for a reload: its queue stage ended then).
     pub(crate) dequeued: Instant,
+    /// The client connection it came on (a number its serving thread gave it): a
+    /// connection's requests to a backend keep their order.
+    pub(crate) client: u32,
 }
 
 impl ProxyWork {
@@ -81,6 +84,7 @@ impl ProxyWork {
             redirected: None,
             redirects: 0,
             dequeued: now,
+            client: 0,
         }
     }
 }
@@ -237,6 +241,8 @@ struct Job {
     active: bool,
     /// Its driver's name for it ([`Work::start`]'s ticket, or its index in a batch).
     ticket: usize,
+    /// Its work's client connection.
+    client: u32,
 }
 
 impl Job {
@@ -255,6 +261,7 @@ impl Job {
             pool: 0,
             active: true,
             ticket: 0,
+            client: 0,
         }
     }
 }
@@ -466,10 +473,11 @@ impl Worker {
                 }
             };
             self.live += 1;
-            self.works[i] = work;
             let job = &mut self.jobs[i];
             job.active = true;
             job.ticket = ticket;
+            job.client = work.client;
+            self.works[i] = work;
             let work = std::mem::replace(&mut self.works[i], ProxyWork::vacant(now));
             self.route(i, &work);
             self.works[i] = work;
@@ -943,28 +951,28 @@ impl Worker {
         (p, fail.is_none())
     }
 
-    /// Queues the reply owed for part `p` on its backend.
+    /// Owes the reply for part `p` (its request just composed) on its backend.
     fn expect(&mut self, p: u32, frame: Frame) {
-        self.expect_joined(p, frame, false);
+        let e = self.owed(p, frame);
+        self.conns[self.parts[p as usize].backend as usize].owe(e);
     }
 
-    /// Queues the reply owed for part `p`; `joined`: its request shares the previous
-    /// one's line (a coalesced `get`), and so its reply.
-    fn expect_joined(&mut self, p: u32, frame: Frame, joined: bool) {
+    /// The reply owed for part `p`, counted as outstanding on its backend.
+    fn owed(&mut self, p: u32, frame: Frame) -> crate::backend::Expect {
         let b = self.parts[p as usize].backend as usize;
         let health = &self.routing.backends[b];
         health.outstanding.fetch_add(1, Ordering::Relaxed);
         let ejections = health.ejections.load(Ordering::Relaxed);
         let job = self.parts[p as usize].job as usize;
         let write = self.jobs[job].class.writes();
-        self.conns[b].expect.push_back(crate::backend::Expect {
+        crate::backend::Expect {
             frame,
             part: Some(p),
             sent: self.parts[p as usize].sent,
             ejections,
             write,
-            joined,
-        });
+            joined: false,
+        }
     }
 
     /// Sends `bytes` to every backend in `self.replicas` (a write, a flush).
@@ -973,7 +981,7 @@ impl Worker {
             let b = self.replicas[r];
             let (p, ok) = self.open_part(i, b, false);
             if ok {
-                let out = &mut self.conns[b].out;
+                let out = self.conns[b].out_for(self.jobs[i].client);
                 out.extend_from_slice(bytes);
                 if quiet {
                     out.extend_from_slice(b"mn\r\n");
@@ -1001,7 +1009,7 @@ impl Worker {
         };
         let (p, ok) = self.open_part(i, b, retry);
         if ok {
-            let out = &mut self.conns[b].out;
+            let out = self.conns[b].out_for(self.jobs[i].client);
             out.extend_from_slice(bytes);
             if frame == Frame::MetaQuiet {
                 out.extend_from_slice(b"mn\r\n");
@@ -1069,8 +1077,9 @@ impl Worker {
                     // Not in front of a kvlab cluster: a node redirects a whole line
                     // for one moved key.
                     let join = self.routing.config.cluster.is_none();
-                    let joined = self.conns[backend].push_get(cas, key, join);
-                    self.expect_joined(p, Frame::Retrieval, joined);
+                    let owed = self.owed(p, Frame::Retrieval);
+                    let client = self.jobs[i].client;
+                    self.conns[backend].push_get(cas, key, client, join, owed);
                 }
             }
             return;
@@ -1085,7 +1094,7 @@ impl Worker {
             let backend = b as usize;
             let (p, ok) = self.open_part(i, backend, retry);
             if ok {
-                let out = &mut self.conns[backend].out;
+                let out = self.conns[backend].out_for(self.jobs[i].client);
                 out.extend_from_slice(verb.as_bytes());
                 if let Some(e) = exptime {
                     out.push(b' ');
@@ -1097,14 +1106,16 @@ impl Worker {
                     self.key_backend[j] = NONE;
                     self.jobs[i].key_part[j] = p;
                     if ok {
-                        let out = &mut self.conns[backend].out;
+                        let out = self.conns[backend].out_for(self.jobs[i].client);
                         out.push(b' ');
                         out.extend_from_slice(key);
                     }
                 }
             }
             if ok {
-                self.conns[backend].out.extend_from_slice(b"\r\n");
+                self.conns[backend]
+                    .out_for(self.jobs[i].client)
+                    .extend_from_slice(b"\r\n");
                 self.expect(p, Frame::Retrieval);
             }
             k += 1;
@@ -1202,7 +1213,9 @@ impl Worker {
             let b = self.replicas[r];
             let (p, ok) = self.open_part(i, b, false);
             if ok {
-                self.conns[b].out.extend_from_slice(&follow);
+                self.conns[b]
+                    .out_for(self.jobs[i].client)
+                    .extend_from_slice(&follow);
                 self.expect(p, frame);
             }
             // The job is decided by the primary: this part only keeps the replica current.

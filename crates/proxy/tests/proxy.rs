@@ -174,8 +174,10 @@ fn pipelined_one_key_gets_are_coalesced_and_each_answered_as_if_alone() {
             "STORED\r\n".repeat(30) + "MN\r\n"
         );
         // One write of many one-key gets (hits, misses, the same key twice), a set of a
-        // missing key and then its get, and a multi-get among them: each reply is what
-        // the request alone gets, in request order.
+        // missing key between two gets of it, a delete between two gets of a key, and a
+        // multi-get among them: each reply is what the request alone gets, in request
+        // order (a client's write never passes its own earlier get, though the proxy sends
+        // other writes ahead of a coalesced get line).
         let (mut req, mut want) = (String::new(), String::new());
         for i in 0..60 {
             req += &format!("get c{i}\r\n");
@@ -184,9 +186,11 @@ fn pipelined_one_key_gets_are_coalesced_and_each_answered_as_if_alone() {
             }
             want += "END\r\n";
             if i == 20 {
-                req += "get c20\r\nset c21 21 0 3\r\nv21\r\nget c21\r\nget c4 c5 c6\r\n";
-                want += &(value(20) + "END\r\nSTORED\r\n" + &value(21) + "END\r\n");
+                req += "get c20\r\nget c21\r\nset c21 21 0 3\r\nv21\r\nget c21\r\nget c4 c5 c6\r\n";
+                want += &(value(20) + "END\r\nEND\r\nSTORED\r\n" + &value(21) + "END\r\n");
                 want += &(value(4) + &value(6) + "END\r\n");
+                req += "get c22\r\ndelete c22\r\nget c22\r\nset c22 22 0 3\r\nv22\r\n";
+                want += &(value(22) + "END\r\nDELETED\r\nEND\r\nSTORED\r\n");
             }
         }
         req += "mn\r\n";
