@@ -12,6 +12,8 @@
 #   VARIANT="--no-record" WORKERS=1 DEPTHS=16 scripts/proxy-vs-twemproxy.sh
 #       # one more kvlab proxy (-t of the first of WORKERS) with these flags in the rotation:
 #       # what a flag costs or saves, measured side by side
+#   VARIANT_BIN=/tmp/kvlab-before WORKERS=1 scripts/proxy-vs-twemproxy.sh
+#       # the variant proxy from another build: a change's effect, side by side
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
@@ -20,6 +22,10 @@ WORKERS=${WORKERS:-1 2}
 DEPTHS=${DEPTHS:-1 16}
 VARIANT=${VARIANT:-}
 KVLAB=${KVLAB:-target/release/kvlab}
+VARIANT_BIN=${VARIANT_BIN:-$KVLAB}
+variant=""
+if [ -n "$VARIANT" ] || [ "$VARIANT_BIN" != "$KVLAB" ]; then variant="kvlab-proxy-t${WORKERS%% *} $VARIANT"; fi
+if [ "$VARIANT_BIN" != "$KVLAB" ]; then variant+=" ($VARIANT_BIN)"; fi
 [ -x "$KVLAB" ] || cargo build --release -q -p kvlab
 dir=$(mktemp -d)
 pids=()
@@ -54,10 +60,10 @@ for w in $WORKERS; do
   "$KVLAB" proxy -p "$kp" -t "$w" --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" 2>"$dir/kp-$w.log" & pids+=($!); kp_pids+=($!); wait_port "$kp"
   kps+=("$kp")
 done
-if [ -n "$VARIANT" ]; then
+if [ -n "$variant" ]; then
   kv=$(port)
   # shellcheck disable=SC2086 # VARIANT is a list of flags
-  "$KVLAB" proxy -p "$kv" -t "${WORKERS%% *}" $VARIANT --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" 2>"$dir/kv.log" & pids+=($!); kp_pids+=($!); wait_port "$kv"
+  "$VARIANT_BIN" proxy -p "$kv" -t "${WORKERS%% *}" $VARIANT --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" 2>"$dir/kv.log" & pids+=($!); kp_pids+=($!); wait_port "$kv"
 fi
 kr=$(port)
 "$KVLAB" proxy -p "$kr" -t "${WORKERS##* }" --replicas 3 --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" --backend "127.0.0.1:${mc[2]}" 2>"$dir/kr.log" & pids+=($!); kr_pid=$!; wait_port "$kr"
@@ -94,11 +100,11 @@ measure() {
   local r i
   for r in $(seq "$ROUNDS"); do
     for i in "${!names[@]}"; do
-      echo "$(run "${ports[$i]}" "$depth" "$nut_pid" "${kp_pids[@]}" "$kr_pid" "${mc_pids[@]}")" >> "$dir/${names[$i]}-$depth"
+      echo "$(run "${ports[$i]}" "$depth" "$nut_pid" "${kp_pids[@]}" "$kr_pid" "${mc_pids[@]}")" >> "$dir/${names[$i]//[^A-Za-z0-9-]/_}-$depth"
     done
   done
   for i in "${!names[@]}"; do
-    local f="$dir/${names[$i]}-$depth"
+    local f="$dir/${names[$i]//[^A-Za-z0-9-]/_}-$depth"
     # fields: req/s p99 bench twemproxy, then each kvlab proxy (-t of WORKERS, then R = 3),
     # then the three memcached
     rows+=("| ${names[$i]} | $depth | $(awk '{print $1}' "$f" | median) | $(awk '{print $2}' "$f" | median) | $(awk '{print $3}' "$f" | median) | $(awk '{print $4}' "$f" | median) | $(awk -v k="$nk" '{s=0; for (j=5; j<5+k; j++) s+=$j; print s}' "$f" | median) | $(awk -v k="$nk" '{print $(5+k)+$(6+k)+$(7+k)}' "$f" | median) |")
@@ -108,7 +114,7 @@ measure() {
 nk=$(( ${#kp_pids[@]} + 1 ))
 setups=(twemproxy "$nut")
 i=0; for w in $WORKERS; do setups+=("kvlab-proxy-t$w" "${kps[$i]}"); i=$((i+1)); done
-[ -n "$VARIANT" ] && setups+=("kvlab-proxy-t${WORKERS%% *} $VARIANT" "$kv")
+[ -n "$variant" ] && setups+=("$variant" "$kv")
 for depth in $DEPTHS; do
   measure "$depth" "${setups[@]}" direct-to-one "${mc[0]}"
   measure "$depth" kvlab-proxy-R3 "$kr"
