@@ -14,12 +14,25 @@
 #       # what a flag costs or saves, measured side by side
 #   VARIANT_BIN=/tmp/kvlab-before WORKERS=1 scripts/proxy-vs-twemproxy.sh
 #       # the variant proxy from another build: a change's effect, side by side
+#   CLIENT=memcaslap DEPTHS=1 scripts/proxy-vs-twemproxy.sh
+#       # the same closed loop driven by another client (libmemcached-tools' memcaslap: 1
+#       # thread x 50 connections, one request in flight each, 100 B values, get:set 10:1;
+#       # depth 1 only): a ratio one client alone shows is not yet a claim. Its latency
+#       # column is memcaslap's mean (it reports no percentiles).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 SECS=${SECONDS_PER_RUN:-5}
 WORKERS=${WORKERS:-1 2}
 DEPTHS=${DEPTHS:-1 16}
+CLIENT=${CLIENT:-kvlab}
+case "$CLIENT" in
+  kvlab) lat="p99 µs" ;;
+  memcaslap) lat="mean µs"
+    command -v memcaslap >/dev/null || { echo "memcaslap missing: apt-get install libmemcached-tools" >&2; exit 1; }
+    [ "$DEPTHS" = 1 ] || { echo "memcaslap keeps one request in flight per connection: DEPTHS=1" >&2; exit 1; } ;;
+  *) echo "CLIENT: kvlab or memcaslap" >&2; exit 1 ;;
+esac
 VARIANT=${VARIANT:-}
 KVLAB=${KVLAB:-target/release/kvlab}
 VARIANT_BIN=${VARIANT_BIN:-$KVLAB}
@@ -69,21 +82,43 @@ kr=$(port)
 "$KVLAB" proxy -p "$kr" -t "${WORKERS##* }" --replicas 3 --backend "127.0.0.1:${mc[0]}" --backend "127.0.0.1:${mc[1]}" --backend "127.0.0.1:${mc[2]}" 2>"$dir/kr.log" & pids+=($!); kr_pid=$!; wait_port "$kr"
 
 tick=$(getconf CLK_TCK)
+# memcaslap's workload (CLIENT=memcaslap): random 32 B keys, 100 B values, get:set 10:1.
+cat > "$dir/caslap.cfg" <<EOF
+key
+32 32 1
+value
+100 100 1
+cmd
+0 0.0909
+1 0.9091
+EOF
 # run TARGET DEPTH PID...: one bench run; prints "req/s p99_us bench_cpu cpu_of_each_pid..."
 run() {
   local target=$1 depth=$2; shift 2
   local before=() p
   for p in "$@"; do before+=("$(cpu "$p")"); done
   local t0; t0=$(date +%s.%N)
-  "$KVLAB" bench -s "127.0.0.1:$target" -T 1 -c 50 -d "$depth" --mix get=10,set=1 --value-size 100 \
-    --keys 10000 --duration "$SECS" --warmup 0.5 -q > "$dir/run.out" 2>&1 &
-  wait $!
+  local rps p99 out
+  if [ "$CLIENT" = memcaslap ]; then
+    memcaslap -s "127.0.0.1:$target" -T 1 -c 50 -t "${SECS}s" -S "${SECS}s" -F "$dir/caslap.cfg" \
+      > "$dir/run.out" 2>&1 &
+    # its CPU over all but the last half second of the run (it is gone at the end)
+    local client=$! c0 c1 span; span=$(echo "$SECS - 0.5" | bc -l)
+    c0=$(cpu "$client"); sleep "$span"; c1=$(cpu "$client")
+    wait "$client"
+    rps=$(awk '/^Run time/ {print $7}' "$dir/run.out")
+    p99=$(awk '/^Total Statistics/ {t=1} t && /Avg:/ {print $2; exit}' "$dir/run.out")
+    out="$rps $p99 $(echo "($c1 - $c0) * 100 / $tick / $span" | bc -l | xargs printf '%.0f')"
+  else
+    "$KVLAB" bench -s "127.0.0.1:$target" -T 1 -c 50 -d "$depth" --mix get=10,set=1 --value-size 100 \
+      --keys 10000 --duration "$SECS" --warmup 0.5 -q > "$dir/run.out" 2>&1 &
+    wait $!
+    rps=$(awk '/measured/ {print $6}' "$dir/run.out")
+    p99=$(awk '/from send/ {print $8}' "$dir/run.out")
+    out="$rps $p99 $(awk '/generator CPU/ {print $(NF-1)}' "$dir/run.out")"
+  fi
   local t1; t1=$(date +%s.%N)
   local el; el=$(echo "$t1 - $t0" | bc -l)
-  local rps p99
-  rps=$(awk '/measured/ {print $6}' "$dir/run.out")
-  p99=$(awk '/from send/ {print $8}' "$dir/run.out")
-  local out="$rps $p99 $(awk '/generator CPU/ {print $(NF-1)}' "$dir/run.out")"
   local i=0
   for p in "$@"; do out+=" $(echo "($(cpu "$p") - ${before[$i]}) * 100 / $tick / $el" | bc -l | xargs printf '%.0f')"; i=$((i+1)); done
   echo "$out"
@@ -120,8 +155,8 @@ for depth in $DEPTHS; do
   measure "$depth" kvlab-proxy-R3 "$kr"
 done
 
-echo "kvlab proxy (--io reactor, -t each of: $WORKERS; R = 3 with -t ${WORKERS##* }) vs twemproxy $(nutcracker --version 2>&1 | head -1 | awk '{print $NF}'), memcached -t 1 backends; kvlab bench -T 1 -c 50, get:set 10:1, 100 B values, ${SECS} s runs, median of $ROUNDS (A B A B)"
+echo "kvlab proxy (--io reactor, -t each of: $WORKERS; R = 3 with -t ${WORKERS##* }) vs twemproxy $(nutcracker --version 2>&1 | head -1 | awk '{print $NF}'), memcached -t 1 backends; $CLIENT -T 1 -c 50, get:set 10:1, 100 B values, ${SECS} s runs, median of $ROUNDS (A B A B)"
 echo
-echo "| setup | depth | req/s | p99 µs | bench CPU % | twemproxy CPU % | kvlab proxies CPU % | memcached CPU % (all) |"
+echo "| setup | depth | req/s | $lat | $CLIENT CPU % | twemproxy CPU % | kvlab proxies CPU % | memcached CPU % (all) |"
 echo "|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
