@@ -20,7 +20,9 @@ pub struct ProxyArgs {
     /// Interface to listen on.
     #[arg(short = 'l', long = "listen", default_value = "127.0.0.1")]
     listen: IpAddr,
-    /// Worker threads that talk to the backends [default: 8, or `workers` in --config].
+    /// Workers that talk to the backends: event loops under --io reactor, helper threads
+    /// under --io epoll [default: `workers` in --config, else one per CPU under reactor and
+    /// 8 under epoll].
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
     /// Thread model: reactor (each of the -t workers is an event loop serving its own
@@ -174,7 +176,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         "{} pool(s), {} backend(s), {} workers, io {:?}",
         config.pools.len(),
         config.pools.iter().map(|p| p.backends.len()).sum::<usize>(),
-        config.workers,
+        config.workers_for(args.io),
         args.io
     );
     let mut signals = signal_hook::iterator::Signals::new([

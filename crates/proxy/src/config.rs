@@ -2,7 +2,7 @@
 //! flags or a TOML file. Every default is stated once, here, and documented in the README.
 //!
 //! ```toml
-//! workers = 8                 # worker threads that talk to the backends (-t)
+//! workers = 0                 # workers (-t); 0: one per CPU under --io reactor, 8 under epoll
 //! timeout_ms = 1000           # a backend request not answered by then fails
 //! failure_limit = 2           # consecutive failures that eject a backend from reads
 //! retry_timeout_ms = 1000     # how often an ejected backend is probed
@@ -25,8 +25,10 @@ use serde::Deserialize;
 
 use crate::ring::{Backend, Distribution, Ring, RingError};
 
-/// Default worker threads.
-pub const DEFAULT_WORKERS: usize = 8;
+/// Workers when the configuration leaves them to the proxy (`workers = 0`, the default):
+/// under `--io epoll`, whose helper threads wait on the backends, this many; under
+/// `--io reactor`, whose event loops each keep a core busy, one per CPU.
+pub const EPOLL_WORKERS: usize = 8;
 /// Default backend request timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Default consecutive failures that eject a backend from reads (twemproxy's
@@ -126,7 +128,8 @@ impl Pool {
 pub struct ProxyConfig {
     /// The pools, checked in order of longest prefix first.
     pub pools: Vec<Pool>,
-    /// Worker threads.
+    /// Workers (event loops or helper threads); 0 leaves it to the proxy
+    /// ([`ProxyConfig::workers_for`]).
     pub workers: usize,
     /// A backend request not answered by then fails.
     pub timeout: Duration,
@@ -196,7 +199,7 @@ impl ProxyConfig {
     pub fn new(backends: Vec<Backend>) -> ProxyConfig {
         ProxyConfig {
             pools: vec![Pool::new(backends)],
-            workers: DEFAULT_WORKERS,
+            workers: 0,
             timeout: DEFAULT_TIMEOUT,
             failure_limit: DEFAULT_FAILURE_LIMIT,
             retry_timeout: DEFAULT_RETRY_TIMEOUT,
@@ -273,14 +276,29 @@ impl ProxyConfig {
         Ok(config)
     }
 
+    /// The workers to run under `io`: as configured, or when left to the proxy (0) one
+    /// event loop per CPU (`--io reactor`) or [`EPOLL_WORKERS`] helper threads.
+    pub fn workers_for(&self, io: crate::ProxyIo) -> usize {
+        match (self.workers, io) {
+            (0, crate::ProxyIo::Reactor) => {
+                std::thread::available_parallelism().map_or(1, |n| n.get())
+            }
+            (0, crate::ProxyIo::Epoll) => EPOLL_WORKERS,
+            (w, _) => w,
+        }
+    }
+
     /// Checks ranges and consistency (also of a configuration built from flags).
     pub fn check(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
         if self.pools.is_empty() {
             return invalid("no backends: give --backend HOST:PORT or a [[pool]]".into());
         }
-        if self.workers == 0 || self.workers > 1024 {
-            return invalid(format!("workers = {}: must be 1..=1024", self.workers));
+        if self.workers > 1024 {
+            return invalid(format!(
+                "workers = {}: must be 1..=1024 (or 0: one per CPU under --io reactor, {EPOLL_WORKERS} under epoll)",
+                self.workers
+            ));
         }
         if self.timeout.is_zero() {
             return invalid("timeout_ms must be positive".into());
@@ -434,6 +452,18 @@ mod tests {
     }
 
     #[test]
+    fn workers_left_to_the_proxy_are_one_per_cpu_under_the_reactor_and_8_under_epoll() {
+        let c = ProxyConfig::parse("[[pool]]\nbackends = [\"a:1\"]").unwrap();
+        assert_eq!(c.workers, 0);
+        let cpus = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(c.workers_for(crate::ProxyIo::Reactor), cpus);
+        assert_eq!(c.workers_for(crate::ProxyIo::Epoll), EPOLL_WORKERS);
+        let c = ProxyConfig::parse("workers = 3\n[[pool]]\nbackends = [\"a:1\"]").unwrap();
+        assert_eq!(c.workers_for(crate::ProxyIo::Reactor), 3);
+        assert_eq!(c.workers_for(crate::ProxyIo::Epoll), 3);
+    }
+
+    #[test]
     fn bad_files_say_why() {
         for (text, says) in [
             ("", "no backends"),
@@ -451,7 +481,7 @@ mod tests {
                 "unknown variant",
             ),
             ("[[pool]]\nbackends = [\"a:1\"]\nbogus = 1", "unknown field"),
-            ("workers = 0\n[[pool]]\nbackends = [\"a:1\"]", "workers"),
+            ("workers = 1025\n[[pool]]\nbackends = [\"a:1\"]", "workers"),
             ("[[pool]]\nbackends = [\"a:1:0\"]", "WEIGHT"),
         ] {
             let err = ProxyConfig::parse(text).unwrap_err().to_string();

@@ -186,6 +186,8 @@ pub struct Shared {
     pub last_reload_error: Mutex<String>,
     /// Set (by SIGHUP) to reload the configuration file.
     pub reload_requested: Arc<AtomicBool>,
+    /// The thread model (a reload's `workers = 0` is resolved under it).
+    pub io: ProxyIo,
     /// One cluster ring fetch at a time (`follow_cluster`).
     cluster_lock: Mutex<()>,
     /// The file the configuration came from.
@@ -214,7 +216,8 @@ impl Shared {
 
     /// Replaces the routing with `config`; on error the old one stays, and the reason is
     /// counted, kept and returned.
-    pub fn reload(&self, config: ProxyConfig) -> Result<(), String> {
+    pub fn reload(&self, mut config: ProxyConfig) -> Result<(), String> {
+        config.workers = config.workers_for(self.io);
         let (old, _) = self.routing();
         let result = if config.workers != old.config.workers {
             Err(format!(
@@ -315,7 +318,8 @@ pub enum StartError {
 impl Proxy {
     /// Binds, starts the network thread, the workers, the prober, the logger and (if asked)
     /// `/metrics`.
-    pub fn start(config: ProxyConfig, options: ProxyOptions) -> Result<Proxy, StartError> {
+    pub fn start(mut config: ProxyConfig, options: ProxyOptions) -> Result<Proxy, StartError> {
+        config.workers = config.workers_for(options.io);
         let routing = Routing::new(config, None).map_err(StartError::Config)?;
         let workers = routing.config.workers;
         let epoch = Instant::now();
@@ -349,6 +353,7 @@ impl Proxy {
             reload_failures: AtomicU64::new(0),
             last_reload_error: Mutex::new(String::new()),
             reload_requested: Arc::new(AtomicBool::new(false)),
+            io: options.io,
             cluster_lock: Mutex::new(()),
             config_file: options.config_file.clone(),
             record: options.record,
