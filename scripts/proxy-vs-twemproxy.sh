@@ -3,8 +3,12 @@
 # backends on this machine, loaded by the same client (kvlab bench: 1 thread x 50
 # connections, 1:10 set:get, 100-byte values), A B A B, median of ROUNDS; depth 1 and 16.
 # Then going direct to one of the memcached backends (the proxy's cost), and the fully
-# replicated setup (3 backends, R = 3: every set to all three, gets spread over them). Prints a Markdown table with each process's CPU
-# (% of one core, from /proc) so the regime of every ratio is on record.
+# replicated setup (3 backends, R = 3: every set to all three, gets spread over them). Prints
+# a Markdown table with each process's CPU (% of one core, from /proc) so the regime of every
+# ratio is on record, and the whole machine's busy CPU per request (user, system, irq and
+# softirq time of both cores over the run, /proc/stat: what a request costs everything on the
+# box together, the kernel's loopback TCP work included) and its steal time (% of the run the
+# hypervisor gave the cores to others: rounds with much of it are noise).
 #
 #   scripts/proxy-vs-twemproxy.sh            # needs memcached, nutcracker (.ci/run installs them)
 #   ROUNDS=5 SECONDS_PER_RUN=10 scripts/proxy-vs-twemproxy.sh
@@ -50,6 +54,8 @@ wait_port() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/n
 user=(); [ "$(id -u)" = 0 ] && user=(-u root)
 memcached_on() { memcached "${user[@]}" -U 0 -l 127.0.0.1 -p "$1" -t 1 -m 256 & pids+=($!); wait_port "$1"; }
 cpu() { awk '{print $14+$15}' "/proc/$1/stat"; }
+# The machine's CPU ticks: busy (user, nice, system, irq, softirq), steal, and all.
+machine() { awk '/^cpu / {print $2+$3+$4+$7+$8, $9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
 
 mc=(); for _ in 1 2 3; do p=$(port); memcached_on "$p"; mc+=("$p"); done
 mc_pids=("${pids[@]}")
@@ -97,6 +103,7 @@ run() {
   local target=$1 depth=$2; shift 2
   local before=() p
   for p in "$@"; do before+=("$(cpu "$p")"); done
+  local m0; m0=$(machine)
   local t0; t0=$(date +%s.%N)
   local rps p99 out
   if [ "$CLIENT" = memcaslap ]; then
@@ -118,9 +125,14 @@ run() {
     out="$rps $p99 $(awk '/generator CPU/ {print $(NF-1)}' "$dir/run.out")"
   fi
   local t1; t1=$(date +%s.%N)
+  local m1; m1=$(machine)
   local el; el=$(echo "$t1 - $t0" | bc -l)
   local i=0
   for p in "$@"; do out+=" $(echo "($(cpu "$p") - ${before[$i]}) * 100 / $tick / $el" | bc -l | xargs printf '%.0f')"; i=$((i+1)); done
+  # the whole machine over the run (start-up included): busy µs per request, steal %
+  read -r busy0 steal0 all0 <<< "$m0"; read -r busy1 steal1 all1 <<< "$m1"
+  out+=" $(echo "($busy1 - $busy0) * 1000000 / $tick / ($rps * $el)" | bc -l | xargs printf '%.1f')"
+  out+=" $(echo "($steal1 - $steal0) * 100 / ($all1 - $all0)" | bc -l | xargs printf '%.0f')"
   echo "$out"
 }
 
@@ -142,7 +154,7 @@ measure() {
     local f="$dir/${names[$i]//[^A-Za-z0-9-]/_}-$depth"
     # fields: req/s p99 bench twemproxy, then each kvlab proxy (-t of WORKERS, then R = 3),
     # then the three memcached
-    rows+=("| ${names[$i]} | $depth | $(awk '{print $1}' "$f" | median) | $(awk '{print $2}' "$f" | median) | $(awk '{print $3}' "$f" | median) | $(awk '{print $4}' "$f" | median) | $(awk -v k="$nk" '{s=0; for (j=5; j<5+k; j++) s+=$j; print s}' "$f" | median) | $(awk -v k="$nk" '{print $(5+k)+$(6+k)+$(7+k)}' "$f" | median) |")
+    rows+=("| ${names[$i]} | $depth | $(awk '{print $1}' "$f" | median) | $(awk '{print $2}' "$f" | median) | $(awk '{print $3}' "$f" | median) | $(awk '{print $4}' "$f" | median) | $(awk -v k="$nk" '{s=0; for (j=5; j<5+k; j++) s+=$j; print s}' "$f" | median) | $(awk -v k="$nk" '{print $(5+k)+$(6+k)+$(7+k)}' "$f" | median) | $(awk '{print $(NF-1)}' "$f" | median) | $(awk '{print $NF}' "$f" | median) |")
   done
 }
 
@@ -157,6 +169,6 @@ done
 
 echo "kvlab proxy (--io reactor, -t each of: $WORKERS; R = 3 with -t ${WORKERS##* }) vs twemproxy $(nutcracker --version 2>&1 | head -1 | awk '{print $NF}'), memcached -t 1 backends; $CLIENT -T 1 -c 50, get:set 10:1, 100 B values, ${SECS} s runs, median of $ROUNDS (A B A B)"
 echo
-echo "| setup | depth | req/s | $lat | $CLIENT CPU % | twemproxy CPU % | kvlab proxies CPU % | memcached CPU % (all) |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| setup | depth | req/s | $lat | $CLIENT CPU % | twemproxy CPU % | kvlab proxies CPU % | memcached CPU % (all) | machine busy µs / req | steal % |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
