@@ -287,7 +287,8 @@ fn data_block(buf: &[u8], start: usize, n: u64) -> Result<Option<(&[u8], usize)>
 fn split_word(s: &[u8]) -> (&[u8], &[u8]) {
     let start = s.iter().position(|&b| b != b' ').unwrap_or(s.len());
     let s = &s[start..];
-    match memchr(b' ', s) {
+    // A reply's words are short (`VALUE`, `STORED`, a key): a plain scan beats memchr's set-up.
+    match s.iter().position(|&b| b == b' ') {
         Some(i) => {
             let rest = &s[i + 1..];
             let skip = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());

@@ -14,7 +14,7 @@
 //! The wording of every error is memcached 1.6's, checked against the real server.
 
 use crate::admin::{self, Admin};
-use crate::lex::{parse_i64, parse_u64, Tokens};
+use crate::lex::{parse_i64, parse_u64, valid_key_token, Tokens};
 use crate::meta::{MetaCommand, MetaError, MetaFlags, MetaKey};
 
 pub use crate::lex::{valid_key, MAX_KEY_LEN};
@@ -499,7 +499,7 @@ fn is_noreply(t: Option<&[u8]>) -> Option<bool> {
 
 fn parse_keys<'a>(tokens: &Tokens<'a>) -> Option<Keys<'a>> {
     let rest = tokens.remainder();
-    Tokens::new(rest).all(valid_key).then_some(Keys(rest))
+    Tokens::new(rest).all(valid_key_token).then_some(Keys(rest))
 }
 
 fn parse_get(tokens: Tokens<'_>, line_end: usize, cas: bool) -> Parsed<'_> {
@@ -532,11 +532,13 @@ fn parse_store<'a>(
     line_end: usize,
     limits: &Limits,
 ) -> Parsed<'a> {
-    let args: [Option<&[u8]>; 6] = {
-        let mut t = tokens.clone();
-        [t.next(), t.next(), t.next(), t.next(), t.next(), t.next()]
+    // The first six tokens, and how many there are in all (one scan of the line).
+    let (args, n) = {
+        let mut t = tokens;
+        let args: [Option<&[u8]>; 6] = [t.next(), t.next(), t.next(), t.next(), t.next(), t.next()];
+        let n = args.iter().flatten().count() + t.count();
+        (args, n)
     };
-    let n = tokens.token_count();
     let want = if command == StoreCommand::Cas { 5 } else { 4 };
     if n != want && n != want + 1 {
         return error(ProtocolError::UnknownCommand, line_end);
@@ -549,7 +551,7 @@ fn parse_store<'a>(
     } else {
         (None, extra1)
     };
-    if !valid_key(key) {
+    if !valid_key_token(key) {
         return error(ProtocolError::BadFormat, line_end);
     }
     let (Some(flags), Some(exptime), Some(len)) =
@@ -643,7 +645,7 @@ fn parse_arith(incr: bool, mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_
     if n > 3 {
         return error(ProtocolError::UnknownCommand, line_end);
     }
-    if !valid_key(key) {
+    if !valid_key_token(key) {
         return error(ProtocolError::BadFormat, line_end);
     }
     let Some(delta) = parse_u64(delta) else {
@@ -671,7 +673,7 @@ fn parse_delete(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
     if n > 3 {
         return error(ProtocolError::UnknownCommand, line_end);
     }
-    if !valid_key(key) {
+    if !valid_key_token(key) {
         return error(ProtocolError::BadFormat, line_end);
     }
     // memcached still accepts the legacy `delete <key> 0 [noreply]`; any other time is an error.
@@ -695,7 +697,7 @@ fn parse_touch(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
     if n > 3 {
         return error(ProtocolError::UnknownCommand, line_end);
     }
-    if !valid_key(key) {
+    if !valid_key_token(key) {
         return error(ProtocolError::BadFormat, line_end);
     }
     let Some(exptime) = parse_i64(exptime) else {
