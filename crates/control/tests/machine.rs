@@ -47,11 +47,15 @@ fn cpus_move_and_jobs_stop_and_continue() {
         .jobs;
         m.set_cpus(&c0, &c1).unwrap();
         let pid = m.start(0, &jobs[0]).unwrap().unwrap();
+        // Wait until the job has settled: both its sleeps run (every fork has exec'd). A
+        // shell stopped between its vfork and the child's exec stays in D, waiting for the
+        // exec, until it is continued, so a pause taken earlier never shows every process
+        // in T.
+        until(|| {
+            let group = processes_in_group(pid as i32);
+            group.len() >= 3 && group.iter().filter(|&&p| is_sleep(p)).count() >= 2
+        });
         // The child and the grandchildren it forks all carry the jobs' CPUs.
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while processes_in_group(pid as i32).len() < 3 && std::time::Instant::now() < deadline {
-            std::thread::yield_now();
-        }
         let group = processes_in_group(pid as i32);
         assert!(group.len() >= 3, "{group:?}");
         for p in &group {
@@ -135,6 +139,12 @@ fn idle_jobs_and_everything_they_fork_run_at_sched_idle() {
 }
 
 /// Waits (at most 5 s) until `done` holds; the assertion after it says what did not.
+/// Whether process `pid` runs `sleep` (it has exec'd: a forked child keeps its parent's name
+/// until then).
+fn is_sleep(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
+}
+
 fn until(mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while !done() && std::time::Instant::now() < deadline {
