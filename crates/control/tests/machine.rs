@@ -138,13 +138,13 @@ fn idle_jobs_and_everything_they_fork_run_at_sched_idle() {
     server.wait().unwrap();
 }
 
-/// Waits (at most 5 s) until `done` holds; the assertion after it says what did not.
 /// Whether process `pid` runs `sleep` (it has exec'd: a forked child keeps its parent's name
 /// until then).
 fn is_sleep(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim() == "sleep")
 }
 
+/// Waits (at most 5 s) until `done` holds; the assertion after it says what did not.
 fn until(mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while !done() && std::time::Instant::now() < deadline {
