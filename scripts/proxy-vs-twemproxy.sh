@@ -130,6 +130,7 @@ run() {
   local i=0
   for p in "$@"; do out+=" $(echo "($(cpu "$p") - ${before[$i]}) * 100 / $tick / $el" | bc -l | xargs printf '%.0f')"; i=$((i+1)); done
   # the whole machine over the run (start-up included): busy µs per request, steal %
+  local busy0 steal0 all0 busy1 steal1 all1
   read -r busy0 steal0 all0 <<< "$m0"; read -r busy1 steal1 all1 <<< "$m1"
   out+=" $(echo "($busy1 - $busy0) * 1000000 / $tick / ($rps * $el)" | bc -l | xargs printf '%.1f')"
   out+=" $(echo "($steal1 - $steal0) * 100 / ($all1 - $all0)" | bc -l | xargs printf '%.0f')"

@@ -15,6 +15,8 @@
 use memchr::memchr;
 use thiserror::Error;
 
+use crate::lex::Tokens;
+
 pub use crate::lex::{parse_u64, MAX_KEY_LEN};
 
 /// Longest reply line we wait for before calling the input garbage, in bytes. memcached's
@@ -283,19 +285,12 @@ fn data_block(buf: &[u8], start: usize, n: u64) -> Result<Option<(&[u8], usize)>
     Ok(Some((&buf[start..end], end + 2)))
 }
 
-/// Splits off the first space-separated word; skips leading spaces.
+/// Splits off the first space-separated word; skips leading spaces (the request
+/// tokenizer's rules: runs of spaces are one separator).
 fn split_word(s: &[u8]) -> (&[u8], &[u8]) {
-    let start = s.iter().position(|&b| b != b' ').unwrap_or(s.len());
-    let s = &s[start..];
-    // A reply's words are short (`VALUE`, `STORED`, a key): a plain scan beats memchr's set-up.
-    match s.iter().position(|&b| b == b' ') {
-        Some(i) => {
-            let rest = &s[i + 1..];
-            let skip = rest.iter().position(|&b| b != b' ').unwrap_or(rest.len());
-            (&s[..i], &rest[skip..])
-        }
-        None => (s, &s[s.len()..]),
-    }
+    let mut tokens = Tokens::new(s);
+    let word = tokens.next().unwrap_or_default();
+    (word, tokens.remainder())
 }
 
 fn lossy(line: &[u8]) -> String {
