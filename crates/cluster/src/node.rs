@@ -42,6 +42,16 @@ use crate::ClusterError;
 /// How often a node says it is alive (a store with leases, etcd).
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 
+/// How long a write's copy may take to be confirmed by its holder before the write fails
+/// (`SERVER_ERROR`): short, since the writes of a batch wait for it.
+pub const REPLICA_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// How long a copy holder that failed is not tried again (its writes fail at once).
+pub const REPLICA_BACKOFF: Duration = Duration::from_millis(500);
+
+/// How long a migration stream waits for its new owner's replies.
+const STREAM_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What a node serves by in one epoch.
 #[derive(Debug)]
 pub struct View {
@@ -133,6 +143,8 @@ pub struct Node {
     /// node; a write's copy is sent (read back from the store) under its lock, so copies
     /// arrive in the order the writes were applied.
     replica_pipes: Mutex<HashMap<String, Pipe>>,
+    /// Copy holders that failed lately: when, and why.
+    replica_down: Mutex<HashMap<String, (Instant, String)>>,
     /// Ring nodes whose liveness has lapsed, since when (the healer's memory).
     missing: Mutex<HashMap<String, Instant>>,
     /// With leases: until when (unix ms) this node may accept writes — its liveness key
@@ -174,6 +186,7 @@ impl Node {
                 migration: None,
             }),
             replica_pipes: Mutex::new(HashMap::new()),
+            replica_down: Mutex::new(HashMap::new()),
             missing: Mutex::new(HashMap::new()),
             view_write: Mutex::new(()),
             running: Mutex::new(Vec::new()),
@@ -444,45 +457,61 @@ impl Node {
     }
 
     /// [`Node::replicate`] for many keys: queued on each copy connection, then one flush
-    /// per connection (one round trip for the lot).
+    /// per connection (one round trip for the lot). The first failure, if any.
     pub fn replicate_all<K: AsRef<[u8]>>(
         &self,
         view: &View,
         keys: &[K],
     ) -> Result<(), ClusterError> {
+        match self.replicate_keys(view, keys).into_iter().next() {
+            None => Ok(()),
+            Some((node, reason)) => Err(ClusterError::Node { node, reason }),
+        }
+    }
+
+    /// Writes the keys' current state through to every other node that holds their
+    /// copies under `view`, each holder's share pipelined on its one connection and
+    /// flushed once; returns the holders that did not confirm, with why. A holder that
+    /// failed a moment ago ([`REPLICA_BACKOFF`]) is not tried again until then: a paused
+    /// or dead peer costs a batch of writes one timeout, not every batch one.
+    pub fn replicate_keys<K: AsRef<[u8]>>(
+        &self,
+        view: &View,
+        keys: &[K],
+    ) -> HashMap<String, String> {
+        let mut failed: HashMap<String, String> = HashMap::new();
         let r = view.replicas as usize;
         if r < 2 || keys.is_empty() {
-            return Ok(());
+            return failed;
         }
         let mut owners = Vec::with_capacity(r);
         let mut pipes = self.replica_pipes.lock();
         let mut used: Vec<String> = Vec::new();
-        let mut result = Ok(());
-        'keys: for key in keys {
+        for key in keys {
             let key = key.as_ref();
             view.serving
                 .owners_of_hash(kvlab_client::cluster::key_hash(key), r, &mut owners);
             for &i in owners.iter().skip(1) {
                 let node = &view.serving.nodes()[i];
-                if *node == self.me {
+                if *node == self.me || failed.contains_key(node) {
+                    continue;
+                }
+                if let Some(reason) = self.replica_down(node) {
+                    failed.insert(node.clone(), reason);
                     continue;
                 }
                 let pipe = match pipes.entry(node.clone()) {
                     std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                     std::collections::hash_map::Entry::Vacant(e) => {
-                        let mut p = match Pipe::connect(node) {
-                            Ok(p) => p,
+                        let opened = Pipe::connect(node, REPLICA_TIMEOUT)
+                            .and_then(|p| p.import(0, &self.me));
+                        match opened {
+                            Ok(p) => e.insert(p),
                             Err(err) => {
-                                result = Err(err);
-                                break 'keys;
+                                self.replica_failed(node, &err.to_string(), &mut failed);
+                                continue;
                             }
-                        };
-                        let hello = format!("cluster import 0 {}\r\n", self.me);
-                        if let Err(err) = p.line(hello.as_bytes()) {
-                            result = Err(err);
-                            break 'keys;
                         }
-                        e.insert(p)
                     }
                 };
                 let queued = match self.store.peek(key) {
@@ -491,8 +520,8 @@ impl Node {
                 };
                 if let Err(err) = queued {
                     pipes.remove(node);
-                    result = Err(err);
-                    break 'keys;
+                    self.replica_failed(node, &err.to_string(), &mut failed);
+                    continue;
                 }
                 if !used.contains(node) {
                     used.push(node.clone());
@@ -500,22 +529,79 @@ impl Node {
             }
         }
         for node in used {
+            if failed.contains_key(&node) {
+                continue;
+            }
             if let Some(pipe) = pipes.get_mut(&node) {
-                if let Err(err) = pipe.flush() {
-                    pipes.remove(&node);
-                    result = Err(err);
+                match pipe.flush() {
+                    Ok(0) => {}
+                    Ok(refused) => {
+                        // The holder took the stream but refused items (out of memory, or
+                        // a view that no longer makes it a holder): those copies are not
+                        // there.
+                        let reason = format!("{refused} copies refused");
+                        failed.insert(node.clone(), reason);
+                    }
+                    Err(err) => {
+                        pipes.remove(&node);
+                        self.replica_failed(&node, &err.to_string(), &mut failed);
+                    }
                 }
             }
         }
-        result
+        if !failed.is_empty() {
+            self.progress.lock().replica_errors += failed.len() as u64;
+        }
+        failed
+    }
+
+    /// Why `key`'s copies under `view` are not all written, given the holders that failed
+    /// ([`Node::replicate_keys`]); `None` when every holder confirmed.
+    pub fn copy_failure(
+        &self,
+        view: &View,
+        key: &[u8],
+        failed: &HashMap<String, String>,
+    ) -> Option<String> {
+        if failed.is_empty() {
+            return None;
+        }
+        let mut owners = Vec::with_capacity(view.replicas as usize);
+        view.serving.owners_of_hash(
+            kvlab_client::cluster::key_hash(key),
+            view.replicas as usize,
+            &mut owners,
+        );
+        owners.iter().skip(1).find_map(|&i| {
+            let node = &view.serving.nodes()[i];
+            failed
+                .get(node)
+                .map(|why| format!("copy to {node} not written: {why}"))
+        })
+    }
+
+    fn replica_down(&self, node: &str) -> Option<String> {
+        let down = self.replica_down.lock();
+        let (since, why) = down.get(node)?;
+        (since.elapsed() < REPLICA_BACKOFF).then(|| why.clone())
+    }
+
+    fn replica_failed(&self, node: &str, why: &str, failed: &mut HashMap<String, String>) {
+        tracing::warn!("copy to {node}: {why}");
+        self.replica_down
+            .lock()
+            .insert(node.to_string(), (Instant::now(), why.to_string()));
+        failed.insert(node.to_string(), why.to_string());
     }
 
     /// Waits until no worker runs a request checked under an epoch before `epoch`.
     fn grace(&self, epoch: u64) {
+        // The view of `epoch` was stored before: see `Gate::begin` for the other side.
+        std::sync::atomic::fence(Ordering::SeqCst);
         let running: Vec<_> = self.running.lock().clone();
         for r in running {
             loop {
-                let e = r.load(Ordering::Acquire);
+                let e = r.load(Ordering::SeqCst);
                 if e == 0 || e >= epoch || self.stop.load(Ordering::Relaxed) {
                     break;
                 }
@@ -554,6 +640,9 @@ impl Node {
         let mut pipes: HashMap<usize, Pipe> = HashMap::new();
         let me = self.me.as_str();
         let target_of = |key: &[u8]| future.index_of(key).filter(|&i| future.nodes()[i] != me);
+        // Every write begun before this node took the copy view (and so not logged as a
+        // change) is applied before the snapshot starts, so the snapshot sees it.
+        self.grace(id);
         // Snapshot: every key that leaves, as it is now.
         let mut cursor = ScanCursor::default();
         let mut items = Vec::with_capacity(512);
@@ -642,8 +731,7 @@ impl Node {
         match pipes.entry(i) {
             std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
             std::collections::hash_map::Entry::Vacant(e) => {
-                let mut p = Pipe::connect(&future.nodes()[i])?;
-                p.line(format!("cluster import {id} {}\r\n", self.me).as_bytes())?;
+                let p = Pipe::connect(&future.nodes()[i], STREAM_TIMEOUT)?.import(id, &self.me)?;
                 Ok(e.insert(p))
             }
         }
@@ -734,11 +822,19 @@ pub struct Gate {
 impl Gate {
     /// Before a request: takes the view in force and publishes its epoch.
     pub fn begin(&mut self) {
-        let current = self.node.view.load();
-        if !Arc::ptr_eq(&current, &self.view) {
-            self.view = Arc::clone(&current);
+        loop {
+            let current = self.node.view.load();
+            if !Arc::ptr_eq(&current, &self.view) {
+                self.view = Arc::clone(&current);
+            }
+            // Published before the view is looked at again: a watcher that installs a newer
+            // view and then finds this worker idle (its grace period) has installed it
+            // before this load, which then sees it (both sides order store before load).
+            self.running.store(self.view.epoch, Ordering::SeqCst);
+            if Arc::ptr_eq(&self.node.view.load(), &self.view) {
+                return;
+            }
         }
-        self.running.store(self.view.epoch, Ordering::Release);
     }
 
     /// After the request (and its change-log entries).
@@ -798,15 +894,6 @@ impl Gate {
         self.view.replicas > 1
     }
 
-    /// Writes `key`'s new state through to its copies before the reply goes (call before
-    /// [`Gate::end`]). A copy that cannot be written is logged and counted; the write stands.
-    pub fn replicate(&self, key: &[u8]) {
-        if let Err(e) = self.node.replicate(&self.view, key) {
-            tracing::warn!("copy of a write: {e}");
-            self.node.progress.lock().replica_errors += 1;
-        }
-    }
-
     /// Whether this node may take writes now (its liveness in the store has not lapsed).
     pub fn may_write(&self) -> bool {
         let until = self.node.writable_until.load(Ordering::Acquire);
@@ -844,21 +931,35 @@ struct Pipe {
 }
 
 impl Pipe {
-    fn connect(node: &str) -> Result<Pipe, ClusterError> {
+    fn connect(node: &str, timeout: Duration) -> Result<Pipe, ClusterError> {
         let err = |e: std::io::Error| ClusterError::Migration(format!("{node}: {e}"));
-        let stream =
-            TcpStream::connect_timeout(&resolve(node).map_err(err)?, Duration::from_secs(2))
-                .map_err(err)?;
+        let stream = TcpStream::connect_timeout(
+            &resolve(node).map_err(err)?,
+            timeout.min(Duration::from_secs(2)),
+        )
+        .map_err(err)?;
         stream.set_nodelay(true).map_err(err)?;
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .map_err(err)?;
+        stream.set_read_timeout(Some(timeout)).map_err(err)?;
+        stream.set_write_timeout(Some(timeout)).map_err(err)?;
         Ok(Pipe {
             stream,
             out: Vec::with_capacity(256 * 1024),
             owed: 0,
             inb: Vec::with_capacity(64 * 1024),
         })
+    }
+
+    /// Says `cluster import ID FROM` and waits for its `OK`: the receiving node hands the
+    /// connection to a thread of its own as it answers, so nothing may follow the line
+    /// before that answer.
+    fn import(mut self, id: u64, from: &str) -> Result<Pipe, ClusterError> {
+        self.line(format!("cluster import {id} {from}\r\n").as_bytes())?;
+        match self.flush()? {
+            0 => Ok(self),
+            _ => Err(ClusterError::Migration(
+                "the node refused the stream (is it a node of this cluster?)".into(),
+            )),
+        }
     }
 
     fn set(
@@ -905,7 +1006,14 @@ impl Pipe {
 
     /// Writes what is queued and reads every reply owed; returns how many were refusals.
     fn flush(&mut self) -> Result<u64, ClusterError> {
-        let err = |e: std::io::Error| ClusterError::Migration(format!("stream: {e}"));
+        let err = |e: std::io::Error| {
+            ClusterError::Migration(match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    "no reply in time (the node is paused, overloaded or cut off)".into()
+                }
+                _ => format!("stream: {e}"),
+            })
+        };
         if !self.out.is_empty() {
             self.stream.write_all(&self.out).map_err(err)?;
             self.out.clear();

@@ -154,6 +154,26 @@ fn spawn_conn<A: App>(
     }
 }
 
+/// Serves a connection taken over from another driver ([`crate::Flow::HandOff`]) on the
+/// calling thread, blocking, until it closes: `unsent` (the replies composed before the
+/// hand-off) goes first. A cluster node serves its peers' copy and migration streams this
+/// way, off the threads that serve clients, so that a client request waiting on a peer
+/// never waits on a thread that waits on it in turn.
+pub fn serve_taken_over<S: Service>(
+    socket: std::os::fd::OwnedFd,
+    unsent: &[u8],
+    service: S,
+    limits: Limits,
+) {
+    use std::os::fd::AsRawFd;
+    let mut stream = std::net::TcpStream::from(socket);
+    if stream.set_nonblocking(false).is_err() || stream.write_all(unsent).is_err() {
+        return;
+    }
+    let fd = stream.as_raw_fd();
+    serve(stream, service, limits, fd, false);
+}
+
 /// How a connection's thread ended.
 #[derive(PartialEq, Eq)]
 enum End {

@@ -48,7 +48,8 @@ impl DiskRules {
     }
 }
 
-/// Disk work that may block, run inline or on a helper thread.
+/// Work that may block — disk, or a cluster node's copies of a write — run inline, on a
+/// helper thread, or (the reactor) with the rest of the loop's round as one batch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Blocking {
     /// Read `key` through from disk into the cache; the request then runs again.
@@ -59,6 +60,9 @@ pub enum Blocking {
     PersistKeys(Vec<Vec<u8>>),
     /// Make every change durable (`flush_all` under `--durability sync`).
     SyncAll,
+    /// Write these keys' new state through to the other nodes that hold their copies (a
+    /// cluster node with `replicas` > 1); the write's reply leaves only afterwards.
+    Replicate(Vec<Vec<u8>>),
 }
 
 impl Blocking {
@@ -70,12 +74,14 @@ impl Blocking {
 
     /// How the session waits for it: a read-through re-runs the request; a persist holds its
     /// reply back. Either way later requests of the connection wait (a barrier), so they see
-    /// the key loaded and the write durable.
+    /// the key loaded and the write durable. A write's copies hold back only its own reply:
+    /// the connection's later requests run meanwhile (the write is already applied here),
+    /// so a pipelining client's writes reach the copy holders together.
     pub fn order(&self) -> Order {
-        if self.reruns_request() {
-            Order::Rerun
-        } else {
-            Order::Barrier
+        match self {
+            Blocking::Load(_) => Order::Rerun,
+            Blocking::Replicate(_) => Order::Pipelined,
+            _ => Order::Barrier,
         }
     }
 
@@ -86,20 +92,79 @@ impl Blocking {
             Blocking::Persist(key) => store.persist(key),
             Blocking::PersistKeys(keys) => store.persist_keys(keys.iter().map(Vec::as_slice)),
             Blocking::SyncAll => store.sync_all(),
+            // Only a cluster node defers copies, and it runs them with its node.
+            Blocking::Replicate(_) => Ok(()),
         }
     }
 }
 
-impl Work for Blocking {
-    /// A helper (or the serving thread) needs only the store.
-    type Worker = Arc<Store>;
+/// What deferred work runs with: the store, and the cluster node whose copies a write
+/// waits for (if the server is one).
+#[derive(Clone)]
+pub struct Helper {
+    /// The cache.
+    pub store: Arc<Store>,
+    /// The cluster node, if any.
+    pub node: Option<Arc<kvlab_cluster::Node>>,
+}
 
-    fn run(self, store: &mut Arc<Store>) -> Completion {
-        match self.run_on(store) {
-            Ok(()) if self.reruns_request() => Completion::Rerun,
-            Ok(()) => Completion::Release,
-            // The session logs the failure and replies with it.
-            Err(e) => Completion::Failed(e.to_string()),
+impl Work for Blocking {
+    type Worker = Helper;
+
+    /// A round's works run together: every write's copies go out in one batch per copy
+    /// holder (one round trip for the lot), disk work in turn.
+    const BATCH: usize = 64;
+
+    fn run(self, helper: &mut Helper) -> Completion {
+        let mut batch = vec![self];
+        let mut completion = Completion::Release;
+        Self::run_batch(&mut batch, helper, &mut |_, c| completion = c);
+        completion
+    }
+
+    fn run_batch(
+        works: &mut Vec<Self>,
+        helper: &mut Helper,
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
+        let mut copies: Vec<(usize, Vec<Vec<u8>>)> = Vec::new();
+        for (i, work) in works.drain(..).enumerate() {
+            match work {
+                Blocking::Replicate(keys) => copies.push((i, keys)),
+                work => done(
+                    i,
+                    match work.run_on(&helper.store) {
+                        Ok(()) if work.reruns_request() => Completion::Rerun,
+                        Ok(()) => Completion::Release,
+                        // The session logs the failure and replies with it.
+                        Err(e) => Completion::Failed(e.to_string()),
+                    },
+                ),
+            }
+        }
+        if copies.is_empty() {
+            return;
+        }
+        let Some(node) = &helper.node else {
+            copies
+                .into_iter()
+                .for_each(|(i, _)| done(i, Completion::Release));
+            return;
+        };
+        let keys: Vec<&[u8]> = copies
+            .iter()
+            .flat_map(|(_, keys)| keys.iter().map(Vec::as_slice))
+            .collect();
+        let view = node.view();
+        let failed = node.replicate_keys(&view, &keys);
+        for (i, keys) in copies {
+            match keys
+                .iter()
+                .find_map(|k| node.copy_failure(&view, k, &failed))
+            {
+                None => done(i, Completion::Release),
+                Some(reason) => done(i, Completion::Failed(reason)),
+            }
         }
     }
 }

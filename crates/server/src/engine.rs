@@ -15,8 +15,8 @@ use kvlab_store::{
 
 use crate::admin::{self, Next};
 use crate::auth::AuthFile;
-pub use crate::cache::Blocking;
 use crate::cache::DiskRules;
+pub use crate::cache::{Blocking, Helper};
 use crate::slabs;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
 use kvlab_cluster::{Gate, Node, Verdict};
@@ -49,11 +49,19 @@ pub struct Engine {
     over_tls: bool,
     /// This worker's gate into the cluster, when the server is a cluster node.
     cluster: Option<Gate>,
+    /// What deferred work runs with (the store, the cluster node).
+    helper: Helper,
+    /// `cluster import ID`: the connection is handed to a thread of its own, which serves
+    /// it as that stream.
+    import_handoff: Option<u64>,
+    /// This engine serves one such stream (set on its connection when it opens).
+    importing: Option<u64>,
 }
 
 impl Engine {
     /// An engine over `store` that counts into `worker`.
     pub fn new(store: Arc<Store>, server: Arc<ServerStats>, worker: Arc<WorkerStats>) -> Self {
+        let store_for_helper = store.clone();
         Engine {
             disk: DiskRules::of(&store),
             store,
@@ -63,6 +71,12 @@ impl Engine {
             watch: 0,
             over_tls: false,
             cluster: None,
+            helper: Helper {
+                store: store_for_helper,
+                node: None,
+            },
+            import_handoff: None,
+            importing: None,
         }
     }
 
@@ -70,7 +84,31 @@ impl Engine {
     /// against the node's ring first.
     pub fn in_cluster(mut self, node: &Arc<Node>) -> Self {
         self.cluster = Some(node.gate());
+        self.helper.node = Some(node.clone());
         self
+    }
+
+    /// Serves the stream a `cluster import ID` connection was handed off as, on a thread
+    /// of its own: its requests never wait behind a client's, and a client's write waiting
+    /// for its copies never waits on a thread that serves such a stream.
+    fn serve_import(&self, id: u64, socket: std::os::fd::OwnedFd, unsent: &[u8]) {
+        let Some(node) = &self.helper.node else {
+            return;
+        };
+        let mut engine = Engine::new(self.store.clone(), self.server.clone(), self.worker.clone())
+            .in_cluster(node);
+        engine.importing = Some(id);
+        let limits = kvlab_protocol::Limits {
+            item_size_max: self.server.item_size_max,
+            ..kvlab_protocol::Limits::default()
+        };
+        let unsent = unsent.to_vec();
+        let spawned = std::thread::Builder::new()
+            .name("kvlab-import".into())
+            .spawn(move || kvlab_net::threaded::serve_taken_over(socket, &unsent, engine, limits));
+        if let Err(e) = spawned {
+            tracing::warn!(%e, "cannot start a thread for a cluster stream");
+        }
     }
 
     /// A cluster node's request: the ownership check around [`Engine::apply`], and the
@@ -83,7 +121,11 @@ impl Engine {
         out: &mut Vec<u8>,
     ) -> Flow {
         if let Request::Cluster { args } = *req {
-            cluster_command(gate.node(), conn, args, out);
+            if let Some(id) = cluster_command(gate.node(), conn, args, out) {
+                // A copy or migration stream is served by a thread of its own from now on.
+                self.import_handoff = Some(id);
+                return Flow::HandOff;
+            }
             return Flow::Done;
         }
         if let Some(id) = conn.import {
@@ -128,11 +170,14 @@ impl Engine {
         if leaving && changes_data(req) {
             for_each_key(req, |key| gate.changed(key));
         }
-        if gate.replicated() && changes_data(req) {
-            // Copies are written before the reply leaves.
-            for_each_key(req, |key| gate.replicate(key));
-        }
         gate.end();
+        if gate.replicated() && changes_data(req) && matches!(flow, Flow::Done) {
+            // The reply leaves once every copy holder confirmed the write (a batch of the
+            // loop's writes at a time), or as `SERVER_ERROR` if one did not.
+            let mut keys = Vec::with_capacity(1);
+            for_each_key(req, |key| keys.push(key.to_vec()));
+            return defer(Blocking::Replicate(keys));
+        }
         flow
     }
 
@@ -892,8 +937,14 @@ fn changes_data(req: &Request<'_>) -> bool {
     }
 }
 
-/// `cluster ring|status|import ID NODE|drained ID NODE`.
-fn cluster_command(node: &Arc<Node>, conn: &mut Loaded, args: &[u8], out: &mut Vec<u8>) {
+/// `cluster ring|status|import ID NODE|drained ID NODE`. `Some(ID)`: the connection is an
+/// import stream from now on (to be handed to a thread of its own).
+fn cluster_command(
+    node: &Arc<Node>,
+    conn: &mut Loaded,
+    args: &[u8],
+    out: &mut Vec<u8>,
+) -> Option<u64> {
     let text = String::from_utf8_lossy(args);
     let words: Vec<&str> = text.split_ascii_whitespace().collect();
     let value = |out: &mut Vec<u8>, name: &[u8], data: &[u8]| {
@@ -904,8 +955,11 @@ fn cluster_command(node: &Arc<Node>, conn: &mut Loaded, args: &[u8], out: &mut V
         ["ring"] => value(out, b"ring", node.view().serving.describe().as_bytes()),
         ["status"] => value(out, b"status", node.status_json().as_bytes()),
         ["import", id, _from] if id.parse::<u64>().is_ok() => {
-            conn.import = id.parse().ok();
             out.extend_from_slice(b"OK\r\n");
+            if conn.import.is_none() {
+                return id.parse().ok();
+            }
+            conn.import = id.parse().ok();
         }
         ["drained", id, from] => match id.parse::<u64>() {
             Ok(id) => {
@@ -916,6 +970,7 @@ fn cluster_command(node: &Arc<Node>, conn: &mut Loaded, args: &[u8], out: &mut V
         },
         _ => out.extend_from_slice(b"CLIENT_ERROR bad command line format\r\n"),
     }
+    None
 }
 
 impl kvlab_net::Service for Engine {
@@ -958,17 +1013,26 @@ impl kvlab_net::Service for Engine {
     fn opened(&mut self, conn: &mut Loaded, fd: std::os::fd::RawFd, tls: bool) {
         conn.fd = fd;
         conn.tls = tls;
+        if let Some(id) = self.importing {
+            // A stream handed over after its `cluster import` (and its authentication).
+            conn.import = Some(id);
+            conn.authenticated = true;
+        }
     }
 
     fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8]) {
+        if let Some(id) = self.import_handoff.take() {
+            self.serve_import(id, socket, unsent);
+            return;
+        }
         let streams = std::mem::take(&mut self.watch);
         if let Err(e) = self.server.admin.watchers.add(socket, streams, unsent) {
             tracing::warn!(?e, "cannot add a watcher");
         }
     }
 
-    fn worker(&mut self) -> &mut Arc<Store> {
-        &mut self.store
+    fn worker(&mut self) -> &mut Helper {
+        &mut self.helper
     }
 
     fn protocol_error(&mut self, error: kvlab_protocol::ProtocolError) {
@@ -1108,7 +1172,7 @@ mod session_tests {
         let (id, work) = s.take_work().expect("a persist");
         assert_eq!(work, Blocking::Persist(b"k".to_vec()));
         assert!(s.take_work().is_none(), "version waits behind the barrier");
-        s.complete(id, work.run(&mut e.store.clone()));
+        s.complete(id, work.run(&mut e.helper.clone()));
         s.process(&mut e);
         assert_eq!(take(&mut s), format!("STORED\r\nVERSION {VERSION}\r\n"));
 
@@ -1124,7 +1188,7 @@ mod session_tests {
         let (id, work) = s.take_work().expect("a read-through");
         assert_eq!(work, Blocking::Load(b"k".to_vec()));
         assert!(s.take_work().is_none());
-        s.complete(id, work.run(&mut e.store.clone()));
+        s.complete(id, work.run(&mut e.helper.clone()));
         s.process(&mut e);
         assert_eq!(take(&mut s), "VALUE k 0 1\r\nv\r\nEND\r\n".repeat(2));
     }

@@ -196,8 +196,11 @@ impl kvlab_net::App for Shared {
         }
     }
 
-    fn helper(&self, _index: usize) -> Arc<Store> {
-        self.store.clone()
+    fn helper(&self, _index: usize) -> crate::cache::Helper {
+        crate::cache::Helper {
+            store: self.store.clone(),
+            node: self.cluster.clone(),
+        }
     }
 
     fn admit(&self, _peer: SocketAddr) -> bool {
