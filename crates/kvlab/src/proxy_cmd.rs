@@ -67,8 +67,8 @@ pub struct ProxyArgs {
     /// Failures in a row that eject a backend from reads [default: 2].
     #[arg(long = "failure-limit")]
     failure_limit: Option<u32>,
-    /// Milliseconds between probes of an ejected backend; one that answers is flushed and
-    /// put back [default: 1000].
+    /// Milliseconds between probes of an ejected backend; one that answers is put back (in
+    /// a replicated pool once the writes it missed are copied to it) [default: 1000].
     #[arg(long = "retry-timeout-ms")]
     retry_timeout_ms: Option<u64>,
     /// Maximum simultaneous client connections.

@@ -1,7 +1,12 @@
 //! `kvlab proxy` (the binary) in front of three memcached processes with every key on all
 //! three: one is killed with `kill -9` in the middle of a `kvlab bench --verify` run and
 //! started again empty. No verification error, no hung client, errors bounded, and the
-//! backend rejoins (flushed) before the run ends.
+//! backend rejoins before the run ends.
+//!
+//! And a backend paused (`SIGSTOP`) long enough to be ejected, then continued, loses nothing
+//! and serves nothing stale: behind `--cluster` (the node rejoins as it is), in a pool with
+//! one copy of each key (the same), and as one of three replicas (the writes it missed are
+//! copied to it from its peers before it serves again), under both thread models.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
@@ -12,6 +17,9 @@ use std::time::{Duration, Instant};
 use kvlab_client::process::{free_ports, Probe, Process, Spawn};
 use kvlab_client::testing::wire::{connect, exchange};
 use kvlab_client::testing::Memcached;
+use kvlab_client::Client;
+
+const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 
 fn memcached_on(port: u16) -> Process {
     Spawn::new(Memcached::program())
@@ -139,4 +147,245 @@ fn a_backend_killed_during_a_verified_run_costs_no_wrong_value_and_rejoins() {
     assert!(stats.contains("STAT backend:1:rejoins 1"), "{stats}");
     assert!(stats.contains("STAT backend:1:ejected 0"), "{stats}");
     proxy.kill();
+}
+
+/// `kvlab proxy` on `port` with `args`, quick to eject a backend that stops answering (one
+/// request timed out after 300 ms) and to probe it (every 100 ms).
+fn proxy_on(port: u16, args: &[String]) -> Process {
+    Spawn::new(KVLAB)
+        .args(["proxy", "-l", "127.0.0.1", "-t", "2"])
+        .args(["-p".to_string(), port.to_string()])
+        .args(args)
+        .args([
+            "--timeout-ms",
+            "300",
+            "--failure-limit",
+            "1",
+            "--retry-timeout-ms",
+            "100",
+        ])
+        .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
+        .start()
+        .expect("kvlab proxy starts")
+}
+
+fn client(addr: SocketAddr) -> Client {
+    Client::connect(addr, Duration::from_secs(5)).unwrap()
+}
+
+fn signal(process: &Process, sig: i32) {
+    // SAFETY: sending a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(process.pid() as i32, sig) }, 0);
+}
+
+/// `field` of the backend called `name` in the proxy's `stats backends`.
+fn backend_stat(proxy: SocketAddr, name: &str, field: &str) -> Option<u64> {
+    let text = stats_backends(proxy);
+    let index = text.lines().find_map(|l| {
+        let (i, rest) = l.strip_prefix("STAT backend:")?.split_once(':')?;
+        (rest == format!("name {name}")).then(|| i.to_string())
+    })?;
+    let prefix = format!("STAT backend:{index}:{field} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Pauses `backend` (`SIGSTOP`: its sockets stay open, nothing answers) and reads `keys`
+/// through the proxy until one that reaches it has timed out and the proxy has ejected it.
+fn pause_until_ejected(proxy: SocketAddr, backend: &Process, name: &str, keys: &[String]) {
+    signal(backend, libc::SIGSTOP);
+    let mut i = 0;
+    until("the paused backend is ejected", || {
+        // Its reads time out (an error, or a retry on another replica): either will do.
+        let _ = client(proxy).get(keys[i % keys.len()].as_bytes());
+        i += 1;
+        backend_stat(proxy, name, "ejected") == Some(1)
+    });
+}
+
+/// Continues `backend` and waits until the proxy has put it back.
+fn continue_until_rejoined(proxy: SocketAddr, backend: &Process, name: &str) {
+    signal(backend, libc::SIGCONT);
+    until("the backend rejoins", || {
+        backend_stat(proxy, name, "rejoins") == Some(1)
+            && backend_stat(proxy, name, "ejected") == Some(0)
+    });
+}
+
+/// Writes `value(i)` to every key through `proxy`, each acknowledged.
+fn write_all(proxy: SocketAddr, keys: &[String], value: impl Fn(usize) -> String) {
+    let mut c = client(proxy);
+    for (i, key) in keys.iter().enumerate() {
+        assert!(
+            c.set(key.as_bytes(), value(i).as_bytes()).unwrap(),
+            "set {key}"
+        );
+    }
+}
+
+/// Reads every key through `addr`: each must hold `want(i)` (`None`: absent).
+fn assert_holds(addr: SocketAddr, keys: &[String], want: impl Fn(usize) -> Option<String>) {
+    let mut c = client(addr);
+    let mut wrong = Vec::new();
+    for (i, key) in keys.iter().enumerate() {
+        let got = c
+            .get(key.as_bytes())
+            .unwrap_or_else(|e| panic!("get {key} from {addr}: {e}"))
+            .map(|v| String::from_utf8_lossy(&v).into_owned());
+        if got != want(i) {
+            wrong.push(format!("{key}: {got:?}, want {:?}", want(i)));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {} keys wrong at {addr}, first: {:?}",
+        wrong.len(),
+        keys.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+}
+
+fn keys(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("key:{i}")).collect()
+}
+
+#[test]
+fn a_cluster_node_paused_behind_the_proxy_keeps_every_key_when_it_answers_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json").display().to_string();
+    let ports = free_ports(3).unwrap();
+    let names: Vec<String> = ports[..2]
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let created = Command::new(KVLAB)
+        .args(["cluster", "--topology", &topology, "create"])
+        .args(&names)
+        .output()
+        .unwrap();
+    assert!(created.status.success(), "{created:?}");
+    let nodes: Vec<Process> = ports[..2]
+        .iter()
+        .zip(&names)
+        .map(|(&port, name)| {
+            Spawn::new(KVLAB)
+                .args(["server", "-l", "127.0.0.1", "-t", "2", "-m", "64"])
+                .args(["-p".to_string(), port.to_string()])
+                .args(["--cluster", &topology, "--cluster-node", name])
+                .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
+                .start()
+                .unwrap()
+        })
+        .collect();
+    let proxy = proxy_on(ports[2], &["--cluster".to_string(), names[0].clone()]);
+    let at = proxy.addr().unwrap();
+    let keys = keys(1000);
+    write_all(at, &keys, |i| format!("value-{i}"));
+    // The node holding about half of them stops answering, is ejected, and comes back.
+    pause_until_ejected(at, &nodes[1], &names[1], &keys);
+    continue_until_rejoined(at, &nodes[1], &names[1]);
+    // The cluster owns its copies: nothing was flushed, every acknowledged write is there.
+    assert_holds(at, &keys, |i| Some(format!("value-{i}")));
+    assert_eq!(backend_stat(at, &names[1], "flushes"), Some(0));
+}
+
+#[test]
+fn a_paused_backend_with_the_only_copy_of_its_keys_keeps_them_when_it_answers_again() {
+    for io in ["reactor", "epoll"] {
+        let ports = free_ports(3).unwrap();
+        let backends: Vec<Process> = ports[..2].iter().map(|&p| memcached_on(p)).collect();
+        let names: Vec<String> = ports[..2]
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let mut args = vec!["--io".to_string(), io.to_string()];
+        for name in &names {
+            args.extend(["--backend".to_string(), name.clone()]);
+        }
+        let proxy = proxy_on(ports[2], &args);
+        let at = proxy.addr().unwrap();
+        let keys = keys(1000);
+        write_all(at, &keys, |i| format!("value-{i}"));
+        pause_until_ejected(at, &backends[1], &names[1], &keys);
+        // While it is out its keys fail (they are not moved to the other backend); when it
+        // is back it holds them all: every write to them since failed, so none is stale.
+        continue_until_rejoined(at, &backends[1], &names[1]);
+        assert_holds(at, &keys, |i| Some(format!("value-{i}")));
+        assert_eq!(backend_stat(at, &names[1], "flushes"), Some(0), "{io}");
+    }
+}
+
+#[test]
+fn a_paused_replica_is_repaired_from_its_peers_and_serves_the_newest_values() {
+    for io in ["reactor", "epoll"] {
+        let ports = free_ports(4).unwrap();
+        let mut backends: Vec<Process> = ports[..3].iter().map(|&p| memcached_on(p)).collect();
+        let names: Vec<String> = ports[..3]
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let mut args = vec!["--io".to_string(), io.to_string()];
+        for name in &names {
+            args.extend(["--backend".to_string(), name.clone()]);
+        }
+        args.extend(["--replicas", "3", "--write-policy", "majority"].map(String::from));
+        let proxy = proxy_on(ports[3], &args);
+        let at = proxy.addr().unwrap();
+        let keys = keys(700);
+        let (old, new) = (&keys[..600], &keys[600..]);
+        write_all(at, old, |i| format!("old-{i}"));
+
+        // Replica 1 is paused and ejected; meanwhile a third of the keys get a new value,
+        // a third are deleted, and new keys are written: each acknowledged by the other two.
+        pause_until_ejected(at, &backends[1], &names[1], old);
+        let mut c = client(at);
+        for (i, key) in old.iter().enumerate() {
+            match i % 3 {
+                0 => assert!(c
+                    .set(key.as_bytes(), format!("new-{i}").as_bytes())
+                    .unwrap()),
+                1 => assert!(c.delete(key.as_bytes()).unwrap(), "delete {key}"),
+                _ => {}
+            }
+        }
+        write_all(at, new, |i| format!("new-{}", i + 600));
+        let want = |i: usize| match (i, i % 3) {
+            (600.., _) | (_, 0) => Some(format!("new-{i}")),
+            (_, 1) => None,
+            _ => Some(format!("old-{i}")),
+        };
+        assert_eq!(
+            backend_stat(at, &names[1], "missed_keys"),
+            Some(500),
+            "{io}"
+        );
+
+        // Back: before it serves, the 500 keys it missed are copied from its peers (or
+        // deleted); nothing is flushed.
+        continue_until_rejoined(at, &backends[1], &names[1]);
+        assert_eq!(
+            backend_stat(at, &names[1], "repaired_keys"),
+            Some(500),
+            "{io}"
+        );
+        assert_eq!(backend_stat(at, &names[1], "flushes"), Some(0), "{io}");
+        let replica: SocketAddr = names[1].parse().unwrap();
+        assert_holds(replica, &keys, want);
+
+        // With the other two gone, every read goes to it: the newest values, none lost.
+        backends[0].kill();
+        backends[2].kill();
+        let mut i = 0;
+        until("the other replicas are ejected", || {
+            let _ = client(at).get(keys[i % keys.len()].as_bytes());
+            i += 1;
+            [&names[0], &names[2]]
+                .iter()
+                .all(|n| backend_stat(at, n, "ejected") == Some(1))
+        });
+        assert_holds(at, &keys, want);
+    }
 }

@@ -1,6 +1,7 @@
 //! Backends as the proxy sees them: their shared health (failures in a row, ejected or not,
-//! requests outstanding), and one worker's connection to one of them — non-blocking, with
-//! every request written to it pipelined and its replies expected in order.
+//! requests outstanding, the keys whose writes it missed), and one worker's connection to one
+//! of them — non-blocking, with every request written to it pipelined and its replies
+//! expected in order.
 //!
 //! ```text
 //!  worker ──out buffer (requests of a batch, one write)──► backend
@@ -8,7 +9,7 @@
 //!            expect queue: Frame + part + deadline, one per request sent
 //! ```
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::io::{self, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs as _};
 use std::os::fd::AsRawFd as _;
@@ -16,6 +17,34 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvlab_protocol::client::{parse_reply, ParsedReply, Reply};
+use parking_lot::Mutex;
+
+/// Most keys recorded as missed for one backend; past it the backend is flushed when it
+/// comes back instead of repaired key by key.
+pub const MISSED_KEYS_MAX: usize = 100_000;
+
+/// What a backend of a replicated pool missed while it was out: the keys whose writes did
+/// not reach it, and whether it must be flushed first (it missed a `flush_all`, or more keys
+/// than [`MISSED_KEYS_MAX`]). Touched only when a write fails and by the prober, never on a
+/// request that succeeds.
+#[derive(Debug, Default)]
+pub struct Missed {
+    /// Keys to copy from a peer replica (or delete) before the backend serves again.
+    pub keys: HashSet<Vec<u8>>,
+    /// Flush it before repairing `keys`.
+    pub flush: bool,
+}
+
+/// A write a backend missed, as recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change<'a> {
+    /// A write of one key.
+    Key(&'a [u8]),
+    /// A `flush_all`: every key it holds is stale.
+    Everything,
+    /// A setting (`slabs automove`): no data changed.
+    Nothing,
+}
 
 /// The shared state of one backend, seen by every worker and the prober.
 #[derive(Debug)]
@@ -33,6 +62,15 @@ pub struct Health {
     /// Times it came back. A worker's connection opened before the latest rejoin is to a
     /// process that may be gone: it is replaced before use.
     pub rejoins: AtomicU64,
+    /// In a replicated pool: what it missed while out. Its lock also orders ejection against
+    /// rejoin: a key is recorded and the backend ejected under it, and the prober puts the
+    /// backend back under it only when nothing is left to repair, so a backend with a
+    /// repair pending never serves.
+    pub missed: Mutex<Missed>,
+    /// Keys copied from a peer replica (or deleted) when it came back.
+    pub repaired: AtomicU64,
+    /// Times it was flushed when it came back.
+    pub flushes: AtomicU64,
 }
 
 impl Health {
@@ -45,6 +83,9 @@ impl Health {
             outstanding: AtomicI64::new(0),
             ejections: AtomicU64::new(0),
             rejoins: AtomicU64::new(0),
+            missed: Mutex::new(Missed::default()),
+            repaired: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
         }
     }
 
@@ -71,6 +112,46 @@ impl Health {
             self.ejections.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(backend = %self.name, "backend ejected: it missed a write");
         }
+    }
+
+    /// In a replicated pool: it missed `change`; records it for repair and ejects it, under
+    /// one lock (see [`Health::missed`]).
+    pub fn missed_write(&self, change: Change<'_>) {
+        let mut missed = self.missed.lock();
+        match change {
+            Change::Key(key) if missed.keys.len() < MISSED_KEYS_MAX => {
+                if !missed.keys.contains(key) {
+                    missed.keys.insert(key.to_vec());
+                }
+            }
+            Change::Key(_) => {
+                // Past the bound: it will be flushed, so the keys recorded so far need no
+                // repair; those recorded from now on are repaired after the flush.
+                tracing::warn!(
+                    backend = %self.name,
+                    keys = MISSED_KEYS_MAX,
+                    "backend missed too many writes to repair key by key: it will be flushed"
+                );
+                missed.keys.clear();
+                missed.flush = true;
+            }
+            Change::Everything => missed.flush = true,
+            Change::Nothing => {}
+        }
+        self.eject();
+    }
+
+    /// Puts it back in service (the prober saw it answer) if nothing it missed is left to
+    /// repair; true when it did.
+    pub fn rejoin(&self) -> bool {
+        let missed = self.missed.lock();
+        if !missed.keys.is_empty() || missed.flush {
+            return false;
+        }
+        self.failures.store(0, Ordering::Relaxed);
+        self.ejected.store(false, Ordering::Relaxed);
+        self.rejoins.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Counts a success (resets the failures in a row).
@@ -598,6 +679,43 @@ mod tests {
         c.push_get(false, b"b", 2, true, owed(1));
         assert_eq!(c.reset().len(), 2);
         assert!(!c.wants_write());
+    }
+
+    #[test]
+    fn a_missed_write_ejects_and_holds_the_backend_out_until_repaired() {
+        let h = Health::new("x".into());
+        h.missed_write(Change::Key(b"a"));
+        h.missed_write(Change::Key(b"a"));
+        h.missed_write(Change::Nothing);
+        assert!(h.is_ejected());
+        assert_eq!(h.missed.lock().keys.len(), 1);
+        // Not back while a key waits for its repair.
+        assert!(!h.rejoin());
+        assert!(h.is_ejected());
+        h.missed.lock().keys.clear();
+        assert!(h.rejoin());
+        assert!(!h.is_ejected());
+        assert_eq!(h.rejoins.load(Ordering::Relaxed), 1);
+        // A missed flush_all: flushed first, the keys recorded kept (repaired after it).
+        h.missed_write(Change::Key(b"b"));
+        h.missed_write(Change::Everything);
+        assert!(h.is_ejected());
+        let m = h.missed.lock();
+        assert!(m.flush);
+        assert_eq!(m.keys.len(), 1);
+    }
+
+    #[test]
+    fn past_the_bound_the_backend_is_flushed_instead() {
+        let h = Health::new("x".into());
+        for k in 0..MISSED_KEYS_MAX {
+            h.missed_write(Change::Key(format!("k{k}").as_bytes()));
+        }
+        assert!(!h.missed.lock().flush);
+        h.missed_write(Change::Key(b"one more"));
+        let m = h.missed.lock();
+        assert!(m.flush);
+        assert!(m.keys.is_empty());
     }
 
     #[test]

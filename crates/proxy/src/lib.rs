@@ -18,14 +18,14 @@
 //!  --io reactor: no network thread and no queue between threads; each of t event loops
 //!  serves its clients and its own backend connections in one epoll (see `ProxyIo`).
 //!
-//!  beside them: prober (ejected backends: probe, flush, rejoin) · window logger (CSV,
+//!  beside them: prober (ejected backends: probe, repair, rejoin) · window logger (CSV,
 //!               queue-length sampler) · /metrics (axum) · reload (SIGHUP, file change)
 //! ```
 //!
 //! Modules: [`ring`] (key → backend, bit for bit as twemproxy), [`config`] (pools, policies,
 //! TOML), [`route`] (pools by prefix, replicas, read choice), [`backend`] (health, one
 //! worker's connection, reply framing), [`forward`] (a request as forwarded), [`worker`] (a
-//! batch through the backends),
+//! batch through the backends), [`rejoin`] (a backend that answers again: repaired, back in),
 //! [`service`] (the network stage), [`stats`] (per-request stage times), [`render`]
 //! (`stats`, Prometheus, CSV), [`log`] (the window logger).
 
@@ -36,6 +36,7 @@ pub mod backend;
 pub mod config;
 pub mod forward;
 pub mod log;
+pub mod rejoin;
 pub mod render;
 pub mod ring;
 pub mod route;
@@ -445,12 +446,13 @@ impl Drop for Proxy {
     }
 }
 
-/// Every `retry_timeout`, asks each ejected backend `version`; one that answers is flushed
-/// (it missed writes while it was out, so what it holds may be stale) and put back. Also
-/// reloads the configuration file on SIGHUP or when it changes.
 /// How often a proxy following a kvlab cluster asks for its ring (a redirect asks at once).
 const CLUSTER_POLL: Duration = Duration::from_millis(200);
 
+/// Every `retry_timeout`, asks each ejected backend `version`; one that answers rejoins
+/// ([`rejoin::rejoin`]: in a replicated pool, once the keys whose writes it missed are
+/// repaired from their peers). Also reloads the configuration file on SIGHUP or when it
+/// changes, and follows a kvlab cluster's ring.
 fn prober(shared: &Shared) {
     let mut next = Instant::now();
     let modified = |path: &PathBuf| std::fs::metadata(path).and_then(|m| m.modified()).ok();
@@ -486,21 +488,21 @@ fn prober(shared: &Shared) {
         }
         let config = &routing.config;
         next = Instant::now() + config.retry_timeout;
-        for health in routing.backends.iter().filter(|h| h.is_ejected()) {
+        for (b, health) in routing.backends.iter().enumerate() {
+            if !health.is_ejected() {
+                continue;
+            }
             let alive = backend::ask(&health.name, b"version\r\n", config.timeout)
                 .is_ok_and(|r| r.starts_with(b"VERSION"));
             if !alive {
                 continue;
             }
-            match backend::ask(&health.name, b"flush_all\r\n", config.timeout) {
-                Ok(r) if r.starts_with(b"OK") => {
-                    health.failures.store(0, Ordering::Relaxed);
-                    health.ejected.store(false, Ordering::Relaxed);
-                    health.rejoins.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(backend = %health.name, "backend answers again: flushed and back in");
+            match rejoin::rejoin(&routing, b, &shared.stopping) {
+                Ok(repaired) => {
+                    tracing::warn!(backend = %health.name, repaired, "backend answers again: back in");
                 }
-                other => {
-                    tracing::warn!(backend = %health.name, ?other, "backend answers but would not flush; stays out")
+                Err(reason) => {
+                    tracing::warn!(backend = %health.name, %reason, "backend answers but cannot be repaired yet; stays out");
                 }
             }
         }

@@ -174,6 +174,19 @@ fn backends(shared: &Shared, out: &mut Vec<u8>) {
                 &format!("{p}rejoins"),
                 h.rejoins.load(Ordering::Relaxed),
             );
+            // A backend of a replicated pool: keys whose writes it missed (to repair before
+            // it rejoins), keys repaired, flushes when it came back.
+            line(out, &format!("{p}missed_keys"), h.missed.lock().keys.len());
+            line(
+                out,
+                &format!("{p}repaired_keys"),
+                h.repaired.load(Ordering::Relaxed),
+            );
+            line(
+                out,
+                &format!("{p}flushes"),
+                h.flushes.load(Ordering::Relaxed),
+            );
             i += 1;
         }
     }
@@ -280,6 +293,21 @@ pub fn prometheus(shared: &Shared) -> String {
             out,
             "kvlab_proxy_backend_ejected{{{label}}} {}",
             u8::from(h.is_ejected())
+        );
+        let _ = writeln!(
+            out,
+            "kvlab_proxy_backend_rejoins_total{{{label}}} {}",
+            h.rejoins.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "kvlab_proxy_backend_repaired_keys_total{{{label}}} {}",
+            h.repaired.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "kvlab_proxy_backend_flushes_total{{{label}}} {}",
+            h.flushes.load(Ordering::Relaxed)
         );
     }
     out

@@ -30,6 +30,11 @@ pub struct Routing {
     pub pools: Vec<PoolRoute>,
     /// Every backend of every pool, pool by pool.
     pub backends: Vec<Arc<Health>>,
+    /// Per backend: its pool keeps more than one copy of a key (and is not a kvlab
+    /// cluster's). The writes it misses are recorded, and repaired from a peer replica when it
+    /// comes back; elsewhere a backend that comes back cannot hold a value newer writes
+    /// replaced (they failed), and rejoins as it is.
+    pub repair: Vec<bool>,
 }
 
 impl Routing {
@@ -38,6 +43,7 @@ impl Routing {
         config.check().map_err(|e| e.to_string())?;
         let mut pools = Vec::new();
         let mut backends = Vec::new();
+        let mut repair = Vec::new();
         for pool in &config.pools {
             let ring = match &pool.cluster {
                 Some(c) => Ring::of_cluster(c.clone()),
@@ -51,6 +57,7 @@ impl Routing {
                     .cloned()
                     .unwrap_or_else(|| Arc::new(Health::new(name)));
                 backends.push(health);
+                repair.push(pool.cluster.is_none() && pool.replicas > 1);
             }
             pools.push(PoolRoute {
                 pool: pool.clone(),
@@ -63,6 +70,7 @@ impl Routing {
             config,
             pools,
             backends,
+            repair,
         })
     }
 
@@ -149,6 +157,8 @@ mod tests {
         assert_eq!(name(b"user:vip:1"), "d:1");
         assert!(["b:1", "c:1"].contains(&name(b"user:7").as_str()));
         assert_eq!(name(b"other"), "a:1");
+        // One copy of each key: nothing a returning backend holds needs repair.
+        assert_eq!(r.repair, [false; 4]);
     }
 
     #[test]
@@ -161,6 +171,8 @@ mod tests {
         );
         config.pools[0].replicas = 3;
         let r = Routing::new(config, None).unwrap();
+        // Three copies: the writes a backend misses are repaired when it comes back.
+        assert_eq!(r.repair, [true; 3]);
         let all = [0, 1, 2];
         let rr = ReadPolicy::RoundRobin;
         assert_eq!(r.choose_read(&all, None, rr, 4), Some(1));

@@ -37,7 +37,7 @@ use kvlab_net::{Completion, Watch, Work};
 use kvlab_protocol::client::{parse_reply, ParsedReply, Reply};
 use kvlab_protocol::{parse, Keys, MetaCommand, Parsed, Request, StoreCommand};
 
-use crate::backend::{frame, Conn, Frame};
+use crate::backend::{frame, Change, Conn, Frame};
 use crate::config::{MultiGet, WritePolicy};
 use crate::route::Routing;
 use crate::stats::Sample;
@@ -152,6 +152,8 @@ impl Work for ProxyWork {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fail {
     Ejected,
+    /// A reply that came after the backend was ejected (it may have missed writes since).
+    Stale,
     Connect(io::ErrorKind),
     Closed,
     Timeout,
@@ -161,7 +163,7 @@ enum Fail {
 impl Fail {
     fn reason(self) -> String {
         match self {
-            Fail::Ejected => "is ejected (failing)".into(),
+            Fail::Ejected | Fail::Stale => "is ejected (failing)".into(),
             Fail::Connect(kind) => format!("connect failed: {kind}"),
             Fail::Closed => "closed the connection".into(),
             Fail::Timeout => "timed out".into(),
@@ -193,8 +195,12 @@ struct Part {
     /// Merge position in `reply`.
     cursor: usize,
     /// The key of a one-key `get`/`gets` (its `VALUE` is found by it when the request
-    /// was sent coalesced with others); the buffer stays with the slot.
+    /// was sent coalesced with others), or of a write to a backend of a replicated pool
+    /// (recorded as missed if the write fails); the buffer stays with the slot.
     key: Vec<u8>,
+    /// A write to a backend of a replicated pool that is a `flush_all` (missing it leaves
+    /// every key there stale).
+    flush: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,6 +249,9 @@ struct Job {
     ticket: usize,
     /// Its work's client connection.
     client: u32,
+    /// A write that a backend of a replicated pool missed: decided only once every replica
+    /// has answered, then recorded again (see [`Worker::missed_write`]).
+    missed: bool,
 }
 
 impl Job {
@@ -262,6 +271,7 @@ impl Job {
             active: true,
             ticket: 0,
             client: 0,
+            missed: false,
         }
     }
 }
@@ -316,6 +326,8 @@ pub struct Worker {
     /// Scratch for a coalesced reply: each part's `VALUE` block; parts to free.
     coalesced: Vec<(usize, usize)>,
     orphans: Vec<u32>,
+    /// Scratch: the key of a compare-and-set's follow-up (meta keys may travel in base64).
+    follow_key: Vec<u8>,
 }
 
 impl Worker {
@@ -360,6 +372,7 @@ impl Worker {
             tagged: Vec::new(),
             coalesced: Vec::new(),
             orphans: Vec::new(),
+            follow_key: Vec::new(),
         }
     }
 
@@ -765,6 +778,7 @@ impl Worker {
         job.retried = false;
         job.key_part.clear();
         job.pool = 0;
+        job.missed = false;
         job
     }
 
@@ -797,7 +811,7 @@ impl Worker {
                 self.put_job(i, Class::Cas).pool = pool;
                 self.routing.replicas(pool, key, &mut self.replicas);
                 self.replicas.truncate(1);
-                self.send_all(i, &work.buf, Frame::Line, false);
+                self.send_all(i, &work.buf, Frame::Line, false, Change::Key(key));
             }
             Request::Store { key, .. }
             | Request::Arith { key, .. }
@@ -807,7 +821,7 @@ impl Worker {
                 let policy = self.routing.pools[pool].pool.write_policy;
                 self.put_job(i, Class::Write { policy });
                 self.routing.replicas(pool, key, &mut self.replicas);
-                self.send_all(i, &work.buf, Frame::Line, false);
+                self.send_all(i, &work.buf, Frame::Line, false, Change::Key(key));
             }
             Request::Meta {
                 command,
@@ -834,7 +848,7 @@ impl Worker {
                         MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith if compare => {
                             self.put_job(i, Class::Cas).pool = pool;
                             self.replicas.truncate(1);
-                            self.send_all(i, &work.buf, frame, quiet);
+                            self.send_all(i, &work.buf, frame, quiet, Change::Key(key));
                         }
                         MetaCommand::Get if flags.has(b'c') && !touches => {
                             // CAS values are the primary's: read them there.
@@ -844,7 +858,7 @@ impl Worker {
                         }
                         MetaCommand::Get if touches => {
                             self.put_job(i, Class::ReadAll);
-                            self.send_all(i, &work.buf, frame, quiet);
+                            self.send_all(i, &work.buf, frame, quiet, Change::Key(key));
                         }
                         MetaCommand::Get | MetaCommand::Debug | MetaCommand::Noop => {
                             self.put_job(i, Class::ReadAsIs { frame }).pool = pool;
@@ -853,13 +867,17 @@ impl Worker {
                         MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith => {
                             let policy = self.routing.pools[pool].pool.write_policy;
                             self.put_job(i, Class::Write { policy });
-                            self.send_all(i, &work.buf, frame, quiet);
+                            self.send_all(i, &work.buf, frame, quiet, Change::Key(key));
                         }
                     }
                 });
             }
             // Settings every backend takes: `OK` when all took it.
             Request::FlushAll { .. } | Request::SlabsAutomove { .. } => {
+                let change = match request {
+                    Request::FlushAll { .. } => Change::Everything,
+                    _ => Change::Nothing,
+                };
                 self.put_job(
                     i,
                     Class::Write {
@@ -868,7 +886,7 @@ impl Worker {
                 );
                 self.replicas.clear();
                 self.replicas.extend(0..self.routing.backends.len());
-                self.send_all(i, &work.buf, Frame::Line, false);
+                self.send_all(i, &work.buf, Frame::Line, false, change);
             }
             // Answered by the network thread; never queued.
             _ => {
@@ -903,6 +921,7 @@ impl Worker {
             done: now,
             retry,
             cursor: 0,
+            flush: false,
         };
         let health = &self.routing.backends[backend];
         let fail = if health.is_ejected() {
@@ -920,11 +939,8 @@ impl Worker {
             match connected {
                 Ok(()) => None,
                 Err(e) => {
+                    // A write it misses is recorded by the caller ([`Worker::wrote`]).
                     health.failed(self.routing.config.failure_limit);
-                    if self.jobs[i].class.writes() {
-                        // It misses this write: out until flushed.
-                        health.eject();
-                    }
                     Some(Fail::Connect(e.kind()))
                 }
             }
@@ -975,11 +991,15 @@ impl Worker {
         }
     }
 
-    /// Sends `bytes` to every backend in `self.replicas` (a write, a flush).
-    fn send_all(&mut self, i: usize, bytes: &[u8], frame: Frame, quiet: bool) {
+    /// Sends `bytes` to every backend in `self.replicas` (a write, a flush); `change` is
+    /// what it changes there.
+    fn send_all(&mut self, i: usize, bytes: &[u8], frame: Frame, quiet: bool, change: Change<'_>) {
         for r in 0..self.replicas.len() {
             let b = self.replicas[r];
             let (p, ok) = self.open_part(i, b, false);
+            if self.jobs[i].class.writes() {
+                self.wrote(p, ok, change);
+            }
             if ok {
                 let out = self.conns[b].out_for(self.jobs[i].client);
                 out.extend_from_slice(bytes);
@@ -989,6 +1009,45 @@ impl Worker {
                 self.expect(p, frame);
             }
         }
+    }
+
+    /// Part `p` (just opened; `ok`: it may be sent) is a write of `change`. To a backend
+    /// of a replicated pool it keeps what it changes, to be recorded if it fails; one that
+    /// failed already (its backend is ejected or would not connect) has missed it.
+    fn wrote(&mut self, p: u32, ok: bool, change: Change<'_>) {
+        let part = &mut self.parts[p as usize];
+        if self.routing.repair[part.backend as usize] {
+            part.key.clear();
+            if let Change::Key(key) = change {
+                part.key.extend_from_slice(key);
+            }
+            part.flush = change == Change::Everything;
+        }
+        if !ok {
+            self.missed_write(p);
+        }
+    }
+
+    /// Write part `p` failed: its backend missed the write. In a replicated pool the key is
+    /// recorded (a copy is taken from a peer replica before the backend serves again) and
+    /// the backend ejected, under one lock; elsewhere it is ejected (it comes back as it is:
+    /// the write failed for the client too).
+    fn missed_write(&self, p: u32) {
+        let part = &self.parts[p as usize];
+        let b = part.backend as usize;
+        let health = &self.routing.backends[b];
+        if !self.routing.repair[b] {
+            health.eject();
+            return;
+        }
+        let change = if part.flush {
+            Change::Everything
+        } else if part.key.is_empty() {
+            Change::Nothing
+        } else {
+            Change::Key(&part.key)
+        };
+        health.missed_write(change);
     }
 
     /// Sends a one-key read as is to one replica in `self.replicas` (not `except`).
@@ -1149,6 +1208,8 @@ impl Worker {
         };
         let mut follow = std::mem::take(&mut self.assembled);
         follow.clear();
+        let mut meta_key_bytes = std::mem::take(&mut self.follow_key);
+        meta_key_bytes.clear();
         let (key, frame) = match request {
             Request::Store {
                 key,
@@ -1196,12 +1257,14 @@ impl Worker {
                 }
                 meta_key.with(|k| {
                     self.routing
-                        .replicas(self.jobs[i].pool, k, &mut self.replicas)
+                        .replicas(self.jobs[i].pool, k, &mut self.replicas);
+                    meta_key_bytes.extend_from_slice(k);
                 });
                 (&[][..], Frame::Meta)
             }
             _ => {
                 self.assembled = follow;
+                self.follow_key = meta_key_bytes;
                 return;
             }
         };
@@ -1209,9 +1272,15 @@ impl Worker {
             self.routing
                 .replicas(self.jobs[i].pool, key, &mut self.replicas);
         }
+        let changed = if key.is_empty() {
+            &meta_key_bytes[..]
+        } else {
+            key
+        };
         for r in 1..self.replicas.len() {
             let b = self.replicas[r];
             let (p, ok) = self.open_part(i, b, false);
+            self.wrote(p, ok, Change::Key(changed));
             if ok {
                 self.conns[b]
                     .out_for(self.jobs[i].client)
@@ -1223,6 +1292,7 @@ impl Worker {
         }
         follow.clear();
         self.assembled = follow;
+        self.follow_key = meta_key_bytes;
     }
 
     /// Fails the connections whose oldest owed reply is past its deadline.
@@ -1273,7 +1343,7 @@ impl Worker {
                         let part = &mut self.parts[p as usize];
                         if stale {
                             self.events.push((b, None, false));
-                            part.state = State::Failed(Fail::Ejected);
+                            part.state = State::Failed(Fail::Stale);
                         } else {
                             self.events.push((b, Some(ns), false));
                             part.reply.extend_from_slice(&conn.input()[..f.body]);
@@ -1351,7 +1421,7 @@ impl Worker {
             let part = &mut self.parts[p as usize];
             if stale {
                 self.events.push((b, None, false));
-                part.state = State::Failed(Fail::Ejected);
+                part.state = State::Failed(Fail::Stale);
             } else {
                 let ns = now.saturating_duration_since(head.sent).as_nanos() as u64;
                 self.events.push((b, Some(ns), false));
@@ -1387,12 +1457,15 @@ impl Worker {
             return;
         }
         health.failed(self.routing.config.failure_limit);
-        if owed.iter().any(|e| e.write) {
-            health.eject();
-        }
         for e in owed {
             health.outstanding.fetch_sub(1, Ordering::Relaxed);
             self.events.push((b, None, fail == Fail::Timeout));
+            // It may have missed the write (the client may have been told it succeeded).
+            match e.part {
+                Some(p) if e.write => self.missed_write(p),
+                None if e.write => health.eject(),
+                _ => {}
+            }
             match e.part {
                 Some(p) if self.parts[p as usize].job == NONE => self.free_part(p),
                 Some(p) => {
@@ -1413,6 +1486,9 @@ impl Worker {
                 continue;
             }
             self.jobs[i].waiting -= 1;
+            if self.jobs[i].class.writes() && self.missed(p) {
+                self.jobs[i].missed = true;
+            }
             match self.jobs[i].class {
                 Class::Get | Class::ReadAsIs { .. } => {
                     if failed(state) {
@@ -1453,12 +1529,23 @@ impl Worker {
                         WritePolicy::All => job.parts,
                         WritePolicy::Majority => job.parts / 2 + 1,
                     };
-                    if job.waiting == 0 || job.ok >= need || job.failed > job.parts - need {
+                    // A write a replica missed waits for the others: it is recorded again once
+                    // they have applied it (see `decide`).
+                    let early = !job.missed && (job.ok >= need || job.failed > job.parts - need);
+                    if job.waiting == 0 || early {
                         self.decide(i, works, done);
                     }
                 }
             }
         }
+    }
+
+    /// Whether write part `p` failed on a backend of a replicated pool: it missed the write
+    /// (a reply that came after its backend's ejection did reach it).
+    fn missed(&self, p: u32) -> bool {
+        let part = &self.parts[p as usize];
+        matches!(part.state, State::Failed(f) if f != Fail::Stale)
+            && self.routing.repair[part.backend as usize]
     }
 
     /// Sends failed read part `p` of job `i` again, to the next replica; false when there
@@ -1520,6 +1607,17 @@ impl Worker {
     ) {
         let now = self.now;
         self.jobs[i].decided = true;
+        if self.jobs[i].missed {
+            // Recorded when it failed, and again now that the other replicas have answered:
+            // a repair that read a peer before the write reached it is done again.
+            let mut p = self.jobs[i].first;
+            while p != NONE {
+                if self.missed(p) {
+                    self.missed_write(p);
+                }
+                p = self.parts[p as usize].next;
+            }
+        }
         let job = &self.jobs[i];
         self.assembled.clear();
         let mut error = false;

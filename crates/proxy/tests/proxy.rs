@@ -1,6 +1,7 @@
 //! The proxy with real backends: the wire table through it (kvlab and memcached backends),
 //! replicated writes under each write policy with a backend stopped, reads that still hit,
-//! ejection and rejoin without stale data, and the honesty of its stage times (they add up;
+//! ejection and rejoin without stale data (a returning replica repaired from its peers, or
+//! flushed when it missed a `flush_all`), and the honesty of its stage times (they add up;
 //! Little's law holds per window within 10%).
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
@@ -279,7 +280,7 @@ fn signal(process: &kvlab_client::process::Process, sig: i32) {
 }
 
 #[test]
-fn a_returning_backend_is_flushed_before_it_serves_again() {
+fn a_returning_replica_is_repaired_before_it_serves_again() {
     let ports = kvlab_client::process::free_ports(3).unwrap();
     let backends: Vec<_> = ports.iter().map(|&p| memcached_on(p)).collect();
     let addrs: Vec<SocketAddr> = ports
@@ -292,51 +293,95 @@ fn a_returning_backend_is_flushed_before_it_serves_again() {
     c.failure_limit = 1;
     c.timeout = Duration::from_millis(200);
     let p = proxy(c);
-    assert_eq!(
-        ask(p.addr(), "set k 0 0 3\r\nold\r\n", "\r\n"),
-        "STORED\r\n"
-    );
-    // Backend 0 stops answering (a pause, a partition) with the old value in memory; the
-    // write it misses lands on the other two.
-    signal(&backends[0], libc::SIGSTOP);
-    assert_eq!(
-        ask(p.addr(), "set k 0 0 3\r\nnew\r\n", "\r\n"),
-        "STORED\r\n"
-    );
-    // A majority write is answered once two replicas stored it; the third may still be
-    // applying it (reads have no quorum): wait until both live replicas hold it.
-    for addr in &addrs[1..] {
-        eventually("the live replicas hold the write", || {
-            ask(*addr, "get k\r\n", "END\r\n") == "VALUE k 0 3\r\nnew\r\nEND\r\n"
-        });
+    for k in ["k", "gone"] {
+        assert_eq!(
+            ask(p.addr(), &format!("set {k} 0 0 3\r\nold\r\n"), "\r\n"),
+            "STORED\r\n"
+        );
     }
-    // Reads that reach it time out and are retried elsewhere; it is ejected.
+    // Backend 0 stops answering (a pause, a partition) with the old values in memory. Reads
+    // that reach it time out and are retried elsewhere; it is ejected.
+    signal(&backends[0], libc::SIGSTOP);
     eventually("the backend is ejected", || {
         assert_eq!(
             ask(p.addr(), "get k\r\n", "END\r\n"),
-            "VALUE k 0 3\r\nnew\r\nEND\r\n"
+            "VALUE k 0 3\r\nold\r\nEND\r\n"
         );
         ask(p.addr(), "stats backends\r\n", "END\r\n").contains("STAT backend:0:ejected 1")
     });
-    // It answers again; the prober flushes it before putting it back.
+    // The writes it misses land on the other two (a majority) and are recorded for it.
+    assert_eq!(
+        ask(p.addr(), "set k 5 0 3\r\nnew\r\n", "\r\n"),
+        "STORED\r\n"
+    );
+    assert_eq!(ask(p.addr(), "delete gone\r\n", "\r\n"), "DELETED\r\n");
+    let stats = ask(p.addr(), "stats backends\r\n", "END\r\n");
+    assert!(stats.contains("STAT backend:0:missed_keys 2"), "{stats}");
+    // It answers again; the prober copies what it missed from its peers before putting it
+    // back: the new value, and the delete.
     signal(&backends[0], libc::SIGCONT);
     eventually("the backend rejoins", || {
         ask(p.addr(), "stats backends\r\n", "END\r\n").contains("STAT backend:0:rejoins 1")
     });
-    // A read it serves misses (a cache may miss), never the old value.
-    let mut hits = 0;
-    for _ in 0..30 {
-        let got = ask(p.addr(), "get k\r\n", "END\r\n");
-        assert!(
-            got == "END\r\n" || got == "VALUE k 0 3\r\nnew\r\nEND\r\n",
-            "stale: {got}"
-        );
-        hits += usize::from(got != "END\r\n");
-    }
-    assert!(
-        (10..30).contains(&hits),
-        "reads reach all three replicas: {hits} of 30 hit"
+    assert_eq!(
+        ask(addrs[0], "get k gone\r\n", "END\r\n"),
+        "VALUE k 5 3\r\nnew\r\nEND\r\n"
     );
+    let stats = ask(p.addr(), "stats backends\r\n", "END\r\n");
+    for want in [
+        "STAT backend:0:missed_keys 0",
+        "STAT backend:0:repaired_keys 2",
+        "STAT backend:0:flushes 0",
+    ] {
+        assert!(stats.contains(want), "{want}: {stats}");
+    }
+    // Every read hits the new value, whichever replica serves it; never the old one.
+    for _ in 0..30 {
+        assert_eq!(
+            ask(p.addr(), "get k\r\n", "END\r\n"),
+            "VALUE k 5 3\r\nnew\r\nEND\r\n"
+        );
+    }
+}
+
+#[test]
+fn a_replica_that_missed_a_flush_all_is_flushed_before_it_serves_again() {
+    let ports = kvlab_client::process::free_ports(2).unwrap();
+    let backends: Vec<_> = ports.iter().map(|&p| memcached_on(p)).collect();
+    let addrs: Vec<SocketAddr> = ports
+        .iter()
+        .map(|&p| SocketAddr::from(([127, 0, 0, 1], p)))
+        .collect();
+    let mut c = config(&addrs);
+    c.pools[0].replicas = 2;
+    c.failure_limit = 1;
+    c.timeout = Duration::from_millis(200);
+    let p = proxy(c);
+    assert_eq!(
+        ask(p.addr(), "set k 0 0 3\r\nold\r\n", "\r\n"),
+        "STORED\r\n"
+    );
+    signal(&backends[1], libc::SIGSTOP);
+    eventually("the backend is ejected", || {
+        ask(p.addr(), "get k\r\n", "END\r\n");
+        ask(p.addr(), "stats backends\r\n", "END\r\n").contains("STAT backend:1:ejected 1")
+    });
+    // Every replica must take a flush_all: it fails, but the live one is flushed, and a
+    // key written after it lands there alone.
+    let reply = ask(p.addr(), "flush_all\r\n", "\r\n");
+    assert!(reply.starts_with("SERVER_ERROR backend"), "{reply}");
+    assert!(ask(p.addr(), "set n 0 0 1\r\nx\r\n", "\r\n").starts_with("SERVER_ERROR"));
+    signal(&backends[1], libc::SIGCONT);
+    eventually("the backend rejoins", || {
+        ask(p.addr(), "stats backends\r\n", "END\r\n").contains("STAT backend:1:rejoins 1")
+    });
+    // Flushed, then the key written meanwhile copied from its peer.
+    assert_eq!(
+        ask(addrs[1], "get k n\r\n", "END\r\n"),
+        "VALUE n 0 1\r\nx\r\nEND\r\n"
+    );
+    let stats = ask(p.addr(), "stats backends\r\n", "END\r\n");
+    assert!(stats.contains("STAT backend:1:flushes 1"), "{stats}");
 }
 
 #[test]
