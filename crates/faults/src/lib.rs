@@ -1,0 +1,43 @@
+//! kvlab's fault-injection harness, in the manner of Jepsen: clients record every operation
+//! they make against a cache (invoke and complete times, key, a unique value, outcome), a
+//! seeded nemesis kills, pauses, adds and removes nodes while they run, and a checker judges
+//! the whole history, key by key.
+//!
+//! - [`history`]: the records (client operations and nemesis actions on one timeline),
+//!   written and read as JSON lines.
+//! - [`checker`]: per key, a register of unique values: lost writes, stale reads, values
+//!   never written; and [`linear`], the full linearizability search of each key's history.
+
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod checker;
+pub mod history;
+pub mod linear;
+
+pub use checker::{check, Anomaly, AnomalyKind, Report};
+pub use history::{Clock, History, NemesisEvent, Op, OpKind, Outcome, Record};
+
+/// What can go wrong in the harness itself (not in the system under test: that is what
+/// the checker reports).
+#[derive(Debug, thiserror::Error)]
+pub enum FaultsError {
+    /// Reading or writing a file failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A history line is not a record.
+    #[error("{what}: line {line}: {source}")]
+    Json {
+        /// The file.
+        what: String,
+        /// Its line number (from 1).
+        line: usize,
+        /// What was wrong.
+        source: serde_json::Error,
+    },
+}
