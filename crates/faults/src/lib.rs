@@ -7,6 +7,8 @@
 //!   written and read as JSON lines.
 //! - [`checker`]: per key, a register of unique values: lost writes, stale reads, values
 //!   never written; and [`linear`], the full linearizability search of each key's history.
+//! - [`schedule`]: the nemesis's faults, drawn from a seed (kill, pause, add, remove,
+//!   coordinator and etcd member kills, …) over a run's duration.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -14,9 +16,11 @@
 pub mod checker;
 pub mod history;
 pub mod linear;
+pub mod schedule;
 
 pub use checker::{check, Anomaly, AnomalyKind, Report};
 pub use history::{Clock, History, NemesisEvent, Op, OpKind, Outcome, Record};
+pub use schedule::{Capabilities, Fault, FaultKind, Mix, Schedule};
 
 /// What can go wrong in the harness itself (not in the system under test: that is what
 /// the checker reports).
