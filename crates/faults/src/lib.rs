@@ -9,11 +9,14 @@
 //!   never written; and [`linear`], the full linearizability search of each key's history.
 //! - [`schedule`]: the nemesis's faults, drawn from a seed (kill, pause, add, remove,
 //!   coordinator and etcd member kills, …) over a run's duration.
+//! - [`clients`]: client threads that write unique values and read a small set of keys,
+//!   cluster-aware or through `kvlab proxy --cluster`, recording every operation.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod checker;
+pub mod clients;
 pub mod history;
 pub mod linear;
 pub mod schedule;
