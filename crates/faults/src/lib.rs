@@ -23,7 +23,7 @@ pub mod schedule;
 
 pub use checker::{check, Anomaly, AnomalyKind, Report};
 pub use history::{Clock, History, NemesisEvent, Op, OpKind, Outcome, Record};
-pub use schedule::{Capabilities, Fault, FaultKind, Mix, Schedule};
+pub use schedule::{Capabilities, Fault, FaultKind, Mix, RingBounds, Schedule};
 
 /// What can go wrong in the harness itself (not in the system under test: that is what
 /// the checker reports).

@@ -291,6 +291,49 @@ impl Mix {
     }
 }
 
+/// The ring's size as a schedule plans it: membership faults are drawn so that the ring
+/// stays within `min..=max` nodes — a removal that would leave fewer than `min` becomes the
+/// matching addition (when the mix has it), and the other way round. The plan is
+/// approximate (a fault may fail or be skipped when it comes due); the nemesis checks the
+/// bounds again then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingBounds {
+    /// Nodes at the start.
+    pub start: usize,
+    /// Fewest nodes in the ring.
+    pub min: usize,
+    /// Most nodes in the ring.
+    pub max: usize,
+}
+
+impl RingBounds {
+    /// For a ring of `start` nodes with `replicas` copies of every key: at least
+    /// `replicas + 1` nodes (and 2), at most 3 more than at the start.
+    pub fn new(start: usize, replicas: u32) -> RingBounds {
+        RingBounds {
+            start,
+            min: (replicas as usize + 1).max(2),
+            max: start + 3,
+        }
+    }
+
+    /// `kind`, or its counterpart when `kind` would take a ring of `size` out of bounds.
+    fn balance(&self, kind: FaultKind, size: usize, mix: &Mix) -> FaultKind {
+        let other = match kind {
+            FaultKind::Remove if size < self.min + 1 => FaultKind::Add,
+            FaultKind::RemoveTwo if size < self.min + 2 => FaultKind::AddTwo,
+            FaultKind::Add if size + 1 > self.max => FaultKind::Remove,
+            FaultKind::AddTwo if size + 2 > self.max => FaultKind::RemoveTwo,
+            k => return k,
+        };
+        if mix.kinds.contains(&other) {
+            other
+        } else {
+            kind
+        }
+    }
+}
+
 /// A run's faults, in time order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Schedule {
@@ -310,14 +353,17 @@ const GAP_MS: (u64, u64) = (500, 3000);
 const QUIET_END_MS: u64 = 500;
 
 impl Schedule {
-    /// Draws the schedule of `seed` for a run of `duration` with faults of `mix`.
-    pub fn generate(seed: u64, duration: Duration, mix: &Mix) -> Schedule {
+    /// Draws the schedule of `seed` for a run of `duration` with faults of `mix`, keeping
+    /// the ring within `ring`.
+    pub fn generate(seed: u64, duration: Duration, mix: &Mix, ring: RingBounds) -> Schedule {
         let duration_ms = duration.as_millis() as u64;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut events = Vec::new();
         let mut at = rng.gen_range(FIRST_MS.0..=FIRST_MS.1);
+        let mut size = ring.start;
         while !mix.kinds.is_empty() && at + QUIET_END_MS <= duration_ms {
-            let kind = mix.kinds[rng.gen_range(0..mix.kinds.len())];
+            let drawn = mix.kinds[rng.gen_range(0..mix.kinds.len())];
+            let kind = ring.balance(drawn, size, mix);
             let pick = rng.gen::<u32>();
             let fault = match kind {
                 FaultKind::Kill => Fault::Kill {
@@ -334,12 +380,15 @@ impl Schedule {
                 FaultKind::Remove => Fault::Remove { pick },
                 FaultKind::AddTwo => Fault::AddTwo,
                 FaultKind::RemoveTwo => Fault::RemoveTwo { pick },
-                FaultKind::CoordinatorKill => Fault::CoordinatorKill {
-                    add: rng.gen_bool(0.5),
-                    pick,
-                    after_ms: rng.gen_range(0..=500),
-                    abort: rng.gen_bool(0.5),
-                },
+                FaultKind::CoordinatorKill => {
+                    let add = rng.gen_bool(0.5);
+                    Fault::CoordinatorKill {
+                        add: (add || size < ring.min + 1) && size < ring.max,
+                        pick,
+                        after_ms: rng.gen_range(0..=500),
+                        abort: rng.gen_bool(0.5),
+                    }
+                }
                 FaultKind::EtcdKill => Fault::EtcdKill {
                     pick,
                     down_ms: rng.gen_range(500..=5000),
@@ -355,6 +404,18 @@ impl Schedule {
                     delay_ms: rng.gen_range(5..=200),
                     heal_ms: rng.gen_range(500..=5000),
                 },
+            };
+            size = match fault {
+                Fault::Add => size + 1,
+                Fault::AddTwo => size + 2,
+                Fault::Remove { .. } => size.saturating_sub(1),
+                Fault::RemoveTwo { .. } => size.saturating_sub(2),
+                // An abort leaves the ring as it was; a resume completes the change.
+                Fault::CoordinatorKill {
+                    add, abort: false, ..
+                } if add => size + 1,
+                Fault::CoordinatorKill { abort: false, .. } => size.saturating_sub(1),
+                _ => size,
             };
             events.push(Event { at_ms: at, fault });
             at += rng.gen_range(GAP_MS.0..=GAP_MS.1);
@@ -392,6 +453,12 @@ impl Schedule {
 mod tests {
     use super::*;
 
+    const RING: RingBounds = RingBounds {
+        start: 3,
+        min: 2,
+        max: 6,
+    };
+
     const ONE_COPY: Capabilities = Capabilities {
         replicas: 1,
         etcd: false,
@@ -402,9 +469,9 @@ mod tests {
     fn a_seed_gives_the_same_schedule_and_another_seed_another() {
         let mix = Mix::default_for(ONE_COPY);
         let d = Duration::from_secs(30);
-        let a = Schedule::generate(7, d, &mix);
-        assert_eq!(a, Schedule::generate(7, d, &mix));
-        assert_ne!(a, Schedule::generate(8, d, &mix));
+        let a = Schedule::generate(7, d, &mix, RING);
+        assert_eq!(a, Schedule::generate(7, d, &mix, RING));
+        assert_ne!(a, Schedule::generate(8, d, &mix, RING));
         assert!(a.events.len() >= 8, "{}", a.events.len());
         // Stable across builds and machines (ChaCha8, not the platform's generator): the
         // first fault of seed 7 is fixed.
@@ -421,7 +488,7 @@ mod tests {
     fn faults_are_in_order_within_the_run_and_of_the_mix() {
         let mix = Mix::parse("pause,kill", ONE_COPY).unwrap();
         for seed in 0..50 {
-            let s = Schedule::generate(seed, Duration::from_secs(20), &mix);
+            let s = Schedule::generate(seed, Duration::from_secs(20), &mix, RING);
             let mut last = 0;
             for e in &s.events {
                 assert!(e.at_ms >= last && e.at_ms + QUIET_END_MS <= 20_000, "{e:?}");
@@ -433,8 +500,41 @@ mod tests {
                 }
             }
         }
-        let s = Schedule::generate(1, Duration::from_secs(60), &mix);
+        let s = Schedule::generate(1, Duration::from_secs(60), &mix, RING);
         assert_eq!(s.mix().len(), 2, "{}", s.mix_text());
+    }
+
+    #[test]
+    fn membership_faults_keep_the_ring_within_its_bounds() {
+        let mix = Mix::default_for(ONE_COPY);
+        for seed in 0..200 {
+            let s = Schedule::generate(seed, Duration::from_secs(60), &mix, RING);
+            let mut size = RING.start;
+            for e in &s.events {
+                size = match e.fault {
+                    Fault::Add => size + 1,
+                    Fault::AddTwo => size + 2,
+                    Fault::Remove { .. } => size - 1,
+                    Fault::RemoveTwo { .. } => size - 2,
+                    Fault::CoordinatorKill {
+                        add: true,
+                        abort: false,
+                        ..
+                    } => size + 1,
+                    Fault::CoordinatorKill {
+                        add: false,
+                        abort: false,
+                        ..
+                    } => size - 1,
+                    _ => size,
+                };
+                assert!((RING.min..=RING.max).contains(&size), "seed {seed}: {e:?}");
+            }
+        }
+        // A mix of removals alone cannot be balanced: they stay (and are skipped when due).
+        let only = Mix::parse("remove", ONE_COPY).unwrap();
+        let s = Schedule::generate(1, Duration::from_secs(30), &only, RING);
+        assert!(s.events.iter().all(|e| e.fault.kind() == FaultKind::Remove));
     }
 
     #[test]
