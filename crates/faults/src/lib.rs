@@ -11,6 +11,15 @@
 //!   coordinator and etcd member kills, …) over a run's duration.
 //! - [`clients`]: client threads that write unique values and read a small set of keys,
 //!   cluster-aware or through `kvlab proxy --cluster`, recording every operation.
+//! - [`system`]: the system under test — nodes, topology store (file or etcd), proxy,
+//!   coordinators — started through the kvlab binary, controlled by signals, always
+//!   stopped.
+//! - [`nemesis`]: carries out a schedule on the system, and heals it afterwards.
+//! - [`runner`]: one seeded run end to end (start, load and faults, heal, final reads,
+//!   check, files), and the summary of a soak of many.
+//!
+//! This crate stands above `kvlab-client` and `kvlab-cluster`; nothing but the kvlab
+//! binary and the lab may use it.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -19,11 +28,16 @@ pub mod checker;
 pub mod clients;
 pub mod history;
 pub mod linear;
+pub mod nemesis;
+pub mod runner;
 pub mod schedule;
+pub mod system;
 
 pub use checker::{check, Anomaly, AnomalyKind, Report};
 pub use history::{Clock, History, NemesisEvent, Op, OpKind, Outcome, Record};
+pub use runner::{run, ClientKind, RunConfig, RunSummary};
 pub use schedule::{Capabilities, Fault, FaultKind, Mix, RingBounds, Schedule};
+pub use system::TopologyKind;
 
 /// What can go wrong in the harness itself (not in the system under test: that is what
 /// the checker reports).
