@@ -16,6 +16,7 @@
 //! fault is bounded in time: pauses and deaths last what the schedule drew, coordinators at
 //! most [`crate::system::COORDINATOR_TIMEOUT`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -32,6 +33,8 @@ pub struct Nemesis {
     sys: Arc<System>,
     clock: Clock,
     end: Instant,
+    /// Set when the run is interrupted: no further fault starts.
+    interrupt: Arc<AtomicBool>,
     log: Mutex<Vec<NemesisEvent>>,
     /// The ring never shrinks below this many nodes.
     min_ring: usize,
@@ -48,11 +51,12 @@ fn lost_race(text: &str) -> bool {
 }
 
 impl Nemesis {
-    /// A nemesis acting on `sys` until `end` (no fault starts later).
+    /// A nemesis acting on `sys` until `end` or `interrupt` (no fault starts later).
     pub fn new(
         sys: Arc<System>,
         clock: Clock,
         end: Instant,
+        interrupt: Arc<AtomicBool>,
         min_ring: usize,
         max_live: usize,
     ) -> Nemesis {
@@ -60,6 +64,7 @@ impl Nemesis {
             sys,
             clock,
             end,
+            interrupt,
             log: Mutex::new(Vec::new()),
             min_ring,
             max_live,
@@ -118,16 +123,23 @@ impl Nemesis {
             if due >= self.end {
                 break;
             }
-            let now = Instant::now();
-            if due > now {
-                // Waiting for the fault's due time: the schedule, not a synchronisation.
-                std::thread::sleep(due - now);
+            // Waiting for the fault's due time (the schedule, not a synchronisation), in
+            // steps, so that an interrupted run ends soon.
+            while Instant::now() < due && !self.interrupted() {
+                std::thread::sleep(
+                    due.saturating_duration_since(Instant::now())
+                        .min(Duration::from_millis(100)),
+                );
             }
-            if Instant::now() >= self.end {
+            if Instant::now() >= self.end || self.interrupted() {
                 break;
             }
             self.run(&e.fault);
         }
+    }
+
+    fn interrupted(&self) -> bool {
+        self.interrupt.load(Ordering::Relaxed)
     }
 
     /// The ring's nodes (and those joining it), or every node started when the topology
@@ -270,7 +282,8 @@ impl Nemesis {
         }
         for (verb, node, first) in again {
             let retry = self.clock.now_ns();
-            self.record(start, what, node, false, format!("lost the race: {first}"));
+            // The topology's compare-and-swap refused the second migration: as it should.
+            self.record(start, what, node, true, format!("lost the race: {first}"));
             let (ok, said) = self.sys.coordinator(&[verb, node]);
             self.record(retry, what, node, ok, format!("tried again: {said}"));
         }

@@ -68,6 +68,9 @@ pub struct RunConfig {
     pub dir: PathBuf,
     /// Flags for every node's `kvlab server`.
     pub server_args: Vec<String>,
+    /// Set to end the run early (a signal): clients and nemesis stop, the heal and the
+    /// final reads are skipped, what was recorded is checked, everything is stopped.
+    pub interrupt: Arc<AtomicBool>,
 }
 
 impl RunConfig {
@@ -363,13 +366,20 @@ fn drive(
         Arc::clone(sys),
         clock,
         end,
+        Arc::clone(&cfg.interrupt),
         ring.min,
         ring.max,
     ));
     let lanes = nemesis.start(schedule);
 
-    // The run: its duration, then the clients stop.
-    std::thread::sleep(end.saturating_duration_since(Instant::now()));
+    // The run: its duration (in steps, to notice an interruption), then the clients stop.
+    let interrupted = || cfg.interrupt.load(Ordering::Relaxed);
+    while Instant::now() < end && !interrupted() {
+        std::thread::sleep(
+            end.saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(100)),
+        );
+    }
     stop.store(true, Ordering::Relaxed);
     let grace = Instant::now() + CLIENT_GRACE;
     let mut stopped = 0;
@@ -397,7 +407,9 @@ fn drive(
             NEMESIS_GRACE.as_secs()
         ));
     }
-    if let Err(e) = nemesis.heal(HEAL_LIMIT) {
+    if interrupted() {
+        errors.push("interrupted: no heal, no final reads".into());
+    } else if let Err(e) = nemesis.heal(HEAL_LIMIT) {
         errors.push(format!("heal: {e}"));
     }
 
@@ -406,14 +418,18 @@ fn drive(
         Target::Cluster(_) => Target::Cluster(sys.seeds()),
         proxy => proxy,
     };
-    let finals = clients::final_reads(
-        cfg.workload.clients,
-        target,
-        &cfg.workload,
-        &clock,
-        3,
-        FINAL_READS_LIMIT,
-    );
+    let finals = if interrupted() {
+        Vec::new()
+    } else {
+        clients::final_reads(
+            cfg.workload.clients,
+            target,
+            &cfg.workload,
+            &clock,
+            3,
+            FINAL_READS_LIMIT,
+        )
+    };
     let mut ops: Vec<Op> = Vec::new();
     let now = clock.now_ns();
     for log in logs {
@@ -429,7 +445,7 @@ fn drive(
         .iter()
         .filter(|o| o.outcome == crate::Outcome::Ok)
         .count();
-    if read_back < cfg.workload.keys as usize {
+    if read_back < cfg.workload.keys as usize && !interrupted() {
         errors.push(format!(
             "final reads: {read_back} of {} keys read back",
             cfg.workload.keys

@@ -2,11 +2,14 @@
 //! way Jepsen checks databases (see `kvlab_faults`). `run` runs one seed, `soak` many and
 //! prints a table, `check` checks a recorded history again.
 //!
-//! Exit status: 0 when nothing was found, 1 when the checker found anomalies, 2 when a run
+//! SIGINT or SIGTERM ends a run early, stopping what it started. Exit status: 0 when
+//! nothing was found, 1 when the checker found anomalies, 2 when a run
 //! could not go as planned (it still checks what it has).
 
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -111,7 +114,7 @@ struct RunOpts {
 }
 
 impl RunOpts {
-    fn config(&self, seed: u64) -> anyhow::Result<RunConfig> {
+    fn config(&self, seed: u64, interrupt: &Arc<AtomicBool>) -> anyhow::Result<RunConfig> {
         if self.nodes < 2 {
             bail!("--nodes must be at least 2");
         }
@@ -125,6 +128,7 @@ impl RunOpts {
             },
         };
         let mut cfg = RunConfig {
+            interrupt: Arc::clone(interrupt),
             seed,
             duration: Duration::from_secs(self.duration),
             nodes: self.nodes,
@@ -192,9 +196,16 @@ fn status(runs: &[RunSummary]) -> i32 {
 }
 
 pub fn run(args: FaultsArgs) -> anyhow::Result<()> {
+    // SIGINT or SIGTERM ends a run early but cleanly: every process it started is stopped
+    // (they would outlive this one otherwise) and what it recorded is checked.
+    let interrupt = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&interrupt))
+            .context("installing the signal handlers")?;
+    }
     let code = match args.command {
         FaultsCommand::Run { seed, opts } => {
-            let cfg = opts.config(seed)?;
+            let cfg = opts.config(seed, &interrupt)?;
             let r = kvlab_faults::run(&cfg);
             println!("{}", r.line());
             println!("files: {}", cfg.dir.display());
@@ -203,9 +214,12 @@ pub fn run(args: FaultsArgs) -> anyhow::Result<()> {
         FaultsCommand::Soak { seeds: range, opts } => {
             let mut runs = Vec::new();
             for seed in seeds(&range)? {
-                let r = kvlab_faults::run(&opts.config(seed)?);
+                let r = kvlab_faults::run(&opts.config(seed, &interrupt)?);
                 println!("{}", r.line());
                 runs.push(r);
+                if interrupt.load(Ordering::Relaxed) {
+                    break;
+                }
             }
             println!();
             print!("{}", kvlab_faults::runner::table(&runs));
