@@ -492,3 +492,41 @@ pub fn check_file(path: &Path) -> Result<Report, crate::FaultsError> {
     let h = History::read_jsonl(std::io::BufReader::new(f), &path.display().to_string())?;
     Ok(checker::check(&h.ops))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_soak_table_has_a_row_per_seed_and_the_totals() {
+        let runs = [
+            RunSummary {
+                seed: 1,
+                mix: "pause=2 add=1".into(),
+                ops: 100,
+                unknown: 3,
+                ..RunSummary::default()
+            },
+            RunSummary {
+                seed: 2,
+                mix: "kill=1".into(),
+                ops: 50,
+                lost_writes: 2,
+                anomalies: 2,
+                error: Some("heal: stuck".into()),
+                ..RunSummary::default()
+            },
+        ];
+        let t = table(&runs);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        assert!(lines[0].contains("anomalies") && lines[0].contains("faults"));
+        assert!(lines[2].ends_with("heal: stuck"), "{t}");
+        let total: Vec<&str> = lines[3].split_whitespace().collect();
+        assert_eq!(total[0], "total");
+        assert!(lines[3].contains("2 runs, 1 with anomalies") && lines[3].contains("150"));
+        assert!(lines[3].ends_with("1 runs failed"), "{t}");
+        assert!(runs[0].clean() && !runs[1].clean());
+        assert!(runs[1].line().contains("RUN FAILED: heal: stuck"));
+    }
+}

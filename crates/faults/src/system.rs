@@ -278,8 +278,20 @@ impl System {
             .grace(Duration::from_secs(2))
             .timeout(START_TIMEOUT)
             .ready(Probe::Version(addr_of(port)))
-            .start()
-            .map_err(|e| format!("starting {name}: {e}"))?;
+            .start();
+        let p = match p {
+            Ok(p) => p,
+            Err(e) => {
+                // A node that never ran is given up (a killed one stays down, to be
+                // started again by the heal).
+                if starts == 1 {
+                    if let Some(slot) = self.nodes.lock().get_mut(&name) {
+                        slot.state = NodeState::Stopped;
+                    }
+                }
+                return Err(format!("starting {name}: {e}"));
+            }
+        };
         let mut nodes = self.nodes.lock();
         if let Some(slot) = nodes.get_mut(&name) {
             slot.process = Some(p);
