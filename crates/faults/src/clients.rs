@@ -153,7 +153,7 @@ impl Kv {
                 Answer {
                     outcome: Outcome::Unknown,
                     value: Some(value.to_string()),
-                    error: Some(e.to_string()),
+                    error: Some(readable(&e)),
                 }
             }
         }
@@ -179,7 +179,7 @@ impl Kv {
                 Answer {
                     outcome: Outcome::Unknown,
                     value: None,
-                    error: Some(e.to_string()),
+                    error: Some(readable(&e)),
                 }
             }
         }
@@ -200,6 +200,31 @@ impl Kv {
         let invoke_ns = clock.now_ns();
         let a = self.read(key);
         op(client, key, OpKind::Read, a, invoke_ns, clock, final_read)
+    }
+}
+
+/// An error as text, with a reply's bytes (`ServerError([98, 97, …])`, as the client
+/// shows an unexpected reply) written as the text they are.
+fn readable(e: &ConnError) -> String {
+    let text = e.to_string();
+    let (Some(open), Some(close)) = (text.find("(["), text.find("])")) else {
+        return text;
+    };
+    if close < open {
+        return text;
+    }
+    let bytes: Option<Vec<u8>> = text[open + 2..close]
+        .split(',')
+        .map(|n| n.trim().parse().ok())
+        .collect();
+    match bytes {
+        Some(b) => format!(
+            "{}({:?}){}",
+            &text[..open],
+            String::from_utf8_lossy(&b),
+            &text[close + 2..]
+        ),
+        None => text,
     }
 }
 
@@ -373,6 +398,19 @@ mod tests {
             while r.read_line(&mut line).unwrap_or(0) > 0 {}
         });
         addr
+    }
+
+    #[test]
+    fn an_unexpected_replys_bytes_read_as_text() {
+        let e = ConnError::Unexpected {
+            reply: "ServerError([98, 97, 99, 107])".into(),
+            kind: None,
+        };
+        assert_eq!(
+            readable(&e),
+            "unexpected reply ServerError(\"back\") to a None request"
+        );
+        assert_eq!(readable(&ConnError::Closed), ConnError::Closed.to_string());
     }
 
     #[test]
