@@ -15,6 +15,8 @@
 //! kvlab populate  populate_cmd  ──► kvlab_bench::populate (or a data dir through the store)
 //! kvlab control   control_cmd   ──► kvlab_control (policies, cpuset/affinity, freezer/signals,
 //!                                    job queue, JSON-lines log)
+//! kvlab faults    faults_cmd    ──► kvlab_faults (recording clients, seeded nemesis, checker)
+//!                                    └─► the kvlab binary itself: nodes, proxy, coordinators
 //! kvlab lab       lab_cmd       ──► kvlab_lab (experiment spec, systems, runner, analysis)
 //!                                    ├─► kvlab_client::process (start on a free port, wait)
 //!                                    ├─► kvlab_bench (the load of every run)
@@ -27,6 +29,7 @@
 mod bench_cmd;
 mod cluster_cmd;
 mod control_cmd;
+mod faults_cmd;
 mod lab_cmd;
 mod populate_cmd;
 mod proxy_cmd;
@@ -61,6 +64,8 @@ enum Command {
     Control(Box<control_cmd::ControlArgs>),
     /// Elastic cluster: start nodes, add or remove one while it serves, status.
     Cluster(cluster_cmd::ClusterArgs),
+    /// Fault injection: seeded kills, pauses, adds and removes under recorded load; checked.
+    Faults(faults_cmd::FaultsArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -73,5 +78,6 @@ fn main() -> anyhow::Result<()> {
         Command::Proxy(args) => proxy_cmd::run(args),
         Command::Control(args) => control_cmd::run(*args),
         Command::Cluster(args) => cluster_cmd::run(args),
+        Command::Faults(args) => faults_cmd::run(args),
     }
 }

@@ -1,0 +1,121 @@
+//! `kvlab faults` end to end: short seeded runs against real clusters (nodes, proxy,
+//! coordinators and etcd are processes), their histories checked. These tests assert that
+//! the harness ran and that its checker judged a real history — not that the cluster
+//! passed: what a run finds is the harness's output, printed here. One test makes sure the
+//! checker can fail: a nemesis that flushes nodes must be caught losing writes.
+//!
+//! The runs take turns: each loads the machine's two cores with a cluster of its own.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+
+const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
+
+static TURNS: Mutex<()> = Mutex::new(());
+
+/// Runs `kvlab faults run --seed SEED` with `args` (bounded: 5 minutes) and returns its
+/// summary and exit status.
+fn run(dir: &Path, seed: u64, args: &[&str]) -> (serde_json::Value, i32) {
+    let _turn = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+    let out = Command::new("timeout")
+        .args(["300", KVLAB, "faults", "run", "--seed", &seed.to_string()])
+        .arg("--out")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("kvlab faults run --seed {seed} {args:?}: {said}");
+    let code = out.status.code().unwrap_or(-1);
+    assert!([0, 1, 2].contains(&code), "exit {code}: {said}");
+    let summary = dir.join(format!("seed-{seed}")).join("summary.json");
+    let summary = std::fs::read(&summary).unwrap_or_else(|e| panic!("{e}: {said}"));
+    (serde_json::from_slice(&summary).unwrap(), code)
+}
+
+/// The run checked a history of at least `min_ops` operations, and checking the recorded
+/// history again finds what the run found.
+fn checked(dir: &Path, seed: u64, summary: &serde_json::Value, min_ops: u64) {
+    let n = |f: &str| summary[f].as_u64().unwrap();
+    assert!(n("ops") >= min_ops, "{summary}");
+    assert_eq!(n("ops"), n("ok") + n("failed") + n("unknown"), "{summary}");
+    let history = dir.join(format!("seed-{seed}")).join("history.jsonl");
+    let out = Command::new(KVLAB)
+        .args(["faults", "check", "--json"])
+        .arg(&history)
+        .output()
+        .unwrap();
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["ops"].as_u64(), Some(n("ops")));
+    assert_eq!(again["lost_writes"].as_u64(), Some(n("lost_writes")));
+    assert_eq!(again["stale_reads"].as_u64(), Some(n("stale_reads")));
+    assert_eq!(again["never_written"].as_u64(), Some(n("never_written")));
+    let timeline = std::fs::read_to_string(history.with_file_name("timeline.txt")).unwrap();
+    assert!(timeline.contains("heal"), "{timeline}");
+}
+
+/// One copy of every key: nodes paused, added and removed under cluster-aware clients.
+#[test]
+fn one_copy_paused_added_and_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--duration", "12", "--faults", "pause,add,remove,add-two"];
+    let (summary, _) = run(dir.path(), 11, &args);
+    checked(dir.path(), 11, &summary, 2000);
+    assert!(summary["actions"].as_u64().unwrap() >= 3, "{summary}");
+}
+
+/// The same through `kvlab proxy --cluster` with plain memcached clients.
+#[test]
+fn one_copy_behind_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--duration",
+        "12",
+        "--client",
+        "proxy",
+        "--faults",
+        "pause,add,remove",
+    ];
+    let (summary, _) = run(dir.path(), 12, &args);
+    checked(dir.path(), 12, &summary, 2000);
+}
+
+/// Two copies, topology in etcd: one node at a time killed with `kill -9` and restarted.
+/// (A run may stall on the cluster's own faults; it must still end, clean up and check
+/// what it has.)
+#[test]
+fn two_copies_with_kill_9_in_etcd() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--duration",
+        "12",
+        "--replicas",
+        "2",
+        "--topology",
+        "etcd",
+        "--faults",
+        "kill,pause",
+    ];
+    let (summary, _) = run(dir.path(), 13, &args);
+    checked(dir.path(), 13, &summary, 100);
+}
+
+/// A nemesis that flushes nodes loses acknowledged writes behind the cluster's back: the
+/// checker must see it (misses after acknowledged writes, or lost writes at the end).
+#[test]
+fn the_checker_sees_a_flushed_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--duration", "8", "--faults", "flush"];
+    let (summary, code) = run(dir.path(), 14, &args);
+    checked(dir.path(), 14, &summary, 1000);
+    let n = |f: &str| summary[f].as_u64().unwrap();
+    assert!(n("stale_reads") + n("lost_writes") > 0, "{summary}");
+    assert!(n("anomalies") > 0 && code != 0, "{summary}");
+}
