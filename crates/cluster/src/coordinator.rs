@@ -235,6 +235,22 @@ fn figures(
     Ok((snap, handed))
 }
 
+/// How long the coordinator keeps asking a node that does not answer before it gives up
+/// on the migration (rolls it back while copying; leaves it for `resume` in the hand-off).
+pub const STATUS_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Whether a node's answer says its side of the migration failed (as opposed to the node
+/// not answering).
+fn is_failed_migration(e: &ClusterError) -> bool {
+    matches!(e, ClusterError::Node { reason, .. } if reason.starts_with("migration failed"))
+}
+
+/// Starts or continues a run of failures; true while it is shorter than
+/// [`STATUS_PATIENCE`].
+fn patient(failing_since: &mut Option<Instant>) -> bool {
+    failing_since.get_or_insert_with(Instant::now).elapsed() < STATUS_PATIENCE
+}
+
 fn drive(
     store: &dyn TopologyStore,
     mut t: Topology,
@@ -251,6 +267,7 @@ fn drive(
         ..MigrationReport::default()
     };
     let poll = Duration::from_millis(10);
+    let mut failing_since: Option<Instant> = None;
     let mut last_change = Instant::now();
     let mut last_sent = u64::MAX;
     if m.phase == Phase::Copy {
@@ -258,7 +275,15 @@ fn drive(
             // A node that fails while the old ring still serves: roll back (nothing has
             // moved for the clients yet; the new owners drop what they got).
             let (snap, _) = match figures(&t, m.id, &mut report) {
-                Ok(f) => f,
+                Ok(f) => {
+                    failing_since = None;
+                    f
+                }
+                // A node that does not answer for a moment (paused, busy) is asked again.
+                Err(e) if !is_failed_migration(&e) && patient(&mut failing_since) => {
+                    std::thread::sleep(poll);
+                    continue;
+                }
                 Err(e) => {
                     return Err(match abort(store) {
                         Ok(back) => ClusterError::Migration(format!(
@@ -300,8 +325,19 @@ fn drive(
         t = next;
     }
     let handoff = Instant::now();
+    failing_since = None;
     loop {
-        let (_, handed) = figures(&t, m.id, &mut report)?;
+        let handed = match figures(&t, m.id, &mut report) {
+            Ok((_, handed)) => {
+                failing_since = None;
+                handed
+            }
+            Err(e) if !is_failed_migration(&e) && patient(&mut failing_since) => {
+                std::thread::sleep(poll);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         report.total_s = start.elapsed().as_secs_f64();
         progress(&report);
         if handed {

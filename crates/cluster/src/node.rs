@@ -1039,7 +1039,11 @@ impl Pipe {
             if self.owed == 0 {
                 break;
             }
-            let n = self.stream.read(&mut chunk).map_err(err)?;
+            let n = match self.stream.read(&mut chunk) {
+                // A stop and continue of this process (SIGSTOP, SIGCONT) interrupts a read.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => r.map_err(err)?,
+            };
             if n == 0 {
                 return Err(ClusterError::Migration(
                     "new owner closed the stream".into(),
