@@ -9,7 +9,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use kvlab_client::cluster::DEFAULT_VNODES;
 use kvlab_cluster::coordinator::{self, MigrationReport};
-use kvlab_cluster::{open_store, TopologyStore};
+use kvlab_cluster::{open_store, ClusterError, TopologyStore};
 
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
@@ -295,7 +295,10 @@ fn status(store: &dyn TopologyStore, json: bool) -> anyhow::Result<()> {
         .map(|n| {
             (
                 n.clone(),
-                coordinator::node_status(n).map_err(|e| e.to_string()),
+                coordinator::node_status(n).map_err(|e| match e {
+                    ClusterError::Unreachable { reason, .. } => format!("unreachable ({reason})"),
+                    e => e.to_string(),
+                }),
             )
         })
         .collect();
@@ -338,7 +341,7 @@ fn status(store: &dyn TopologyStore, json: bool) -> anyhow::Result<()> {
                     }
                 );
             }
-            Err(e) => println!("  {n}: unreachable ({e})"),
+            Err(e) => println!("  {n}: {e}"),
         }
     }
     Ok(())

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvlab_client::process::{free_ports, Probe, Process, Spawn};
-use kvlab_client::testing::Etcd;
+use kvlab_client::testing::{Etcd, Memcached};
 use kvlab_client::{Client, ClusterClient};
 use kvlab_cluster::coordinator::node_status;
 use kvlab_cluster::{open_store, FileStore, Migration, Phase, TopologyStore};
@@ -550,5 +550,76 @@ fn a_node_that_dies_during_the_copy_rolls_the_migration_back() {
     assert!(
         report.contains("misses 0)") && report.contains("errors 0 (verification 0)"),
         "{report}"
+    );
+}
+
+/// `kvlab cluster ARGS`, expected to fail: its stderr.
+fn cluster_fails(topology: &str, args: &[&str]) -> String {
+    let out = Command::new(KVLAB)
+        .args(["cluster", "--topology", topology])
+        .args(args)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "kvlab cluster {args:?} succeeded: {}{said}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    said
+}
+
+/// `add` of a server that is no cluster node says what it is and why it cannot join; of an
+/// address where nothing listens, that it cannot be reached and why.
+#[test]
+fn add_of_a_server_that_is_no_cluster_node_says_what_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json").display().to_string();
+    let ports = free_ports(3).unwrap();
+    cluster(&topology, &["create", &format!("127.0.0.1:{}", ports[0])]);
+
+    let memcached = Memcached::start_with(&["-m", "64"]).unwrap();
+    let name = memcached.addr.to_string();
+    let said = cluster_fails(&topology, &["add", &name]);
+    assert!(
+        said.contains(&format!("{name} is not a kvlab cluster node")),
+        "{said}"
+    );
+    assert!(said.contains("memcached 1."), "names what answers: {said}");
+    assert!(
+        said.contains("--cluster"),
+        "says how to start a node: {said}"
+    );
+    assert!(!said.contains("Line(["), "{said}");
+
+    let plain = Spawn::new(KVLAB)
+        .args(["server", "-l", "127.0.0.1", "-t", "1", "-m", "64"])
+        .args(["-p".to_string(), ports[1].to_string()])
+        .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], ports[1]))))
+        .start()
+        .unwrap();
+    let name = plain.addr().unwrap().to_string();
+    let said = cluster_fails(&topology, &["add", &name]);
+    assert!(
+        said.contains(&format!("{name} is not a kvlab cluster node"))
+            && said.contains("kvlab")
+            && said.contains("without --cluster"),
+        "{said}"
+    );
+
+    let nothing = format!("127.0.0.1:{}", ports[2]);
+    let said = cluster_fails(&topology, &["add", &nothing]);
+    assert!(
+        said.contains(&format!("cannot reach {nothing}")) && said.contains("refused"),
+        "{said}"
+    );
+    let t = FileStore::new(dir.path().join("topology.json"))
+        .load()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (t.epoch, t.nodes.len()),
+        (1, 1),
+        "the topology is unchanged"
     );
 }
