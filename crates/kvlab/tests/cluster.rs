@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -569,6 +569,70 @@ fn cluster_fails(topology: &str, args: &[&str]) -> String {
     said
 }
 
+/// The first of `n` consecutive free 127.0.0.1 ports (for `up --base-port`).
+fn consecutive_free_ports(n: u16) -> u16 {
+    for _ in 0..100 {
+        let first = free_ports(1).unwrap()[0];
+        let Some(end) = first.checked_add(n) else {
+            continue;
+        };
+        let held: Result<Vec<TcpListener>, _> = (first..end)
+            .map(|p| TcpListener::bind(("127.0.0.1", p)))
+            .collect();
+        if held.is_ok() {
+            return first;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// Whether process `pid` still runs (a zombie has exited).
+fn running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().as_bytes().first()),
+            Some(Some(b'Z' | b'X'))
+        ),
+        Err(_) => false,
+    }
+}
+
+/// Whether anything accepts connections at 127.0.0.1:`port`.
+fn listening(port: u16) -> bool {
+    TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(1),
+    )
+    .is_ok()
+}
+
+/// Kills, when a test ends, the nodes a pids file written by `up` lists (so that a test
+/// that fails leaves no node behind).
+struct Reap(std::path::PathBuf);
+
+impl Reap {
+    fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(&self.0)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            if running(pid) {
+                // SAFETY: kill(2) of a node this test's `up` started and still runs.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
 /// `add` of a server that is no cluster node says what it is and why it cannot join; of an
 /// address where nothing listens, that it cannot be reached and why.
 #[test]
@@ -622,4 +686,62 @@ fn add_of_a_server_that_is_no_cluster_node_says_what_it_is() {
         (1, 1),
         "the topology is unchanged"
     );
+}
+
+/// `up` with one of its ports taken starts nothing, names the port, and leaves no
+/// topology.
+#[test]
+fn up_with_a_port_taken_names_it_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let _reap = Reap(dir.path().join("pids"));
+    let base = consecutive_free_ports(3);
+    let _taken = TcpListener::bind(("127.0.0.1", base + 1)).unwrap();
+    let begun = Instant::now();
+    let said = cluster_fails(
+        &topology,
+        &["up", "--nodes", "3", "--base-port", &base.to_string()],
+    );
+    // Not a speed: `up` must see the port taken before it starts anything, rather than
+    // wait out a node's start-up timeout (10 s).
+    assert!(begun.elapsed() < Duration::from_secs(8), "{said}");
+    assert!(
+        said.contains(&format!("address 127.0.0.1:{} is in use", base + 1)),
+        "{said}"
+    );
+    assert!(
+        !listening(base) && !listening(base + 2),
+        "a node was left running: {said}"
+    );
+    assert_eq!(FileStore::new(&path).load().unwrap(), None, "{said}");
+}
+
+/// `up` whose nodes exit at once (a flag `kvlab server` rejects) says why, stops what it
+/// started and removes the topology it created.
+#[test]
+fn up_whose_nodes_fail_says_why_and_removes_the_topology() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let _reap = Reap(dir.path().join("pids"));
+    let base = consecutive_free_ports(2);
+    let said = cluster_fails(
+        &topology,
+        &[
+            "up",
+            "--nodes",
+            "2",
+            "--base-port",
+            &base.to_string(),
+            "--",
+            "--no-such-flag",
+        ],
+    );
+    assert!(
+        said.contains(&format!("127.0.0.1:{base}")) && said.contains("--no-such-flag"),
+        "names the node and quotes its log: {said}"
+    );
+    assert!(!listening(base) && !listening(base + 1), "{said}");
+    assert_eq!(FileStore::new(&path).load().unwrap(), None, "{said}");
 }
