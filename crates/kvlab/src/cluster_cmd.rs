@@ -87,7 +87,9 @@ enum ClusterCommand {
     Resume,
     /// Roll back a migration that is still copying (the old ring stays).
     Abort,
-    /// Stop the nodes `up` started and remove the topology.
+    /// Stop the cluster's nodes that run on this machine (each by the pid it reports, else
+    /// the one `up` recorded) and remove the topology; nodes on other machines are named and
+    /// left running. A node that cannot be stopped fails the command and keeps the topology.
     Down,
 }
 
@@ -205,7 +207,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             Ok(())
         }
         ClusterCommand::Status { json } => status(store.as_ref(), json),
-        ClusterCommand::Down => down(store.as_ref(), &dir),
+        ClusterCommand::Down => down(store.as_ref(), &args.topology, &dir),
     }
 }
 
@@ -368,26 +370,49 @@ fn status(store: &dyn TopologyStore, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn down(store: &dyn TopologyStore, dir: &Path) -> anyhow::Result<()> {
-    let pids_path = dir.join("pids");
-    let pids = std::fs::read_to_string(&pids_path).unwrap_or_default();
-    let mut stopped = 0;
-    for line in pids.lines() {
-        let Some(pid) = line
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        // SAFETY: kill(2) with a pid this cluster's `up`/`add --start` recorded.
-        if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
-            stopped += 1;
-        }
+/// Stops the topology's nodes that run on this machine (and any node `up` or `add
+/// --start` recorded beside it) and removes the topology. A node that cannot be stopped
+/// keeps the topology, so that `down` can be run again.
+fn down(store: &dyn TopologyStore, topology: &str, dir: &Path) -> anyhow::Result<()> {
+    let t = store.load()?;
+    let r = local::stop_nodes(t.as_ref(), topology, dir);
+    if t.is_none() && r.stopped.is_empty() && r.failed.is_empty() {
+        bail!("no cluster in {}: nothing to stop", store.describe());
     }
-    let _ = std::fs::remove_file(&pids_path);
-    store.clear()?;
-    println!("stopped {stopped} nodes; topology removed");
+    for k in &r.killed {
+        eprintln!("{k}");
+    }
+    println!(
+        "stopped {} nodes{}",
+        r.stopped.len(),
+        if r.stopped.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", r.stopped.join(" "))
+        }
+    );
+    if !r.not_running.is_empty() {
+        println!("not running: {}", r.not_running.join(" "));
+    }
+    if !r.elsewhere.is_empty() {
+        println!(
+            "not stopped, not on this machine (stop them where they run): {}",
+            r.elsewhere.join(" ")
+        );
+    }
+    if !r.failed.is_empty() {
+        bail!(
+            "could not stop {} nodes:\n  {}\nthe topology in {} is kept: run `kvlab cluster \
+             down` again once they are stopped",
+            r.failed.len(),
+            r.failed.join("\n  "),
+            store.describe()
+        );
+    }
+    if t.is_some() {
+        store.clear()?;
+        println!("topology removed");
+    }
     Ok(())
 }
 

@@ -745,3 +745,55 @@ fn up_whose_nodes_fail_says_why_and_removes_the_topology() {
     assert!(!listening(base) && !listening(base + 1), "{said}");
     assert_eq!(FileStore::new(&path).load().unwrap(), None, "{said}");
 }
+
+/// `down` of a cluster in etcd, run from another directory than `up`: it finds the nodes
+/// from the topology and stops every one.
+#[test]
+fn down_of_an_etcd_cluster_from_another_directory_stops_its_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(&dir.path().join("etcd")).expect("etcd starts (.ci/run installs it)");
+    let topology = etcd.spec("downed");
+    let (here, there) = (dir.path().join("here"), dir.path().join("there"));
+    std::fs::create_dir_all(&here).unwrap();
+    std::fs::create_dir_all(&there).unwrap();
+    let reap = Reap(here.join("kvlab-cluster/downed/pids"));
+    let base = consecutive_free_ports(2);
+    let run = |cwd: &Path, args: &[&str]| {
+        let out = Command::new(KVLAB)
+            .current_dir(cwd)
+            .args(["cluster", "--topology", &topology])
+            .args(args)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "kvlab cluster {args:?}: {said}");
+        said
+    };
+    run(
+        &here,
+        &[
+            "up",
+            "--nodes",
+            "2",
+            "--base-port",
+            &base.to_string(),
+            "--",
+            "-t",
+            "1",
+            "-m",
+            "64",
+        ],
+    );
+    let pids = reap.pids();
+    assert_eq!(pids.len(), 2);
+    let said = run(&there, &["down"]);
+    for pid in &pids {
+        assert!(!running(*pid), "node pid {pid} still runs: {said}");
+    }
+    assert!(!listening(base) && !listening(base + 1), "{said}");
+    assert_eq!(open_store(&topology).unwrap().load().unwrap(), None);
+}

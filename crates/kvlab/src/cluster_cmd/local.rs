@@ -1,12 +1,14 @@
 //! The nodes of a cluster that run on this machine: `up` and `add --start` start them (each
 //! a `kvlab server --cluster` in its own process group, so it outlives the command), check
 //! that the process answering at each address is the one they started, and stop what they
-//! started when something fails.
+//! started when something fails; `down` finds them from the topology — each node reports
+//! its pid in `cluster status` — whatever directory it is run from, and stops them.
 //!
-//! Every start appends `PID NODE` to the `pids` file beside the topology.
+//! The `pids` file beside the topology (`PID NODE` lines, appended by every start) is the
+//! fallback for a node that does not answer.
 
 use std::io::Write;
-use std::net::TcpListener;
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,13 +16,16 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use kvlab_client::cluster::resolve;
 use kvlab_cluster::coordinator::node_status;
-use kvlab_cluster::ClusterError;
+use kvlab_cluster::{ClusterError, Topology};
 
 /// How long a started node may take to answer `cluster status`.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a node may take to exit after SIGTERM before it gets SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// How long a node may take to disappear after SIGKILL.
+const KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// A node this command started.
 pub struct Started {
@@ -220,7 +225,8 @@ pub fn stop_started(started: Vec<Started>, dir: &Path) -> Vec<String> {
 
 /// Sends `sig` to `pid`; the OS error if it could not.
 fn signal(pid: i32, sig: libc::c_int) -> std::io::Result<()> {
-    // SAFETY: kill(2) has no memory-safety preconditions; `pid` is the caller's own child.
+    // SAFETY: kill(2) has no memory-safety preconditions; every caller checked that `pid`
+    // is a kvlab cluster node (its own child, or a process whose command line says so).
     if unsafe { libc::kill(pid, sig) } == 0 {
         Ok(())
     } else {
@@ -255,9 +261,281 @@ fn forget(dir: &Path, gone: impl Fn(u32) -> bool) {
     };
 }
 
+/// Whether process `pid` runs (a zombie has exited: it only waits for its parent).
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the command's closing parenthesis.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next()),
+            Some('Z' | 'X') | None
+        ),
+        Err(_) => false,
+    }
+}
+
+/// Whether process `pid` on this machine is a `kvlab server --cluster`, so that a pid from a
+/// node in another pid namespace (a container) or a recorded pid reused since is never
+/// signalled. With `node`, its `--cluster-node` must be that; with `topology`, its
+/// `--cluster` must be that.
+fn is_cluster_node(pid: u32, node: Option<&str>, topology: Option<&str>) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<String> = cmdline
+        .split(|&b| b == 0)
+        .skip(1)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    // `--flag VALUE` or `--flag=VALUE`.
+    let value = |flag: &str| {
+        args.iter().enumerate().find_map(|(i, a)| {
+            if a == flag {
+                args.get(i + 1).map(String::as_str)
+            } else {
+                a.strip_prefix(flag)?.strip_prefix('=')
+            }
+        })
+    };
+    let cluster = value("--cluster");
+    running(pid)
+        && args.iter().any(|a| a == "server")
+        && cluster.is_some()
+        && topology.is_none_or(|t| cluster == Some(t))
+        && node.is_none_or(|n| value("--cluster-node") == Some(n))
+}
+
+/// Whether `ip` is an address of this machine: loopback, or one a socket can be bound to.
+fn on_this_machine(ip: IpAddr) -> bool {
+    ip.is_loopback() || ip.is_unspecified() || UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+}
+
+/// What `down` found for one node.
+enum Found {
+    /// Its process on this machine, and how it was found.
+    Pid(u32, &'static str),
+    /// Nothing listens at its address, and no recorded process runs.
+    NotRunning,
+    /// Its address is not one of this machine's.
+    Elsewhere,
+    /// It may run here but its process cannot be found or is not a cluster node: why.
+    Unknown(String),
+}
+
+/// Finds the process of `node`, which the topology names: the pid it reports, else the one
+/// recorded for it.
+fn find(node: &str, recorded: &[(u32, String)], dir: &Path) -> Found {
+    // A name that does not resolve here is no address of this machine either.
+    if !resolve(node).is_ok_and(|addr| on_this_machine(addr.ip())) {
+        return Found::Elsewhere;
+    }
+    let status = node_status(node);
+    if let Some(pid) = status
+        .as_ref()
+        .ok()
+        .and_then(|v| v["pid"].as_u64())
+        .and_then(|p| u32::try_from(p).ok())
+    {
+        return if is_cluster_node(pid, None, None) {
+            Found::Pid(pid, "the pid it reports")
+        } else {
+            Found::Unknown(format!(
+                "it reports pid {pid}, which is no kvlab cluster node on this machine (does it \
+                 run in a container?)"
+            ))
+        };
+    }
+    // No pid from the node itself: the one `up` or `add --start` recorded, if it still runs.
+    if let Some(pid) = recorded_pid(node, None, recorded) {
+        return Found::Pid(pid, "its pid recorded by `up`");
+    }
+    match status {
+        Err(ClusterError::Unreachable { .. }) => Found::NotRunning,
+        Ok(_) => Found::Unknown(
+            "it answers but reports no pid (a kvlab older than this one?): stop it by hand".into(),
+        ),
+        Err(e) => Found::Unknown(format!(
+            "{e}; and no running pid is recorded for it in {}",
+            dir.join("pids").display()
+        )),
+    }
+}
+
+/// The recorded pid of `node` if that process still runs as its node (of `topology`, when
+/// given).
+fn recorded_pid(node: &str, topology: Option<&str>, recorded: &[(u32, String)]) -> Option<u32> {
+    recorded
+        .iter()
+        .rev()
+        .find(|(pid, n)| n == node && is_cluster_node(*pid, Some(node), topology))
+        .map(|(pid, _)| *pid)
+}
+
+/// What `down` did to the nodes.
+pub struct Stopped {
+    /// Nodes stopped.
+    pub stopped: Vec<String>,
+    /// Nodes that were not running.
+    pub not_running: Vec<String>,
+    /// Nodes whose address is not this machine's, left alone.
+    pub elsewhere: Vec<String>,
+    /// Nodes that had to be killed with SIGKILL.
+    pub killed: Vec<String>,
+    /// Nodes that could not be stopped, with why.
+    pub failed: Vec<String>,
+}
+
+/// Stops every node of the topology `t` (stored at `topology`) that runs on this machine,
+/// and any node of it `DIR/pids` records: SIGTERM, then SIGKILL after the grace period;
+/// waits until each is gone.
+pub fn stop_nodes(t: Option<&Topology>, topology: &str, dir: &Path) -> Stopped {
+    let recorded = recorded(dir);
+    let mut names: Vec<String> = Vec::new();
+    if let Some(t) = t {
+        names.extend(t.nodes.iter().cloned());
+        names.extend(t.migration.iter().flat_map(|m| m.to.iter().cloned()));
+    }
+    let mut seen = std::collections::HashSet::new();
+    names.retain(|n| seen.insert(n.clone()));
+
+    let mut out = Stopped {
+        stopped: Vec::new(),
+        not_running: Vec::new(),
+        elsewhere: Vec::new(),
+        killed: Vec::new(),
+        failed: Vec::new(),
+    };
+    let mut found: Vec<(String, Found)> = names
+        .into_iter()
+        .map(|n| {
+            let f = find(&n, &recorded, dir);
+            (n, f)
+        })
+        .collect();
+    // A node recorded here that the topology does not name (one whose `add --start` was
+    // interrupted, or every node when the topology is gone) counts only if its process
+    // serves this topology: a `pids` file found under the working directory may be another
+    // cluster's of the same name.
+    for (_, n) in &recorded {
+        if seen.insert(n.clone()) {
+            if let Some(pid) = recorded_pid(n, Some(topology), &recorded) {
+                found.push((n.clone(), Found::Pid(pid, "its pid recorded by `up`")));
+            }
+        }
+    }
+    let mut stopping: Vec<(String, u32)> = Vec::new();
+    for (n, f) in found {
+        match f {
+            Found::Pid(pid, how) => match signal(pid as i32, libc::SIGTERM) {
+                Ok(()) => stopping.push((n, pid)),
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => out.not_running.push(n),
+                Err(e) => out
+                    .failed
+                    .push(format!("{n}: SIGTERM to pid {pid} ({how}): {e}")),
+            },
+            Found::NotRunning => out.not_running.push(n),
+            Found::Elsewhere => out.elsewhere.push(n),
+            Found::Unknown(why) => out.failed.push(format!("{n}: {why}")),
+        }
+    }
+    let gone = |list: &mut Vec<(String, u32)>, until: Instant| {
+        let mut pause = Duration::from_millis(1);
+        loop {
+            list.retain(|(_, pid)| running(*pid));
+            if list.is_empty() || Instant::now() >= until {
+                return;
+            }
+            // Polling the nodes' exit: a bounded back-off.
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    };
+    let all: Vec<(String, u32)> = stopping.clone();
+    gone(&mut stopping, Instant::now() + STOP_GRACE);
+    let mut kill_errors = Vec::new();
+    for (n, pid) in &stopping {
+        match signal(*pid as i32, libc::SIGKILL) {
+            Ok(()) => out.killed.push(format!(
+                "{n} (pid {pid}) did not stop within {} s of SIGTERM: killed it with SIGKILL",
+                STOP_GRACE.as_secs()
+            )),
+            Err(e) => kill_errors.push((*pid, e)),
+        }
+    }
+    gone(&mut stopping, Instant::now() + KILL_WAIT);
+    for (n, pid) in all {
+        if !running(pid) {
+            out.stopped.push(n);
+        } else if let Some((_, e)) = kill_errors.iter().find(|(p, _)| *p == pid) {
+            out.failed.push(format!("{n}: SIGKILL to pid {pid}: {e}"));
+        } else {
+            out.failed
+                .push(format!("{n}: pid {pid} still runs after SIGKILL"));
+        }
+    }
+    // Lines of processes that are gone are dropped; those still running stay.
+    forget(dir, |pid| !running(pid));
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn this_machine_is_loopback_or_a_bindable_address() {
+        assert!(on_this_machine("127.0.0.1".parse().unwrap()));
+        assert!(on_this_machine("::1".parse().unwrap()));
+        // TEST-NET-3: documentation only, never assigned to an interface.
+        assert!(!on_this_machine("203.0.113.7".parse().unwrap()));
+    }
+
+    #[test]
+    fn only_a_kvlab_cluster_node_is_ever_signalled() {
+        // This test process is no `kvlab server --cluster`.
+        assert!(running(std::process::id()));
+        assert!(!is_cluster_node(std::process::id(), None, None));
+        assert!(!is_cluster_node(u32::MAX, None, None));
+    }
+
+    #[test]
+    fn a_recorded_pid_counts_only_for_its_node_and_topology() {
+        // A stand-in whose command line is a node's (`sh -c SCRIPT NAME ARGS…`; the `:`
+        // keeps the shell from replacing itself with `sleep`). Its first line says the shell
+        // runs (its command line is in place).
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                "echo up; sleep 30; :",
+                "server",
+                "--cluster",
+                "etcd://h:1/a",
+            ])
+            .args(["--cluster-node", "127.0.0.1:7101"])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line, "up\n");
+        let pid = child.id();
+        let etcd = Some("etcd://h:1/a");
+        assert!(is_cluster_node(pid, None, None));
+        assert!(is_cluster_node(pid, Some("127.0.0.1:7101"), etcd));
+        assert!(!is_cluster_node(pid, Some("127.0.0.1:7102"), etcd));
+        assert!(!is_cluster_node(
+            pid,
+            Some("127.0.0.1:7101"),
+            Some("etcd://h:1/b")
+        ));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(!running(pid));
+    }
 
     #[test]
     fn a_node_log_is_quoted_by_its_error_line() {
