@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kvlab_client::cluster::resolve;
-use kvlab_client::{Answer, Client};
+use kvlab_client::{Answer, Client, ConnError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -46,22 +46,83 @@ pub struct MigrationReport {
     pub total_s: f64,
 }
 
-/// A node's `cluster status`, parsed.
+/// How long a node may take to accept a connection and to answer one request.
+const ASK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A node's `cluster status`, parsed. Nothing listening at its address is
+/// [`ClusterError::Unreachable`] (with the operating system's reason); a server that answers
+/// but is no cluster node (a memcached, a kvlab server started without `--cluster`) is
+/// [`ClusterError::NotANode`], which names what it is by its answer to `version`.
 pub fn node_status(node: &str) -> Result<Value, ClusterError> {
-    let err = |reason: String| ClusterError::Node {
+    let unreachable = |reason: String| ClusterError::Unreachable {
         node: node.to_string(),
         reason,
     };
-    let addr: SocketAddr = resolve(node).map_err(|e| err(e.to_string()))?;
-    let mut c = Client::connect(addr, Duration::from_secs(2)).map_err(|e| err(e.to_string()))?;
-    match c
-        .call(b"cluster status\r\n")
-        .map_err(|e| err(e.to_string()))?
-    {
-        Answer::Values(v) if v.len() == 1 => {
-            serde_json::from_slice(&v[0].2).map_err(|e| err(e.to_string()))
+    let failed = |reason: String| ClusterError::Node {
+        node: node.to_string(),
+        reason,
+    };
+    let addr: SocketAddr = resolve(node).map_err(|e| unreachable(e.to_string()))?;
+    let mut c = Client::connect(addr, ASK_TIMEOUT).map_err(|e| unreachable(e.to_string()))?;
+    let reply = match c.call(b"cluster status\r\n") {
+        Ok(Answer::Values(v)) if v.len() == 1 => {
+            return serde_json::from_slice(&v[0].2)
+                .map_err(|e| failed(format!("its \"cluster status\" is not JSON: {e}")));
         }
-        other => Err(err(format!("unexpected reply {other:?}"))),
+        Ok(Answer::Values(v)) => format!("{} values", v.len()),
+        Ok(Answer::Line(line)) => printable(&line),
+        Err(e) => return Err(failed(no_answer("cluster status", &e))),
+    };
+    Err(ClusterError::NotANode {
+        node: node.to_string(),
+        reply,
+        server: what_answers(&mut c),
+    })
+}
+
+/// What a server that is no cluster node is, from its `version`: kvlab says
+/// `VERSION 1.6.21 kvlab-X`, memcached `VERSION 1.6.18`.
+fn what_answers(c: &mut Client) -> String {
+    match c.version() {
+        Ok(v) => {
+            if let Some(k) = v.split_whitespace().find_map(|w| w.strip_prefix("kvlab-")) {
+                format!("kvlab {k} started without --cluster")
+            } else if !v.is_empty() && v.chars().all(|ch| ch.is_ascii_digit() || ch == '.') {
+                format!("memcached {v}")
+            } else {
+                format!("a server whose version is \"{}\"", printable(v.as_bytes()))
+            }
+        }
+        Err(e) => format!("an unknown server: {}", no_answer("version", &e)),
+    }
+}
+
+/// Why a request got no reply.
+fn no_answer(request: &str, e: &ConnError) -> String {
+    match e {
+        ConnError::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            format!(
+                "no answer to \"{request}\" within {} s (something accepts connections there \
+                 but does not answer)",
+                ASK_TIMEOUT.as_secs()
+            )
+        }
+        ConnError::Closed => format!("it closed the connection on \"{request}\""),
+        e => format!("\"{request}\" failed: {e}"),
+    }
+}
+
+/// A reply line as text for a message, cut at 80 characters.
+fn printable(line: &[u8]) -> String {
+    let text = String::from_utf8_lossy(line);
+    match text.char_indices().nth(80) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.into_owned(),
     }
 }
 

@@ -35,6 +35,27 @@ pub enum ClusterError {
         /// What happened.
         reason: String,
     },
+    /// Nothing answers at a node's address.
+    #[error("cannot reach {node}: {reason}")]
+    Unreachable {
+        /// The node.
+        node: String,
+        /// Why (the operating system's reason).
+        reason: String,
+    },
+    /// Something answers at a node's address, but not as a kvlab cluster node.
+    #[error(
+        "{node} is not a kvlab cluster node: it answered \"cluster status\" with {reply} \
+         ({server}) — start it with `kvlab server --cluster TOPOLOGY`"
+    )]
+    NotANode {
+        /// The node.
+        node: String,
+        /// Its reply to `cluster status`.
+        reply: String,
+        /// What it is, from its reply to `version`.
+        server: String,
+    },
     /// A migration could not go on.
     #[error("migration: {0}")]
     Migration(String),

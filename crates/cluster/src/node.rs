@@ -248,6 +248,7 @@ impl Node {
         let until = self.writable_until.load(Ordering::Relaxed);
         serde_json::json!({
             "node": self.me,
+            "pid": std::process::id(),
             "writable": until == u64::MAX || now_ms() < until,
             "epoch": v.epoch,
             "nodes": v.serving.nodes(),

@@ -1,15 +1,15 @@
 //! `kvlab cluster`: start, grow, shrink and inspect a kvlab cluster (see `kvlab_cluster`).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command as Proc, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use kvlab_client::cluster::DEFAULT_VNODES;
 use kvlab_cluster::coordinator::{self, MigrationReport};
-use kvlab_cluster::{open_store, TopologyStore};
+use kvlab_cluster::{open_store, ClusterError, TopologyStore};
+
+mod local;
 
 #[derive(Debug, Args)]
 pub struct ClusterArgs {
@@ -87,7 +87,9 @@ enum ClusterCommand {
     Resume,
     /// Roll back a migration that is still copying (the old ring stays).
     Abort,
-    /// Stop the nodes `up` started and remove the topology.
+    /// Stop the cluster's nodes that run on this machine (each by the pid it reports, else
+    /// the one `up` recorded) and remove the topology; nodes on other machines are named and
+    /// left running. A node that cannot be stopped fails the command and keeps the topology.
     Down,
 }
 
@@ -105,23 +107,34 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             if nodes == 0 {
                 bail!("--nodes must be at least 1");
             }
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             if store.load()?.is_some() {
                 bail!(
                     "a cluster already exists in {} (kvlab cluster down first)",
                     store.describe()
                 );
             }
+            if base_port as usize + nodes - 1 > u16::MAX as usize {
+                bail!("--base-port {base_port} with {nodes} nodes goes past port 65535");
+            }
             let names: Vec<String> = (0..nodes)
                 .map(|i| format!("127.0.0.1:{}", base_port as usize + i))
                 .collect();
+            local::check_free(&names)?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             // The topology first: a node reads it when it starts.
             coordinator::create(store.as_ref(), vnodes, replicas, names.clone())?;
-            for n in &names {
-                start_node(&dir, &args.topology, n, &server_args)?;
-            }
-            for n in &names {
-                wait_node(n)?;
+            let mut started = Vec::new();
+            if let Err(e) = start_all(&dir, &args.topology, &names, &server_args, &mut started) {
+                let n = started.len();
+                let killed = local::stop_started(started, &dir);
+                let removed = match store.clear() {
+                    Ok(()) => "removed the topology it created".to_string(),
+                    Err(c) => format!("could not remove the topology it created: {c}"),
+                };
+                bail!(
+                    "{e:#}\nundone: stopped the {n} nodes it started; {removed}{}",
+                    lines(&killed)
+                );
             }
             println!("cluster of {} nodes up: {}", nodes, names.join(" "));
             println!("topology: {}", store.describe());
@@ -145,12 +158,36 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             start,
             server_args,
         } => {
-            if start {
-                start_node(&dir, &args.topology, &node, &server_args)?;
-                wait_node(&node)?;
+            if !start {
+                let r = coordinator::add(store.as_ref(), &node, &mut show_progress())?;
+                return finish(&r);
             }
-            let r = coordinator::add(store.as_ref(), &node, &mut show_progress())?;
-            finish(&r)
+            if store.load()?.is_none() {
+                bail!("no cluster in {}", store.describe());
+            }
+            local::check_free(std::slice::from_ref(&node))?;
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let mut s = local::start(&dir, &args.topology, &node, &server_args)?;
+            if let Err(e) = local::wait(&mut s) {
+                let killed = local::stop_started(vec![s], &dir);
+                bail!(
+                    "{e:#}\nundone: stopped the node it started{}",
+                    lines(&killed)
+                );
+            }
+            match coordinator::add(store.as_ref(), &node, &mut show_progress()) {
+                Ok(r) => finish(&r),
+                // A node the topology names (a migration to it to resume) keeps running.
+                Err(e) if names_node(store.as_ref(), &node) => bail!(
+                    "{e}\nthe node it started ({node}, pid {}) keeps running: the topology \
+                     names it",
+                    s.pid()
+                ),
+                Err(e) => {
+                    let killed = local::stop_started(vec![s], &dir);
+                    bail!("{e}\nundone: stopped the node it started{}", lines(&killed))
+                }
+            }
         }
         ClusterCommand::Remove { node } => {
             let r = coordinator::remove(store.as_ref(), &node, &mut show_progress())?;
@@ -170,7 +207,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             Ok(())
         }
         ClusterCommand::Status { json } => status(store.as_ref(), json),
-        ClusterCommand::Down => down(store.as_ref(), &dir),
+        ClusterCommand::Down => down(store.as_ref(), &args.topology, &dir),
     }
 }
 
@@ -189,52 +226,38 @@ fn topology_dir(spec: &str) -> PathBuf {
     }
 }
 
-/// Starts `kvlab server --cluster` for `node` in the background (its own process group, so
-/// it outlives this command), logging to `DIR/node-PORT.log`; its pid goes to `DIR/pids`.
-fn start_node(dir: &Path, topology: &str, node: &str, extra: &[String]) -> anyhow::Result<()> {
-    let (host, port) = node
-        .rsplit_once(':')
-        .with_context(|| format!("{node}: expected HOST:PORT"))?;
-    let log_path = dir.join(format!("node-{port}.log"));
-    let log = std::fs::File::create(&log_path)
-        .with_context(|| format!("creating {}", log_path.display()))?;
-    let exe = std::env::current_exe().context("finding the kvlab binary")?;
-    use std::os::unix::process::CommandExt;
-    let child = Proc::new(exe)
-        .args([
-            "server",
-            "-l",
-            host,
-            "-p",
-            port,
-            "--cluster",
-            topology,
-            "--cluster-node",
-            node,
-        ])
-        .args(extra)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .process_group(0)
-        .spawn()
-        .with_context(|| format!("starting node {node}"))?;
-    let mut pids = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(dir.join("pids"))?;
-    writeln!(pids, "{} {node}", child.id())?;
+/// Starts a node for each of `names` and waits until each answers as the process it
+/// started; `started` holds those started, for the caller to stop if this fails.
+fn start_all(
+    dir: &Path,
+    topology: &str,
+    names: &[String],
+    server_args: &[String],
+    started: &mut Vec<local::Started>,
+) -> anyhow::Result<()> {
+    for n in names {
+        started.push(local::start(dir, topology, n, server_args)?);
+    }
+    for s in started.iter_mut() {
+        local::wait(s)?;
+    }
     Ok(())
 }
 
-fn wait_node(node: &str) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match coordinator::node_status(node) {
-            Ok(_) => return Ok(()),
-            Err(e) if Instant::now() > deadline => bail!("{node} did not come up: {e}"),
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+/// Notes for a message, each on a line of its own.
+fn lines(notes: &[String]) -> String {
+    notes.iter().map(|n| format!("\n{n}")).collect()
+}
+
+/// Whether the topology names `node` (or cannot be read, so that it may).
+fn names_node(store: &dyn TopologyStore, node: &str) -> bool {
+    match store.load() {
+        Ok(Some(t)) => {
+            t.nodes.iter().any(|n| n == node)
+                || t.migration.is_some_and(|m| m.to.iter().any(|n| n == node))
         }
+        Ok(None) => false,
+        Err(_) => true,
     }
 }
 
@@ -295,7 +318,10 @@ fn status(store: &dyn TopologyStore, json: bool) -> anyhow::Result<()> {
         .map(|n| {
             (
                 n.clone(),
-                coordinator::node_status(n).map_err(|e| e.to_string()),
+                coordinator::node_status(n).map_err(|e| match e {
+                    ClusterError::Unreachable { reason, .. } => format!("unreachable ({reason})"),
+                    e => e.to_string(),
+                }),
             )
         })
         .collect();
@@ -338,32 +364,55 @@ fn status(store: &dyn TopologyStore, json: bool) -> anyhow::Result<()> {
                     }
                 );
             }
-            Err(e) => println!("  {n}: unreachable ({e})"),
+            Err(e) => println!("  {n}: {e}"),
         }
     }
     Ok(())
 }
 
-fn down(store: &dyn TopologyStore, dir: &Path) -> anyhow::Result<()> {
-    let pids_path = dir.join("pids");
-    let pids = std::fs::read_to_string(&pids_path).unwrap_or_default();
-    let mut stopped = 0;
-    for line in pids.lines() {
-        let Some(pid) = line
-            .split_whitespace()
-            .next()
-            .and_then(|p| p.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        // SAFETY: kill(2) with a pid this cluster's `up`/`add --start` recorded.
-        if unsafe { libc::kill(pid, libc::SIGTERM) } == 0 {
-            stopped += 1;
-        }
+/// Stops the topology's nodes that run on this machine (and any node `up` or `add
+/// --start` recorded beside it) and removes the topology. A node that cannot be stopped
+/// keeps the topology, so that `down` can be run again.
+fn down(store: &dyn TopologyStore, topology: &str, dir: &Path) -> anyhow::Result<()> {
+    let t = store.load()?;
+    let r = local::stop_nodes(t.as_ref(), topology, dir);
+    if t.is_none() && r.stopped.is_empty() && r.failed.is_empty() {
+        bail!("no cluster in {}: nothing to stop", store.describe());
     }
-    let _ = std::fs::remove_file(&pids_path);
-    store.clear()?;
-    println!("stopped {stopped} nodes; topology removed");
+    for k in &r.killed {
+        eprintln!("{k}");
+    }
+    println!(
+        "stopped {} nodes{}",
+        r.stopped.len(),
+        if r.stopped.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", r.stopped.join(" "))
+        }
+    );
+    if !r.not_running.is_empty() {
+        println!("not running: {}", r.not_running.join(" "));
+    }
+    if !r.elsewhere.is_empty() {
+        println!(
+            "not stopped, not on this machine (stop them where they run): {}",
+            r.elsewhere.join(" ")
+        );
+    }
+    if !r.failed.is_empty() {
+        bail!(
+            "could not stop {} nodes:\n  {}\nthe topology in {} is kept: run `kvlab cluster \
+             down` again once they are stopped",
+            r.failed.len(),
+            r.failed.join("\n  "),
+            store.describe()
+        );
+    }
+    if t.is_some() {
+        store.clear()?;
+        println!("topology removed");
+    }
     Ok(())
 }
 

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvlab_client::process::{free_ports, Probe, Process, Spawn};
-use kvlab_client::testing::Etcd;
+use kvlab_client::testing::{Etcd, Memcached};
 use kvlab_client::{Client, ClusterClient};
 use kvlab_cluster::coordinator::node_status;
 use kvlab_cluster::{open_store, FileStore, Migration, Phase, TopologyStore};
@@ -610,4 +610,249 @@ fn two_copies_with_concurrent_writers_never_stall() {
         2 * keys,
         "items on the nodes: two copies of each of {keys} keys"
     );
+}
+
+/// `kvlab cluster ARGS`, expected to fail: its stderr.
+fn cluster_fails(topology: &str, args: &[&str]) -> String {
+    let out = Command::new(KVLAB)
+        .args(["cluster", "--topology", topology])
+        .args(args)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "kvlab cluster {args:?} succeeded: {}{said}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    said
+}
+
+/// The first of `n` consecutive free 127.0.0.1 ports (for `up --base-port`).
+fn consecutive_free_ports(n: u16) -> u16 {
+    for _ in 0..100 {
+        let first = free_ports(1).unwrap()[0];
+        let Some(end) = first.checked_add(n) else {
+            continue;
+        };
+        let held: Result<Vec<TcpListener>, _> = (first..end)
+            .map(|p| TcpListener::bind(("127.0.0.1", p)))
+            .collect();
+        if held.is_ok() {
+            return first;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// Whether process `pid` still runs (a zombie has exited).
+fn running(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command's closing parenthesis.
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .map(|(_, r)| r.trim_start().as_bytes().first()),
+            Some(Some(b'Z' | b'X'))
+        ),
+        Err(_) => false,
+    }
+}
+
+/// Whether anything accepts connections at 127.0.0.1:`port`.
+fn listening(port: u16) -> bool {
+    TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_secs(1),
+    )
+    .is_ok()
+}
+
+/// Kills, when a test ends, the nodes a pids file written by `up` lists (so that a test
+/// that fails leaves no node behind).
+struct Reap(std::path::PathBuf);
+
+impl Reap {
+    fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(&self.0)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            if running(pid) {
+                // SAFETY: kill(2) of a node this test's `up` started and still runs.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// `add` of a server that is no cluster node says what it is and why it cannot join; of an
+/// address where nothing listens, that it cannot be reached and why.
+#[test]
+fn add_of_a_server_that_is_no_cluster_node_says_what_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json").display().to_string();
+    let ports = free_ports(3).unwrap();
+    cluster(&topology, &["create", &format!("127.0.0.1:{}", ports[0])]);
+
+    let memcached = Memcached::start_with(&["-m", "64"]).unwrap();
+    let name = memcached.addr.to_string();
+    let said = cluster_fails(&topology, &["add", &name]);
+    assert!(
+        said.contains(&format!("{name} is not a kvlab cluster node")),
+        "{said}"
+    );
+    assert!(said.contains("memcached 1."), "names what answers: {said}");
+    assert!(
+        said.contains("--cluster"),
+        "says how to start a node: {said}"
+    );
+    assert!(!said.contains("Line(["), "{said}");
+
+    let plain = Spawn::new(KVLAB)
+        .args(["server", "-l", "127.0.0.1", "-t", "1", "-m", "64"])
+        .args(["-p".to_string(), ports[1].to_string()])
+        .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], ports[1]))))
+        .start()
+        .unwrap();
+    let name = plain.addr().unwrap().to_string();
+    let said = cluster_fails(&topology, &["add", &name]);
+    assert!(
+        said.contains(&format!("{name} is not a kvlab cluster node"))
+            && said.contains("kvlab")
+            && said.contains("without --cluster"),
+        "{said}"
+    );
+
+    let nothing = format!("127.0.0.1:{}", ports[2]);
+    let said = cluster_fails(&topology, &["add", &nothing]);
+    assert!(
+        said.contains(&format!("cannot reach {nothing}")) && said.contains("refused"),
+        "{said}"
+    );
+    let t = FileStore::new(dir.path().join("topology.json"))
+        .load()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (t.epoch, t.nodes.len()),
+        (1, 1),
+        "the topology is unchanged"
+    );
+}
+
+/// `up` with one of its ports taken starts nothing, names the port, and leaves no
+/// topology.
+#[test]
+fn up_with_a_port_taken_names_it_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let _reap = Reap(dir.path().join("pids"));
+    let base = consecutive_free_ports(3);
+    let _taken = TcpListener::bind(("127.0.0.1", base + 1)).unwrap();
+    let begun = Instant::now();
+    let said = cluster_fails(
+        &topology,
+        &["up", "--nodes", "3", "--base-port", &base.to_string()],
+    );
+    // Not a speed: `up` must see the port taken before it starts anything, rather than
+    // wait out a node's start-up timeout (10 s).
+    assert!(begun.elapsed() < Duration::from_secs(8), "{said}");
+    assert!(
+        said.contains(&format!("address 127.0.0.1:{} is in use", base + 1)),
+        "{said}"
+    );
+    assert!(
+        !listening(base) && !listening(base + 2),
+        "a node was left running: {said}"
+    );
+    assert_eq!(FileStore::new(&path).load().unwrap(), None, "{said}");
+}
+
+/// `up` whose nodes exit at once (a flag `kvlab server` rejects) says why, stops what it
+/// started and removes the topology it created.
+#[test]
+fn up_whose_nodes_fail_says_why_and_removes_the_topology() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let _reap = Reap(dir.path().join("pids"));
+    let base = consecutive_free_ports(2);
+    let said = cluster_fails(
+        &topology,
+        &[
+            "up",
+            "--nodes",
+            "2",
+            "--base-port",
+            &base.to_string(),
+            "--",
+            "--no-such-flag",
+        ],
+    );
+    assert!(
+        said.contains(&format!("127.0.0.1:{base}")) && said.contains("--no-such-flag"),
+        "names the node and quotes its log: {said}"
+    );
+    assert!(!listening(base) && !listening(base + 1), "{said}");
+    assert_eq!(FileStore::new(&path).load().unwrap(), None, "{said}");
+}
+
+/// `down` of a cluster in etcd, run from another directory than `up`: it finds the nodes
+/// from the topology and stops every one.
+#[test]
+fn down_of_an_etcd_cluster_from_another_directory_stops_its_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = Etcd::start(&dir.path().join("etcd")).expect("etcd starts (.ci/run installs it)");
+    let topology = etcd.spec("downed");
+    let (here, there) = (dir.path().join("here"), dir.path().join("there"));
+    std::fs::create_dir_all(&here).unwrap();
+    std::fs::create_dir_all(&there).unwrap();
+    let reap = Reap(here.join("kvlab-cluster/downed/pids"));
+    let base = consecutive_free_ports(2);
+    let run = |cwd: &Path, args: &[&str]| {
+        let out = Command::new(KVLAB)
+            .current_dir(cwd)
+            .args(["cluster", "--topology", &topology])
+            .args(args)
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "kvlab cluster {args:?}: {said}");
+        said
+    };
+    run(
+        &here,
+        &[
+            "up",
+            "--nodes",
+            "2",
+            "--base-port",
+            &base.to_string(),
+            "--",
+            "-t",
+            "1",
+            "-m",
+            "64",
+        ],
+    );
+    let pids = reap.pids();
+    assert_eq!(pids.len(), 2);
+    let said = run(&there, &["down"]);
+    for pid in &pids {
+        assert!(!running(*pid), "node pid {pid} still runs: {said}");
+    }
+    assert!(!listening(base) && !listening(base + 1), "{said}");
+    assert_eq!(open_store(&topology).unwrap().load().unwrap(), None);
 }
