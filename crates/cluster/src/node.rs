@@ -147,6 +147,15 @@ pub struct Node {
     replica_down: Mutex<HashMap<String, (Instant, String)>>,
     /// Ring nodes whose liveness has lapsed, since when (the healer's memory).
     missing: Mutex<HashMap<String, Instant>>,
+    /// Restarted without its data while the ring still names it, with copies elsewhere:
+    /// it serves no key until it has left the ring and been added back (see
+    /// [`Node::rejoin`]).
+    recovering: AtomicBool,
+    /// The newest migration whose stream this node has taken items from. A new owner may
+    /// take a migration's items before it has seen the migration begin (its view lags the
+    /// source's); a cleanup of an older epoch, which would take those items for strays,
+    /// stops when it sees one.
+    newest_import: AtomicU64,
     /// With leases: until when (unix ms) this node may accept writes — its liveness key
     /// outlives its last heartbeat by the lease's TTL; a node cut off from the store
     /// stops taking writes when others may take it for dead. `u64::MAX` without leases.
@@ -197,7 +206,24 @@ impl Node {
             stop: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
             writable_until: AtomicU64::new(u64::MAX),
+            recovering: AtomicBool::new(false),
+            newest_import: AtomicU64::new(0),
         });
+        let named = topo.nodes.iter().any(|n| *n == node.me)
+            || topo
+                .migration
+                .as_ref()
+                .is_some_and(|m| m.to.iter().any(|n| *n == node.me));
+        if named && topo.replicas > 1 && node.store.stats().curr_items == 0 {
+            // Its keys' copies live on other nodes: serving from an empty store would
+            // answer misses for acknowledged writes.
+            node.recovering.store(true, Ordering::Release);
+            tracing::warn!(
+                "{} starts without its data while the ring names it: it serves no key until \
+                 it has left the ring and been added back with its keys",
+                node.me
+            );
+        }
         if node.topology.lease_ttl().is_some() {
             node.topology.heartbeat(&node.me)?;
             let ttl = node.topology.lease_ttl().unwrap_or_default();
@@ -211,6 +237,14 @@ impl Node {
             .spawn(move || n.watch())
             .map_err(|e| ClusterError::Store(e.to_string()))?;
         node.threads.lock().push(h);
+        if node.recovering.load(Ordering::Acquire) {
+            let n = node.clone();
+            let h = std::thread::Builder::new()
+                .name("kvlab-rejoin".into())
+                .spawn(move || n.rejoin())
+                .map_err(|e| ClusterError::Store(e.to_string()))?;
+            node.threads.lock().push(h);
+        }
         Ok(node)
     }
 
@@ -232,6 +266,71 @@ impl Node {
             node: self.clone(),
             running,
             view: self.view(),
+        }
+    }
+
+    /// A restarted node's way back (it held keys, now its store is empty): a migration
+    /// still copying is rolled back (this node cannot send what it had), one in its
+    /// hand-off is waited out; then the node takes itself out of the ring in one epoch —
+    /// its keys are then served by the nodes that hold their copies, as when a dead node's
+    /// lease lapses — and adds itself back, a migration that copies its keys to it.
+    /// Meanwhile it answers `TRYAGAIN` for every key.
+    fn rejoin(self: Arc<Node>) {
+        let mut last_error = String::new();
+        let mut note = |e: String| {
+            if e != last_error {
+                tracing::warn!("rejoining the ring: {e}");
+                last_error = e;
+            }
+        };
+        while !self.stop.load(Ordering::Relaxed) {
+            let t = match self.topology.load() {
+                Ok(Some(t)) => t,
+                Ok(None) => return,
+                Err(e) => {
+                    note(e.to_string());
+                    self.topology.wait(HEARTBEAT / 2);
+                    continue;
+                }
+            };
+            match &t.migration {
+                Some(m) if m.phase == Phase::Copy => {
+                    if let Err(e) = crate::coordinator::abort(&*self.topology) {
+                        note(format!("rolling back migration {}: {e}", m.id));
+                    }
+                }
+                Some(_) => self.topology.wait(HEARTBEAT / 2),
+                None if t.nodes.iter().any(|n| *n == self.me) => {
+                    if t.nodes.len() < 2 {
+                        // The only node: nothing holds its keys' copies.
+                        self.recovering.store(false, Ordering::Release);
+                        return;
+                    }
+                    let mut next = t.next();
+                    next.nodes.retain(|n| *n != self.me);
+                    if let Err(e) = self.topology.swap(Some(t.epoch), &next) {
+                        note(e.to_string());
+                    }
+                }
+                None => break,
+            }
+        }
+        // Out of the ring: this node serves nothing, and redirects like any other.
+        self.recovering.store(false, Ordering::Release);
+        while !self.stop.load(Ordering::Relaxed) {
+            match crate::coordinator::add(&*self.topology, &self.me, &mut |_| {}) {
+                Ok(r) => {
+                    tracing::warn!(
+                        "{} back in the ring: {} keys copied",
+                        self.me,
+                        r.keys_copied
+                    );
+                    return;
+                }
+                Err(ClusterError::Invalid(e)) if e.contains("already a node") => return,
+                Err(e) => note(format!("adding itself back: {e}")),
+            }
+            std::thread::sleep(HEARTBEAT);
         }
     }
 
@@ -370,7 +469,10 @@ impl Node {
         }
         let source = t.nodes.iter().any(|n| *n == self.me);
         match &t.migration {
-            Some(m) if m.phase == Phase::Copy && source => {
+            // A restarted node has nothing to copy: the migration is rolled back instead.
+            Some(m)
+                if m.phase == Phase::Copy && source && !self.recovering.load(Ordering::Acquire) =>
+            {
                 let started = previous.migration.as_ref().is_some_and(|p| p.id == m.id);
                 if !started {
                     self.start_copier(m.id, t);
@@ -382,6 +484,12 @@ impl Node {
                 self.grace(t.epoch);
                 self.progress.lock().grace_ms = t0.elapsed().as_millis() as u64;
                 self.finish.store(m.id, Ordering::Release);
+                let copying = self.progress.lock().migration == m.id;
+                if !copying {
+                    // Restarted since the copy began: it has nothing left to send, and the
+                    // hand-off must not wait for it (what it held moved with its process).
+                    self.hand_off_empty(m.id, &t.serving());
+                }
             }
             Some(_) => {}
             None => {
@@ -394,6 +502,30 @@ impl Node {
                 self.start_cleanup(t.epoch);
             }
         }
+    }
+
+    /// Says `drained` for migration `id` to every new owner in `serving` at once (a source
+    /// with nothing to send), and reports the hand-off done.
+    fn hand_off_empty(&self, id: u64, serving: &Ring) {
+        tracing::warn!("migration {id}: this node restarted during it; its keys were not copied");
+        let me = self.me.as_str();
+        for node in serving.nodes().iter().filter(|n| *n != me) {
+            let said = Pipe::connect(node, STREAM_TIMEOUT).and_then(|mut p| {
+                p.line(format!("cluster drained {id} {me}\r\n").as_bytes())?;
+                p.flush()
+            });
+            if let Err(e) = said {
+                self.progress.lock().error = Some(format!("drained to {node}: {e}"));
+                return;
+            }
+        }
+        let mut p = self.progress.lock();
+        *p = Progress {
+            migration: id,
+            snapshot_done: true,
+            handed_off: id,
+            ..Progress::default()
+        };
     }
 
     /// With copies and leases: a ring node whose liveness has lapsed for a lease's TTL is
@@ -783,7 +915,15 @@ impl Node {
                             }
                             !owners.iter().any(|&i| nodes[i] == me)
                         });
-                    // Copies of this node's own keys go (again) to their holders now.
+                    // Nothing goes, and no copy is sent, under a view already replaced (keys
+                    // may have moved meanwhile), nor once a newer migration's items arrive
+                    // here: the scan may have found some, which this epoch's ring does not
+                    // give this node.
+                    if node.newest_import.load(Ordering::SeqCst) > epoch
+                        || node.view().epoch != epoch
+                    {
+                        return;
+                    }
                     if let Err(e) = node.replicate_all(&view, &mine) {
                         node.progress.lock().replica_errors += 1;
                         tracing::warn!("copying keys to their holders: {e}");
@@ -849,7 +989,13 @@ impl Gate {
     /// way), when the cleanup after it may already have passed them.
     pub fn imports(&self, id: u64) -> bool {
         let v = &self.view;
-        id == 0 || v.epoch < id || v.migration.as_ref().is_some_and(|m| m.id == id)
+        let taken = id == 0 || v.epoch < id || v.migration.as_ref().is_some_and(|m| m.id == id);
+        if taken && id > 0 {
+            // Published before the item is stored: a cleanup that finds the item in its scan
+            // then sees this and stops (see `start_cleanup`).
+            self.node.newest_import.fetch_max(id, Ordering::SeqCst);
+        }
+        taken
     }
 
     /// The node.
@@ -860,6 +1006,9 @@ impl Gate {
     /// Whether this node serves `key` under the view taken by [`Gate::begin`].
     pub fn check(&self, key: &[u8]) -> Verdict {
         let v = &self.view;
+        if self.node.recovering.load(Ordering::Relaxed) {
+            return Verdict::Redirect(Redirect::TryAgain { epoch: v.epoch });
+        }
         let me = self.node.me.as_str();
         let hash = kvlab_client::cluster::key_hash(key);
         match v.serving.owner_of_hash(hash) {
@@ -1058,4 +1207,49 @@ impl Pipe {
 
 fn memchr_nl(b: &[u8]) -> Option<usize> {
     b.iter().position(|&c| c == b'\n')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::FileStore;
+    use kvlab_store::{Config, SetMode, SetRequest, SystemClock};
+
+    /// A node the ring does not name yet takes items of a migration to it before its own
+    /// view shows the migration (the source saw it first). The cleanup of its older epoch,
+    /// which takes every item for a stray, must not remove them.
+    #[test]
+    fn a_cleanup_of_an_older_epoch_keeps_items_of_a_newer_migration() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("topology.json");
+        let topology = FileStore::new(&path);
+        let t = Topology::new(16, vec!["127.0.0.1:1".into()]);
+        assert!(topology.swap(None, &t).unwrap());
+        let store = Arc::new(Store::new(Config::default(), Arc::new(SystemClock)));
+        let node = Node::start(
+            "127.0.0.1:2".into(),
+            store.clone(),
+            Box::new(FileStore::new(&path)),
+        )
+        .unwrap();
+        let epoch = node.view().epoch;
+        // The stream of migration `epoch + 1` (the view here is still `epoch`).
+        let mut gate = node.gate();
+        gate.begin();
+        assert!(gate.imports(epoch + 1));
+        for i in 0..500 {
+            let key = format!("k{i}");
+            store.set(&SetRequest::new(SetMode::Set, key.as_bytes(), b"v"));
+        }
+        gate.end();
+        node.start_cleanup(epoch);
+        let cleanup = node.threads.lock().pop().unwrap();
+        cleanup.join().unwrap();
+        node.stop();
+        assert_eq!(
+            store.stats().curr_items,
+            500,
+            "items of the migration removed"
+        );
+    }
 }

@@ -140,6 +140,22 @@ impl Engine {
                 }
                 return Flow::Done;
             }
+            if id == 0 {
+                // A copy never overwrites the owner's own item: a node that owns the key
+                // now (its view is ahead of the sender's, which still took itself for the
+                // owner) holds the newer state.
+                let mut owned = false;
+                for_each_key(req, |key| {
+                    owned |= matches!(gate.check(key), Verdict::Serve { .. });
+                });
+                if owned {
+                    gate.end();
+                    if !req.noreply() {
+                        out.extend_from_slice(b"SERVER_ERROR this node owns the key\r\n");
+                    }
+                    return Flow::Done;
+                }
+            }
             let flow = self.apply(req, out, &conn.keys);
             gate.end();
             return flow;
