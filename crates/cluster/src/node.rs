@@ -745,6 +745,7 @@ impl Node {
 
     fn start_copier(self: &Arc<Node>, id: u64, t: &Topology) {
         let Some(future) = t.other() else { return };
+        let serving = t.serving();
         self.changes.lock().clear();
         self.finish.store(0, Ordering::Release);
         *self.progress.lock() = Progress {
@@ -756,7 +757,7 @@ impl Node {
         let spawned = std::thread::Builder::new()
             .name("kvlab-migrate".into())
             .spawn(move || {
-                if let Err(e) = node.copy(id, &future, started_ms) {
+                if let Err(e) = node.copy(id, &serving, &future, started_ms) {
                     tracing::warn!("migration {id}: {e}");
                     node.progress.lock().error = Some(e.to_string());
                 }
@@ -769,10 +770,27 @@ impl Node {
 
     /// The source's side of migration `id`: snapshot, stream changes, and after the grace
     /// period a last drain and `drained` to every new owner.
-    fn copy(&self, id: u64, future: &Ring, started_ms: u64) -> Result<(), ClusterError> {
+    fn copy(
+        &self,
+        id: u64,
+        serving: &Ring,
+        future: &Ring,
+        started_ms: u64,
+    ) -> Result<(), ClusterError> {
         let mut pipes: HashMap<usize, Pipe> = HashMap::new();
         let me = self.me.as_str();
-        let target_of = |key: &[u8]| future.index_of(key).filter(|&i| future.nodes()[i] != me);
+        // Only what this node serves now leaves it: an item of a key it no longer owns (left
+        // behind by an earlier migration whose cleanup has not reached it yet) is older
+        // than the owner's, and must not race the owner's copy to the new owner.
+        let target_of = |key: &[u8]| {
+            let hash = kvlab_client::cluster::key_hash(key);
+            if serving.owner_of_hash(hash) != Some(me) {
+                return None;
+            }
+            future
+                .index_of_hash(hash)
+                .filter(|&i| future.nodes()[i] != me)
+        };
         // Every write begun before this node took the copy view (and so not logged as a
         // change) is applied before the snapshot starts, so the snapshot sees it.
         self.grace(id);
@@ -1251,5 +1269,77 @@ mod tests {
             500,
             "items of the migration removed"
         );
+    }
+
+    /// A new owner that takes a migration stream and notes every key it is sent.
+    fn new_owner() -> (String, std::thread::JoinHandle<Vec<String>>) {
+        use std::io::BufRead;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let name = listener.local_addr().unwrap().to_string();
+        let h = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut out = stream.try_clone().unwrap();
+            let mut input = std::io::BufReader::new(stream);
+            let mut keys = Vec::new();
+            let mut line = String::new();
+            while input.read_line(&mut line).unwrap_or(0) > 0 {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                match words.as_slice() {
+                    ["set", key, _, _, len] => {
+                        let mut data = vec![0; len.parse::<usize>().unwrap() + 2];
+                        input.read_exact(&mut data).unwrap();
+                        keys.push(key.to_string());
+                        out.write_all(b"STORED\r\n").unwrap();
+                    }
+                    _ => out.write_all(b"OK\r\n").unwrap(),
+                }
+                line.clear();
+            }
+            keys
+        });
+        (name, h)
+    }
+
+    /// A source sends a new owner only the keys it serves: an item of a key that an
+    /// earlier migration moved away (not yet removed by its cleanup) is older than the
+    /// owner's, and would race the owner's copy.
+    #[test]
+    fn a_migration_sends_only_what_its_source_serves() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("topology.json");
+        let topology = FileStore::new(&path);
+        let (me, other) = ("127.0.0.1:2".to_string(), "127.0.0.1:3".to_string());
+        let t = Topology::new(16, vec![me.clone(), other.clone()]);
+        assert!(topology.swap(None, &t).unwrap());
+        let store = Arc::new(Store::new(Config::default(), Arc::new(SystemClock)));
+        for i in 0..400 {
+            let key = format!("k{i}");
+            store.set(&SetRequest::new(SetMode::Set, key.as_bytes(), b"v"));
+        }
+        let (new, received) = new_owner();
+        let mut copy = t.next();
+        copy.migration = Some(crate::topology::Migration {
+            id: copy.epoch,
+            to: vec![me.clone(), other, new],
+            phase: Phase::Copy,
+            started_ms: 0,
+        });
+        assert!(topology.swap(Some(t.epoch), &copy).unwrap());
+        // The node comes up copying, with the other node's keys still in its store.
+        let node = Node::start(me.clone(), store, Box::new(FileStore::new(&path))).unwrap();
+        let start = Instant::now();
+        while !node.progress().snapshot_done {
+            assert!(start.elapsed() < Duration::from_secs(10), "no snapshot");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        node.stop();
+        let keys = received.join().unwrap();
+        let serving = t.serving();
+        assert!(!keys.is_empty(), "the new owner got nothing");
+        let strays: Vec<_> = keys
+            .iter()
+            .filter(|k| serving.owner(k.as_bytes()) != Some(me.as_str()))
+            .collect();
+        assert!(strays.is_empty(), "sent keys it does not serve: {strays:?}");
     }
 }
