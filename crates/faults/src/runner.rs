@@ -449,7 +449,7 @@ fn drive(
             target,
             &cfg.workload,
             &clock,
-            3,
+            6,
             FINAL_READS_LIMIT,
         )
     };
