@@ -12,6 +12,9 @@
 #                                                     from PEER (a node, etcd or root)
 #   scripts/cluster-netns.sh heal H                   let it all flow again
 #   scripts/cluster-netns.sh exec H CMD...            run CMD inside H's namespace
+#   scripts/cluster-netns.sh host H                   namespace H alone, no process (prints its
+#                                                     address): for what you start yourself
+#                                                     inside it (`exec H`, `ip netns exec`)
 #   scripts/cluster-netns.sh addr H | topology | status
 #   scripts/cluster-netns.sh down                     stop everything, remove all it made
 #
@@ -289,6 +292,18 @@ start_exit() {
   fi
 }
 
+# Namespace K (and the bridge) without a process: `kvlab faults run --netns` starts its
+# nodes, etcd members and proxy itself (so it can kill and stop them) in namespaces made so.
+cmd_host() {
+  local k
+  k=$(host "${1:-}")
+  lock
+  mkdir -p "$DIR"
+  bridge_up
+  ns_up "$k"
+  ip_of "$k"
+}
+
 cmd_stop() {
   local k=${1:-} sig=TERM
   check_k "$k"
@@ -521,6 +536,7 @@ case "$cmd" in
   netem) cmd_netem "$@" ;;
   partition) cmd_partition "$@" ;;
   heal) cmd_heal "$@" ;;
+  host) cmd_host "$@" ;;
   exec) k=$(host "${1:-}"); shift; have_ns "$k" || die "no $(host_name "$k")"; in_ns "$k" "$@" ;;
   addr) k=$(host "${1:-}"); if [ "$k" = 0 ]; then echo "$(ip_of 0):$ETCD_PORT"; else addr "$k"; fi ;;
   topology) topology ;;

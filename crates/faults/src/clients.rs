@@ -321,8 +321,9 @@ pub fn run_client(
 pub const IN_FLIGHT: &str = "still in flight when the run ended";
 
 /// Reads every key once the run is over (retrying a read that did not answer, at most
-/// `tries` times), within `budget`; every attempt is recorded as a final read of client
-/// `id`.
+/// `tries` times, after a pause that doubles from 100 ms to 1 s: a proxy may still hold a
+/// backend it could not reach ejected until its prober finds it again), within `budget`;
+/// every attempt is recorded as a final read of client `id`.
 pub fn final_reads(
     id: u32,
     target: Target,
@@ -336,6 +337,7 @@ pub fn final_reads(
     let mut ops = Vec::new();
     'keys: for i in 0..w.keys {
         let key = key_name(i);
+        let mut pause = Duration::from_millis(100);
         for _ in 0..tries.max(1) {
             if Instant::now() >= deadline {
                 break 'keys;
@@ -346,6 +348,9 @@ pub fn final_reads(
             if ok {
                 break;
             }
+            // Giving the system time to take its node back: a bounded back-off.
+            std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
     ops

@@ -1,6 +1,6 @@
 //! kvlab's fault-injection harness, in the manner of Jepsen: clients record every operation
 //! they make against a cache (invoke and complete times, key, a unique value, outcome), a
-//! seeded nemesis kills, pauses, adds and removes nodes while they run, and a checker judges
+//! seeded nemesis kills, pauses, adds, removes, partitions and delays nodes while they run, and a checker judges
 //! the whole history, key by key.
 //!
 //! - [`history`]: the records (client operations and nemesis actions on one timeline),
@@ -13,7 +13,9 @@
 //!   cluster-aware or through `kvlab proxy --cluster`, recording every operation.
 //! - [`system`]: the system under test — nodes, topology store (file or etcd), proxy,
 //!   coordinators — started through the kvlab binary, controlled by signals, always
-//!   stopped.
+//!   stopped; on loopback, or each in a network namespace of its own ([`netns`]).
+//! - [`netns`]: a run's network of namespaces (`scripts/cluster-netns.sh`, built in):
+//!   partitions and delays between any two of its hosts.
 //! - [`nemesis`]: carries out a schedule on the system, and heals it afterwards.
 //! - [`runner`]: one seeded run end to end (start, load and faults, heal, final reads,
 //!   check, files), and the summary of a soak of many.
@@ -29,6 +31,7 @@ pub mod clients;
 pub mod history;
 pub mod linear;
 pub mod nemesis;
+pub mod netns;
 pub mod runner;
 pub mod schedule;
 pub mod system;

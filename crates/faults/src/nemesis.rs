@@ -6,9 +6,15 @@
 //!  membership lane: add │ remove │ add-two │ remove-two │ coordinator-kill
 //!     one migration at a time (holds System::migrations while it drives one)
 //!  fault lane:      kill -9 + restart (+ rejoin) │ pause │ flush │ etcd-kill
+//!                   │ partition + heal (+ rejoin) │ delay + clear      (namespaces)
 //!     one node faulted at a time; a node a fault acts on is claimed (busy), so the
 //!     membership lane does not remove it meanwhile, and the other way round
 //! ```
+//!
+//! A partition cuts a node off from everything (clients included), or from one peer: another
+//! node of the ring, an etcd member or the proxy (`pick % peers`), with iptables DROP in
+//! the node's namespace; a delay slows every packet it sends. Each is healed after its
+//! drawn duration, and the record spans the fault from its start to its heal.
 //!
 //! A fault's target is chosen when it comes due, among the nodes that fit then
 //! (`pick % candidates`). A fault with no fitting target (nothing to remove without going
@@ -225,10 +231,16 @@ impl Nemesis {
                     }
                 }
             }
-            Fault::Partition { .. } | Fault::Delay { .. } => self.skip(
-                what,
-                "needs the nodes in network namespaces, which this runner does not set up",
-            ),
+            Fault::Partition {
+                pick,
+                peer,
+                heal_ms,
+            } => self.partition(pick, peer, heal_ms),
+            Fault::Delay {
+                pick,
+                delay_ms,
+                heal_ms,
+            } => self.delay(pick, delay_ms, heal_ms),
             Fault::Add => self.add(what, 1),
             Fault::AddTwo => self.add(what, 2),
             Fault::Remove { pick } => self.remove(what, pick, 1),
@@ -242,8 +254,93 @@ impl Nemesis {
         }
     }
 
-    /// With the topology in etcd, a killed node's lease lapses and a live node takes it out
-    /// of the ring; once restarted it is added back.
+    /// Cuts a node off from everything, or from the peer `peer` chooses, for `heal_ms`.
+    fn partition(&self, pick: u32, peer: Option<u32>, heal_ms: u32) {
+        let what = "partition";
+        let Some(net) = self.sys.net() else {
+            return self.skip(what, "the nodes are not in network namespaces");
+        };
+        let candidates = self.candidates();
+        let Some(node) = self.sys.claim(pick, &candidates, &[NodeState::Up]) else {
+            return self.skip(what, "no running node");
+        };
+        let Some(h) = self.sys.host_of(&node) else {
+            self.sys.release(&node);
+            return self.skip(what, "the node has no namespace");
+        };
+        // Its peers: the other nodes of the ring, etcd's members, the proxy.
+        let mut peers: Vec<(String, u32)> = candidates
+            .iter()
+            .filter(|n| **n != node)
+            .filter_map(|n| Some((format!("node {n}"), self.sys.host_of(n)?)))
+            .collect();
+        peers.extend(self.sys.etcd_hosts());
+        peers.extend(self.sys.proxy_host().map(|h| ("the proxy".to_string(), h)));
+        let cut = match peer {
+            Some(p) if !peers.is_empty() => Some(peers[p as usize % peers.len()].clone()),
+            _ => None,
+        };
+        let from = cut
+            .as_ref()
+            .map_or("everything (clients too)".to_string(), |(n, _)| n.clone());
+        let start = self.clock.now_ns();
+        match net.partition(h, cut.as_ref().map(|(_, h)| *h)) {
+            Err(e) => self.record(start, what, &node, false, e),
+            Ok(_) => {
+                std::thread::sleep(Duration::from_millis(heal_ms.into()));
+                let healed = net.heal(h);
+                let detail = match &healed {
+                    Ok(_) => {
+                        format!("cut off from {from} (iptables DROP), healed after {heal_ms} ms")
+                    }
+                    Err(e) => format!("cut off from {from}; healing: {e}"),
+                };
+                self.record(start, what, &node, healed.is_ok(), detail);
+            }
+        }
+        self.sys.release(&node);
+        self.rejoin(&node);
+    }
+
+    /// Delays every packet a node sends by `delay_ms`, for `heal_ms`.
+    fn delay(&self, pick: u32, delay_ms: u32, heal_ms: u32) {
+        let what = "delay";
+        let Some(net) = self.sys.net() else {
+            return self.skip(what, "the nodes are not in network namespaces");
+        };
+        let Some(node) = self.sys.claim(pick, &self.candidates(), &[NodeState::Up]) else {
+            return self.skip(what, "no running node");
+        };
+        let Some(h) = self.sys.host_of(&node) else {
+            self.sys.release(&node);
+            return self.skip(what, "the node has no namespace");
+        };
+        let how = if net.netem() {
+            "tc netem"
+        } else {
+            "NFQUEUE delayer: this kernel has no netem"
+        };
+        let start = self.clock.now_ns();
+        match net.delay(h, delay_ms) {
+            Err(e) => self.record(start, what, &node, false, e),
+            Ok(_) => {
+                std::thread::sleep(Duration::from_millis(heal_ms.into()));
+                let cleared = net.clear(h);
+                let detail = match &cleared {
+                    Ok(_) => format!(
+                        "+{delay_ms} ms on every packet it sends ({how}), cleared after \
+                         {heal_ms} ms"
+                    ),
+                    Err(e) => format!("+{delay_ms} ms ({how}); clearing: {e}"),
+                };
+                self.record(start, what, &node, cleared.is_ok(), detail);
+            }
+        }
+        self.sys.release(&node);
+    }
+
+    /// With the topology in etcd, a killed or cut-off node's lease lapses and a live node
+    /// takes it out of the ring; once restarted or healed it is added back.
     fn rejoin(&self, node: &str) {
         if self.sys.etcd_members() == 0 {
             return;

@@ -68,6 +68,9 @@ pub struct RunConfig {
     pub dir: PathBuf,
     /// Flags for every node's `kvlab server`.
     pub server_args: Vec<String>,
+    /// Run every node, etcd member and the proxy in a network namespace of its own (root;
+    /// see [`crate::netns`]), which lets the nemesis partition and delay them.
+    pub netns: bool,
     /// Set to end the run early (a signal): clients and nemesis stop, the heal and the
     /// final reads are skipped, what was recorded is checked, everything is stopped.
     pub interrupt: Arc<AtomicBool>,
@@ -79,7 +82,7 @@ impl RunConfig {
         Capabilities {
             replicas: self.replicas,
             etcd: matches!(self.topology, TopologyKind::Etcd { .. }),
-            netns: false,
+            netns: self.netns,
         }
     }
 }
@@ -274,6 +277,7 @@ pub fn run(cfg: &RunConfig) -> RunSummary {
         topology: cfg.topology,
         proxy: cfg.client == ClientKind::Proxy,
         server_args: cfg.server_args.clone(),
+        netns: cfg.netns,
     }) {
         Ok(s) => Arc::new(s),
         Err(e) => {
@@ -370,6 +374,25 @@ fn drive(
         ring.min,
         ring.max,
     ));
+    if let Some(net) = sys.net() {
+        nemesis.record(
+            0,
+            "netns",
+            "",
+            true,
+            format!(
+                "every node, etcd member and proxy in a namespace of its own ({}-H on {}); \
+                 tc netem: {}",
+                net.name(),
+                net.subnet(),
+                if net.netem() {
+                    "yes"
+                } else {
+                    "no, this kernel lacks it: delays by the NFQUEUE delayer (iptables)"
+                }
+            ),
+        );
+    }
     let lanes = nemesis.start(schedule);
 
     // The run: its duration (in steps, to notice an interruption), then the clients stop.
@@ -426,7 +449,7 @@ fn drive(
             target,
             &cfg.workload,
             &clock,
-            3,
+            6,
             FINAL_READS_LIMIT,
         )
     };

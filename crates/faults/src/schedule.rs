@@ -271,8 +271,7 @@ impl Mix {
             }
             if k.needs_netns() && !c.netns {
                 return Err(format!(
-                    "{k} needs the nodes in network namespaces, which this runner does not \
-                     set up yet"
+                    "{k} needs the nodes in network namespaces (--netns, as root)"
                 ));
             }
             if !kinds.contains(&k) {

@@ -1,19 +1,25 @@
 //! The system under test, started by shelling out to the kvlab binary: cluster nodes
 //! (`kvlab server --cluster`, a process each), the topology store (a file, or an etcd of
-//! one or more members on free 127.0.0.1 ports), optionally `kvlab proxy --cluster` in
-//! front, and coordinators (`kvlab cluster add|remove|resume|abort`, a process each, so one
-//! can be killed mid-migration). Everything it starts is stopped by [`System::shutdown`]
-//! (also on drop), whatever state it was left in: paused nodes are continued first.
+//! one or more members), optionally `kvlab proxy --cluster` in front, and coordinators
+//! (`kvlab cluster add|remove|resume|abort`, a process each, so one can be killed
+//! mid-migration). Everything it starts is stopped by [`System::shutdown`] (also on drop),
+//! whatever state it was left in: paused nodes are continued first.
+//!
+//! Nodes, etcd members and the proxy listen on free 127.0.0.1 ports, or — with
+//! [`SystemConfig::netns`] — each in a network namespace of its own ([`crate::netns`]) on
+//! port 11211 (etcd 2379) of its own address, where the nemesis can partition and delay
+//! them; coordinators and clients stay in the root namespace and cross the bridge.
 //!
 //! ```text
-//!  System ── nodes: name → slot (port, process, Up │ Paused │ Down │ Stopped, busy)
-//!         ├─ etcd members (process, ports, data dir)      ┐ the nemesis's lanes act on
-//!         ├─ coordinators running (id → child process)    │ these through &System; every
-//!         └─ proxy                                        ┘ map is behind its own lock
+//!  System ── nodes: name → slot (address, host, process, Up │ Paused │ Down │ Stopped, busy)
+//!         ├─ etcd members (process, address, host, data dir) ┐ the nemesis's lanes act on
+//!         ├─ coordinators running (id → child process)       │ these through &System;
+//!         ├─ proxy                                           ┘ each behind its own lock
+//!         └─ the network (namespaces, bridge), taken down last
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,6 +30,8 @@ use kvlab_client::Client;
 use kvlab_cluster::coordinator::node_status;
 use kvlab_cluster::{open_store, Topology, TopologyStore};
 use parking_lot::Mutex;
+
+use crate::netns::{Net, ETCD_HOST, PROXY_HOST};
 
 /// Where the topology lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +62,8 @@ pub struct SystemConfig {
     pub proxy: bool,
     /// Flags for every node's `kvlab server`.
     pub server_args: Vec<String>,
+    /// Each node, etcd member and the proxy in a network namespace of its own.
+    pub netns: bool,
 }
 
 /// A node's state as the harness left it.
@@ -70,7 +80,9 @@ pub enum NodeState {
 }
 
 struct NodeSlot {
-    port: u16,
+    addr: SocketAddr,
+    /// Its network namespace's host number (with namespaces).
+    host: Option<u32>,
     process: Option<Process>,
     state: NodeState,
     /// A fault or a membership change is acting on it.
@@ -82,6 +94,8 @@ struct NodeSlot {
 struct Member {
     name: String,
     client: SocketAddr,
+    /// Its network namespace's host number (with namespaces).
+    host: Option<u32>,
     args: Vec<String>,
     process: Option<Process>,
     starts: u32,
@@ -108,14 +122,40 @@ pub struct System {
     /// Held by whoever drives a migration (a membership fault, a rejoin, the heal), so
     /// that one runs at a time.
     pub migrations: Mutex<()>,
+    /// The run's network, with namespaces (taken down by `shutdown`, after the processes).
+    net: Option<Net>,
 }
+
+/// The port every node and the proxy listen on in a namespace of its own.
+const NETNS_PORT: u16 = 11211;
+/// etcd's client and peer ports in a namespace.
+const NETNS_ETCD_PORTS: (u16, u16) = (2379, 2380);
 
 fn addr_of(port: u16) -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], port))
 }
 
-fn name_of(port: u16) -> String {
-    format!("127.0.0.1:{port}")
+fn addr_in(ip: Ipv4Addr, port: u16) -> SocketAddr {
+    SocketAddr::from((ip, port))
+}
+
+/// A network of namespaces for this run, named after this process (so that runs of other
+/// processes do not meet it) on the first of a few subnets that is free here.
+fn make_net(dir: &Path) -> Result<Net, String> {
+    crate::netns::preflight()?;
+    let pid = std::process::id();
+    let name = format!("kvf{}", pid % 100_000);
+    let mut tried = Vec::new();
+    // 10.77.1–99: below the range the netns tests use (100–249) and the script's default
+    // (10.77.0).
+    for i in 0..4 {
+        let subnet = ((pid + i * 37) % 99 + 1) as u8;
+        match Net::up(&name, subnet, dir) {
+            Ok(net) => return Ok(net),
+            Err(e) => tried.push(e),
+        }
+    }
+    Err(format!("making the network: {}", tried.join("; ")))
 }
 
 /// What a coordinator said, on one line: its output up to a backtrace, the last `n`
@@ -141,7 +181,31 @@ impl System {
             std::fs::create_dir_all(cfg.dir.join(d))
                 .map_err(|e| format!("creating {}: {e}", cfg.dir.join(d).display()))?;
         }
-        let ports = free_ports(cfg.nodes + 1).map_err(|e| format!("free ports: {e}"))?;
+        let net = if cfg.netns {
+            Some(make_net(&cfg.dir.join("netns"))?)
+        } else {
+            None
+        };
+        // Each node's address and host.
+        let mut places = Vec::new();
+        let proxy_addr = match &net {
+            None => {
+                let ports = free_ports(cfg.nodes + 1).map_err(|e| format!("free ports: {e}"))?;
+                places.extend(ports[..cfg.nodes].iter().map(|&p| (addr_of(p), None)));
+                cfg.proxy.then(|| addr_of(ports[cfg.nodes]))
+            }
+            Some(net) => {
+                for _ in 0..cfg.nodes {
+                    let h = net.new_node_host()?;
+                    places.push((addr_in(net.ip(h), NETNS_PORT), Some(h)));
+                }
+                if cfg.proxy {
+                    Some(addr_in(net.host(PROXY_HOST)?, NETNS_PORT))
+                } else {
+                    None
+                }
+            }
+        };
         let (etcd, spec) = match cfg.topology {
             TopologyKind::File => (
                 Vec::new(),
@@ -151,7 +215,7 @@ impl System {
                 let dir = cfg.dir.join("etcd");
                 std::fs::create_dir_all(&dir)
                     .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-                start_etcd(&dir, members)?
+                start_etcd(&dir, members, net.as_ref())?
             }
         };
         let mut sys = System {
@@ -160,13 +224,14 @@ impl System {
             nodes: Mutex::new(BTreeMap::new()),
             etcd: Mutex::new(etcd),
             proxy: Mutex::new(None),
-            proxy_addr: cfg.proxy.then(|| addr_of(ports[cfg.nodes])),
+            proxy_addr,
             coordinators: Mutex::new(HashMap::new()),
             next_coordinator: AtomicU64::new(0),
             migrations: Mutex::new(()),
+            net,
             cfg,
         };
-        let names: Vec<String> = ports[..sys.cfg.nodes].iter().map(|&p| name_of(p)).collect();
+        let names: Vec<String> = places.iter().map(|(a, _)| a.to_string()).collect();
         // The topology first: a node reads it when it starts.
         kvlab_cluster::coordinator::create(
             sys.store.as_ref(),
@@ -175,14 +240,16 @@ impl System {
             names,
         )
         .map_err(|e| format!("creating the cluster: {e}"))?;
-        for &port in &ports[..sys.cfg.nodes] {
-            sys.launch(port)?;
+        for &(addr, host) in &places {
+            sys.launch(addr, host)?;
         }
         if let Some(addr) = sys.proxy_addr {
-            let p = Spawn::new(&sys.cfg.exe)
-                .args(["proxy", "-l", "127.0.0.1", "-t", "2"])
+            let p = sys
+                .spawn(sys.net.as_ref().map(|_| PROXY_HOST), &sys.cfg.exe)
+                .args(["proxy", "-t", "2"])
+                .args(["-l".to_string(), addr.ip().to_string()])
                 .args(["-p".to_string(), addr.port().to_string()])
-                .args(["--cluster".to_string(), name_of(ports[0])])
+                .args(["--cluster".to_string(), places[0].0.to_string()])
                 .output(Output::File(sys.cfg.dir.join("proxy.log")))
                 .grace(Duration::from_secs(2))
                 .timeout(START_TIMEOUT)
@@ -192,6 +259,35 @@ impl System {
             *sys.proxy.get_mut() = Some(p);
         }
         Ok(sys)
+    }
+
+    /// A [`Spawn`] of `program`, inside host `host`'s namespace if it has one.
+    fn spawn(&self, host: Option<u32>, program: &Path) -> Spawn {
+        spawn_in(self.net.as_ref(), host, program)
+    }
+
+    /// The run's network, with namespaces.
+    pub fn net(&self) -> Option<&Net> {
+        self.net.as_ref()
+    }
+
+    /// Node `name`'s host (with namespaces).
+    pub fn host_of(&self, name: &str) -> Option<u32> {
+        self.nodes.lock().get(name).and_then(|s| s.host)
+    }
+
+    /// The etcd members' names and hosts (with namespaces).
+    pub fn etcd_hosts(&self) -> Vec<(String, u32)> {
+        self.etcd
+            .lock()
+            .iter()
+            .filter_map(|m| Some((format!("etcd {} ({})", m.name, m.client), m.host?)))
+            .collect()
+    }
+
+    /// The proxy's host (with namespaces and a proxy).
+    pub fn proxy_host(&self) -> Option<u32> {
+        (self.net.is_some() && self.proxy_addr.is_some()).then_some(PROXY_HOST)
     }
 
     /// The `--topology`/`--cluster` value of this cluster.
@@ -233,11 +329,7 @@ impl System {
 
     /// Addresses of the nodes the run started with (clients' seeds).
     pub fn seeds(&self) -> Vec<SocketAddr> {
-        self.nodes
-            .lock()
-            .values()
-            .map(|s| addr_of(s.port))
-            .collect()
+        self.nodes.lock().values().map(|s| s.addr).collect()
     }
 
     /// Nodes started and not stopped for good.
@@ -249,13 +341,15 @@ impl System {
             .count()
     }
 
-    /// Starts the node of `port` (first start, or restart) and records it `Up`.
-    fn launch(&self, port: u16) -> Result<(), String> {
-        let name = name_of(port);
+    /// Starts the node of `addr` (first start, or restart; in host `host`'s namespace if
+    /// it has one) and records it `Up`.
+    fn launch(&self, addr: SocketAddr, host: Option<u32>) -> Result<(), String> {
+        let name = addr.to_string();
         let starts = {
             let mut nodes = self.nodes.lock();
             let slot = nodes.entry(name.clone()).or_insert(NodeSlot {
-                port,
+                addr,
+                host,
                 process: None,
                 state: NodeState::Down,
                 busy: false,
@@ -264,20 +358,21 @@ impl System {
             slot.starts += 1;
             slot.starts
         };
-        let p = Spawn::new(&self.cfg.exe)
-            .args(["server", "-l", "127.0.0.1"])
-            .args(["-p".to_string(), port.to_string()])
+        let log = format!("node-{}.{starts}.log", name.replace(':', "-"));
+        let p = self
+            .spawn(host, &self.cfg.exe)
+            .args([
+                "server".to_string(),
+                "-l".to_string(),
+                addr.ip().to_string(),
+            ])
+            .args(["-p".to_string(), addr.port().to_string()])
             .args(["--cluster", &self.spec, "--cluster-node", &name])
             .args(&self.cfg.server_args)
-            .output(Output::File(
-                self.cfg
-                    .dir
-                    .join("nodes")
-                    .join(format!("node-{port}.{starts}.log")),
-            ))
+            .output(Output::File(self.cfg.dir.join("nodes").join(log)))
             .grace(Duration::from_secs(2))
             .timeout(START_TIMEOUT)
-            .ready(Probe::Version(addr_of(port)))
+            .ready(Probe::Version(addr))
             .start();
         let p = match p {
             Ok(p) => p,
@@ -300,11 +395,21 @@ impl System {
         Ok(())
     }
 
-    /// Starts a new node on a free port (not in the ring yet); returns its name.
+    /// Starts a new node on a free port, or in a new namespace (not in the ring yet);
+    /// returns its name.
     pub fn start_node(&self) -> Result<String, String> {
-        let port = free_port().map_err(|e| format!("a free port: {e}"))?;
-        self.launch(port)?;
-        Ok(name_of(port))
+        let (addr, host) = match &self.net {
+            None => (
+                addr_of(free_port().map_err(|e| format!("a free port: {e}"))?),
+                None,
+            ),
+            Some(net) => {
+                let h = net.new_node_host()?;
+                (addr_in(net.ip(h), NETNS_PORT), Some(h))
+            }
+        };
+        self.launch(addr, host)?;
+        Ok(addr.to_string())
     }
 
     /// Chooses `pick % n` among the nodes in `among` whose state is one of `states` and
@@ -387,17 +492,17 @@ impl System {
         Ok(())
     }
 
-    /// Starts a killed node again on its port.
+    /// Starts a killed node again on its address.
     pub fn restart(&self, name: &str) -> Result<(), String> {
-        let port = {
+        let (addr, host) = {
             let nodes = self.nodes.lock();
             let slot = nodes.get(name).ok_or_else(|| format!("no node {name}"))?;
             if slot.state != NodeState::Down {
                 return Err(format!("{name} is {:?}", slot.state));
             }
-            slot.port
+            (slot.addr, slot.host)
         };
-        self.launch(port)
+        self.launch(addr, host)
     }
 
     /// Stops a node for good (SIGCONT first if paused, then SIGTERM, SIGKILL after 2 s).
@@ -430,14 +535,13 @@ impl System {
 
     /// `flush_all` on a node: it drops every item and keeps running.
     pub fn flush(&self, name: &str) -> Result<(), String> {
-        let port = self
+        let addr = self
             .nodes
             .lock()
             .get(name)
-            .map(|s| s.port)
+            .map(|s| s.addr)
             .ok_or_else(|| format!("no node {name}"))?;
-        let mut c =
-            Client::connect(addr_of(port), Duration::from_secs(2)).map_err(|e| e.to_string())?;
+        let mut c = Client::connect(addr, Duration::from_secs(2)).map_err(|e| e.to_string())?;
         match c.call(b"flush_all\r\n").map_err(|e| e.to_string())? {
             kvlab_client::Answer::Line(l) if l == b"OK" => Ok(()),
             other => Err(format!("flush_all: {other:?}")),
@@ -464,7 +568,7 @@ impl System {
         let mut started = Vec::new();
         for m in etcd.iter_mut().filter(|m| m.process.is_none()) {
             m.starts += 1;
-            m.process = Some(spawn_member(&dir, m)?);
+            m.process = Some(spawn_member(&dir, m, self.net.as_ref())?);
             started.push(m.client);
         }
         drop(etcd);
@@ -574,6 +678,18 @@ impl System {
     /// not be brought back.
     pub fn revive(&self) -> Vec<String> {
         let mut problems = Vec::new();
+        if let Some(net) = &self.net {
+            // Every partition healed, every delay removed (each fault heals its own; this
+            // is for a run cut short).
+            let mut hosts: Vec<u32> = self.nodes.lock().values().filter_map(|s| s.host).collect();
+            hosts.extend(self.etcd_hosts().into_iter().map(|(_, h)| h));
+            hosts.extend(self.proxy_host());
+            for h in hosts {
+                if let Err(e) = net.heal(h).and_then(|_| net.clear(h)) {
+                    problems.push(e);
+                }
+            }
+        }
         if let Err(e) = self.etcd_restart() {
             problems.push(e);
         }
@@ -657,6 +773,11 @@ impl System {
                 p.stop();
             }
         }
+        if let Some(net) = &self.net {
+            if let Err(e) = net.down() {
+                eprintln!("kvlab faults: {e}");
+            }
+        }
     }
 }
 
@@ -666,18 +787,40 @@ impl Drop for System {
     }
 }
 
-/// Starts an etcd of `members` members on free ports with data under `dir`; returns them
-/// and the `etcd://…/faults` topology spec once every member answers `/health`.
-fn start_etcd(dir: &Path, members: usize) -> Result<(Vec<Member>, String), String> {
+/// Starts an etcd of `members` members (on free ports, or each in a namespace of its own
+/// with `net`) with data under `dir`; returns them and the `etcd://…/faults` topology spec
+/// once every member answers `/health`.
+fn start_etcd(
+    dir: &Path,
+    members: usize,
+    net: Option<&Net>,
+) -> Result<(Vec<Member>, String), String> {
     let members = members.max(1);
-    let ports = free_ports(members * 2).map_err(|e| format!("free ports: {e}"))?;
-    let peers: Vec<String> = (0..members)
-        .map(|i| format!("m{i}=http://127.0.0.1:{}", ports[2 * i + 1]))
+    // Each member's client and peer address, and host.
+    let mut places = Vec::new();
+    match net {
+        None => {
+            let ports = free_ports(members * 2).map_err(|e| format!("free ports: {e}"))?;
+            for i in 0..members {
+                places.push((addr_of(ports[2 * i]), addr_of(ports[2 * i + 1]), None));
+            }
+        }
+        Some(net) => {
+            for i in 0..members as u32 {
+                let ip = net.host(ETCD_HOST + i)?;
+                let (client, peer) = NETNS_ETCD_PORTS;
+                places.push((addr_in(ip, client), addr_in(ip, peer), Some(ETCD_HOST + i)));
+            }
+        }
+    }
+    let peers: Vec<String> = places
+        .iter()
+        .enumerate()
+        .map(|(i, (_, peer, _))| format!("m{i}=http://{peer}"))
         .collect();
     let mut out = Vec::new();
-    for i in 0..members {
-        let client = addr_of(ports[2 * i]);
-        let peer = format!("http://127.0.0.1:{}", ports[2 * i + 1]);
+    for (i, &(client, peer, host)) in places.iter().enumerate() {
+        let peer = format!("http://{peer}");
         let name = format!("m{i}");
         let args = vec![
             "--name".to_string(),
@@ -702,12 +845,13 @@ fn start_etcd(dir: &Path, members: usize) -> Result<(Vec<Member>, String), Strin
         let mut m = Member {
             name,
             client,
+            host,
             args,
             process: None,
             starts: 1,
         };
         // Members start together: one alone has no quorum and never becomes healthy.
-        m.process = Some(spawn_member(dir, &m)?);
+        m.process = Some(spawn_member(dir, &m, net)?);
         out.push(m);
     }
     for m in &out {
@@ -719,9 +863,19 @@ fn start_etcd(dir: &Path, members: usize) -> Result<(Vec<Member>, String), Strin
     Ok((out, spec))
 }
 
-fn spawn_member(dir: &Path, m: &Member) -> Result<Process, String> {
-    let program = std::env::var("ETCD").unwrap_or_else(|_| "etcd".into());
-    Spawn::new(program)
+/// A [`Spawn`] of `program`, inside host `host`'s namespace of `net` if it has one.
+fn spawn_in(net: Option<&Net>, host: Option<u32>, program: &Path) -> Spawn {
+    match (net, host) {
+        (Some(net), Some(h)) => Spawn::new("ip")
+            .args(net.exec_args(h))
+            .arg(program.as_os_str()),
+        _ => Spawn::new(program.as_os_str()),
+    }
+}
+
+fn spawn_member(dir: &Path, m: &Member, net: Option<&Net>) -> Result<Process, String> {
+    let program = PathBuf::from(std::env::var("ETCD").unwrap_or_else(|_| "etcd".into()));
+    spawn_in(net, m.host, &program)
         .args(&m.args)
         .output(Output::File(
             dir.join(format!("{}.{}.log", m.name, m.starts)),

@@ -2,9 +2,13 @@
 //! way Jepsen checks databases (see `kvlab_faults`). `run` runs one seed, `soak` many and
 //! prints a table, `check` checks a recorded history again.
 //!
-//! SIGINT or SIGTERM ends a run early, stopping what it started. Exit status: 0 when
-//! nothing was found, 1 when the checker found anomalies, 2 when a run
-//! could not go as planned (it still checks what it has).
+//! With `--netns` every node, etcd member and the proxy runs in a network namespace of its
+//! own (root only; see `kvlab_faults::netns`), and the nemesis also partitions and delays.
+//!
+//! SIGINT or SIGTERM ends a run early, stopping what it started (namespaces included).
+//! Exit status: 0 when nothing was found, 1 when the checker found anomalies, 2 when a run
+//! could not go as planned (it still checks what it has) or could not start at all (no
+//! namespaces without root, for one).
 
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
@@ -89,10 +93,17 @@ struct RunOpts {
     #[arg(long, default_value_t = 3)]
     nodes: usize,
     /// Fault kinds to draw, comma-separated: kill, pause, add, remove, add-two, remove-two,
-    /// coordinator-kill, etcd-kill, flush. Default: the kinds the cluster is expected to
-    /// survive (kill only with 2 copies or more, etcd-kill only with etcd).
+    /// coordinator-kill, etcd-kill, flush, partition, delay. Default: the kinds the cluster
+    /// is expected to survive (kill only with 2 copies or more, etcd-kill only with etcd,
+    /// partition and delay only with --netns).
     #[arg(long)]
     faults: Option<String>,
+    /// Run every node, etcd member and the proxy in a network namespace of its own, on a
+    /// private 10.77.X.0/24 that exists only inside them (needs root, iproute2, iptables);
+    /// the nemesis then also partitions (node from node, from etcd, from the proxy, from
+    /// everything) and delays nodes. Everything made is removed at the end.
+    #[arg(long)]
+    netns: bool,
     /// Client threads.
     #[arg(long, default_value_t = 4)]
     clients: u32,
@@ -153,6 +164,7 @@ impl RunOpts {
             } else {
                 self.server_args.clone()
             },
+            netns: self.netns,
         };
         if let Some(list) = &self.faults {
             cfg.mix = Some(Mix::parse(list, cfg.capabilities()).map_err(anyhow::Error::msg)?);
@@ -202,6 +214,18 @@ pub fn run(args: FaultsArgs) -> anyhow::Result<()> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&interrupt))
             .context("installing the signal handlers")?;
+    }
+    // Without namespaces a --netns run cannot start: say why, and end as a run that could
+    // not go as planned.
+    let netns = match &args.command {
+        FaultsCommand::Run { opts, .. } | FaultsCommand::Soak { opts, .. } => opts.netns,
+        FaultsCommand::Check { .. } => false,
+    };
+    if netns {
+        if let Err(why) = kvlab_faults::netns::preflight() {
+            eprintln!("kvlab faults: --netns: {why}");
+            std::process::exit(2);
+        }
     }
     let code = match args.command {
         FaultsCommand::Run { seed, opts } => {

@@ -2,7 +2,9 @@
 //! coordinators and etcd are processes), their histories checked. These tests assert that
 //! the harness ran and that its checker judged a real history — not that the cluster
 //! passed: what a run finds is the harness's output, printed here. One test makes sure the
-//! checker can fail: a nemesis that flushes nodes must be caught losing writes.
+//! checker can fail: a nemesis that flushes nodes must be caught losing writes. With
+//! `--netns` (as root) a run's nodes and etcd sit in network namespaces of their own and the
+//! nemesis partitions and delays them; the namespaces are gone afterwards.
 //!
 //! The runs take turns: each loads the machine's two cores with a cluster of its own.
 
@@ -118,4 +120,78 @@ fn the_checker_sees_a_flushed_node() {
     let n = |f: &str| summary[f].as_u64().unwrap();
     assert!(n("stale_reads") + n("lost_writes") > 0, "{summary}");
     assert!(n("anomalies") > 0 && code != 0, "{summary}");
+}
+
+/// Without `ip` on PATH a `--netns` run cannot have its namespaces: it says so (or that it
+/// needs root, when not root) and exits 2, having started nothing.
+#[test]
+fn a_netns_run_without_what_namespaces_need_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(KVLAB)
+        .args(["faults", "run", "--netns", "--duration", "5", "--out"])
+        .arg(dir.path())
+        .env("PATH", dir.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{said}");
+    assert!(
+        said.contains("--netns: no `ip` on PATH")
+            || said.contains("--netns: network namespaces need root"),
+        "{said}"
+    );
+    assert!(!dir.path().join("seed-1").exists(), "a run began");
+}
+
+/// The network a run made, by the name its timeline gives (`kvfN-H on 10.77.X.0/24`).
+fn network_of(timeline: &str) -> String {
+    let line = timeline.lines().find(|l| l.contains(" netns ")).unwrap();
+    let at = line.find("(kvf").unwrap() + 1;
+    line[at..].split('-').next().unwrap().to_string()
+}
+
+/// Nodes and etcd in namespaces of their own: nodes cut off from everything, from a node or
+/// from etcd, and delayed, each healed after a while; two copies, so a cut-off node's keys
+/// are still served. The run is checked like the others, every partition was made and
+/// healed, and nothing of its network is left.
+#[test]
+fn partitions_and_delays_in_network_namespaces() {
+    if let Err(why) = kvlab_faults::netns::preflight() {
+        eprintln!("SKIPPED: no network namespaces here: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "--netns",
+        "--duration",
+        "12",
+        "--replicas",
+        "2",
+        "--topology",
+        "etcd",
+        "--faults",
+        "partition,delay",
+    ];
+    let (summary, _) = run(dir.path(), 21, &args);
+    checked(dir.path(), 21, &summary, 500);
+    let timeline =
+        std::fs::read_to_string(dir.path().join("seed-21").join("timeline.txt")).unwrap();
+    let made = |what: &str| {
+        timeline
+            .lines()
+            .filter(|l| l.contains(&format!(" {what} 10.77.")) && !l.contains("FAILED"))
+            .count()
+    };
+    assert!(made("partition") >= 1, "{timeline}");
+    assert!(timeline.contains("healed after"), "{timeline}");
+    let net = network_of(&timeline);
+    let namespaces = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let namespaces = String::from_utf8_lossy(&namespaces.stdout);
+    assert!(
+        !namespaces.contains(&format!("{net}-")),
+        "namespaces left: {namespaces}"
+    );
+    let links = Command::new("ip").args(["-o", "link"]).output().unwrap();
+    let links = String::from_utf8_lossy(&links.stdout);
+    assert!(!links.contains(&format!("{net}-")), "links left: {links}");
 }
