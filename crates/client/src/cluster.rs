@@ -261,7 +261,13 @@ impl ClusterClient {
 
     /// Sends `req` (one request for keys of one node) to the owner of `key` and returns its
     /// answer, following redirects for up to [`REDIRECT_PATIENCE`].
+    ///
+    /// A request that was sent and not answered (a timeout, a connection lost) is sent
+    /// again only if it is a retrieval: a write may still take effect — held up in the
+    /// network, it could land after later writes — so its error is returned (the write's
+    /// outcome is unknown), and its connection is reset so that it is not delivered later.
     pub fn call(&mut self, key: &[u8], req: &[u8]) -> Result<Answer, ConnError> {
+        let resend = req.starts_with(b"get ") || req.starts_with(b"gets ");
         let start = Instant::now();
         let mut pause = Duration::from_micros(200);
         loop {
@@ -270,11 +276,21 @@ impl ClusterClient {
                 .owner(key)
                 .ok_or_else(|| unexpected("the ring has no nodes".into()))?
                 .to_string();
-            let answer = match self.conn(&node).and_then(|c| c.call(req)) {
+            let conn = match self.conn(&node) {
+                Ok(c) => Ok(c),
+                // Not sent: the node is not reachable.
+                Err(e) => Err((e, false)),
+            };
+            let answer = match conn.and_then(|c| c.call(req).map_err(|e| (e, true))) {
                 Ok(a) => a,
-                Err(e) => {
+                Err((e, sent)) => {
                     // A node that went away: the ring may have changed without it.
-                    self.conns.remove(&node);
+                    if let Some(c) = self.conns.remove(&node) {
+                        c.abort();
+                    }
+                    if sent && !resend {
+                        return Err(e);
+                    }
                     if start.elapsed() > REDIRECT_PATIENCE {
                         return Err(e);
                     }
