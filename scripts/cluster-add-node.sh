@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 KEYS=${1:-1000000}
 VALUE=${2:-100}
 QPS=${3:-20000}
-K=target/release/kvlab
+K=${KVLAB:-target/release/kvlab}
 WORK=$(mktemp -d)
 TOPOLOGY=${4:-$WORK/topology.json}
 BASE=${BASE_PORT:-7301}
@@ -42,7 +42,18 @@ $K cluster --topology "$TOPOLOGY" add --start "127.0.0.1:$((BASE + 3))" -- -t 1 
   | tee "$WORK/add.txt"
 T1=$(date +%s%3N)
 wait $BENCH
-cat "$WORK/bench.txt" | sed -n '1,6p'
+sed -n '1,6p' "$WORK/bench.txt"
+# Every key read back through the ring once the load is over: a miss is a lost write (every
+# key was set before the run and nothing deletes), a wrong value a verification error.
+$K bench --cluster "$SEED" --keys "$KEYS" --value-size "$VALUE" --key-dist sequential \
+  --mix get=1 --verify --requests "$KEYS" --duration 600 -T 1 -c 8 --json "$WORK/readback.json" \
+  >/dev/null 2>&1
+python3 - "$WORK/readback.json" "$KEYS" <<'EOF'
+import json, sys
+c = json.load(open(sys.argv[1]))["runs"][0]["counters"]
+print(f"read back {c['gets']} of {sys.argv[2]} keys: lost {c['misses']}, "
+      f"wrong {c['verify_errors']}, errors {c['errors']}, timeouts {c['timeouts']}")
+EOF
 python3 - "$WORK/bench.json" "$T0" "$T1" <<'EOF'
 import json, sys
 run = json.load(open(sys.argv[1]))["runs"][0]
