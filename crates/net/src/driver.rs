@@ -186,7 +186,7 @@ pub(crate) fn hand_off<T: std::os::fd::AsFd, S: Service>(
 ) {
     if session.hands_off() {
         match stream.as_fd().try_clone_to_owned() {
-            Ok(fd) => service.take_over(fd, session.output()),
+            Ok(fd) => service.take_over(fd, session.output(), session.unread()),
             Err(e) => tracing::warn!(%e, "cannot hand a connection off"),
         }
     }

@@ -254,10 +254,11 @@ pub trait Service: Send + 'static {
     }
 
     /// Takes a connection's socket after [`Flow::HandOff`], with the replies composed
-    /// before it and not yet sent (`unsent`, to send first); its input is no longer read
-    /// and the driver forgets the connection. By default the socket is closed.
-    fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8]) {
-        let _ = unsent;
+    /// before it and not yet sent (`unsent`, to send first) and the input already read
+    /// behind the request that handed it off (`unread`); the driver reads no more of it
+    /// and forgets the connection. By default the socket is closed.
+    fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8], unread: &[u8]) {
+        let _ = (unsent, unread);
         drop(socket);
     }
 

@@ -435,6 +435,27 @@ impl<S: Service> Session<S> {
         self.hand_off
     }
 
+    /// The input read and not yet processed (after a hand-off: what the client sent behind
+    /// the request that handed the connection off).
+    pub fn unread(&self) -> &[u8] {
+        &self.input[self.start..self.end]
+    }
+
+    /// Puts `bytes` in front of what is read next (a connection taken over with input
+    /// already read from it).
+    pub fn preload(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let space = self.read_space();
+            let n = space.len().min(bytes.len());
+            if n == 0 {
+                return; // past the largest valid request: the parser refuses it anyway
+            }
+            space[..n].copy_from_slice(&bytes[..n]);
+            self.filled(n);
+            bytes = &bytes[n..];
+        }
+    }
+
     /// Marks the session closing (e.g. server shutdown).
     pub fn close(&mut self) {
         self.closing = true;

@@ -162,6 +162,7 @@ fn spawn_conn<A: App>(
 pub fn serve_taken_over<S: Service>(
     socket: std::os::fd::OwnedFd,
     unsent: &[u8],
+    unread: &[u8],
     service: S,
     limits: Limits,
 ) {
@@ -171,7 +172,9 @@ pub fn serve_taken_over<S: Service>(
         return;
     }
     let fd = stream.as_raw_fd();
-    serve(stream, service, limits, fd, false);
+    let mut session = Session::new(limits);
+    session.preload(unread);
+    serve_session(stream, service, session, fd, false);
 }
 
 /// How a connection's thread ended.
@@ -186,13 +189,23 @@ enum End {
 /// Blocking loop for one connection (socket `fd`, over TLS if `tls`): read, process,
 /// write everything, repeat.
 fn serve<T: Read + Write + std::os::fd::AsFd, S: Service>(
-    mut stream: T,
-    mut service: S,
+    stream: T,
+    service: S,
     limits: Limits,
     fd: std::os::fd::RawFd,
     tls: bool,
 ) -> End {
-    let mut session = Session::new(limits);
+    serve_session(stream, service, Session::new(limits), fd, tls)
+}
+
+/// [`serve`] with a session made already (holding input read elsewhere).
+fn serve_session<T: Read + Write + std::os::fd::AsFd, S: Service>(
+    mut stream: T,
+    mut service: S,
+    mut session: Session<S>,
+    fd: std::os::fd::RawFd,
+    tls: bool,
+) -> End {
     session.opened(&mut service, fd, tls);
     loop {
         session.process_inline(&mut service);

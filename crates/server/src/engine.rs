@@ -91,7 +91,7 @@ impl Engine {
     /// Serves the stream a `cluster import ID` connection was handed off as, on a thread
     /// of its own: its requests never wait behind a client's, and a client's write waiting
     /// for its copies never waits on a thread that serves such a stream.
-    fn serve_import(&self, id: u64, socket: std::os::fd::OwnedFd, unsent: &[u8]) {
+    fn serve_import(&self, id: u64, socket: std::os::fd::OwnedFd, unsent: &[u8], unread: &[u8]) {
         let Some(node) = &self.helper.node else {
             return;
         };
@@ -102,10 +102,12 @@ impl Engine {
             item_size_max: self.server.item_size_max,
             ..kvlab_protocol::Limits::default()
         };
-        let unsent = unsent.to_vec();
+        let (unsent, unread) = (unsent.to_vec(), unread.to_vec());
         let spawned = std::thread::Builder::new()
             .name("kvlab-import".into())
-            .spawn(move || kvlab_net::threaded::serve_taken_over(socket, &unsent, engine, limits));
+            .spawn(move || {
+                kvlab_net::threaded::serve_taken_over(socket, &unsent, &unread, engine, limits)
+            });
         if let Err(e) = spawned {
             tracing::warn!(%e, "cannot start a thread for a cluster stream");
         }
@@ -1036,9 +1038,9 @@ impl kvlab_net::Service for Engine {
         }
     }
 
-    fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8]) {
+    fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8], unread: &[u8]) {
         if let Some(id) = self.import_handoff.take() {
-            self.serve_import(id, socket, unsent);
+            self.serve_import(id, socket, unsent, unread);
             return;
         }
         let streams = std::mem::take(&mut self.watch);
