@@ -588,7 +588,15 @@ node = 0
         assert_eq!(t[k].as_u64(), Some(0), "{k}: {t}");
     }
     let html = std::fs::read_to_string(out.join("report/index.html")).unwrap();
-    for want in ["Throughput", "p99 latency", "Events", "share moved"] {
+    for want in [
+        "Throughput and errors over time",
+        "p99 latency",
+        "Events",
+        "share moved",
+        "errors seen for",
+        "class=\"mark\"",
+        "add done",
+    ] {
         assert!(html.contains(want), "report lacks {want}");
     }
 }
