@@ -754,14 +754,11 @@ fn run_row(seed: &str, s: &RunSummary) -> Row {
             s.actions, s.actions_failed, s.actions_skipped
         ),
         s.ops.to_string(),
-        s.ok.to_string(),
-        s.failed.to_string(),
-        s.unknown.to_string(),
-        s.lost_writes.to_string(),
-        s.stale_reads.to_string(),
-        s.never_written.to_string(),
-        s.not_linearizable.to_string(),
-        s.anomalies.to_string(),
+        format!("{} / {} / {}", s.ok, s.failed, s.unknown),
+        format!(
+            "{} ({} / {} / {} / {})",
+            s.anomalies, s.lost_writes, s.stale_reads, s.never_written, s.not_linearizable
+        ),
         s.unverified_keys.to_string(),
         format!("{:.1}", s.seconds),
         s.error.clone().unwrap_or_else(|| "-".into()),
@@ -769,19 +766,13 @@ fn run_row(seed: &str, s: &RunSummary) -> Row {
     .highlighted(!s.clean())
 }
 
-const RUN_COLUMNS: [&str; 15] = [
+const RUN_COLUMNS: [&str; 9] = [
     "seed",
     "faults drawn",
     "nemesis actions",
     "operations checked",
-    "ok",
-    "failed",
-    "unknown",
-    "lost writes",
-    "stale reads",
-    "never written",
-    "keys not linearizable",
-    "anomalies",
+    "ok / failed / unknown",
+    "anomalies (lost writes / stale reads / never written / keys not linearizable)",
     "keys unverified",
     "run (s)",
     "run error",
