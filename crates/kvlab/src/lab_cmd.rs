@@ -118,7 +118,11 @@ fn run_source(source: &Source, out: Option<PathBuf>, overrides: Overrides) -> an
     let done = Lab::default().run(source, &overrides, out)?;
     println!();
     print!("{}", done.summary);
-    println!("raw results: {}", done.raw_dir().display());
+    if done.raw_dir().is_dir() {
+        println!("raw results: {}", done.raw_dir().display());
+    } else {
+        println!("results: {}", done.dir.display());
+    }
     println!("report: {}", done.report.display());
     Ok(())
 }

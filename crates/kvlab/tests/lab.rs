@@ -522,6 +522,9 @@ fn shipped_experiments_are_listed() {
         "proxy-replication",
         "proxy-multiget",
         "proxy-2k",
+        "cluster-failure",
+        "faults-quick",
+        "faults-soak",
     ] {
         assert!(s.contains(name), "{s}");
     }
@@ -588,7 +591,88 @@ node = 0
         assert_eq!(t[k].as_u64(), Some(0), "{k}: {t}");
     }
     let html = std::fs::read_to_string(out.join("report/index.html")).unwrap();
-    for want in ["Throughput", "p99 latency", "Events", "share moved"] {
+    for want in [
+        "Throughput and errors over time",
+        "p99 latency",
+        "Events",
+        "share moved",
+        "errors seen for",
+        "class=\"mark\"",
+        "add done",
+    ] {
         assert!(html.contains(want), "report lacks {want}");
     }
+}
+
+/// The fault-injection harness as an experiment: the shipped `faults-quick` shrunk by
+/// overrides to two seeds of 10 s over few keys. Every run is stored with its history and
+/// the checker's files, the report has the anomalies section at its top, a table of the
+/// runs and a timeline per seed with the nemesis's actions marked, and `lab analyse`
+/// rewrites it byte for byte. What the checker found is the runs' output, not asserted.
+#[test]
+fn a_faults_experiment_stores_its_runs_and_reports_their_timelines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out");
+    let o = kvlab(
+        &[
+            "lab",
+            "run",
+            "faults-quick",
+            "--out",
+            out.to_str().expect("utf-8 path"),
+            "--repetitions",
+            "2",
+            "--duration",
+            "10",
+            "--set",
+            "keys=40",
+            "--set",
+            "clients=2",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    eprintln!("{}", text(&o));
+    let res = read_json(&out.join("faults.json"));
+    assert_eq!(res["spec"]["duration"].as_f64(), Some(10.0), "{res}");
+    assert_eq!(res["overrides"]["repetitions"].as_u64(), Some(2), "{res}");
+    let runs = res["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2, "{res}");
+    for (r, seed) in runs.iter().zip([1, 2]) {
+        assert_eq!(r["seed"].as_u64(), Some(seed), "{r}");
+        let s = &r["summary"];
+        assert!(s["error"].is_null(), "{s}");
+        let n = |f: &str| s[f].as_u64().expect("a count");
+        assert!(n("ops") >= 100, "{s}");
+        assert_eq!(n("ops"), n("ok") + n("failed") + n("unknown"), "{s}");
+        let run_dir = out.join(r["dir"].as_str().expect("dir"));
+        for f in [
+            "history.jsonl",
+            "anomalies.json",
+            "summary.json",
+            "timeline.txt",
+        ] {
+            assert!(run_dir.join(f).is_file(), "{} lacks {f}", run_dir.display());
+        }
+    }
+    let html = std::fs::read_to_string(out.join("report/index.html")).expect("report");
+    let anomalies = html.find(">Anomalies</h2>").expect("an anomalies section");
+    let table = html.find(">Faults: runs</h2>").expect("the runs' section");
+    assert!(anomalies < table, "anomalies come first");
+    for want in [
+        "Runs: file, 1 copy, cluster-aware clients",
+        "Timeline: seed 1, file-r1-cluster",
+        "Timeline: seed 2, file-r1-cluster",
+        "class=\"mark\"",
+        "heal",
+    ] {
+        assert!(html.contains(want), "the report lacks {want}");
+    }
+    let o = kvlab(
+        &["lab", "analyse", out.to_str().expect("utf-8 path")],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let again = std::fs::read_to_string(out.join("report/index.html")).expect("report");
+    assert_eq!(html, again, "lab analyse rewrites the same report");
 }

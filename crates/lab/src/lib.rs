@@ -6,7 +6,10 @@
 //! - [`runner`]: every point × repetition × system, raw results and metadata on disk;
 //! - [`analyse`]: raw results → statistics, model checks and the HTML report;
 //! - [`scaling`]: `kind = "scaling"` experiments — a kvlab cluster under a verified load
-//!   while nodes are added, removed or killed on a schedule.
+//!   while nodes are added, removed or killed on a schedule;
+//! - [`faults`]: `kind = "faults"` experiments — kvlab's fault-injection harness
+//!   (`kvlab_faults`) over seeds and configurations, each run's history checked, anomalies
+//!   at the top of the report and a timeline per run.
 //!
 //! ```text
 //! Source (file | shipped) + Overrides
@@ -176,6 +179,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod analyse;
+pub mod faults;
 pub mod runner;
 pub mod scaling;
 pub mod spec;
@@ -252,6 +256,14 @@ pub const SHIPPED: &[(&str, &str)] = &[
         "cluster-failure",
         include_str!("../../../experiments/cluster-failure.toml"),
     ),
+    (
+        "faults-quick",
+        include_str!("../../../experiments/faults-quick.toml"),
+    ),
+    (
+        "faults-soak",
+        include_str!("../../../experiments/faults-soak.toml"),
+    ),
 ];
 
 /// The text of a shipped experiment.
@@ -263,6 +275,11 @@ pub fn shipped(name: &str) -> Option<&'static str> {
 pub fn shipped_summary(name: &str) -> String {
     if let Some(text) = shipped(name).filter(|t| scaling::is_scaling(t)) {
         return scaling::ScalingSpec::parse(text, name)
+            .map(|s| s.description)
+            .unwrap_or_default();
+    }
+    if let Some(text) = shipped(name).filter(|t| faults::is_faults(t)) {
+        return faults::FaultsSpec::parse(text, name, &Overrides::default())
             .map(|s| s.description)
             .unwrap_or_default();
     }
@@ -421,6 +438,9 @@ impl Lab {
         if scaling::is_scaling(&source.text) {
             return self.run_scaling(source, out);
         }
+        if faults::is_faults(&source.text) {
+            return self.run_faults(source, overrides, out);
+        }
         let exp = Experiment::parse(&source.text, &source.stem, overrides).with_context(|| {
             if overrides.is_empty() {
                 format!("experiment {}", source.label)
@@ -476,6 +496,34 @@ impl Lab {
     }
 }
 
+impl Lab {
+    /// A `kind = "faults"` experiment (see [`faults`]).
+    fn run_faults(
+        &self,
+        source: &Source,
+        overrides: &Overrides,
+        out: Option<PathBuf>,
+    ) -> anyhow::Result<Finished> {
+        let spec = faults::FaultsSpec::parse(&source.text, &source.stem, overrides)
+            .with_context(|| format!("experiment {}", source.label))?;
+        let out = match out {
+            Some(o) => o,
+            None => default_out(&spec.name, std::time::SystemTime::now()),
+        };
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let bin = self
+            .kvlab_bin
+            .as_deref()
+            .context("a faults experiment starts kvlab nodes: set KVLAB_BIN")?;
+        let (summary, report) = faults::run(&spec, &source.text, overrides, &out, bin)?;
+        Ok(Finished {
+            dir: out,
+            summary,
+            report,
+        })
+    }
+}
+
 /// `results/<name>-<date>`, with `-2`, `-3`, … when it exists.
 pub fn default_out(name: &str, now: std::time::SystemTime) -> PathBuf {
     let base = PathBuf::from("results").join(format!("{name}-{}", runner::stamp(now)));
@@ -496,6 +544,14 @@ pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
             report: workflow::analyse(dir)?,
             summary: workflow::summary_text(dir)?,
             dir: dir.to_path_buf(),
+        });
+    }
+    if dir.join("faults.json").exists() {
+        let (summary, report) = faults::analyse_dir(dir)?;
+        return Ok(Finished {
+            dir: dir.to_path_buf(),
+            summary,
+            report,
         });
     }
     if dir.join("scaling.json").exists() {

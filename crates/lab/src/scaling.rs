@@ -2,12 +2,15 @@
 //! or killed on a timed schedule, and the report of what each event cost.
 //!
 //! ```text
-//! kind = "scaling" experiment ─► start etcd (topology = "etcd") and N nodes, create the
-//!   cluster ─► fill the key space ─► one verified run through the cluster's ring
-//!   (kvlab_bench, Config::cluster) while an event thread adds (a node it starts),
-//!   removes or kills nodes at their times (kvlab_cluster::coordinator) ─► scaling.json
-//!   ─► report: throughput, p99 and errors per interval with the events marked; a table
-//!   per event: time, keys moved vs expected, MB/s, lost writes, client errors
+//! kind = "scaling" experiment ─► start etcd (topology = "etcd"), create the cluster, start
+//!   its N nodes at once (logs in logs/) ─► wait until each serves the ring ─► with copies,
+//!   open every node's copy streams (one write per owner and holder) ─► fill the key space
+//!   ─► one verified run through the cluster's ring (kvlab_bench, Config::cluster) while an
+//!   event thread adds (a node it starts), removes or kills nodes at their times
+//!   (kvlab_cluster::coordinator) ─► scaling.json
+//!   ─► report: a timeline of throughput and errors per interval (then p99, errors) with
+//!   each event's start and end marked; a table per event: time, keys moved vs expected,
+//!   MB/s, the client errors after it and how long they were seen; lost writes
 //! ```
 //!
 //! The file (every key optional; defaults after `=`):
@@ -33,6 +36,7 @@
 //! node = 0                    # remove, kill: which of the nodes in the ring (sorted), 0..
 //! ```
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -41,11 +45,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use kvlab_bench::load::Options;
-use kvlab_client::process::{free_ports, Probe, Process, Spawn};
+use kvlab_client::cluster::{fetch_ring, key_hash};
+use kvlab_client::process::{free_ports, Output, Probe, Process, Spawn};
 use kvlab_client::testing::Etcd;
+use kvlab_client::ClusterClient;
 use kvlab_cluster::coordinator::{self, node_status, MigrationReport};
 use kvlab_cluster::{open_store, TopologyStore};
-use kvlab_report::{Item, LinePlot, LineStyle, Point, Report, Section, Series, Table};
+use kvlab_report::{Item, LinePlot, Mark, Note, Point, Report, Row, Section, Series, Table, Y2};
 use serde::{Deserialize, Serialize};
 
 /// What an event does.
@@ -273,21 +279,14 @@ struct Cluster {
     nodes: Vec<(String, Process)>,
     args: Vec<String>,
     bin: PathBuf,
+    logs: PathBuf,
     _etcd: Option<Etcd>,
 }
 
 impl Cluster {
     fn start_node(&mut self, port: u16) -> anyhow::Result<String> {
+        let p = spawn_node(&self.bin, &self.topology, &self.args, &self.logs, port)?;
         let name = format!("127.0.0.1:{port}");
-        let p = Spawn::new(self.bin.as_os_str())
-            .args(["server", "-l", "127.0.0.1"])
-            .args(["-p".to_string(), port.to_string()])
-            .args(["--cluster".to_string(), self.topology.clone()])
-            .args(["--cluster-node".to_string(), name.clone()])
-            .args(self.args.iter().cloned())
-            .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
-            .start()
-            .with_context(|| format!("starting node {name}"))?;
         self.nodes.push((name.clone(), p));
         Ok(name)
     }
@@ -314,6 +313,28 @@ impl Cluster {
     }
 }
 
+/// Starts a node (`kvlab server --cluster`) on `port`, its log in `logs`, and waits until it
+/// answers.
+fn spawn_node(
+    bin: &Path,
+    topology: &str,
+    args: &[String],
+    logs: &Path,
+    port: u16,
+) -> anyhow::Result<Process> {
+    let name = format!("127.0.0.1:{port}");
+    Spawn::new(bin.as_os_str())
+        .output(Output::File(logs.join(format!("node-{port}.log"))))
+        .args(["server", "-l", "127.0.0.1"])
+        .args(["-p".to_string(), port.to_string()])
+        .args(["--cluster".to_string(), topology.to_string()])
+        .args(["--cluster-node".to_string(), name.clone()])
+        .args(args.iter().cloned())
+        .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
+        .start()
+        .with_context(|| format!("starting node {name}"))
+}
+
 /// Runs a scaling experiment into `out` and writes its report; returns the summary.
 pub fn run(
     spec: &ScalingSpec,
@@ -336,27 +357,79 @@ pub fn run(
     let store = open_store(&topology)?;
     let ports = free_ports(spec.nodes)?;
     let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    coordinator::create(
-        store.as_ref(),
-        kvlab_client::cluster::DEFAULT_VNODES,
-        spec.replicas,
-        names,
-    )?;
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
     let mut cluster = Cluster {
         topology,
         store,
         nodes: Vec::new(),
         args: spec.node_args.clone(),
         bin: bin.to_path_buf(),
+        logs,
         _etcd: etcd,
     };
-    for p in ports {
-        cluster.start_node(p)?;
+    // The ring first (a node reads it as it starts), then every node at once: with leases,
+    // a node of the ring that is not alive for a lease's time (3 s with etcd) is taken out
+    // of it by the others, and one after the other, each waiting to answer, the starts can
+    // take that long on a busy machine.
+    coordinator::create(
+        cluster.store.as_ref(),
+        kvlab_client::cluster::DEFAULT_VNODES,
+        spec.replicas,
+        names.clone(),
+    )?;
+    let started: Vec<anyhow::Result<Process>> = std::thread::scope(|s| {
+        let c = &cluster;
+        let handles: Vec<_> = ports
+            .iter()
+            .map(|&p| s.spawn(move || spawn_node(&c.bin, &c.topology, &c.args, &c.logs, p)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("starting a node panicked")))
+            })
+            .collect()
+    });
+    for (name, p) in names.iter().zip(started) {
+        // Those started are stopped (dropped) if one failed.
+        cluster.nodes.push((name.clone(), p?));
+    }
+    let seeds: Vec<SocketAddr> = names.iter().filter_map(|n| n.parse().ok()).collect();
+    wait_for_ring(&seeds, spec.nodes)?;
+    let mut notes = Vec::new();
+    if spec.replicas >= 2 {
+        let pairs = open_copy_streams(&seeds, spec.replicas as usize)
+            .context("opening the nodes' copy streams before the fill")?;
+        notes.push(format!(
+            "before the fill, one connection set and deleted one key for each of the {pairs} \
+             (node, copy holder) pairs, one at a time, so every node opened its copy streams \
+             before the fill's pipelined sets"
+        ));
     }
     let load = spec.load()?;
-    let seed: SocketAddr = cluster.nodes[0].0.parse()?;
-    let cfg = load.config(seed)?;
+    let seed = *seeds.first().context("no node to load")?;
+    let mut cfg = load.config(seed)?;
     let keys = cfg.workload.keys;
+    let filled = Instant::now();
+    kvlab_bench::run::load_phase(&cfg).context("the fill (every key set before the run)")?;
+    notes.push(format!(
+        "the fill set {keys} keys in {:.1} s",
+        filled.elapsed().as_secs_f64()
+    ));
+    cfg.load = false;
+    let ring = cluster.ring();
+    if ring.len() != spec.nodes {
+        bail!(
+            "after the fill the ring has {} of the {} nodes ({}): a node's lease lapsed (see \
+             the nodes' logs in {})",
+            ring.len(),
+            spec.nodes,
+            ring.join(", "),
+            cluster.logs.display()
+        );
+    }
 
     let cluster = Arc::new(Mutex::new(cluster));
     let records = Arc::new(Mutex::new(Vec::new()));
@@ -406,11 +479,9 @@ pub fn run(
         events,
         totals: result.counters,
         keys,
-        notes: result
-            .notes
-            .iter()
-            .chain(&result.warnings)
-            .cloned()
+        notes: notes
+            .into_iter()
+            .chain(result.notes.iter().chain(&result.warnings).cloned())
             .collect(),
     };
     crate::runner::write_json(&out.join("scaling.json"), &res)?;
@@ -418,6 +489,77 @@ pub fn run(
         c.nodes.clear(); // stops them
     }
     write(out, &res)
+}
+
+/// Waits (up to 20 s) until every node serves a ring of `nodes` nodes: each has taken up
+/// the topology just created.
+fn wait_for_ring(seeds: &[SocketAddr], nodes: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let behind: Vec<String> = seeds
+            .iter()
+            .filter(|a| {
+                fetch_ring(**a, Duration::from_secs(2)).map_or(true, |r| r.nodes().len() != nodes)
+            })
+            .map(|a| a.to_string())
+            .collect();
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} did not serve the ring of {nodes} nodes within 20 s",
+                behind.join(", ")
+            );
+        }
+        // A readiness probe: the nodes poll or watch the topology store.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Opens every node's copy streams before the fill: for each (owner, copy holder) pair of
+/// the ring, a key that the one owns and the other holds a copy of is set and deleted from
+/// one connection, one write at a time; returns how many pairs. A node opens its stream to
+/// a holder at its first copy to it (`cluster import`, answered by the holder's worker), so
+/// a fill that opens them all at once with pipelined sets can leave two nodes' workers each
+/// waiting for the other's answer until the copy times out and fails its sets.
+fn open_copy_streams(seeds: &[SocketAddr], replicas: usize) -> anyhow::Result<usize> {
+    let mut client = ClusterClient::connect(seeds, Duration::from_secs(5))?;
+    let ring = client.ring().clone();
+    let n = ring.nodes().len();
+    let mut seen: BTreeSet<(usize, usize)> = BTreeSet::new();
+    let mut owners = Vec::with_capacity(replicas);
+    // With the default ring points every pair turns up within a few dozen keys; the bound
+    // only stops a ring too coarse to have some pair.
+    for i in 0..20_000u32 {
+        if seen.len() == n * n.saturating_sub(1) {
+            break;
+        }
+        let key = format!("kvlab-lab:copy-streams:{i}");
+        ring.owners_of_hash(key_hash(key.as_bytes()), replicas, &mut owners);
+        let Some((&owner, holders)) = owners.split_first() else {
+            break;
+        };
+        let new: Vec<(usize, usize)> = holders
+            .iter()
+            .map(|&h| (owner, h))
+            .filter(|p| !seen.contains(p))
+            .collect();
+        if new.is_empty() {
+            continue;
+        }
+        let stored = client
+            .set(key.as_bytes(), b"1")
+            .with_context(|| format!("set {key}"))?;
+        if !stored {
+            bail!("set {key}: not stored");
+        }
+        client
+            .delete(key.as_bytes())
+            .with_context(|| format!("delete {key}"))?;
+        seen.extend(new);
+    }
+    Ok(seen.len())
 }
 
 /// Re-renders a scaling results directory's report from its `scaling.json`.
@@ -484,7 +626,7 @@ fn event(e: &EventSpec, cluster: &Mutex<Cluster>, origin: Instant) -> EventRecor
                 rec.migration = Some(coordinator::add(c.store.as_ref(), &name, &mut |_| {})?);
             }
             Action::Remove => {
-                let name = ring[e.node].clone();
+                let name = nth(&ring, e.node)?;
                 rec.node = name.clone();
                 let items = node_status(&name)?["items"].as_u64().unwrap_or(0);
                 rec.expected_fraction = items as f64 / rec.items_before.max(1) as f64;
@@ -492,7 +634,7 @@ fn event(e: &EventSpec, cluster: &Mutex<Cluster>, origin: Instant) -> EventRecor
                 c.nodes.retain(|(n, _)| *n != name); // stops it
             }
             Action::Kill => {
-                let name = ring[e.node].clone();
+                let name = nth(&ring, e.node)?;
                 rec.node = name.clone();
                 if let Some((_, p)) = c.nodes.iter_mut().find(|(n, _)| *n == name) {
                     p.kill();
@@ -516,54 +658,144 @@ fn event(e: &EventSpec, cluster: &Mutex<Cluster>, origin: Instant) -> EventRecor
     rec
 }
 
+/// Node `i` of the ring (sorted), or why there is none.
+fn nth(ring: &[String], i: usize) -> anyhow::Result<String> {
+    ring.get(i).cloned().with_context(|| {
+        format!(
+            "no node {i}: the ring has {} nodes ({})",
+            ring.len(),
+            ring.join(", ")
+        )
+    })
+}
+
+/// What the clients saw after an event: errors from its start until the next event (or
+/// the run's end), and until when they lasted.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Aftermath {
+    /// Errors and timeouts in the intervals that end after the event began and begin
+    /// before the next one.
+    errors: u64,
+    /// Seconds from the event's start to the end of the last of those intervals with an
+    /// error (0: none): how long some keys could not be served.
+    unavailable_s: f64,
+}
+
+/// The length of one interval of the time series, s (they are equal but the last).
+fn interval_s(intervals: &[IntervalPoint]) -> f64 {
+    match intervals {
+        [] => 0.0,
+        [only] => only.t,
+        [a, b, ..] => b.t - a.t,
+    }
+}
+
+fn aftermath(res: &ScalingResult, e: &EventRecord) -> Aftermath {
+    let dt = interval_s(&res.intervals);
+    let next = res
+        .events
+        .iter()
+        .map(|x| x.started)
+        .filter(|&s| s > e.started)
+        .fold(f64::INFINITY, f64::min);
+    let mut a = Aftermath::default();
+    for i in &res.intervals {
+        if i.t > e.started && i.t - dt < next {
+            a.errors += i.errors;
+            if i.errors > 0 {
+                a.unavailable_s = i.t - e.started;
+            }
+        }
+    }
+    a
+}
+
+/// An event's marks on the time series: where it began and where it was over.
+fn event_marks(events: &[EventRecord]) -> Vec<Mark> {
+    let mut marks = Vec::new();
+    for e in events {
+        marks.push(Mark {
+            x: e.started,
+            label: format!("{} {}", e.action, e.node),
+        });
+        let over = match (e.action.as_str(), &e.error) {
+            (_, Some(_)) => format!("{} failed", e.action),
+            ("kill", None) => "ring healed".to_string(),
+            (a, None) => format!("{a} done"),
+        };
+        marks.push(Mark {
+            x: e.finished,
+            label: over,
+        });
+    }
+    marks
+}
+
 /// Writes the report; returns the summary and `index.html`'s path.
 fn write(out: &Path, res: &ScalingResult) -> anyhow::Result<(String, PathBuf)> {
-    let marks = |max: f64| -> Vec<Series> {
-        res.events
-            .iter()
-            .map(|e| Series {
-                name: format!("{} {} at {:.1} s", e.action, e.node, e.started),
-                style: LineStyle::Dashed,
-                color: None,
-                points: vec![Point::new(e.started, 0.0), Point::new(e.started, max)],
-            })
-            .collect()
-    };
-    let series = |name: &str, f: &dyn Fn(&IntervalPoint) -> f64| Series {
-        name: name.into(),
-        style: LineStyle::Solid,
-        color: Some(0),
-        points: res
-            .intervals
+    let marks = event_marks(&res.events);
+    let points = |f: &dyn Fn(&IntervalPoint) -> f64| -> Vec<Point> {
+        res.intervals
             .iter()
             .map(|i| Point::new(i.t, f(i)))
-            .collect(),
+            .collect()
     };
     let span = res.intervals.last().map_or(1.0, |i| i.t);
     let plot = |title: &str, y: &str, name: &str, f: &dyn Fn(&IntervalPoint) -> f64| {
-        let max = res.intervals.iter().map(f).fold(1.0, f64::max);
-        let mut s = vec![series(name, f)];
-        s.extend(marks(max));
         Item::LinePlot(LinePlot {
             title: title.into(),
             x_label: "time (s)".into(),
             y_label: y.into(),
             x_range: Some((0.0, span)),
             y_from_zero: true,
-            series: s,
-            caption: Some("Dashed vertical lines: the events (when each began).".into()),
+            series: vec![Series {
+                name: name.into(),
+                points: points(f),
+                ..Series::default()
+            }],
+            marks: marks.clone(),
+            caption: Some("Marks: each event's start and its end.".into()),
             ..LinePlot::default()
         })
     };
+    let timeline = Item::LinePlot(LinePlot {
+        title: "Throughput and errors over time".into(),
+        x_label: "time (s)".into(),
+        y_label: "throughput (req/s)".into(),
+        x_range: Some((0.0, span)),
+        y_from_zero: true,
+        series: vec![Series {
+            name: "completed (req/s)".into(),
+            points: points(&|i| i.qps),
+            ..Series::default()
+        }],
+        y2: Some(Y2 {
+            label: "errors + timeouts per interval".into(),
+            series: vec![Series {
+                name: "errors + timeouts".into(),
+                color: Some(1),
+                points: points(&|i| i.errors as f64),
+                ..Series::default()
+            }],
+        }),
+        marks: marks.clone(),
+        caption: Some(format!(
+            "Per {:.1} s interval. Marks: each event's start (the action and its node) and \
+             its end (a migration done, or the ring healed: the killed node no longer in \
+             it).",
+            interval_s(&res.intervals)
+        )),
+        ..LinePlot::default()
+    });
     let t = &res.totals;
     let lost = t.verify_errors + t.misses;
     let mut rows = Vec::new();
     for e in &res.events {
         let m = e.migration.as_ref();
         let moved = m.map_or(0, |m| m.keys_copied);
-        rows.push(kvlab_report::Row {
-            highlight: Default::default(),
-            cells: vec![
+        let after = aftermath(res, e);
+        rows.push(
+            Row::new([
                 format!("{:.1}", e.started),
                 format!("{} {}", e.action, e.node),
                 format!("{:.3}", e.finished - e.started),
@@ -581,9 +813,12 @@ fn write(out: &Path, res: &ScalingResult) -> anyhow::Result<(String, PathBuf)> {
                 m.map_or("-".into(), |m| {
                     format!("{:.1}", m.bytes_sent as f64 / 1e6 / m.total_s.max(1e-9))
                 }),
+                after.errors.to_string(),
+                format!("{:.1}", after.unavailable_s),
                 e.error.clone().unwrap_or_else(|| "ok".into()),
-            ],
-        });
+            ])
+            .highlighted(e.error.is_some()),
+        );
     }
     let table = Table {
         title: "Events".into(),
@@ -595,6 +830,8 @@ fn write(out: &Path, res: &ScalingResult) -> anyhow::Result<(String, PathBuf)> {
             "keys moved",
             "share moved",
             "MB/s",
+            "client errors after it",
+            "errors seen for (s)",
             "outcome",
         ]
         .map(String::from)
@@ -613,18 +850,53 @@ fn write(out: &Path, res: &ScalingResult) -> anyhow::Result<(String, PathBuf)> {
         ]
         .map(String::from)
         .to_vec(),
-        rows: vec![kvlab_report::Row {
-            highlight: Default::default(),
-            cells: vec![
-                t.completed.to_string(),
-                t.errors.to_string(),
-                t.timeouts.to_string(),
-                lost.to_string(),
-                t.redirects.to_string(),
-            ],
-        }],
+        rows: vec![Row::new([
+            t.completed.to_string(),
+            t.errors.to_string(),
+            t.timeouts.to_string(),
+            lost.to_string(),
+            t.redirects.to_string(),
+        ])
+        .highlighted(lost > 0)],
         ..Table::default()
     };
+    let mut over_time = vec![timeline];
+    if lost > 0 {
+        over_time.insert(
+            0,
+            Item::Note(Note::warning(
+                "Acknowledged writes lost",
+                format!(
+                    "{lost} reads found a key missing or with a wrong value ({} misses, {} \
+                     wrong values): writes the cluster had acknowledged were lost.",
+                    t.misses, t.verify_errors
+                ),
+            )),
+        );
+    }
+    for e in res.events.iter().filter(|e| e.error.is_some()) {
+        over_time.insert(
+            0,
+            Item::Note(Note::warning(
+                format!("{} {} at {:.1} s failed", e.action, e.node, e.started),
+                e.error.clone().unwrap_or_default(),
+            )),
+        );
+    }
+    over_time.push(plot("p99 latency", "p99 (µs)", "p99", &|i| i.p99_us));
+    over_time.push(plot(
+        "Errors",
+        "errors per interval",
+        "errors + timeouts",
+        &|i| i.errors as f64,
+    ));
+    let mut events_items = vec![Item::Table(table), Item::Table(totals)];
+    if !res.notes.is_empty() {
+        events_items.push(Item::Note(Note::info(
+            "Notes of the run",
+            res.notes.join("; "),
+        )));
+    }
     let report = Report {
         title: format!("kvlab lab: {}", res.name),
         subtitle: Some("A kvlab cluster under a verified load while nodes come and go".into()),
@@ -638,16 +910,11 @@ fn write(out: &Path, res: &ScalingResult) -> anyhow::Result<(String, PathBuf)> {
                 title: "Over time".into(),
                 text: vec![format!(
                     "Every key was set before the run and every hit is verified: a miss or a \
-                     wrong value is a lost write. {} requests, {} client errors, {} lost writes.",
-                    t.completed, t.errors, lost
+                     wrong value is a lost write. {} requests, {} client errors, {} timeouts, \
+                     {} lost writes.",
+                    t.completed, t.errors, t.timeouts, lost
                 )],
-                items: vec![
-                    plot("Throughput", "throughput (req/s)", "completed", &|i| i.qps),
-                    plot("p99 latency", "p99 (µs)", "p99", &|i| i.p99_us),
-                    plot("Errors", "errors per interval", "errors + timeouts", &|i| {
-                        i.errors as f64
-                    }),
-                ],
+                items: over_time,
             },
             Section {
                 title: "Events".into(),
@@ -655,10 +922,13 @@ fn write(out: &Path, res: &ScalingResult) -> anyhow::Result<(String, PathBuf)> {
                     "Keys moved are the items copied by the migration's snapshots, as a share of \
                      the items in the cluster before it; expected: 1/(N+1) for an add to N \
                      nodes, the node's own share for a remove. A kill has no migration: it took \
-                     until the ring no longer listed the node."
+                     until the ring no longer listed the node. Client errors after an event are \
+                     those of the intervals from its start to the next event (or the run's \
+                     end); they were seen for as long as the last such interval with an error \
+                     ends after the event's start: how long some keys could not be served."
                         .into(),
                 ],
-                items: vec![Item::Table(table), Item::Table(totals)],
+                items: events_items,
             },
         ],
     };
@@ -668,8 +938,9 @@ fn write(out: &Path, res: &ScalingResult) -> anyhow::Result<(String, PathBuf)> {
         res.name, t.completed, t.errors, t.timeouts, lost, t.redirects
     );
     for e in &res.events {
+        let after = aftermath(res, e);
         summary.push_str(&format!(
-            "  {:>5.1} s {} {}: {:.3} s{}{}\n",
+            "  {:>5.1} s {} {}: {:.3} s{}; {} client errors after it, seen for {:.1} s{}\n",
             e.started,
             e.action,
             e.node,
@@ -684,6 +955,8 @@ fn write(out: &Path, res: &ScalingResult) -> anyhow::Result<(String, PathBuf)> {
                     100.0 * e.expected_fraction
                 ))
                 .unwrap_or_default(),
+            after.errors,
+            after.unavailable_s,
             e.error
                 .as_ref()
                 .map(|x| format!(" FAILED: {x}"))
@@ -691,4 +964,55 @@ fn write(out: &Path, res: &ScalingResult) -> anyhow::Result<(String, PathBuf)> {
         ));
     }
     Ok((summary, files.index))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(t: f64, errors: u64) -> IntervalPoint {
+        IntervalPoint {
+            t,
+            qps: 100.0,
+            errors,
+            ..IntervalPoint::default()
+        }
+    }
+
+    #[test]
+    fn an_events_errors_are_counted_until_the_next_event() {
+        let res = ScalingResult {
+            intervals: [0, 0, 3, 0, 2, 0, 1, 0]
+                .iter()
+                .enumerate()
+                .map(|(i, &e)| point(0.5 * (i + 1) as f64, e))
+                .collect(),
+            events: vec![
+                EventRecord {
+                    action: "kill".into(),
+                    started: 1.2,
+                    finished: 2.1,
+                    ..EventRecord::default()
+                },
+                EventRecord {
+                    action: "add".into(),
+                    started: 3.0,
+                    finished: 3.4,
+                    ..EventRecord::default()
+                },
+            ],
+            ..ScalingResult::default()
+        };
+        // The kill: intervals ending at 1.5 .. 3.0 (the one ending at 3.5 began at 3.0).
+        let a = aftermath(&res, &res.events[0]);
+        assert_eq!(a.errors, 5);
+        assert!((a.unavailable_s - (2.5 - 1.2)).abs() < 1e-9, "{a:?}");
+        let b = aftermath(&res, &res.events[1]);
+        assert_eq!(b.errors, 1);
+        assert!((b.unavailable_s - 0.5).abs() < 1e-9, "{b:?}");
+        let marks = event_marks(&res.events);
+        assert_eq!(marks.len(), 4);
+        assert_eq!(marks[1].label, "ring healed");
+        assert_eq!(marks[3].label, "add done");
+    }
 }

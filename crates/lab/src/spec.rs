@@ -1337,6 +1337,11 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{name}: {e:#}"));
                 continue;
             }
+            if crate::faults::is_faults(text) {
+                crate::faults::FaultsSpec::parse(text, name, &Overrides::default())
+                    .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+                continue;
+            }
             let e = Experiment::parse(text, name, &Overrides::default())
                 .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(!e.runs().is_empty(), "{name}");
