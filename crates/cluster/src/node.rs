@@ -49,6 +49,10 @@ pub const REPLICA_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long a copy holder that failed is not tried again (its writes fail at once).
 pub const REPLICA_BACKOFF: Duration = Duration::from_millis(500);
 
+/// The stream id of a resync (`cluster import RESYNC NODE`): items a peer holds for a node
+/// catching up, taken only while it is.
+pub const RESYNC: u64 = u64::MAX;
+
 /// How long a migration stream waits for its new owner's replies.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -151,6 +155,8 @@ pub struct Node {
     /// it serves no key until it has left the ring and been added back (see
     /// [`Node::rejoin`]).
     recovering: AtomicBool,
+    /// The peers that finished a resync stream to this node.
+    resynced: Mutex<Vec<String>>,
     /// The newest migration whose stream this node has taken items from. A new owner may
     /// take a migration's items before it has seen the migration begin (its view lags the
     /// source's); a cleanup of an older epoch, which would take those items for strays,
@@ -207,6 +213,7 @@ impl Node {
             threads: Mutex::new(Vec::new()),
             writable_until: AtomicU64::new(u64::MAX),
             recovering: AtomicBool::new(false),
+            resynced: Mutex::new(Vec::new()),
             newest_import: AtomicU64::new(0),
         });
         let named = topo.nodes.iter().any(|n| *n == node.me)
@@ -215,12 +222,12 @@ impl Node {
                 .as_ref()
                 .is_some_and(|m| m.to.iter().any(|n| *n == node.me));
         if named && topo.replicas > 1 && node.store.stats().curr_items == 0 {
-            // Its keys' copies live on other nodes: serving from an empty store would
+            // Its keys' copies may live on other nodes: serving from an empty store would
             // answer misses for acknowledged writes.
             node.recovering.store(true, Ordering::Release);
-            tracing::warn!(
-                "{} starts without its data while the ring names it: it serves no key until \
-                 it has left the ring and been added back with its keys",
+            tracing::info!(
+                "{} starts with an empty store while the ring names it: it serves once its \
+                 peers have sent it their copies of its keys",
                 node.me
             );
         }
@@ -269,68 +276,131 @@ impl Node {
         }
     }
 
-    /// A restarted node's way back (it held keys, now its store is empty): a migration
-    /// still copying is rolled back (this node cannot send what it had), one in its
-    /// hand-off is waited out; then the node takes itself out of the ring in one epoch —
-    /// its keys are then served by the nodes that hold their copies, as when a dead node's
-    /// lease lapses — and adds itself back, a migration that copies its keys to it.
-    /// Meanwhile it answers `TRYAGAIN` for every key.
+    /// A node that starts with an empty store while the ring names it, with copies kept
+    /// elsewhere (restarted after `kill -9`, or new in a cluster just created): before it
+    /// serves any key it asks every other ring node to send it what they hold of the keys
+    /// it owns or holds copies of (`cluster resync ME`: the peer streams those items with
+    /// `add` — never over one already here — then `cluster resynced PEER`). A migration
+    /// still copying is rolled back first (this node cannot send what it had); one in its
+    /// hand-off goes on (see `hand_off_empty`). Meanwhile it answers `TRYAGAIN` for every
+    /// key; peers that are down are asked again until they answer or leave the ring.
     fn rejoin(self: Arc<Node>) {
         let mut last_error = String::new();
         let mut note = |e: String| {
             if e != last_error {
-                tracing::warn!("rejoining the ring: {e}");
+                tracing::warn!("catching up: {e}");
                 last_error = e;
             }
         };
         while !self.stop.load(Ordering::Relaxed) {
-            let t = match self.topology.load() {
-                Ok(Some(t)) => t,
-                Ok(None) => return,
-                Err(e) => {
-                    note(e.to_string());
-                    self.topology.wait(HEARTBEAT / 2);
-                    continue;
-                }
-            };
-            match &t.migration {
-                Some(m) if m.phase == Phase::Copy => {
+            let v = self.view();
+            if let Some(m) = &v.migration {
+                if m.phase == Phase::Copy {
                     if let Err(e) = crate::coordinator::abort(&*self.topology) {
                         note(format!("rolling back migration {}: {e}", m.id));
                     }
                 }
-                Some(_) => self.topology.wait(HEARTBEAT / 2),
-                None if t.nodes.iter().any(|n| *n == self.me) => {
-                    if t.nodes.len() < 2 {
-                        // The only node: nothing holds its keys' copies.
-                        self.recovering.store(false, Ordering::Release);
-                        return;
-                    }
-                    let mut next = t.next();
-                    next.nodes.retain(|n| *n != self.me);
-                    if let Err(e) = self.topology.swap(Some(t.epoch), &next) {
-                        note(e.to_string());
-                    }
+                self.topology.wait(HEARTBEAT / 4);
+                continue;
+            }
+            let peers: Vec<String> = v
+                .serving
+                .nodes()
+                .iter()
+                .filter(|n| **n != self.me)
+                .cloned()
+                .collect();
+            let missing: Vec<String> = {
+                let done = self.resynced.lock();
+                peers.into_iter().filter(|p| !done.contains(p)).collect()
+            };
+            if missing.is_empty() {
+                break;
+            }
+            for peer in &missing {
+                let asked = Pipe::connect(peer, STREAM_TIMEOUT).and_then(|mut p| {
+                    p.line(format!("cluster resync {}\r\n", self.me).as_bytes())?;
+                    p.flush()
+                });
+                if let Err(e) = asked {
+                    note(format!("{peer}: {e}"));
                 }
-                None => break,
+            }
+            // The peers' streams end with `cluster resynced`; wait for them a little.
+            let t0 = Instant::now();
+            while t0.elapsed() < HEARTBEAT / 5 && !self.stop.load(Ordering::Relaxed) {
+                let done = self.resynced.lock();
+                if missing.iter().all(|p| done.contains(p)) {
+                    break;
+                }
+                drop(done);
+                std::thread::sleep(Duration::from_millis(5));
             }
         }
-        // Out of the ring: this node serves nothing, and redirects like any other.
         self.recovering.store(false, Ordering::Release);
-        while !self.stop.load(Ordering::Relaxed) {
-            match crate::coordinator::add(&*self.topology, &self.me, &mut |_| {}) {
-                Ok(r) => {
-                    tracing::warn!(
-                        "{} back in the ring: {} keys copied",
-                        self.me,
-                        r.keys_copied
-                    );
-                    return;
+        tracing::warn!("{} caught up from its peers: it serves again", self.me);
+    }
+
+    /// Whether this node is catching up from its peers (see [`Node::rejoin`]).
+    pub fn recovering(&self) -> bool {
+        self.recovering.load(Ordering::Acquire)
+    }
+
+    /// `cluster resync NODE`: streams to `node` every item here of a key that `node` owns
+    /// or holds a copy of under this node's view, on a thread of its own.
+    pub fn resync_to(self: &Arc<Node>, node: &str) {
+        let me = self.clone();
+        let target = node.to_string();
+        let spawned = std::thread::Builder::new()
+            .name("kvlab-resync".into())
+            .spawn(move || {
+                if let Err(e) = me.send_resync(&target) {
+                    tracing::warn!("resync of {target}: {e}");
                 }
-                Err(ClusterError::Invalid(e)) if e.contains("already a node") => return,
-                Err(e) => note(format!("adding itself back: {e}")),
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("resync of {node}: {e}");
+        }
+    }
+
+    fn send_resync(&self, target: &str) -> Result<(), ClusterError> {
+        let view = self.view();
+        let r = view.replicas as usize;
+        let mut pipe = Pipe::connect(target, STREAM_TIMEOUT)?.import(RESYNC, &self.me)?;
+        let mut cursor = ScanCursor::default();
+        let mut items = Vec::with_capacity(512);
+        let mut owners = Vec::with_capacity(r);
+        loop {
+            items.clear();
+            let step = self
+                .store
+                .scan_matching(&mut cursor, 512, &mut items, |h, key| {
+                    let _ = h;
+                    view.serving.owners_of_hash(
+                        kvlab_client::cluster::key_hash(key),
+                        r,
+                        &mut owners,
+                    );
+                    owners.iter().any(|&i| view.serving.nodes()[i] == target)
+                });
+            for item in &items {
+                pipe.add(item.key(), item.flags(), item.exptime(), item.value())?;
             }
-            std::thread::sleep(HEARTBEAT);
+            pipe.flush()?;
+            if step.done || self.stop.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+        pipe.line(format!("cluster resynced {}\r\n", self.me).as_bytes())?;
+        pipe.flush()?;
+        Ok(())
+    }
+
+    /// `cluster resynced PEER`: `peer` has sent this node everything it had for it.
+    pub fn resynced_from(&self, peer: &str) {
+        let mut done = self.resynced.lock();
+        if !done.iter().any(|p| p == peer) {
+            done.push(peer.to_string());
         }
     }
 
@@ -1007,6 +1077,9 @@ impl Gate {
     /// way), when the cleanup after it may already have passed them.
     pub fn imports(&self, id: u64) -> bool {
         let v = &self.view;
+        if id == RESYNC {
+            return self.node.recovering();
+        }
         let taken = id == 0 || v.epoch < id || v.migration.as_ref().is_some_and(|m| m.id == id);
         if taken && id > 0 {
             // Published before the item is stored: a cleanup that finds the item in its scan
@@ -1138,6 +1211,27 @@ impl Pipe {
         }
         // An absolute unix time (> 30 days) is read as such by the receiving node.
         self.out.extend_from_slice(b"set ");
+        self.out.extend_from_slice(key);
+        self.out
+            .extend_from_slice(format!(" {flags} {exptime} {}\r\n", value.len()).as_bytes());
+        self.out.extend_from_slice(value);
+        self.out.extend_from_slice(b"\r\n");
+        self.owed += 1;
+        self.maybe_flush()
+    }
+
+    /// Like [`Pipe::set`], but the receiver keeps an item it already has (`add`).
+    fn add(
+        &mut self,
+        key: &[u8],
+        flags: u32,
+        exptime: u64,
+        value: &[u8],
+    ) -> Result<(), ClusterError> {
+        if exptime != 0 && exptime <= now_unix() {
+            return Ok(());
+        }
+        self.out.extend_from_slice(b"add ");
         self.out.extend_from_slice(key);
         self.out
             .extend_from_slice(format!(" {flags} {exptime} {}\r\n", value.len()).as_bytes());

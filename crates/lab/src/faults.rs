@@ -30,6 +30,8 @@
 //!                             # of each value
 //! topology = "file"           # file | etcd (Debian's etcd, started per run), or a list
 //! etcd_members = 1            # etcd: 1, or 3 (a quorum survives one member's death)
+//! netns = false               # nodes, etcd and proxy in network namespaces of their own
+//!                             # (root): the nemesis may then partition and delay them
 //! client = "cluster"          # cluster (cluster-aware) | proxy (plain clients through
 //!                             # `kvlab proxy --cluster`), or a list
 //! faults = <default>          # the kinds the nemesis draws, e.g. ["pause", "add", "remove"]
@@ -193,6 +195,9 @@ pub struct FaultsSpec {
     /// etcd members with `topology = "etcd"`.
     #[serde(default = "d_one")]
     pub etcd_members: usize,
+    /// Every node, etcd member and the proxy in a network namespace of its own (root).
+    #[serde(default)]
+    pub netns: bool,
     /// `cluster` or `proxy`.
     #[serde(default = "d_client")]
     pub client: OneOrMany<String>,
@@ -432,6 +437,7 @@ impl FaultsSpec {
         interrupt: &Arc<AtomicBool>,
     ) -> anyhow::Result<RunConfig> {
         Ok(RunConfig {
+            netns: self.netns,
             seed,
             duration: Duration::from_secs_f64(self.duration),
             nodes: self.nodes,

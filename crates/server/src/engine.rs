@@ -979,6 +979,14 @@ fn cluster_command(
             }
             conn.import = id.parse().ok();
         }
+        ["resync", peer] => {
+            node.resync_to(peer);
+            out.extend_from_slice(b"OK\r\n");
+        }
+        ["resynced", peer] => {
+            node.resynced_from(peer);
+            out.extend_from_slice(b"OK\r\n");
+        }
         ["drained", id, from] => match id.parse::<u64>() {
             Ok(id) => {
                 node.drained_from(id, from);
