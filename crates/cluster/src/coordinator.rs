@@ -312,6 +312,26 @@ fn patient(failing_since: &mut Option<Instant>) -> bool {
     failing_since.get_or_insert_with(Instant::now).elapsed() < STATUS_PATIENCE
 }
 
+/// Fails when the topology is no longer at `t`'s epoch: someone else rolled the migration
+/// back (a node restarted without its data does, while it copies) or drove it on (another
+/// coordinator's `resume`); waiting on would only wait out the stall limit. A topology
+/// that cannot be read now is let be (the nodes' answers decide).
+fn moved_on(store: &dyn TopologyStore, t: &Topology) -> Result<(), ClusterError> {
+    match store.load() {
+        Ok(Some(now)) if now.epoch != t.epoch => Err(ClusterError::Migration(format!(
+            "the topology moved on meanwhile (epoch {} → {}, migration {}): {}",
+            t.epoch,
+            now.epoch,
+            now.migration
+                .as_ref()
+                .map_or("none".into(), |m| format!("{} {:?}", m.id, m.phase)),
+            "see `kvlab cluster status`"
+        ))),
+        Ok(None) => Err(ClusterError::Migration("the cluster was removed".into())),
+        _ => Ok(()),
+    }
+}
+
 fn drive(
     store: &dyn TopologyStore,
     mut t: Topology,
@@ -362,6 +382,7 @@ fn drive(
             if snap {
                 break;
             }
+            moved_on(store, &t)?;
             let sent = report.keys_copied;
             if sent != last_sent {
                 last_sent = sent;
@@ -404,6 +425,7 @@ fn drive(
         if handed {
             break;
         }
+        moved_on(store, &t)?;
         if handoff.elapsed() > STALL_LIMIT {
             return Err(ClusterError::Migration(format!(
                 "hand-off not done after {STALL_LIMIT:?}; `kvlab cluster resume`"

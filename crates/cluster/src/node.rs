@@ -53,6 +53,11 @@ pub const REPLICA_BACKOFF: Duration = Duration::from_millis(500);
 /// catching up, taken only while it is.
 pub const RESYNC: u64 = u64::MAX;
 
+/// The stream id of a hand-over (`cluster import HANDOVER NODE`): items a node no longer
+/// holds, sent as `add` to the nodes that hold their keys now before they go; taken any
+/// time (a node that has the key keeps its own).
+pub const HANDOVER: u64 = u64::MAX - 1;
+
 /// How long a migration stream waits for its new owner's replies.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -574,6 +579,59 @@ impl Node {
         }
     }
 
+    /// Sends each of `items` (of keys this node no longer holds under `view`) to the
+    /// nodes that hold the key under `view` with `add` (a node that has the key keeps its
+    /// own) on a `cluster import HANDOVER` stream per node; returns the keys some of whose
+    /// nodes did not confirm (unreachable, or refused): those items stay here for now.
+    fn hand_over(
+        &self,
+        view: &View,
+        items: &[kvlab_store::ExportedItem],
+        pipes: &mut HashMap<String, Pipe>,
+    ) -> HashSet<Vec<u8>> {
+        let r = view.replicas as usize;
+        let mut owners = Vec::with_capacity(r);
+        let mut sent: HashMap<String, Vec<&[u8]>> = HashMap::new();
+        let mut kept: HashSet<Vec<u8>> = HashSet::new();
+        for item in items {
+            view.serving.owners_of_hash(
+                kvlab_client::cluster::key_hash(item.key()),
+                r,
+                &mut owners,
+            );
+            for &i in owners.iter() {
+                let node = &view.serving.nodes()[i];
+                let pipe = match pipes.entry(node.clone()) {
+                    std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        Pipe::connect(node, REPLICA_TIMEOUT)
+                            .and_then(|p| p.import(HANDOVER, &self.me))
+                            .map(|p| e.insert(p))
+                    }
+                };
+                let queued = pipe
+                    .and_then(|p| p.add(item.key(), item.flags(), item.exptime(), item.value()));
+                match queued {
+                    Ok(()) => sent.entry(node.clone()).or_default().push(item.key()),
+                    Err(_) => {
+                        pipes.remove(node);
+                        kept.insert(item.key().to_vec());
+                    }
+                }
+            }
+        }
+        for (node, keys) in sent {
+            let confirmed = pipes
+                .get_mut(&node)
+                .is_some_and(|p| matches!(p.flush(), Ok(0)));
+            if !confirmed {
+                pipes.remove(&node);
+                kept.extend(keys.into_iter().map(<[u8]>::to_vec));
+            }
+        }
+        kept
+    }
+
     /// Says `drained` for migration `id` to every new owner in `serving` at once (a source
     /// with nothing to send), and reports the hand-off done.
     fn hand_off_empty(&self, id: u64, serving: &Ring) {
@@ -981,6 +1039,7 @@ impl Node {
                 node.grace(epoch);
                 let mut cursor = ScanCursor::default();
                 let mut items = Vec::with_capacity(256);
+                let mut handover: HashMap<String, Pipe> = HashMap::new();
                 loop {
                     let view = node.view();
                     if view.epoch != epoch || node.stop.load(Ordering::Relaxed) {
@@ -1015,6 +1074,14 @@ impl Node {
                     if let Err(e) = node.replicate_all(&view, &mine) {
                         node.progress.lock().replica_errors += 1;
                         tracing::warn!("copying keys to their holders: {e}");
+                    }
+                    if r > 1 {
+                        // With copies, an item this node no longer holds may be the last
+                        // one left (its owner died before it copied the key to the holders
+                        // of the new ring): it goes only once the key's nodes under this
+                        // ring confirm they have it, each sent the item as `add`.
+                        let kept = node.hand_over(&view, &items, &mut handover);
+                        items.retain(|item| !kept.contains(item.key()));
                     }
                     for item in &items {
                         let opts = MetaDeleteOpts {
@@ -1079,6 +1146,9 @@ impl Gate {
         let v = &self.view;
         if id == RESYNC {
             return self.node.recovering();
+        }
+        if id == HANDOVER {
+            return true;
         }
         let taken = id == 0 || v.epoch < id || v.migration.as_ref().is_some_and(|m| m.id == id);
         if taken && id > 0 {
