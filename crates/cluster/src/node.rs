@@ -297,6 +297,23 @@ impl Node {
                 last_error = e;
             }
         };
+        // First the copies the key's holders keep; then, for keys still missing, items
+        // kept by nodes that no longer hold them (`add` never replaces the first).
+        for strays in [false, true] {
+            self.resynced.lock().clear();
+            if !self.resync_round(strays, &mut note) {
+                return;
+            }
+        }
+        self.recovering.store(false, Ordering::Release);
+        tracing::warn!("{} caught up from its peers: it serves again", self.me);
+    }
+
+    /// One round of [`Node::rejoin`]: asks every other ring node for its items for this
+    /// node (`strays`: those it no longer holds itself) until each has sent them. False
+    /// when the node stops first.
+    fn resync_round(&self, strays: bool, note: &mut dyn FnMut(String)) -> bool {
+        let what = if strays { "strays" } else { "held" };
         while !self.stop.load(Ordering::Relaxed) {
             let v = self.view();
             if let Some(m) = &v.migration {
@@ -308,23 +325,21 @@ impl Node {
                 self.topology.wait(HEARTBEAT / 4);
                 continue;
             }
-            let peers: Vec<String> = v
-                .serving
-                .nodes()
-                .iter()
-                .filter(|n| **n != self.me)
-                .cloned()
-                .collect();
             let missing: Vec<String> = {
                 let done = self.resynced.lock();
-                peers.into_iter().filter(|p| !done.contains(p)).collect()
+                v.serving
+                    .nodes()
+                    .iter()
+                    .filter(|n| **n != self.me && !done.contains(n))
+                    .cloned()
+                    .collect()
             };
             if missing.is_empty() {
-                break;
+                return true;
             }
             for peer in &missing {
                 let asked = Pipe::connect(peer, STREAM_TIMEOUT).and_then(|mut p| {
-                    p.line(format!("cluster resync {}\r\n", self.me).as_bytes())?;
+                    p.line(format!("cluster resync {} {what}\r\n", self.me).as_bytes())?;
                     p.flush()
                 });
                 if let Err(e) = asked {
@@ -334,16 +349,13 @@ impl Node {
             // The peers' streams end with `cluster resynced`; wait for them a little.
             let t0 = Instant::now();
             while t0.elapsed() < HEARTBEAT / 5 && !self.stop.load(Ordering::Relaxed) {
-                let done = self.resynced.lock();
-                if missing.iter().all(|p| done.contains(p)) {
+                if missing.iter().all(|p| self.resynced.lock().contains(p)) {
                     break;
                 }
-                drop(done);
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
-        self.recovering.store(false, Ordering::Release);
-        tracing::warn!("{} caught up from its peers: it serves again", self.me);
+        false
     }
 
     /// Whether this node is catching up from its peers (see [`Node::rejoin`]).
@@ -353,13 +365,13 @@ impl Node {
 
     /// `cluster resync NODE`: streams to `node` every item here of a key that `node` owns
     /// or holds a copy of under this node's view, on a thread of its own.
-    pub fn resync_to(self: &Arc<Node>, node: &str) {
+    pub fn resync_to(self: &Arc<Node>, node: &str, strays: bool) {
         let me = self.clone();
         let target = node.to_string();
         let spawned = std::thread::Builder::new()
             .name("kvlab-resync".into())
             .spawn(move || {
-                if let Err(e) = me.send_resync(&target) {
+                if let Err(e) = me.send_resync(&target, strays) {
                     tracing::warn!("resync of {target}: {e}");
                 }
             });
@@ -368,7 +380,7 @@ impl Node {
         }
     }
 
-    fn send_resync(&self, target: &str) -> Result<(), ClusterError> {
+    fn send_resync(&self, target: &str, strays: bool) -> Result<(), ClusterError> {
         let view = self.view();
         let r = view.replicas as usize;
         let mut pipe = Pipe::connect(target, STREAM_TIMEOUT)?.import(RESYNC, &self.me)?;
@@ -386,7 +398,12 @@ impl Node {
                         r,
                         &mut owners,
                     );
-                    owners.iter().any(|&i| view.serving.nodes()[i] == target)
+                    // Only what this node holds itself: a stray item (a key it no longer
+                    // holds, kept until its nodes confirm they have it) may be older than
+                    // the copy the key's holder sends, and `add` keeps whichever is first.
+                    let nodes = view.serving.nodes();
+                    owners.iter().any(|&i| nodes[i] == target)
+                        && owners.iter().any(|&i| nodes[i] == self.me) != strays
                 });
             for item in &items {
                 pipe.add(item.key(), item.flags(), item.exptime(), item.value())?;
@@ -1148,7 +1165,8 @@ impl Gate {
             return self.node.recovering();
         }
         if id == HANDOVER {
-            return true;
+            // Not while catching up: a stray may be older than the copy a holder resyncs.
+            return !self.node.recovering();
         }
         let taken = id == 0 || v.epoch < id || v.migration.as_ref().is_some_and(|m| m.id == id);
         if taken && id > 0 {

@@ -979,8 +979,8 @@ fn cluster_command(
             }
             conn.import = id.parse().ok();
         }
-        ["resync", peer] => {
-            node.resync_to(peer);
+        ["resync", peer, what @ ("held" | "strays")] => {
+            node.resync_to(peer, *what == "strays");
             out.extend_from_slice(b"OK\r\n");
         }
         ["resynced", peer] => {
