@@ -524,6 +524,7 @@ impl Node {
             }
             if beat.elapsed() < HEARTBEAT / 8 {
                 self.heal();
+                self.open_replica_pipes();
             }
             self.topology.wait(HEARTBEAT / 2);
             match self.topology.load() {
@@ -590,7 +591,10 @@ impl Node {
                 // the nodes that should hold its copies now.
                 self.finish.store(u64::MAX, Ordering::Release);
                 self.changes.lock().clear();
-                self.replica_pipes.lock().clear();
+                let ring = t.serving();
+                self.replica_pipes
+                    .lock()
+                    .retain(|node, _| ring.nodes().contains(node));
                 self.start_cleanup(t.epoch);
             }
         }
@@ -856,6 +860,30 @@ impl Node {
                 .get(node)
                 .map(|why| format!("copy to {node} not written: {why}"))
         })
+    }
+
+    /// With copies: opens the copy stream to every other ring node that has none, here on
+    /// the watcher thread and outside the streams' lock, and waits for its `OK` — the
+    /// holder's worker answers it and hands the stream to a thread of its own. A worker
+    /// that had to open a stream itself would wait on that holder's worker, which may be
+    /// waiting on another such stream in turn (a circle of nodes each waiting out the copy
+    /// timeout).
+    fn open_replica_pipes(&self) {
+        let v = self.view();
+        if v.replicas < 2 {
+            return;
+        }
+        for node in v.serving.nodes() {
+            if *node == self.me || self.replica_pipes.lock().contains_key(node) {
+                continue;
+            }
+            let opened = Pipe::connect(node, REPLICA_TIMEOUT)
+                .and_then(|p| p.import(0, &self.me))
+                .and_then(|mut p| p.flush().map(|_| p));
+            if let Ok(p) = opened {
+                self.replica_pipes.lock().entry(node.clone()).or_insert(p);
+            }
+        }
     }
 
     fn replica_down(&self, node: &str) -> Option<String> {
