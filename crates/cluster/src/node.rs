@@ -284,8 +284,9 @@ impl Node {
     /// A node that starts with an empty store while the ring names it, with copies kept
     /// elsewhere (restarted after `kill -9`, or new in a cluster just created): before it
     /// serves any key it asks every other ring node to send it what they hold of the keys
-    /// it owns or holds copies of (`cluster resync ME`: the peer streams those items with
-    /// `add` — never over one already here — then `cluster resynced PEER`). A migration
+    /// it owns or holds copies of (`cluster resync ME held`, then `… strays`: the peer
+    /// streams those items with `add` — never over one already here — then `cluster
+    /// resynced PEER`). A migration
     /// still copying is rolled back first (this node cannot send what it had); one in its
     /// hand-off goes on (see `hand_off_empty`). Meanwhile it answers `TRYAGAIN` for every
     /// key; peers that are down are asked again until they answer or leave the ring.
@@ -731,15 +732,9 @@ impl Node {
         }
     }
 
-    /// Writes the current state of `key` (its item, or its absence) through to the other
-    /// nodes that hold its copies under `view`. Under the pipes' lock the state is read
-    /// and sent, so the last copy sent is of the last write applied.
-    pub fn replicate(&self, view: &View, key: &[u8]) -> Result<(), ClusterError> {
-        self.replicate_all(view, std::slice::from_ref(&key))
-    }
-
-    /// [`Node::replicate`] for many keys: queued on each copy connection, then one flush
-    /// per connection (one round trip for the lot). The first failure, if any.
+    /// Writes the current state of `keys` (each item, or its absence) through to the other
+    /// nodes that hold their copies under `view`: queued on each copy connection, then one
+    /// flush per connection (one round trip for the lot). The first failure, if any.
     pub fn replicate_all<K: AsRef<[u8]>>(
         &self,
         view: &View,
@@ -1322,18 +1317,7 @@ impl Pipe {
         exptime: u64,
         value: &[u8],
     ) -> Result<(), ClusterError> {
-        if exptime != 0 && exptime <= now_unix() {
-            return Ok(()); // expired meanwhile
-        }
-        // An absolute unix time (> 30 days) is read as such by the receiving node.
-        self.out.extend_from_slice(b"set ");
-        self.out.extend_from_slice(key);
-        self.out
-            .extend_from_slice(format!(" {flags} {exptime} {}\r\n", value.len()).as_bytes());
-        self.out.extend_from_slice(value);
-        self.out.extend_from_slice(b"\r\n");
-        self.owed += 1;
-        self.maybe_flush()
+        self.store(b"set ", key, flags, exptime, value)
     }
 
     /// Like [`Pipe::set`], but the receiver keeps an item it already has (`add`).
@@ -1344,10 +1328,23 @@ impl Pipe {
         exptime: u64,
         value: &[u8],
     ) -> Result<(), ClusterError> {
+        self.store(b"add ", key, flags, exptime, value)
+    }
+
+    /// Queues storage command `command` (with its space) for an item.
+    fn store(
+        &mut self,
+        command: &[u8],
+        key: &[u8],
+        flags: u32,
+        exptime: u64,
+        value: &[u8],
+    ) -> Result<(), ClusterError> {
         if exptime != 0 && exptime <= now_unix() {
-            return Ok(());
+            return Ok(()); // expired meanwhile
         }
-        self.out.extend_from_slice(b"add ");
+        // An absolute unix time (> 30 days) is read as such by the receiving node.
+        self.out.extend_from_slice(command);
         self.out.extend_from_slice(key);
         self.out
             .extend_from_slice(format!(" {flags} {exptime} {}\r\n", value.len()).as_bytes());
