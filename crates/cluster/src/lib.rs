@@ -7,14 +7,18 @@
 //! - [`etcd`]: the topology in etcd, with node liveness by leases and changes by watch.
 //! - [`node`]: a node's side: the per-request ownership check (serve, `MOVED`,
 //!   `TRYAGAIN`), the topology watcher, and the copy/stream/hand-off of leaving keys.
+//! - [`copies`]: a node's write-through copies (`replicas` > 1): a sender thread per copy
+//!   holder, so that no worker waits on another node.
 //! - [`coordinator`]: what `kvlab cluster` does: create, add, remove, resume, abort, status.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod coordinator;
+pub mod copies;
 pub mod etcd;
 pub mod node;
+mod pipe;
 pub mod topology;
 
 pub use kvlab_client::Redirect;

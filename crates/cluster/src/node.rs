@@ -22,32 +22,25 @@
 //! from said `drained` on the same connection that carried the key's data.
 
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
-use kvlab_client::cluster::resolve;
 use kvlab_client::{Redirect, Ring};
 use kvlab_store::{DeleteStatus, MetaDeleteOpts, ScanCursor, Store};
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use crate::copies::{Batch, Copies, Reply};
+pub use crate::copies::{REPLICA_BACKOFF, REPLICA_TIMEOUT};
+use crate::pipe::Pipe;
 use crate::topology::{Phase, Topology, TopologyStore};
 use crate::ClusterError;
 
 /// How often a node says it is alive (a store with leases, etcd).
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
-
-/// How long a write's copy may take to be confirmed by its holder before the write fails
-/// (`SERVER_ERROR`): short, since the writes of a batch wait for it.
-pub const REPLICA_TIMEOUT: Duration = Duration::from_millis(1000);
-
-/// How long a copy holder that failed is not tried again (its writes fail at once).
-pub const REPLICA_BACKOFF: Duration = Duration::from_millis(500);
 
 /// The stream id of a resync (`cluster import RESYNC NODE`): items a peer holds for a node
 /// catching up, taken only while it is.
@@ -148,12 +141,9 @@ pub struct Node {
     finish: AtomicU64,
     stop: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Write-through connections to the nodes that hold this node's keys' copies, one per
-    /// node; a write's copy is sent (read back from the store) under its lock, so copies
-    /// arrive in the order the writes were applied.
-    replica_pipes: Mutex<HashMap<String, Pipe>>,
-    /// Copy holders that failed lately: when, and why.
-    replica_down: Mutex<HashMap<String, (Instant, String)>>,
+    /// The write-through copies to the nodes that hold this node's keys' copies: a sender
+    /// thread and stream per holder.
+    copies: Copies,
     /// Ring nodes whose liveness has lapsed, since when (the healer's memory).
     missing: Mutex<HashMap<String, Instant>>,
     /// Restarted without its data while the ring still names it, with copies elsewhere:
@@ -179,7 +169,7 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-fn now_unix() -> u64 {
+pub(crate) fn now_unix() -> u64 {
     now_ms() / 1000
 }
 
@@ -196,6 +186,7 @@ impl Node {
             .load()?
             .ok_or_else(|| ClusterError::Store(format!("no cluster in {}", topology.describe())))?;
         let node = Arc::new(Node {
+            copies: Copies::new(me.clone(), store.clone()),
             me,
             store,
             topology,
@@ -205,8 +196,6 @@ impl Node {
                 replicas: 1,
                 migration: None,
             }),
-            replica_pipes: Mutex::new(HashMap::new()),
-            replica_down: Mutex::new(HashMap::new()),
             missing: Mutex::new(HashMap::new()),
             view_write: Mutex::new(()),
             running: Mutex::new(Vec::new()),
@@ -429,7 +418,9 @@ impl Node {
 
     /// The migration progress.
     pub fn progress(&self) -> Progress {
-        self.progress.lock().clone()
+        let mut p = self.progress.lock().clone();
+        p.replica_errors += self.copies.errors();
+        p
     }
 
     /// `cluster status`: this node's view and progress, as JSON.
@@ -501,6 +492,7 @@ impl Node {
     /// Stops the node's threads (the server is shutting down).
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.copies.stop();
         let threads: Vec<_> = self.threads.lock().drain(..).collect();
         for t in threads {
             let _ = t.join();
@@ -525,7 +517,7 @@ impl Node {
             }
             if beat.elapsed() < HEARTBEAT / 8 {
                 self.heal();
-                self.open_replica_pipes();
+                self.follow_holders();
             }
             self.topology.wait(HEARTBEAT / 2);
             match self.topology.load() {
@@ -592,10 +584,7 @@ impl Node {
                 // the nodes that should hold its copies now.
                 self.finish.store(u64::MAX, Ordering::Release);
                 self.changes.lock().clear();
-                let ring = t.serving();
-                self.replica_pipes
-                    .lock()
-                    .retain(|node, _| ring.nodes().contains(node));
+                self.follow_holders();
                 self.start_cleanup(t.epoch);
             }
         }
@@ -733,166 +722,134 @@ impl Node {
     }
 
     /// Writes the current state of `keys` (each item, or its absence) through to the other
-    /// nodes that hold their copies under `view`: queued on each copy connection, then one
-    /// flush per connection (one round trip for the lot). The first failure, if any.
+    /// nodes that hold their copies under `view`, and waits for every holder's answer. The
+    /// first failure, if any.
     pub fn replicate_all<K: AsRef<[u8]>>(
         &self,
         view: &View,
         keys: &[K],
     ) -> Result<(), ClusterError> {
-        match self.replicate_keys(view, keys).into_iter().next() {
-            None => Ok(()),
-            Some((node, reason)) => Err(ClusterError::Node { node, reason }),
+        let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.as_ref().to_vec()).collect();
+        match self.replicate_and_wait(view, vec![(0, keys)]).pop() {
+            Some((_, Some(reason))) => Err(ClusterError::Migration(reason)),
+            _ => Ok(()),
         }
     }
 
-    /// Writes the keys' current state through to every other node that holds their
-    /// copies under `view`, each holder's share pipelined on its one connection and
-    /// flushed once; returns the holders that did not confirm, with why. A holder that
-    /// failed a moment ago ([`REPLICA_BACKOFF`]) is not tried again until then: a paused
-    /// or dead peer costs a batch of writes one timeout, not every batch one.
-    pub fn replicate_keys<K: AsRef<[u8]>>(
+    /// Queues the copies of `writes` (each a ticket and the keys it changed) to the other
+    /// nodes that hold those keys' copies under `view`, one batch per holder; each
+    /// holder's sender reads the keys' state when it sends them and answers each ticket to
+    /// `reply` ([`crate::copies`]). Says through `expect(ticket, holders, failure)` how
+    /// many confirmations each ticket will get, and why its copies already failed (a
+    /// holder backing off after a failure): a ticket with 0 holders and no failure has
+    /// nothing to wait for.
+    pub fn send_copies(
         &self,
         view: &View,
-        keys: &[K],
-    ) -> HashMap<String, String> {
-        let mut failed: HashMap<String, String> = HashMap::new();
+        writes: Vec<(usize, Vec<Vec<u8>>)>,
+        reply: &Reply,
+        expect: &mut dyn FnMut(usize, u32, Option<String>),
+    ) {
         let r = view.replicas as usize;
-        if r < 2 || keys.is_empty() {
-            return failed;
+        let nodes = view.serving.nodes();
+        if r < 2 {
+            writes
+                .into_iter()
+                .for_each(|(ticket, _)| expect(ticket, 0, None));
+            return;
         }
+        let mut batches: Vec<Option<Batch>> = (0..nodes.len()).map(|_| None).collect();
         let mut owners = Vec::with_capacity(r);
-        let mut pipes = self.replica_pipes.lock();
-        let mut used: Vec<String> = Vec::new();
-        for key in keys {
-            let key = key.as_ref();
-            view.serving
-                .owners_of_hash(kvlab_client::cluster::key_hash(key), r, &mut owners);
-            for &i in owners.iter().skip(1) {
-                let node = &view.serving.nodes()[i];
-                if *node == self.me || failed.contains_key(node) {
-                    continue;
-                }
-                if let Some(reason) = self.replica_down(node) {
-                    failed.insert(node.clone(), reason);
-                    continue;
-                }
-                let pipe = match pipes.entry(node.clone()) {
-                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(e) => {
-                        let opened = Pipe::connect(node, REPLICA_TIMEOUT)
-                            .and_then(|p| p.import(0, &self.me));
-                        match opened {
-                            Ok(p) => e.insert(p),
-                            Err(err) => {
-                                self.replica_failed(node, &err.to_string(), &mut failed);
-                                continue;
-                            }
-                        }
+        let mut holders: Vec<usize> = Vec::with_capacity(r);
+        for (ticket, keys) in writes {
+            holders.clear();
+            let mut failure = None;
+            for key in keys {
+                view.serving
+                    .owners_of_hash(kvlab_client::cluster::key_hash(&key), r, &mut owners);
+                for &i in owners.iter().skip(1) {
+                    let holder = &nodes[i];
+                    if *holder == self.me {
+                        continue;
                     }
-                };
-                let queued = match self.store.peek(key) {
-                    Some(m) => pipe.set(key, m.item.flags, m.item.exptime, &m.item.value),
-                    None => pipe.delete(key),
-                };
-                if let Err(err) = queued {
-                    pipes.remove(node);
-                    self.replica_failed(node, &err.to_string(), &mut failed);
-                    continue;
-                }
-                if !used.contains(node) {
-                    used.push(node.clone());
-                }
-            }
-        }
-        for node in used {
-            if failed.contains_key(&node) {
-                continue;
-            }
-            if let Some(pipe) = pipes.get_mut(&node) {
-                match pipe.flush() {
-                    Ok(0) => {}
-                    Ok(refused) => {
-                        // The holder took the stream but refused items (out of memory, or
-                        // a view that no longer makes it a holder): those copies are not
-                        // there.
-                        let reason = format!("{refused} copies refused");
-                        failed.insert(node.clone(), reason);
+                    if let Some(why) = self.copies.down(holder) {
+                        failure
+                            .get_or_insert_with(|| format!("copy to {holder} not written: {why}"));
+                        continue;
                     }
-                    Err(err) => {
-                        pipes.remove(&node);
-                        self.replica_failed(&node, &err.to_string(), &mut failed);
+                    let batch = batches[i].get_or_insert_with(|| Batch {
+                        keys: Vec::new(),
+                        tickets: Vec::new(),
+                        reply: reply.clone(),
+                    });
+                    batch.keys.push(key.clone());
+                    if batch.tickets.last() != Some(&ticket) {
+                        batch.tickets.push(ticket);
+                    }
+                    if !holders.contains(&i) {
+                        holders.push(i);
                     }
                 }
             }
+            expect(ticket, holders.len() as u32, failure);
         }
-        if !failed.is_empty() {
-            self.progress.lock().replica_errors += failed.len() as u64;
+        for (i, batch) in batches.into_iter().enumerate() {
+            if let Some(batch) = batch {
+                self.copies.send(&nodes[i], batch);
+            }
         }
-        failed
     }
 
-    /// Why `key`'s copies under `view` are not all written, given the holders that failed
-    /// ([`Node::replicate_keys`]); `None` when every holder confirmed.
-    pub fn copy_failure(
+    /// [`Node::send_copies`], waiting for every confirmation (a helper thread's batch, the
+    /// cleanup's re-copy): each ticket with why its copies are not all written, if so.
+    pub fn replicate_and_wait(
         &self,
         view: &View,
-        key: &[u8],
-        failed: &HashMap<String, String>,
-    ) -> Option<String> {
-        if failed.is_empty() {
-            return None;
+        writes: Vec<(usize, Vec<Vec<u8>>)>,
+    ) -> Vec<(usize, Option<String>)> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reply = Reply::new(tx, None);
+        let mut outcome: Vec<(usize, Option<String>)> = Vec::with_capacity(writes.len());
+        let mut owed = 0u32;
+        let mut index: HashMap<usize, usize> = HashMap::new();
+        self.send_copies(view, writes, &reply, &mut |ticket, holders, failure| {
+            index.insert(ticket, outcome.len());
+            outcome.push((ticket, failure));
+            owed += holders;
+        });
+        drop(reply);
+        // Every queued batch is answered (confirmed, failed, or failed as its holder
+        // left); the bound only guards against a sender that died.
+        let deadline = Instant::now() + REPLICA_TIMEOUT * 4 + REPLICA_BACKOFF;
+        while owed > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(c) => {
+                    owed -= 1;
+                    if let (Some(why), Some(&at)) = (c.failure, index.get(&c.ticket)) {
+                        outcome[at].1.get_or_insert_with(|| why.to_string());
+                    }
+                }
+                Err(_) => {
+                    for (_, failure) in outcome.iter_mut() {
+                        failure.get_or_insert_with(|| "copies not confirmed in time".into());
+                    }
+                    break;
+                }
+            }
         }
-        let mut owners = Vec::with_capacity(view.replicas as usize);
-        view.serving.owners_of_hash(
-            kvlab_client::cluster::key_hash(key),
-            view.replicas as usize,
-            &mut owners,
-        );
-        owners.iter().skip(1).find_map(|&i| {
-            let node = &view.serving.nodes()[i];
-            failed
-                .get(node)
-                .map(|why| format!("copy to {node} not written: {why}"))
-        })
+        outcome
     }
 
-    /// With copies: opens the copy stream to every other ring node that has none, here on
-    /// the watcher thread and outside the streams' lock, and waits for its `OK` — the
-    /// holder's worker answers it and hands the stream to a thread of its own. A worker
-    /// that had to open a stream itself would wait on that holder's worker, which may be
-    /// waiting on another such stream in turn (a circle of nodes each waiting out the copy
-    /// timeout).
-    fn open_replica_pipes(&self) {
+    /// With copies: keeps a copy sender (and its open stream) for every other ring node,
+    /// so that a write's first copy finds its stream open, and stops those of nodes that
+    /// left.
+    fn follow_holders(&self) {
         let v = self.view();
         if v.replicas < 2 {
             return;
         }
-        for node in v.serving.nodes() {
-            if *node == self.me || self.replica_pipes.lock().contains_key(node) {
-                continue;
-            }
-            let opened = Pipe::connect(node, REPLICA_TIMEOUT)
-                .and_then(|p| p.import(0, &self.me))
-                .and_then(|mut p| p.flush().map(|_| p));
-            if let Ok(p) = opened {
-                self.replica_pipes.lock().entry(node.clone()).or_insert(p);
-            }
-        }
-    }
-
-    fn replica_down(&self, node: &str) -> Option<String> {
-        let down = self.replica_down.lock();
-        let (since, why) = down.get(node)?;
-        (since.elapsed() < REPLICA_BACKOFF).then(|| why.clone())
-    }
-
-    fn replica_failed(&self, node: &str, why: &str, failed: &mut HashMap<String, String>) {
-        tracing::warn!("copy to {node}: {why}");
-        self.replica_down
-            .lock()
-            .insert(node.to_string(), (Instant::now(), why.to_string()));
-        failed.insert(node.to_string(), why.to_string());
+        self.copies.follow(v.serving.nodes());
     }
 
     /// Waits until no worker runs a request checked under an epoch before `epoch`.
@@ -1273,163 +1230,6 @@ impl Drop for Gate {
     }
 }
 
-/// A pipelined connection to a new owner: requests are written in batches and their
-/// one-line replies counted back.
-struct Pipe {
-    stream: TcpStream,
-    out: Vec<u8>,
-    owed: usize,
-    inb: Vec<u8>,
-}
-
-impl Pipe {
-    fn connect(node: &str, timeout: Duration) -> Result<Pipe, ClusterError> {
-        let err = |e: std::io::Error| ClusterError::Migration(format!("{node}: {e}"));
-        let stream = TcpStream::connect_timeout(
-            &resolve(node).map_err(err)?,
-            timeout.min(Duration::from_secs(2)),
-        )
-        .map_err(err)?;
-        stream.set_nodelay(true).map_err(err)?;
-        stream.set_read_timeout(Some(timeout)).map_err(err)?;
-        stream.set_write_timeout(Some(timeout)).map_err(err)?;
-        Ok(Pipe {
-            stream,
-            out: Vec::with_capacity(256 * 1024),
-            owed: 0,
-            inb: Vec::with_capacity(64 * 1024),
-        })
-    }
-
-    /// Says `cluster import ID FROM` (its reply is read with the first batch's). The
-    /// receiving node hands the connection, with whatever followed the line, to a thread
-    /// of its own; nothing waits for that here, so a worker that opens a copy stream
-    /// never waits on a peer's worker.
-    fn import(mut self, id: u64, from: &str) -> Result<Pipe, ClusterError> {
-        self.line(format!("cluster import {id} {from}\r\n").as_bytes())?;
-        Ok(self)
-    }
-
-    fn set(
-        &mut self,
-        key: &[u8],
-        flags: u32,
-        exptime: u64,
-        value: &[u8],
-    ) -> Result<(), ClusterError> {
-        self.store(b"set ", key, flags, exptime, value)
-    }
-
-    /// Like [`Pipe::set`], but the receiver keeps an item it already has (`add`).
-    fn add(
-        &mut self,
-        key: &[u8],
-        flags: u32,
-        exptime: u64,
-        value: &[u8],
-    ) -> Result<(), ClusterError> {
-        self.store(b"add ", key, flags, exptime, value)
-    }
-
-    /// Queues storage command `command` (with its space) for an item.
-    fn store(
-        &mut self,
-        command: &[u8],
-        key: &[u8],
-        flags: u32,
-        exptime: u64,
-        value: &[u8],
-    ) -> Result<(), ClusterError> {
-        if exptime != 0 && exptime <= now_unix() {
-            return Ok(()); // expired meanwhile
-        }
-        // An absolute unix time (> 30 days) is read as such by the receiving node.
-        self.out.extend_from_slice(command);
-        self.out.extend_from_slice(key);
-        self.out
-            .extend_from_slice(format!(" {flags} {exptime} {}\r\n", value.len()).as_bytes());
-        self.out.extend_from_slice(value);
-        self.out.extend_from_slice(b"\r\n");
-        self.owed += 1;
-        self.maybe_flush()
-    }
-
-    fn delete(&mut self, key: &[u8]) -> Result<(), ClusterError> {
-        self.out.extend_from_slice(b"delete ");
-        self.out.extend_from_slice(key);
-        self.out.extend_from_slice(b"\r\n");
-        self.owed += 1;
-        self.maybe_flush()
-    }
-
-    fn line(&mut self, line: &[u8]) -> Result<(), ClusterError> {
-        self.out.extend_from_slice(line);
-        self.owed += 1;
-        self.maybe_flush()
-    }
-
-    fn maybe_flush(&mut self) -> Result<(), ClusterError> {
-        if self.out.len() >= 128 * 1024 {
-            self.flush()?;
-        }
-        Ok(())
-    }
-
-    /// Writes what is queued and reads every reply owed; returns how many were refusals.
-    fn flush(&mut self) -> Result<u64, ClusterError> {
-        let err = |e: std::io::Error| {
-            ClusterError::Migration(match e.kind() {
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                    "no reply in time (the node is paused, overloaded or cut off)".into()
-                }
-                _ => format!("stream: {e}"),
-            })
-        };
-        if !self.out.is_empty() {
-            self.stream.write_all(&self.out).map_err(err)?;
-            self.out.clear();
-        }
-        let mut refused = 0;
-        let mut chunk = [0u8; 64 * 1024];
-        while self.owed > 0 {
-            while let Some(nl) = memchr_nl(&self.inb) {
-                let line = &self.inb[..nl];
-                if line.starts_with(b"SERVER_ERROR")
-                    || line.starts_with(b"CLIENT_ERROR")
-                    || line.starts_with(b"ERROR")
-                {
-                    refused += 1;
-                    tracing::warn!("migration: {}", String::from_utf8_lossy(line).trim_end());
-                }
-                self.inb.drain(..=nl);
-                self.owed -= 1;
-                if self.owed == 0 {
-                    break;
-                }
-            }
-            if self.owed == 0 {
-                break;
-            }
-            let n = match self.stream.read(&mut chunk) {
-                // A stop and continue of this process (SIGSTOP, SIGCONT) interrupts a read.
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                r => r.map_err(err)?,
-            };
-            if n == 0 {
-                return Err(ClusterError::Migration(
-                    "new owner closed the stream".into(),
-                ));
-            }
-            self.inb.extend_from_slice(&chunk[..n]);
-        }
-        Ok(refused)
-    }
-}
-
-fn memchr_nl(b: &[u8]) -> Option<usize> {
-    b.iter().position(|&c| c == b'\n')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1476,7 +1276,7 @@ mod tests {
 
     /// A new owner that takes a migration stream and notes every key it is sent.
     fn new_owner() -> (String, std::thread::JoinHandle<Vec<String>>) {
-        use std::io::BufRead;
+        use std::io::{BufRead, Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let name = listener.local_addr().unwrap().to_string();
         let h = std::thread::spawn(move || {

@@ -624,6 +624,91 @@ fn two_copies_with_concurrent_writers_never_stall() {
     );
 }
 
+/// A write waiting for its copy holds back only its own reply: the other clients of the
+/// same worker loop (`-t 1`) are answered meanwhile. The holder is paused (`SIGSTOP`), so
+/// the copy is never confirmed and the write fails after the copy timeout; a `version` sent
+/// on another connection after the write must be answered before it.
+#[test]
+fn a_write_waiting_for_its_copy_holds_up_no_other_client() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let topology = dir.path().join("topology.json").display().to_string();
+    let ports = free_ports(2).unwrap();
+    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    cluster(
+        &topology,
+        &["create", "--replicas", "2", &names[0], &names[1]],
+    );
+    let nodes: Vec<Process> = ports
+        .iter()
+        .map(|&port| {
+            Spawn::new(KVLAB)
+                .args(["server", "-l", "127.0.0.1", "-t", "1", "-m", "64"])
+                .args(["-p".to_string(), port.to_string()])
+                .args(["--cluster".to_string(), topology.clone()])
+                .args(["--cluster-node".to_string(), format!("127.0.0.1:{port}")])
+                .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
+                .start()
+                .unwrap()
+        })
+        .collect();
+    let connect = || {
+        let s = TcpStream::connect(&names[0]).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    let line = |s: &mut TcpStream| {
+        let mut buf = Vec::new();
+        let mut b = [0u8; 1];
+        while !buf.ends_with(b"\r\n") {
+            assert_eq!(s.read(&mut b).unwrap(), 1, "connection closed");
+            buf.push(b[0]);
+        }
+        String::from_utf8(buf).unwrap()
+    };
+    // A key the first node owns (it stores it once its copy is confirmed), once the
+    // nodes serve.
+    let mut writer = connect();
+    let mut key = None;
+    until("a key stored by the first node", || {
+        key = (0..200).map(|i| format!("k{i}")).find(|k| {
+            writer
+                .write_all(format!("set {k} 0 0 1\r\nx\r\n").as_bytes())
+                .unwrap();
+            line(&mut writer) == "STORED\r\n"
+        });
+        key.is_some()
+    });
+    let key = key.unwrap();
+    let pause = |sig| assert_eq!(unsafe { libc::kill(nodes[1].pid() as i32, sig) }, 0);
+    pause(libc::SIGSTOP);
+    writer
+        .write_all(format!("set {key} 0 0 1\r\ny\r\n").as_bytes())
+        .unwrap();
+    // The write is read in a round of its own before the other client speaks.
+    std::thread::sleep(Duration::from_millis(200));
+    let mut other = connect();
+    other.write_all(b"version\r\n").unwrap();
+    let answered = line(&mut other);
+    writer.set_nonblocking(true).unwrap();
+    let mut peek = [0u8; 1];
+    let write_done =
+        !matches!(writer.peek(&mut peek), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+    writer.set_nonblocking(false).unwrap();
+    let failed = line(&mut writer);
+    pause(libc::SIGCONT);
+    assert!(answered.starts_with("VERSION"), "{answered:?}");
+    assert!(
+        !write_done,
+        "the write's reply ({failed:?}) came before another client's version: the loop waited \
+         for the copy"
+    );
+    assert!(
+        failed.starts_with("SERVER_ERROR copy to"),
+        "a write whose copy holder is paused: {failed:?}"
+    );
+}
+
 /// `kvlab cluster ARGS`, expected to fail: its stderr.
 fn cluster_fails(topology: &str, args: &[&str]) -> String {
     let out = Command::new(KVLAB)

@@ -6,9 +6,13 @@
 //! on a helper thread); the REST handlers run it in place, on a runtime thread marked as
 //! blocking. Both decide with the same [`DiskRules`] and do the same [`Blocking`] work.
 
-use std::sync::Arc;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{mpsc, Arc};
 
-use kvlab_net::{Completion, Order, Work};
+use kvlab_cluster::copies::{Confirm, Reply};
+use kvlab_net::{Completion, Order, Watch, Work};
 use kvlab_store::{Durability, Store};
 
 /// When a store's disk is touched, decided once per store.
@@ -85,6 +89,16 @@ impl Blocking {
         }
     }
 
+    /// Does the work and says how its request goes on. Blocks on disk.
+    fn complete_on(&self, store: &Store) -> Completion {
+        match self.run_on(store) {
+            Ok(()) if self.reruns_request() => Completion::Rerun,
+            Ok(()) => Completion::Release,
+            // The session logs the failure and replies with it.
+            Err(e) => Completion::Failed(e.to_string()),
+        }
+    }
+
     /// Does the work. Blocks on disk.
     pub fn run_on(&self, store: &Store) -> std::io::Result<()> {
         match self {
@@ -100,26 +114,171 @@ impl Blocking {
 
 /// What deferred work runs with: the store, and the cluster node whose copies a write
 /// waits for (if the server is one).
-#[derive(Clone)]
 pub struct Helper {
     /// The cache.
     pub store: Arc<Store>,
     /// The cluster node, if any.
     pub node: Option<Arc<kvlab_cluster::Node>>,
+    /// On an event loop ([`Work::IN_LOOP`]): the writes whose copies are in flight.
+    in_flight: Option<InFlight>,
 }
+
+impl Helper {
+    /// A worker over `store`, of cluster node `node` if the server is one.
+    pub fn new(store: Arc<Store>, node: Option<Arc<kvlab_cluster::Node>>) -> Helper {
+        Helper {
+            store,
+            node,
+            in_flight: None,
+        }
+    }
+}
+
+impl Clone for Helper {
+    /// The same store and node; copies in flight stay with their loop.
+    fn clone(&self) -> Helper {
+        Helper::new(self.store.clone(), self.node.clone())
+    }
+}
+
+/// An event loop's writes whose copies are in flight: the copy senders confirm them
+/// through a channel, and wake the loop through a socket pair it watches.
+struct InFlight {
+    reply: Reply,
+    confirms: mpsc::Receiver<Confirm>,
+    wake: UnixStream,
+    /// Per ticket: the confirmations still owed, and the first failure.
+    owed: Vec<(u32, Option<String>)>,
+}
+
+impl InFlight {
+    fn expect(
+        &mut self,
+        ticket: usize,
+        holders: u32,
+        failure: Option<String>,
+    ) -> Option<Completion> {
+        if holders == 0 {
+            return Some(completion(failure));
+        }
+        if self.owed.len() <= ticket {
+            self.owed.resize(ticket + 1, (0, None));
+        }
+        self.owed[ticket] = (holders, failure);
+        None
+    }
+
+    fn confirmed(&mut self, c: Confirm) -> Option<Completion> {
+        let (left, failure) = self.owed.get_mut(c.ticket)?;
+        if let Some(why) = c.failure {
+            failure.get_or_insert_with(|| why.to_string());
+        }
+        *left = left.saturating_sub(1);
+        (*left == 0).then(|| completion(failure.take()))
+    }
+}
+
+fn completion(failure: Option<String>) -> Completion {
+    match failure {
+        None => Completion::Release,
+        Some(reason) => Completion::Failed(reason),
+    }
+}
+
+/// The id the loop's watch knows the copies' wake-up socket by.
+const WAKE: usize = 0;
 
 impl Work for Blocking {
     type Worker = Helper;
 
-    /// A round's works run together: every write's copies go out in one batch per copy
-    /// holder (one round trip for the lot), disk work in turn.
+    /// A helper thread takes a round's works together: every write's copies go out in one
+    /// batch per copy holder (one round trip for the lot), disk work in turn.
     const BATCH: usize = 64;
+
+    /// On an event loop, a write's copies go to the copy senders and its reply leaves
+    /// when they confirm, while the loop goes on serving (disk work runs at once).
+    const IN_LOOP: bool = true;
 
     fn run(self, helper: &mut Helper) -> Completion {
         let mut batch = vec![self];
         let mut completion = Completion::Release;
         Self::run_batch(&mut batch, helper, &mut |_, c| completion = c);
         completion
+    }
+
+    fn attach(helper: &mut Helper, watch: Watch) {
+        if helper.node.is_none() {
+            return;
+        }
+        let pair = UnixStream::pair().and_then(|(tx, rx)| {
+            tx.set_nonblocking(true)?;
+            rx.set_nonblocking(true)?;
+            watch.add(rx.as_raw_fd(), WAKE)?;
+            Ok((tx, rx))
+        });
+        match pair {
+            Ok((tx, rx)) => {
+                let (confirms_tx, confirms) = mpsc::channel();
+                helper.in_flight = Some(InFlight {
+                    reply: Reply::new(confirms_tx, Some(Arc::new(tx))),
+                    confirms,
+                    wake: rx,
+                    owed: Vec::new(),
+                });
+            }
+            // Copies then wait in the loop, as on a helper thread.
+            Err(e) => tracing::warn!(%e, "cannot watch the copies' confirmations"),
+        }
+    }
+
+    fn start(
+        works: &mut Vec<(usize, Self)>,
+        helper: &mut Helper,
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
+        let (Some(node), Some(in_flight)) = (&helper.node, helper.in_flight.as_mut()) else {
+            let tickets: Vec<usize> = works.iter().map(|(t, _)| *t).collect();
+            let mut batch: Vec<Self> = works.drain(..).map(|(_, w)| w).collect();
+            Self::run_batch(&mut batch, helper, &mut |i, c| done(tickets[i], c));
+            return;
+        };
+        let mut copies = Vec::new();
+        for (ticket, work) in works.drain(..) {
+            match work {
+                Blocking::Replicate(keys) => copies.push((ticket, keys)),
+                work => done(ticket, work.complete_on(&helper.store)),
+            }
+        }
+        if copies.is_empty() {
+            return;
+        }
+        let reply = in_flight.reply.clone();
+        node.send_copies(&node.view(), copies, &reply, &mut |t, holders, failure| {
+            if let Some(c) = in_flight.expect(t, holders, failure) {
+                done(t, c);
+            }
+        });
+    }
+
+    fn ready(
+        helper: &mut Helper,
+        _id: usize,
+        _readable: bool,
+        _writable: bool,
+        done: &mut dyn FnMut(usize, Completion),
+    ) {
+        let Some(in_flight) = helper.in_flight.as_mut() else {
+            return;
+        };
+        // Edge-triggered: drain the wake-ups, then every confirmation sent before them.
+        let mut sink = [0u8; 256];
+        while matches!((&in_flight.wake).read(&mut sink), Ok(n) if n > 0) {}
+        while let Ok(c) = in_flight.confirms.try_recv() {
+            let ticket = c.ticket;
+            if let Some(completion) = in_flight.confirmed(c) {
+                done(ticket, completion);
+            }
+        }
     }
 
     fn run_batch(
@@ -131,15 +290,7 @@ impl Work for Blocking {
         for (i, work) in works.drain(..).enumerate() {
             match work {
                 Blocking::Replicate(keys) => copies.push((i, keys)),
-                work => done(
-                    i,
-                    match work.run_on(&helper.store) {
-                        Ok(()) if work.reruns_request() => Completion::Rerun,
-                        Ok(()) => Completion::Release,
-                        // The session logs the failure and replies with it.
-                        Err(e) => Completion::Failed(e.to_string()),
-                    },
-                ),
+                work => done(i, work.complete_on(&helper.store)),
             }
         }
         if copies.is_empty() {
@@ -151,20 +302,8 @@ impl Work for Blocking {
                 .for_each(|(i, _)| done(i, Completion::Release));
             return;
         };
-        let keys: Vec<&[u8]> = copies
-            .iter()
-            .flat_map(|(_, keys)| keys.iter().map(Vec::as_slice))
-            .collect();
-        let view = node.view();
-        let failed = node.replicate_keys(&view, &keys);
-        for (i, keys) in copies {
-            match keys
-                .iter()
-                .find_map(|k| node.copy_failure(&view, k, &failed))
-            {
-                None => done(i, Completion::Release),
-                Some(reason) => done(i, Completion::Failed(reason)),
-            }
+        for (i, failure) in node.replicate_and_wait(&node.view(), copies) {
+            done(i, completion(failure));
         }
     }
 }

@@ -71,10 +71,7 @@ impl Engine {
             watch: 0,
             over_tls: false,
             cluster: None,
-            helper: Helper {
-                store: store_for_helper,
-                node: None,
-            },
+            helper: Helper::new(store_for_helper, None),
             import_handoff: None,
             importing: None,
         }

@@ -197,10 +197,7 @@ impl kvlab_net::App for Shared {
     }
 
     fn helper(&self, _index: usize) -> crate::cache::Helper {
-        crate::cache::Helper {
-            store: self.store.clone(),
-            node: self.cluster.clone(),
-        }
+        crate::cache::Helper::new(self.store.clone(), self.cluster.clone())
     }
 
     fn admit(&self, _peer: SocketAddr) -> bool {

@@ -1,0 +1,169 @@
+//! A pipelined stream of storage commands to another node (`cluster import` connections:
+//! migrations, hand-overs, resyncs and write-through copies): requests are written in
+//! batches and their one-line replies counted back.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use kvlab_client::cluster::resolve;
+
+use crate::node::now_unix;
+use crate::ClusterError;
+
+/// A pipelined connection to a new owner: requests are written in batches and their
+/// one-line replies counted back.
+pub(crate) struct Pipe {
+    stream: TcpStream,
+    out: Vec<u8>,
+    owed: usize,
+    inb: Vec<u8>,
+}
+
+impl Pipe {
+    pub(crate) fn connect(node: &str, timeout: Duration) -> Result<Pipe, ClusterError> {
+        let err = |e: std::io::Error| ClusterError::Migration(format!("{node}: {e}"));
+        let stream = TcpStream::connect_timeout(
+            &resolve(node).map_err(err)?,
+            timeout.min(Duration::from_secs(2)),
+        )
+        .map_err(err)?;
+        stream.set_nodelay(true).map_err(err)?;
+        stream.set_read_timeout(Some(timeout)).map_err(err)?;
+        stream.set_write_timeout(Some(timeout)).map_err(err)?;
+        Ok(Pipe {
+            stream,
+            out: Vec::with_capacity(256 * 1024),
+            owed: 0,
+            inb: Vec::with_capacity(64 * 1024),
+        })
+    }
+
+    /// Says `cluster import ID FROM` (its reply is read with the first batch's). The
+    /// receiving node hands the connection, with whatever followed the line, to a thread
+    /// of its own; nothing waits for that here, so a worker that opens a copy stream
+    /// never waits on a peer's worker.
+    pub(crate) fn import(mut self, id: u64, from: &str) -> Result<Pipe, ClusterError> {
+        self.line(format!("cluster import {id} {from}\r\n").as_bytes())?;
+        Ok(self)
+    }
+
+    pub(crate) fn set(
+        &mut self,
+        key: &[u8],
+        flags: u32,
+        exptime: u64,
+        value: &[u8],
+    ) -> Result<(), ClusterError> {
+        self.store(b"set ", key, flags, exptime, value)
+    }
+
+    /// Like [`Pipe::set`], but the receiver keeps an item it already has (`add`).
+    pub(crate) fn add(
+        &mut self,
+        key: &[u8],
+        flags: u32,
+        exptime: u64,
+        value: &[u8],
+    ) -> Result<(), ClusterError> {
+        self.store(b"add ", key, flags, exptime, value)
+    }
+
+    /// Queues storage command `command` (with its space) for an item.
+    fn store(
+        &mut self,
+        command: &[u8],
+        key: &[u8],
+        flags: u32,
+        exptime: u64,
+        value: &[u8],
+    ) -> Result<(), ClusterError> {
+        if exptime != 0 && exptime <= now_unix() {
+            return Ok(()); // expired meanwhile
+        }
+        // An absolute unix time (> 30 days) is read as such by the receiving node.
+        self.out.extend_from_slice(command);
+        self.out.extend_from_slice(key);
+        self.out
+            .extend_from_slice(format!(" {flags} {exptime} {}\r\n", value.len()).as_bytes());
+        self.out.extend_from_slice(value);
+        self.out.extend_from_slice(b"\r\n");
+        self.owed += 1;
+        self.maybe_flush()
+    }
+
+    pub(crate) fn delete(&mut self, key: &[u8]) -> Result<(), ClusterError> {
+        self.out.extend_from_slice(b"delete ");
+        self.out.extend_from_slice(key);
+        self.out.extend_from_slice(b"\r\n");
+        self.owed += 1;
+        self.maybe_flush()
+    }
+
+    pub(crate) fn line(&mut self, line: &[u8]) -> Result<(), ClusterError> {
+        self.out.extend_from_slice(line);
+        self.owed += 1;
+        self.maybe_flush()
+    }
+
+    fn maybe_flush(&mut self) -> Result<(), ClusterError> {
+        if self.out.len() >= 128 * 1024 {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes what is queued and reads every reply owed; returns how many were refusals.
+    pub(crate) fn flush(&mut self) -> Result<u64, ClusterError> {
+        let err = |e: std::io::Error| {
+            ClusterError::Migration(match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    "no reply in time (the node is paused, overloaded or cut off)".into()
+                }
+                _ => format!("stream: {e}"),
+            })
+        };
+        if !self.out.is_empty() {
+            self.stream.write_all(&self.out).map_err(err)?;
+            self.out.clear();
+        }
+        let mut refused = 0;
+        let mut chunk = [0u8; 64 * 1024];
+        while self.owed > 0 {
+            while let Some(nl) = memchr_nl(&self.inb) {
+                let line = &self.inb[..nl];
+                if line.starts_with(b"SERVER_ERROR")
+                    || line.starts_with(b"CLIENT_ERROR")
+                    || line.starts_with(b"ERROR")
+                {
+                    refused += 1;
+                    tracing::warn!("migration: {}", String::from_utf8_lossy(line).trim_end());
+                }
+                self.inb.drain(..=nl);
+                self.owed -= 1;
+                if self.owed == 0 {
+                    break;
+                }
+            }
+            if self.owed == 0 {
+                break;
+            }
+            let n = match self.stream.read(&mut chunk) {
+                // A stop and continue of this process (SIGSTOP, SIGCONT) interrupts a read.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => r.map_err(err)?,
+            };
+            if n == 0 {
+                return Err(ClusterError::Migration(
+                    "new owner closed the stream".into(),
+                ));
+            }
+            self.inb.extend_from_slice(&chunk[..n]);
+        }
+        Ok(refused)
+    }
+}
+
+fn memchr_nl(b: &[u8]) -> Option<usize> {
+    b.iter().position(|&c| c == b'\n')
+}
