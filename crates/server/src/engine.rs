@@ -310,8 +310,9 @@ impl Engine {
                     SetStatus::TooLarge => r::TOO_LARGE,
                     SetStatus::OutOfMemory => r::OUT_OF_MEMORY,
                 };
-                let is_error = matches!(status, SetStatus::TooLarge | SetStatus::OutOfMemory);
-                if !noreply || is_error {
+                // memcached's `noreply` silences every reply of a text storage command,
+                // its errors included.
+                if !noreply {
                     out.extend_from_slice(reply);
                 }
                 if let SetStatus::Stored { .. } = status {
@@ -339,12 +340,14 @@ impl Engine {
                         }
                         return self.persisted(key);
                     }
-                    ArithStatus::NotFound | ArithStatus::Exists if !noreply => {
+                    // As memcached: `noreply` silences the errors too (a client that
+                    // asked for no reply would read one as the reply to its next call).
+                    _ if noreply => {}
+                    ArithStatus::NotFound | ArithStatus::Exists => {
                         out.extend_from_slice(r::NOT_FOUND)
                     }
-                    ArithStatus::NotFound | ArithStatus::Exists => {}
                     ArithStatus::NonNumeric => out.extend_from_slice(r::NON_NUMERIC),
-                    ArithStatus::OutOfMemory => out.extend_from_slice(r::OUT_OF_MEMORY),
+                    ArithStatus::OutOfMemory => out.extend_from_slice(r::ARITH_OUT_OF_MEMORY),
                 }
             }
             Request::Delete { key, noreply } => {
@@ -475,7 +478,7 @@ impl Engine {
                 );
             }
             Some(b"reset") => {
-                self.server.reset();
+                self.server.reset(&self.store);
                 self.server.admin.detail.clear();
                 out.extend_from_slice(r::RESET);
                 return;
@@ -784,7 +787,7 @@ impl Engine {
                 return false;
             }
             ArithStatus::OutOfMemory => {
-                out.extend_from_slice(r::OUT_OF_MEMORY);
+                out.extend_from_slice(r::ARITH_OUT_OF_MEMORY);
                 return false;
             }
         };
