@@ -513,8 +513,14 @@ impl ServerStats {
         ]
     }
 
-    /// `stats reset`: zero the counters (store counters are cumulative and stay).
-    pub fn reset(&self) {
+    /// `stats reset`, as memcached's: zero every counter — the workers' (`cmd_*`, bytes),
+    /// the store's (hits, misses, `total_items`, evictions, reclaims), the per-class ones
+    /// of `stats items`, the crawler's starts; state (`curr_items`, `bytes`, connections
+    /// open, settings) stays. A durable store's `durable_*` figures (kvlab's own) stay.
+    pub fn reset(&self, store: &Store) {
+        store.reset_stats();
+        self.admin.evictions.reset();
+        self.crawler.starts.store(0, Relaxed);
         self.total_connections.store(0, Relaxed);
         self.rejected_connections.store(0, Relaxed);
         self.idle_kicks.store(0, Relaxed);
