@@ -454,7 +454,23 @@ impl ServerStats {
             ("eviction_policy", self.policy.to_string()),
             ("num_threads", self.threads.to_string()),
             ("item_size_max", self.item_size_max.to_string()),
-            ("cas_enabled", "yes".to_string()),
+            ("cas_enabled", yes_no(self.admin.cas_enabled).to_string()),
+            (
+                "flush_enabled",
+                yes_no(self.admin.flush_enabled).to_string(),
+            ),
+            (
+                "reqs_per_event",
+                self.admin.accepted.reqs_per_event.to_string(),
+            ),
+            (
+                "binding_protocol",
+                self.admin.accepted.binding_protocol.to_string(),
+            ),
+            (
+                "read_buf_mem_limit",
+                self.admin.accepted.read_buf_mem_limit.to_string(),
+            ),
             ("io_model", self.io_model.to_string()),
             (
                 "shutdown_command",
