@@ -70,6 +70,10 @@ fn table() -> Vec<Case> {
         case("flags past 64 bits: a bad line",
             b"set k 18446744073709551616 0 1\r\nx\r\nset k 18446744073709551615 0 1\r\nx\r\nget k\r\n",
             b"CLIENT_ERROR bad command line format\r\nERROR\r\nSTORED\r\nVALUE k 4294967295 1\r\nx\r\nEND\r\n", SAME),
+        // memcached reads a counter with strtoull on the item's bytes: a NUL ends the number.
+        case("a NUL after a counter's digits ends it",
+            b"set n 0 0 4\r\n00\x00a\r\nincr n 5\r\nget n\r\n",
+            b"STORED\r\n5\r\nVALUE n 0 4\r\n5   \r\nEND\r\n", SAME),
         // Item 3: a shorter counter keeps the value's length, however long.
         case("decr keeps a 100-byte value's length", padded.as_bytes(), padded_reply.as_bytes(), SAME),
     ]

@@ -1736,7 +1736,9 @@ fn digits_then_space(v: &[u8], space: impl Fn(u8) -> bool) -> Option<u64> {
         .iter()
         .position(|&b| !b.is_ascii_digit())
         .unwrap_or(v.len());
-    if end == 0 || !(end == v.len() || space(v[end])) {
+    // strtoull stops at the first non-digit; memcached accepts the number when that is
+    // whitespace or a NUL (the end of a C string: `00\0abc` reads as 0).
+    if end == 0 || !(end == v.len() || space(v[end]) || v[end] == 0) {
         return None;
     }
     // strtoull: any number of leading zeros; overflow is an error.
