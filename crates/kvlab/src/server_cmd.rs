@@ -78,7 +78,10 @@ pub struct ServerArgs {
     crawler_interval_ms: u64,
     /// memcached's extended options, comma-separated; kvlab knows lru_crawler (the
     /// default), no_lru_crawler (same as --crawler-interval-ms 0), slab_reassign (the
-    /// default), no_slab_reassign and idle_timeout=SECONDS.
+    /// default), no_slab_reassign, idle_timeout=SECONDS, modern (the default: nothing to
+    /// change), no_modern (memcached 1.4's defaults that kvlab has: no crawler, no slab
+    /// reassign), read_buf_mem_limit=MB (accepted; kvlab bounds each connection's buffers
+    /// instead) and the ssl_* options of -Z.
     #[arg(short = 'o', long = "extended", value_delimiter = ',')]
     extended: Vec<String>,
     /// Enable the "shutdown" command (memcached's -A).
@@ -115,6 +118,29 @@ pub struct ServerArgs {
     /// With --cluster: this node's name in the topology [default: the listen address]
     #[arg(long = "cluster-node", requires = "cluster")]
     cluster_node: Option<String>,
+    /// Run as USER: started as root, kvlab drops to USER's uid and gid (and no
+    /// supplementary groups) before it opens any socket or file, as memcached does; an
+    /// unknown USER is refused. Not root, it is ignored (as memcached ignores it). Unlike
+    /// memcached, kvlab does not refuse to run as root without -u.
+    #[arg(short = 'u', long = "user")]
+    user: Option<String>,
+    /// memcached's most requests served per connection per event before others get a turn
+    /// (must be > 0). Accepted and shown in "stats settings"; kvlab answers all of one
+    /// read's requests in one write and bounds a connection by its buffers instead.
+    #[arg(short = 'R', long = "max-reqs-per-event", default_value_t = 20)]
+    reqs_per_event: u32,
+    /// memcached's binding protocol: ascii, binary or auto. Accepted; kvlab serves the
+    /// text (ASCII and meta) protocol whichever is given.
+    #[arg(short = 'B', long = "protocol", default_value = "auto", value_parser = ["ascii", "binary", "auto"])]
+    protocol: String,
+    /// Disable CAS (memcached's -C): gets, gats and the meta c flag show 0, and cas (or a
+    /// meta C compare) never matches: EXISTS, or NOT_FOUND for a missing key.
+    #[arg(short = 'C', long = "disable-cas")]
+    disable_cas: bool,
+    /// Disable flush_all (memcached's -F): it is answered "CLIENT_ERROR flush_all not
+    /// allowed".
+    #[arg(short = 'F', long = "disable-flush-all")]
+    disable_flush_all: bool,
     /// Verbose: -v logs errors and warnings and connection events, -vv each bad request.
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
@@ -141,6 +167,8 @@ pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
 #[derive(Debug, Default, PartialEq)]
 struct Extended {
     crawler: Option<CrawlerConfig>,
+    /// `-o read_buf_mem_limit` in bytes (0: none), reported in `stats settings`.
+    read_buf_mem_limit: u64,
     slab_reassign: bool,
     idle_timeout: Option<std::time::Duration>,
     tls: kvlab_server::tls::TlsSettings,
@@ -167,6 +195,18 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             ("no_lru_crawler", None) => on = false,
             ("slab_reassign", None) => out.slab_reassign = true,
             ("no_slab_reassign", None) => out.slab_reassign = false,
+            ("modern", None) => {}
+            // memcached 1.4's defaults: of those kvlab has, no crawler, no slab reassign.
+            ("no_modern", None) => {
+                on = false;
+                out.slab_reassign = false;
+            }
+            ("read_buf_mem_limit", Some(v)) => {
+                let mb: u64 = v.parse().with_context(|| {
+                    format!("could not parse argument to read_buf_mem_limit: {v:?}")
+                })?;
+                out.read_buf_mem_limit = mb.saturating_mul(1024 * 1024);
+            }
             ("ssl_chain_cert", Some(v)) => out.tls.chain_cert = Some(v.into()),
             ("ssl_key", Some(v)) => out.tls.key = Some(v.into()),
             ("ssl_ca_cert", Some(v)) => out.tls.ca_cert = Some(v.into()),
@@ -184,8 +224,9 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             }
             _ => anyhow::bail!(
                 "unsupported -o option {opt:?} (kvlab knows lru_crawler, no_lru_crawler, \
-                 slab_reassign, no_slab_reassign, idle_timeout=N, ssl_chain_cert=, \
-                 ssl_key=, ssl_ca_cert=, ssl_verify_mode=)"
+                 slab_reassign, no_slab_reassign, idle_timeout=N, modern, no_modern, \
+                 read_buf_mem_limit=MB, ssl_chain_cert=, ssl_key=, ssl_ca_cert=, \
+                 ssl_verify_mode=)"
             ),
         }
     }
@@ -194,6 +235,43 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
         ..CrawlerConfig::default()
     });
     Ok(out)
+}
+
+/// `-u USER`: when running as root, become USER (its uid and gid, no supplementary
+/// groups), as memcached does; otherwise nothing (memcached ignores -u then too).
+fn drop_privileges(user: &str) -> anyhow::Result<()> {
+    // SAFETY: getuid and geteuid only read the process's credentials.
+    if unsafe { libc::getuid() != 0 && libc::geteuid() != 0 } {
+        return Ok(());
+    }
+    let name = std::ffi::CString::new(user).context("-u: a user name has no NUL byte")?;
+    // SAFETY: `name` is a valid C string; getpwnam's result is read at once, before any
+    // other call that could reuse its static buffer (startup is single-threaded here).
+    let ids = unsafe {
+        let pw = libc::getpwnam(name.as_ptr());
+        if pw.is_null() {
+            None
+        } else {
+            Some(((*pw).pw_uid, (*pw).pw_gid))
+        }
+    };
+    let Some((uid, gid)) = ids else {
+        anyhow::bail!("can't find the user {user} to switch to");
+    };
+    // SAFETY: plain system calls on the process's own credentials.
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) < 0 {
+            let err = std::io::Error::last_os_error();
+            // EPERM: already without the privilege to change groups (memcached goes on).
+            if err.raw_os_error() != Some(libc::EPERM) {
+                anyhow::bail!("failed to drop supplementary groups: {err}");
+            }
+        }
+        if libc::setgid(gid) < 0 || libc::setuid(uid) < 0 {
+            anyhow::bail!("failed to assume identity of user {user}");
+        }
+    }
+    Ok(())
 }
 
 /// Log level for memcached's -v count.
@@ -233,7 +311,14 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         Some(c) => anyhow::bail!("-D {c:?}: the delimiter must be one ASCII character"),
         None => None,
     };
+    if args.reqs_per_event == 0 {
+        anyhow::bail!("Number of requests per event must be greater than 0");
+    }
     let ext = extended(args.crawler_interval_ms, &args.extended)?;
+    // As memcached: privileges go before any socket or file is opened.
+    if let Some(user) = &args.user {
+        drop_privileges(user)?;
+    }
     let auth = match &args.auth_file {
         Some(path) => Some(kvlab_server::auth::AuthFile::load(path)?),
         None => None,
@@ -267,6 +352,17 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         growth_factor: args.growth_factor,
         chunk_size: args.chunk_size,
         prefix_delimiter,
+        cas_enabled: !args.disable_cas,
+        flush_enabled: !args.disable_flush_all,
+        accepted: kvlab_server::admin::AcceptedSettings {
+            reqs_per_event: args.reqs_per_event,
+            binding_protocol: match args.protocol.as_str() {
+                "ascii" => "ascii",
+                "binary" => "binary",
+                _ => "auto-negotiate",
+            },
+            read_buf_mem_limit: ext.read_buf_mem_limit,
+        },
         cluster: args
             .cluster
             .clone()

@@ -489,7 +489,14 @@ fn parse_u32(t: &[u8]) -> Option<u32> {
     parse_u64(t).and_then(|v| u32::try_from(v).ok())
 }
 
-fn is_noreply(t: Option<&[u8]>) -> Option<bool> {
+/// Whether an optional last token asks for no reply. memcached looks only at whether the
+/// last token is `noreply`: any other word in its place is ignored (`incr k 1 x` answers).
+fn is_noreply(t: Option<&[u8]>) -> bool {
+    t == Some(b"noreply")
+}
+
+/// `delete`'s stricter reading: a word other than `noreply` after the key is a usage error.
+fn delete_noreply(t: Option<&[u8]>) -> Option<bool> {
     match t {
         None => Some(false),
         Some(b"noreply") => Some(true),
@@ -554,11 +561,16 @@ fn parse_store<'a>(
     if !valid_key_token(key) {
         return error(ProtocolError::BadFormat, line_end);
     }
+    // memcached reads flags as an unsigned long and keeps their low 32 bits, and the length
+    // as a long truncated to 32 bits (`4294967311` is 15, `6442450945` negative): kvlab
+    // reads them the same way, so that the data block the client sends after the line is
+    // consumed as data, never run as commands.
     let (Some(flags), Some(exptime), Some(len)) =
-        (parse_u32(flags), parse_i64(exptime), parse_i64(len))
+        (parse_u64(flags), parse_i64(exptime), parse_i64(len))
     else {
         return error(ProtocolError::BadFormat, line_end);
     };
+    let (flags, len) = (flags as u32, i64::from(len as i32));
     let cas_unique = match cas_token {
         Some(t) => match parse_u64(t) {
             Some(v) => v,
@@ -566,9 +578,7 @@ fn parse_store<'a>(
         },
         None => 0,
     };
-    let Some(noreply) = is_noreply(noreply_token) else {
-        return error(ProtocolError::BadFormat, line_end);
-    };
+    let noreply = is_noreply(noreply_token);
     let drops = (command == StoreCommand::Set).then(|| MetaKey::plain(key));
     data_block(len, buf, line_end, limits, drops, |data| Request::Store {
         command,
@@ -651,18 +661,16 @@ fn parse_arith(incr: bool, mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_
     let Some(delta) = parse_u64(delta) else {
         return error(ProtocolError::InvalidDelta, line_end);
     };
-    match is_noreply(tokens.next()) {
-        Some(noreply) => request(
-            Request::Arith {
-                incr,
-                key,
-                delta,
-                noreply,
-            },
-            line_end,
-        ),
-        None => error(ProtocolError::BadFormat, line_end),
-    }
+    let noreply = is_noreply(tokens.next());
+    request(
+        Request::Arith {
+            incr,
+            key,
+            delta,
+            noreply,
+        },
+        line_end,
+    )
 }
 
 fn parse_delete(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
@@ -683,7 +691,7 @@ fn parse_delete(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
     } else if n == 3 {
         return error(ProtocolError::DeleteUsage, line_end);
     }
-    match is_noreply(next) {
+    match delete_noreply(next) {
         Some(noreply) => request(Request::Delete { key, noreply }, line_end),
         None => error(ProtocolError::DeleteUsage, line_end),
     }
@@ -703,38 +711,34 @@ fn parse_touch(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
     let Some(exptime) = parse_i64(exptime) else {
         return error(ProtocolError::InvalidExptime, line_end);
     };
-    match is_noreply(tokens.next()) {
-        Some(noreply) => request(
-            Request::Touch {
-                key,
-                exptime,
-                noreply,
-            },
-            line_end,
-        ),
-        None => error(ProtocolError::BadFormat, line_end),
-    }
+    let noreply = is_noreply(tokens.next());
+    request(
+        Request::Touch {
+            key,
+            exptime,
+            noreply,
+        },
+        line_end,
+    )
 }
 
-fn parse_flush_all(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
-    let mut delay = 0;
-    let mut noreply = false;
-    if let Some(t) = tokens.next() {
-        if t == b"noreply" {
-            noreply = true;
-        } else {
-            let Some(d) = parse_i64(t) else {
-                return error(ProtocolError::InvalidExptime, line_end);
-            };
-            delay = d;
-            match is_noreply(tokens.next()) {
-                Some(n) => noreply = n,
-                None => return error(ProtocolError::UnknownCommand, line_end),
-            }
-        }
-    }
-    if !tokens.rest_is_empty() {
+/// `flush_all [delay] [noreply]`, read as memcached reads it: at most two arguments; the
+/// last one is `noreply` or not; the first is the delay unless it is the only one and is
+/// `noreply` (so `flush_all noreply noreply` is a bad delay, silenced).
+fn parse_flush_all(tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
+    let n = tokens.token_count();
+    if n > 2 {
         return error(ProtocolError::UnknownCommand, line_end);
+    }
+    let mut tokens = tokens;
+    let (first, second) = (tokens.next(), tokens.next());
+    let noreply = is_noreply(second.or(first));
+    let mut delay = 0;
+    if n != usize::from(noreply) {
+        match first.and_then(parse_i64) {
+            Some(d) => delay = d,
+            None => return error(ProtocolError::InvalidExptime, line_end),
+        }
     }
     request(Request::FlushAll { delay, noreply }, line_end)
 }
@@ -746,9 +750,9 @@ fn parse_verbosity(mut tokens: Tokens<'_>, line_end: usize) -> Parsed<'_> {
     }
     let level = tokens.next().and_then(parse_u32);
     let noreply = is_noreply(tokens.next());
-    match (level, noreply) {
-        (Some(level), Some(noreply)) => request(Request::Verbosity { level, noreply }, line_end),
-        _ => error(ProtocolError::BadFormat, line_end),
+    match level {
+        Some(level) => request(Request::Verbosity { level, noreply }, line_end),
+        None => error(ProtocolError::BadFormat, line_end),
     }
 }
 

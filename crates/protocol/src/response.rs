@@ -25,6 +25,8 @@ pub const RESET: &[u8] = b"RESET\r\n";
 pub const ERROR: &[u8] = b"ERROR\r\n";
 /// `SERVER_ERROR out of memory storing object`
 pub const OUT_OF_MEMORY: &[u8] = b"SERVER_ERROR out of memory storing object\r\n";
+/// `SERVER_ERROR out of memory`: an `incr`/`decr`/`ma` result that found no memory.
+pub const ARITH_OUT_OF_MEMORY: &[u8] = b"SERVER_ERROR out of memory\r\n";
 /// `SERVER_ERROR object too large for cache`
 pub const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
 /// `CLIENT_ERROR cannot increment or decrement non-numeric value`

@@ -47,12 +47,46 @@ impl StopRequest {
     }
 }
 
+/// memcached settings kvlab accepts for drop-in compatibility but whose model differs, so
+/// they change nothing but their line in `stats settings`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AcceptedSettings {
+    /// `-R`: memcached's most requests per connection per event (default 20). kvlab
+    /// answers all of one read's requests in one write; a connection's share is bounded
+    /// by its buffers.
+    pub reqs_per_event: u32,
+    /// `-B`: `ascii`, `binary` or `auto-negotiate` (the default). kvlab serves the text
+    /// protocol (ASCII and meta) whichever is given.
+    pub binding_protocol: &'static str,
+    /// `-o read_buf_mem_limit`, bytes (0: none, the default). kvlab bounds each
+    /// connection's buffers instead.
+    pub read_buf_mem_limit: u64,
+}
+
+impl Default for AcceptedSettings {
+    fn default() -> Self {
+        AcceptedSettings {
+            reqs_per_event: 20,
+            binding_protocol: "auto-negotiate",
+            read_buf_mem_limit: 0,
+        }
+    }
+}
+
 /// The settings and state the administration commands read and change.
 pub struct AdminState {
     /// `-A`: `shutdown` is served.
     pub shutdown_command: bool,
     /// `slabs reassign` is allowed (memcached's default; `-o no_slab_reassign` refuses it).
     pub slab_reassign: bool,
+    /// CAS values are kept and shown (memcached's default; `-C` turns them off: every CAS
+    /// shown is 0 and no compare matches).
+    pub cas_enabled: bool,
+    /// `flush_all` is served (memcached's default; `-F` refuses it).
+    pub flush_enabled: bool,
+    /// memcached's `-R`, `-B`, `-o read_buf_mem_limit` as given: reported in `stats
+    /// settings`, with no other effect (see [`crate::ServerConfig`]).
+    pub accepted: AcceptedSettings,
     /// memcached's size classes for `-f`, `-n`, `-I`.
     pub classes: SizeClasses,
     /// Per-prefix figures (`stats detail`, `-D`).
@@ -94,6 +128,9 @@ impl AdminState {
             tls: None,
             shutdown_command: false,
             slab_reassign: true,
+            cas_enabled: true,
+            flush_enabled: true,
+            accepted: AcceptedSettings::default(),
             classes: SizeClasses::default(),
             detail: Detail::new(b':', false),
             crawler: crawler::Control::new(true),

@@ -216,6 +216,25 @@ impl Engine {
         }
     }
 
+    /// A CAS value as shown to clients: 0 under `-C`, as memcached shows it.
+    fn shown(&self, cas: u64) -> u64 {
+        if self.server.admin.cas_enabled {
+            cas
+        } else {
+            0
+        }
+    }
+
+    /// A client's compare value as the store sees it: under `-C`, 0, which no item's CAS
+    /// is (the store numbers from 1), so a compare never matches — memcached's answers.
+    fn compared(&self, cas: u64) -> u64 {
+        if self.server.admin.cas_enabled {
+            cas
+        } else {
+            0
+        }
+    }
+
     fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
         // Read through every key whose current state the command depends on.
         if self.disk.read_through {
@@ -235,7 +254,13 @@ impl Engine {
                     }
                     self.log_fetch(key, item.as_ref().map(|i| (i.value.len(), i.flags)));
                     if let Some(item) = item {
-                        r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
+                        r::value(
+                            out,
+                            key,
+                            item.flags,
+                            &item.value,
+                            cas.then(|| self.shown(item.cas)),
+                        );
                     }
                 }
                 WorkerStats::add(&self.worker.cmd_get, n);
@@ -254,7 +279,13 @@ impl Engine {
                     }
                     self.log_fetch(key, item.as_ref().map(|i| (i.value.len(), i.flags)));
                     if let Some(item) = item {
-                        r::value(out, key, item.flags, &item.value, cas.then_some(item.cas));
+                        r::value(
+                            out,
+                            key,
+                            item.flags,
+                            &item.value,
+                            cas.then(|| self.shown(item.cas)),
+                        );
                         if self.disk.sync {
                             touched.push(key.to_vec());
                         }
@@ -286,7 +317,7 @@ impl Engine {
                     StoreCommand::Replace => (SetMode::Replace, None),
                     StoreCommand::Append => (SetMode::Append, None),
                     StoreCommand::Prepend => (SetMode::Prepend, None),
-                    StoreCommand::Cas => (SetMode::Set, Some(cas_unique)),
+                    StoreCommand::Cas => (SetMode::Set, Some(self.compared(cas_unique))),
                 };
                 let status = self.store.set(&SetRequest {
                     mode,
@@ -307,8 +338,9 @@ impl Engine {
                     SetStatus::TooLarge => r::TOO_LARGE,
                     SetStatus::OutOfMemory => r::OUT_OF_MEMORY,
                 };
-                let is_error = matches!(status, SetStatus::TooLarge | SetStatus::OutOfMemory);
-                if !noreply || is_error {
+                // memcached's `noreply` silences every reply of a text storage command,
+                // its errors included.
+                if !noreply {
                     out.extend_from_slice(reply);
                 }
                 if let SetStatus::Stored { .. } = status {
@@ -336,12 +368,14 @@ impl Engine {
                         }
                         return self.persisted(key);
                     }
-                    ArithStatus::NotFound | ArithStatus::Exists if !noreply => {
+                    // As memcached: `noreply` silences the errors too (a client that
+                    // asked for no reply would read one as the reply to its next call).
+                    _ if noreply => {}
+                    ArithStatus::NotFound | ArithStatus::Exists => {
                         out.extend_from_slice(r::NOT_FOUND)
                     }
-                    ArithStatus::NotFound | ArithStatus::Exists => {}
                     ArithStatus::NonNumeric => out.extend_from_slice(r::NON_NUMERIC),
-                    ArithStatus::OutOfMemory => out.extend_from_slice(r::OUT_OF_MEMORY),
+                    ArithStatus::OutOfMemory => out.extend_from_slice(r::ARITH_OUT_OF_MEMORY),
                 }
             }
             Request::Delete { key, noreply } => {
@@ -372,6 +406,13 @@ impl Engine {
             }
             Request::FlushAll { delay, noreply } => {
                 WorkerStats::add(&self.worker.cmd_flush, 1);
+                if !self.server.admin.flush_enabled {
+                    // `-F`: counted, refused, as memcached does.
+                    if !noreply {
+                        out.extend_from_slice(b"CLIENT_ERROR flush_all not allowed\r\n");
+                    }
+                    return Flow::Done;
+                }
                 self.store.flush_all(delay);
                 if !noreply {
                     out.extend_from_slice(r::OK);
@@ -472,7 +513,7 @@ impl Engine {
                 );
             }
             Some(b"reset") => {
-                self.server.reset();
+                self.server.reset(&self.store);
                 self.server.admin.detail.clear();
                 out.extend_from_slice(r::RESET);
                 return;
@@ -633,7 +674,7 @@ impl Engine {
         }
         for letter in flags.letters() {
             match letter {
-                b'c' => meta_num(out, b'c', hit.item.cas),
+                b'c' => meta_num(out, b'c', self.shown(hit.item.cas)),
                 b'f' => meta_num(out, b'f', u64::from(hit.item.flags)),
                 b'h' => meta_num(out, b'h', u64::from(hit.hit_before)),
                 b'l' => meta_num(out, b'l', hit.last_access_age),
@@ -688,7 +729,7 @@ impl Engine {
                 value: data,
                 flags: flags.client_flags.unwrap_or(0),
                 exptime: flags.ttl.unwrap_or(0),
-                compare_cas: flags.compare_cas,
+                compare_cas: flags.compare_cas.map(|c| self.compared(c)),
                 new_cas: flags.new_cas,
                 invalidate: flags.invalidate,
             };
@@ -738,7 +779,7 @@ impl Engine {
 
     fn meta_delete(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) -> bool {
         let opts = MetaDeleteOpts {
-            compare_cas: flags.compare_cas,
+            compare_cas: flags.compare_cas.map(|c| self.compared(c)),
             invalidate: flags.invalidate,
             ttl: flags.ttl,
         };
@@ -758,7 +799,7 @@ impl Engine {
         let req = ArithRequest {
             incr: !matches!(flags.mode, Some(b'D' | b'-')),
             delta: flags.delta.unwrap_or(1),
-            compare_cas: flags.compare_cas,
+            compare_cas: flags.compare_cas.map(|c| self.compared(c)),
             new_cas: flags.new_cas,
             vivify: flags.vivify.map(|ttl| (flags.initial.unwrap_or(0), ttl)),
             touch: flags.ttl,
@@ -781,7 +822,7 @@ impl Engine {
                 return false;
             }
             ArithStatus::OutOfMemory => {
-                out.extend_from_slice(r::OUT_OF_MEMORY);
+                out.extend_from_slice(r::ARITH_OUT_OF_MEMORY);
                 return false;
             }
         };
@@ -797,7 +838,7 @@ impl Engine {
         }
         for letter in flags.letters() {
             match letter {
-                b'c' => meta_num(out, b'c', cas),
+                b'c' => meta_num(out, b'c', self.shown(cas)),
                 b't' => {
                     out.extend_from_slice(b" t");
                     push_i64(out, ttl);

@@ -102,6 +102,16 @@ pub struct ServerConfig {
     pub shutdown_command: bool,
     /// `slabs reassign` allowed (`-o slab_reassign`, the default; `-o no_slab_reassign`).
     pub slab_reassign: bool,
+    /// CAS values on (memcached's default); `-C` turns them off: `gets`, `gats` and the
+    /// meta `c` flag show 0, and `cas` (or a meta `C` compare) never matches (`EXISTS`, or
+    /// `NOT_FOUND` for a missing key), as memcached answers.
+    pub cas_enabled: bool,
+    /// `flush_all` served (memcached's default); `-F` answers it `CLIENT_ERROR flush_all
+    /// not allowed`.
+    pub flush_enabled: bool,
+    /// memcached's `-R`, `-B`, `-o read_buf_mem_limit`: accepted, reported in `stats
+    /// settings`, otherwise no-ops (see [`admin::AcceptedSettings`]).
+    pub accepted: admin::AcceptedSettings,
     /// memcached's size classes (`-f` growth factor, `-n` smallest chunk's data size),
     /// used to report items by class.
     pub growth_factor: f64,
@@ -146,6 +156,9 @@ impl Default for ServerConfig {
             crawler: Some(CrawlerConfig::default()),
             shutdown_command: false,
             slab_reassign: true,
+            cas_enabled: true,
+            flush_enabled: true,
+            accepted: admin::AcceptedSettings::default(),
             growth_factor: 1.25,
             chunk_size: 48,
             prefix_delimiter: None,
@@ -279,6 +292,9 @@ impl Server {
         let mut admin = AdminState::new(Arc::default());
         admin.shutdown_command = config.shutdown_command;
         admin.slab_reassign = config.slab_reassign;
+        admin.cas_enabled = config.cas_enabled;
+        admin.flush_enabled = config.flush_enabled;
+        admin.accepted = config.accepted;
         admin.auth = config.auth.clone();
         admin.tls = config.tls.clone();
         admin.classes = SizeClasses::new(

@@ -52,6 +52,25 @@ impl ClassEvictions {
     }
 }
 
+impl ClassEvictions {
+    /// `stats reset`: memcached zeroes its per-class item counters.
+    pub fn reset(&self) {
+        for counters in [
+            &self.evicted,
+            &self.nonzero,
+            &self.unfetched,
+            &self.time,
+            &self.reclaimed,
+            &self.expired_unfetched,
+            &self.crawler_reclaimed,
+        ] {
+            for c in counters {
+                c.store(0, Relaxed);
+            }
+        }
+    }
+}
+
 impl EvictionObserver for ClassEvictions {
     fn evicted(&self, item: &Evicted<'_>) {
         let class = self

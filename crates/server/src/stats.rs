@@ -454,7 +454,23 @@ impl ServerStats {
             ("eviction_policy", self.policy.to_string()),
             ("num_threads", self.threads.to_string()),
             ("item_size_max", self.item_size_max.to_string()),
-            ("cas_enabled", "yes".to_string()),
+            ("cas_enabled", yes_no(self.admin.cas_enabled).to_string()),
+            (
+                "flush_enabled",
+                yes_no(self.admin.flush_enabled).to_string(),
+            ),
+            (
+                "reqs_per_event",
+                self.admin.accepted.reqs_per_event.to_string(),
+            ),
+            (
+                "binding_protocol",
+                self.admin.accepted.binding_protocol.to_string(),
+            ),
+            (
+                "read_buf_mem_limit",
+                self.admin.accepted.read_buf_mem_limit.to_string(),
+            ),
             ("io_model", self.io_model.to_string()),
             (
                 "shutdown_command",
@@ -513,8 +529,14 @@ impl ServerStats {
         ]
     }
 
-    /// `stats reset`: zero the counters (store counters are cumulative and stay).
-    pub fn reset(&self) {
+    /// `stats reset`, as memcached's: zero every counter — the workers' (`cmd_*`, bytes),
+    /// the store's (hits, misses, `total_items`, evictions, reclaims), the per-class ones
+    /// of `stats items`, the crawler's starts; state (`curr_items`, `bytes`, connections
+    /// open, settings) stays. A durable store's `durable_*` figures (kvlab's own) stay.
+    pub fn reset(&self, store: &Store) {
+        store.reset_stats();
+        self.admin.evictions.reset();
+        self.crawler.starts.store(0, Relaxed);
         self.total_connections.store(0, Relaxed);
         self.rejected_connections.store(0, Relaxed);
         self.idle_kicks.store(0, Relaxed);

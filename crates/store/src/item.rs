@@ -88,7 +88,14 @@ impl Block {
     /// with `cas` 0. The caller guarantees `key.len() <= 255` and a total value
     /// length that fits `u32` (the store checks both before building a block).
     pub(crate) fn new(key: &[u8], parts: &[&[u8]], flags: u32) -> Block {
-        let value_len: usize = parts.iter().map(|p| p.len()).sum();
+        Self::new_padded(key, parts, 0, flags)
+    }
+
+    /// [`Block::new`] with `spaces` space bytes after the parts (a counter rewritten
+    /// shorter than its old value keeps the value's length, as memcached's in-place
+    /// rewrite does, however long that is).
+    pub(crate) fn new_padded(key: &[u8], parts: &[&[u8]], spaces: usize, flags: u32) -> Block {
+        let value_len: usize = parts.iter().map(|p| p.len()).sum::<usize>() + spaces;
         let key_len = u8::try_from(key.len()).unwrap_or_else(|_| too_long());
         let value_len32 = u32::try_from(value_len).unwrap_or_else(|_| too_long());
         let layout = Self::layout(key.len(), value_len);
@@ -114,6 +121,7 @@ impl Block {
                 ptr::copy_nonoverlapping(p.as_ptr(), dst, p.len());
                 dst = dst.add(p.len());
             }
+            ptr::write_bytes(dst, b' ', spaces);
         }
         Block { ptr }
     }

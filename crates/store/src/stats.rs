@@ -53,6 +53,12 @@ macro_rules! figures {
                 }),*]
             }
 
+            /// Zeroes every [`Kind::Counter`] figure (memcached's `stats reset`); gauges stay.
+            #[allow(dead_code)] // used for the shards' table only
+            pub(crate) fn reset_counters(&mut self) {
+                $( if matches!(Kind::$kind, Kind::Counter) { self.$field = 0; } )*
+            }
+
             /// Adds every figure of `self` into `out` (how the shards' counters are summed).
             #[allow(dead_code)] // used for the shards' table only
             pub(crate) fn add_to(&self, out: &mut $name) {

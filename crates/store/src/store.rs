@@ -1278,13 +1278,12 @@ impl Store {
                         Some(t) => self.stored_exptime(t),
                         None => Some(e.exptime),
                     };
-                    const SPACES: [u8; 20] = [b' '; 20];
-                    // A shorter result keeps the old length (at most 20 + spaces: a
-                    // longer old value is not a number memcached would read).
-                    let pad = old.value().len().saturating_sub(n).min(SPACES.len());
+                    // A shorter result keeps the old length, however long (memcached
+                    // rewrites the value in place: 100 bytes stay 100 bytes).
+                    let pad = old.value().len().saturating_sub(n);
                     (
                         value,
-                        Block::new(key, &[&digits[..n], &SPACES[..pad]], old.flags()),
+                        Block::new_padded(key, &[&digits[..n]], pad, old.flags()),
                         exptime,
                         e.bits,
                     )
@@ -1635,6 +1634,17 @@ impl Store {
         self.too_large.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// memcached's `stats reset`: zeroes every counter of [`Store::stats`] (hits, misses,
+    /// `total_items`, evictions, reclaims, refusals); the gauges (`curr_items`, `bytes`,
+    /// `limit_maxbytes`) are the store's state and stay.
+    pub fn reset_stats(&self) {
+        for si in 0..self.shards.len() {
+            self.lock(si).stats.reset_counters();
+        }
+        self.too_large.store(0, Ordering::Relaxed);
+        self.no_memory.store(0, Ordering::Relaxed);
+    }
+
     /// A snapshot of the counters (each shard's counters are read under its lock,
     /// one shard at a time).
     pub fn stats(&self) -> StoreStats {
@@ -1726,7 +1736,9 @@ fn digits_then_space(v: &[u8], space: impl Fn(u8) -> bool) -> Option<u64> {
         .iter()
         .position(|&b| !b.is_ascii_digit())
         .unwrap_or(v.len());
-    if end == 0 || !(end == v.len() || space(v[end])) {
+    // strtoull stops at the first non-digit; memcached accepts the number when that is
+    // whitespace or a NUL (the end of a C string: `00\0abc` reads as 0).
+    if end == 0 || !(end == v.len() || space(v[end]) || v[end] == 0) {
         return None;
     }
     // strtoull: any number of leading zeros; overflow is an error.

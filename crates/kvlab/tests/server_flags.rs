@@ -1,0 +1,136 @@
+//! memcached's command-line flags that scripts pass to `memcached` are accepted by `kvlab
+//! server` with memcached's meaning (`-u`, `-C`, `-F`) or as documented no-ops shown in
+//! `stats settings` (`-R`, `-B`, `-o modern|no_modern`, `-o read_buf_mem_limit`), and bad
+//! values are refused with memcached's words.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Command;
+use std::time::Duration;
+
+use kvlab_client::process::{free_port, Probe, Spawn};
+
+fn exchange(addr: SocketAddr, req: &[u8], until: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    s.write_all(req).expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 8192];
+    while !got.ends_with(until) {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+#[test]
+fn memcached_flags_start_the_server_with_their_meanings() {
+    let port = free_port().expect("free port");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let server = Spawn::new(env!("CARGO_BIN_EXE_kvlab"))
+        .args(["server", "-p", &port.to_string(), "-t", "1"])
+        .args(["-u", "nobody", "-R", "5", "-B", "ascii", "-C", "-F"])
+        .args(["-o", "modern,read_buf_mem_limit=4"])
+        .ready(Probe::Version(addr))
+        .timeout(Duration::from_secs(20))
+        .start()
+        .expect("kvlab server starts with memcached's flags");
+    let settings = exchange(addr, b"stats settings\r\n", b"END\r\n");
+    for line in [
+        "STAT reqs_per_event 5\r\n",
+        "STAT binding_protocol ascii\r\n",
+        "STAT cas_enabled no\r\n",
+        "STAT flush_enabled no\r\n",
+        "STAT read_buf_mem_limit 4194304\r\n",
+    ] {
+        assert!(settings.contains(line), "{line:?} not in\n{settings}");
+    }
+    // -F: memcached's refusal (noreply silences it); -C: CAS values 0, no compare matches.
+    assert_eq!(
+        exchange(
+            addr,
+            b"flush_all\r\nflush_all noreply\r\nset k 0 0 1\r\nx\r\ngets k\r\ncas k 0 0 1 0\r\ny\r\ncas n 0 0 1 0\r\ny\r\n",
+            b"NOT_FOUND\r\n"
+        ),
+        "CLIENT_ERROR flush_all not allowed\r\nSTORED\r\nVALUE k 0 1 0\r\nx\r\nEND\r\nEXISTS\r\nNOT_FOUND\r\n"
+    );
+    if is_root() {
+        // -u as root: the server runs as `nobody`.
+        let status = std::fs::read_to_string(format!("/proc/{}/status", server.pid()))
+            .expect("server status");
+        let uid = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1).map(str::to_string));
+        assert_eq!(uid.as_deref(), Some("65534"), "{status}");
+    }
+    server.stop();
+
+    // -o no_modern: memcached 1.4's defaults that kvlab has (no crawler, no slab reassign).
+    let port = free_port().expect("free port");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let server = Spawn::new(env!("CARGO_BIN_EXE_kvlab"))
+        .args([
+            "server",
+            "-p",
+            &port.to_string(),
+            "-t",
+            "1",
+            "-o",
+            "no_modern",
+            "-B",
+            "auto",
+        ])
+        .ready(Probe::Version(addr))
+        .timeout(Duration::from_secs(20))
+        .start()
+        .expect("kvlab server starts with -o no_modern");
+    let settings = exchange(addr, b"stats settings\r\n", b"END\r\n");
+    assert!(settings.contains("STAT slab_reassign no\r\n"), "{settings}");
+    assert!(
+        settings.contains("STAT binding_protocol auto-negotiate\r\n"),
+        "{settings}"
+    );
+    server.stop();
+}
+
+#[test]
+fn bad_values_are_refused_with_memcached_s_words() {
+    let refuse = |args: &[&str], words: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+            .args(["server", "-p", "0"])
+            .args(args)
+            .output()
+            .expect("kvlab runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} started");
+        assert!(err.contains(words), "{args:?}: {err}");
+    };
+    refuse(
+        &["-R", "0"],
+        "Number of requests per event must be greater than 0",
+    );
+    refuse(&["-B", "bogus"], "bogus");
+    refuse(
+        &["-o", "read_buf_mem_limit=x"],
+        "could not parse argument to read_buf_mem_limit",
+    );
+    if is_root() {
+        refuse(
+            &["-u", "kvlab-no-such-user"],
+            "can't find the user kvlab-no-such-user to switch to",
+        );
+    }
+}
