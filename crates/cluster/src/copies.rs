@@ -19,6 +19,14 @@
 //! write confirmed before it, so two workers writing the same key cannot leave a holder
 //! with the older value.
 //!
+//! Until its copies are confirmed, a write is *unconfirmed* ([`Unconfirmed`]): a read of the
+//! key then sends the key's state to the holders again and its reply waits for their
+//! confirmation (or fails, `SERVER_ERROR copy … not written`, if they do not confirm). A
+//! value a read returns is thus always on every holder: if the owner dies, the holder that
+//! takes over serves it or a newer one — never a value seen and then undone. A write whose
+//! copy failed leaves its key unconfirmed until a later copy of it succeeds (a later write,
+//! or such a read).
+//!
 //! A holder that fails (no reply within [`REPLICA_TIMEOUT`], a refused connection, a
 //! closed stream) is not tried again for [`REPLICA_BACKOFF`]: meanwhile writes that need it
 //! fail at once instead of each waiting out a timeout.
@@ -26,7 +34,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -50,6 +58,138 @@ pub struct Confirm {
     pub ticket: usize,
     /// Why the copy is not there, if it is not.
     pub failure: Option<Arc<str>>,
+    /// When (on the node's copy clock) the batch's keys were read from the store to be
+    /// sent, or the failure was seen.
+    pub seq: u64,
+}
+
+/// A ticket's outcome over all its holders, gathered from their [`Confirm`]s.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Confirmations still owed.
+    pub left: u32,
+    /// The first failure, if any.
+    pub failure: Option<String>,
+    /// Success: the earliest copy clock at which a holder's copy was read (every holder
+    /// has the keys' state of at least then). Failure: the latest failure's.
+    pub seq: u64,
+}
+
+impl Outcome {
+    /// A ticket sent to `holders` holders, with `failure` already known (a holder backing
+    /// off) at copy clock `seq`.
+    pub fn new(holders: u32, failure: Option<String>, seq: u64) -> Outcome {
+        Outcome {
+            left: holders,
+            seq: if failure.is_some() { seq } else { u64::MAX },
+            failure,
+        }
+    }
+
+    /// Takes one holder's confirmation; true once none is owed.
+    pub fn add(&mut self, c: Confirm) -> bool {
+        match (c.failure, &self.failure) {
+            (Some(why), None) => {
+                self.failure = Some(why.to_string());
+                self.seq = c.seq;
+            }
+            (Some(_), Some(_)) => self.seq = self.seq.max(c.seq),
+            (None, None) => self.seq = self.seq.min(c.seq),
+            (None, Some(_)) => {}
+        }
+        self.left = self.left.saturating_sub(1);
+        self.left == 0
+    }
+}
+
+/// Keys whose state may not be on every copy holder: written, with copies not yet
+/// confirmed, or whose last copy failed.
+pub struct Unconfirmed {
+    shards: Vec<Mutex<HashMap<Vec<u8>, Pending>>>,
+    /// Keys listed (the fast path of [`Unconfirmed::contains`]).
+    len: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Writes applied whose copies are not yet answered.
+    writes: u32,
+    /// The copy clock of the latest failed copy (0: none since the last success).
+    failed_at: u64,
+}
+
+impl Default for Unconfirmed {
+    fn default() -> Self {
+        Unconfirmed {
+            shards: (0..16).map(|_| Mutex::new(HashMap::new())).collect(),
+            len: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Unconfirmed {
+    fn shard(&self, key: &[u8]) -> &Mutex<HashMap<Vec<u8>, Pending>> {
+        let h = kvlab_client::cluster::key_hash(key) as usize;
+        &self.shards[h % self.shards.len()]
+    }
+
+    /// A write of `key` is about to be applied (before it is: no read may see it as
+    /// confirmed in between).
+    pub fn write_begins(&self, key: &[u8]) {
+        let mut shard = self.shard(key).lock();
+        match shard.get_mut(key) {
+            Some(p) => p.writes += 1,
+            None => {
+                shard.insert(
+                    key.to_vec(),
+                    Pending {
+                        writes: 1,
+                        failed_at: 0,
+                    },
+                );
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether `key`'s state may not be on every holder.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        self.len.load(Ordering::Relaxed) > 0 && self.shard(key).lock().contains_key(key)
+    }
+
+    /// The copies of `key` sent for a write (`write`) or a read are answered with
+    /// `outcome` (or, with `outcome` `None`, the write was not sent after all).
+    pub fn settle(&self, key: &[u8], write: bool, outcome: Option<&Outcome>) {
+        let mut shard = self.shard(key).lock();
+        let Some(p) = shard.get_mut(key) else {
+            if let Some(o) = outcome.filter(|o| o.failure.is_some()) {
+                // A read's copy of a key confirmed meanwhile failed: the holders may have
+                // missed the state it carried.
+                shard.insert(
+                    key.to_vec(),
+                    Pending {
+                        writes: 0,
+                        failed_at: o.seq.max(1),
+                    },
+                );
+                self.len.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        };
+        if write {
+            p.writes = p.writes.saturating_sub(1);
+        }
+        match outcome {
+            Some(o) if o.failure.is_some() => p.failed_at = p.failed_at.max(o.seq.max(1)),
+            // Every holder has the key's state as of `o.seq`, read after the failure.
+            Some(o) if o.seq > p.failed_at => p.failed_at = 0,
+            _ => {}
+        }
+        if p.writes == 0 && p.failed_at == 0 {
+            shard.remove(key);
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Where a batch's confirmations go: a channel, and (for an event loop) a socket whose
@@ -66,11 +206,12 @@ impl Reply {
         Reply { tx, wake }
     }
 
-    fn send(&self, tickets: &[usize], failure: Option<Arc<str>>) {
+    fn send(&self, tickets: &[usize], failure: Option<Arc<str>>, seq: u64) {
         for &ticket in tickets {
             let _ = self.tx.send(Confirm {
                 ticket,
                 failure: failure.clone(),
+                seq,
             });
         }
         if let Some(wake) = &self.wake {
@@ -112,6 +253,10 @@ pub struct Copies {
     down: Arc<Mutex<HashMap<String, (Instant, String)>>>,
     /// Holder failures (each failure of a batch).
     errors: Arc<AtomicU64>,
+    /// The copy clock: ticks each time keys are read to be sent, or a failure is seen.
+    clock: Arc<AtomicU64>,
+    /// Keys whose copies are not all confirmed.
+    pub unconfirmed: Unconfirmed,
 }
 
 impl Copies {
@@ -123,7 +268,14 @@ impl Copies {
             senders: Mutex::new(HashMap::new()),
             down: Arc::new(Mutex::new(HashMap::new())),
             errors: Arc::new(AtomicU64::new(0)),
+            clock: Arc::new(AtomicU64::new(1)),
+            unconfirmed: Unconfirmed::default(),
         }
+    }
+
+    /// The copy clock's next tick.
+    pub fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::SeqCst)
     }
 
     /// How many times a holder failed a batch of copies.
@@ -145,7 +297,9 @@ impl Copies {
         if q.stopped {
             drop(q);
             let why = format!("copy to {holder} not written: it left the ring");
-            batch.reply.send(&batch.tickets, Some(why.into()));
+            batch
+                .reply
+                .send(&batch.tickets, Some(why.into()), self.tick());
             return;
         }
         q.batches.push_back(batch);
@@ -194,6 +348,7 @@ impl Copies {
             store: self.store.clone(),
             down: self.down.clone(),
             errors: self.errors.clone(),
+            clock: self.clock.clone(),
         };
         let spawned = std::thread::Builder::new()
             .name("kvlab-copies".into())
@@ -222,6 +377,7 @@ struct Run {
     store: Arc<Store>,
     down: Arc<Mutex<HashMap<String, (Instant, String)>>>,
     errors: Arc<AtomicU64>,
+    clock: Arc<AtomicU64>,
 }
 
 impl Run {
@@ -239,8 +395,9 @@ impl Run {
                     let why: Arc<str> = format!("copy to {holder} not written: it left the ring")
                         .as_str()
                         .into();
+                    let seq = self.tick();
                     for b in q.batches.drain(..) {
-                        b.reply.send(&b.tickets, Some(why.clone()));
+                        b.reply.send(&b.tickets, Some(why.clone()), seq);
                     }
                     return;
                 }
@@ -248,7 +405,7 @@ impl Run {
             }
             if let Some(why) = self.backing_off(&holder) {
                 let why = format!("copy to {holder} not written: {why}");
-                fail(&mut batches, why.into());
+                fail(&mut batches, why.into(), self.tick());
                 if pipe.is_none() {
                     // Nothing to send and no stream: wait out the back-off, then connect.
                     self.sleep_unless_stopped(REPLICA_BACKOFF / 5);
@@ -278,10 +435,11 @@ impl Run {
                 continue;
             }
             let Some(p) = pipe.as_mut() else { continue };
+            let seq = self.tick();
             match self.write(p, &batches) {
                 Ok(0) => {
                     for b in batches.drain(..) {
-                        b.reply.send(&b.tickets, None);
+                        b.reply.send(&b.tickets, None, seq);
                     }
                 }
                 Ok(refused) => {
@@ -289,7 +447,7 @@ impl Run {
                     // view that no longer makes it a holder): those copies are not there.
                     self.errors.fetch_add(1, Ordering::Relaxed);
                     let why = format!("copy to {holder} not written: {refused} copies refused");
-                    fail(&mut batches, why.into());
+                    fail(&mut batches, why.into(), self.tick());
                 }
                 Err(e) => {
                     pipe = None;
@@ -332,10 +490,12 @@ impl Run {
         self.down
             .lock()
             .insert(holder.to_string(), (Instant::now(), why.to_string()));
-        fail(
-            batches,
-            format!("copy to {holder} not written: {why}").into(),
-        );
+        let why = format!("copy to {holder} not written: {why}");
+        fail(batches, why.into(), self.tick());
+    }
+
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::SeqCst)
     }
 }
 
@@ -347,8 +507,74 @@ fn reason(e: crate::ClusterError) -> String {
     }
 }
 
-fn fail(batches: &mut Vec<Batch>, why: Arc<str>) {
+fn fail(batches: &mut Vec<Batch>, why: Arc<str>, seq: u64) {
     for b in batches.drain(..) {
-        b.reply.send(&b.tickets, Some(why.clone()));
+        b.reply.send(&b.tickets, Some(why.clone()), seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(ticket: usize, seq: u64) -> Confirm {
+        Confirm {
+            ticket,
+            failure: None,
+            seq,
+        }
+    }
+
+    fn failed(ticket: usize, seq: u64) -> Confirm {
+        Confirm {
+            ticket,
+            failure: Some("copy to h not written: down".into()),
+            seq,
+        }
+    }
+
+    /// A write's key stays unconfirmed until its copies are answered; a failed copy keeps
+    /// it so until a copy read after the failure succeeds — an older success does not.
+    #[test]
+    fn a_key_is_confirmed_only_by_a_copy_read_after_its_last_failure() {
+        let u = Unconfirmed::default();
+        u.write_begins(b"k");
+        assert!(u.contains(b"k"));
+        let mut w = Outcome::new(1, None, 0);
+        assert!(w.add(failed(0, 10)));
+        u.settle(b"k", true, Some(&w));
+        assert!(u.contains(b"k"), "a failed copy confirms nothing");
+        let mut older = Outcome::new(1, None, 0);
+        assert!(older.add(ok(1, 9)));
+        u.settle(b"k", false, Some(&older));
+        assert!(u.contains(b"k"), "a copy read before the failure");
+        let mut read = Outcome::new(1, None, 0);
+        assert!(read.add(ok(2, 11)));
+        u.settle(b"k", false, Some(&read));
+        assert!(!u.contains(b"k"));
+    }
+
+    /// Two holders: the ticket is confirmed as of the earlier of their reads, and fails if
+    /// either fails.
+    #[test]
+    fn an_outcome_over_two_holders() {
+        let mut o = Outcome::new(2, None, 0);
+        assert!(!o.add(ok(0, 7)));
+        assert!(o.add(ok(0, 5)));
+        assert_eq!((o.failure.is_none(), o.seq), (true, 5));
+        let mut o = Outcome::new(2, None, 0);
+        assert!(!o.add(ok(0, 7)));
+        assert!(o.add(failed(0, 8)));
+        assert_eq!((o.failure.is_some(), o.seq), (true, 8));
+        // Two writes in flight: the key is confirmed once both are.
+        let u = Unconfirmed::default();
+        u.write_begins(b"k");
+        u.write_begins(b"k");
+        let mut a = Outcome::new(1, None, 0);
+        a.add(ok(0, 3));
+        u.settle(b"k", true, Some(&a));
+        assert!(u.contains(b"k"));
+        u.settle(b"k", true, Some(&a));
+        assert!(!u.contains(b"k"));
     }
 }

@@ -33,7 +33,7 @@ use kvlab_store::{DeleteStatus, MetaDeleteOpts, ScanCursor, Store};
 use parking_lot::Mutex;
 use serde::Serialize;
 
-use crate::copies::{Batch, Copies, Reply};
+use crate::copies::{Batch, Copies, Outcome, Reply, Unconfirmed};
 pub use crate::copies::{REPLICA_BACKOFF, REPLICA_TIMEOUT};
 use crate::pipe::Pipe;
 use crate::topology::{Phase, Topology, TopologyStore};
@@ -730,43 +730,44 @@ impl Node {
         keys: &[K],
     ) -> Result<(), ClusterError> {
         let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.as_ref().to_vec()).collect();
-        match self.replicate_and_wait(view, vec![(0, keys)]).pop() {
-            Some((_, Some(reason))) => Err(ClusterError::Migration(reason)),
+        match self.replicate_and_wait(view, &[(0, keys)]).pop() {
+            Some(Outcome {
+                failure: Some(reason),
+                ..
+            }) => Err(ClusterError::Migration(reason)),
             _ => Ok(()),
         }
     }
 
-    /// Queues the copies of `writes` (each a ticket and the keys it changed) to the other
-    /// nodes that hold those keys' copies under `view`, one batch per holder; each
-    /// holder's sender reads the keys' state when it sends them and answers each ticket to
-    /// `reply` ([`crate::copies`]). Says through `expect(ticket, holders, failure)` how
-    /// many confirmations each ticket will get, and why its copies already failed (a
-    /// holder backing off after a failure): a ticket with 0 holders and no failure has
-    /// nothing to wait for.
+    /// Queues the copies of `writes` (each a ticket and the keys it changed, or a read's
+    /// keys whose copies are unconfirmed) to the other nodes that hold those keys' copies
+    /// under `view`, one batch per holder; each holder's sender reads the keys' state when
+    /// it sends them and answers each ticket to `reply` ([`crate::copies`]). Says through
+    /// `expect(ticket, outcome)` how many confirmations each ticket will get, and why its
+    /// copies already failed (a holder backing off after a failure): a ticket whose
+    /// outcome owes none is settled.
     pub fn send_copies(
         &self,
         view: &View,
-        writes: Vec<(usize, Vec<Vec<u8>>)>,
+        writes: &[(usize, Vec<Vec<u8>>)],
         reply: &Reply,
-        expect: &mut dyn FnMut(usize, u32, Option<String>),
+        expect: &mut dyn FnMut(usize, Outcome),
     ) {
         let r = view.replicas as usize;
         let nodes = view.serving.nodes();
-        if r < 2 {
-            writes
-                .into_iter()
-                .for_each(|(ticket, _)| expect(ticket, 0, None));
-            return;
-        }
         let mut batches: Vec<Option<Batch>> = (0..nodes.len()).map(|_| None).collect();
         let mut owners = Vec::with_capacity(r);
         let mut holders: Vec<usize> = Vec::with_capacity(r);
         for (ticket, keys) in writes {
+            let ticket = *ticket;
             holders.clear();
             let mut failure = None;
             for key in keys {
+                if r < 2 {
+                    break;
+                }
                 view.serving
-                    .owners_of_hash(kvlab_client::cluster::key_hash(&key), r, &mut owners);
+                    .owners_of_hash(kvlab_client::cluster::key_hash(key), r, &mut owners);
                 for &i in owners.iter().skip(1) {
                     let holder = &nodes[i];
                     if *holder == self.me {
@@ -791,7 +792,8 @@ impl Node {
                     }
                 }
             }
-            expect(ticket, holders.len() as u32, failure);
+            let seq = self.copies.tick();
+            expect(ticket, Outcome::new(holders.len() as u32, failure, seq));
         }
         for (i, batch) in batches.into_iter().enumerate() {
             if let Some(batch) = batch {
@@ -801,23 +803,22 @@ impl Node {
     }
 
     /// [`Node::send_copies`], waiting for every confirmation (a helper thread's batch, the
-    /// cleanup's re-copy): each ticket with why its copies are not all written, if so.
+    /// cleanup's re-copy): each ticket's outcome, in the order of `writes`.
     pub fn replicate_and_wait(
         &self,
         view: &View,
-        writes: Vec<(usize, Vec<Vec<u8>>)>,
-    ) -> Vec<(usize, Option<String>)> {
+        writes: &[(usize, Vec<Vec<u8>>)],
+    ) -> Vec<Outcome> {
         let (tx, rx) = std::sync::mpsc::channel();
         let reply = Reply::new(tx, None);
-        let mut outcome: Vec<(usize, Option<String>)> = Vec::with_capacity(writes.len());
-        let mut owed = 0u32;
+        let mut outcomes: Vec<Outcome> = Vec::with_capacity(writes.len());
         let mut index: HashMap<usize, usize> = HashMap::new();
-        self.send_copies(view, writes, &reply, &mut |ticket, holders, failure| {
-            index.insert(ticket, outcome.len());
-            outcome.push((ticket, failure));
-            owed += holders;
+        self.send_copies(view, writes, &reply, &mut |ticket, outcome| {
+            index.insert(ticket, outcomes.len());
+            outcomes.push(outcome);
         });
         drop(reply);
+        let mut owed: u32 = outcomes.iter().map(|o| o.left).sum();
         // Every queued batch is answered (confirmed, failed, or failed as its holder
         // left); the bound only guards against a sender that died.
         let deadline = Instant::now() + REPLICA_TIMEOUT * 4 + REPLICA_BACKOFF;
@@ -826,19 +827,27 @@ impl Node {
             match rx.recv_timeout(left) {
                 Ok(c) => {
                     owed -= 1;
-                    if let (Some(why), Some(&at)) = (c.failure, index.get(&c.ticket)) {
-                        outcome[at].1.get_or_insert_with(|| why.to_string());
+                    if let Some(&at) = index.get(&c.ticket) {
+                        outcomes[at].add(c);
                     }
                 }
                 Err(_) => {
-                    for (_, failure) in outcome.iter_mut() {
-                        failure.get_or_insert_with(|| "copies not confirmed in time".into());
+                    let seq = self.copies.tick();
+                    for o in outcomes.iter_mut().filter(|o| o.left > 0) {
+                        o.failure
+                            .get_or_insert_with(|| "copies not confirmed in time".into());
+                        o.seq = seq;
                     }
                     break;
                 }
             }
         }
-        outcome
+        outcomes
+    }
+
+    /// The keys whose copies are not all confirmed ([`crate::copies::Unconfirmed`]).
+    pub fn unconfirmed(&self) -> &Unconfirmed {
+        &self.copies.unconfirmed
     }
 
     /// With copies: keeps a copy sender (and its open stream) for every other ring node,

@@ -624,13 +624,10 @@ fn two_copies_with_concurrent_writers_never_stall() {
     );
 }
 
-/// A write waiting for its copy holds back only its own reply: the other clients of the
-/// same worker loop (`-t 1`) are answered meanwhile. The holder is paused (`SIGSTOP`), so
-/// the copy is never confirmed and the write fails after the copy timeout; a `version` sent
-/// on another connection after the write must be answered before it.
-#[test]
-fn a_write_waiting_for_its_copy_holds_up_no_other_client() {
-    use std::io::{Read, Write};
+/// Two nodes with two copies of every key, one worker loop each (`-t 1`), and a
+/// connection to the first with a key it owns stored (so its copy stream is open).
+fn two_copies_on_one_loop() -> (tempfile::TempDir, Vec<Process>, TcpStream, String) {
+    use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let topology = dir.path().join("topology.json").display().to_string();
     let ports = free_ports(2).unwrap();
@@ -652,51 +649,69 @@ fn a_write_waiting_for_its_copy_holds_up_no_other_client() {
                 .unwrap()
         })
         .collect();
-    let connect = || {
-        let s = TcpStream::connect(&names[0]).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s
-    };
-    let line = |s: &mut TcpStream| {
-        let mut buf = Vec::new();
-        let mut b = [0u8; 1];
-        while !buf.ends_with(b"\r\n") {
-            assert_eq!(s.read(&mut b).unwrap(), 1, "connection closed");
-            buf.push(b[0]);
-        }
-        String::from_utf8(buf).unwrap()
-    };
     // A key the first node owns (it stores it once its copy is confirmed), once the
     // nodes serve.
-    let mut writer = connect();
+    let mut writer = connect_to(&names[0]);
     let mut key = None;
     until("a key stored by the first node", || {
         key = (0..200).map(|i| format!("k{i}")).find(|k| {
             writer
                 .write_all(format!("set {k} 0 0 1\r\nx\r\n").as_bytes())
                 .unwrap();
-            line(&mut writer) == "STORED\r\n"
+            reply_line(&mut writer) == "STORED\r\n"
         });
         key.is_some()
     });
-    let key = key.unwrap();
-    let pause = |sig| assert_eq!(unsafe { libc::kill(nodes[1].pid() as i32, sig) }, 0);
-    pause(libc::SIGSTOP);
+    (dir, nodes, writer, key.unwrap())
+}
+
+fn connect_to(name: &str) -> TcpStream {
+    let s = TcpStream::connect(name).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s
+}
+
+/// One reply line (read byte by byte: nothing after it is consumed).
+fn reply_line(s: &mut TcpStream) -> String {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    let mut b = [0u8; 1];
+    while !buf.ends_with(b"\r\n") {
+        assert_eq!(s.read(&mut b).unwrap(), 1, "connection closed");
+        buf.push(b[0]);
+    }
+    String::from_utf8(buf).unwrap()
+}
+
+fn signal(p: &Process, sig: i32) {
+    assert_eq!(unsafe { libc::kill(p.pid() as i32, sig) }, 0);
+}
+
+/// A write waiting for its copy holds back only its own reply: the other clients of the
+/// same worker loop (`-t 1`) are answered meanwhile. The holder is paused (`SIGSTOP`), so
+/// the copy is never confirmed and the write fails after the copy timeout; a `version` sent
+/// on another connection after the write must be answered before it.
+#[test]
+fn a_write_waiting_for_its_copy_holds_up_no_other_client() {
+    use std::io::Write;
+    let (_dir, nodes, mut writer, key) = two_copies_on_one_loop();
+    let owner = writer.peer_addr().unwrap().to_string();
+    signal(&nodes[1], libc::SIGSTOP);
     writer
         .write_all(format!("set {key} 0 0 1\r\ny\r\n").as_bytes())
         .unwrap();
     // The write is read in a round of its own before the other client speaks.
     std::thread::sleep(Duration::from_millis(200));
-    let mut other = connect();
+    let mut other = connect_to(&owner);
     other.write_all(b"version\r\n").unwrap();
-    let answered = line(&mut other);
+    let answered = reply_line(&mut other);
     writer.set_nonblocking(true).unwrap();
     let mut peek = [0u8; 1];
     let write_done =
         !matches!(writer.peek(&mut peek), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
     writer.set_nonblocking(false).unwrap();
-    let failed = line(&mut writer);
-    pause(libc::SIGCONT);
+    let failed = reply_line(&mut writer);
+    signal(&nodes[1], libc::SIGCONT);
     assert!(answered.starts_with("VERSION"), "{answered:?}");
     assert!(
         !write_done,
@@ -707,6 +722,46 @@ fn a_write_waiting_for_its_copy_holds_up_no_other_client() {
         failed.starts_with("SERVER_ERROR copy to"),
         "a write whose copy holder is paused: {failed:?}"
     );
+}
+
+/// A write whose copy failed is applied on its owner but not on the holder: no read may
+/// return it until the holder has it too (were the owner to die, the holder would serve
+/// the older value — a value seen and then undone). While the holder is paused a read
+/// fails; once it answers again, a read copies the key to it and returns the value.
+#[test]
+fn a_value_whose_copy_failed_is_read_only_once_its_holder_has_it() {
+    use std::io::Write;
+    let (_dir, nodes, mut writer, key) = two_copies_on_one_loop();
+    signal(&nodes[1], libc::SIGSTOP);
+    writer
+        .write_all(format!("set {key} 0 0 1\r\ny\r\n").as_bytes())
+        .unwrap();
+    let failed = reply_line(&mut writer);
+    writer
+        .write_all(format!("get {key}\r\n").as_bytes())
+        .unwrap();
+    let read = reply_line(&mut writer);
+    signal(&nodes[1], libc::SIGCONT);
+    assert!(failed.starts_with("SERVER_ERROR copy to"), "{failed:?}");
+    assert!(
+        read.starts_with("SERVER_ERROR copy to"),
+        "a read of a value its holder lacks: {read:?}"
+    );
+    // The holder answers again (its back-off over): the read's copy reaches it.
+    let mut value = String::new();
+    until("a read of the value once its holder has it", || {
+        writer
+            .write_all(format!("get {key}\r\n").as_bytes())
+            .unwrap();
+        let first = reply_line(&mut writer);
+        if first.starts_with("SERVER_ERROR") {
+            return false;
+        }
+        value = reply_line(&mut writer);
+        assert_eq!(reply_line(&mut writer), "END\r\n");
+        true
+    });
+    assert_eq!(value, "y\r\n");
 }
 
 /// `kvlab cluster ARGS`, expected to fail: its stderr.

@@ -11,7 +11,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{mpsc, Arc};
 
-use kvlab_cluster::copies::{Confirm, Reply};
+use kvlab_cluster::copies::{Confirm, Outcome, Reply};
+use kvlab_cluster::Node;
 use kvlab_net::{Completion, Order, Watch, Work};
 use kvlab_store::{Durability, Store};
 
@@ -67,6 +68,10 @@ pub enum Blocking {
     /// Write these keys' new state through to the other nodes that hold their copies (a
     /// cluster node with `replicas` > 1); the write's reply leaves only afterwards.
     Replicate(Vec<Vec<u8>>),
+    /// A read of keys whose copies are not all confirmed (a write's copies in flight, or
+    /// failed): their state goes to the copy holders again, and the read's reply leaves
+    /// only once they confirm — a value read is on every holder.
+    Reconfirm(Vec<Vec<u8>>),
 }
 
 impl Blocking {
@@ -84,7 +89,7 @@ impl Blocking {
     pub fn order(&self) -> Order {
         match self {
             Blocking::Load(_) => Order::Rerun,
-            Blocking::Replicate(_) => Order::Pipelined,
+            Blocking::Replicate(_) | Blocking::Reconfirm(_) => Order::Pipelined,
             _ => Order::Barrier,
         }
     }
@@ -107,7 +112,7 @@ impl Blocking {
             Blocking::PersistKeys(keys) => store.persist_keys(keys.iter().map(Vec::as_slice)),
             Blocking::SyncAll => store.sync_all(),
             // Only a cluster node defers copies, and it runs them with its node.
-            Blocking::Replicate(_) => Ok(()),
+            Blocking::Replicate(_) | Blocking::Reconfirm(_) => Ok(()),
         }
     }
 }
@@ -147,42 +152,67 @@ struct InFlight {
     reply: Reply,
     confirms: mpsc::Receiver<Confirm>,
     wake: UnixStream,
-    /// Per ticket: the confirmations still owed, and the first failure.
-    owed: Vec<(u32, Option<String>)>,
+    /// Per ticket: its outcome so far, its keys, and whether it is a write's.
+    owed: Vec<Option<Owed>>,
+}
+
+struct Owed {
+    outcome: Outcome,
+    keys: Vec<Vec<u8>>,
+    write: bool,
 }
 
 impl InFlight {
-    fn expect(
-        &mut self,
-        ticket: usize,
-        holders: u32,
-        failure: Option<String>,
-    ) -> Option<Completion> {
-        if holders == 0 {
-            return Some(completion(failure));
+    /// Ticket `ticket` was sent ([`kvlab_cluster::Node::send_copies`]); its completion if
+    /// it owes no confirmation.
+    fn expect(&mut self, node: &Node, ticket: usize, owed: Owed) -> Option<Completion> {
+        if owed.outcome.left == 0 {
+            return Some(settle(node, owed));
         }
         if self.owed.len() <= ticket {
-            self.owed.resize(ticket + 1, (0, None));
+            self.owed.resize_with(ticket + 1, || None);
         }
-        self.owed[ticket] = (holders, failure);
+        self.owed[ticket] = Some(owed);
         None
     }
 
-    fn confirmed(&mut self, c: Confirm) -> Option<Completion> {
-        let (left, failure) = self.owed.get_mut(c.ticket)?;
-        if let Some(why) = c.failure {
-            failure.get_or_insert_with(|| why.to_string());
+    fn confirmed(&mut self, node: &Node, c: Confirm) -> Option<Completion> {
+        let slot = self.owed.get_mut(c.ticket)?;
+        let done = slot.as_mut()?.outcome.add(c);
+        if !done {
+            return None;
         }
-        *left = left.saturating_sub(1);
-        (*left == 0).then(|| completion(failure.take()))
+        slot.take().map(|owed| settle(node, owed))
     }
 }
 
-fn completion(failure: Option<String>) -> Completion {
-    match failure {
+/// Records a ticket's outcome for its keys and says how its request goes on.
+fn settle(node: &Node, owed: Owed) -> Completion {
+    for key in &owed.keys {
+        node.unconfirmed()
+            .settle(key, owed.write, Some(&owed.outcome));
+    }
+    match owed.outcome.failure {
         None => Completion::Release,
         Some(reason) => Completion::Failed(reason),
     }
+}
+
+/// The copies a round's works ask for: (ticket, keys, write?).
+fn copies_of(
+    works: &mut Vec<(usize, Blocking)>,
+    store: &Store,
+    done: &mut dyn FnMut(usize, Completion),
+) -> Vec<(usize, Vec<Vec<u8>>, bool)> {
+    let mut copies = Vec::new();
+    for (ticket, work) in works.drain(..) {
+        match work {
+            Blocking::Replicate(keys) => copies.push((ticket, keys, true)),
+            Blocking::Reconfirm(keys) => copies.push((ticket, keys, false)),
+            work => done(ticket, work.complete_on(store)),
+        }
+    }
+    copies
 }
 
 /// The id the loop's watch knows the copies' wake-up socket by.
@@ -242,21 +272,34 @@ impl Work for Blocking {
             Self::run_batch(&mut batch, helper, &mut |i, c| done(tickets[i], c));
             return;
         };
-        let mut copies = Vec::new();
-        for (ticket, work) in works.drain(..) {
-            match work {
-                Blocking::Replicate(keys) => copies.push((ticket, keys)),
-                work => done(ticket, work.complete_on(&helper.store)),
-            }
-        }
+        let copies = copies_of(works, &helper.store, done);
         if copies.is_empty() {
             return;
         }
+        let sends: Vec<(usize, Vec<Vec<u8>>)> = copies
+            .iter()
+            .map(|(t, keys, _)| (*t, keys.clone()))
+            .collect();
+        let mut owed: Vec<Option<Owed>> = copies
+            .into_iter()
+            .map(|(_, keys, write)| {
+                Some(Owed {
+                    outcome: Outcome::default(),
+                    keys,
+                    write,
+                })
+            })
+            .collect();
         let reply = in_flight.reply.clone();
-        node.send_copies(&node.view(), copies, &reply, &mut |t, holders, failure| {
-            if let Some(c) = in_flight.expect(t, holders, failure) {
-                done(t, c);
+        let mut i = 0;
+        node.send_copies(&node.view(), &sends, &reply, &mut |t, outcome| {
+            if let Some(mut o) = owed.get_mut(i).and_then(Option::take) {
+                o.outcome = outcome;
+                if let Some(c) = in_flight.expect(node, t, o) {
+                    done(t, c);
+                }
             }
+            i += 1;
         });
     }
 
@@ -273,9 +316,10 @@ impl Work for Blocking {
         // Edge-triggered: drain the wake-ups, then every confirmation sent before them.
         let mut sink = [0u8; 256];
         while matches!((&in_flight.wake).read(&mut sink), Ok(n) if n > 0) {}
+        let Some(node) = &helper.node else { return };
         while let Ok(c) = in_flight.confirms.try_recv() {
             let ticket = c.ticket;
-            if let Some(completion) = in_flight.confirmed(c) {
+            if let Some(completion) = in_flight.confirmed(node, c) {
                 done(ticket, completion);
             }
         }
@@ -286,24 +330,34 @@ impl Work for Blocking {
         helper: &mut Helper,
         done: &mut dyn FnMut(usize, Completion),
     ) {
-        let mut copies: Vec<(usize, Vec<Vec<u8>>)> = Vec::new();
-        for (i, work) in works.drain(..).enumerate() {
-            match work {
-                Blocking::Replicate(keys) => copies.push((i, keys)),
-                work => done(i, work.complete_on(&helper.store)),
-            }
-        }
+        let mut indexed: Vec<(usize, Blocking)> = works.drain(..).enumerate().collect();
+        let copies = copies_of(&mut indexed, &helper.store, done);
         if copies.is_empty() {
             return;
         }
         let Some(node) = &helper.node else {
             copies
                 .into_iter()
-                .for_each(|(i, _)| done(i, Completion::Release));
+                .for_each(|(i, _, _)| done(i, Completion::Release));
             return;
         };
-        for (i, failure) in node.replicate_and_wait(&node.view(), copies) {
-            done(i, completion(failure));
+        let sends: Vec<(usize, Vec<Vec<u8>>)> = copies
+            .iter()
+            .map(|(i, keys, _)| (*i, keys.clone()))
+            .collect();
+        let outcomes = node.replicate_and_wait(&node.view(), &sends);
+        for ((i, keys, write), outcome) in copies.into_iter().zip(outcomes) {
+            done(
+                i,
+                settle(
+                    node,
+                    Owed {
+                        outcome,
+                        keys,
+                        write,
+                    },
+                ),
+            );
         }
     }
 }

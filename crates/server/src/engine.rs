@@ -181,17 +181,42 @@ impl Engine {
             r.write(out);
             return Flow::Done;
         }
+        let replicated = gate.replicated();
+        let writes = changes_data(req);
+        if replicated && writes {
+            // Unconfirmed from before it is applied: a read meanwhile waits for its copies.
+            let unconfirmed = gate.node().unconfirmed();
+            for_each_key(req, |key| unconfirmed.write_begins(key));
+        }
         let flow = self.apply(req, out, &conn.keys);
-        if leaving && changes_data(req) {
+        if leaving && writes {
             for_each_key(req, |key| gate.changed(key));
         }
         gate.end();
-        if gate.replicated() && changes_data(req) && matches!(flow, Flow::Done) {
+        if !replicated {
+            return flow;
+        }
+        let unconfirmed = gate.node().unconfirmed();
+        let mut keys = Vec::new();
+        if writes {
+            if !matches!(flow, Flow::Done) {
+                for_each_key(req, |key| unconfirmed.settle(key, true, None));
+                return flow;
+            }
             // The reply leaves once every copy holder confirmed the write (a batch of the
             // loop's writes at a time), or as `SERVER_ERROR` if one did not.
-            let mut keys = Vec::with_capacity(1);
             for_each_key(req, |key| keys.push(key.to_vec()));
             return defer(Blocking::Replicate(keys));
+        }
+        // A read of a key whose copies are unconfirmed: its reply leaves once the holders
+        // have what it read.
+        for_each_key(req, |key| {
+            if unconfirmed.contains(key) {
+                keys.push(key.to_vec());
+            }
+        });
+        if !keys.is_empty() && matches!(flow, Flow::Done) {
+            return defer(Blocking::Reconfirm(keys));
         }
         flow
     }
