@@ -77,6 +77,9 @@ pub struct ServerConfig {
     pub memory_limit: usize,
     /// Connection limit (`-c`).
     pub max_connections: usize,
+    /// Listen backlog (`-b`, memcached's default 1024): connections the kernel completes
+    /// and queues before the server accepts them (capped by `net.core.somaxconn`).
+    pub backlog: u32,
     /// Largest item (`-I`).
     pub item_size_max: usize,
     /// Eviction policy (`--eviction`; `-M` means `none`).
@@ -135,6 +138,7 @@ impl Default for ServerConfig {
             threads: 4,
             memory_limit: 64 * 1024 * 1024,
             max_connections: 1024,
+            backlog: 1024,
             item_size_max: 1024 * 1024,
             policy: Policy::Lru,
             io: IoModel::Reactor,
@@ -250,6 +254,18 @@ pub struct Server {
     crawler: Option<crawler::Crawler>,
 }
 
+/// Sets a listening socket's backlog: std binds with 128; `listen` again on a listening
+/// socket only changes its backlog (Linux).
+fn set_backlog(listener: &std::net::TcpListener, backlog: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let backlog = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
+    // SAFETY: listen on a socket this function borrows, with an int argument.
+    if unsafe { libc::listen(listener.as_raw_fd(), backlog) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 impl Server {
     /// Binds the listener and starts the driver's threads. Returns once the server accepts
     /// connections.
@@ -268,6 +284,7 @@ impl Server {
             None => None,
         };
         let listener = std::net::TcpListener::bind(config.listen)?;
+        set_backlog(&listener, config.backlog)?;
         let addr = listener.local_addr()?;
         let store_config = StoreConfig {
             memory_limit: config.memory_limit,

@@ -125,3 +125,46 @@ fn half_closed_connections_are_answered_and_closed_under_every_io_model() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The listen backlog of the socket listening on `port`, as `ss` reads it (a listening
+/// socket's Send-Q is its backlog).
+fn backlog_of(port: u16) -> u32 {
+    let out = std::process::Command::new("ss")
+        .args(["-ltnH", &format!("sport = :{port}")])
+        .output()
+        .expect("ss (iproute2) runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .next()
+        .unwrap_or_else(|| panic!("no listener: {text}"));
+    // State Recv-Q Send-Q Local Peer
+    let send_q = line.split_whitespace().nth(2).expect("Send-Q column");
+    send_q.parse().expect("Send-Q is a number")
+}
+
+/// `-b` sets the listen backlog under every I/O model; the default is memcached's 1024
+/// (std's listeners bind with 128).
+#[test]
+fn the_listen_backlog_is_taken_from_the_config() {
+    let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(4096);
+    for &io in IoModel::ALL {
+        let (server, _clock) = start(io, |_| {});
+        assert_eq!(
+            backlog_of(server.addr().port()),
+            1024.min(somaxconn),
+            "{} default",
+            io.name()
+        );
+        let (server, _clock) = start(io, |c| c.backlog = 700);
+        assert_eq!(
+            backlog_of(server.addr().port()),
+            700.min(somaxconn),
+            "{} -b 700",
+            io.name()
+        );
+    }
+}
