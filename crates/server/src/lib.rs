@@ -90,6 +90,8 @@ pub struct ServerConfig {
     pub metrics: Option<SocketAddr>,
     /// Where to serve the REST interface (`--http-port`), if anywhere.
     pub http: Option<SocketAddr>,
+    /// Bounds on the REST and metrics endpoints' connections (each endpoint its own).
+    pub http_limits: http::HttpLimits,
     /// Bearer token that authorises `POST /shutdown` on the REST interface.
     pub admin_token: Option<String>,
     /// The store's clock; tests pass a manual one.
@@ -144,6 +146,7 @@ impl Default for ServerConfig {
             io: IoModel::Reactor,
             metrics: None,
             http: None,
+            http_limits: http::HttpLimits::default(),
             admin_token: None,
             clock: Arc::new(SystemClock),
             durable: None,
@@ -365,7 +368,7 @@ impl Server {
             shutdown: AtomicBool::new(false),
         });
         let metrics = match config.metrics {
-            Some(at) => Some(metrics::start(at, shared.clone())?),
+            Some(at) => Some(metrics::start(at, shared.clone(), config.http_limits)?),
             None => None,
         };
         let metrics_addr = metrics.as_ref().map(|m| m.addr());
@@ -374,6 +377,7 @@ impl Server {
                 at,
                 shared.clone(),
                 config.admin_token.clone(),
+                config.http_limits,
             )?),
             None => None,
         };

@@ -168,3 +168,74 @@ fn the_listen_backlog_is_taken_from_the_config() {
         );
     }
 }
+
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").expect("/proc").count()
+}
+
+/// Partial HTTP requests (a header never finished) to the REST port and `/metrics` hold at
+/// most the endpoint's connection limit of descriptors, are closed after the idle timeout,
+/// and never stop the memcached port from accepting; afterwards HTTP serves again.
+#[test]
+fn partial_http_requests_are_bounded_and_timed_out() {
+    let limits = kvlab_server::http::HttpLimits {
+        max_connections: 8,
+        idle_timeout: Duration::from_millis(500),
+    };
+    let (server, _clock) = start(IoModel::Reactor, |c| {
+        c.http = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+        c.metrics = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+        c.http_limits = limits;
+    });
+    let ports = [
+        server.http_addr().expect("REST port"),
+        server.metrics_addr().expect("metrics port"),
+    ];
+    let before = open_fds();
+    let clients = 20;
+    let mut partial = Vec::new();
+    for addr in ports {
+        for _ in 0..clients {
+            let mut s = TcpStream::connect(addr).expect("connect (the backlog takes it)");
+            s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").expect("send");
+            s.set_read_timeout(Some(Duration::from_secs(10)))
+                .expect("read timeout");
+            partial.push(s);
+        }
+    }
+    // Every client's own socket, and the server's accepted ones: at most the limit each.
+    let held = open_fds() - before - partial.len();
+    assert!(
+        held <= 2 * limits.max_connections,
+        "{held} descriptors held by the server for {} partial requests",
+        partial.len()
+    );
+    // The memcached port accepts meanwhile.
+    let mut m = connect(server.addr());
+    assert!(exchange(&mut m, b"version\r\n", b"\r\n").starts_with(b"VERSION "));
+    // Each partial request is closed by the server in time: the first ones after the idle
+    // timeout, the ones waiting in the backlog after those made room.
+    for s in &mut partial {
+        let mut buf = [0u8; 512];
+        let mut reply = Vec::new();
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => reply.extend_from_slice(&buf[..n]),
+                Err(e) => panic!("a partial request still open after 10 s: {e}"),
+            }
+        }
+    }
+    drop(partial);
+    // HTTP serves again.
+    let mut h = TcpStream::connect(ports[1]).expect("connect");
+    h.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .expect("send");
+    let mut reply = Vec::new();
+    h.read_to_end(&mut reply).expect("reply");
+    assert!(
+        reply.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&reply)
+    );
+}
