@@ -258,6 +258,13 @@ fn cases() -> Vec<(&'static str, Vec<Vec<u8>>)> {
             ],
         ),
         (
+            "a large value",
+            vec![
+                store(SET, b"large", &vec![b'y'; 500_000], 1, 0, 0),
+                op(GETK, b"large"),
+            ],
+        ),
+        (
             "too large, swallowed",
             vec![store(SET, b"big", &big, 0, 0, 0), op(GET, b"big")],
         ),
@@ -280,6 +287,9 @@ fn run_cases(addr: SocketAddr) -> Vec<(&'static str, Vec<Response>)> {
 fn closing_cases() -> Vec<(&'static str, Vec<u8>)> {
     vec![
         ("quit", op(QUIT, b"")),
+        ("get without a key", op(GET, b"")),
+        ("a key of 251 bytes", op(GET, &[b'k'; 251])),
+        ("version with a value", packet(VERSION, &[], b"", b"x", 0)),
         ("quitq", op(QUITQ, b"")),
         ("get with extras", packet(GET, &[0, 0, 0, 0], b"k", b"", 0)),
         ("noop with a key", op(NOOP, b"k")),
@@ -350,6 +360,34 @@ fn binary_protocol_is_served_as_memcached_serves_it() {
                     w.iter().map(|r| &r.bytes).collect::<Vec<_>>(),
                     g.iter().map(|r| &r.bytes).collect::<Vec<_>>()
                 ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The same over a durable store (`--durability sync`): a miss reads through from disk and
+/// a write persists before its response — inline for a binary request, also under the
+/// models whose text requests use helper threads.
+#[test]
+fn binary_protocol_over_a_durable_store() {
+    let mc = Memcached::start_with(&[])
+        .unwrap_or_else(|e| panic!("{e} (.ci/run installs Debian's memcached)"));
+    let want = run_cases(mc.addr);
+    let mut failures = Vec::new();
+    for &io in IoModel::ALL {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (server, _clock) = start(io, |c| {
+            c.durable = Some(kvlab_store::DurableConfig {
+                dir: dir.path().to_path_buf(),
+                durability: kvlab_store::Durability::Sync,
+                flush_interval: Duration::from_millis(200),
+            })
+        });
+        let got = run_cases(server.addr());
+        for ((name, w), (_, g)) in want.iter().zip(&got) {
+            if masked(w) != masked(g) {
+                failures.push(format!("{} {name}: {:?}", io.name(), g));
             }
         }
     }
