@@ -567,6 +567,10 @@ pub fn respond(out: &mut Vec<u8>, header: &Header, key: &[u8], text: &[u8]) {
             }
         }
         op::STAT => {
+            if line == b"RESET" {
+                // `stat reset`: the terminating packet alone.
+                return response_header(out, header, status::OK, 0, 0, 0, 0);
+            }
             if !line.starts_with(b"STAT ") && line != b"END" {
                 return error(out, header, status::KEY_ENOENT);
             }

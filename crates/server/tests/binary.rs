@@ -250,6 +250,10 @@ fn cases() -> Vec<(&'static str, Vec<Vec<u8>>)> {
             ],
         ),
         (
+            "stat reset, stat of an unknown group",
+            vec![op(STAT, b"reset"), op(STAT, b"bogus")],
+        ),
+        (
             "unknown command, then on",
             vec![
                 op(0x30, b""),
