@@ -257,6 +257,49 @@ pub struct Server {
     crawler: Option<crawler::Crawler>,
 }
 
+/// Descriptors a server needs beyond its connections: listeners, epoll and event fds,
+/// the durable store's files, log and pipe ends.
+const FD_OVERHEAD: usize = 64;
+
+/// The open-file limit a server with `config` needs: `-c` connections, every HTTP
+/// endpoint's connection limit, and [`FD_OVERHEAD`].
+pub fn descriptors_needed(config: &ServerConfig) -> usize {
+    let endpoints = usize::from(config.http.is_some()) + usize::from(config.metrics.is_some());
+    config.max_connections + endpoints * config.http_limits.max_connections + FD_OVERHEAD
+}
+
+/// Raises the soft open-file limit to what `config` needs (as memcached raises it for
+/// `-c`), up to the hard limit, so that the memcached port's `-c` connections always have
+/// descriptors whatever the HTTP endpoints hold; warns when the hard limit is lower.
+fn reserve_descriptors(config: &ServerConfig) {
+    let needed = descriptors_needed(config) as libc::rlim_t;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= needed {
+            return;
+        }
+        let raised = libc::rlimit {
+            rlim_cur: needed.min(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+            lim = raised;
+        }
+    }
+    if lim.rlim_cur < needed {
+        tracing::warn!(
+            limit = lim.rlim_cur,
+            needed,
+            "the open-file limit is below -c plus the HTTP endpoints' connections: \
+             connections past it will fail to accept (raise ulimit -n or lower -c)"
+        );
+    }
+}
+
 /// Sets a listening socket's backlog: std binds with 128; `listen` again on a listening
 /// socket only changes its backlog (Linux).
 fn set_backlog(listener: &std::net::TcpListener, backlog: u32) -> io::Result<()> {
@@ -286,6 +329,7 @@ impl Server {
             ),
             None => None,
         };
+        reserve_descriptors(&config);
         let listener = std::net::TcpListener::bind(config.listen)?;
         set_backlog(&listener, config.backlog)?;
         let addr = listener.local_addr()?;

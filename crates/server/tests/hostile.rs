@@ -267,3 +267,45 @@ fn partial_http_requests_are_bounded_and_timed_out() {
         String::from_utf8_lossy(&reply)
     );
 }
+
+/// The soft open-file limit is raised to what `-c` and the HTTP endpoints need (as
+/// memcached raises it for `-c`), so the memcached port keeps descriptors for its `-c`
+/// connections whatever HTTP clients hold.
+#[test]
+fn the_open_file_limit_makes_room_for_every_connection() {
+    let get = || {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit with a valid rlimit struct.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+        lim
+    };
+    let original = get();
+    let hard = original.rlim_max as usize;
+    // Start below what the server needs (4096 still covers the other tests of this file,
+    // which run beside it).
+    let low = libc::rlimit {
+        rlim_cur: original.rlim_cur.min(4096),
+        rlim_max: original.rlim_max,
+    };
+    // SAFETY: setrlimit with a valid rlimit struct.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &low) }, 0);
+    let mut config = None;
+    let (server, _clock) = start(IoModel::Reactor, |c| {
+        c.http = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+        c.max_connections = 6000;
+        config = Some(c.clone());
+    });
+    let needed = kvlab_server::descriptors_needed(&config.expect("config"));
+    assert!(needed >= 6000 + 256, "{needed}");
+    assert!(
+        get().rlim_cur as usize >= needed.min(hard),
+        "soft limit {} for {needed} descriptors (hard {hard})",
+        get().rlim_cur
+    );
+    drop(server);
+    // SAFETY: setrlimit with a valid rlimit struct (the limit this test found).
+    unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &original) };
+}
