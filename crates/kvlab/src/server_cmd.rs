@@ -27,6 +27,10 @@ pub struct ServerArgs {
     /// "ERROR Too many open connections" and closed.
     #[arg(short = 'c', long = "conn-limit", default_value_t = 1024)]
     conn_limit: usize,
+    /// Listen backlog: connections the kernel queues before they are accepted (capped by
+    /// net.core.somaxconn).
+    #[arg(short = 'b', long = "listen-backlog", default_value_t = 1024)]
+    backlog: u32,
     /// Largest item size, in bytes or with a k/m suffix (1m = 1 MiB); larger values are
     /// refused with "SERVER_ERROR object too large for cache".
     #[arg(short = 'I', long = "max-item-size", default_value = "1m", value_parser = parse_size)]
@@ -332,6 +336,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         threads: args.threads,
         memory_limit,
         max_connections: args.conn_limit,
+        backlog: args.backlog,
         item_size_max: args.item_size_max,
         policy,
         io: args.io,
@@ -442,5 +447,20 @@ mod tests {
         );
         assert_eq!(o(&["idle_timeout=0"]).unwrap().idle_timeout, None);
         assert!(o(&["idle_timeout=x"]).is_err());
+    }
+
+    #[test]
+    fn listen_backlog_flag() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            server: ServerArgs,
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from(args).map(|c| c.server.backlog);
+        assert_eq!(parse(&["kvlab"]).unwrap(), 1024);
+        assert_eq!(parse(&["kvlab", "-b", "700"]).unwrap(), 700);
+        assert_eq!(parse(&["kvlab", "--listen-backlog", "64"]).unwrap(), 64);
+        assert!(parse(&["kvlab", "-b", "x"]).is_err());
     }
 }

@@ -101,18 +101,52 @@ impl Idle {
     }
 }
 
+/// What a driver knows of a connection's unread input (see [`pump`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// Drained: nothing to read until the next readiness event.
+    Drained,
+    /// May hold input; a read shorter than the buffer drains it, since every later arrival
+    /// raises a new event.
+    Ready,
+    /// May hold input *and its end* (the peer's FIN) with no later event to tell: the event
+    /// said the peer closed its side (edge-triggered epoll merges a FIN into the event of
+    /// the data before it), or bytes came before the socket was watched (a signal-driven
+    /// socket). Read until a read would block or finds the end.
+    ToEnd,
+    /// The peer closed its side: nothing more will come. The connection closes once every
+    /// reply it is owed is written.
+    Ended,
+}
+
+impl Input {
+    /// The state after a readiness event: `closed` when the event says the peer closed
+    /// its side. An end already found stays found.
+    pub fn on_event(self, closed: bool) -> Input {
+        match self {
+            Input::Ended => Input::Ended,
+            _ if closed => Input::ToEnd,
+            Input::ToEnd => Input::ToEnd,
+            _ => Input::Ready,
+        }
+    }
+}
+
 /// Moves bytes for one non-blocking connection until its input is drained or its output
 /// blocks.
 ///
-/// A read shorter than the buffer is taken as "drained": on Linux every arrival of data
-/// after that read raises a new edge (epoll) or signal (`O_ASYNC`), so this saves the extra
-/// `read` that would only return `EAGAIN` — one read and one write per batch of pipelined
-/// requests.
+/// A read shorter than the buffer is taken as "drained" (when `input` is
+/// [`Input::Ready`]): on Linux every arrival of data after that read raises a new edge
+/// (epoll) or signal (`O_ASYNC`), so this saves the extra `read` that would only return
+/// `EAGAIN` — one read and one write per batch of pipelined requests. The peer's FIN may
+/// have come with the data already, raising nothing more: then the driver says
+/// [`Input::ToEnd`] and reads go on until one finds the end (0 bytes) or would block.
 ///
-/// `readable` says whether the socket may hold unread input; it is cleared when a read
-/// finds the input drained, and the caller sets it again on a readiness event. So a
-/// connection pumped because deferred work completed (its replies to write) costs no read
-/// that would only return `EAGAIN`.
+/// `input` is cleared to [`Input::Drained`] when a read finds the input drained, and the
+/// caller sets it again on a readiness event ([`Input::on_event`]). So a connection pumped
+/// because deferred work completed (its replies to write) costs no read that would only
+/// return `EAGAIN`. A read of 0 bytes closes the connection once the replies owed for
+/// what came before are written: at once if none is pending, else when the last completes.
 ///
 /// With `inline`, deferred work runs here on the service's own worker; otherwise it stays in
 /// the session for the caller to hand to helper threads ([`Session::take_work`]).
@@ -121,7 +155,7 @@ pub fn pump<T: Read + Write + std::os::fd::AsFd, S: Service>(
     session: &mut Session<S>,
     service: &mut S,
     inline: bool,
-    readable: &mut bool,
+    input: &mut Input,
 ) -> Pump {
     let mut drained = false;
     loop {
@@ -140,10 +174,10 @@ pub fn pump<T: Read + Write + std::os::fd::AsFd, S: Service>(
         if !session.output().is_empty() {
             return Pump::Blocked;
         }
-        if session.is_closing() && !session.is_waiting() {
+        if (session.is_closing() || *input == Input::Ended) && !session.is_waiting() {
             return Pump::Closed;
         }
-        if drained || !*readable {
+        if drained || matches!(*input, Input::Drained | Input::Ended) {
             return Pump::Idle;
         }
         drained = true;
@@ -154,19 +188,24 @@ pub fn pump<T: Read + Write + std::os::fd::AsFd, S: Service>(
                 break;
             }
             match stream.read(space) {
-                Ok(0) => return Pump::Closed,
+                Ok(0) => {
+                    *input = Input::Ended;
+                    // Requests read before the end are answered first.
+                    drained = false;
+                    break;
+                }
                 Ok(n) => {
                     service.bytes_read(n);
                     session.filled(n);
-                    if n == room {
+                    if n == room || *input == Input::ToEnd {
                         drained = false;
                     } else {
-                        *readable = false;
+                        *input = Input::Drained;
                     }
                     break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    *readable = false;
+                    *input = Input::Drained;
                     break;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

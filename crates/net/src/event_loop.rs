@@ -58,8 +58,8 @@ struct Conn<A: App> {
     helper: Option<usize>,
     /// Listed in `touched` (a completion arrived since it was last served).
     touched: bool,
-    /// The socket may hold unread input (see [`driver::pump`]).
-    readable: bool,
+    /// What the socket may hold unread (see [`driver::pump`]).
+    input: driver::Input,
     /// When it was last ready (with an idle timeout; see [`driver::Idle`]).
     last_active: std::time::Instant,
     /// Its TLS state, when the server serves TLS.
@@ -229,7 +229,7 @@ impl<A: App> EventLoop<A> {
                     }
                     Token(i) => {
                         if let Some(conn) = self.conns.get_mut(i).and_then(Option::as_mut) {
-                            conn.readable = true;
+                            conn.input = conn.input.on_event(event.is_read_closed());
                             conn.last_active = self.idle.now();
                             self.service.record_wait(self.idle.now());
                         }
@@ -396,7 +396,8 @@ impl<A: App> EventLoop<A> {
             generation: self.generation,
             helper: None,
             touched: false,
-            readable: true,
+            // Registering raises an event for whatever came before (a FIN included).
+            input: driver::Input::Ready,
             last_active: self.idle.now(),
             tls,
         });
@@ -431,7 +432,7 @@ impl<A: App> EventLoop<A> {
                         &mut conn.session,
                         &mut self.service,
                         inline,
-                        &mut conn.readable,
+                        &mut conn.input,
                     )
                 } else {
                     Pump::Closed
@@ -447,7 +448,7 @@ impl<A: App> EventLoop<A> {
                 &mut conn.session,
                 &mut self.service,
                 inline,
-                &mut conn.readable,
+                &mut conn.input,
             ),
         };
         let keep = match pumped {

@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use kvlab_protocol::{parse, Limits, Parsed};
+use kvlab_protocol::{binary, parse, Limits, Parsed, ProtocolError};
 
 use crate::service::{Completion, Flow, Order, Service, Work};
 
@@ -83,6 +83,30 @@ pub struct Session<S: Service> {
     next_id: SlotId,
     /// The next request parsed is a re-run ([`Completion::Rerun`]).
     rerun: bool,
+    /// Which protocol the connection speaks, known from its first byte.
+    speaks: Speaks,
+    /// A binary connection's buffers (made by its first request, kept).
+    binary: Option<Box<BinaryBuffers>>,
+}
+
+/// The protocol of a connection, decided by its first byte as memcached's `-B auto` does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Speaks {
+    /// No byte yet.
+    Unknown,
+    /// The text and meta protocol.
+    Text,
+    /// The binary protocol (first byte 0x80), served by translation
+    /// ([`kvlab_protocol::binary`]).
+    Binary,
+}
+
+/// Reused buffers of a binary connection: the meta flag text of a translated request,
+/// and the service's text reply before it becomes a binary response.
+#[derive(Default)]
+struct BinaryBuffers {
+    flags: Vec<u8>,
+    reply: Vec<u8>,
 }
 
 impl<S: Service> Session<S> {
@@ -106,6 +130,8 @@ impl<S: Service> Session<S> {
             work: VecDeque::new(),
             next_id: 0,
             rerun: false,
+            speaks: Speaks::Unknown,
+            binary: None,
         }
     }
 
@@ -191,6 +217,21 @@ impl<S: Service> Session<S> {
     }
 
     fn run(&mut self, service: &mut S, inline: bool) {
+        if self.speaks != Speaks::Text {
+            if self.start == self.end {
+                return;
+            }
+            if self.speaks == Speaks::Unknown {
+                self.speaks = if self.input[self.start] == binary::REQUEST_MAGIC {
+                    Speaks::Binary
+                } else {
+                    Speaks::Text
+                };
+            }
+            if self.speaks == Speaks::Binary {
+                return self.run_binary(service);
+            }
+        }
         let mut clock = Instant::now();
         while !self.closing
             && !self.held_up()
@@ -310,6 +351,113 @@ impl<S: Service> Session<S> {
             self.start = 0;
             self.end = 0;
         }
+        service.record_service(&self.samples);
+        self.samples.clear();
+    }
+
+    /// [`Session::run`] for a binary connection: each request is translated into the text
+    /// or meta request with its meaning, served, and its text reply translated back
+    /// ([`kvlab_protocol::binary`]). Deferred work runs inline, within its request (a
+    /// compatibility path: a durable cache's disk read blocks the loop meanwhile).
+    fn run_binary(&mut self, service: &mut S) {
+        let mut bin = self.binary.take().unwrap_or_default();
+        let mut clock = Instant::now();
+        while !self.closing
+            && !self.held_up()
+            && self.start < self.end
+            && self.pending_output() < OUTPUT_HIGH_WATER
+        {
+            let input = &self.input[self.start..self.end];
+            let header = match binary::frame(input, self.limits.item_size_max) {
+                binary::Frame::Incomplete => break,
+                binary::Frame::BadMagic => {
+                    // memcached closes such a connection without a word.
+                    self.closing = true;
+                    break;
+                }
+                binary::Frame::TooLarge(header) => {
+                    let reply = if header.stores() {
+                        binary::status::E2BIG
+                    } else {
+                        self.closing = true;
+                        binary::status::EINVAL
+                    };
+                    binary::error(&mut self.output, &header, reply);
+                    service.protocol_error(ProtocolError::TooLarge);
+                    let body = header.body_len as usize;
+                    let buffered = (input.len() - binary::HEADER_LEN).min(body);
+                    self.start += binary::HEADER_LEN + buffered;
+                    self.swallow = body - buffered;
+                    continue;
+                }
+                binary::Frame::Packet(header) => header,
+            };
+            let consumed = binary::HEADER_LEN + header.body_len as usize;
+            let body = &input[binary::HEADER_LEN..consumed];
+            let mut timed = true;
+            match binary::translate(&header, body, &mut bin.flags) {
+                binary::Translated::Call(request) => {
+                    timed = service.timed(&request);
+                    bin.reply.clear();
+                    let mut rerun = false;
+                    loop {
+                        match service.call(&mut self.conn, &request, &mut bin.reply, rerun) {
+                            Flow::Done => {}
+                            Flow::Close | Flow::HandOff => self.closing = true,
+                            Flow::Defer(work, order) => match (work.run(service.worker()), order) {
+                                (Completion::Failed(reason), _) => {
+                                    bin.reply.clear();
+                                    server_error(&mut bin.reply, &reason);
+                                }
+                                (_, Order::Rerun) => {
+                                    bin.reply.clear();
+                                    rerun = true;
+                                    continue;
+                                }
+                                (Completion::Reply(bytes), _) => {
+                                    bin.reply.extend_from_slice(&bytes);
+                                    service.recycle(bytes);
+                                }
+                                (Completion::Rerun | Completion::Release, _) => {}
+                            },
+                        }
+                        break;
+                    }
+                    binary::respond(
+                        &mut self.output,
+                        &header,
+                        binary::key(&header, body),
+                        &bin.reply,
+                    );
+                }
+                binary::Translated::Direct => {
+                    binary::direct(&mut self.output, &header);
+                    if binary::closes(&header) {
+                        self.closing = true;
+                    }
+                }
+                binary::Translated::Unknown => {
+                    binary::error(&mut self.output, &header, binary::status::UNKNOWN_COMMAND);
+                }
+                binary::Translated::Invalid => {
+                    service.protocol_error(ProtocolError::BadFormat);
+                    binary::error(&mut self.output, &header, binary::status::EINVAL);
+                    self.closing = true;
+                }
+            }
+            self.start += consumed;
+            let now = Instant::now();
+            if timed {
+                self.samples
+                    .push(now.duration_since(clock).as_nanos() as u64);
+            }
+            clock = now;
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+        self.binary = Some(bin);
         service.record_service(&self.samples);
         self.samples.clear();
     }

@@ -157,6 +157,8 @@ struct Conn<A: App> {
     helper: Option<usize>,
     /// When it was last served (with an idle timeout; see [`driver::Idle`]).
     last_active: std::time::Instant,
+    /// What the socket may hold unread (see [`driver::pump`]).
+    input: driver::Input,
 }
 
 struct Loop<A: App> {
@@ -278,7 +280,7 @@ impl<A: App> Loop<A> {
                 } else if fd == self.wake_r.as_raw_fd() {
                     self.drain_wake();
                 } else {
-                    self.serve(fd);
+                    self.serve(fd, true);
                 }
             }
             self.close_idle();
@@ -317,7 +319,7 @@ impl<A: App> Loop<A> {
             }
         }
         for &idx in &touched {
-            self.serve(idx as RawFd);
+            self.serve(idx as RawFd, false);
         }
         touched.clear();
         self.touched = touched;
@@ -348,12 +350,13 @@ impl<A: App> Loop<A> {
                         generation: self.generation,
                         helper: None,
                         last_active: self.idle.now(),
+                        // Bytes and a FIN that came before O_ASYNC raised no signal.
+                        input: driver::Input::ToEnd,
                     });
                     if let Some(conn) = self.conns[idx].as_mut() {
                         conn.session.opened(&mut self.service, fd, false);
                     }
-                    // Bytes that came before O_ASYNC raised no signal.
-                    self.serve(fd);
+                    self.serve(fd, false);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -365,7 +368,9 @@ impl<A: App> Loop<A> {
         }
     }
 
-    fn serve(&mut self, fd: RawFd) {
+    /// Pumps the connection on `fd`; `signalled` when a signal said its socket changed
+    /// (rather than deferred work completing).
+    fn serve(&mut self, fd: RawFd, signalled: bool) {
         let Some(conn) = usize::try_from(fd)
             .ok()
             .and_then(|i| self.conns.get_mut(i))
@@ -375,13 +380,17 @@ impl<A: App> Loop<A> {
             return;
         };
         conn.last_active = self.idle.now();
+        if signalled {
+            // A signal's band does not tell a FIN from data, but a FIN raises a signal of
+            // its own (queued: real-time signals are not merged).
+            conn.input = conn.input.on_event(false);
+        }
         let pumped = driver::pump(
             &mut conn.stream,
             &mut conn.session,
             &mut self.service,
             false,
-            // Signals are not tracked per connection here: always try to read.
-            &mut true,
+            &mut conn.input,
         );
         if pumped == Pump::Closed {
             self.drop_conn(fd);
@@ -415,8 +424,10 @@ impl<A: App> Loop<A> {
 
     fn pump_all(&mut self) {
         for fd in 0..self.conns.len() {
-            if self.conns[fd].is_some() {
-                self.serve(fd as RawFd);
+            if let Some(conn) = self.conns[fd].as_mut() {
+                // A lost signal may have been a FIN's.
+                conn.input = conn.input.on_event(true);
+                self.serve(fd as RawFd, false);
             }
         }
     }

@@ -37,8 +37,28 @@ const WAKER: mio::Token = mio::Token(usize::MAX);
 #[derive(Default)]
 struct Registry {
     streams: Mutex<HashMap<u64, std::net::TcpStream>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    threads: Mutex<Threads>,
     next_id: AtomicU64,
+}
+
+/// The connections' threads, for shutdown to join. Finished ones are dropped when the list
+/// has doubled since the last look: a look per accept would cost the acceptor time in
+/// proportion to the threads alive, in a burst of connects (quadratic), when it must keep up.
+#[derive(Default)]
+struct Threads {
+    handles: Vec<JoinHandle<()>>,
+    /// Look for finished threads when this many are listed.
+    reap_at: usize,
+}
+
+impl Threads {
+    fn push(&mut self, handle: JoinHandle<()>) {
+        if self.handles.len() >= self.reap_at {
+            self.handles.retain(|t| !t.is_finished());
+            self.reap_at = (self.handles.len() * 2).max(64);
+        }
+        self.handles.push(handle);
+    }
 }
 
 /// A running threaded driver.
@@ -84,7 +104,7 @@ impl Threaded {
         for s in self.registry.streams.lock().values() {
             let _ = s.shutdown(Shutdown::Both);
         }
-        let threads = std::mem::take(&mut *self.registry.threads.lock());
+        let threads = std::mem::take(&mut self.registry.threads.lock().handles);
         for t in threads {
             let _ = t.join();
         }
@@ -141,9 +161,7 @@ fn spawn_conn<A: App>(
         });
     match spawned {
         Ok(handle) => {
-            let mut threads = reg.threads.lock();
-            threads.retain(|t| !t.is_finished());
-            threads.push(handle);
+            reg.threads.lock().push(handle);
             true
         }
         Err(e) => {

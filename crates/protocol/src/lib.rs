@@ -5,6 +5,7 @@
 //!   `slabs reassign`, `stats detail`, `lru_crawler`, `watch`);
 //! - [`meta`] holds the meta commands' keys and flags, shared by both directions;
 //! - `lex` holds the lexical rules both share (keys, numbers);
+//! - [`binary`] serves memcached's binary protocol by translating it to and from meta;
 //! - [`client`] composes requests and parses replies (used by the proxy, bench and cluster).
 //!
 //! Parsing is incremental and zero-copy: a parsed request borrows its keys and data from the
@@ -15,6 +16,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod admin;
+pub mod binary;
 pub mod client;
 mod lex;
 pub mod meta;

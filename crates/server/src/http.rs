@@ -2,7 +2,9 @@
 //! memcached port (a value set on one is read on the other).
 //!
 //! ```text
-//!  Server::start ──► thread "kvlab-http" ── block_on(axum::serve) ── accept loop
+//!  Server::start ──► thread "kvlab-http" ── block_on(axum::serve) ── accept loop (at most
+//!                        HttpLimits::max_connections open; each closed after
+//!                        HttpLimits::idle_timeout without a byte either way)
 //!                        tokio multi-thread runtime, 2 workers ("kvlab-http-rt"):
 //!                        one task per connection (hyper HTTP/1.1: keep-alive, pipelining)
 //!                            └─► handler ──► Store (shard locks, like a memcached worker)
@@ -106,19 +108,30 @@ struct App {
 }
 
 impl HttpServer {
-    /// Binds `at` and serves the REST interface until [`HttpServer::stop`].
+    /// Binds `at` and serves the REST interface under `limits` until [`HttpServer::stop`].
     pub fn start(
         at: SocketAddr,
         shared: Arc<Shared>,
         admin_token: Option<String>,
+        limits: HttpLimits,
     ) -> io::Result<HttpServer> {
-        Self::serve(at, rest_router(shared, admin_token), "kvlab-http")
+        Self::serve_with(at, rest_router(shared, admin_token), "kvlab-http", limits)
     }
 
     /// Binds `at` and serves `app` on a thread named `name` with its own two-worker tokio
-    /// runtime, until [`HttpServer::stop`]. Shared by the REST interface, `/metrics`, and the
-    /// proxy's `/metrics`.
+    /// runtime, until [`HttpServer::stop`], under the default [`HttpLimits`]. Shared by the
+    /// REST interface, `/metrics`, and the proxy's `/metrics`.
     pub fn serve(at: SocketAddr, app: Router, name: &str) -> io::Result<HttpServer> {
+        Self::serve_with(at, app, name, HttpLimits::default())
+    }
+
+    /// [`HttpServer::serve`] under `limits`.
+    pub fn serve_with(
+        at: SocketAddr,
+        app: Router,
+        name: &str,
+        limits: HttpLimits,
+    ) -> io::Result<HttpServer> {
         let listener = std::net::TcpListener::bind(at)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -141,12 +154,7 @@ impl HttpServer {
                         }
                     };
                     let mut graceful = stop_rx.clone();
-                    // Without TCP_NODELAY, Nagle holds a reply that follows another on the
-                    // same connection until the client's delayed ACK (~40 ms).
-                    use axum::serve::ListenerExt as _;
-                    let listener = listener.tap_io(|tcp| {
-                        let _ = tcp.set_nodelay(true);
-                    });
+                    let listener = Bounded::new(listener, limits);
                     let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
                         let _ = graceful.wait_for(|stop| *stop).await;
                     });
@@ -192,6 +200,174 @@ impl Drop for HttpServer {
         if let Some(s) = self.stop.take() {
             let _ = s.send(true);
         }
+    }
+}
+
+/// Bounds on an HTTP endpoint's connections, so that slow, stalled or idle clients cannot
+/// hold the process's file descriptors: the memcached port must always accept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Most connections open at once; more wait in the listen backlog until one closes.
+    pub max_connections: usize,
+    /// A connection that neither reads nor writes a byte for this long is closed: an idle
+    /// keep-alive connection, and a request whose header or body stalls, alike.
+    pub idle_timeout: Duration,
+}
+
+impl Default for HttpLimits {
+    /// 256 connections per endpoint (the REST port and `/metrics` together hold at most
+    /// 512 descriptors, whatever clients do), closed after 30 s without a byte.
+    fn default() -> Self {
+        HttpLimits {
+            max_connections: 256,
+            idle_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A listener that accepts only while fewer than [`HttpLimits::max_connections`] of its
+/// connections are open, and hands out connections that close after
+/// [`HttpLimits::idle_timeout`] without a byte either way.
+struct Bounded {
+    inner: tokio::net::TcpListener,
+    open: Arc<tokio::sync::Semaphore>,
+    idle: Duration,
+}
+
+impl Bounded {
+    fn new(inner: tokio::net::TcpListener, limits: HttpLimits) -> Bounded {
+        Bounded {
+            inner,
+            open: Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1))),
+            idle: limits.idle_timeout,
+        }
+    }
+}
+
+impl axum::serve::Listener for Bounded {
+    type Io = Timed;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Timed, SocketAddr) {
+        // At the limit, wait for a connection to close before accepting another.
+        let permit = loop {
+            // The semaphore is never closed, so acquiring only fails if it were.
+            if let Ok(p) = self.open.clone().acquire_owned().await {
+                break p;
+            }
+        };
+        loop {
+            match self.inner.accept().await {
+                Ok((tcp, peer)) => {
+                    // Without TCP_NODELAY, Nagle holds a reply that follows another on the
+                    // same connection until the client's delayed ACK (~40 ms).
+                    let _ = tcp.set_nodelay(true);
+                    let deadline = Box::pin(tokio::time::sleep(self.idle));
+                    return (
+                        Timed {
+                            tcp,
+                            _permit: permit,
+                            idle: self.idle,
+                            deadline,
+                        },
+                        peer,
+                    );
+                }
+                Err(e) => {
+                    // EMFILE and friends: wait a little rather than spin.
+                    tracing::warn!(%e, "HTTP accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// An HTTP connection that fails with `TimedOut` (and so is closed) once it has neither
+/// read nor written a byte for its idle timeout; it holds one of its listener's permits.
+struct Timed {
+    tcp: tokio::net::TcpStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    idle: Duration,
+    deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Timed {
+    fn active(&mut self) {
+        let next = tokio::time::Instant::now() + self.idle;
+        self.deadline.as_mut().reset(next);
+    }
+}
+
+impl tokio::io::AsyncRead for Timed {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        use std::future::Future as _;
+        use std::task::Poll;
+        match std::pin::Pin::new(&mut self.tcp).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                self.active();
+                Poll::Ready(r)
+            }
+            Poll::Pending => match self.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "HTTP connection idle past its timeout",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Timed {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.tcp).poll_write(cx, buf);
+        if r.is_ready() {
+            self.active();
+        }
+        r
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs);
+        if r.is_ready() {
+            self.active();
+        }
+        r
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
     }
 }
 

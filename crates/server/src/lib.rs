@@ -77,6 +77,9 @@ pub struct ServerConfig {
     pub memory_limit: usize,
     /// Connection limit (`-c`).
     pub max_connections: usize,
+    /// Listen backlog (`-b`, memcached's default 1024): connections the kernel completes
+    /// and queues before the server accepts them (capped by `net.core.somaxconn`).
+    pub backlog: u32,
     /// Largest item (`-I`).
     pub item_size_max: usize,
     /// Eviction policy (`--eviction`; `-M` means `none`).
@@ -87,6 +90,8 @@ pub struct ServerConfig {
     pub metrics: Option<SocketAddr>,
     /// Where to serve the REST interface (`--http-port`), if anywhere.
     pub http: Option<SocketAddr>,
+    /// Bounds on the REST and metrics endpoints' connections (each endpoint its own).
+    pub http_limits: http::HttpLimits,
     /// Bearer token that authorises `POST /shutdown` on the REST interface.
     pub admin_token: Option<String>,
     /// The store's clock; tests pass a manual one.
@@ -145,11 +150,13 @@ impl Default for ServerConfig {
             threads: 4,
             memory_limit: 64 * 1024 * 1024,
             max_connections: 1024,
+            backlog: 1024,
             item_size_max: 1024 * 1024,
             policy: Policy::Lru,
             io: IoModel::Reactor,
             metrics: None,
             http: None,
+            http_limits: http::HttpLimits::default(),
             admin_token: None,
             clock: Arc::new(SystemClock),
             durable: None,
@@ -260,6 +267,61 @@ pub struct Server {
     crawler: Option<crawler::Crawler>,
 }
 
+/// Descriptors a server needs beyond its connections: listeners, epoll and event fds,
+/// the durable store's files, log and pipe ends.
+const FD_OVERHEAD: usize = 64;
+
+/// The open-file limit a server with `config` needs: `-c` connections, every HTTP
+/// endpoint's connection limit, and [`FD_OVERHEAD`].
+pub fn descriptors_needed(config: &ServerConfig) -> usize {
+    let endpoints = usize::from(config.http.is_some()) + usize::from(config.metrics.is_some());
+    config.max_connections + endpoints * config.http_limits.max_connections + FD_OVERHEAD
+}
+
+/// Raises the soft open-file limit to what `config` needs (as memcached raises it for
+/// `-c`), up to the hard limit, so that the memcached port's `-c` connections always have
+/// descriptors whatever the HTTP endpoints hold; warns when the hard limit is lower.
+fn reserve_descriptors(config: &ServerConfig) {
+    let needed = descriptors_needed(config) as libc::rlim_t;
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 || lim.rlim_cur >= needed {
+            return;
+        }
+        let raised = libc::rlimit {
+            rlim_cur: needed.min(lim.rlim_max),
+            rlim_max: lim.rlim_max,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+            lim = raised;
+        }
+    }
+    if lim.rlim_cur < needed {
+        tracing::warn!(
+            limit = lim.rlim_cur,
+            needed,
+            "the open-file limit is below -c plus the HTTP endpoints' connections: \
+             connections past it will fail to accept (raise ulimit -n or lower -c)"
+        );
+    }
+}
+
+/// Sets a listening socket's backlog: std binds with 128; `listen` again on a listening
+/// socket only changes its backlog (Linux).
+fn set_backlog(listener: &std::net::TcpListener, backlog: u32) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let backlog = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
+    // SAFETY: listen on a socket this function borrows, with an int argument.
+    if unsafe { libc::listen(listener.as_raw_fd(), backlog) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 impl Server {
     /// Binds the listener and starts the driver's threads. Returns once the server accepts
     /// connections.
@@ -277,7 +339,9 @@ impl Server {
             ),
             None => None,
         };
+        reserve_descriptors(&config);
         let listener = std::net::TcpListener::bind(config.listen)?;
+        set_backlog(&listener, config.backlog)?;
         let addr = listener.local_addr()?;
         let store_config = StoreConfig {
             memory_limit: config.memory_limit,
@@ -361,7 +425,7 @@ impl Server {
             shutdown: AtomicBool::new(false),
         });
         let metrics = match config.metrics {
-            Some(at) => Some(metrics::start(at, shared.clone())?),
+            Some(at) => Some(metrics::start(at, shared.clone(), config.http_limits)?),
             None => None,
         };
         let metrics_addr = metrics.as_ref().map(|m| m.addr());
@@ -370,6 +434,7 @@ impl Server {
                 at,
                 shared.clone(),
                 config.admin_token.clone(),
+                config.http_limits,
             )?),
             None => None,
         };

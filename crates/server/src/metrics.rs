@@ -20,8 +20,12 @@ use crate::Shared;
 /// A running metrics endpoint.
 pub type MetricsServer = HttpServer;
 
-/// Binds `at` and serves `/metrics` until [`HttpServer::stop`].
-pub fn start(at: SocketAddr, shared: Arc<Shared>) -> io::Result<MetricsServer> {
+/// Binds `at` and serves `/metrics` under `limits` until [`HttpServer::stop`].
+pub fn start(
+    at: SocketAddr,
+    shared: Arc<Shared>,
+    limits: crate::http::HttpLimits,
+) -> io::Result<MetricsServer> {
     let app = Router::new().route(
         "/metrics",
         get(move || {
@@ -32,5 +36,5 @@ pub fn start(at: SocketAddr, shared: Arc<Shared>) -> io::Result<MetricsServer> {
             }
         }),
     );
-    HttpServer::serve(at, app, "kvlab-metrics")
+    HttpServer::serve_with(at, app, "kvlab-metrics", limits)
 }

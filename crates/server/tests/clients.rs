@@ -32,13 +32,13 @@ fn pymemcache_round_trips_every_command() {
     }
 }
 
-#[test]
-fn memccapable_passes_every_ascii_test() {
+/// memccapable's tests of one protocol (`-a` ascii, `-b` binary) under every I/O model.
+fn memccapable_passes(protocol: &str) {
     for &io in IoModel::ALL {
         let (server, _clock) = start(io, |_| {});
         let out = Command::new("memccapable")
             .args([
-                "-a",
+                protocol,
                 "-h",
                 "127.0.0.1",
                 "-p",
@@ -55,4 +55,14 @@ fn memccapable_passes_every_ascii_test() {
         );
         assert!(!text.contains("[FAIL]"), "{text}");
     }
+}
+
+#[test]
+fn memccapable_passes_every_ascii_test() {
+    memccapable_passes("-a");
+}
+
+#[test]
+fn memccapable_passes_every_binary_test() {
+    memccapable_passes("-b");
 }

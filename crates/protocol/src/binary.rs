@@ -1,0 +1,701 @@
+//! memcached's binary protocol (a connection whose first byte is `0x80`), served by
+//! translation: each binary request becomes the text or meta [`Request`] with the same
+//! meaning (meta commands carry what binary carries: CAS in and out, flags, TTL, quiet,
+//! incr's initial value), the service answers it as text, and [`respond`] turns that text
+//! reply into memcached's binary response — status codes and messages as memcached 1.6
+//! writes them.
+//!
+//! ```text
+//!  24-byte header + extras + key + value ──► frame ──► translate ──► Request (meta/text)
+//!  binary response ◄── respond ◄── text reply ◄── Service::call
+//! ```
+//!
+//! Keys are taken as bytes, as memcached takes them (no text-key rules), up to 250.
+
+use std::io::Write as _;
+
+use crate::meta::{MetaCommand, MetaFlags, MetaKey};
+use crate::request::Request;
+use crate::MAX_KEY_LEN;
+
+/// The first byte of every binary request.
+pub const REQUEST_MAGIC: u8 = 0x80;
+const RESPONSE_MAGIC: u8 = 0x81;
+/// Bytes of a request or response header.
+pub const HEADER_LEN: usize = 24;
+
+/// Response statuses (memcached's `protocol_binary_response_status`).
+pub mod status {
+    /// Success.
+    pub const OK: u16 = 0x00;
+    /// Key not found.
+    pub const KEY_ENOENT: u16 = 0x01;
+    /// Key exists (add, or a CAS mismatch).
+    pub const KEY_EEXISTS: u16 = 0x02;
+    /// Value too large.
+    pub const E2BIG: u16 = 0x03;
+    /// Invalid arguments (a malformed request: the connection closes after it).
+    pub const EINVAL: u16 = 0x04;
+    /// Item not stored (append/prepend to a missing key).
+    pub const NOT_STORED: u16 = 0x05;
+    /// Incr/decr on a non-numeric value.
+    pub const DELTA_BADVAL: u16 = 0x06;
+    /// Authentication required or failed.
+    pub const AUTH_ERROR: u16 = 0x20;
+    /// Unknown command.
+    pub const UNKNOWN_COMMAND: u16 = 0x81;
+    /// Out of memory.
+    pub const ENOMEM: u16 = 0x82;
+}
+
+/// The message memcached puts in the body of an error response.
+fn message(status: u16) -> &'static [u8] {
+    match status {
+        status::KEY_ENOENT => b"Not found",
+        status::KEY_EEXISTS => b"Data exists for key.",
+        status::E2BIG => b"Too large.",
+        status::EINVAL => b"Invalid arguments",
+        status::NOT_STORED => b"Not stored.",
+        status::DELTA_BADVAL => b"Non-numeric server-side value for incr or decr",
+        status::AUTH_ERROR => b"Auth failure.",
+        status::ENOMEM => b"Out of memory",
+        _ => b"Unknown command",
+    }
+}
+
+mod op {
+    pub const GET: u8 = 0x00;
+    pub const SET: u8 = 0x01;
+    pub const ADD: u8 = 0x02;
+    pub const REPLACE: u8 = 0x03;
+    pub const DELETE: u8 = 0x04;
+    pub const INCREMENT: u8 = 0x05;
+    pub const DECREMENT: u8 = 0x06;
+    pub const QUIT: u8 = 0x07;
+    pub const FLUSH: u8 = 0x08;
+    pub const GETQ: u8 = 0x09;
+    pub const NOOP: u8 = 0x0a;
+    pub const VERSION: u8 = 0x0b;
+    pub const GETK: u8 = 0x0c;
+    pub const GETKQ: u8 = 0x0d;
+    pub const APPEND: u8 = 0x0e;
+    pub const PREPEND: u8 = 0x0f;
+    pub const STAT: u8 = 0x10;
+    pub const SETQ: u8 = 0x11;
+    pub const ADDQ: u8 = 0x12;
+    pub const REPLACEQ: u8 = 0x13;
+    pub const DELETEQ: u8 = 0x14;
+    pub const INCREMENTQ: u8 = 0x15;
+    pub const DECREMENTQ: u8 = 0x16;
+    pub const QUITQ: u8 = 0x17;
+    pub const FLUSHQ: u8 = 0x18;
+    pub const APPENDQ: u8 = 0x19;
+    pub const PREPENDQ: u8 = 0x1a;
+    pub const TOUCH: u8 = 0x1c;
+    pub const GAT: u8 = 0x1d;
+    pub const GATQ: u8 = 0x1e;
+    pub const GATK: u8 = 0x23;
+    pub const GATKQ: u8 = 0x24;
+}
+
+/// A request header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    /// The command.
+    pub opcode: u8,
+    /// Bytes of key (after the extras).
+    pub key_len: u16,
+    /// Bytes of extras (first in the body).
+    pub extras_len: u8,
+    /// Bytes of extras, key and value.
+    pub body_len: u32,
+    /// Echoed in the response.
+    pub opaque: u32,
+    /// The compare value (0: none).
+    pub cas: u64,
+}
+
+impl Header {
+    fn quiet(&self) -> bool {
+        matches!(
+            self.opcode,
+            op::GETQ
+                | op::GETKQ
+                | op::SETQ
+                | op::ADDQ
+                | op::REPLACEQ
+                | op::DELETEQ
+                | op::INCREMENTQ
+                | op::DECREMENTQ
+                | op::QUITQ
+                | op::FLUSHQ
+                | op::APPENDQ
+                | op::PREPENDQ
+                | op::GATQ
+                | op::GATKQ
+        )
+    }
+
+    /// Whether a value (not only extras and key) may follow: the body may be as long as
+    /// an item.
+    pub fn stores(&self) -> bool {
+        matches!(
+            self.opcode,
+            op::SET
+                | op::ADD
+                | op::REPLACE
+                | op::APPEND
+                | op::PREPEND
+                | op::SETQ
+                | op::ADDQ
+                | op::REPLACEQ
+                | op::APPENDQ
+                | op::PREPENDQ
+        )
+    }
+}
+
+/// One binary request framed from the input.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// More bytes are needed for the header or the body.
+    Incomplete,
+    /// Not a binary request (memcached closes the connection, silently).
+    BadMagic,
+    /// A whole request: its header, and `HEADER_LEN + body_len` bytes.
+    Packet(Header),
+    /// A body longer than any request may be (`item_size_max` for a value): answered
+    /// (`E2BIG` for a storage command, else `EINVAL`, which closes) and its body swallowed.
+    TooLarge(Header),
+}
+
+/// Frames the request at the start of `input`; values may be up to `item_size_max`.
+pub fn frame(input: &[u8], item_size_max: usize) -> Frame {
+    if input.len() < HEADER_LEN {
+        return Frame::Incomplete;
+    }
+    if input[0] != REQUEST_MAGIC {
+        return Frame::BadMagic;
+    }
+    let be16 = |i: usize| u16::from_be_bytes([input[i], input[i + 1]]);
+    let be32 = |i: usize| u32::from_be_bytes([input[i], input[i + 1], input[i + 2], input[i + 3]]);
+    let header = Header {
+        opcode: input[1],
+        key_len: be16(2),
+        extras_len: input[4],
+        body_len: be32(8),
+        opaque: be32(12),
+        cas: (u64::from(be32(16)) << 32) | u64::from(be32(20)),
+    };
+    let body = header.body_len as usize;
+    // Extras (at most 20) and a key (at most 250) besides a value.
+    let max = if header.stores() {
+        item_size_max + 32 + MAX_KEY_LEN
+    } else {
+        2048
+    };
+    if body > max {
+        return Frame::TooLarge(header);
+    }
+    if input.len() < HEADER_LEN + body {
+        return Frame::Incomplete;
+    }
+    Frame::Packet(header)
+}
+
+/// What a binary request becomes.
+// Made and matched at once, on the stack, never stored: boxing the request would cost an
+// allocation per request.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Translated<'a> {
+    /// Served by the service as this request; [`respond`] translates its reply.
+    Call(Request<'a>),
+    /// Answered here: `noop` (and `quit`, which then closes) — a response with this
+    /// status unless quiet.
+    Direct,
+    /// Malformed: answered `EINVAL`, and the connection closes (as memcached does).
+    Invalid,
+    /// An opcode not served: `UNKNOWN_COMMAND`; the connection stays.
+    Unknown,
+}
+
+/// Whether the connection closes after this request's response.
+pub fn closes(header: &Header) -> bool {
+    matches!(header.opcode, op::QUIT | op::QUITQ)
+}
+
+/// Translates request `header` with `body` (its extras, key and value) into the request
+/// the service serves, writing meta flag text into `scratch` (reused: no allocation once
+/// it has grown).
+pub fn translate<'a>(header: &Header, body: &'a [u8], scratch: &'a mut Vec<u8>) -> Translated<'a> {
+    let ext = header.extras_len as usize;
+    let klen = header.key_len as usize;
+    if ext + klen > body.len() || klen > MAX_KEY_LEN {
+        return Translated::Invalid;
+    }
+    let extras = &body[..ext];
+    let key = &body[ext..ext + klen];
+    let value = &body[ext + klen..];
+    let be32 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    let be64 = |b: &[u8]| (u64::from(be32(b)) << 32) | u64::from(be32(&b[4..]));
+    // The shape memcached checks: extras length, a key or none, a value or none.
+    let shape = |e: usize, needs_key: bool, has_value: bool| {
+        ext == e && (klen > 0) == needs_key && (has_value || value.is_empty())
+    };
+    scratch.clear();
+    let meta = |command: MetaCommand, scratch: &'a mut Vec<u8>| -> Translated<'a> {
+        let scratch: &'a Vec<u8> = scratch;
+        match MetaFlags::parse(command, scratch) {
+            Ok(flags) => Translated::Call(Request::Meta {
+                command,
+                key: MetaKey::plain(key),
+                flags,
+                data: if command == MetaCommand::Set {
+                    value
+                } else {
+                    &[]
+                },
+            }),
+            Err(_) => Translated::Invalid,
+        }
+    };
+    let cas = header.cas;
+    match header.opcode {
+        op::GET | op::GETQ | op::GETK | op::GETKQ => {
+            if !shape(0, true, false) {
+                return Translated::Invalid;
+            }
+            scratch.extend_from_slice(b"v f c");
+            meta(MetaCommand::Get, scratch)
+        }
+        op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ => {
+            if !shape(4, true, false) {
+                return Translated::Invalid;
+            }
+            let _ = write!(scratch, "T{}", be32(extras));
+            if header.opcode != op::TOUCH {
+                scratch.extend_from_slice(b" v");
+            }
+            scratch.extend_from_slice(b" f c");
+            meta(MetaCommand::Get, scratch)
+        }
+        op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ => {
+            if !shape(8, true, true) {
+                return Translated::Invalid;
+            }
+            let mode = match header.opcode {
+                op::SET | op::SETQ => 'S',
+                op::ADD | op::ADDQ => 'E',
+                _ => 'R',
+            };
+            let _ = write!(
+                scratch,
+                "F{} T{} M{mode} c",
+                be32(extras),
+                be32(&extras[4..])
+            );
+            if cas != 0 {
+                let _ = write!(scratch, " C{cas}");
+            }
+            meta(MetaCommand::Set, scratch)
+        }
+        op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => {
+            if !shape(0, true, true) {
+                return Translated::Invalid;
+            }
+            let mode = if matches!(header.opcode, op::APPEND | op::APPENDQ) {
+                'A'
+            } else {
+                'P'
+            };
+            let _ = write!(scratch, "M{mode} c");
+            if cas != 0 {
+                let _ = write!(scratch, " C{cas}");
+            }
+            meta(MetaCommand::Set, scratch)
+        }
+        op::DELETE | op::DELETEQ => {
+            if !shape(0, true, false) {
+                return Translated::Invalid;
+            }
+            if cas != 0 {
+                let _ = write!(scratch, "C{cas}");
+            }
+            meta(MetaCommand::Delete, scratch)
+        }
+        op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
+            if !shape(20, true, false) {
+                return Translated::Invalid;
+            }
+            let incr = matches!(header.opcode, op::INCREMENT | op::INCREMENTQ);
+            let (delta, initial, exptime) = (be64(extras), be64(&extras[8..]), be32(&extras[16..]));
+            let _ = write!(scratch, "D{delta} M{} v c", if incr { 'I' } else { 'D' });
+            // 0xffffffff: fail on a miss; else create the item with the initial value.
+            if exptime != u32::MAX {
+                let _ = write!(scratch, " N{exptime} J{initial}");
+            }
+            if cas != 0 {
+                let _ = write!(scratch, " C{cas}");
+            }
+            meta(MetaCommand::Arith, scratch)
+        }
+        op::QUIT | op::QUITQ | op::NOOP => {
+            if shape(0, false, false) {
+                Translated::Direct
+            } else {
+                Translated::Invalid
+            }
+        }
+        op::VERSION => {
+            if shape(0, false, false) {
+                Translated::Call(Request::Version)
+            } else {
+                Translated::Invalid
+            }
+        }
+        op::FLUSH | op::FLUSHQ => {
+            if !(ext == 0 || ext == 4) || klen != 0 || !value.is_empty() {
+                return Translated::Invalid;
+            }
+            let delay = if ext == 4 { i64::from(be32(extras)) } else { 0 };
+            Translated::Call(Request::FlushAll {
+                delay,
+                noreply: false,
+            })
+        }
+        op::STAT => {
+            if !shape(0, klen > 0, false) {
+                return Translated::Invalid;
+            }
+            Translated::Call(Request::Stats {
+                group: (klen > 0).then_some(key),
+            })
+        }
+        _ => Translated::Unknown,
+    }
+}
+
+/// Appends a response header for `header`'s request.
+fn response_header(
+    out: &mut Vec<u8>,
+    header: &Header,
+    status: u16,
+    extras_len: u8,
+    key_len: usize,
+    body_len: usize,
+    cas: u64,
+) {
+    out.push(RESPONSE_MAGIC);
+    out.push(header.opcode);
+    out.extend_from_slice(&(key_len as u16).to_be_bytes());
+    out.push(extras_len);
+    out.push(0);
+    out.extend_from_slice(&status.to_be_bytes());
+    out.extend_from_slice(&(body_len as u32).to_be_bytes());
+    out.extend_from_slice(&header.opaque.to_be_bytes());
+    out.extend_from_slice(&cas.to_be_bytes());
+}
+
+/// Appends an error response for `header`'s request with memcached's message.
+pub fn error(out: &mut Vec<u8>, header: &Header, status: u16) {
+    let msg = message(status);
+    response_header(out, header, status, 0, 0, msg.len(), 0);
+    out.extend_from_slice(msg);
+}
+
+/// Appends the response to a request answered here ([`Translated::Direct`]: `noop`,
+/// `quit`); nothing for `quitq`.
+pub fn direct(out: &mut Vec<u8>, header: &Header) {
+    if !header.quiet() {
+        response_header(out, header, status::OK, 0, 0, 0, 0);
+    }
+}
+
+/// The number after `letter` among a meta reply's flags (`c123` → 123).
+fn flag(flags: &[u8], letter: u8) -> Option<u64> {
+    flags
+        .split(|&b| b == b' ')
+        .find(|t| t.first() == Some(&letter))
+        .and_then(|t| std::str::from_utf8(&t[1..]).ok()?.parse().ok())
+}
+
+/// The text reply's first line (without its `\r\n`) and what follows it.
+fn first_line(text: &[u8]) -> (&[u8], &[u8]) {
+    match memchr::memmem::find(text, b"\r\n") {
+        Some(i) => (&text[..i], &text[i + 2..]),
+        None => (text, &[]),
+    }
+}
+
+/// Translates the service's text reply to `header`'s request (translated with `key`) into
+/// the binary response, appended to `out`; quiet requests' usual replies are left out.
+pub fn respond(out: &mut Vec<u8>, header: &Header, key: &[u8], text: &[u8]) {
+    let (line, rest) = first_line(text);
+    let quiet = header.quiet();
+    // Errors the service answers alike for every command.
+    if let Some(reason) = line.strip_prefix(b"SERVER_ERROR ") {
+        let status = if reason.starts_with(b"object too large") {
+            status::E2BIG
+        } else {
+            status::ENOMEM
+        };
+        return error(out, header, status);
+    }
+    if line == b"CLIENT_ERROR unauthenticated" {
+        return error(out, header, status::AUTH_ERROR);
+    }
+    match header.opcode {
+        op::GET
+        | op::GETQ
+        | op::GETK
+        | op::GETKQ
+        | op::TOUCH
+        | op::GAT
+        | op::GATQ
+        | op::GATK
+        | op::GATKQ => {
+            let with_key = matches!(header.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ);
+            let (flags_text, value) = if let Some(f) = line.strip_prefix(b"VA ") {
+                // `VA <len> f.. c..` then the value and `\r\n`.
+                let (len, f) = match f.iter().position(|&b| b == b' ') {
+                    Some(i) => (&f[..i], &f[i + 1..]),
+                    None => (f, &b""[..]),
+                };
+                let len: usize = std::str::from_utf8(len)
+                    .ok()
+                    .and_then(|l| l.parse().ok())
+                    .unwrap_or(0);
+                (f, &rest[..len.min(rest.len())])
+            } else if let Some(f) = line.strip_prefix(b"HD") {
+                (f.strip_prefix(b" ").unwrap_or(f), &b""[..])
+            } else {
+                // `EN`: a miss.
+                if quiet {
+                    return;
+                }
+                if with_key {
+                    response_header(out, header, status::KEY_ENOENT, 0, key.len(), key.len(), 0);
+                    out.extend_from_slice(key);
+                    return;
+                }
+                return error(out, header, status::KEY_ENOENT);
+            };
+            let flags = flag(flags_text, b'f').unwrap_or(0) as u32;
+            let cas = flag(flags_text, b'c').unwrap_or(0);
+            let key = if with_key { key } else { &[] };
+            response_header(
+                out,
+                header,
+                status::OK,
+                4,
+                key.len(),
+                4 + key.len() + value.len(),
+                cas,
+            );
+            out.extend_from_slice(&flags.to_be_bytes());
+            out.extend_from_slice(key);
+            out.extend_from_slice(value);
+        }
+        op::SET
+        | op::SETQ
+        | op::ADD
+        | op::ADDQ
+        | op::REPLACE
+        | op::REPLACEQ
+        | op::APPEND
+        | op::APPENDQ
+        | op::PREPEND
+        | op::PREPENDQ => {
+            if let Some(f) = line.strip_prefix(b"HD") {
+                if !quiet {
+                    let cas = flag(f.strip_prefix(b" ").unwrap_or(f), b'c').unwrap_or(0);
+                    response_header(out, header, status::OK, 0, 0, 0, cas);
+                }
+                return;
+            }
+            let status = match line {
+                b"EX" => status::KEY_EEXISTS,
+                b"NF" => status::KEY_ENOENT,
+                b"NS" => match header.opcode {
+                    op::ADD | op::ADDQ => status::KEY_EEXISTS,
+                    op::REPLACE | op::REPLACEQ => status::KEY_ENOENT,
+                    _ => status::NOT_STORED,
+                },
+                _ => status::EINVAL,
+            };
+            error(out, header, status);
+        }
+        op::DELETE | op::DELETEQ => match line {
+            b"HD" if quiet => {}
+            b"HD" => response_header(out, header, status::OK, 0, 0, 0, 0),
+            b"EX" => error(out, header, status::KEY_EEXISTS),
+            b"NF" => error(out, header, status::KEY_ENOENT),
+            _ => error(out, header, status::EINVAL),
+        },
+        op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
+            if let Some(f) = line.strip_prefix(b"VA ") {
+                if quiet {
+                    return;
+                }
+                let (num, _) = first_line(rest);
+                let value: u64 = std::str::from_utf8(num)
+                    .ok()
+                    .and_then(|n| n.trim_end().parse().ok())
+                    .unwrap_or(0);
+                let cas = flag(f, b'c').unwrap_or(0);
+                response_header(out, header, status::OK, 0, 0, 8, cas);
+                out.extend_from_slice(&value.to_be_bytes());
+                return;
+            }
+            let status = match line {
+                b"NF" => status::KEY_ENOENT,
+                b"EX" => status::KEY_EEXISTS,
+                _ if line.starts_with(b"CLIENT_ERROR cannot increment") => status::DELTA_BADVAL,
+                _ => status::EINVAL,
+            };
+            error(out, header, status);
+        }
+        op::VERSION => {
+            let version = line.strip_prefix(b"VERSION ").unwrap_or(line);
+            response_header(out, header, status::OK, 0, 0, version.len(), 0);
+            out.extend_from_slice(version);
+        }
+        op::FLUSH | op::FLUSHQ => {
+            if !quiet {
+                response_header(out, header, status::OK, 0, 0, 0, 0);
+            }
+        }
+        op::STAT => {
+            if line == b"RESET" {
+                // `stat reset`: the terminating packet alone.
+                return response_header(out, header, status::OK, 0, 0, 0, 0);
+            }
+            if !line.starts_with(b"STAT ") && line != b"END" {
+                return error(out, header, status::KEY_ENOENT);
+            }
+            let mut text = text;
+            while !text.is_empty() {
+                let (line, rest) = first_line(text);
+                text = rest;
+                let Some(stat) = line.strip_prefix(b"STAT ") else {
+                    continue;
+                };
+                let (name, value) = match stat.iter().position(|&b| b == b' ') {
+                    Some(i) => (&stat[..i], &stat[i + 1..]),
+                    None => (stat, &b""[..]),
+                };
+                response_header(
+                    out,
+                    header,
+                    status::OK,
+                    0,
+                    name.len(),
+                    name.len() + value.len(),
+                    0,
+                );
+                out.extend_from_slice(name);
+                out.extend_from_slice(value);
+            }
+            response_header(out, header, status::OK, 0, 0, 0, 0);
+        }
+        _ => error(out, header, status::UNKNOWN_COMMAND),
+    }
+}
+
+/// The key of a request `body` (after its extras), for [`respond`].
+pub fn key<'a>(header: &Header, body: &'a [u8]) -> &'a [u8] {
+    let ext = header.extras_len as usize;
+    body.get(ext..ext + header.key_len as usize).unwrap_or(&[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet(opcode: u8, extras: &[u8], key: &[u8], value: &[u8], cas: u64) -> Vec<u8> {
+        let mut p = vec![REQUEST_MAGIC, opcode];
+        p.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        p.push(extras.len() as u8);
+        p.extend_from_slice(&[0, 0, 0]);
+        p.extend_from_slice(&((extras.len() + key.len() + value.len()) as u32).to_be_bytes());
+        p.extend_from_slice(&7u32.to_be_bytes());
+        p.extend_from_slice(&cas.to_be_bytes());
+        p.extend_from_slice(extras);
+        p.extend_from_slice(key);
+        p.extend_from_slice(value);
+        p
+    }
+
+    #[test]
+    fn every_prefix_is_incomplete_and_the_whole_is_a_packet() {
+        let p = packet(op::SET, &[0, 0, 0, 1, 0, 0, 0, 0], b"k", b"value", 0);
+        for n in 0..p.len() {
+            assert_eq!(frame(&p[..n], 1024), Frame::Incomplete, "prefix {n}");
+        }
+        let Frame::Packet(h) = frame(&p, 1024) else {
+            panic!("not a packet")
+        };
+        assert_eq!(
+            (h.opcode, h.key_len, h.extras_len, h.body_len, h.opaque),
+            (1, 1, 8, 14, 7)
+        );
+        assert_eq!(frame(&[b'x'; 23], 1024), Frame::Incomplete);
+        assert_eq!(frame(&[b'x'; 24], 1024), Frame::BadMagic);
+    }
+
+    #[test]
+    fn set_translates_to_ms_and_its_reply_back() {
+        let p = packet(op::SET, &[0, 0, 0, 5, 0, 0, 0, 9], b"k", b"value", 3);
+        let Frame::Packet(h) = frame(&p, 1024) else {
+            panic!("not a packet")
+        };
+        let mut scratch = Vec::new();
+        let body = &p[HEADER_LEN..];
+        let Translated::Call(Request::Meta {
+            command,
+            flags,
+            data,
+            ..
+        }) = translate(&h, body, &mut scratch)
+        else {
+            panic!("not a meta request")
+        };
+        assert_eq!(command, MetaCommand::Set);
+        assert_eq!(flags.text(), b"F5 T9 MS c C3");
+        assert_eq!(data, b"value");
+        let mut out = Vec::new();
+        respond(&mut out, &h, b"k", b"HD c42\r\n");
+        assert_eq!(out.len(), HEADER_LEN);
+        assert_eq!(out[0], RESPONSE_MAGIC);
+        assert_eq!(&out[16..24], &42u64.to_be_bytes());
+        out.clear();
+        respond(&mut out, &h, b"k", b"EX\r\n");
+        assert_eq!(&out[6..8], &status::KEY_EEXISTS.to_be_bytes());
+        assert_eq!(&out[HEADER_LEN..], b"Data exists for key.");
+    }
+
+    #[test]
+    fn malformed_requests_are_invalid() {
+        // A get with extras.
+        let p = packet(op::GET, &[0, 0, 0, 0], b"k", b"", 0);
+        let Frame::Packet(h) = frame(&p, 1024) else {
+            panic!("not a packet")
+        };
+        let mut scratch = Vec::new();
+        assert!(matches!(
+            translate(&h, &p[HEADER_LEN..], &mut scratch),
+            Translated::Invalid
+        ));
+        // A key longer than the body.
+        let mut p = packet(op::GET, &[], b"key", b"", 0);
+        p[3] = 9;
+        let Frame::Packet(h) = frame(&p, 1024) else {
+            panic!("not a packet")
+        };
+        assert!(matches!(
+            translate(&h, &p[HEADER_LEN..], &mut scratch),
+            Translated::Invalid
+        ));
+    }
+}
