@@ -439,6 +439,7 @@ impl Node {
             "phase": mig.map(|m| m.phase),
             "drained_from": mig.map(|m| m.drained.clone()),
             "pending_changes": self.changes.lock().len(),
+            "recovering": self.recovering.load(Ordering::Acquire),
             "progress": p,
             "items": self.store.stats().curr_items,
         })

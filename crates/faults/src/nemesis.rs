@@ -5,7 +5,7 @@
 //! ```text
 //!  membership lane: add │ remove │ add-two │ remove-two │ coordinator-kill
 //!     one migration at a time (holds System::migrations while it drives one)
-//!  fault lane:      kill -9 + restart (+ rejoin) │ pause │ flush │ etcd-kill
+//!  fault lane:      kill -9 + restart (+ rejoin, + its catch-up) │ pause │ flush │ etcd-kill
 //!                   │ partition + heal (+ rejoin) │ delay + clear      (namespaces)
 //!     one node faulted at a time; a node a fault acts on is claimed (busy), so the
 //!     membership lane does not remove it meanwhile, and the other way round
@@ -47,6 +47,9 @@ pub struct Nemesis {
     /// Nodes started and not stopped never exceed this.
     max_live: usize,
 }
+
+/// The longest the fault lane waits for a restarted node to catch up from its peers.
+pub const CATCH_UP: Duration = Duration::from_secs(20);
 
 /// How the detail of a fault skipped for want of a fitting target begins.
 pub const SKIPPED: &str = "skipped: ";
@@ -193,10 +196,11 @@ impl Nemesis {
                     Err(e) => e.clone(),
                 };
                 self.record(start, what, &node, r.is_ok(), detail);
-                self.sys.release(&node);
                 if r.is_ok() {
                     self.rejoin(&node);
+                    self.caught_up(&node);
                 }
+                self.sys.release(&node);
             }
             Fault::Flush { pick } => {
                 let Some(node) = self.sys.claim(pick, &self.candidates(), &[NodeState::Up]) else {
@@ -341,6 +345,39 @@ impl Nemesis {
 
     /// With the topology in etcd, a killed or cut-off node's lease lapses and a live node
     /// takes it out of the ring; once restarted or healed it is added back.
+    /// Waits (at most [`CATCH_UP`]) until a node restarted without its data has caught up
+    /// from its peers. Until then it is not whole: with two copies, a second node dying
+    /// meanwhile takes the last copy of the keys the two share — two failures at once, more
+    /// than two copies survive — so the fault lane's next fault waits for it.
+    fn caught_up(&self, node: &str) {
+        let start = self.clock.now_ns();
+        let deadline = Instant::now() + CATCH_UP;
+        loop {
+            let status = kvlab_cluster::coordinator::node_status(node);
+            let recovering = status
+                .as_ref()
+                .map(|s| s["recovering"].as_bool().unwrap_or(false));
+            match recovering {
+                Ok(false) => {
+                    let waited = (self.clock.now_ns() - start) / 1_000_000;
+                    if waited > 0 {
+                        self.record(start, "caught-up", node, true, format!("after {waited} ms"));
+                    }
+                    return;
+                }
+                _ if Instant::now() >= deadline || self.interrupted() => {
+                    let why = match status {
+                        Ok(_) => "still catching up".to_string(),
+                        Err(e) => e.to_string(),
+                    };
+                    self.record(start, "caught-up", node, false, why);
+                    return;
+                }
+                _ => std::thread::sleep(Duration::from_millis(100)),
+            }
+        }
+    }
+
     fn rejoin(&self, node: &str) {
         if self.sys.etcd_members() == 0 {
             return;
