@@ -428,6 +428,9 @@ impl Server {
             admin: Arc::new(admin),
             idle_timeout: config.idle_timeout,
             idle_kicks: AtomicU64::new(0),
+            backlog: config.backlog,
+            listen: addr.ip(),
+            reserved_fds: FD_OVERHEAD,
         });
         let limits = Limits {
             item_size_max: config.item_size_max,
