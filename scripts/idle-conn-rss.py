@@ -2,7 +2,7 @@
 """RSS per idle connection: N connections to a server, each holding half a command
 (`get k`, no newline), kvlab vs memcached. Prints kB per connection for each server.
 
-    scripts/idle-conn-rss.py [--conns 10000] [--kvlab target/release/kvlab] [--rounds 2]
+    scripts/idle-conn-rss.py [--conns 10000] [--kvlab target/release/kvlab] [--rounds 2] [--io threaded]
 
 Servers listen on 127.0.0.1 with -c above N; the RSS is read from /proc/<pid>/status
 before the connections and once all are open and `stats` counts them."""
@@ -71,6 +71,7 @@ def main():
     ap.add_argument("--kvlab", default="target/release/kvlab")
     ap.add_argument("--memcached", default="/usr/bin/memcached")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--io", default="reactor", help="kvlab's I/O model")
     a = ap.parse_args()
     want = a.conns * 2 + 1000
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -80,7 +81,7 @@ def main():
         for name in ("kvlab", "memcached"):
             port = free_port()
             if name == "kvlab":
-                cmd = [a.kvlab, "server", "-p", str(port), "-t", "4", "-c", c]
+                cmd = [a.kvlab, "server", "-p", str(port), "-t", "4", "-c", c, "--io", a.io]
             else:
                 cmd = [a.memcached, "-u", "root", "-U", "0", "-l", "127.0.0.1", "-p", str(port), "-t", "4", "-c", c]
             per, before, after = measure(cmd, port, a.conns)

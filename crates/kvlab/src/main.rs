@@ -71,7 +71,11 @@ enum Command {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::Server(args) => server_cmd::run(args),
+        Command::Server(args) => {
+            // Before any thread allocates (see the function's doc).
+            kvlab_server::limit_malloc_arenas();
+            server_cmd::run(args)
+        }
         Command::Bench(args) => bench_cmd::run(*args),
         Command::Populate(args) => populate_cmd::run(args),
         Command::Lab(args) => lab_cmd::run(args),

@@ -26,6 +26,8 @@ pub enum Admin<'a> {
     },
     /// `stats detail on|off|dump`; anything else (or nothing) is the usage error.
     StatsDetail(&'a [u8]),
+    /// `stats cachedump <class> <limit>`: list the items of a size class.
+    StatsCachedump(Cachedump),
     /// `lru_crawler …`.
     LruCrawler(LruCrawler<'a>),
     /// `watch [streams…]`: the connection becomes a log stream.
@@ -34,6 +36,22 @@ pub enum Admin<'a> {
         /// `None` when a name is unknown (memcached answers `ERROR`).
         streams: Option<u16>,
     },
+}
+
+/// `stats cachedump`'s arguments, as memcached reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cachedump {
+    /// Class and most items to list (0: all).
+    List {
+        /// The size class.
+        class: u64,
+        /// Most items to list; 0 lists all.
+        limit: u64,
+    },
+    /// Fewer than two arguments: `CLIENT_ERROR bad command line`.
+    Usage,
+    /// An argument that is not an unsigned number: `CLIENT_ERROR bad command line format`.
+    BadFormat,
 }
 
 /// `shutdown`'s argument.
@@ -136,6 +154,19 @@ pub(crate) fn slabs_reassign(mut tokens: Tokens<'_>) -> Parsed<'static> {
 /// `stats detail …` (`tokens` after `detail`).
 pub(crate) fn stats_detail(mut tokens: Tokens<'_>) -> Parsed<'_> {
     Parsed::Command(Admin::StatsDetail(tokens.next().unwrap_or_default()))
+}
+
+/// `stats cachedump …` (`tokens` after `cachedump`); arguments past the second are
+/// ignored, as memcached ignores them.
+pub(crate) fn stats_cachedump(mut tokens: Tokens<'_>) -> Parsed<'static> {
+    let dump = match (tokens.next(), tokens.next()) {
+        (Some(class), Some(limit)) => match (parse_u64(class), parse_u64(limit)) {
+            (Some(class), Some(limit)) => Cachedump::List { class, limit },
+            _ => Cachedump::BadFormat,
+        },
+        _ => Cachedump::Usage,
+    };
+    Parsed::Command(Admin::StatsCachedump(dump))
 }
 
 /// `lru_crawler …`.

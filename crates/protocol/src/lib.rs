@@ -23,6 +23,6 @@ pub mod meta;
 pub mod request;
 pub mod response;
 
-pub use admin::{Admin, LruCrawler, ShutdownMode, Watch};
+pub use admin::{Admin, Cachedump, LruCrawler, ShutdownMode, Watch};
 pub use meta::{MetaCommand, MetaError, MetaFlags, MetaKey};
 pub use request::{parse, Keys, Limits, Parsed, ProtocolError, Request, StoreCommand, MAX_KEY_LEN};

@@ -430,6 +430,9 @@ fn parse_one<'a>(buf: &'a [u8], limits: &Limits) -> Parsed<'a> {
             if group == Some(b"detail") {
                 return admin_request(admin::stats_detail(tokens), line_end);
             }
+            if group == Some(b"cachedump") {
+                return admin_request(admin::stats_cachedump(tokens), line_end);
+            }
             if tokens.rest_is_empty() {
                 request(Request::Stats { group }, line_end)
             } else {

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use kvlab_protocol::admin::uri_encode;
 use kvlab_protocol::response as r;
-use kvlab_protocol::{Admin, LruCrawler, ShutdownMode};
+use kvlab_protocol::{Admin, Cachedump, LruCrawler, ShutdownMode};
 use kvlab_store::{ScanCursor, SizeClasses, Store, MAX_CLASSES};
 use parking_lot::{Condvar, Mutex};
 
@@ -197,6 +197,7 @@ pub fn execute(state: &AdminState, store: &Store, cmd: Admin<'_>, out: &mut Vec<
             b"dump" => state.detail.dump(out),
             _ => out.extend_from_slice(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n"),
         },
+        Admin::StatsCachedump(dump) => cachedump(state, store, dump, out),
         Admin::LruCrawler(c) => lru_crawler(state, store, c, out),
         // The log streams are served by the session (see `crate::watch`); the engine
         // hands them over before they reach here.
@@ -294,6 +295,58 @@ fn lru_crawler(state: &AdminState, store: &Store, cmd: LruCrawler<'_>, out: &mut
         }
         LruCrawler::Unknown => out.extend_from_slice(r::ERROR),
     }
+}
+
+/// `stats cachedump <class> <limit>`: memcached's `ITEM <key> [<value bytes> b; <exptime>
+/// s]` line (exptime as unix time, 0 for none) per live item of the class, at most `limit`
+/// of them (0: all), then `END`; `CLIENT_ERROR Illegal slab id` for a class past
+/// memcached's 63. memcached lists its class's cold LRU, most recent first; kvlab has no
+/// LRU segments (`stats items` counts every item cold) and lists the class's items in
+/// the store's slot order. Like memcached's (which stops at 2 MB), the listing is
+/// bounded: at most 2 MB of lines.
+fn cachedump(state: &AdminState, store: &Store, dump: Cachedump, out: &mut Vec<u8>) {
+    const MAX_BYTES: usize = 2 * 1024 * 1024;
+    let (class, limit) = match dump {
+        Cachedump::Usage => return out.extend_from_slice(b"CLIENT_ERROR bad command line\r\n"),
+        Cachedump::BadFormat => {
+            return out.extend_from_slice(b"CLIENT_ERROR bad command line format\r\n")
+        }
+        Cachedump::List { class, limit } => (class, limit),
+    };
+    if class >= u64::from(MAX_CLASSES) {
+        return out.extend_from_slice(b"CLIENT_ERROR Illegal slab id\r\n");
+    }
+    let start = out.len();
+    let mut listed = 0u64;
+    let mut cursor = ScanCursor::default();
+    let mut batch = Vec::new();
+    let mut n = itoa::Buffer::new();
+    'scan: loop {
+        batch.clear();
+        let step = store.scan(&mut cursor, 1024, &mut batch);
+        for item in &batch {
+            let (key, value) = (item.key(), item.value().len());
+            let size = SizeClasses::item_size(key.len(), value, item.flags());
+            if u64::from(state.classes.class_of(size)) != class {
+                continue;
+            }
+            if (limit != 0 && listed >= limit) || out.len() - start >= MAX_BYTES {
+                break 'scan;
+            }
+            out.extend_from_slice(b"ITEM ");
+            out.extend_from_slice(key);
+            out.extend_from_slice(b" [");
+            out.extend_from_slice(n.format(value).as_bytes());
+            out.extend_from_slice(b" b; ");
+            out.extend_from_slice(n.format(item.exptime()).as_bytes());
+            out.extend_from_slice(b" s]\r\n");
+            listed += 1;
+        }
+        if step.done {
+            break;
+        }
+    }
+    out.extend_from_slice(r::END);
 }
 
 /// memcached's metadump line per live item of the wanted classes, then `END`:

@@ -9,7 +9,8 @@
 //! and reclaims ([`ClassEvictions`], the store's eviction observer, which also feeds
 //! `watch evictions`). `stats slabs` gives each class's chunk size and chunks per page,
 //! and the pages and chunks memcached would need for the items counted (kvlab keeps no
-//! free chunks); `total_malloced` is the memory kvlab has charged for items. Figures
+//! free chunks); `total_malloced` is those pages' bytes, as memcached counts the slab
+//! pages it has allocated (t/issue_14), not the bytes kvlab charges for items. Figures
 //! memcached keeps per class that kvlab keeps only server-wide (hits, reclaims, LRU
 //! segment moves) are not listed per class: they are in `stats`.
 
@@ -175,10 +176,11 @@ pub fn stats_items(store: &Store, ev: &ClassEvictions, now: u64, out: &mut Vec<u
 
 /// `stats slabs`: each class with items, its chunk size and chunks per page, and the
 /// pages and chunks memcached would hold for them; then `active_slabs` and
-/// `total_malloced` (the bytes kvlab charges for its items).
+/// `total_malloced`: those pages in bytes (memcached's allocated slab pages).
 pub fn stats_slabs(store: &Store, classes: &SizeClasses, now: u64, out: &mut Vec<u8>) {
     let found = walk(store, classes, now);
     let mut active = 0;
+    let mut total_pages = 0;
     for class in 1..=classes.largest() {
         let f = found[class as usize];
         if f.number == 0 {
@@ -187,6 +189,7 @@ pub fn stats_slabs(store: &Store, classes: &SizeClasses, now: u64, out: &mut Vec
         active += 1;
         let per_page = u64::from(classes.per_page(class)).max(1);
         let pages = f.number.div_ceil(per_page);
+        total_pages += pages;
         let mut line = |name: &str, v: u64| {
             r::stat(out, &format!("{class}:{name}"), v);
         };
@@ -200,6 +203,10 @@ pub fn stats_slabs(store: &Store, classes: &SizeClasses, now: u64, out: &mut Vec
         line("mem_requested", f.mem_requested);
     }
     r::stat(out, "active_slabs", active);
-    r::stat(out, "total_malloced", store.stats().bytes);
+    r::stat(
+        out,
+        "total_malloced",
+        total_pages * classes.page_size() as u64,
+    );
     out.extend_from_slice(r::END);
 }

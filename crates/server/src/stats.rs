@@ -245,6 +245,12 @@ pub struct ServerStats {
     pub idle_timeout: Option<std::time::Duration>,
     /// Connections closed for idling (memcached `idle_kicks`, shown with an idle timeout).
     pub idle_kicks: AtomicU64,
+    /// `-b`: the listen backlog (`tcp_backlog`).
+    pub backlog: u32,
+    /// `-l`: the address listened on (`inter`).
+    pub listen: std::net::IpAddr,
+    /// Descriptors kept besides the connections' (`reserved_fds`).
+    pub reserved_fds: usize,
 }
 
 /// `VERSION` reply: the memcached protocol level kvlab speaks, then kvlab's own version.
@@ -349,7 +355,28 @@ impl ServerStats {
                 Counter,
                 load(&self.rejected_connections),
             ),
+            // A session per open connection, freed on close.
+            Stat::count(
+                "connection_structures",
+                Gauge,
+                self.curr_connections.load(Relaxed) as u64,
+            ),
         ];
+        // memcached's response objects and shared read buffers: kvlab composes replies
+        // into each connection's own output buffer and reads into its own input buffer.
+        fields.extend(
+            [
+                "response_obj_oom",
+                "response_obj_count",
+                "response_obj_bytes",
+                "read_buf_count",
+                "read_buf_bytes",
+                "read_buf_bytes_free",
+                "read_buf_oom",
+            ]
+            .map(|name| Stat::count(name, Gauge, 0)),
+        );
+        fields.push(Stat::count("reserved_fds", Gauge, self.reserved_fds as u64));
         if self.idle_timeout.is_some() {
             fields.push(Stat::count("idle_kicks", Counter, load(&self.idle_kicks)));
         }
@@ -362,7 +389,33 @@ impl ServerStats {
         fields.extend(store.stats().figures().into_iter().map(Stat::from));
         fields.extend([
             Stat::count("accepting_conns", Gauge, 1),
+            // kvlab never stops listening: a connection over `-c` is told so and closed.
+            Stat::count("listen_disabled_num", Counter, 0),
+            Stat::count("time_in_listen_disabled_us", Counter, 0),
             Stat::count("threads", Gauge, self.threads as u64),
+            // `-R` is accepted as a no-op: a connection is never made to yield.
+            Stat::count("conn_yields", Counter, 0),
+        ]);
+        // Not in kvlab's model, 0: one hash table per shard that grows on its own (no
+        // global power, no expansion thread); no slab pages to move; no LRU maintainer
+        // or segmented LRU; no logger buffers (`watch` writes to its connection).
+        fields.extend(
+            [
+                "hash_power_level",
+                "hash_bytes",
+                "hash_is_expanding",
+                "slab_reassign_rescues",
+                "slab_reassign_chunk_rescues",
+                "slab_reassign_evictions_nomem",
+                "slab_reassign_inline_reclaim",
+                "slab_reassign_busy_items",
+                "slab_reassign_busy_deletes",
+                "slab_reassign_running",
+                "slabs_moved",
+            ]
+            .map(|name| Stat::count(name, Gauge, 0)),
+        );
+        fields.extend([
             Stat::count(
                 "lru_crawler_running",
                 Gauge,
@@ -370,6 +423,28 @@ impl ServerStats {
             ),
             Stat::count("lru_crawler_starts", Counter, load(&self.crawler.starts)),
         ]);
+        fields.extend(
+            [
+                "lru_maintainer_juggles",
+                "malloc_fails",
+                "log_worker_dropped",
+                "log_worker_written",
+                "log_watcher_skipped",
+                "log_watcher_sent",
+                "log_watchers",
+                "unexpected_napi_ids",
+                "round_robin_fallback",
+                "slab_global_page_pool",
+                "evicted_active",
+                "lrutail_reflocked",
+                "moves_to_cold",
+                "moves_to_warm",
+                "moves_within_lru",
+                "direct_reclaims",
+                "lru_bumps_dropped",
+            ]
+            .map(|name| Stat::count(name, Gauge, 0)),
+        );
         if let Some(d) = store.durable_stats() {
             fields.extend(d.figures().into_iter().map(Stat::from));
         }
@@ -428,6 +503,9 @@ impl ServerStats {
             admin: Arc::new(AdminState::new(Arc::default())),
             idle_timeout: None,
             idle_kicks: AtomicU64::new(0),
+            backlog: 1024,
+            listen: std::net::IpAddr::from([127, 0, 0, 1]),
+            reserved_fds: 64,
         }
     }
 
@@ -437,7 +515,10 @@ impl ServerStats {
             ("maxbytes", store.stats().limit_maxbytes.to_string()),
             ("maxconns", self.max_connections.to_string()),
             ("tcpport", self.port.to_string()),
+            ("udpport", "0".into()),
+            ("inter", self.listen.to_string()),
             ("verbosity", self.verbosity.load(Relaxed).to_string()),
+            ("oldest", "0".into()),
             (
                 "slab_automove",
                 self.slab_automove.load(Relaxed).to_string(),
@@ -452,7 +533,36 @@ impl ServerStats {
                 .to_string(),
             ),
             ("eviction_policy", self.policy.to_string()),
+            ("domain_socket", "NULL".into()),
+            ("umask", "700".into()),
             ("num_threads", self.threads.to_string()),
+            ("num_threads_per_udp", self.threads.to_string()),
+            ("tcp_backlog", self.backlog.to_string()),
+            ("auth_enabled_sasl", "no".into()),
+            ("maxconns_fast", "yes".into()),
+            ("hashpower_init", "0".into()),
+            // memcached's defaults for what kvlab has no use for: no slab pages to
+            // move, no segmented LRU, no logger buffers; shown as memcached shows them.
+            ("slab_automove_ratio", "0.80".into()),
+            ("slab_automove_window", "30".into()),
+            ("slab_chunk_max", "524288".into()),
+            ("tail_repair_time", "0".into()),
+            ("dump_enabled", "yes".into()),
+            // kvlab's shards hash keys with hashbrown's default hasher.
+            ("hash_algorithm", "foldhash".into()),
+            ("lru_maintainer_thread", "no".into()),
+            ("lru_segmented", "no".into()),
+            ("hot_lru_pct", "20".into()),
+            ("warm_lru_pct", "40".into()),
+            ("hot_max_factor", "0.20".into()),
+            ("warm_max_factor", "2.00".into()),
+            ("temp_lru", "no".into()),
+            ("temporary_ttl", "61".into()),
+            ("watcher_logbuf_size", "262144".into()),
+            ("worker_logbuf_size", "65536".into()),
+            ("track_sizes", "no".into()),
+            ("inline_ascii_response", "no".into()),
+            ("slab_automove_freeratio", "0.010".into()),
             ("item_size_max", self.item_size_max.to_string()),
             ("cas_enabled", yes_no(self.admin.cas_enabled).to_string()),
             (
@@ -507,6 +617,39 @@ impl ServerStats {
                     .to_string(),
             ),
             (
+                "ssl_chain_cert",
+                tls_path(
+                    self.admin.tls.as_ref().and_then(|t| t.chain_cert.as_ref()),
+                    "(null)",
+                ),
+            ),
+            (
+                "ssl_key",
+                tls_path(
+                    self.admin.tls.as_ref().and_then(|t| t.key.as_ref()),
+                    "(null)",
+                ),
+            ),
+            // PEM (memcached's SSL_FILETYPE_PEM).
+            ("ssl_keyformat", "1".into()),
+            // rustls chooses among its own suites; memcached's default list is NULL.
+            ("ssl_ciphers", "NULL".into()),
+            (
+                "ssl_ca_cert",
+                tls_path(
+                    self.admin.tls.as_ref().and_then(|t| t.ca_cert.as_ref()),
+                    "NULL",
+                ),
+            ),
+            ("ssl_wbuf_size", "16384".into()),
+            // rustls's session cache is not configurable here: reported off.
+            ("ssl_session_cache", "no".into()),
+            ("ssl_kernel_tls", "no".into()),
+            // rustls speaks TLS 1.2 and 1.3.
+            ("ssl_min_version", "tlsv1.2".into()),
+            ("num_napi_ids", "(null)".into()),
+            ("memory_file", "(null)".into()),
+            (
                 "idle_timeout",
                 self.idle_timeout.map_or(0, |t| t.as_secs()).to_string(),
             ),
@@ -519,6 +662,10 @@ impl ServerStats {
                 self.crawler_config
                     .map_or(0, |c| c.pause.as_micros())
                     .to_string(),
+            ),
+            (
+                "lru_crawler_tocrawl",
+                self.admin.crawler_tocrawl.load(Relaxed).to_string(),
             ),
             (
                 "lru_crawler_interval_ms",
@@ -544,6 +691,11 @@ impl ServerStats {
             w.reset();
         }
     }
+}
+
+/// A TLS file setting as memcached shows it: the path, or memcached's word for unset.
+fn tls_path(path: Option<&std::path::PathBuf>, unset: &str) -> String {
+    path.map_or_else(|| unset.to_string(), |p| p.display().to_string())
 }
 
 fn yes_no(b: bool) -> &'static str {

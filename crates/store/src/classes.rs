@@ -85,6 +85,11 @@ impl SizeClasses {
             .unwrap_or(0)
     }
 
+    /// memcached's slab page size in bytes (1 MiB).
+    pub fn page_size(&self) -> usize {
+        SLAB_PAGE
+    }
+
     /// Chunks of class `id` per slab page.
     pub fn per_page(&self, id: u32) -> u32 {
         match self.size(id) {

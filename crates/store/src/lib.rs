@@ -49,8 +49,22 @@
 //! holds): among the few coldest items it reclaims an expired or flushed one if
 //! there is one (`reclaimed`), else evicts the policy's victim (`evictions`). If its
 //! shard has nothing left, it releases its lock and evicts from the other shards one
-//! lock at a time. The eviction order of `lru`, `lfu` and `fifo` is therefore per
-//! shard — like memcached's per-slab-class LRUs — and exact with `shards = 1`.
+//! lock at a time. The eviction order of `lfu` and `fifo` is therefore per shard —
+//! like memcached's per-slab-class LRUs — and exact with `shards = 1`.
+//!
+//! `lru` orders store-wide: a shard of 64 holds only a few large items (five of
+//! 200 KB under `-m 64`), so its coldest is often one of the store's newest. Each
+//! store and each access stamps its item from a *charge clock* (bytes ever stored;
+//! a 16-bit stamp in units of the limit / 4096, in the entry's spare bits), and each
+//! shard publishes the stamp of its coldest item in an atomic hint when that item
+//! changes. A store evicts in its own shard while its coldest item is within 1/256
+//! of the limit (in bytes stored since) of the oldest hint; otherwise it releases
+//! its lock and evicts in the shard with the oldest hint, as `largest` does below.
+//! Guarantee, without concurrent writers: every eviction takes an item at most
+//! 1/256 of the limit younger than the store-wide least recently used one (stamps
+//! wrap after 8 limits of stores: an item untouched that long may look young).
+//! Cost: one relaxed add on the budget's cache line per store, one relaxed load per
+//! hit, and a scan of one atomic per shard per eviction.
 //! Policies ([`Policy`]): `lru` (intrusive list, O(1)), `lfu` (a list per access
 //! count, ties by recency), `fifo`, `largest`, and `none` (never evict live items;
 //! stores fail with `OutOfMemory`, like memcached `-M`).

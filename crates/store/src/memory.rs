@@ -6,8 +6,11 @@
 //! whatever the interleaving of threads, except while a lowered limit
 //! (`cache_memlimit`) is being evicted down to: then no reservation succeeds until it
 //! is met.
+//!
+//! The budget also keeps the store's *charge clock*: the bytes ever charged by a
+//! store, which orders items store-wide for `lru` (see [`Budget::advance`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Keeps the hot counter on its own cache line, away from read-mostly fields.
 #[repr(align(128))]
@@ -16,14 +19,45 @@ pub(crate) struct Budget {
     /// Changed at run time by [`Budget::set_limit`] (`cache_memlimit`); read relaxed, as
     /// a reservation only needs some recent value.
     limit: AtomicUsize,
+    /// Bytes ever charged by stores (the charge clock); on the same cache line as
+    /// `used`, which the same stores already write.
+    charged: AtomicU64,
+    /// Charge-clock bytes per stamp unit, as a shift (see [`Budget::stamp_now`]).
+    stamp_shift: u32,
 }
+
+/// Stamp units per memory limit: a stamp's resolution is the limit / 4096 (16 KiB
+/// under `-m 64`), and 16-bit stamps compare correctly over 8 limits of stores.
+const STAMP_UNITS_PER_LIMIT: usize = 4096;
 
 impl Budget {
     pub(crate) fn new(limit: usize) -> Budget {
         Budget {
             used: AtomicUsize::new(0),
             limit: AtomicUsize::new(limit),
+            charged: AtomicU64::new(0),
+            stamp_shift: (limit / STAMP_UNITS_PER_LIMIT).max(1).ilog2(),
         }
+    }
+
+    /// Advances the charge clock by a store of `n` bytes and returns the store's
+    /// stamp: the clock after it, in units of the limit / 4096, modulo 2^16.
+    ///
+    /// Stamps order items store-wide by the bytes stored since (an item's *age*,
+    /// [`stamp_age`]), so `lru` can evict the store-wide least recently used item
+    /// while its lists are per shard. One relaxed add on the cache line the
+    /// reservation already writes.
+    #[inline]
+    pub(crate) fn advance(&self, n: usize) -> u16 {
+        let n = n as u64;
+        let t = self.charged.fetch_add(n, Ordering::Relaxed).wrapping_add(n);
+        (t >> self.stamp_shift) as u16
+    }
+
+    /// The stamp of now (what an access gives its item), without advancing.
+    #[inline]
+    pub(crate) fn stamp_now(&self) -> u16 {
+        (self.charged.load(Ordering::Relaxed) >> self.stamp_shift) as u16
     }
 
     pub(crate) fn limit(&self) -> usize {
@@ -72,6 +106,20 @@ impl Budget {
     }
 }
 
+/// Age of an item stamped `stamp` at stamp `now`, in stamp units (limit / 4096
+/// bytes stored since): 0 for a stamp from after `now` (a store that raced with the
+/// read of `now`); an item untouched for more than 8 limits of stores wraps around
+/// and looks younger than it is, which only makes it a later victim.
+#[inline]
+pub(crate) fn stamp_age(now: u16, stamp: u16) -> u16 {
+    let d = now.wrapping_sub(stamp);
+    if d > u16::MAX / 2 {
+        0
+    } else {
+        d
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,5 +140,17 @@ mod tests {
         b.release(20);
         assert!(b.try_reserve(10));
         assert!(!b.try_reserve(1));
+    }
+
+    #[test]
+    fn stamps_count_bytes_in_units_of_the_limit() {
+        let b = Budget::new(64 << 20);
+        assert_eq!(b.stamp_shift, 14);
+        assert_eq!(b.advance(200_000), 12);
+        assert_eq!(b.stamp_now(), 12);
+        assert_eq!(stamp_age(b.stamp_now(), 0), 12);
+        assert_eq!(stamp_age(5, 7), 0, "a stamp from after now is age 0");
+        assert_eq!(stamp_age(3, u16::MAX), 4, "ages wrap");
+        assert_eq!(Budget::new(100).stamp_shift, 0);
     }
 }

@@ -272,6 +272,16 @@ impl Order {
         }
     }
 
+    /// The coldest item of a `lru`/`fifo`/`none` list (`NIL` if empty or another
+    /// policy).
+    #[inline]
+    pub(crate) fn tail(&self) -> u32 {
+        match self {
+            Order::Queue { list, .. } => list.tail,
+            _ => NIL,
+        }
+    }
+
     /// Key + value size of the largest item (`largest` policy only).
     #[inline]
     pub(crate) fn largest_size(&self) -> Option<u64> {

@@ -4,7 +4,7 @@
 
 use std::hash::BuildHasher;
 use std::ops::ControlFlow;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::clock::TimeBase;
 use crate::item::{Block, ExportedItem, ItemView, ITEM_OVERHEAD};
-use crate::memory::Budget;
+use crate::memory::{stamp_age, Budget};
 use crate::policy::{Order, Policy};
 use crate::slab::{Entry, Slab, DIRTY, FETCHED, NIL};
 use crate::stats::ShardStats;
@@ -21,6 +21,16 @@ use crate::wb::{Op, Wb};
 /// Coldest items an eviction examines for an expired or flushed one before it
 /// evicts a live item (memcached's tail search also looks at 5).
 const RECLAIM_SCAN: usize = 5;
+/// `lru`: a shard evicts its own coldest item while that is at most this many
+/// stamp units (16 of the limit's 4096, i.e. 1/256 of the limit in bytes stored)
+/// younger than every other shard's coldest; otherwise it evicts in the shard
+/// holding the store-wide coldest item. The slack keeps evictions of small items
+/// under the lock already held (with 64 shards the shards' coldest items of 100
+/// bytes lie within about 270 items, 3 units under `-m 64`), while a shard holding
+/// few large items defers to the store-wide order.
+pub(crate) const LRU_SLACK: u16 = 16;
+/// A tail hint of a shard with no items.
+pub(crate) const NO_TAIL: u32 = u32::MAX;
 /// With `Policy::None` reclaiming is the only way to free memory, so look further.
 const RECLAIM_SCAN_NONE: usize = 50;
 
@@ -123,6 +133,9 @@ pub(crate) struct Shard {
     /// `largest` policy only: every shard's [largest-charge hint](LargestHints),
     /// and this shard's index in it.
     hints: Option<(LargestHints, usize)>,
+    /// `lru` only: every shard's [coldest stamp](TailHints), this shard's index in
+    /// it, and the value this shard last published there.
+    tails: Option<(TailHints, usize, u32)>,
     /// Hears of each eviction ([`crate::Store::observe_evictions`]).
     pub(crate) observer: Option<std::sync::Arc<dyn crate::EvictionObserver>>,
 }
@@ -147,6 +160,46 @@ pub(crate) type Shards = Arc<[Padded<Mutex<Shard>>]>;
 /// changes, so the entry is exact whenever nobody holds that lock; readers load the
 /// entries without locks to find the shard holding the store-wide largest item.
 pub(crate) type LargestHints = Arc<[AtomicU64]>;
+
+/// `lru` policy: per shard, the stamp of its coldest item (its list's tail), or
+/// [`NO_TAIL`]. Written by the shard under its lock whenever its tail changes, read
+/// without locks to find the shard holding the store-wide least recently used item.
+pub(crate) type TailHints = Arc<[AtomicU32]>;
+
+/// A lock-free scan of `tails` at stamp `now`: the shard with the oldest tail and
+/// its age, and the oldest age among the others (0 if none). Shard `own` counts
+/// with `own_cap` instead if known (its oldest item other than the key being
+/// stored; `None` if it has none).
+pub(crate) fn scan_tails(
+    tails: &[AtomicU32],
+    now: u16,
+    own: usize,
+    own_cap: Option<Option<u16>>,
+) -> (Option<usize>, u16, u16) {
+    let (mut best, mut best_age, mut second) = (None, 0, 0);
+    for (i, h) in tails.iter().enumerate() {
+        let age = if i == own && own_cap.is_some() {
+            match own_cap.flatten() {
+                Some(a) => a,
+                None => continue,
+            }
+        } else {
+            match h.load(Ordering::Relaxed) {
+                NO_TAIL => continue,
+                v => stamp_age(now, v as u16),
+            }
+        };
+        if best.is_none() || age > best_age {
+            if best.is_some() {
+                second = second.max(best_age);
+            }
+            (best, best_age) = (Some(i), age);
+        } else {
+            second = second.max(age);
+        }
+    }
+    (best, best_age, second)
+}
 
 /// A lock-free scan of `hints`: the index and hint of the shard with the largest
 /// one, and the largest hint among the others. Shard `own` counts with at most
@@ -178,6 +231,7 @@ impl Shard {
         index: usize,
         shard_bits: u32,
         hints: Option<LargestHints>,
+        tails: Option<TailHints>,
     ) -> Shard {
         Shard {
             table: HashTable::new(),
@@ -192,6 +246,7 @@ impl Shard {
             stats: ShardStats::default(),
             wb: None,
             hints: hints.map(|h| (h, index)),
+            tails: tails.map(|t| (t, index, NO_TAIL)),
             observer: None,
         }
     }
@@ -209,6 +264,53 @@ impl Shard {
                 hints[*i].store(v, Ordering::Relaxed);
             }
         }
+    }
+
+    /// `lru` policy: writes the stamp of this shard's coldest item to its tail hint
+    /// if it changed. Called after every change of the order's tail, under the lock.
+    #[inline]
+    fn publish_tail(&mut self) {
+        if let Some((tails, i, published)) = &mut self.tails {
+            let v = match self.order.tail() {
+                NIL => NO_TAIL,
+                t => u32::from(self.slab.get(t).stamp()),
+            };
+            if *published != v {
+                *published = v;
+                tails[*i].store(v, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// `lru` policy: the age at `now` of the next victim other than `keep` (`None`
+    /// if there is none).
+    pub(crate) fn oldest_age_except(&self, keep: u32, now: u16) -> Option<u16> {
+        let slab = &self.slab;
+        match self.order.walk_cold(slab, |i| {
+            if i == keep {
+                ControlFlow::Continue(())
+            } else {
+                ControlFlow::Break(i)
+            }
+        }) {
+            ControlFlow::Break(i) => Some(stamp_age(now, slab.get(i).stamp())),
+            ControlFlow::Continue(()) => None,
+        }
+    }
+
+    /// `lru` policy: whether this shard's next victim (never `keep`) is within
+    /// [`LRU_SLACK`] of the store-wide least recently used item, by the other
+    /// shards' tail hints: then the eviction can stay under this lock.
+    fn holds_store_oldest(&self, keep: u32, budget: &Budget) -> bool {
+        let Some((tails, own, _)) = &self.tails else {
+            return true;
+        };
+        let now = budget.stamp_now();
+        let Some(age) = self.oldest_age_except(keep, now) else {
+            return false;
+        };
+        let (_, top, _) = scan_tails(tails, now, *own, Some(Some(age)));
+        age.saturating_add(LRU_SLACK) >= top
     }
 
     /// Charge of the next victim other than `keep` by the eviction order, dead or
@@ -460,6 +562,7 @@ impl Shard {
         }
         self.len -= 1;
         self.publish_largest();
+        self.publish_tail();
     }
 
     fn unlink_unhashed(&mut self, idx: u32, budget: &Budget) {
@@ -469,16 +572,26 @@ impl Shard {
 
     /// Records a hit: fetched bit, last access time, eviction order.
     #[inline]
-    pub(crate) fn bump(&mut self, idx: u32, now: &Now) {
+    pub(crate) fn bump(&mut self, idx: u32, now: &Now, budget: &Budget) {
         let e = self.slab.get_mut(idx);
         e.bits |= FETCHED;
         e.atime = now.rel;
-        self.order.touch(&mut self.slab, idx);
+        self.touch_order(idx, budget);
     }
 
     /// Records an access that is not a fetch (memcached's `add` of a live key).
-    pub(crate) fn touch_order(&mut self, idx: u32) {
-        self.order.touch(&mut self.slab, idx);
+    #[inline]
+    pub(crate) fn touch_order(&mut self, idx: u32, budget: &Budget) {
+        if self.tails.is_some() {
+            let was_tail = self.order.tail() == idx;
+            self.slab.get_mut(idx).set_stamp(budget.stamp_now());
+            self.order.touch(&mut self.slab, idx);
+            if was_tail {
+                self.publish_tail();
+            }
+        } else {
+            self.order.touch(&mut self.slab, idx);
+        }
     }
 
     #[inline]
@@ -711,6 +824,11 @@ impl Shard {
             if self.policy == Policy::Largest && !self.holds_store_largest(keep) {
                 return Err(need);
             }
+            // `lru` likewise evicts here only while this shard's coldest item is
+            // (within the slack) the store-wide coldest.
+            if self.tails.is_some() && !self.holds_store_oldest(keep, budget) {
+                return Err(need);
+            }
             if self.evict_one(now, budget, keep) == 0 {
                 return Err(need);
             }
@@ -744,6 +862,34 @@ impl Shard {
         (freed, self.largest_except(keep))
     }
 
+    /// `lru` policy: evicts (as [`Shard::evict_one`], never `keep`) while the next
+    /// victim's age is within [`LRU_SLACK`] of `floor` (the oldest age of the other
+    /// shards) or above, until `want` bytes are freed or `max_items` items went.
+    /// Returns the bytes freed and the next victim's age afterwards.
+    pub(crate) fn evict_oldest(
+        &mut self,
+        want: usize,
+        max_items: usize,
+        floor: u16,
+        keep: u32,
+        now: &Now,
+        budget: &Budget,
+    ) -> (usize, Option<u16>) {
+        let mut freed = 0;
+        for _ in 0..max_items {
+            let age = self.oldest_age_except(keep, budget.stamp_now());
+            match age {
+                Some(a) if freed < want && a.saturating_add(LRU_SLACK) >= floor => {}
+                _ => return (freed, age),
+            }
+            match self.evict_one(now, budget, keep) {
+                0 => return (freed, None),
+                n => freed += n,
+            }
+        }
+        (freed, self.oldest_age_except(keep, budget.stamp_now()))
+    }
+
     /// Links `block` as the item for its key — in place of `existing` if given —
     /// after [`Shard::reserve`] succeeded for its charge. Returns surplus reservation
     /// to the budget and leaves `reserved` at 0. Returns the item's index.
@@ -761,6 +907,11 @@ impl Shard {
     ) -> u32 {
         let new_charge = block.charge();
         self.stats.total_items += 1;
+        let stamp = if self.tails.is_some() {
+            budget.advance(new_charge)
+        } else {
+            0
+        };
         let Shard {
             table,
             slab,
@@ -787,6 +938,7 @@ impl Shard {
                     e.bits |= DIRTY;
                 }
                 e.set_freq(freq);
+                e.set_stamp(stamp);
                 order.insert(slab, idx);
                 drop(old_block);
                 idx
@@ -801,6 +953,7 @@ impl Shard {
                 e.gen = now.gen;
                 e.bits = bits & !DIRTY;
                 e.set_freq(0);
+                e.set_stamp(stamp);
                 let idx = slab.insert(e);
                 table.insert_unique(hash, Slot::new(idx, hash), |s| {
                     hasher.hash_one(slab.get(s.idx()).block().key())
@@ -812,6 +965,7 @@ impl Shard {
         };
         *reserved = 0;
         self.publish_largest();
+        self.publish_tail();
         // Every store on a durable store leaves the item dirty.
         self.mark_dirty(idx);
         idx

@@ -22,6 +22,8 @@ pub(crate) const WIN_SENT: u32 = 1 << 2;
 pub(crate) const DIRTY: u32 = 1 << 3;
 const FREQ_SHIFT: u32 = 8;
 const FREQ_MASK: u32 = 0xff << FREQ_SHIFT;
+const STAMP_SHIFT: u32 = 16;
+const STAMP_MASK: u32 = 0xffff << STAMP_SHIFT;
 
 const CHUNK_BITS: u32 = 10;
 /// Entries per slab chunk (32 KiB).
@@ -43,7 +45,9 @@ pub(crate) struct Entry {
     /// Flush generation the item was stored in; a different current generation
     /// means `flush_all` has hidden it.
     pub gen: u32,
-    /// `FETCHED | STALE | WIN_SENT | DIRTY`, and the LFU access count in bits 8..16.
+    /// `FETCHED | STALE | WIN_SENT | DIRTY`, the LFU access count in bits 8..16,
+    /// and the `lru` stamp of the last store or access in bits 16..32 (see
+    /// `Budget::advance`).
     pub bits: u32,
 }
 
@@ -70,6 +74,16 @@ impl Entry {
     #[inline]
     pub(crate) fn freq(&self) -> u8 {
         ((self.bits & FREQ_MASK) >> FREQ_SHIFT) as u8
+    }
+
+    #[inline]
+    pub(crate) fn stamp(&self) -> u16 {
+        (self.bits >> STAMP_SHIFT) as u16
+    }
+
+    #[inline]
+    pub(crate) fn set_stamp(&mut self, s: u16) {
+        self.bits = (self.bits & !STAMP_MASK) | (u32::from(s) << STAMP_SHIFT);
     }
 
     #[inline]

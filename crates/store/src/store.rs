@@ -2,7 +2,7 @@
 
 use std::hash::BuildHasher;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -26,7 +26,8 @@ use crate::request::{
     SetRequest, SetStatus,
 };
 use crate::shard::{
-    scan_hints, shard_of, LargestHints, Lookup, Now, Padded, Shard, Shards, MAX_SHARD_ITEMS,
+    scan_hints, scan_tails, shard_of, LargestHints, Lookup, Now, Padded, Shard, Shards, TailHints,
+    MAX_SHARD_ITEMS, NO_TAIL,
 };
 use crate::slab::{NIL, STALE, WIN_SENT};
 use crate::stats::{DurableStats, StoreStats};
@@ -134,6 +135,8 @@ pub struct Store {
     flusher: Option<JoinHandle<()>>,
     /// `largest` policy only: each shard's largest charge (see [`LargestHints`]).
     hints: Option<LargestHints>,
+    /// `lru` policy only: each shard's coldest stamp (see [`TailHints`]).
+    tails: Option<TailHints>,
     /// Stores refused because the item is over the size limit (`store_too_large`).
     too_large: AtomicU64,
     /// Stores refused for lack of memory (`store_no_memory`).
@@ -169,9 +172,11 @@ impl Store {
         let hasher = DefaultHashBuilder::default();
         let hints: Option<LargestHints> =
             (config.policy == Policy::Largest).then(|| (0..n).map(|_| AtomicU64::new(0)).collect());
+        let tails: Option<TailHints> = (config.policy == Policy::Lru)
+            .then(|| (0..n).map(|_| AtomicU32::new(NO_TAIL)).collect());
         let shards = (0..n)
             .map(|i| {
-                let sh = Shard::new(config.policy, hasher, i, bits, hints.clone());
+                let sh = Shard::new(config.policy, hasher, i, bits, hints.clone(), tails.clone());
                 Padded(Mutex::new(sh))
             })
             .collect();
@@ -188,6 +193,7 @@ impl Store {
             durable: None,
             flusher: None,
             hints,
+            tails,
             too_large: AtomicU64::new(0),
             no_memory: AtomicU64::new(0),
         }
@@ -561,7 +567,7 @@ impl Store {
         let mut sh = self.lock(self.shard_index(hash));
         match sh.lookup(hash, key, &now, &self.budget) {
             Lookup::Live(idx) => {
-                sh.bump(idx, &now);
+                sh.bump(idx, &now, &self.budget);
                 sh.stats.get_hits += 1;
                 Some(sh.view(idx, self.time))
             }
@@ -596,7 +602,7 @@ impl Store {
         match sh.lookup(hash, key, &now, &self.budget) {
             Lookup::Live(idx) => {
                 sh.stats.touch_hits += 1;
-                sh.bump(idx, &now);
+                sh.bump(idx, &now, &self.budget);
                 if Self::retime(&mut sh, idx, e, self.time) {
                     Some(sh.view(idx, self.time))
                 } else {
@@ -625,7 +631,7 @@ impl Store {
         match sh.lookup(hash, key, &now, &self.budget) {
             Lookup::Live(idx) => {
                 sh.stats.touch_hits += 1;
-                sh.bump(idx, &now);
+                sh.bump(idx, &now, &self.budget);
                 if !Self::retime(&mut sh, idx, e, self.time) {
                     sh.unlink(idx, hash, &self.budget);
                     sh.tombstone(key, false);
@@ -655,9 +661,9 @@ impl Store {
     /// nothing could be freed (or, under contention that keeps taking the freed
     /// memory, after a bounded amount of work).
     ///
-    /// `lru`, `lfu`, `fifo`: the own shard ran out of evictable items, so this
-    /// evicts from the other shards, one lock at a time. `largest`: see
-    /// [`Store::evict_largest`].
+    /// `lfu`, `fifo`: the own shard ran out of evictable items, so this evicts
+    /// from the other shards, one lock at a time. `largest`: see
+    /// [`Store::evict_largest`]; `lru`: see [`Store::evict_oldest`].
     fn evict_elsewhere(
         &self,
         own: usize,
@@ -668,6 +674,9 @@ impl Store {
     ) -> bool {
         if let Some(hints) = &self.hints {
             return self.evict_largest(hints, own, (hash, key), need, reserved, now);
+        }
+        if let Some(tails) = &self.tails {
+            return self.evict_oldest(tails, own, (hash, key), need, reserved, now);
         }
         let mut need = need;
         for _ in 0..PASSES {
@@ -741,6 +750,67 @@ impl Store {
                 NIL
             };
             let (freed, next) = sh.evict_largest(need, PER_VISIT, floor, keep, now, &self.budget);
+            drop(sh);
+            if si == own {
+                own_cap = Some(next);
+            }
+            if freed == 0 {
+                // The shard changed since the scan (or holds only the own key):
+                // rescan, but give up if that keeps happening.
+                idle += 1;
+                if idle > 2 * self.shards.len() {
+                    return false;
+                }
+                continue;
+            }
+            idle = 0;
+            if self.take_freed(&mut need, reserved) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// `lru`: evicts the store-wide least recently used item (within
+    /// [`crate::shard::LRU_SLACK`]) until `need` bytes are reserved, as [`Store::evict_largest`]
+    /// does by size: each round scans every shard's tail hint without locks, locks
+    /// only the shard with the oldest one, and evicts its coldest items while they
+    /// are (within the slack) at least as old as the runner-up's (at most
+    /// [`PER_VISIT`] per visit). In the own shard the key being stored is never
+    /// evicted.
+    ///
+    /// Why store-wide: the lists are per shard, and a shard holds few large items
+    /// (under `-m 64`, about 5 of 200 KB in each of 64 shards), so the coldest item
+    /// of the storing key's shard is often one of the newest of the store.
+    fn evict_oldest(
+        &self,
+        tails: &[AtomicU32],
+        own: usize,
+        (hash, key): (u64, &[u8]),
+        need: usize,
+        reserved: &mut usize,
+        now: &Now,
+    ) -> bool {
+        let mut need = need;
+        // The own shard's oldest evictable age as last seen under its lock.
+        let mut own_cap = None;
+        let mut idle = 0;
+        for _ in 0..PASSES * PER_VISIT * self.shards.len() {
+            if self.budget.try_reserve(need) {
+                *reserved += need;
+                return true;
+            }
+            let (best, _, floor) = scan_tails(tails, self.budget.stamp_now(), own, own_cap);
+            let Some(si) = best else {
+                return false;
+            };
+            let mut sh = self.lock(si);
+            let keep = if si == own {
+                sh.find(hash, key).unwrap_or(NIL)
+            } else {
+                NIL
+            };
+            let (freed, next) = sh.evict_oldest(need, PER_VISIT, floor, keep, now, &self.budget);
             drop(sh);
             if si == own {
                 own_cap = Some(next);
@@ -851,7 +921,7 @@ impl Store {
                         // memcached: add only adds, but promotes the live item
                         // (an import does not).
                         if import_exptime.is_none() {
-                            sh.touch_order(idx);
+                            sh.touch_order(idx, &self.budget);
                         }
                         self.budget.release(reserved);
                         return SetStatus::NotStored;
@@ -1054,7 +1124,7 @@ impl Store {
                         &self.budget,
                     );
                     if !opts.no_bump {
-                        sh.bump(idx, &now);
+                        sh.bump(idx, &now, &self.budget);
                     }
                     Self::count_meta_hit(&mut sh, touch.is_some());
                     return Some(MetaView {
@@ -1159,7 +1229,7 @@ impl Store {
             sh.entry_mut(idx).bits |= WIN_SENT;
         }
         if !opts.no_bump {
-            sh.bump(idx, now);
+            sh.bump(idx, now, &self.budget);
         }
         Self::count_meta_hit(sh, touch.is_some());
         let mut item = sh.view(idx, self.time);

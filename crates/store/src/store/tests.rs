@@ -984,6 +984,73 @@ fn index_memory_per_item_is_small() {
     assert!(per_item < 50.0, "{per_item}");
 }
 
+/// The longest run of the newest keys `0..n` (newest = `n - 1`) all present.
+fn newest_intact(s: &Store, n: usize) -> usize {
+    (0..n)
+        .rev()
+        .take_while(|i| s.peek(format!("key{i}").as_bytes()).is_some())
+        .count()
+}
+
+/// Issue 25 item 12: with 64 shards a 16 MiB store holds about 80 values of 200 KB,
+/// one or two per shard, so evicting the coldest item of the storing key's shard
+/// evicted items among the newest. `lru` evicts the store-wide coldest instead
+/// (within `LRU_SLACK`, 1/64 of the limit): the newest items all stay.
+#[test]
+fn lru_evicts_store_wide_least_recently_used_large_values() {
+    let limit = 16 << 20;
+    let (s, _) = store_with(Policy::Lru, limit, 64);
+    let value = vec![7u8; 200_000];
+    let n = 400;
+    for i in 0..n {
+        let st = set(&s, format!("key{i}").as_bytes(), &value);
+        assert!(matches!(st, SetStatus::Stored { .. }), "{st:?}");
+    }
+    let fits = limit / charge("key000", value.len());
+    let items = s.stats().curr_items as usize;
+    let run = newest_intact(&s, n);
+    // Every item in memory is one of the newest (the slack is about one item).
+    assert!(
+        run >= items - 1 && items >= fits - 1,
+        "newest intact run {run} of {items} items ({fits} fit)"
+    );
+}
+
+/// memcached's t/lru.t, by shape: items fetched stay while unfetched older and
+/// newer ones go, across shards.
+#[test]
+fn lru_keeps_fetched_large_values_across_shards() {
+    let limit = 8 << 20;
+    let (s, _) = store_with(Policy::Lru, limit, 64);
+    let value = vec![7u8; 100_000];
+    let fits = limit / charge("key000", value.len());
+    for i in 0..fits - 2 {
+        set(&s, format!("key{i}").as_bytes(), &value);
+    }
+    // Fetch the oldest ten, then store new items until all but the newest two
+    // unfetched old ones went (the slack lets an eviction take an item up to
+    // 1/256 of the limit younger than the coldest).
+    for i in 0..10 {
+        assert!(s.get(format!("key{i}").as_bytes()).is_some());
+    }
+    for i in 1000..1000 + fits - 14 {
+        set(&s, format!("key{i}").as_bytes(), &value);
+    }
+    let kept: Vec<bool> = (0..10)
+        .map(|i| s.peek(format!("key{i}").as_bytes()).is_some())
+        .collect();
+    assert_eq!(kept, [true; 10], "fetched items survive");
+    // `fits` items fit: 10 fetched and `fits - 14` new ones leave room for 4 of
+    // the unfetched old ones, which must be the newest of them.
+    let unfetched_kept: Vec<usize> = (10..fits - 2)
+        .filter(|i| s.peek(format!("key{i}").as_bytes()).is_some())
+        .collect();
+    assert!(
+        unfetched_kept.len() <= 4 && unfetched_kept.iter().all(|&i| i + 6 >= fits),
+        "unfetched old items kept: {unfetched_kept:?} ({fits} fit)"
+    );
+}
+
 #[test]
 fn big_item_evicts_many_small_ones_across_shards() {
     let (s, _) = store_with(Policy::Lru, 2 << 20, 64);
