@@ -334,6 +334,8 @@ impl EtcdStore {
                 })),
                 // TTL 0: the lease is gone.
                 Some(_) => Ok(None),
+                // The member closed the stream without a word: as if it had not answered
+                // (UNAVAILABLE is a member's failure), so the next member is tried.
                 None => Err(Status::unavailable(
                     "the keep-alive stream ended unanswered",
                 )),
