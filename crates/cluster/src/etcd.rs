@@ -17,7 +17,10 @@
 //! unreachable or cut off from the quorum (no leader) is made again on the next member, so
 //! a node starts while one member of three is down, and a running node survives a member's
 //! death — its calls, its watch (set up again on the next wait) and its lease's keep-alive
-//! (resumed on another member, same lease, so its liveness key never lapses) move on.
+//! (resumed on another member, same lease, so its liveness key never lapses) move on. The
+//! members are tried round after round for as long as trying each once may take at worst
+//! ([`Tries`]): a dead member refuses at once, and a call made while the survivors elect a
+//! new leader waits for it rather than failing.
 //! One member at a time rather than a balanced channel over all of them: a balanced
 //! channel hands each call to any member, dead ones included, and reports the dead one's
 //! connect error instead of trying another.
@@ -26,7 +29,7 @@
 //! kvlab (threads, blocking calls) stays as it is.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvlab_etcd_proto::etcdserverpb::{
     compare::{CompareResult, CompareTarget, TargetUnion},
@@ -57,6 +60,11 @@ pub const LEASE_TTL_S: i64 = 3;
 /// How long one call to one member may take before the next member is tried. Short enough
 /// that a keep-alive moved to a second member still lands within the lease's TTL.
 const CALL_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// The pause before the members are tried again when each has failed a call at once (a dead
+/// member refuses the connection, and while the others elect a leader they answer "no
+/// leader"): a leader election takes about a second.
+const ROUND_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long a connection to a member may take to open (a partitioned member never
 /// answers; a dead one on a reachable host refuses at once).
@@ -122,6 +130,57 @@ impl From<Status> for Failure {
         } else {
             Failure::Answer(s)
         }
+    }
+}
+
+/// The tries of one call: each member in turn from the current one, round after round (a
+/// [`ROUND_PAUSE`] between rounds) while the call's budget lasts. The budget is what trying
+/// each member once may take at worst ([`CALL_TIMEOUT`] each); a member that fails at once
+/// does not spend it, so a call made while the survivors of a member's death elect a new
+/// leader waits for that leader instead of failing.
+struct Tries {
+    members: usize,
+    deadline: Instant,
+    tried: usize,
+    /// Why each member failed, the latest try last.
+    failures: Vec<String>,
+}
+
+impl Tries {
+    fn new(members: usize) -> Tries {
+        Tries {
+            members,
+            // (`members` is a spec's handful of addresses.)
+            deadline: Instant::now() + CALL_TIMEOUT * members as u32,
+            tried: 0,
+            failures: Vec::new(),
+        }
+    }
+
+    /// How long the next try may take; `None` when the budget is spent.
+    fn next(&mut self) -> Option<Duration> {
+        if self.tried > 0 && self.tried.is_multiple_of(self.members) {
+            std::thread::sleep(ROUND_PAUSE);
+        }
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        self.tried += 1;
+        Some(left.min(CALL_TIMEOUT))
+    }
+
+    fn failed(&mut self, member: &str, why: String) {
+        self.failures.push(format!("{member}: {why}"));
+    }
+
+    /// The call's error: why each member failed its last try.
+    fn error(self) -> ClusterError {
+        let last = self.failures.len().saturating_sub(self.members);
+        err(format!(
+            "no member answered ({})",
+            self.failures[last..].join("; ")
+        ))
     }
 }
 
@@ -234,38 +293,42 @@ impl EtcdStore {
         }
     }
 
-    /// Runs `f` on the current member, and on the next ones while members fail it (each
-    /// member once, each try at most [`CALL_TIMEOUT`]).
+    /// Runs `f` on the current member, and on the next ones while members fail it (see
+    /// [`Tries`]).
     fn call<T, F, Fut>(&self, f: F) -> Result<T, ClusterError>
     where
         F: Fn(Member) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
-        let mut failures = Vec::new();
-        for _ in 0..self.endpoints.len() {
+        let mut tries = Tries::new(self.endpoints.len());
+        while let Some(limit) = tries.next() {
             let (i, c) = self.client()?;
-            match self.once(f(c)) {
+            match self.once(f(c), limit) {
                 Ok(v) => return Ok(v),
                 Err(Failure::Answer(e)) => return Err(err(e)),
                 Err(Failure::Member(why)) => {
-                    failures.push(format!("{}: {why}", self.endpoints[i]));
+                    tries.failed(&self.endpoints[i], why);
                     self.next_member(i);
                 }
             }
         }
-        Err(err(format!("no member answered ({})", failures.join("; "))))
+        Err(tries.error())
     }
 
-    /// One try of one call, bounded by [`CALL_TIMEOUT`].
-    fn once<T>(&self, fut: impl Future<Output = Result<T, Status>>) -> Result<T, Failure> {
+    /// One try of one call, bounded by `limit`.
+    fn once<T>(
+        &self,
+        fut: impl Future<Output = Result<T, Status>>,
+        limit: Duration,
+    ) -> Result<T, Failure> {
         match self
             .rt
-            .block_on(async { tokio::time::timeout(CALL_TIMEOUT, fut).await })
+            .block_on(async { tokio::time::timeout(limit, fut).await })
         {
             Ok(r) => r.map_err(Failure::from),
             Err(_) => Err(Failure::Member(format!(
                 "no answer in {} ms",
-                CALL_TIMEOUT.as_millis()
+                limit.as_millis()
             ))),
         }
     }
@@ -376,8 +439,8 @@ impl TopologyStore for EtcdStore {
         let key = self.key("topology");
         let json = serde_json::to_vec(new).map_err(err)?;
         let mut stored = self.read()?;
-        let mut failures = Vec::new();
-        for _ in 0..self.endpoints.len() {
+        let mut tries = Tries::new(self.endpoints.len());
+        while let Some(limit) = tries.next() {
             let compare = match (&stored, expected) {
                 (None, None) => equals(&key, CompareTarget::Version, TargetUnion::Version(0)),
                 (Some((t, rev)), Some(e)) if t.epoch == e => {
@@ -397,11 +460,11 @@ impl TopologyStore for EtcdStore {
                 failure: Vec::new(),
             };
             let (i, mut c) = self.client()?;
-            match self.once(async move { c.kv.txn(txn).await }) {
+            match self.once(async move { c.kv.txn(txn).await }, limit) {
                 Ok(resp) => return Ok(resp.into_inner().succeeded),
                 Err(Failure::Answer(e)) => return Err(err(e)),
                 Err(Failure::Member(why)) => {
-                    failures.push(format!("{}: {why}", self.endpoints[i]));
+                    tries.failed(&self.endpoints[i], why);
                     self.next_member(i);
                 }
             }
@@ -414,7 +477,7 @@ impl TopologyStore for EtcdStore {
                 _ => {}
             }
         }
-        Err(err(format!("no member answered ({})", failures.join("; "))))
+        Err(tries.error())
     }
 
     fn describe(&self) -> String {
