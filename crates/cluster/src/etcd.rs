@@ -1,5 +1,5 @@
-//! The topology in etcd (v3 API, the `etcd-client` crate): for clusters of several
-//! machines.
+//! The topology in etcd (v3 API, through the tonic clients of `kvlab-etcd-proto`): for
+//! clusters of several machines.
 //!
 //! Keys under `/kvlab/<name>/`:
 //!
@@ -17,21 +17,39 @@
 //! unreachable or cut off from the quorum (no leader) is made again on the next member, so
 //! a node starts while one member of three is down, and a running node survives a member's
 //! death — its calls, its watch (set up again on the next wait) and its lease's keep-alive
-//! (resumed on another member, same lease, so its liveness key never lapses) move on.
+//! (resumed on another member, same lease, so its liveness key never lapses) move on. The
+//! members are tried round after round for as long as trying each once may take at worst
+//! ([`Tries`]): a dead member refuses at once, and a call made while the survivors elect a
+//! new leader waits for it rather than failing.
 //! One member at a time rather than a balanced channel over all of them: a balanced
 //! channel hands each call to any member, dead ones included, and reports the dead one's
 //! connect error instead of trying another.
 //!
-//! `etcd-client` is async; each store runs its calls on a small runtime of its own, so the
-//! rest of kvlab (threads, blocking calls) stays as it is.
+//! tonic is async; each store runs its calls on a small runtime of its own, so the rest of
+//! kvlab (threads, blocking calls) stays as it is.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, WatchStream,
+use kvlab_etcd_proto::etcdserverpb::{
+    compare::{CompareResult, CompareTarget, TargetUnion},
+    kv_client::KvClient,
+    lease_client::LeaseClient,
+    request_op::Request as Op,
+    watch_client::WatchClient,
+    watch_request::RequestUnion,
+    Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    PutRequest, RangeRequest, RangeResponse, RequestOp, TxnRequest, WatchCreateRequest,
+    WatchRequest, WatchResponse,
 };
 use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Response, Status, Streaming};
 
 use crate::topology::{Topology, TopologyStore};
 use crate::ClusterError;
@@ -42,6 +60,11 @@ pub const LEASE_TTL_S: i64 = 3;
 /// How long one call to one member may take before the next member is tried. Short enough
 /// that a keep-alive moved to a second member still lands within the lease's TTL.
 const CALL_TIMEOUT: Duration = Duration::from_millis(1500);
+
+/// The pause before the members are tried again when each has failed a call at once (a dead
+/// member refuses the connection, and while the others elect a leader they answer "no
+/// leader"): a leader election takes about a second.
+const ROUND_PAUSE: Duration = Duration::from_millis(200);
 
 /// How long a connection to a member may take to open (a partitioned member never
 /// answers; a dead one on a reachable host refuses at once).
@@ -55,21 +78,32 @@ const PING: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(
 pub struct EtcdStore {
     rt: tokio::runtime::Runtime,
     endpoints: Vec<String>,
-    options: ConnectOptions,
-    /// The member this store talks to (an index into `endpoints`) and its client, once
-    /// connected.
-    member: Mutex<(usize, Option<Client>)>,
+    /// The member this store talks to (an index into `endpoints`) and its clients, once
+    /// made.
+    member: Mutex<(usize, Option<Member>)>,
     prefix: String,
-    watch: Mutex<Option<WatchStream>>,
+    watch: Mutex<Option<Streaming<WatchResponse>>>,
     /// This process's lease (a node's), once granted.
     lease: Mutex<Option<Lease>>,
 }
 
-/// A granted lease, its keeper and the stream of its keep-alive answers.
+/// The channel to one member, with etcd's `hasleader` on every call.
+type Chan =
+    InterceptedService<Channel, fn(tonic::Request<()>) -> Result<tonic::Request<()>, Status>>;
+
+/// One member's clients (cheap to clone: they share the member's channel).
+#[derive(Clone)]
+struct Member {
+    kv: KvClient<Chan>,
+    watch: WatchClient<Chan>,
+    lease: LeaseClient<Chan>,
+}
+
+/// A granted lease, the sender of its keep-alives and the stream of their answers.
 struct Lease {
     id: i64,
-    keeper: etcd_client::LeaseKeeper,
-    answers: etcd_client::LeaseKeepAliveStream,
+    keeper: mpsc::Sender<LeaseKeepAliveRequest>,
+    answers: Streaming<LeaseKeepAliveResponse>,
 }
 
 fn err(e: impl std::fmt::Display) -> ClusterError {
@@ -81,20 +115,104 @@ enum Failure {
     /// The member did not answer (dead, unreachable, no leader, too slow): try another.
     Member(String),
     /// The member answered with an error: another would answer the same.
-    Answer(etcd_client::Error),
+    Answer(Status),
 }
 
 /// gRPC status codes (fixed by the gRPC specification) that say the member could not
 /// serve a call: CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, ABORTED, INTERNAL, UNAVAILABLE.
+/// (tonic reports a connection that failed or broke as UNAVAILABLE or UNKNOWN.)
 const MEMBER_CODES: [i32; 6] = [1, 2, 4, 10, 13, 14];
 
-/// Whether `e` says the member could not serve the call (rather than refusing it).
-fn member_failed(e: &etcd_client::Error) -> bool {
-    use etcd_client::Error as E;
-    match e {
-        E::TransportError(_) | E::IoError(_) | E::WatchError(_) => true,
-        E::GRpcStatus(s) => MEMBER_CODES.contains(&i32::from(s.code())),
-        _ => false,
+impl From<Status> for Failure {
+    fn from(s: Status) -> Failure {
+        if MEMBER_CODES.contains(&i32::from(s.code())) {
+            Failure::Member(s.to_string())
+        } else {
+            Failure::Answer(s)
+        }
+    }
+}
+
+/// The tries of one call: each member in turn from the current one, round after round (a
+/// [`ROUND_PAUSE`] between rounds) while the call's budget lasts. The budget is what trying
+/// each member once may take at worst ([`CALL_TIMEOUT`] each); a member that fails at once
+/// does not spend it, so a call made while the survivors of a member's death elect a new
+/// leader waits for that leader instead of failing.
+struct Tries {
+    members: usize,
+    deadline: Instant,
+    tried: usize,
+    /// Why each member failed, the latest try last.
+    failures: Vec<String>,
+}
+
+impl Tries {
+    fn new(members: usize) -> Tries {
+        Tries {
+            members,
+            // (`members` is a spec's handful of addresses.)
+            deadline: Instant::now() + CALL_TIMEOUT * members as u32,
+            tried: 0,
+            failures: Vec::new(),
+        }
+    }
+
+    /// How long the next try may take; `None` when the budget is spent.
+    fn next(&mut self) -> Option<Duration> {
+        if self.tried > 0 && self.tried.is_multiple_of(self.members) {
+            std::thread::sleep(ROUND_PAUSE);
+        }
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        self.tried += 1;
+        Some(left.min(CALL_TIMEOUT))
+    }
+
+    fn failed(&mut self, member: &str, why: String) {
+        self.failures.push(format!("{member}: {why}"));
+    }
+
+    /// The call's error: why each member failed its last try.
+    fn error(self) -> ClusterError {
+        let last = self.failures.len().saturating_sub(self.members);
+        err(format!(
+            "no member answered ({})",
+            self.failures[last..].join("; ")
+        ))
+    }
+}
+
+/// Adds etcd's `hasleader` metadata to a call: a member cut off from the quorum refuses at
+/// once (and ends its watches) instead of serving nothing until the call times out.
+fn require_leader(mut call: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+    call.metadata_mut()
+        .insert("hasleader", MetadataValue::from_static("true"));
+    Ok(call)
+}
+
+/// The end of the range of the keys that start with `prefix` (etcd's "prefix plus one"):
+/// its last byte below 0xff plus one, what follows it dropped; `\0` (every key from
+/// `prefix` on) if there is none.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// A transaction's condition: `key`'s `target` (which `value` names again) is `value`.
+fn equals(key: &str, target: CompareTarget, value: TargetUnion) -> Compare {
+    Compare {
+        result: CompareResult::Equal.into(),
+        target: target.into(),
+        key: key.as_bytes().to_vec(),
+        target_union: Some(value),
     }
 }
 
@@ -121,18 +239,9 @@ impl EtcdStore {
             .enable_all()
             .build()
             .map_err(err)?;
-        let options = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_timeout(CALL_TIMEOUT)
-            .with_keep_alive(PING.0, PING.1)
-            .with_keep_alive_while_idle(true)
-            // A member cut off from the quorum refuses at once (and ends its watches)
-            // instead of serving nothing until the call times out.
-            .with_require_leader(true);
         let store = EtcdStore {
             rt,
             endpoints,
-            options,
             member: Mutex::new((0, None)),
             prefix: format!("/kvlab/{name}/"),
             watch: Mutex::new(None),
@@ -146,17 +255,32 @@ impl EtcdStore {
         format!("{}{what}", self.prefix)
     }
 
-    /// The current member's client (connected, lazily, on first use).
-    fn client(&self) -> Result<(usize, Client), ClusterError> {
+    /// The current member's clients (made on first use; the connection opens with the
+    /// first call).
+    fn client(&self) -> Result<(usize, Member), ClusterError> {
         let mut m = self.member.lock();
         if let Some(c) = &m.1 {
             return Ok((m.0, c.clone()));
         }
         let endpoint = &self.endpoints[m.0];
-        let c = self
-            .rt
-            .block_on(Client::connect([endpoint], Some(self.options.clone())))
-            .map_err(|e| err(format!("{endpoint}: {e}")))?;
+        let channel = Endpoint::from_shared(endpoint.clone())
+            .map_err(|e| err(format!("{endpoint}: {e}")))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(CALL_TIMEOUT)
+            .http2_keep_alive_interval(PING.0)
+            .keep_alive_timeout(PING.1)
+            .keep_alive_while_idle(true);
+        // The channel's connection task runs on this store's runtime.
+        let channel = {
+            let _rt = self.rt.enter();
+            channel.connect_lazy()
+        };
+        let leader: fn(_) -> _ = require_leader;
+        let c = Member {
+            kv: KvClient::with_interceptor(channel.clone(), leader),
+            watch: WatchClient::with_interceptor(channel.clone(), leader),
+            lease: LeaseClient::with_interceptor(channel, leader),
+        };
         m.1 = Some(c.clone());
         Ok((m.0, c))
     }
@@ -169,115 +293,137 @@ impl EtcdStore {
         }
     }
 
-    /// Runs `f` on the current member, and on the next ones while members fail it (each
-    /// member once, each try at most [`CALL_TIMEOUT`]).
+    /// Runs `f` on the current member, and on the next ones while members fail it (see
+    /// [`Tries`]).
     fn call<T, F, Fut>(&self, f: F) -> Result<T, ClusterError>
     where
-        F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        F: Fn(Member) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
     {
-        let mut failures = Vec::new();
-        for _ in 0..self.endpoints.len() {
+        let mut tries = Tries::new(self.endpoints.len());
+        while let Some(limit) = tries.next() {
             let (i, c) = self.client()?;
-            match self.once(f(c)) {
+            match self.once(f(c), limit) {
                 Ok(v) => return Ok(v),
                 Err(Failure::Answer(e)) => return Err(err(e)),
                 Err(Failure::Member(why)) => {
-                    failures.push(format!("{}: {why}", self.endpoints[i]));
+                    tries.failed(&self.endpoints[i], why);
                     self.next_member(i);
                 }
             }
         }
-        Err(err(format!("no member answered ({})", failures.join("; "))))
+        Err(tries.error())
     }
 
-    /// One try of one call, bounded by [`CALL_TIMEOUT`].
+    /// One try of one call, bounded by `limit`.
     fn once<T>(
         &self,
-        fut: impl Future<Output = Result<T, etcd_client::Error>>,
+        fut: impl Future<Output = Result<T, Status>>,
+        limit: Duration,
     ) -> Result<T, Failure> {
         match self
             .rt
-            .block_on(async { tokio::time::timeout(CALL_TIMEOUT, fut).await })
+            .block_on(async { tokio::time::timeout(limit, fut).await })
         {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) if member_failed(&e) => Err(Failure::Member(e.to_string())),
-            Ok(Err(e)) => Err(Failure::Answer(e)),
+            Ok(r) => r.map_err(Failure::from),
             Err(_) => Err(Failure::Member(format!(
                 "no answer in {} ms",
-                CALL_TIMEOUT.as_millis()
+                limit.as_millis()
             ))),
         }
     }
 
+    /// The keys in `range` (a key, or a key and the end of a range).
+    fn range(&self, range: RangeRequest) -> Result<RangeResponse, ClusterError> {
+        self.call(|mut c| {
+            let range = range.clone();
+            async move { c.kv.range(range).await.map(Response::into_inner) }
+        })
+    }
+
     /// The stored topology and the revision it was written at.
     fn read(&self) -> Result<Option<(Topology, i64)>, ClusterError> {
-        let key = self.key("topology");
-        let resp = self.call(|mut c| {
-            let key = key.clone();
-            async move { c.get(key, None).await }
+        let resp = self.range(RangeRequest {
+            key: self.key("topology").into_bytes(),
+            ..Default::default()
         })?;
-        match resp.kvs().first() {
+        match resp.kvs.first() {
             None => Ok(None),
             Some(kv) => {
-                let t = serde_json::from_slice(kv.value()).map_err(err)?;
-                Ok(Some((t, kv.mod_revision())))
+                let t = serde_json::from_slice(&kv.value).map_err(err)?;
+                Ok(Some((t, kv.mod_revision)))
             }
         }
     }
 
     /// Whether this node's liveness key is there.
     fn alive_key_present(&self, node: &str) -> Result<bool, ClusterError> {
-        let key = self.key(&format!("alive/{node}"));
-        let resp = self.call(|mut c| {
-            let key = key.clone();
-            async move { c.get(key, Some(GetOptions::new().with_count_only())).await }
+        let resp = self.range(RangeRequest {
+            key: self.key(&format!("alive/{node}")).into_bytes(),
+            count_only: true,
+            ..Default::default()
         })?;
-        Ok(resp.count() > 0)
+        Ok(resp.count > 0)
     }
 
     /// One keep-alive of `lease` on its own stream: whether etcd answered that the lease
     /// lives. `false` when the stream's member is gone, or the lease expired.
     fn keep_alive(&self, lease: &mut Lease) -> bool {
-        let sent = self.rt.block_on(async {
+        let answer = self.rt.block_on(async {
             tokio::time::timeout(CALL_TIMEOUT, async {
-                lease.keeper.keep_alive().await?;
-                lease.answers.message().await
+                let again = LeaseKeepAliveRequest { id: lease.id };
+                lease.keeper.send(again).await.ok()?;
+                lease.answers.message().await.ok().flatten()
             })
             .await
         });
-        matches!(sent, Ok(Ok(Some(answer))) if answer.ttl() > 0)
+        matches!(answer, Ok(Some(answer)) if answer.ttl > 0)
     }
 
     /// A keep-alive stream for lease `id` on a member that answers (the lease is the
     /// cluster's, not a member's); `None` if the lease has expired.
     fn keeper(&self, id: i64) -> Result<Option<Lease>, ClusterError> {
-        let r = self.call(|mut c| async move {
-            match c.lease_keep_alive(id).await {
-                Ok((keeper, answers)) => Ok(Some(Lease {
+        self.call(|mut c| async move {
+            // The stream's first keep-alive goes with it; the sender sends the next ones.
+            let (keeper, next) = mpsc::channel(1);
+            let keep_alives =
+                tokio_stream::once(LeaseKeepAliveRequest { id }).chain(ReceiverStream::new(next));
+            let mut answers = c.lease.lease_keep_alive(keep_alives).await?.into_inner();
+            match answers.message().await? {
+                Some(first) if first.ttl > 0 => Ok(Some(Lease {
                     id,
                     keeper,
                     answers,
                 })),
-                // Said by the stream's first answer (TTL 0): the lease is gone.
-                Err(etcd_client::Error::LeaseKeepAliveError(_)) => Ok(None),
-                Err(e) => Err(e),
+                // TTL 0: the lease is gone.
+                Some(_) => Ok(None),
+                // The member closed the stream without a word: as if it had not answered
+                // (UNAVAILABLE is a member's failure), so the next member is tried.
+                None => Err(Status::unavailable(
+                    "the keep-alive stream ended unanswered",
+                )),
             }
-        })?;
-        Ok(r)
+        })
     }
 
     /// Grants a new lease, attaches this node's liveness key to it, and keeps it alive.
     fn new_lease(&self, node: &str) -> Result<Lease, ClusterError> {
-        let granted = self.call(|mut c| async move { c.lease_grant(LEASE_TTL_S, None).await })?;
-        let id = granted.id();
-        let key = self.key(&format!("alive/{node}"));
+        let grant = LeaseGrantRequest {
+            ttl: LEASE_TTL_S,
+            id: 0,
+        };
+        let granted = self.call(|mut c| async move {
+            c.lease.lease_grant(grant).await.map(Response::into_inner)
+        })?;
+        let id = granted.id;
+        let put = PutRequest {
+            key: self.key(&format!("alive/{node}")).into_bytes(),
+            value: node.as_bytes().to_vec(),
+            lease: id,
+        };
         self.call(|mut c| {
-            let (key, node) = (key.clone(), node.to_string());
-            async move {
-                c.put(key, node, Some(PutOptions::new().with_lease(id)))
-                    .await
-            }
+            let put = put.clone();
+            async move { c.kv.put(put).await }
         })?;
         self.keeper(id)?
             .ok_or_else(|| err(format!("lease {id} expired as it was granted")))
@@ -293,25 +439,32 @@ impl TopologyStore for EtcdStore {
         let key = self.key("topology");
         let json = serde_json::to_vec(new).map_err(err)?;
         let mut stored = self.read()?;
-        let mut failures = Vec::new();
-        for _ in 0..self.endpoints.len() {
+        let mut tries = Tries::new(self.endpoints.len());
+        while let Some(limit) = tries.next() {
             let compare = match (&stored, expected) {
-                (None, None) => Compare::version(key.clone(), CompareOp::Equal, 0),
+                (None, None) => equals(&key, CompareTarget::Version, TargetUnion::Version(0)),
                 (Some((t, rev)), Some(e)) if t.epoch == e => {
-                    Compare::mod_revision(key.clone(), CompareOp::Equal, *rev)
+                    equals(&key, CompareTarget::Mod, TargetUnion::ModRevision(*rev))
                 }
                 _ => return Ok(false),
             };
-            let txn =
-                Txn::new()
-                    .when([compare])
-                    .and_then([TxnOp::put(key.clone(), json.clone(), None)]);
+            let txn = TxnRequest {
+                compare: vec![compare],
+                success: vec![RequestOp {
+                    request: Some(Op::RequestPut(PutRequest {
+                        key: key.clone().into_bytes(),
+                        value: json.clone(),
+                        lease: 0,
+                    })),
+                }],
+                failure: Vec::new(),
+            };
             let (i, mut c) = self.client()?;
-            match self.once(async move { c.txn(txn).await }) {
-                Ok(resp) => return Ok(resp.succeeded()),
+            match self.once(async move { c.kv.txn(txn).await }, limit) {
+                Ok(resp) => return Ok(resp.into_inner().succeeded),
                 Err(Failure::Answer(e)) => return Err(err(e)),
                 Err(Failure::Member(why)) => {
-                    failures.push(format!("{}: {why}", self.endpoints[i]));
+                    tries.failed(&self.endpoints[i], why);
                     self.next_member(i);
                 }
             }
@@ -324,7 +477,7 @@ impl TopologyStore for EtcdStore {
                 _ => {}
             }
         }
-        Err(err(format!("no member answered ({})", failures.join("; "))))
+        Err(tries.error())
     }
 
     fn describe(&self) -> String {
@@ -332,16 +485,13 @@ impl TopologyStore for EtcdStore {
     }
 
     fn clear(&self) -> Result<(), ClusterError> {
-        let prefix = self.prefix.clone();
+        let delete = DeleteRangeRequest {
+            key: self.prefix.as_bytes().to_vec(),
+            range_end: prefix_end(self.prefix.as_bytes()),
+        };
         self.call(|mut c| {
-            let prefix = prefix.clone();
-            async move {
-                c.delete(
-                    prefix,
-                    Some(etcd_client::DeleteOptions::new().with_prefix()),
-                )
-                .await
-            }
+            let delete = delete.clone();
+            async move { c.kv.delete_range(delete).await }
         })?;
         Ok(())
     }
@@ -349,10 +499,16 @@ impl TopologyStore for EtcdStore {
     fn wait(&self, timeout: Duration) {
         let mut w = self.watch.lock();
         if w.is_none() {
-            let key = self.key("topology");
+            let create = WatchRequest {
+                request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                    key: self.key("topology").into_bytes(),
+                    range_end: Vec::new(),
+                })),
+            };
             let made = self.call(|mut c| {
-                let key = key.clone();
-                async move { c.watch(key, None).await }
+                // The request stream stays open (pending) as long as the watch does.
+                let requests = tokio_stream::once(create.clone()).chain(tokio_stream::pending());
+                async move { c.watch.watch(requests).await.map(Response::into_inner) }
             });
             match made {
                 Ok(stream) => *w = Some(stream),
@@ -368,9 +524,11 @@ impl TopologyStore for EtcdStore {
             .rt
             .block_on(async { tokio::time::timeout(timeout, stream.message()).await });
         match got {
-            Ok(Ok(Some(_))) | Err(_) => {} // a change, or nothing within the timeout
-            // The watch broke (its member died or lost the quorum, etcd restarted): a new
-            // one next time, on whichever member answers then.
+            // A change (or the watch's creation), or nothing within the timeout.
+            Ok(Ok(Some(answer))) if !answer.canceled => {}
+            Err(_) => {}
+            // The watch broke (its member died or lost the quorum, etcd restarted) or etcd
+            // cancelled it: a new one next time, on whichever member answers then.
             Ok(_) => *w = None,
         }
     }
@@ -403,17 +561,31 @@ impl TopologyStore for EtcdStore {
     }
 
     fn alive(&self) -> Result<Option<Vec<String>>, ClusterError> {
-        let key = self.key("alive/");
-        let resp = self.call(|mut c| {
-            let key = key.clone();
-            async move { c.get(key, Some(GetOptions::new().with_prefix())).await }
+        let key = self.key("alive/").into_bytes();
+        let resp = self.range(RangeRequest {
+            range_end: prefix_end(&key),
+            key,
+            ..Default::default()
         })?;
         let mut nodes: Vec<String> = resp
-            .kvs()
+            .kvs
             .iter()
-            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned())
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned())
             .collect();
         nodes.sort();
         Ok(Some(nodes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefix_end;
+
+    #[test]
+    fn a_prefix_range_ends_at_the_prefix_plus_one() {
+        assert_eq!(prefix_end(b"/kvlab/a/"), b"/kvlab/a0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
+        assert_eq!(prefix_end(b""), b"\0");
     }
 }
