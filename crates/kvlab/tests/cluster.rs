@@ -683,8 +683,18 @@ fn reply_line(s: &mut TcpStream) -> String {
     String::from_utf8(buf).unwrap()
 }
 
+/// Sends `sig` to `p`; for `SIGSTOP`, returns once the process is stopped (the signal takes
+/// effect asynchronously: a busy process may still answer a request meanwhile).
 fn signal(p: &Process, sig: i32) {
     assert_eq!(unsafe { libc::kill(p.pid() as i32, sig) }, 0);
+    if sig == libc::SIGSTOP {
+        until("the process stopped", || {
+            std::fs::read_to_string(format!("/proc/{}/stat", p.pid()))
+                .ok()
+                .and_then(|s| s.rsplit(") ").next().map(|r| r.starts_with('T')))
+                .unwrap_or(false)
+        });
+    }
 }
 
 /// A write waiting for its copy holds back only its own reply: the other clients of the
