@@ -706,12 +706,22 @@ fn a_write_waiting_for_its_copy_holds_up_no_other_client() {
     use std::io::Write;
     let (_dir, nodes, mut writer, key) = two_copies_on_one_loop();
     let owner = writer.peer_addr().unwrap().to_string();
+    let sets = || -> u64 {
+        let addr: SocketAddr = owner.parse().unwrap();
+        kvlab_client::process::stats(addr, None, Duration::from_secs(5))
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| k == "cmd_set")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap()
+    };
+    let before = sets();
     signal(&nodes[1], libc::SIGSTOP);
     writer
         .write_all(format!("set {key} 0 0 1\r\ny\r\n").as_bytes())
         .unwrap();
-    // The write is read in a round of its own before the other client speaks.
-    std::thread::sleep(Duration::from_millis(200));
+    // The write is read (and applied) in a round of its own before the other client speaks.
+    until("the owner took the write", || sets() > before);
     let mut other = connect_to(&owner);
     other.write_all(b"version\r\n").unwrap();
     let answered = reply_line(&mut other);
