@@ -434,15 +434,66 @@ fn drive(
         std::thread::sleep(poll);
     }
     report.handoff_s = handoff.elapsed().as_secs_f64();
+    let leavers: Vec<String> = t
+        .nodes
+        .iter()
+        .filter(|n| !m.to.contains(n))
+        .cloned()
+        .collect();
     let mut done = t.next();
     done.nodes = m.to.clone();
     done.migration = None;
+    done.leaving
+        .retain(|n| !m.to.contains(n) && !leavers.contains(n));
+    done.leaving.extend(leavers.iter().cloned());
+    let keep = done.leaving.len().saturating_sub(LEAVING_KEPT);
+    done.leaving.drain(..keep);
     if !store.swap(Some(t.epoch), &done)? {
         return Err(ClusterError::Migration(
             "the topology changed under the migration".into(),
         ));
     }
+    if done.replicas > 1 {
+        for node in &leavers {
+            await_hand_over(node, done.epoch)?;
+        }
+    }
     report.total_s = start.elapsed().as_secs_f64();
     progress(&report);
     Ok(report)
+}
+
+/// How many nodes taken out of the ring the topology remembers (see
+/// [`Topology::leaving`]).
+const LEAVING_KEPT: usize = 8;
+
+/// With copies: waits until `node`, just taken out of the ring at `epoch`, has handed what
+/// it still holds to the keys' nodes (its clean-up's hand-over, retried while a node
+/// catches up and refuses it), so that stopping it loses nothing. A node that does not
+/// answer for [`STATUS_PATIENCE`] is gone (what it held went with it): nothing to wait for.
+fn await_hand_over(node: &str, epoch: u64) -> Result<(), ClusterError> {
+    let start = Instant::now();
+    let mut failing_since: Option<Instant> = None;
+    loop {
+        match node_status(node) {
+            Ok(s) => {
+                failing_since = None;
+                let p = &s["progress"];
+                if p["handover_epoch"].as_u64().is_some_and(|e| e >= epoch) {
+                    return Ok(());
+                }
+                if start.elapsed() > STALL_LIMIT {
+                    return Err(ClusterError::Migration(format!(
+                        "the migration is done, but {node} still holds {} items its keys' \
+                         nodes have not taken (one may be catching up): keep it running \
+                         until `kvlab cluster status` shows them handed over",
+                        p["handover_pending"].as_u64().unwrap_or(0)
+                    )));
+                }
+            }
+            Err(_) if patient(&mut failing_since) => {}
+            Err(_) => return Ok(()),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }

@@ -22,7 +22,7 @@ mod pipe;
 pub mod topology;
 
 pub use kvlab_client::Redirect;
-pub use node::{Gate, Node, Verdict};
+pub use node::{Gate, Import, Node, Verdict};
 pub use topology::{FileStore, Migration, Phase, Topology, TopologyStore};
 
 /// What can go wrong in a cluster operation.

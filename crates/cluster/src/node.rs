@@ -51,6 +51,10 @@ pub const RESYNC: u64 = u64::MAX;
 /// time (a node that has the key keeps its own).
 pub const HANDOVER: u64 = u64::MAX - 1;
 
+/// How long a node catching up keeps asking a node out of the ring that does not answer
+/// (a node that refuses the connection is not asked again).
+const LEFT_PATIENCE: Duration = Duration::from_secs(5);
+
 /// How long a migration stream waits for its new owner's replies.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -118,8 +122,35 @@ pub struct Progress {
     pub cleaned: u64,
     /// Writes whose copy could not be written to another node.
     pub replica_errors: u64,
+    /// The newest epoch whose clean-up has handed every item this node no longer holds to
+    /// the key's nodes (with copies; without, once it removed them).
+    pub handover_epoch: u64,
+    /// Items the clean-up under way still holds for nodes that did not take them yet.
+    pub handover_pending: u64,
+    /// A new owner the hand-off waits for (its stream failed; it is asked again), and why.
+    pub waiting_for: Option<String>,
     /// Last error, if any.
     pub error: Option<String>,
+}
+
+/// An import stream (`cluster import ID FROM [GEN]`) as the receiving node knows it: a
+/// source that reconnects after a failure opens a newer generation, which replaces the
+/// older stream (see [`Gate::imports`]).
+#[derive(Debug, Clone)]
+pub struct Import {
+    /// The migration (or [`RESYNC`], [`HANDOVER`], 0 for copies).
+    pub id: u64,
+    from: Arc<str>,
+    gen: u64,
+    newest: Arc<AtomicU64>,
+}
+
+/// A generation for a migration stream this process opens: larger than any an earlier run
+/// of this node opened (it starts from the clock) and than any it opened before.
+fn next_generation() -> u64 {
+    static GENERATION: AtomicU64 = AtomicU64::new(0);
+    GENERATION.fetch_max(now_ms() << 12, Ordering::Relaxed);
+    GENERATION.fetch_add(1, Ordering::Relaxed) + 1
 }
 
 /// A cluster node's shared state: one per server, shared by its workers.
@@ -157,6 +188,8 @@ pub struct Node {
     /// source's); a cleanup of an older epoch, which would take those items for strays,
     /// stops when it sees one.
     newest_import: AtomicU64,
+    /// Per source and migration, the newest generation of its import streams.
+    streams: Mutex<HashMap<(String, u64), Arc<AtomicU64>>>,
     /// With leases: until when (unix ms) this node may accept writes — its liveness key
     /// outlives its last heartbeat by the lease's TTL; a node cut off from the store
     /// stops taking writes when others may take it for dead. `u64::MAX` without leases.
@@ -209,6 +242,7 @@ impl Node {
             recovering: AtomicBool::new(false),
             resynced: Mutex::new(Vec::new()),
             newest_import: AtomicU64::new(0),
+            streams: Mutex::new(HashMap::new()),
         });
         let named = topo.nodes.iter().any(|n| *n == node.me)
             || topo
@@ -288,10 +322,13 @@ impl Node {
             }
         };
         // First the copies the key's holders keep; then, for keys still missing, items
-        // kept by nodes that no longer hold them (`add` never replaces the first).
+        // kept by nodes that no longer hold them (`add` never replaces the first) — the
+        // ring's and those recent migrations took out of it, which may still hold items
+        // they could not hand to this node while it was down.
+        let mut left = HashSet::new();
         for strays in [false, true] {
             self.resynced.lock().clear();
-            if !self.resync_round(strays, &mut note) {
+            if !self.resync_round(strays, &mut left, &mut note) {
                 return;
             }
         }
@@ -300,13 +337,25 @@ impl Node {
     }
 
     /// One round of [`Node::rejoin`]: asks every other ring node for its items for this
-    /// node (`strays`: those it no longer holds itself) until each has sent them. False
-    /// when the node stops first.
-    fn resync_round(&self, strays: bool, note: &mut dyn FnMut(String)) -> bool {
+    /// node (`strays`: those it no longer holds itself; then also the nodes migrations
+    /// took out of the ring, gathered in `left`) until each has sent them. A node out of
+    /// the ring that refuses the connection is gone (what it held went with it); one that
+    /// does not answer at all is given up after [`LEFT_PATIENCE`]. False when the node
+    /// stops first.
+    fn resync_round(
+        &self,
+        strays: bool,
+        left: &mut HashSet<String>,
+        note: &mut dyn FnMut(String),
+    ) -> bool {
         let what = if strays { "strays" } else { "held" };
+        let mut given_up: HashSet<String> = HashSet::new();
+        let mut failing: HashMap<String, Instant> = HashMap::new();
         while !self.stop.load(Ordering::Relaxed) {
             let v = self.view();
             if let Some(m) = &v.migration {
+                left.extend(m.other.nodes().iter().cloned());
+                left.extend(v.serving.nodes().iter().cloned());
                 if m.phase == Phase::Copy {
                     if let Err(e) = crate::coordinator::abort(&*self.topology) {
                         note(format!("rolling back migration {}: {e}", m.id));
@@ -315,14 +364,21 @@ impl Node {
                 self.topology.wait(HEARTBEAT / 4);
                 continue;
             }
+            let ring = v.serving.nodes();
+            let mut peers: Vec<String> = ring.iter().filter(|n| **n != self.me).cloned().collect();
+            if strays {
+                if let Ok(Some(t)) = self.topology.load() {
+                    left.extend(t.leaving);
+                }
+                peers.extend(
+                    left.iter()
+                        .filter(|n| **n != self.me && !ring.contains(n) && !given_up.contains(*n))
+                        .cloned(),
+                );
+            }
             let missing: Vec<String> = {
                 let done = self.resynced.lock();
-                v.serving
-                    .nodes()
-                    .iter()
-                    .filter(|n| **n != self.me && !done.contains(n))
-                    .cloned()
-                    .collect()
+                peers.into_iter().filter(|n| !done.contains(n)).collect()
             };
             if missing.is_empty() {
                 return true;
@@ -332,16 +388,32 @@ impl Node {
                     p.line(format!("cluster resync {} {what}\r\n", self.me).as_bytes())?;
                     p.flush()
                 });
-                if let Err(e) = asked {
-                    note(format!("{peer}: {e}"));
+                match asked {
+                    Ok(_) => {
+                        failing.remove(peer);
+                    }
+                    Err(e) if !ring.contains(peer) => {
+                        let since = *failing.entry(peer.clone()).or_insert_with(Instant::now);
+                        let gone = e.to_string().contains("refused");
+                        if gone || since.elapsed() >= LEFT_PATIENCE {
+                            note(format!("{peer} (out of the ring) is not asked: {e}"));
+                            given_up.insert(peer.clone());
+                        }
+                    }
+                    Err(e) => note(format!("{peer}: {e}")),
                 }
             }
             // The peers' streams end with `cluster resynced`; wait for them a little.
             let t0 = Instant::now();
             while t0.elapsed() < HEARTBEAT / 5 && !self.stop.load(Ordering::Relaxed) {
-                if missing.iter().all(|p| self.resynced.lock().contains(p)) {
+                let done = self.resynced.lock();
+                if missing
+                    .iter()
+                    .all(|p| done.contains(p) || given_up.contains(p))
+                {
                     break;
                 }
+                drop(done);
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
@@ -444,6 +516,25 @@ impl Node {
             "items": self.store.stats().curr_items,
         })
         .to_string()
+    }
+
+    /// `cluster import ID FROM [GEN]`: the stream that connection now carries.
+    pub fn open_import(&self, id: u64, from: &str, gen: u64) -> Import {
+        let newest = if (1..HANDOVER).contains(&id) {
+            let mut streams = self.streams.lock();
+            streams.retain(|(_, m), _| *m + 64 > id); // older migrations' entries go
+            let newest = streams.entry((from.to_string(), id)).or_default().clone();
+            newest.fetch_max(gen, Ordering::AcqRel);
+            newest
+        } else {
+            Arc::new(AtomicU64::new(0))
+        };
+        Import {
+            id,
+            from: from.into(),
+            gen,
+            newest,
+        }
     }
 
     /// A new owner hears that `source` sent it everything for migration `id`.
@@ -644,28 +735,53 @@ impl Node {
         kept
     }
 
-    /// Says `drained` for migration `id` to every new owner in `serving` at once (a source
-    /// with nothing to send), and reports the hand-off done.
-    fn hand_off_empty(&self, id: u64, serving: &Ring) {
+    /// Says `drained` for migration `id` to every new owner in `serving` (a source with
+    /// nothing to send), on a thread of its own that asks a node that does not answer
+    /// again until it does, then reports the hand-off done.
+    fn hand_off_empty(self: &Arc<Node>, id: u64, serving: &Ring) {
         tracing::warn!("migration {id}: this node restarted during it; its keys were not copied");
-        let me = self.me.as_str();
-        for node in serving.nodes().iter().filter(|n| *n != me) {
-            let said = Pipe::connect(node, STREAM_TIMEOUT).and_then(|mut p| {
-                p.line(format!("cluster drained {id} {me}\r\n").as_bytes())?;
-                p.flush()
+        let node = self.clone();
+        let mut owed: Vec<String> = serving
+            .nodes()
+            .iter()
+            .filter(|n| **n != self.me)
+            .cloned()
+            .collect();
+        let spawned = std::thread::Builder::new()
+            .name("kvlab-drained".into())
+            .spawn(move || {
+                let me = node.me.as_str();
+                let mut pause = Duration::from_millis(20);
+                while !owed.is_empty() {
+                    if node.abandoned(id) {
+                        return;
+                    }
+                    owed.retain(|n| {
+                        let said = Pipe::connect(n, STREAM_TIMEOUT).and_then(|mut p| {
+                            p.line(format!("cluster drained {id} {me}\r\n").as_bytes())?;
+                            p.flush()
+                        });
+                        if let Err(e) = &said {
+                            node.progress.lock().waiting_for = Some(format!("{n}: {e}"));
+                        }
+                        said.is_err()
+                    });
+                    if !owed.is_empty() {
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                }
+                *node.progress.lock() = Progress {
+                    migration: id,
+                    snapshot_done: true,
+                    handed_off: id,
+                    ..Progress::default()
+                };
             });
-            if let Err(e) = said {
-                self.progress.lock().error = Some(format!("drained to {node}: {e}"));
-                return;
-            }
+        match spawned {
+            Ok(h) => self.threads.lock().push(h),
+            Err(e) => self.progress.lock().error = Some(e.to_string()),
         }
-        let mut p = self.progress.lock();
-        *p = Progress {
-            migration: id,
-            snapshot_done: true,
-            handed_off: id,
-            ..Progress::default()
-        };
     }
 
     /// With copies and leases: a ring node whose liveness has lapsed for a lease's TTL is
@@ -962,43 +1078,190 @@ impl Node {
             p.snapshot_done = true;
             p.snapshot_ms = now_ms().saturating_sub(started_ms);
         }
-        // Stream changes until the hand-off's grace period is over, then drain once more.
+        // Stream changes until the hand-off's grace period is over, then drain once more
+        // and say `drained` to every new owner. Per new owner, the changes sent since its
+        // last confirmed batch: sent again if its stream fails.
+        let mut unconfirmed: HashMap<usize, Vec<Vec<u8>>> = HashMap::new();
         loop {
             let finishing = self.finish.load(Ordering::Acquire);
-            if finishing == u64::MAX || self.stop.load(Ordering::Relaxed) {
-                return Ok(()); // rolled back
+            if finishing == u64::MAX || self.abandoned(id) {
+                return Ok(()); // rolled back, ended or stopping
             }
             let last = finishing == id;
             let keys: Vec<Vec<u8>> = self.changes.lock().drain().collect();
-            for key in &keys {
-                let Some(i) = target_of(key) else { continue };
-                let pipe = self.pipe(&mut pipes, i, future, id)?;
-                match self.store.peek(key) {
-                    Some(m) => {
-                        pipe.set(key, m.item.flags, m.item.exptime, &m.item.value)?;
-                        self.progress.lock().bytes_sent += m.item.value.len() as u64;
+            let idle = keys.is_empty();
+            for key in keys {
+                let Some(i) = target_of(&key) else { continue };
+                let sent = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
+                    match self.store.peek(&key) {
+                        Some(m) => {
+                            pipe.set(&key, m.item.flags, m.item.exptime, &m.item.value)?;
+                            Ok(m.item.value.len() as u64)
+                        }
+                        None => pipe.delete(&key).map(|()| 0),
                     }
-                    None => pipe.delete(key)?,
+                });
+                match sent {
+                    Ok(bytes) => {
+                        let mut p = self.progress.lock();
+                        p.bytes_sent += bytes;
+                        p.changes_sent += 1;
+                        drop(p);
+                        unconfirmed.entry(i).or_default().push(key);
+                    }
+                    Err(e) => {
+                        self.changes.lock().insert(key);
+                        self.lost_stream(
+                            id,
+                            i,
+                            e,
+                            &mut pipes,
+                            &mut unconfirmed,
+                            future,
+                            &target_of,
+                        )?;
+                    }
                 }
-                self.progress.lock().changes_sent += 1;
             }
-            self.flush(&mut pipes)?;
-            if last {
-                break;
+            let open: Vec<usize> = pipes.keys().copied().collect();
+            for i in open {
+                let Some(pipe) = pipes.get_mut(&i) else {
+                    continue;
+                };
+                match pipe.flush() {
+                    Ok(refused) => {
+                        unconfirmed.remove(&i);
+                        if refused > 0 {
+                            self.progress.lock().refused += refused;
+                        }
+                    }
+                    Err(e) => self.lost_stream(
+                        id,
+                        i,
+                        e,
+                        &mut pipes,
+                        &mut unconfirmed,
+                        future,
+                        &target_of,
+                    )?,
+                }
             }
-            if keys.is_empty() {
+            if last && self.changes.lock().is_empty() {
+                let mut told = true;
+                for i in (0..future.nodes().len()).filter(|&i| future.nodes()[i] != me) {
+                    let said = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
+                        pipe.line(format!("cluster drained {id} {me}\r\n").as_bytes())?;
+                        pipe.flush()
+                    });
+                    if let Err(e) = said {
+                        told = false;
+                        self.lost_stream(
+                            id,
+                            i,
+                            e,
+                            &mut pipes,
+                            &mut unconfirmed,
+                            future,
+                            &target_of,
+                        )?;
+                    }
+                }
+                if told {
+                    break;
+                }
+                continue; // what a failed stream carried goes again first
+            }
+            if idle {
                 std::thread::sleep(Duration::from_millis(2));
             }
         }
-        for i in 0..future.nodes().len() {
-            if future.nodes()[i] != me {
-                let pipe = self.pipe(&mut pipes, i, future, id)?;
-                pipe.line(format!("cluster drained {id} {me}\r\n").as_bytes())?;
-            }
-        }
-        self.flush(&mut pipes)?;
         self.progress.lock().handed_off = id;
         Ok(())
+    }
+
+    /// A new owner's stream failed during migration `id` (its node was killed, paused or
+    /// cut off). While copying, the migration fails (the coordinator rolls it back). In the
+    /// hand-off it can only go forward: the changes the stream may not have delivered go
+    /// back to the change log, and once the node answers again it is sent all its keys
+    /// again on a new stream, which replaces the old one there. A node that restarted
+    /// empty refuses them while it catches up, and takes them from this node afterwards.
+    #[allow(clippy::too_many_arguments)]
+    fn lost_stream(
+        &self,
+        id: u64,
+        i: usize,
+        error: ClusterError,
+        pipes: &mut HashMap<usize, Pipe>,
+        unconfirmed: &mut HashMap<usize, Vec<Vec<u8>>>,
+        future: &Ring,
+        target_of: &dyn Fn(&[u8]) -> Option<usize>,
+    ) -> Result<(), ClusterError> {
+        pipes.remove(&i);
+        let copying = self
+            .view()
+            .migration
+            .as_ref()
+            .is_some_and(|m| m.id == id && m.phase == Phase::Copy);
+        if copying {
+            return Err(error);
+        }
+        self.changes
+            .lock()
+            .extend(unconfirmed.remove(&i).unwrap_or_default());
+        let node = &future.nodes()[i];
+        tracing::warn!("migration {id}: the stream to {node} failed ({error}); its keys go again once it answers");
+        let mut reason = error.to_string();
+        let mut pause = Duration::from_millis(50);
+        while !self.abandoned(id) {
+            self.progress.lock().waiting_for = Some(format!("{node}: {reason}"));
+            match self.resend(id, i, future, target_of) {
+                Ok(pipe) => {
+                    pipes.insert(i, pipe);
+                    self.progress.lock().waiting_for = None;
+                    return Ok(());
+                }
+                Err(e) => reason = e.to_string(),
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+        Ok(())
+    }
+
+    /// A new stream to new owner `i` of migration `id` that carries every key of it this
+    /// node serves, as it is now.
+    fn resend(
+        &self,
+        id: u64,
+        i: usize,
+        future: &Ring,
+        target_of: &dyn Fn(&[u8]) -> Option<usize>,
+    ) -> Result<Pipe, ClusterError> {
+        let mut pipe = Pipe::connect(&future.nodes()[i], STREAM_TIMEOUT)?.import_generation(
+            id,
+            &self.me,
+            next_generation(),
+        )?;
+        let mut cursor = ScanCursor::default();
+        let mut items = Vec::with_capacity(512);
+        loop {
+            items.clear();
+            let step = self
+                .store
+                .scan_matching(&mut cursor, 512, &mut items, |_, key| {
+                    target_of(key) == Some(i)
+                });
+            for item in &items {
+                pipe.set(item.key(), item.flags(), item.exptime(), item.value())?;
+            }
+            let refused = pipe.flush()?;
+            if refused > 0 {
+                self.progress.lock().refused += refused;
+            }
+            if step.done {
+                return Ok(pipe);
+            }
+        }
     }
 
     fn abandoned(&self, id: u64) -> bool {
@@ -1017,7 +1280,11 @@ impl Node {
         match pipes.entry(i) {
             std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
             std::collections::hash_map::Entry::Vacant(e) => {
-                let p = Pipe::connect(&future.nodes()[i], STREAM_TIMEOUT)?.import(id, &self.me)?;
+                let p = Pipe::connect(&future.nodes()[i], STREAM_TIMEOUT)?.import_generation(
+                    id,
+                    &self.me,
+                    next_generation(),
+                )?;
                 Ok(e.insert(p))
             }
         }
@@ -1047,6 +1314,11 @@ impl Node {
                 let mut cursor = ScanCursor::default();
                 let mut items = Vec::with_capacity(256);
                 let mut handover: HashMap<String, Pipe> = HashMap::new();
+                // Items a key's node did not take in this pass (it is down, or catching up
+                // and refusing strays): the scan starts over for them until none is left.
+                let mut kept_in_pass = 0u64;
+                let mut first_pass = true;
+                let mut retry = Duration::from_millis(50);
                 loop {
                     let view = node.view();
                     if view.epoch != epoch || node.stop.load(Ordering::Relaxed) {
@@ -1078,9 +1350,11 @@ impl Node {
                     {
                         return;
                     }
-                    if let Err(e) = node.replicate_all(&view, &mine) {
-                        node.progress.lock().replica_errors += 1;
-                        tracing::warn!("copying keys to their holders: {e}");
+                    if first_pass {
+                        if let Err(e) = node.replicate_all(&view, &mine) {
+                            node.progress.lock().replica_errors += 1;
+                            tracing::warn!("copying keys to their holders: {e}");
+                        }
                     }
                     if r > 1 {
                         // With copies, an item this node no longer holds may be the last
@@ -1088,6 +1362,7 @@ impl Node {
                         // of the new ring): it goes only once the key's nodes under this
                         // ring confirm they have it, each sent the item as `add`.
                         let kept = node.hand_over(&view, &items, &mut handover);
+                        kept_in_pass += kept.len() as u64;
                         items.retain(|item| !kept.contains(item.key()));
                     }
                     for item in &items {
@@ -1100,7 +1375,20 @@ impl Node {
                         }
                     }
                     if step.done {
-                        return;
+                        let mut p = node.progress.lock();
+                        p.handover_pending = kept_in_pass;
+                        if kept_in_pass == 0 {
+                            p.handover_epoch = p.handover_epoch.max(epoch);
+                            return;
+                        }
+                        drop(p);
+                        handover.clear();
+                        std::thread::sleep(retry);
+                        retry = (retry * 2).min(Duration::from_secs(1));
+                        cursor = ScanCursor::default();
+                        kept_in_pass = 0;
+                        first_pass = false;
+                        continue;
                     }
                     // Nothing waits for the clean-up: it takes at most a fifth of a core
                     // from the requests (as the crawler does).
@@ -1145,26 +1433,56 @@ impl Gate {
         self.running.store(0, Ordering::Release);
     }
 
-    /// Whether items of migration `id` (0: copies of an owner's keys) are still taken under
-    /// the view taken by [`Gate::begin`]: unless this node has seen that migration end or
-    /// be rolled back (its epoch is past the migration's start and it is no longer under
-    /// way), when the cleanup after it may already have passed them.
-    pub fn imports(&self, id: u64) -> bool {
+    /// Whether the items of import stream `stream` are still taken under the view taken
+    /// by [`Gate::begin`]; `Err`: the reply that refuses them.
+    ///
+    /// A migration's items are refused once this node has seen that migration end or be
+    /// rolled back (its epoch is past the migration's start and it is no longer under way:
+    /// the cleanup after it may already have passed them); from a stream its source has
+    /// since replaced (it reconnected after a failure: the older stream's last items may
+    /// arrive after the newer one's); once that source said `drained` (this node may have
+    /// served writes to those keys since); and while this node catches up after a restart
+    /// (it asks the source for those items itself, after the newer copies their holders
+    /// keep: see [`Node::rejoin`]).
+    pub fn imports(&self, stream: &Import) -> Result<(), &'static [u8]> {
+        const ENDED: &[u8] = b"SERVER_ERROR migration no longer under way\r\n";
         let v = &self.view;
+        let id = stream.id;
         if id == RESYNC {
-            return self.node.recovering();
+            return if self.node.recovering() {
+                Ok(())
+            } else {
+                Err(ENDED)
+            };
         }
         if id == HANDOVER {
             // Not while catching up: a stray may be older than the copy a holder resyncs.
-            return !self.node.recovering();
+            return if self.node.recovering() {
+                Err(b"SERVER_ERROR this node is catching up\r\n")
+            } else {
+                Ok(())
+            };
         }
-        let taken = id == 0 || v.epoch < id || v.migration.as_ref().is_some_and(|m| m.id == id);
-        if taken && id > 0 {
-            // Published before the item is stored: a cleanup that finds the item in its scan
-            // then sees this and stops (see `start_cleanup`).
-            self.node.newest_import.fetch_max(id, Ordering::SeqCst);
+        if id == 0 {
+            return Ok(());
         }
-        taken
+        if self.node.recovering() {
+            return Err(b"SERVER_ERROR this node is catching up\r\n");
+        }
+        if stream.gen < stream.newest.load(Ordering::Acquire) {
+            return Err(b"SERVER_ERROR stream replaced by a newer one\r\n");
+        }
+        let migration = v.migration.as_ref().filter(|m| m.id == id);
+        if migration.is_some_and(|m| m.drained.iter().any(|d| **d == *stream.from)) {
+            return Err(b"SERVER_ERROR source already drained\r\n");
+        }
+        if v.epoch >= id && migration.is_none() {
+            return Err(ENDED);
+        }
+        // Published before the item is stored: a cleanup that finds the item in its scan
+        // then sees this and stops (see `start_cleanup`).
+        self.node.newest_import.fetch_max(id, Ordering::SeqCst);
+        Ok(())
     }
 
     /// The node.
@@ -1267,7 +1585,9 @@ mod tests {
         // The stream of migration `epoch + 1` (the view here is still `epoch`).
         let mut gate = node.gate();
         gate.begin();
-        assert!(gate.imports(epoch + 1));
+        assert!(gate
+            .imports(&node.open_import(epoch + 1, "127.0.0.1:3", 1))
+            .is_ok());
         for i in 0..500 {
             let key = format!("k{i}");
             store.set(&SetRequest::new(SetMode::Set, key.as_bytes(), b"v"));

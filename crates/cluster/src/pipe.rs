@@ -48,6 +48,18 @@ impl Pipe {
         Ok(self)
     }
 
+    /// A migration stream: `cluster import ID FROM GEN`, where a newer generation from the
+    /// same source replaces the older stream at the receiver.
+    pub(crate) fn import_generation(
+        mut self,
+        id: u64,
+        from: &str,
+        generation: u64,
+    ) -> Result<Pipe, ClusterError> {
+        self.line(format!("cluster import {id} {from} {generation}\r\n").as_bytes())?;
+        Ok(self)
+    }
+
     pub(crate) fn set(
         &mut self,
         key: &[u8],

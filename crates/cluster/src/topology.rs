@@ -43,6 +43,11 @@ pub struct Topology {
     /// The migration under way, if any.
     #[serde(default)]
     pub migration: Option<Migration>,
+    /// Nodes that recent migrations took out of the ring (newest last, a few kept). With
+    /// copies, such a node may still hold items its keys' new nodes have not confirmed; a
+    /// node that restarts empty asks these too before it serves (see `Node::rejoin`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaving: Vec<String>,
 }
 
 fn one() -> u32 {
@@ -81,6 +86,7 @@ impl Topology {
             nodes,
             replicas: 1,
             migration: None,
+            leaving: Vec::new(),
         }
     }
 

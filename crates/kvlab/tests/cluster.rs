@@ -414,6 +414,133 @@ fn a_migration_left_half_way_is_rolled_back_or_resumed_from_the_topology() {
     assert!(!status.status.success(), "no migration to abort");
 }
 
+/// Begins migration `to` on a topology file as a coordinator would, and returns its id;
+/// the test then drives it by hand (`enter_handoff`) and `resume` ends it.
+fn begin_migration(store: &FileStore, to: &[String]) -> u64 {
+    let t = store.load().unwrap().unwrap();
+    let mut next = t.next();
+    next.migration = Some(Migration {
+        id: next.epoch,
+        to: to.to_vec(),
+        phase: Phase::Copy,
+        started_ms: 0,
+    });
+    assert!(store.swap(Some(t.epoch), &next).unwrap());
+    next.epoch
+}
+
+/// Waits until every node in `sources` shows `field` of migration `id` done, then (for the
+/// snapshots) moves the migration to its hand-off.
+fn await_progress(sources: &[String], id: u64, field: &str) {
+    until(&format!("every source's {field}"), || {
+        sources.iter().all(|n| {
+            let p = &node_status(n).unwrap()["progress"];
+            p["migration"].as_u64() == Some(id)
+                && match field {
+                    "snapshot_done" => p[field].as_bool() == Some(true),
+                    _ => p[field].as_u64() == Some(id),
+                }
+        })
+    });
+}
+
+fn enter_handoff(store: &FileStore) {
+    let t = store.load().unwrap().unwrap();
+    let mut next = t.next();
+    next.migration.as_mut().unwrap().phase = Phase::Handoff;
+    assert!(store.swap(Some(t.epoch), &next).unwrap());
+}
+
+fn port_of(name: &str) -> u16 {
+    name.rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// A new owner killed (`kill -9`) and restarted empty after its sources copied to it: their
+/// streams to it fail at the hand-off, when they say `drained`. The hand-off cannot go back,
+/// so each source sends the restarted node all its keys again on a new stream, and `resume`
+/// ends the migration with every key where the new ring puts it.
+#[test]
+fn a_new_owner_restarted_in_the_hand_off_is_sent_its_keys_again() {
+    let (dir, names, mut nodes) = two_of_three();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let seed: SocketAddr = names[0].parse().unwrap();
+    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+    for i in 0..3000 {
+        assert!(c
+            .set(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())
+            .unwrap());
+    }
+    let store = FileStore::new(&path);
+    let id = begin_migration(&store, &names);
+    await_progress(&names[..2], id, "snapshot_done");
+    let copied = items(&names[2]);
+    assert!(copied > 500, "the new node got {copied} keys");
+    nodes[2].kill();
+    nodes[2] = node(&topology, port_of(&names[2]));
+    assert_eq!(items(&names[2]), 0, "restarted empty");
+    enter_handoff(&store);
+    let out = cluster(&topology, &["resume"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
+    assert_eq!(items(&names[2]), copied, "the new owner has its keys again");
+    for i in 0..3000 {
+        let v = c.get(format!("k{i}").as_bytes()).unwrap();
+        assert_eq!(v.as_deref(), Some(format!("v{i}").as_bytes()), "k{i}");
+    }
+}
+
+/// Two copies of every key; a node is removed, and one of the nodes that keep its keys is
+/// killed and restarted empty at the end of the hand-off, before it copied the keys it
+/// took from the leaving node to their other holder. The leaving node then holds the only
+/// other copy of those: `remove` (here `resume`) returns only once it has handed them
+/// over, the restarted node asks it for them before it serves, and the leaving node can be
+/// stopped as soon as `remove` returns.
+#[test]
+fn a_node_restarted_empty_as_another_leaves_gets_the_leavers_items() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let ports = free_ports(3).unwrap();
+    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut args = vec!["create", "--replicas", "2"];
+    args.extend(names.iter().map(String::as_str));
+    cluster(&topology, &args);
+    let mut nodes: Vec<Process> = ports.iter().map(|&p| node(&topology, p)).collect();
+    let seed: SocketAddr = names[0].parse().unwrap();
+    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+    for i in 0..3000 {
+        assert!(c
+            .set(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())
+            .unwrap());
+    }
+    let store = FileStore::new(&path);
+    let id = begin_migration(&store, &names[..2]);
+    await_progress(&names, id, "snapshot_done");
+    enter_handoff(&store);
+    await_progress(&names, id, "handed_off");
+    nodes[1].kill();
+    nodes[1] = node(&topology, ports[1]);
+    let out = cluster(&topology, &["resume"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
+    nodes[2].kill(); // the operator stops the node that left
+    until("the restarted node to catch up", || {
+        node_status(&names[1]).unwrap()["recovering"] == false
+    });
+    let mut lost = Vec::new();
+    for i in 0..3000 {
+        let v = c.get(format!("k{i}").as_bytes()).unwrap();
+        if v.as_deref() != Some(format!("v{i}").as_bytes()) {
+            lost.push(i);
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} of 3000 keys lost, e.g. k{}",
+        lost.len(),
+        lost.first().copied().unwrap_or(0)
+    );
+}
+
 /// Three nodes with two copies of every key, topology in etcd: one node is killed with
 /// `kill -9` while a writer-reader runs. Its lease lapses, a live node takes it out of the
 /// ring, its keys are served from their copies: no acknowledged write is lost, no read is

@@ -19,7 +19,7 @@ use crate::cache::DiskRules;
 pub use crate::cache::{Blocking, Helper};
 use crate::slabs;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
-use kvlab_cluster::{Gate, Node, Verdict};
+use kvlab_cluster::{Gate, Import, Node, Verdict};
 
 /// Defers disk work the way the session must wait for it.
 fn defer(work: Blocking) -> Flow {
@@ -53,9 +53,9 @@ pub struct Engine {
     helper: Helper,
     /// `cluster import ID`: the connection is handed to a thread of its own, which serves
     /// it as that stream.
-    import_handoff: Option<u64>,
+    import_handoff: Option<Import>,
     /// This engine serves one such stream (set on its connection when it opens).
-    importing: Option<u64>,
+    importing: Option<Import>,
 }
 
 impl Engine {
@@ -88,13 +88,19 @@ impl Engine {
     /// Serves the stream a `cluster import ID` connection was handed off as, on a thread
     /// of its own: its requests never wait behind a client's, and a client's write waiting
     /// for its copies never waits on a thread that serves such a stream.
-    fn serve_import(&self, id: u64, socket: std::os::fd::OwnedFd, unsent: &[u8], unread: &[u8]) {
+    fn serve_import(
+        &self,
+        stream: Import,
+        socket: std::os::fd::OwnedFd,
+        unsent: &[u8],
+        unread: &[u8],
+    ) {
         let Some(node) = &self.helper.node else {
             return;
         };
         let mut engine = Engine::new(self.store.clone(), self.server.clone(), self.worker.clone())
             .in_cluster(node);
-        engine.importing = Some(id);
+        engine.importing = Some(stream);
         let limits = kvlab_protocol::Limits {
             item_size_max: self.server.item_size_max,
             ..kvlab_protocol::Limits::default()
@@ -127,19 +133,19 @@ impl Engine {
             }
             return Flow::Done;
         }
-        if let Some(id) = conn.import {
+        if let Some(stream) = &conn.import {
             // A migration stream from the key's previous owner: no ownership check, but
             // only while that migration may still be under way here; a stream of one rolled
             // back or ended would leave keys behind the cleanup that follows it.
             gate.begin();
-            if !gate.imports(id) {
+            if let Err(refusal) = gate.imports(stream) {
                 gate.end();
                 if !req.noreply() {
-                    out.extend_from_slice(b"SERVER_ERROR migration no longer under way\r\n");
+                    out.extend_from_slice(refusal);
                 }
                 return Flow::Done;
             }
-            if id == 0 {
+            if stream.id == 0 {
                 // A copy never overwrites the owner's own item: a node that owns the key
                 // now (its view is ahead of the sender's, which still took itself for the
                 // owner) holds the newer state.
@@ -982,7 +988,7 @@ pub struct Loaded {
     keys: Vec<Vec<u8>>,
     /// Said `cluster import ID`: items from their previous owner in migration `ID` (0:
     /// copies of an owner's keys), stored without the ownership check.
-    import: Option<u64>,
+    import: Option<Import>,
     /// Its socket (for `watch` lines' `cfd=`).
     fd: i32,
     /// It has authenticated (`-Y`).
@@ -1018,14 +1024,14 @@ fn changes_data(req: &Request<'_>) -> bool {
     }
 }
 
-/// `cluster ring|status|import ID NODE|drained ID NODE`. `Some(ID)`: the connection is an
-/// import stream from now on (to be handed to a thread of its own).
+/// `cluster ring|status|import ID NODE [GEN]|drained ID NODE`. `Some(stream)`: the
+/// connection is an import stream from now on (to be handed to a thread of its own).
 fn cluster_command(
     node: &Arc<Node>,
     conn: &mut Loaded,
     args: &[u8],
     out: &mut Vec<u8>,
-) -> Option<u64> {
+) -> Option<Import> {
     let text = String::from_utf8_lossy(args);
     let words: Vec<&str> = text.split_ascii_whitespace().collect();
     let value = |out: &mut Vec<u8>, name: &[u8], data: &[u8]| {
@@ -1035,12 +1041,18 @@ fn cluster_command(
     match words.as_slice() {
         ["ring"] => value(out, b"ring", node.view().serving.describe().as_bytes()),
         ["status"] => value(out, b"status", node.status_json().as_bytes()),
-        ["import", id, _from] if id.parse::<u64>().is_ok() => {
+        ["import", id, from, gen @ ..]
+            if gen.len() <= 1
+                && id.parse::<u64>().is_ok()
+                && gen.iter().all(|g| g.parse::<u64>().is_ok()) =>
+        {
+            let gen = gen.first().map_or(0, |g| g.parse().unwrap_or(0));
+            let stream = node.open_import(id.parse().unwrap_or(0), from, gen);
             out.extend_from_slice(b"OK\r\n");
             if conn.import.is_none() {
-                return id.parse().ok();
+                return Some(stream);
             }
-            conn.import = id.parse().ok();
+            conn.import = Some(stream);
         }
         ["resync", peer, what @ ("held" | "strays")] => {
             node.resync_to(peer, *what == "strays");
@@ -1102,16 +1114,16 @@ impl kvlab_net::Service for Engine {
     fn opened(&mut self, conn: &mut Loaded, fd: std::os::fd::RawFd, tls: bool) {
         conn.fd = fd;
         conn.tls = tls;
-        if let Some(id) = self.importing {
+        if let Some(stream) = &self.importing {
             // A stream handed over after its `cluster import` (and its authentication).
-            conn.import = Some(id);
+            conn.import = Some(stream.clone());
             conn.authenticated = true;
         }
     }
 
     fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8], unread: &[u8]) {
-        if let Some(id) = self.import_handoff.take() {
-            self.serve_import(id, socket, unsent, unread);
+        if let Some(stream) = self.import_handoff.take() {
+            self.serve_import(stream, socket, unsent, unread);
             return;
         }
         let streams = std::mem::take(&mut self.watch);
