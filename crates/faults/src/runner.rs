@@ -41,6 +41,9 @@ pub enum ClientKind {
     Cluster,
     /// Plain memcached text protocol through `kvlab proxy --cluster`.
     Proxy,
+    /// Plain memcached text protocol through `kvlab proxy` over a pool of plain servers
+    /// (`--replicas` copies of every key), no cluster.
+    Pool,
 }
 
 /// One run's settings.
@@ -83,6 +86,7 @@ impl RunConfig {
             replicas: self.replicas,
             etcd: matches!(self.topology, TopologyKind::Etcd { .. }),
             netns: self.netns,
+            pool: self.client == ClientKind::Pool,
         }
     }
 }
@@ -275,7 +279,8 @@ pub fn run(cfg: &RunConfig) -> RunSummary {
         nodes: cfg.nodes,
         replicas: cfg.replicas,
         topology: cfg.topology,
-        proxy: cfg.client == ClientKind::Proxy,
+        proxy: cfg.client != ClientKind::Cluster,
+        pool: cfg.client == ClientKind::Pool,
         server_args: cfg.server_args.clone(),
         netns: cfg.netns,
     }) {
@@ -331,7 +336,7 @@ fn drive(
 ) -> (History, Report) {
     let target = match cfg.client {
         ClientKind::Cluster => Target::Cluster(sys.seeds()),
-        ClientKind::Proxy => match sys.proxy_addr() {
+        ClientKind::Proxy | ClientKind::Pool => match sys.proxy_addr() {
             Some(a) => Target::Proxy(a),
             None => {
                 errors.push("no proxy runs".into());

@@ -110,6 +110,19 @@ impl FaultKind {
     pub fn needs_netns(self) -> bool {
         matches!(self, FaultKind::Partition | FaultKind::Delay)
     }
+
+    /// Whether it changes a cluster's membership (a plain pool has none).
+    pub fn needs_cluster(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Add
+                | FaultKind::Remove
+                | FaultKind::AddTwo
+                | FaultKind::RemoveTwo
+                | FaultKind::CoordinatorKill
+                | FaultKind::EtcdKill
+        )
+    }
 }
 
 impl fmt::Display for FaultKind {
@@ -239,19 +252,24 @@ pub struct Capabilities {
     pub etcd: bool,
     /// The nodes run in network namespaces.
     pub netns: bool,
+    /// A plain pool behind the proxy, not a cluster: no membership changes, and no
+    /// `kill -9` (a plain server restarts empty, and nothing gives it back its keys).
+    pub pool: bool,
 }
 
 impl Mix {
     /// The kinds a cluster with these capabilities is expected to survive: pause, add,
     /// remove (one and two at once), coordinator kill; with two copies or more also
     /// `kill -9`; with etcd also etcd member kills; with namespaces partitions and delays.
+    /// A plain pool: pauses, and with namespaces partitions and delays.
     pub fn default_for(c: Capabilities) -> Mix {
         let kinds = FaultKind::ALL
             .into_iter()
             .filter(|k| *k != FaultKind::Flush)
-            .filter(|k| *k != FaultKind::Kill || c.replicas >= 2)
+            .filter(|k| *k != FaultKind::Kill || (c.replicas >= 2 && !c.pool))
             .filter(|k| !k.needs_etcd() || c.etcd)
             .filter(|k| !k.needs_netns() || c.netns)
+            .filter(|k| !k.needs_cluster() || !c.pool)
             .collect();
         Mix { kinds }
     }
@@ -268,6 +286,11 @@ impl Mix {
             })?;
             if k.needs_etcd() && !c.etcd {
                 return Err(format!("{k} needs the topology in etcd (--topology etcd)"));
+            }
+            if k.needs_cluster() && c.pool {
+                return Err(format!(
+                    "{k} needs a cluster (a plain pool has no membership)"
+                ));
             }
             if k.needs_netns() && !c.netns {
                 return Err(format!(
@@ -462,6 +485,7 @@ mod tests {
         replicas: 1,
         etcd: false,
         netns: false,
+        pool: false,
     };
 
     #[test]
@@ -549,6 +573,7 @@ mod tests {
             replicas: 2,
             etcd: true,
             netns: false,
+            pool: false,
         });
         assert!(two.kinds().contains(&FaultKind::Kill));
         assert!(two.kinds().contains(&FaultKind::EtcdKill));

@@ -60,6 +60,10 @@ pub struct SystemConfig {
     pub topology: TopologyKind,
     /// Start `kvlab proxy --cluster` in front.
     pub proxy: bool,
+    /// A plain pool instead of a cluster: the nodes are plain `kvlab server`s and the proxy
+    /// in front shards over them with `--replicas` copies of every key. The topology file
+    /// then only lists the backends for the nemesis (no node reads it).
+    pub pool: bool,
     /// Flags for every node's `kvlab server`.
     pub server_args: Vec<String>,
     /// Each node, etcd member and the proxy in a network namespace of its own.
@@ -244,12 +248,22 @@ impl System {
             sys.launch(addr, host)?;
         }
         if let Some(addr) = sys.proxy_addr {
+            let routing: Vec<String> = if sys.cfg.pool {
+                let mut a: Vec<String> = places
+                    .iter()
+                    .flat_map(|(b, _)| ["--backend".to_string(), b.to_string()])
+                    .collect();
+                a.extend(["--replicas".to_string(), sys.cfg.replicas.to_string()]);
+                a
+            } else {
+                vec!["--cluster".to_string(), places[0].0.to_string()]
+            };
             let p = sys
                 .spawn(sys.net.as_ref().map(|_| PROXY_HOST), &sys.cfg.exe)
                 .args(["proxy", "-t", "2"])
                 .args(["-l".to_string(), addr.ip().to_string()])
                 .args(["-p".to_string(), addr.port().to_string()])
-                .args(["--cluster".to_string(), places[0].0.to_string()])
+                .args(routing)
                 .output(Output::File(sys.cfg.dir.join("proxy.log")))
                 .grace(Duration::from_secs(2))
                 .timeout(START_TIMEOUT)
@@ -367,7 +381,11 @@ impl System {
                 addr.ip().to_string(),
             ])
             .args(["-p".to_string(), addr.port().to_string()])
-            .args(["--cluster", &self.spec, "--cluster-node", &name])
+            .args(if self.cfg.pool {
+                Vec::new()
+            } else {
+                vec!["--cluster", &self.spec, "--cluster-node", &name]
+            })
             .args(&self.cfg.server_args)
             .output(Output::File(self.cfg.dir.join("nodes").join(log)))
             .grace(Duration::from_secs(2))
@@ -715,6 +733,9 @@ impl System {
     /// Whether the cluster is at rest: no migration, and every ring node answers with the
     /// topology's epoch.
     pub fn settled(&self) -> Result<(), String> {
+        if self.cfg.pool {
+            return self.pool_settled();
+        }
         let t = self.topology()?;
         if let Some(m) = &t.migration {
             return Err(format!("migration {} in its {:?} phase", m.id, m.phase));
@@ -728,6 +749,23 @@ impl System {
                     t.epoch
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// A plain pool is at rest when the proxy has every backend back in (a replica that
+    /// missed writes is repaired before it is).
+    fn pool_settled(&self) -> Result<(), String> {
+        let addr = self.proxy_addr.ok_or("no proxy runs")?;
+        let stats = kvlab_client::process::stats(addr, None, Duration::from_secs(2))
+            .map_err(|e| format!("the proxy's stats: {e}"))?;
+        let ejected = stats
+            .iter()
+            .find(|(k, _)| k == "proxy_backends_ejected")
+            .map(|(_, v)| v.clone())
+            .ok_or("the proxy's stats lack proxy_backends_ejected")?;
+        if ejected != "0" {
+            return Err(format!("{ejected} backends still out of the proxy's pool"));
         }
         Ok(())
     }

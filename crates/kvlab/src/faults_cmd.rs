@@ -70,6 +70,10 @@ enum ClientArg {
     Cluster,
     /// Plain memcached clients through `kvlab proxy --cluster`.
     Proxy,
+    /// Plain memcached clients through `kvlab proxy` over a pool of plain `kvlab server`s
+    /// with `--replicas` copies of every key (no cluster: faults are pauses, and with
+    /// --netns partitions and delays).
+    Pool,
 }
 
 #[derive(Debug, Args)]
@@ -132,6 +136,9 @@ impl RunOpts {
         if self.replicas == 0 || self.replicas as usize > self.nodes {
             bail!("--replicas must be 1..={} (the nodes)", self.nodes);
         }
+        if matches!(self.client, ClientArg::Pool) && matches!(self.topology, TopologyArg::Etcd) {
+            bail!("--client pool has no topology: leave --topology at file");
+        }
         let topology = match self.topology {
             TopologyArg::File => TopologyKind::File,
             TopologyArg::Etcd => TopologyKind::Etcd {
@@ -148,6 +155,7 @@ impl RunOpts {
             client: match self.client {
                 ClientArg::Cluster => ClientKind::Cluster,
                 ClientArg::Proxy => ClientKind::Proxy,
+                ClientArg::Pool => ClientKind::Pool,
             },
             mix: None,
             workload: Workload {

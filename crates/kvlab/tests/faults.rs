@@ -89,6 +89,21 @@ fn one_copy_behind_the_proxy() {
     checked(dir.path(), 12, &summary, 2000);
 }
 
+/// A plain pool of three servers behind `kvlab proxy --replicas 3`, no cluster: backends
+/// paused (each is ejected, and a replica that missed writes is repaired before it serves
+/// again, never flushed) under plain memcached clients.
+#[test]
+fn three_replicas_in_a_plain_pool_behind_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--duration", "10", "--client", "pool", "--replicas", "3"];
+    let (summary, _) = run(dir.path(), 15, &args);
+    checked(dir.path(), 15, &summary, 1000);
+    assert!(
+        summary["mix"].as_str().unwrap().contains("pause"),
+        "{summary}"
+    );
+}
+
 /// Two copies, topology in etcd: one node at a time killed with `kill -9` and restarted.
 /// (A run may stall on the cluster's own faults; it must still end, clean up and check
 /// what it has.)

@@ -249,6 +249,7 @@ impl Configuration {
             if self.replicas == 1 { "y" } else { "ies" },
             match self.client.as_str() {
                 "proxy" => "clients through the proxy",
+                "pool" => "clients through the proxy over a plain pool",
                 _ => "cluster-aware clients",
             }
         )
@@ -374,8 +375,11 @@ impl FaultsSpec {
             if !matches!(c.topology.as_str(), "file" | "etcd") {
                 bail!("topology = {:?}: file or etcd", c.topology);
             }
-            if !matches!(c.client.as_str(), "cluster" | "proxy") {
-                bail!("client = {:?}: cluster or proxy", c.client);
+            if !matches!(c.client.as_str(), "cluster" | "proxy" | "pool") {
+                bail!("client = {:?}: cluster, proxy or pool", c.client);
+            }
+            if c.client == "pool" && c.topology != "file" {
+                bail!("client = \"pool\" has no topology: topology = \"file\"");
             }
             if c.replicas == 0 || c.replicas as usize > self.nodes {
                 bail!("replicas = {}: 1 to the nodes ({})", c.replicas, self.nodes);
@@ -418,6 +422,7 @@ impl FaultsSpec {
             replicas: c.replicas,
             etcd: matches!(self.topology_kind(c), TopologyKind::Etcd { .. }),
             netns: false,
+            pool: c.client == "pool",
         };
         match &self.faults {
             None => Ok(None),
@@ -445,6 +450,7 @@ impl FaultsSpec {
             topology: self.topology_kind(c),
             client: match c.client.as_str() {
                 "proxy" => ClientKind::Proxy,
+                "pool" => ClientKind::Pool,
                 _ => ClientKind::Cluster,
             },
             mix: self.mix(c)?,
