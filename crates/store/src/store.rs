@@ -725,50 +725,24 @@ impl Store {
         &self,
         hints: &[AtomicU64],
         own: usize,
-        (hash, key): (u64, &[u8]),
+        key: (u64, &[u8]),
         need: usize,
         reserved: &mut usize,
         now: &Now,
     ) -> bool {
-        let mut need = need;
-        // The own shard's largest evictable charge as last seen under its lock.
-        let mut own_cap = None;
-        let mut idle = 0;
-        for _ in 0..PASSES * PER_VISIT * self.shards.len() {
-            if self.budget.try_reserve(need) {
-                *reserved += need;
-                return true;
-            }
-            let (si, top, floor) = scan_hints(hints, own, own_cap);
-            if top == 0 {
-                return false;
-            }
-            let mut sh = self.lock(si);
-            let keep = if si == own {
-                sh.find(hash, key).unwrap_or(NIL)
-            } else {
-                NIL
-            };
-            let (freed, next) = sh.evict_largest(need, PER_VISIT, floor, keep, now, &self.budget);
-            drop(sh);
-            if si == own {
-                own_cap = Some(next);
-            }
-            if freed == 0 {
-                // The shard changed since the scan (or holds only the own key):
-                // rescan, but give up if that keeps happening.
-                idle += 1;
-                if idle > 2 * self.shards.len() {
-                    return false;
-                }
-                continue;
-            }
-            idle = 0;
-            if self.take_freed(&mut need, reserved) {
-                return true;
-            }
-        }
-        false
+        self.evict_store_wide(
+            own,
+            key,
+            need,
+            reserved,
+            |own_cap| {
+                let (si, top, floor) = scan_hints(hints, own, own_cap);
+                (top != 0).then_some((si, floor))
+            },
+            |sh, need, floor, keep| {
+                sh.evict_largest(need, PER_VISIT, floor, keep, now, &self.budget)
+            },
+        )
     }
 
     /// `lru`: evicts the store-wide least recently used item (within
@@ -786,13 +760,43 @@ impl Store {
         &self,
         tails: &[AtomicU32],
         own: usize,
-        (hash, key): (u64, &[u8]),
+        key: (u64, &[u8]),
         need: usize,
         reserved: &mut usize,
         now: &Now,
     ) -> bool {
+        self.evict_store_wide(
+            own,
+            key,
+            need,
+            reserved,
+            |own_cap| {
+                let (best, _, floor) = scan_tails(tails, self.budget.stamp_now(), own, own_cap);
+                best.map(|si| (si, floor))
+            },
+            |sh, need, floor, keep| {
+                sh.evict_oldest(need, PER_VISIT, floor, keep, now, &self.budget)
+            },
+        )
+    }
+
+    /// The loop of [`Store::evict_largest`] and [`Store::evict_oldest`]: until `need` bytes
+    /// are reserved, `pick` chooses a shard and a floor from the lock-free hints (given the
+    /// own shard's cap as `evict` last saw it under its lock), and `evict` evicts from that
+    /// shard down to the floor, never the key being stored (`keep`). Gives up when nothing
+    /// is left to pick, when picked shards keep having changed since their hint, or after a
+    /// bounded amount of work.
+    fn evict_store_wide<Cap: Copy, Floor>(
+        &self,
+        own: usize,
+        (hash, key): (u64, &[u8]),
+        need: usize,
+        reserved: &mut usize,
+        mut pick: impl FnMut(Option<Cap>) -> Option<(usize, Floor)>,
+        mut evict: impl FnMut(&mut Shard, usize, Floor, u32) -> (usize, Cap),
+    ) -> bool {
         let mut need = need;
-        // The own shard's oldest evictable age as last seen under its lock.
+        // The own shard's cap as last seen under its lock.
         let mut own_cap = None;
         let mut idle = 0;
         for _ in 0..PASSES * PER_VISIT * self.shards.len() {
@@ -800,8 +804,7 @@ impl Store {
                 *reserved += need;
                 return true;
             }
-            let (best, _, floor) = scan_tails(tails, self.budget.stamp_now(), own, own_cap);
-            let Some(si) = best else {
+            let Some((si, floor)) = pick(own_cap) else {
                 return false;
             };
             let mut sh = self.lock(si);
@@ -810,7 +813,7 @@ impl Store {
             } else {
                 NIL
             };
-            let (freed, next) = sh.evict_oldest(need, PER_VISIT, floor, keep, now, &self.budget);
+            let (freed, next) = evict(&mut sh, need, floor, keep);
             drop(sh);
             if si == own {
                 own_cap = Some(next);
