@@ -263,7 +263,7 @@ def allowed(name, args, kv, mc):
 def run_seed(seed, kv_port, mc_port, ops, log):
     def client(port):
         # TCP_NODELAY: else a call after a `noreply` one waits for a delayed ACK (40 ms).
-        return Client(("127.0.0.1", port), connect_timeout=2, timeout=2, no_delay=True,
+        return Client(("127.0.0.1", port), connect_timeout=5, timeout=5, no_delay=True,
                       default_noreply=False, serde=FlagsSerde())
 
     kv, mc = client(kv_port), client(mc_port)

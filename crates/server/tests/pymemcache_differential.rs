@@ -9,7 +9,9 @@
 //! between seeds. memcached runs as in `differential.rs` (`-o
 //! no_lru_crawler,no_lru_maintainer`: its counters are padded in place every time), with
 //! `-m 1024` so that no value drawn is ever evicted (it takes pages as it needs them).
-//! `.ci/run` installs memcached and pymemcache; a missing one fails the test.
+//! A call unanswered for 5 s is an outcome (a timeout) and a seed stops at its 10th
+//! difference, so a server that hangs fails the test in bounded time (about 20 s when all is
+//! well). `.ci/run` installs memcached and pymemcache; a missing one fails the test.
 
 mod common;
 
