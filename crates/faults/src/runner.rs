@@ -266,24 +266,35 @@ pub fn run(cfg: &RunConfig) -> RunSummary {
     let schedule = Schedule::generate(cfg.seed, cfg.duration, &mix, ring);
     summary.mix = schedule.mix_text();
     let mut errors = Vec::new();
-    if let Err(e) = prepare_dir(&cfg.dir) {
-        summary.error = Some(e);
-        return summary;
-    }
-    if let Err(e) = write_json(&cfg.dir.join("schedule.json"), &schedule) {
-        errors.push(e);
-    }
-    let sys = match System::start(SystemConfig {
-        exe: cfg.exe.clone(),
-        dir: cfg.dir.clone(),
-        nodes: cfg.nodes,
-        replicas: cfg.replicas,
-        topology: cfg.topology,
-        proxy: cfg.client != ClientKind::Cluster,
-        pool: cfg.client == ClientKind::Pool,
-        server_args: cfg.server_args.clone(),
-        netns: cfg.netns,
-    }) {
+    // A port chosen free may be taken by another program before a node binds it: the
+    // system is started again, from an empty directory, on other ports (a few times).
+    let mut attempts = 0;
+    let started = loop {
+        attempts += 1;
+        if let Err(e) = prepare_dir(&cfg.dir) {
+            summary.error = Some(e);
+            return summary;
+        }
+        if let Err(e) = write_json(&cfg.dir.join("schedule.json"), &schedule) {
+            errors.push(e);
+        }
+        let started = System::start(SystemConfig {
+            exe: cfg.exe.clone(),
+            dir: cfg.dir.clone(),
+            nodes: cfg.nodes,
+            replicas: cfg.replicas,
+            topology: cfg.topology,
+            proxy: cfg.client != ClientKind::Cluster,
+            pool: cfg.client == ClientKind::Pool,
+            server_args: cfg.server_args.clone(),
+            netns: cfg.netns,
+        });
+        match started {
+            Err(e) if e.contains(crate::system::ADDRESS_TAKEN) && attempts < 3 => continue,
+            other => break other,
+        }
+    };
+    let sys = match started {
         Ok(s) => Arc::new(s),
         Err(e) => {
             summary.error = Some(format!("starting the cluster: {e}"));

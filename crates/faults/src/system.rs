@@ -109,6 +109,10 @@ struct Member {
 /// that makes no progress for 60 s fails by itself).
 pub const COORDINATOR_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// What a start error says when a port chosen free was taken before the node bound it
+/// (another program on the machine): the run starts again on other ports.
+pub const ADDRESS_TAKEN: &str = "address already in use";
+
 /// How long a node or an etcd member may take to answer after it is started.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -373,6 +377,7 @@ impl System {
             slot.starts
         };
         let log = format!("node-{}.{starts}.log", name.replace(':', "-"));
+        let log_path = self.cfg.dir.join("nodes").join(&log);
         let p = self
             .spawn(host, &self.cfg.exe)
             .args([
@@ -402,7 +407,13 @@ impl System {
                         slot.state = NodeState::Stopped;
                     }
                 }
-                return Err(format!("starting {name}: {e}"));
+                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let taken = if log.contains("Address already in use") {
+                    format!(" ({ADDRESS_TAKEN})")
+                } else {
+                    String::new()
+                };
+                return Err(format!("starting {name}: {e}{taken}"));
             }
         };
         let mut nodes = self.nodes.lock();
