@@ -112,7 +112,8 @@ pub mod hist_serde {
 /// A latency histogram in HdrHistogram's interchange form (V2 + deflate, base64), as an
 /// interval row carries it: rows of any span decode and add up to the exact histogram of
 /// their union, so a consumer gets the percentiles of a trace segment or a window from the
-/// 100 ms rows without the generator keeping either. About a kilobyte a row.
+/// 100 ms rows without the generator keeping either. Its size grows with the number of
+/// distinct latencies: 0.4–1 KB for 100 ms rows at 2k–8k requests/s.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct EncodedHistogram(String);
