@@ -1,8 +1,8 @@
 //! One controlled run as a library call: the job file's inputs made, the machine set up
 //! around a running server, the loop until the jobs end (or the time limit, or a stop),
 //! and the run's figures — once the load has finished the trace segment in which the last
-//! job ended, so that segment's p95 is over all its requests, as the generator reports it. `kvlab control` and the lab's control experiments both call
-//! [`control`].
+//! job ended, so that segment's p95 is over all its requests, as the generator reports
+//! it. `kvlab control` and the lab's control experiments both call [`control`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
