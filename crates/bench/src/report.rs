@@ -361,6 +361,7 @@ mod tests {
             counters: Default::default(),
             latency: Default::default(),
             latency_send: Default::default(),
+            latency_hist: None,
         };
         assert_eq!(
             csv_row(0, "t", &row).split(',').count(),

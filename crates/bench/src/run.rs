@@ -26,7 +26,8 @@ use crate::config::Config;
 use crate::engine::{Msg, Phase, ThreadDone};
 use crate::local::{spawn_threads, wait_ready};
 use crate::stats::{
-    ks_critical_001, ks_statistic, Counters, GapStats, IntervalReport, OpPercentiles, Percentiles,
+    ks_critical_001, ks_statistic, Counters, EncodedHistogram, GapStats, IntervalReport,
+    OpPercentiles, Percentiles,
 };
 use crate::BenchError;
 
@@ -51,6 +52,11 @@ pub struct IntervalRow {
     pub latency: Percentiles,
     /// Latency from the actual send, µs.
     pub latency_send: Percentiles,
+    /// The latency from the planned send time as a histogram (ns), so that rows add up to
+    /// the exact percentiles of any span of them: a trace segment, a window (`kvlab
+    /// control`'s figures). Absent in rows written by older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_hist: Option<EncodedHistogram>,
 }
 
 /// One rate step (`--scan` step, trace segment, or the whole run at a fixed rate).
@@ -58,6 +64,13 @@ pub struct IntervalRow {
 pub struct StepRow {
     /// Index.
     pub step: usize,
+    /// Start of its first measured interval, ms since the Unix epoch (absent in older
+    /// versions' output).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ts_start: Option<u64>,
+    /// End of its last measured interval, ms since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ts_end: Option<u64>,
     /// Target total rate, requests/s (`None` in closed loop).
     pub target_qps: Option<f64>,
     /// Measured time, s.
@@ -306,6 +319,9 @@ fn interval_row(cfg: &Config, r: &IntervalReport, start_wall_ns: u64) -> Interva
         counters: r.counters,
         latency: Percentiles::of(&r.latency),
         latency_send: Percentiles::of(&r.latency_send),
+        // Encoding a valid histogram into memory does not fail; a row without one only
+        // lacks the merged figures.
+        latency_hist: EncodedHistogram::encode(&r.latency).ok(),
     }
 }
 
@@ -342,6 +358,8 @@ fn summarise(
             let d = step_secs.get(&step).copied().unwrap_or(0.0);
             StepRow {
                 step,
+                ts_start: Some((start_wall_ns + r.start_ns) / 1_000_000),
+                ts_end: Some((start_wall_ns + r.end_ns) / 1_000_000),
                 target_qps: target_of(cfg, step),
                 duration_s: d,
                 achieved_qps: r.counters.completed as f64 / d.max(1e-9),
@@ -459,5 +477,89 @@ fn summarise(
         warnings,
         notes,
         hist: Some(Box::new(total)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::{Arrival, RatePlan};
+    use crate::stats::{new_histogram, record};
+
+    fn config(plan: RatePlan) -> Config {
+        Config {
+            target: "127.0.0.1:1".parse().unwrap(),
+            protocol: Default::default(),
+            meta_base64: false,
+            cluster: false,
+            threads: 1,
+            connections: 1,
+            depth: 1,
+            think_us: 0,
+            open: Some(Arrival::Poisson),
+            plan,
+            requests: None,
+            warmup_s: 0.0,
+            interval_s: 0.1,
+            timeout_ms: 1000,
+            workload: Default::default(),
+            seed: 1,
+            load: false,
+        }
+    }
+
+    #[test]
+    fn a_step_is_the_merge_of_its_rows() {
+        // Three 1 s segments in 100 ms intervals of 100 requests; in the second, one
+        // interval has 40 slow ones (2 ms): 4% of the segment's.
+        let cfg = config(RatePlan::from_rates(&[1000.0, 2000.0, 3000.0], 1.0).unwrap());
+        let reports: Vec<IntervalReport> = (0..30u64)
+            .map(|i| {
+                let mut r = IntervalReport::new(i, i * 100_000_000, (i + 1) * 100_000_000);
+                for k in 0..100u64 {
+                    let slow = i == 13 && k < 40;
+                    record(&mut r.latency, if slow { 2_000_000 } else { 100_000 + k });
+                }
+                r.counters.completed = 100;
+                r
+            })
+            .collect();
+        let wall = 1_700_000_000_000_000_000;
+        let res = summarise(&cfg, 1, wall, &reports, &[]);
+        assert_eq!(res.steps.len(), 3);
+        for s in &res.steps {
+            let rows: Vec<&IntervalRow> =
+                res.intervals.iter().filter(|r| r.step == s.step).collect();
+            assert_eq!(rows.len(), 10);
+            assert_eq!(s.ts_start, Some(rows[0].ts_start));
+            assert_eq!(s.ts_end, Some(rows[9].ts_end));
+            let mut merged = new_histogram();
+            for r in &rows {
+                r.latency_hist
+                    .as_ref()
+                    .unwrap()
+                    .add_to(&mut merged)
+                    .unwrap();
+            }
+            assert_eq!(Percentiles::of(&merged), s.latency, "step {}", s.step);
+        }
+        // The slow interval's p95 is above 1 ms, its segment's is not.
+        assert!(res.intervals[13].latency.p95_us > 1000.0);
+        assert!(res.steps[1].latency.p95_us < 1000.0);
+        // Rows and steps survive JSON with their histograms and spans; old rows without
+        // them still parse.
+        let back: IntervalRow =
+            serde_json::from_str(&crate::report::interval_json(&res.intervals[13])).unwrap();
+        assert_eq!(back.latency_hist, res.intervals[13].latency_hist);
+        let mut old = serde_json::to_value(&res.intervals[0]).unwrap();
+        old.as_object_mut().unwrap().remove("latency_hist");
+        let old: IntervalRow = serde_json::from_value(old).unwrap();
+        assert!(old.latency_hist.is_none());
+        let mut old = serde_json::to_value(&res.steps[0]).unwrap();
+        old.as_object_mut().unwrap().remove("ts_start");
+        assert!(serde_json::from_value::<StepRow>(old)
+            .unwrap()
+            .ts_start
+            .is_none());
     }
 }

@@ -8,7 +8,8 @@
 //! and from the actual send (`latency_send`, what a closed-loop tool would report).
 
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
-use hdrhistogram::Histogram;
+/// The histogram type of every latency here (for users that add rows' histograms up).
+pub use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use crate::BenchError;
@@ -105,6 +106,46 @@ pub mod hist_serde {
         Deserializer::new()
             .deserialize(&mut bytes.as_slice())
             .map_err(D::Error::custom)
+    }
+}
+
+/// A latency histogram in HdrHistogram's interchange form (V2 + deflate, base64), as an
+/// interval row carries it: rows of any span decode and add up to the exact histogram of
+/// their union, so a consumer gets the percentiles of a trace segment or a window from the
+/// 100 ms rows without the generator keeping either. Its size grows with the number of
+/// distinct latencies: 0.4–1 KB for 100 ms rows at 2k–8k requests/s.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct EncodedHistogram(String);
+
+impl EncodedHistogram {
+    /// Encodes `h`.
+    pub fn encode(h: &Histogram<u64>) -> Result<EncodedHistogram, BenchError> {
+        use base64::Engine;
+        let mut bytes = Vec::new();
+        V2DeflateSerializer::new()
+            .serialize(h, &mut bytes)
+            .map_err(|e| BenchError::Internal(format!("encoding a histogram: {e:?}")))?;
+        Ok(EncodedHistogram(
+            base64::engine::general_purpose::STANDARD.encode(bytes),
+        ))
+    }
+
+    /// Decodes it.
+    pub fn decode(&self) -> Result<Histogram<u64>, BenchError> {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&self.0)
+            .map_err(|e| BenchError::Internal(format!("a histogram's base64: {e}")))?;
+        Deserializer::new()
+            .deserialize(&mut bytes.as_slice())
+            .map_err(|e| BenchError::Internal(format!("decoding a histogram: {e:?}")))
+    }
+
+    /// Adds it to `into` (a histogram of [`new_histogram`]'s bounds, or one that grows).
+    pub fn add_to(&self, into: &mut Histogram<u64>) -> Result<(), BenchError> {
+        into.add(self.decode()?)
+            .map_err(|e| BenchError::Internal(format!("merging histograms: {e:?}")))
     }
 }
 
@@ -466,6 +507,33 @@ mod tests {
         assert!((p.p99_us - 990.0).abs() < 1.0, "{p:?}");
         assert!((p.max_us - 1000.0).abs() < 1.0, "{p:?}");
         assert_eq!(p.count, 1000);
+    }
+
+    #[test]
+    fn encoded_histograms_add_up_to_their_union() {
+        let (mut a, mut b, mut both) = (new_histogram(), new_histogram(), new_histogram());
+        for v in 1..=950u64 {
+            record(&mut a, v * 1000);
+            record(&mut both, v * 1000);
+        }
+        for v in 0..50u64 {
+            record(&mut b, 5_000_000 + v);
+            record(&mut both, 5_000_000 + v);
+        }
+        let (ea, eb) = (
+            EncodedHistogram::encode(&a).unwrap(),
+            EncodedHistogram::encode(&b).unwrap(),
+        );
+        assert_eq!(ea.decode().unwrap(), a);
+        let mut sum = new_histogram();
+        ea.add_to(&mut sum).unwrap();
+        eb.add_to(&mut sum).unwrap();
+        assert_eq!(sum, both);
+        assert_eq!(Percentiles::of(&sum), Percentiles::of(&both));
+        // Compact enough for a row every 100 ms.
+        let json = serde_json::to_string(&ea).unwrap();
+        assert!(json.len() < 4096, "{} bytes", json.len());
+        assert!(EncodedHistogram("not base64!".into()).decode().is_err());
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! One controlled run as a library call: the job file's inputs made, the machine set up
 //! around a running server, the loop until the jobs end (or the time limit, or a stop),
-//! and the run's figures. `kvlab control` and the lab's control experiments both call
-//! [`control`].
+//! and the run's figures — once the load has finished the trace segment in which the last
+//! job ended, so that segment's p95 is over all its requests, as the generator reports
+//! it. `kvlab control` and the lab's control experiments both call [`control`].
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use kvlab_bench::run::IntervalRow;
 use serde::{Deserialize, Serialize};
 
 use crate::controller::{self, Controller, RunLimits, Share};
@@ -14,8 +16,8 @@ use crate::event::{read_log, EventLog, What};
 use crate::jobs::JobFile;
 use crate::machine::{CpuMethod, PauseMethod, System};
 use crate::policy::{Policy, PolicySpec};
-use crate::sensor::{LiveFile, ServerSensor};
-use crate::summary::{summarise, RunSummary};
+use crate::sensor::{LiveFile, ServerSensor, STALE_MS};
+use crate::summary::{job_span, summarise, RunSummary};
 use crate::ControlError;
 
 /// The default time between samples.
@@ -97,6 +99,7 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
         until_jobs_done: o.until_jobs_done && !o.jobs.jobs.is_empty(),
     };
     let stopped = controller::run(&mut c, &mut sensor, limits, stop)?;
+    let jobs_ended = !o.jobs.jobs.is_empty() && c.queue.all_done();
     drop(c);
     let events = read_log(&o.log)?;
     let server_cores_max = events
@@ -111,7 +114,14 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
         .max()
         .unwrap_or(0);
     let rows = match &o.live {
-        Some(p) => LiveFile::new(p.clone()).poll(),
+        Some(p) => {
+            let mut live = LiveFile::new(p.clone());
+            let mut rows = live.poll();
+            if jobs_ended {
+                finish_segment(&mut live, &mut rows, job_span(&events).1, stop);
+            }
+            rows
+        }
         None => Vec::new(),
     };
     Ok(Outcome {
@@ -122,4 +132,96 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
         server_cores_max,
         summary: summarise(&events, &rows, o.slo_p95_us),
     })
+}
+
+/// Whether the load's `rows` show the trace segment in force at `end_ms` complete (a row
+/// of a later segment is in, or there is no load), and the longest complete segment
+/// before it, ms (how long it is worth waiting for it: segments of a trace are about
+/// equally long; 0 when none completed, e.g. a load at a fixed rate).
+fn segment_state(rows: &[IntervalRow], end_ms: u64) -> (bool, u64) {
+    let mut rows: Vec<&IntervalRow> = rows.iter().filter(|r| !r.warmup).collect();
+    rows.sort_by_key(|r| r.ts_start);
+    let Some(at_end) = rows
+        .iter()
+        .find(|r| r.ts_end > end_ms)
+        .or(rows.last())
+        .map(|r| r.step)
+    else {
+        return (true, 0);
+    };
+    let mut spans: Vec<(usize, u64, u64)> = Vec::new();
+    for r in rows.iter().filter(|r| r.step < at_end) {
+        match spans.iter_mut().find(|(s, _, _)| *s == r.step) {
+            Some((_, a, b)) => (*a, *b) = ((*a).min(r.ts_start), (*b).max(r.ts_end)),
+            None => spans.push((r.step, r.ts_start, r.ts_end)),
+        }
+    }
+    (
+        rows.iter().any(|r| r.step > at_end),
+        spans.iter().map(|(_, a, b)| b - a).max().unwrap_or(0),
+    )
+}
+
+/// Reads the load's rows on until the segment in force at `end_ms` is complete — at most
+/// as long as the longest segment before it, and not past the load's end (no new row for
+/// [`STALE_MS`]) or `stop`.
+fn finish_segment(
+    live: &mut LiveFile,
+    rows: &mut Vec<IntervalRow>,
+    end_ms: u64,
+    stop: &dyn Fn() -> bool,
+) {
+    let (done, longest) = segment_state(rows, end_ms);
+    if done || longest == 0 {
+        return;
+    }
+    let started = Instant::now();
+    let mut last_row = started;
+    while !stop()
+        && started.elapsed() < Duration::from_millis(longest)
+        && last_row.elapsed() < Duration::from_millis(STALE_MS)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+        let new = live.poll();
+        if !new.is_empty() {
+            last_row = Instant::now();
+            rows.extend(new);
+            if segment_state(rows, end_ms).0 {
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(start: u64, step: usize) -> IntervalRow {
+        IntervalRow {
+            ts_start: start,
+            ts_end: start + 100,
+            warmup: false,
+            step,
+            target_qps: Some(1000.0),
+            achieved_qps: 1000.0,
+            counters: Default::default(),
+            latency: Default::default(),
+            latency_send: Default::default(),
+            latency_hist: None,
+        }
+    }
+
+    #[test]
+    fn the_segment_the_jobs_ended_in_is_complete_once_the_next_one_begins() {
+        // 1 s segments of 100 ms rows; the jobs end at 2.45 s, in segment 2.
+        let rows: Vec<IntervalRow> = (0..25u64).map(|i| row(i * 100, i as usize / 10)).collect();
+        assert_eq!(segment_state(&rows, 2450), (false, 1000));
+        let more: Vec<IntervalRow> = (0..31u64).map(|i| row(i * 100, i as usize / 10)).collect();
+        assert_eq!(segment_state(&more, 2450), (true, 1000));
+        // Ended in the first segment (or a load at a fixed rate): no length to wait for.
+        assert_eq!(segment_state(&rows[..5], 450), (false, 0));
+        assert_eq!(segment_state(&rows, 450), (true, 0));
+        assert_eq!(segment_state(&[], 450), (true, 0));
+    }
 }
