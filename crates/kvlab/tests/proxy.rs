@@ -401,3 +401,60 @@ fn a_paused_replica_is_repaired_from_its_peers_and_serves_the_newest_values() {
         assert_holds(at, &keys, want);
     }
 }
+
+/// Three replicas (`--write-policy all`), every one out at once: the first that answers
+/// again missed writes its peers took (they are out too), so nothing it holds of those keys
+/// can be trusted or thrown away. It stays out until a peer that did not miss them answers,
+/// and is then repaired from it; no key is emptied meanwhile.
+#[test]
+fn with_every_replica_out_the_first_back_waits_for_a_peer_that_missed_nothing() {
+    let ports = free_ports(4).unwrap();
+    let backends: Vec<Process> = ports[..3].iter().map(|&p| memcached_on(p)).collect();
+    let names: Vec<String> = ports[..3]
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let mut args = Vec::new();
+    for name in &names {
+        args.extend(["--backend".to_string(), name.clone()]);
+    }
+    args.extend(["--replicas", "3"].map(String::from));
+    let proxy = proxy_on(ports[3], &args);
+    let at = proxy.addr().unwrap();
+    let keys = keys(50);
+    write_all(at, &keys, |i| format!("old-{i}"));
+
+    // Replica 0 out: every write fails (it missed them) but its two peers apply them.
+    pause_until_ejected(at, &backends[0], &names[0], &keys);
+    let mut c = client(at);
+    for (i, key) in keys.iter().enumerate() {
+        let _ = c.set(key.as_bytes(), format!("new-{i}").as_bytes());
+    }
+    assert_eq!(backend_stat(at, &names[0], "missed_keys"), Some(50));
+    // Then the other two out as well.
+    pause_until_ejected(at, &backends[1], &names[1], &keys);
+    pause_until_ejected(at, &backends[2], &names[2], &keys);
+
+    // Replica 0 answers first: its peers are out, and they did not miss those writes.
+    signal(&backends[0], libc::SIGCONT);
+    std::thread::sleep(Duration::from_millis(800));
+    assert_eq!(
+        backend_stat(at, &names[0], "ejected"),
+        Some(1),
+        "it stays out"
+    );
+    let replica0: SocketAddr = names[0].parse().unwrap();
+    assert_holds(replica0, &keys, |i| Some(format!("old-{i}")));
+
+    // The peers answer: every replica ends with the writes the peers took.
+    signal(&backends[1], libc::SIGCONT);
+    signal(&backends[2], libc::SIGCONT);
+    until("every replica is back", || {
+        names
+            .iter()
+            .all(|n| backend_stat(at, n, "ejected") == Some(0))
+    });
+    for name in &names {
+        assert_holds(name.parse().unwrap(), &keys, |i| Some(format!("new-{i}")));
+    }
+}

@@ -15,7 +15,8 @@
 //! ```text
 //!  prober ── version ──► backend B (ejected): answers
 //!     │  take B's missed keys (workers record more meanwhile: B stays out)
-//!     ├── mg KEY v f t ──► every serving peer replica of KEY (they must agree)
+//!     ├── mg KEY v f t ──► every serving peer replica of KEY (they must agree); none
+//!     │                    serving: those that missed no write of KEY (they must answer)
 //!     ├── ms KEY … / md KEY ──► B
 //!     └── nothing left: B back in (under the lock workers record under)
 //! ```
@@ -37,6 +38,7 @@ use kvlab_protocol::client::{parse_reply, ParsedReply, Reply};
 #[cfg(doc)]
 use crate::backend::Health;
 use crate::backend::{self, frame, Frame};
+use crate::config::WritePolicy;
 use crate::route::Routing;
 
 /// Puts backend `b` (ejected, answering again) back in service, repairing it first in a
@@ -139,15 +141,42 @@ impl Repair<'_> {
         expect(&reply, b"OK")
     }
 
-    /// Makes the backend's copy of `key` what its serving peers hold. `Err` when a peer or
-    /// the backend cannot be asked now (the key stays recorded).
+    /// Makes the backend's copy of `key` what its serving peers hold. With none serving
+    /// (every other replica is out too), what the peers that did not miss a write of the key
+    /// hold (each has every write of it that was sent: the newest state); they must answer,
+    /// or the key waits. When every other replica missed a write of it too, none holds a
+    /// newer state than this backend's own, which stays (the others are repaired from it
+    /// once it serves). `Err` when a peer or the backend cannot be asked now (the key stays
+    /// recorded).
     fn key(&mut self, key: &[u8]) -> Result<(), String> {
         let pool = self.routing.pool_of(key);
         self.routing.replicas(pool, key, &mut self.replicas);
         let b = self.b;
         let routing = self.routing;
         let mut peers = std::mem::take(&mut self.replicas);
-        peers.retain(|&r| r != b && !routing.backends[r].is_ejected());
+        peers.retain(|&r| r != b);
+        if peers.iter().all(|&r| routing.backends[r].is_ejected()) {
+            peers.retain(|&r| {
+                let missed = routing.backends[r].missed.lock();
+                !missed.flush && !missed.keys.contains(key)
+            });
+            if peers.is_empty() {
+                self.replicas = peers;
+                // Under `all` a write is acknowledged only once every replica applied it,
+                // so this copy holds the last acknowledged state or a newer one. Under
+                // `majority` it may have missed an acknowledged write that the others
+                // applied before they missed a later one: wait for one of them to serve.
+                return match routing.pools[pool].pool.write_policy {
+                    WritePolicy::All => Ok(()),
+                    WritePolicy::Majority => Err(format!(
+                        "every replica of {} missed a write of it: waiting for one to serve",
+                        String::from_utf8_lossy(key)
+                    )),
+                };
+            }
+        } else {
+            peers.retain(|&r| !routing.backends[r].is_ejected());
+        }
         let result = self.settle(key, &peers);
         self.replicas = peers;
         let copy = result?;
@@ -200,9 +229,7 @@ impl Repair<'_> {
         Ok(())
     }
 
-    /// What the serving `peers` agree `key` is. None serving (every other replica is out
-    /// too): missing, so that the backend never serves a value a write it missed replaced.
-    /// Peers that disagree are asked again (a write in flight reaches them within the
+    /// What `peers` agree `key` is. Peers that disagree are asked again (a write in flight reaches them within the
     /// request timeout); if they still do after it, the key counts as missing.
     fn settle(&mut self, key: &[u8], peers: &[usize]) -> Result<Held, String> {
         let deadline = Instant::now() + self.timeout;
