@@ -414,7 +414,10 @@ fn drive(
                 failing_since = None;
                 handed
             }
-            Err(e) if !is_failed_migration(&e) && patient(&mut failing_since) => {
+            // A hand-off cannot go back: a node whose copier failed just before it copies
+            // again once it sees the hand-off (its error then goes), so it is waited for
+            // too.
+            Err(_) if patient(&mut failing_since) => {
                 std::thread::sleep(poll);
                 continue;
             }

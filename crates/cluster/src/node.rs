@@ -662,11 +662,32 @@ impl Node {
                 self.grace(t.epoch);
                 self.progress.lock().grace_ms = t0.elapsed().as_millis() as u64;
                 self.finish.store(m.id, Ordering::Release);
-                let copying = self.progress.lock().migration == m.id;
+                let (copying, failed) = {
+                    let mut p = self.progress.lock();
+                    let copying = p.migration == m.id;
+                    (copying, copying && p.error.take().is_some())
+                };
                 if !copying {
                     // Restarted since the copy began: it has nothing left to send, and the
                     // hand-off must not wait for it (what it held moved with its process).
                     self.hand_off_empty(m.id, &t.serving());
+                } else if failed {
+                    // Its copier stopped on a failed stream while copying, but the
+                    // migration went on to its hand-off: it copies again (see
+                    // `run_copier`).
+                    tracing::warn!("migration {}: in its hand-off: copying again", m.id);
+                    if let Some(old) = t.other() {
+                        let node = self.clone();
+                        let (id, new) = (m.id, t.serving());
+                        let started_ms = m.started_ms;
+                        let spawned = std::thread::Builder::new()
+                            .name("kvlab-migrate".into())
+                            .spawn(move || node.run_copier(id, &old, &new, started_ms));
+                        match spawned {
+                            Ok(h) => self.threads.lock().push(h),
+                            Err(e) => self.progress.lock().error = Some(e.to_string()),
+                        }
+                    }
                 }
             }
             Some(_) => {}
@@ -1007,15 +1028,35 @@ impl Node {
         let started_ms = t.migration.as_ref().map_or(0, |m| m.started_ms);
         let spawned = std::thread::Builder::new()
             .name("kvlab-migrate".into())
-            .spawn(move || {
-                if let Err(e) = node.copy(id, &serving, &future, started_ms) {
-                    tracing::warn!("migration {id}: {e}");
-                    node.progress.lock().error = Some(e.to_string());
-                }
-            });
+            .spawn(move || node.run_copier(id, &serving, &future, started_ms));
         match spawned {
             Ok(h) => self.threads.lock().push(h),
             Err(e) => self.progress.lock().error = Some(e.to_string()),
+        }
+    }
+
+    /// Runs [`Node::copy`]; a failure is the migration's error (the coordinator rolls back
+    /// a migration still copying) — unless the migration went on to its hand-off meanwhile
+    /// (the coordinator saw every snapshot done before the failure), which cannot go back:
+    /// then the copy starts again, as a hand-off's (a failed stream is then asked again).
+    /// Whichever of this thread and the hand-off's [`Node::apply`] takes the error back
+    /// starts it again.
+    fn run_copier(self: &Arc<Node>, id: u64, serving: &Ring, future: &Ring, started_ms: u64) {
+        loop {
+            let Err(e) = self.copy(id, serving, future, started_ms) else {
+                return;
+            };
+            tracing::warn!("migration {id}: {e}");
+            self.progress.lock().error = Some(e.to_string());
+            let handoff = self
+                .view()
+                .migration
+                .as_ref()
+                .is_some_and(|m| m.id == id && m.phase == Phase::Handoff);
+            if !handoff || self.progress.lock().error.take().is_none() {
+                return;
+            }
+            tracing::warn!("migration {id}: in its hand-off: copying again");
         }
     }
 
@@ -1045,7 +1086,9 @@ impl Node {
         // Every write begun before this node took the copy view (and so not logged as a
         // change) is applied before the snapshot starts, so the snapshot sees it.
         self.grace(id);
-        // Snapshot: every key that leaves, as it is now.
+        // Snapshot: every key that leaves, as it is now. Per new owner, the changes sent
+        // since its last confirmed batch (sent again if its stream fails).
+        let mut unconfirmed: HashMap<usize, Vec<Vec<u8>>> = HashMap::new();
         let mut cursor = ScanCursor::default();
         let mut items = Vec::with_capacity(512);
         loop {
@@ -1062,13 +1105,27 @@ impl Node {
                 let Some(i) = target_of(item.key()) else {
                     continue;
                 };
-                let pipe = self.pipe(&mut pipes, i, future, id)?;
-                pipe.set(item.key(), item.flags(), item.exptime(), item.value())?;
-                let mut p = self.progress.lock();
-                p.keys_copied += 1;
-                p.bytes_sent += item.value().len() as u64;
+                let sent = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
+                    pipe.set(item.key(), item.flags(), item.exptime(), item.value())
+                });
+                match sent {
+                    Ok(()) => {
+                        let mut p = self.progress.lock();
+                        p.keys_copied += 1;
+                        p.bytes_sent += item.value().len() as u64;
+                    }
+                    Err(e) => self.lost_stream(
+                        id,
+                        i,
+                        e,
+                        &mut pipes,
+                        &mut unconfirmed,
+                        future,
+                        &target_of,
+                    )?,
+                }
             }
-            self.flush(&mut pipes)?;
+            self.flush_streams(id, &mut pipes, &mut unconfirmed, future, &target_of)?;
             if step.done {
                 break;
             }
@@ -1079,9 +1136,7 @@ impl Node {
             p.snapshot_ms = now_ms().saturating_sub(started_ms);
         }
         // Stream changes until the hand-off's grace period is over, then drain once more
-        // and say `drained` to every new owner. Per new owner, the changes sent since its
-        // last confirmed batch: sent again if its stream fails.
-        let mut unconfirmed: HashMap<usize, Vec<Vec<u8>>> = HashMap::new();
+        // and say `drained` to every new owner.
         loop {
             let finishing = self.finish.load(Ordering::Acquire);
             if finishing == u64::MAX || self.abandoned(id) {
@@ -1123,29 +1178,7 @@ impl Node {
                     }
                 }
             }
-            let open: Vec<usize> = pipes.keys().copied().collect();
-            for i in open {
-                let Some(pipe) = pipes.get_mut(&i) else {
-                    continue;
-                };
-                match pipe.flush() {
-                    Ok(refused) => {
-                        unconfirmed.remove(&i);
-                        if refused > 0 {
-                            self.progress.lock().refused += refused;
-                        }
-                    }
-                    Err(e) => self.lost_stream(
-                        id,
-                        i,
-                        e,
-                        &mut pipes,
-                        &mut unconfirmed,
-                        future,
-                        &target_of,
-                    )?,
-                }
-            }
+            self.flush_streams(id, &mut pipes, &mut unconfirmed, future, &target_of)?;
             if last && self.changes.lock().is_empty() {
                 let mut told = true;
                 for i in (0..future.nodes().len()).filter(|&i| future.nodes()[i] != me) {
@@ -1176,6 +1209,34 @@ impl Node {
             }
         }
         self.progress.lock().handed_off = id;
+        Ok(())
+    }
+
+    /// Writes what every stream has queued and reads its replies; a stream that fails goes
+    /// to [`Node::lost_stream`].
+    fn flush_streams(
+        &self,
+        id: u64,
+        pipes: &mut HashMap<usize, Pipe>,
+        unconfirmed: &mut HashMap<usize, Vec<Vec<u8>>>,
+        future: &Ring,
+        target_of: &dyn Fn(&[u8]) -> Option<usize>,
+    ) -> Result<(), ClusterError> {
+        let open: Vec<usize> = pipes.keys().copied().collect();
+        for i in open {
+            let Some(pipe) = pipes.get_mut(&i) else {
+                continue;
+            };
+            match pipe.flush() {
+                Ok(refused) => {
+                    unconfirmed.remove(&i);
+                    if refused > 0 {
+                        self.progress.lock().refused += refused;
+                    }
+                }
+                Err(e) => self.lost_stream(id, i, e, pipes, unconfirmed, future, target_of)?,
+            }
+        }
         Ok(())
     }
 
@@ -1288,16 +1349,6 @@ impl Node {
                 Ok(e.insert(p))
             }
         }
-    }
-
-    fn flush(&self, pipes: &mut HashMap<usize, Pipe>) -> Result<(), ClusterError> {
-        for p in pipes.values_mut() {
-            let refused = p.flush()?;
-            if refused > 0 {
-                self.progress.lock().refused += refused;
-            }
-        }
-        Ok(())
     }
 
     /// After a migration: removes the items this node no longer owns, in small steps, as

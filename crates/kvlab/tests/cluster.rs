@@ -489,6 +489,47 @@ fn a_new_owner_restarted_in_the_hand_off_is_sent_its_keys_again() {
     }
 }
 
+/// The same, but the sources find the stream broken while still copying (writes to the
+/// leaving keys are streamed to the restarted node): their copiers stop with an error. The
+/// migration then goes on to its hand-off anyway (here by hand; a coordinator does when it
+/// saw every snapshot done first) and cannot go back: each source copies again, and `resume`
+/// ends it with the newest values on the new owner.
+#[test]
+fn a_copier_that_failed_just_before_the_hand_off_copies_again_in_it() {
+    let (dir, names, mut nodes) = two_of_three();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let seed: SocketAddr = names[0].parse().unwrap();
+    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+    for i in 0..3000 {
+        assert!(c
+            .set(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())
+            .unwrap());
+    }
+    let store = FileStore::new(&path);
+    let id = begin_migration(&store, &names);
+    await_progress(&names[..2], id, "snapshot_done");
+    nodes[2].kill();
+    nodes[2] = node(&topology, port_of(&names[2]));
+    for i in 0..3000 {
+        assert!(c
+            .set(format!("k{i}").as_bytes(), format!("w{i}").as_bytes())
+            .unwrap());
+    }
+    until("a source's copier to fail", || {
+        names[..2]
+            .iter()
+            .any(|n| node_status(n).unwrap()["progress"]["error"].is_string())
+    });
+    enter_handoff(&store);
+    let out = cluster(&topology, &["resume"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
+    for i in 0..3000 {
+        let v = c.get(format!("k{i}").as_bytes()).unwrap();
+        assert_eq!(v.as_deref(), Some(format!("w{i}").as_bytes()), "k{i}");
+    }
+}
+
 /// Two copies of every key; a node is removed, and one of the nodes that keep its keys is
 /// killed and restarted empty at the end of the hand-off, before it copied the keys it
 /// took from the leaving node to their other holder. The leaving node then holds the only
