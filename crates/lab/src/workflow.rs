@@ -1075,11 +1075,12 @@ idle_jobs = true
                 "reactive",
                 "predictive",
                 "static-2-idle",
+                "reactive-idle",
                 "predictive-idle"
             ]
         );
         assert!(matches!(policies[0].1, PolicySpec::Static { cores: 2 }) && !policies[0].2);
-        assert!(policies[4].2 && policies[5].2);
+        assert!(policies[4].2 && policies[5].2 && policies[6].2);
         assert!(
             WorkflowSpec::parse(&text.replace("policy = \"reactive\"", "policy = \"fast\""))
                 .is_err()
