@@ -25,7 +25,7 @@ pub struct ControlArgs {
     /// Attach to this running server process instead of starting one.
     #[arg(long, conflicts_with = "server")]
     pid: Option<u32>,
-    /// The job file (TOML; see the README). Without one, only the server's cores move.
+    /// The job file (TOML; see docs/control.md). Without one, only the server's cores move.
     #[arg(long, value_name = "FILE")]
     jobs: Option<PathBuf>,
     /// Where jobs run, make their inputs and write their logs ({work} in the job file)

@@ -35,7 +35,7 @@ pub struct ProxyArgs {
     /// each; one pool. Not with --config.
     #[arg(long = "backend", value_name = "HOST:PORT[:WEIGHT] [NAME]")]
     backends: Vec<String>,
-    /// Pools, backends and every setting from a TOML file (see the README); SIGHUP or a
+    /// Pools, backends and every setting from a TOML file (see docs/proxy.md); SIGHUP or a
     /// change of the file reloads it without dropping clients.
     #[arg(long = "config", value_name = "FILE", conflicts_with_all = ["backends", "distribution", "replicas", "write_policy", "read_policy", "multiget", "timeout_ms", "failure_limit", "retry_timeout_ms"])]
     config: Option<PathBuf>,

@@ -1,5 +1,5 @@
 //! What a proxy is told: its pools of backends and how requests are routed to them, from
-//! flags or a TOML file. Every default is stated once, here, and documented in the README.
+//! flags or a TOML file. Every default is stated once, here, and documented in docs/proxy.md.
 //!
 //! ```toml
 //! workers = 0                 # workers (-t); 0: one per CPU under --io reactor, 8 under epoll
