@@ -9,7 +9,11 @@
 //!   while nodes are added, removed or killed on a schedule;
 //! - [`faults`]: `kind = "faults"` experiments — kvlab's fault-injection harness
 //!   (`kvlab_faults`) over seeds and configurations, each run's history checked, anomalies
-//!   at the top of the report and a timeline per run.
+//!   at the top of the report and a timeline per run;
+//! - [`workflow`]: the control workflow — a server under a random rate trace, batch jobs,
+//!   and `kvlab control` moving cores between them, per seed × interval × policy × system;
+//! - [`speedup`]: the batch jobs' runtime against their core count, for a
+//!   characterisation report's `[speedup]` table.
 //!
 //! ```text
 //! Source (file | shipped) + Overrides
