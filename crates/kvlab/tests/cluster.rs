@@ -461,31 +461,74 @@ fn port_of(name: &str) -> u16 {
 /// ends the migration with every key where the new ring puts it.
 #[test]
 fn a_new_owner_restarted_in_the_hand_off_is_sent_its_keys_again() {
-    let (dir, names, mut nodes) = two_of_three();
-    let path = dir.path().join("topology.json");
-    let topology = path.display().to_string();
-    let seed: SocketAddr = names[0].parse().unwrap();
-    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+    let mut m = NewOwnerRestarted::after_the_copy();
+    assert!(m.copied > 500, "the new node got {} keys", m.copied);
+    assert_eq!(items(&m.names[2]), 0, "restarted empty");
+    enter_handoff(&m.store);
+    let out = cluster(&m.topology, &["resume"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
+    assert_eq!(
+        items(&m.names[2]),
+        m.copied,
+        "the new owner has its keys again"
+    );
+    assert_every_key(&mut m.client, "v");
+}
+
+/// Three nodes, the first two in the ring holding 3000 keys (`k{i}` = `v{i}`), a migration
+/// adding the third begun by hand and copied, and then the third killed and restarted
+/// empty.
+struct NewOwnerRestarted {
+    _dir: tempfile::TempDir,
+    names: Vec<String>,
+    _nodes: Vec<Process>,
+    topology: String,
+    store: FileStore,
+    client: ClusterClient,
+    /// What the third node had been sent before it was killed.
+    copied: u64,
+}
+
+impl NewOwnerRestarted {
+    fn after_the_copy() -> NewOwnerRestarted {
+        let (dir, names, mut nodes) = two_of_three();
+        let path = dir.path().join("topology.json");
+        let topology = path.display().to_string();
+        let seed: SocketAddr = names[0].parse().unwrap();
+        let mut client = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+        set_every_key(&mut client, "v");
+        let store = FileStore::new(&path);
+        let id = begin_migration(&store, &names);
+        await_progress(&names[..2], id, "snapshot_done");
+        let copied = items(&names[2]);
+        nodes[2].kill();
+        nodes[2] = node(&topology, port_of(&names[2]));
+        NewOwnerRestarted {
+            _dir: dir,
+            names,
+            _nodes: nodes,
+            topology,
+            store,
+            client,
+            copied,
+        }
+    }
+}
+
+/// Sets `k{i}` to `{value}{i}` for the 3000 keys of these tests, each acknowledged.
+fn set_every_key(c: &mut ClusterClient, value: &str) {
     for i in 0..3000 {
         assert!(c
-            .set(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())
+            .set(format!("k{i}").as_bytes(), format!("{value}{i}").as_bytes())
             .unwrap());
     }
-    let store = FileStore::new(&path);
-    let id = begin_migration(&store, &names);
-    await_progress(&names[..2], id, "snapshot_done");
-    let copied = items(&names[2]);
-    assert!(copied > 500, "the new node got {copied} keys");
-    nodes[2].kill();
-    nodes[2] = node(&topology, port_of(&names[2]));
-    assert_eq!(items(&names[2]), 0, "restarted empty");
-    enter_handoff(&store);
-    let out = cluster(&topology, &["resume"]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
-    assert_eq!(items(&names[2]), copied, "the new owner has its keys again");
+}
+
+/// Every one of the 3000 keys reads `{value}{i}`.
+fn assert_every_key(c: &mut ClusterClient, value: &str) {
     for i in 0..3000 {
         let v = c.get(format!("k{i}").as_bytes()).unwrap();
-        assert_eq!(v.as_deref(), Some(format!("v{i}").as_bytes()), "k{i}");
+        assert_eq!(v.as_deref(), Some(format!("{value}{i}").as_bytes()), "k{i}");
     }
 }
 
@@ -496,38 +539,17 @@ fn a_new_owner_restarted_in_the_hand_off_is_sent_its_keys_again() {
 /// ends it with the newest values on the new owner.
 #[test]
 fn a_copier_that_failed_just_before_the_hand_off_copies_again_in_it() {
-    let (dir, names, mut nodes) = two_of_three();
-    let path = dir.path().join("topology.json");
-    let topology = path.display().to_string();
-    let seed: SocketAddr = names[0].parse().unwrap();
-    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
-    for i in 0..3000 {
-        assert!(c
-            .set(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())
-            .unwrap());
-    }
-    let store = FileStore::new(&path);
-    let id = begin_migration(&store, &names);
-    await_progress(&names[..2], id, "snapshot_done");
-    nodes[2].kill();
-    nodes[2] = node(&topology, port_of(&names[2]));
-    for i in 0..3000 {
-        assert!(c
-            .set(format!("k{i}").as_bytes(), format!("w{i}").as_bytes())
-            .unwrap());
-    }
+    let mut m = NewOwnerRestarted::after_the_copy();
+    set_every_key(&mut m.client, "w");
     until("a source's copier to fail", || {
-        names[..2]
+        m.names[..2]
             .iter()
             .any(|n| node_status(n).unwrap()["progress"]["error"].is_string())
     });
-    enter_handoff(&store);
-    let out = cluster(&topology, &["resume"]);
+    enter_handoff(&m.store);
+    let out = cluster(&m.topology, &["resume"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
-    for i in 0..3000 {
-        let v = c.get(format!("k{i}").as_bytes()).unwrap();
-        assert_eq!(v.as_deref(), Some(format!("w{i}").as_bytes()), "k{i}");
-    }
+    assert_every_key(&mut m.client, "w");
 }
 
 /// Two copies of every key; a node is removed, and one of the nodes that keep its keys is
@@ -549,11 +571,7 @@ fn a_node_restarted_empty_as_another_leaves_gets_the_leavers_items() {
     let mut nodes: Vec<Process> = ports.iter().map(|&p| node(&topology, p)).collect();
     let seed: SocketAddr = names[0].parse().unwrap();
     let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
-    for i in 0..3000 {
-        assert!(c
-            .set(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())
-            .unwrap());
-    }
+    set_every_key(&mut c, "v");
     let store = FileStore::new(&path);
     let id = begin_migration(&store, &names[..2]);
     await_progress(&names, id, "snapshot_done");
