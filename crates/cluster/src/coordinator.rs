@@ -7,13 +7,14 @@
 //! migration stands and resumes it (or, while it is still copying, rolls it back).
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use kvlab_client::cluster::resolve;
 use kvlab_client::{Answer, Client, ConnError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::clock::now_ms;
 use crate::topology::{Migration, Phase, Topology, TopologyStore};
 use crate::ClusterError;
 
@@ -124,12 +125,6 @@ fn printable(line: &[u8]) -> String {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.into_owned(),
     }
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Creates a cluster of `nodes` (each already running `kvlab server --cluster`, or about

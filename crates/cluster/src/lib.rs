@@ -14,6 +14,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod clock;
 pub mod coordinator;
 pub mod copies;
 pub mod etcd;

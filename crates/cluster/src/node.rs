@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use kvlab_client::{Redirect, Ring};
@@ -33,6 +33,7 @@ use kvlab_store::{DeleteStatus, MetaDeleteOpts, ScanCursor, Store};
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use crate::clock::now_ms;
 use crate::copies::{Batch, Copies, Outcome, Reply, Unconfirmed};
 pub use crate::copies::{REPLICA_BACKOFF, REPLICA_TIMEOUT};
 use crate::pipe::Pipe;
@@ -194,16 +195,6 @@ pub struct Node {
     /// outlives its last heartbeat by the lease's TTL; a node cut off from the store
     /// stops taking writes when others may take it for dead. `u64::MAX` without leases.
     writable_until: AtomicU64,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-pub(crate) fn now_unix() -> u64 {
-    now_ms() / 1000
 }
 
 impl Node {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use kvlab_client::cluster::resolve;
 
-use crate::node::now_unix;
+use crate::clock::now_unix;
 use crate::ClusterError;
 
 /// A pipelined connection to a new owner: requests are written in batches and their
