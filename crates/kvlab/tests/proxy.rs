@@ -437,7 +437,9 @@ fn with_every_replica_out_the_first_back_waits_for_a_peer_that_missed_nothing() 
 
     // Replica 0 answers first: its peers are out, and they did not miss those writes.
     signal(&backends[0], libc::SIGCONT);
-    std::thread::sleep(Duration::from_millis(800));
+    until("the prober to find it answering twice", || {
+        backend_stat(at, &names[0], "rejoin_waits").is_some_and(|n| n >= 2)
+    });
     assert_eq!(
         backend_stat(at, &names[0], "ejected"),
         Some(1),

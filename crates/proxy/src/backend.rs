@@ -62,6 +62,9 @@ pub struct Health {
     /// Times it came back. A worker's connection opened before the latest rejoin is to a
     /// process that may be gone: it is replaced before use.
     pub rejoins: AtomicU64,
+    /// Times it answered the prober again but stayed out (a key it missed could not be
+    /// repaired yet).
+    pub rejoin_waits: AtomicU64,
     /// In a replicated pool: what it missed while out. Its lock also orders ejection against
     /// rejoin: a key is recorded and the backend ejected under it, and the prober puts the
     /// backend back under it only when nothing is left to repair, so a backend with a
@@ -83,6 +86,7 @@ impl Health {
             outstanding: AtomicI64::new(0),
             ejections: AtomicU64::new(0),
             rejoins: AtomicU64::new(0),
+            rejoin_waits: AtomicU64::new(0),
             missed: Mutex::new(Missed::default()),
             repaired: AtomicU64::new(0),
             flushes: AtomicU64::new(0),

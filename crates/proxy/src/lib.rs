@@ -502,6 +502,7 @@ fn prober(shared: &Shared) {
                     tracing::warn!(backend = %health.name, repaired, "backend answers again: back in");
                 }
                 Err(reason) => {
+                    health.rejoin_waits.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(backend = %health.name, %reason, "backend answers but cannot be repaired yet; stays out");
                 }
             }

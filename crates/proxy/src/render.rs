@@ -174,6 +174,11 @@ fn backends(shared: &Shared, out: &mut Vec<u8>) {
                 &format!("{p}rejoins"),
                 h.rejoins.load(Ordering::Relaxed),
             );
+            line(
+                out,
+                &format!("{p}rejoin_waits"),
+                h.rejoin_waits.load(Ordering::Relaxed),
+            );
             // A backend of a replicated pool: keys whose writes it missed (to repair before
             // it rejoins), keys repaired, flushes when it came back.
             line(out, &format!("{p}missed_keys"), h.missed.lock().keys.len());
