@@ -224,10 +224,28 @@ def outcome(client, name, args, kwargs):
     if name == "cas":
         key, value, _ = args
         args = (key, value, kwargs.pop("cas"))
+    if name == "quit" and client.sock is not None:
+        return quit_and_wait(client)
     try:
         return getattr(client, name)(*args, **kwargs)
     except Exception as e:  # every exception is an outcome to compare
         return ("raised", type(e).__name__, str(e))
+
+
+def quit_and_wait(client):
+    """`quit`, as pymemcache's `Client.quit` sends it, but waiting for the server to close
+    the connection before the next call: the next call opens a new connection, and the
+    `noreply` calls sent just before the `quit` must have been applied by then (on a busy
+    machine the old connection's thread may otherwise still be behind, on either server)."""
+    sock = client.sock
+    try:
+        sock.sendall(b"quit\r\n")
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass
+    client.close()
+    return None
 
 
 def cas_tokens(name, result):
