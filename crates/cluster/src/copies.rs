@@ -1,23 +1,25 @@
-//! A cluster node's write-through copies (`replicas` > 1): one sender thread per copy
-//! holder, each with its one `cluster import 0` stream to that holder.
+//! A cluster node's write-through copies (`replicas` > 1): one link per copy holder, each
+//! a `cluster import 0` stream to that holder.
 //!
 //! ```text
-//!  worker loops: a round's writes ──► per holder: Batch(keys, tickets) ──► Sender queue
-//!                                                                          │
-//!  sender thread (one per holder): take every queued batch, read each key's current
-//!  state from the store, write them in one go, read the holder's replies (one round
-//!  trip for the lot) ──► Confirm(ticket, failure?) per ticket ──► the batch's Reply
-//!                                                                  (channel + wake byte
-//!                                                                   in the loop's epoll)
+//!  worker loop: a round's writes ──► per holder: Batch(keys, tickets) ──► Link::send:
+//!     under the link's lock, read each key's state from the store, append it to the
+//!     stream, write what the socket takes (no thread in between)
+//!  holder: its worker loop serves the stream like a client's connection (one reply a key)
+//!  event loop watching the stream (the link's home loop): reads the replies ──►
+//!     Confirm(ticket, failure?) per ticket ──► the batch's Reply (its loop's channel; a
+//!     wake byte in that loop's epoll unless it is the loop reading)
+//!  link thread: opens the stream (again after a failure), fails it when a reply is late,
+//!     reads the replies itself while no loop watches the stream
 //! ```
 //!
 //! A worker never waits on a holder: its loop goes on serving while the copies are in
-//! flight, and each write's reply leaves when its last holder confirmed. Copies of one
-//! holder leave in the order their batches were queued, and each carries the key's state
-//! *at the time it is sent* (read from the store then, not when the write was applied):
-//! whichever copy of a key reaches a holder last carries a state at least as new as every
-//! write confirmed before it, so two workers writing the same key cannot leave a holder
-//! with the older value.
+//! flight, and each write's reply leaves when its last holder confirmed. Every copy to one
+//! holder goes down that holder's one stream, written under the link's lock, and each
+//! carries the key's state *at the time it is written* (read from the store then, not when
+//! the write was applied): whichever copy of a key reaches a holder last carries a state at
+//! least as new as every write confirmed before it, so two workers writing the same key
+//! cannot leave a holder with the older value.
 //!
 //! Until its copies are confirmed, a write is *unconfirmed* ([`Unconfirmed`]): a read of the
 //! key then sends the key's state to the holders again and its reply waits for their
@@ -32,7 +34,9 @@
 //! fail at once instead of each waiting out a timeout.
 
 use std::collections::{HashMap, VecDeque};
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -41,7 +45,7 @@ use std::time::{Duration, Instant};
 use kvlab_store::Store;
 use parking_lot::{Condvar, Mutex};
 
-use crate::pipe::Pipe;
+use crate::pipe::{encode_delete, encode_store, is_refusal, memchr_nl, Pipe};
 
 /// How long a write's copy may take to be confirmed by its holder before the write fails
 /// (`SERVER_ERROR`).
@@ -206,17 +210,30 @@ impl Reply {
         Reply { tx, wake }
     }
 
+    /// Whether `self` and `other` answer to the same place.
+    pub fn same(&self, other: &Reply) -> bool {
+        match (&self.wake, &other.wake) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     fn send(&self, tickets: &[usize], failure: Option<Arc<str>>, seq: u64) {
+        self.send_quietly(tickets, failure, seq);
+        if let Some(wake) = &self.wake {
+            // A full socket already holds a wake-up the loop has not read yet.
+            let _ = (&**wake).write(&[1]);
+        }
+    }
+
+    /// [`Reply::send`] without the wake-up (the loop reads its confirmations next).
+    fn send_quietly(&self, tickets: &[usize], failure: Option<Arc<str>>, seq: u64) {
         for &ticket in tickets {
             let _ = self.tx.send(Confirm {
                 ticket,
                 failure: failure.clone(),
                 seq,
             });
-        }
-        if let Some(wake) = &self.wake {
-            // A full socket already holds a wake-up the loop has not read yet.
-            let _ = (&**wake).write(&[1]);
         }
     }
 }
@@ -231,272 +248,526 @@ pub struct Batch {
     pub reply: Reply,
 }
 
-#[derive(Default)]
-struct Queue {
-    batches: VecDeque<Batch>,
-    stopped: bool,
-}
+/// Registers a socket in an event loop's epoll under an id; the loop then calls
+/// [`Copies::ready`] with that id when the socket is ready.
+pub type Register = Box<dyn Fn(RawFd, usize) -> std::io::Result<()> + Send + Sync>;
 
-/// One holder's sender: its queue and the thread that empties it.
-struct Sender {
-    holder: String,
-    queue: Mutex<Queue>,
-    ready: Condvar,
-}
+/// Answers owed to batches' replies: (reply, tickets, failure, copy clock).
+type Answers = Vec<(Reply, Vec<usize>, Option<Arc<str>>, u64)>;
 
-/// The copy senders of a node, one per holder.
-pub struct Copies {
+/// What a node's links share.
+struct Shared {
     me: String,
     store: Arc<Store>,
-    senders: Mutex<HashMap<String, Arc<Sender>>>,
     /// Holders that failed lately: when, and why.
-    down: Arc<Mutex<HashMap<String, (Instant, String)>>>,
-    /// Holder failures (each failure of a batch).
-    errors: Arc<AtomicU64>,
+    down: Mutex<HashMap<String, (Instant, String)>>,
+    /// Holder failures (each failure of a stream with copies in flight, or a refusal).
+    errors: AtomicU64,
     /// The copy clock: ticks each time keys are read to be sent, or a failure is seen.
-    clock: Arc<AtomicU64>,
+    clock: AtomicU64,
+    /// The event loops that offered to read links' replies.
+    loops: Mutex<Vec<Arc<Register>>>,
+    /// Connected links by the id their socket is watched as (never reused; 0 is none).
+    by_id: Mutex<HashMap<usize, Arc<Link>>>,
+    next_id: AtomicUsize,
+}
+
+impl Shared {
+    fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::SeqCst)
+    }
+
+    fn backing_off(&self, holder: &str) -> Option<(String, Duration)> {
+        let down = self.down.lock();
+        let (since, why) = down.get(holder)?;
+        let left = REPLICA_BACKOFF.checked_sub(since.elapsed())?;
+        Some((why.clone(), left))
+    }
+}
+
+/// The copy links of a node, one per holder.
+pub struct Copies {
+    shared: Arc<Shared>,
+    links: Mutex<HashMap<String, Arc<Link>>>,
     /// Keys whose copies are not all confirmed.
     pub unconfirmed: Unconfirmed,
 }
 
 impl Copies {
-    /// No senders yet; `me` is the node's name as its holders know it.
+    /// No links yet; `me` is the node's name as its holders know it.
     pub fn new(me: String, store: Arc<Store>) -> Copies {
         Copies {
-            me,
-            store,
-            senders: Mutex::new(HashMap::new()),
-            down: Arc::new(Mutex::new(HashMap::new())),
-            errors: Arc::new(AtomicU64::new(0)),
-            clock: Arc::new(AtomicU64::new(1)),
+            shared: Arc::new(Shared {
+                me,
+                store,
+                down: Mutex::new(HashMap::new()),
+                errors: AtomicU64::new(0),
+                clock: AtomicU64::new(1),
+                loops: Mutex::new(Vec::new()),
+                by_id: Mutex::new(HashMap::new()),
+                next_id: AtomicUsize::new(1),
+            }),
+            links: Mutex::new(HashMap::new()),
             unconfirmed: Unconfirmed::default(),
         }
     }
 
     /// The copy clock's next tick.
     pub fn tick(&self) -> u64 {
-        self.clock.fetch_add(1, Ordering::SeqCst)
+        self.shared.tick()
     }
 
     /// How many times a holder failed a batch of copies.
     pub fn errors(&self) -> u64 {
-        self.errors.load(Ordering::Relaxed)
+        self.shared.errors.load(Ordering::Relaxed)
     }
 
     /// Why `holder` is not tried now (it failed less than [`REPLICA_BACKOFF`] ago).
     pub fn down(&self, holder: &str) -> Option<String> {
-        let down = self.down.lock();
-        let (since, why) = down.get(holder)?;
-        (since.elapsed() < REPLICA_BACKOFF).then(|| why.clone())
+        self.shared.backing_off(holder).map(|(why, _)| why)
     }
 
-    /// Queues `batch` for `holder` (its sender starts, and connects, if it has none).
-    pub fn send(&self, holder: &str, batch: Batch) {
-        let sender = self.sender(holder);
-        let mut q = sender.queue.lock();
-        if q.stopped {
-            drop(q);
-            let why = format!("copy to {holder} not written: it left the ring");
-            batch
-                .reply
-                .send(&batch.tickets, Some(why.into()), self.tick());
-            return;
-        }
-        q.batches.push_back(batch);
-        drop(q);
-        sender.ready.notify_one();
+    /// An event loop offers to read links' replies: links connected from now on may be
+    /// watched by it through `register`, and it calls [`Copies::ready`] for their ids (ids
+    /// are never 0).
+    pub fn attach(&self, register: Register) {
+        self.shared.loops.lock().push(Arc::new(register));
     }
 
-    /// Starts a sender (which opens its stream at once) for every node of `ring` but this
-    /// one that has none, and stops those of nodes no longer in it.
-    pub fn follow(&self, ring: &[String]) {
-        for node in ring {
-            if *node != self.me {
-                self.sender(node);
+    /// The link watched as `id` is ready: its queued copies go out and its replies are
+    /// read; the batches answered get their confirmations — those that answer to `local`
+    /// (the calling loop's, which reads them next) without a wake-up.
+    pub fn ready(&self, id: usize, local: &Reply) {
+        let link = self.shared.by_id.lock().get(&id).cloned();
+        if let Some(link) = link {
+            let mut answers = Vec::new();
+            link.serve(&self.shared, id, &mut answers);
+            for (reply, tickets, failure, seq) in answers {
+                if reply.same(local) {
+                    reply.send_quietly(&tickets, failure, seq);
+                } else {
+                    reply.send(&tickets, failure, seq);
+                }
             }
         }
-        let mut senders = self.senders.lock();
-        senders.retain(|holder, sender| {
+    }
+
+    /// Sends `batch` to `holder`: each key's state is read from the store and written to
+    /// the holder's stream now (it is opened if it is not); the batch is answered when the
+    /// holder has answered every key, or the stream failed.
+    pub fn send(&self, holder: &str, batch: Batch) {
+        let link = self.link(holder);
+        let mut answers = Vec::new();
+        link.send(&self.shared, batch, &mut answers);
+        answer(answers);
+    }
+
+    /// Opens a link (which connects at once) to every node of `ring` but this one that has
+    /// none, and stops those to nodes no longer in it.
+    pub fn follow(&self, ring: &[String]) {
+        for node in ring {
+            if *node != self.shared.me {
+                self.link(node);
+            }
+        }
+        let mut links = self.links.lock();
+        links.retain(|holder, link| {
             let keep = ring.contains(holder);
             if !keep {
-                sender.stop();
+                link.stop();
             }
             keep
         });
     }
 
-    /// Stops every sender (the node is shutting down).
+    /// Stops every link (the node is shutting down).
     pub fn stop(&self) {
-        for (_, sender) in self.senders.lock().drain() {
-            sender.stop();
+        for (_, link) in self.links.lock().drain() {
+            link.stop();
         }
     }
 
-    fn sender(&self, holder: &str) -> Arc<Sender> {
-        let mut senders = self.senders.lock();
-        if let Some(s) = senders.get(holder) {
-            return s.clone();
+    fn link(&self, holder: &str) -> Arc<Link> {
+        let mut links = self.links.lock();
+        if let Some(l) = links.get(holder) {
+            return l.clone();
         }
-        let sender = Arc::new(Sender {
+        let link = Arc::new(Link {
             holder: holder.to_string(),
-            queue: Mutex::new(Queue::default()),
-            ready: Condvar::new(),
+            state: Mutex::new(LinkState::default()),
+            wake: Condvar::new(),
         });
-        let run = Run {
-            sender: sender.clone(),
-            me: self.me.clone(),
-            store: self.store.clone(),
-            down: self.down.clone(),
-            errors: self.errors.clone(),
-            clock: self.clock.clone(),
-        };
+        let (l, shared) = (link.clone(), self.shared.clone());
         let spawned = std::thread::Builder::new()
             .name("kvlab-copies".into())
-            .spawn(move || run.run());
+            .spawn(move || l.run(&shared));
         if let Err(e) = spawned {
-            // Without its thread nothing would ever answer the holder's batches.
-            tracing::error!("cannot start the copy sender for {holder}: {e}");
-            sender.queue.lock().stopped = true;
+            // Without its thread the link would never connect: its batches fail at once.
+            tracing::error!("cannot start the copy link to {holder}: {e}");
+            link.state.lock().stopped = true;
         }
-        senders.insert(holder.to_string(), sender.clone());
-        sender
+        links.insert(holder.to_string(), link.clone());
+        link
     }
 }
 
-impl Sender {
-    fn stop(&self) {
-        self.queue.lock().stopped = true;
-        self.ready.notify_one();
+/// Hands each answered batch its confirmations.
+fn answer(answers: Answers) {
+    for (reply, tickets, failure, seq) in answers {
+        reply.send(&tickets, failure, seq);
     }
 }
 
-/// A sender thread's state.
-struct Run {
-    sender: Arc<Sender>,
-    me: String,
-    store: Arc<Store>,
-    down: Arc<Mutex<HashMap<String, (Instant, String)>>>,
-    errors: Arc<AtomicU64>,
-    clock: Arc<AtomicU64>,
+/// One holder's link: a `cluster import 0` stream that any thread writes copies to (under
+/// the link's lock, reading each key's state as it writes it, so the stream carries a
+/// key's states in the order they were read), and whose replies an event loop reads (or,
+/// with no loop, the link's own thread). The link's thread connects it, times it out and
+/// stops it.
+struct Link {
+    holder: String,
+    state: Mutex<LinkState>,
+    /// Wakes the link's thread (a batch waits for the stream to open; the link stops).
+    wake: Condvar,
 }
 
-impl Run {
-    fn run(self) {
-        let holder = self.sender.holder.clone();
-        let mut pipe: Option<Pipe> = None;
-        let mut batches: Vec<Batch> = Vec::new();
+#[derive(Default)]
+struct LinkState {
+    /// The open stream (non-blocking).
+    stream: Option<TcpStream>,
+    /// The id the stream is watched as (0: none yet, or not by a loop).
+    id: usize,
+    /// A loop reads the stream's replies.
+    watched: bool,
+    /// Bytes the socket has not taken yet.
+    out: Vec<u8>,
+    /// Replies not read to their end yet.
+    inb: Vec<u8>,
+    /// Batches written, in order, with their replies owed.
+    sent: VecDeque<Sent>,
+    stopped: bool,
+}
+
+/// A batch written to a stream.
+struct Sent {
+    /// Replies still owed (one per key written).
+    lines: usize,
+    /// Refusals among those read.
+    refused: u64,
+    tickets: Vec<usize>,
+    reply: Reply,
+    /// When its keys were read.
+    seq: u64,
+    at: Instant,
+}
+
+impl LinkState {
+    /// Writes what the socket takes of the queued bytes.
+    fn flush(&mut self) -> Result<(), String> {
+        let Some(stream) = &self.stream else {
+            return Ok(());
+        };
+        let mut done = 0;
+        while done < self.out.len() {
+            match (&*stream).write(&self.out[done..]) {
+                Ok(0) => return Err("the holder closed the stream".into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("stream: {e}")),
+            }
+        }
+        self.out.drain(..done);
+        Ok(())
+    }
+
+    /// Reads every reply the socket holds and answers the batches they complete.
+    fn read(&mut self, sh: &Shared, holder: &str, answers: &mut Answers) -> Result<(), String> {
+        let Some(stream) = &self.stream else {
+            return Ok(());
+        };
+        let mut chunk = [0u8; 16 * 1024];
         loop {
-            {
-                let mut q = self.sender.queue.lock();
-                while q.batches.is_empty() && !q.stopped && pipe.is_some() {
-                    self.sender.ready.wait_for(&mut q, Duration::from_secs(1));
-                }
-                if q.stopped {
-                    let why: Arc<str> = format!("copy to {holder} not written: it left the ring")
-                        .as_str()
-                        .into();
-                    let seq = self.tick();
-                    for b in q.batches.drain(..) {
-                        b.reply.send(&b.tickets, Some(why.clone()), seq);
-                    }
-                    return;
-                }
-                batches.extend(q.batches.drain(..));
+            match (&*stream).read(&mut chunk) {
+                Ok(0) => return Err("the holder closed the stream".into()),
+                Ok(n) => self.inb.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("stream: {e}")),
             }
-            if let Some(why) = self.backing_off(&holder) {
-                let why = format!("copy to {holder} not written: {why}");
-                fail(&mut batches, why.into(), self.tick());
-                if pipe.is_none() {
-                    // Nothing to send and no stream: wait out the back-off, then connect.
-                    self.sleep_unless_stopped(REPLICA_BACKOFF / 5);
-                }
+        }
+        let mut at = 0;
+        while let Some(nl) = memchr_nl(&self.inb[at..]) {
+            let line = &self.inb[at..at + nl];
+            at += nl + 1;
+            let Some(front) = self.sent.front_mut() else {
+                return Err("a reply to nothing sent".into());
+            };
+            if is_refusal(line) {
+                front.refused += 1;
+                tracing::warn!(
+                    "copy to {holder}: {}",
+                    String::from_utf8_lossy(line).trim_end()
+                );
+            }
+            front.lines -= 1;
+            if front.lines > 0 {
                 continue;
             }
-            if pipe.is_none() {
-                match Pipe::connect(&holder, REPLICA_TIMEOUT)
-                    .and_then(|p| p.import(0, &self.me))
-                    .and_then(|mut p| p.flush().map(|_| p))
-                {
-                    Ok(p) => pipe = Some(p),
-                    Err(e) if batches.is_empty() => {
-                        // Opening ahead of any write (the holder may not be up yet): no
-                        // write waits for it, so nothing backs off; try again shortly.
-                        tracing::debug!("copy stream to {holder}: {e}");
-                        self.sleep_unless_stopped(REPLICA_BACKOFF / 5);
-                        continue;
-                    }
-                    Err(e) => {
-                        self.failed(&holder, &reason(e), &mut batches);
-                        continue;
-                    }
-                }
+            let Some(s) = self.sent.pop_front() else {
+                break;
+            };
+            if s.refused == 0 {
+                answers.push((s.reply, s.tickets, None, s.seq));
+            } else {
+                // The holder took the stream but refused items (out of memory, or a view
+                // that no longer makes it a holder): those copies are not there.
+                sh.errors.fetch_add(1, Ordering::Relaxed);
+                let why = format!("copy to {holder} not written: {} copies refused", s.refused);
+                answers.push((s.reply, s.tickets, Some(why.into()), sh.tick()));
             }
-            if batches.is_empty() {
-                continue;
+        }
+        self.inb.drain(..at);
+        Ok(())
+    }
+}
+
+impl Link {
+    fn stop(&self) {
+        self.state.lock().stopped = true;
+        self.wake.notify_one();
+    }
+
+    /// Writes `batch`'s keys, each as the store holds it now, to the stream (or queues
+    /// them for the stream being opened).
+    fn send(&self, sh: &Shared, batch: Batch, answers: &mut Answers) {
+        let mut st = self.state.lock();
+        if st.stopped {
+            let why = format!("copy to {} not written: it left the ring", self.holder);
+            answers.push((batch.reply, batch.tickets, Some(why.into()), sh.tick()));
+            return;
+        }
+        if st.stream.is_none() {
+            if let Some((why, _)) = sh.backing_off(&self.holder) {
+                let why = format!("copy to {} not written: {why}", self.holder);
+                answers.push((batch.reply, batch.tickets, Some(why.into()), sh.tick()));
+                return;
             }
-            let Some(p) = pipe.as_mut() else { continue };
-            let seq = self.tick();
-            match self.write(p, &batches) {
-                Ok(0) => {
-                    for b in batches.drain(..) {
-                        b.reply.send(&b.tickets, None, seq);
-                    }
+        }
+        let seq = sh.tick();
+        let mut lines = 0;
+        for key in &batch.keys {
+            match sh.store.peek(key) {
+                Some(m) => {
+                    let i = &m.item;
+                    lines += encode_store(&mut st.out, b"set ", key, i.flags, i.exptime, &i.value)
+                        as usize;
                 }
-                Ok(refused) => {
-                    // The holder took the stream but refused items (out of memory, or a
-                    // view that no longer makes it a holder): those copies are not there.
-                    self.errors.fetch_add(1, Ordering::Relaxed);
-                    let why = format!("copy to {holder} not written: {refused} copies refused");
-                    fail(&mut batches, why.into(), self.tick());
-                }
-                Err(e) => {
-                    pipe = None;
-                    self.failed(&holder, &reason(e), &mut batches);
+                None => {
+                    encode_delete(&mut st.out, key);
+                    lines += 1;
                 }
             }
         }
-    }
-
-    /// Sends every key's current state, then reads the replies; how many were refusals.
-    fn write(&self, pipe: &mut Pipe, batches: &[Batch]) -> Result<u64, crate::ClusterError> {
-        for key in batches.iter().flat_map(|b| b.keys.iter()) {
-            match self.store.peek(key) {
-                Some(m) => pipe.set(key, m.item.flags, m.item.exptime, &m.item.value)?,
-                None => pipe.delete(key)?,
-            }
+        if lines == 0 {
+            answers.push((batch.reply, batch.tickets, None, seq));
+            return;
         }
-        pipe.flush()
-    }
-
-    /// Waits `d`, or less if a batch is queued or the sender stopped meanwhile.
-    fn sleep_unless_stopped(&self, d: Duration) {
-        let mut q = self.sender.queue.lock();
-        if q.batches.is_empty() && !q.stopped {
-            self.sender.ready.wait_for(&mut q, d);
+        st.sent.push_back(Sent {
+            lines,
+            refused: 0,
+            tickets: batch.tickets,
+            reply: batch.reply,
+            seq,
+            at: Instant::now(),
+        });
+        if st.stream.is_none() {
+            drop(st);
+            self.wake.notify_one();
+        } else if let Err(why) = st.flush() {
+            self.failed(sh, &mut st, &why, answers);
         }
     }
 
-    fn backing_off(&self, holder: &str) -> Option<String> {
-        let down = self.down.lock();
-        let (since, why) = down.get(holder)?;
-        (since.elapsed() < REPLICA_BACKOFF).then(|| why.clone())
+    /// The stream watched as `id` is ready.
+    fn serve(&self, sh: &Shared, id: usize, answers: &mut Answers) {
+        let mut st = self.state.lock();
+        if st.id != id || st.stream.is_none() {
+            return;
+        }
+        let served = st.flush().and_then(|_| st.read(sh, &self.holder, answers));
+        if let Err(why) = served {
+            self.failed(sh, &mut st, &why, answers);
+        }
     }
 
-    fn failed(&self, holder: &str, why: &str, batches: &mut Vec<Batch>) {
-        if !batches.is_empty() {
-            tracing::warn!("copy to {holder}: {why}");
-            self.errors.fetch_add(1, Ordering::Relaxed);
+    /// The stream failed: it closes, its batches fail, and the holder is not tried again
+    /// for [`REPLICA_BACKOFF`].
+    fn failed(&self, sh: &Shared, st: &mut LinkState, why: &str, answers: &mut Answers) {
+        st.stream = None;
+        if st.id != 0 {
+            sh.by_id.lock().remove(&st.id);
         }
-        self.down
+        st.id = 0;
+        st.watched = false;
+        st.out.clear();
+        st.inb.clear();
+        if !st.sent.is_empty() {
+            tracing::warn!("copy to {}: {why}", self.holder);
+            sh.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        sh.down
             .lock()
-            .insert(holder.to_string(), (Instant::now(), why.to_string()));
-        let why = format!("copy to {holder} not written: {why}");
-        fail(batches, why.into(), self.tick());
+            .insert(self.holder.clone(), (Instant::now(), why.to_string()));
+        let why: Arc<str> = format!("copy to {} not written: {why}", self.holder).into();
+        let seq = sh.tick();
+        for s in st.sent.drain(..) {
+            answers.push((s.reply, s.tickets, Some(why.clone()), seq));
+        }
+        self.wake.notify_one();
     }
 
-    fn tick(&self) -> u64 {
-        self.clock.fetch_add(1, Ordering::SeqCst)
+    /// The link's thread: opens the stream (ahead of any write, and again after a failure
+    /// once the back-off is over), fails it when its oldest batch waits longer than
+    /// [`REPLICA_TIMEOUT`], reads its replies while no loop does, and closes it when the
+    /// link stops.
+    fn run(self: Arc<Link>, sh: &Shared) {
+        loop {
+            let mut answers = Vec::new();
+            let mut st = self.state.lock();
+            if st.stopped {
+                self.failed(sh, &mut st, "it left the ring", &mut answers);
+                sh.down.lock().remove(&self.holder);
+                drop(st);
+                answer(answers);
+                return;
+            }
+            if st.stream.is_some() {
+                let late = st
+                    .sent
+                    .front()
+                    .is_some_and(|s| s.at.elapsed() > REPLICA_TIMEOUT);
+                if late {
+                    let why = "no reply in time (the node is paused, overloaded or cut off)";
+                    self.failed(sh, &mut st, why, &mut answers);
+                } else if !st.watched && !self.watch(sh, &mut st) {
+                    // No loop reads it: this thread does, polling.
+                    let fd = st.stream.as_ref().map_or(-1, |s| s.as_raw_fd());
+                    let id = st.id;
+                    let out = !st.out.is_empty();
+                    drop(st);
+                    poll(fd, out, Duration::from_millis(100));
+                    let mut st = self.state.lock();
+                    if st.id == id && st.stream.is_some() {
+                        let served = st
+                            .flush()
+                            .and_then(|_| st.read(sh, &self.holder, &mut answers));
+                        if let Err(why) = served {
+                            self.failed(sh, &mut st, &why, &mut answers);
+                        }
+                    }
+                    drop(st);
+                    answer(answers);
+                    continue;
+                } else {
+                    self.wake.wait_for(&mut st, Duration::from_millis(100));
+                }
+                drop(st);
+                answer(answers);
+                continue;
+            }
+            if let Some((why, left)) = sh.backing_off(&self.holder) {
+                // Queued as the stream failed: they fail too (the back-off is not renewed).
+                let why: Arc<str> = format!("copy to {} not written: {why}", self.holder).into();
+                let seq = sh.tick();
+                st.out.clear();
+                for s in st.sent.drain(..) {
+                    answers.push((s.reply, s.tickets, Some(why.clone()), seq));
+                }
+                drop(st);
+                answer(answers);
+                std::thread::sleep(left.min(REPLICA_BACKOFF / 5));
+                continue;
+            }
+            let waiting = !st.sent.is_empty();
+            drop(st);
+            let opened = open(&self.holder, &sh.me);
+            let mut st = self.state.lock();
+            match opened {
+                Ok(stream) => {
+                    st.id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+                    st.stream = Some(stream);
+                    sh.by_id.lock().insert(st.id, self.clone());
+                    self.watch(sh, &mut st);
+                    if let Err(why) = st.flush() {
+                        self.failed(sh, &mut st, &why, &mut answers);
+                    }
+                }
+                Err(why) if !waiting && st.sent.is_empty() => {
+                    // Opening ahead of any write (the holder may not be up yet): no write
+                    // waits for it, so nothing backs off; try again shortly.
+                    tracing::debug!("copy stream to {}: {why}", self.holder);
+                    if !st.stopped {
+                        self.wake.wait_for(&mut st, REPLICA_BACKOFF / 5);
+                    }
+                }
+                Err(why) => self.failed(sh, &mut st, &why, &mut answers),
+            }
+            drop(st);
+            answer(answers);
+        }
     }
+
+    /// Gives the open stream to an event loop to read, if one offered: whether one took it.
+    fn watch(&self, sh: &Shared, st: &mut LinkState) -> bool {
+        let Some(fd) = st.stream.as_ref().map(|s| s.as_raw_fd()) else {
+            return false;
+        };
+        let register = {
+            let loops = sh.loops.lock();
+            if loops.is_empty() {
+                return false;
+            }
+            let h = kvlab_client::cluster::key_hash(self.holder.as_bytes()) as usize;
+            loops[h % loops.len()].clone()
+        };
+        match register(fd, st.id) {
+            Ok(()) => st.watched = true,
+            Err(e) => tracing::warn!("cannot watch the copy stream to {}: {e}", self.holder),
+        }
+        st.watched
+    }
+}
+
+/// Opens a copy stream to `holder` and waits for its `cluster import 0` to be taken: the
+/// stream, non-blocking.
+fn open(holder: &str, me: &str) -> Result<TcpStream, String> {
+    let mut pipe = Pipe::connect(holder, REPLICA_TIMEOUT)
+        .and_then(|p| p.import(0, me))
+        .map_err(reason)?;
+    match pipe.flush().map_err(reason)? {
+        0 => {}
+        _ => return Err("it refused the copy stream (not a node of this cluster?)".into()),
+    }
+    let stream = pipe.into_stream();
+    stream
+        .set_nonblocking(true)
+        .map_err(|e| format!("stream: {e}"))?;
+    Ok(stream)
+}
+
+/// Waits at most `d` for `fd` to be readable (or writable, with `out`).
+fn poll(fd: RawFd, out: bool, d: Duration) {
+    let mut events = libc::POLLIN;
+    if out {
+        events |= libc::POLLOUT;
+    }
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the call's duration; a stale fd only makes it return.
+    unsafe { libc::poll(&mut p, 1, d.as_millis() as libc::c_int) };
 }
 
 /// A stream's failure as a copy's reason (the stream's errors speak of migrations).
@@ -504,12 +775,6 @@ fn reason(e: crate::ClusterError) -> String {
     match e {
         crate::ClusterError::Migration(why) => why,
         e => e.to_string(),
-    }
-}
-
-fn fail(batches: &mut Vec<Batch>, why: Arc<str>, seq: u64) {
-    for b in batches.drain(..) {
-        b.reply.send(&b.tickets, Some(why.clone()), seq);
     }
 }
 

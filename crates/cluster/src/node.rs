@@ -974,6 +974,17 @@ impl Node {
         outcomes
     }
 
+    /// An event loop offers to read the copy streams' replies ([`Copies::attach`]).
+    pub fn attach_copies(&self, register: crate::copies::Register) {
+        self.copies.attach(register);
+    }
+
+    /// The copy stream an event loop watches as `id` is ready ([`Copies::ready`]); the
+    /// loop's confirmations go to `local`.
+    pub fn copies_ready(&self, id: usize, local: &Reply) {
+        self.copies.ready(id, local);
+    }
+
     /// The keys whose copies are not all confirmed ([`crate::copies::Unconfirmed`]).
     pub fn unconfirmed(&self) -> &Unconfirmed {
         &self.copies.unconfirmed

@@ -90,26 +90,23 @@ impl Pipe {
         exptime: u64,
         value: &[u8],
     ) -> Result<(), ClusterError> {
-        if exptime != 0 && exptime <= now_unix() {
-            return Ok(()); // expired meanwhile
+        if encode_store(&mut self.out, command, key, flags, exptime, value) {
+            self.owed += 1;
         }
-        // An absolute unix time (> 30 days) is read as such by the receiving node.
-        self.out.extend_from_slice(command);
-        self.out.extend_from_slice(key);
-        self.out
-            .extend_from_slice(format!(" {flags} {exptime} {}\r\n", value.len()).as_bytes());
-        self.out.extend_from_slice(value);
-        self.out.extend_from_slice(b"\r\n");
-        self.owed += 1;
         self.maybe_flush()
     }
 
     pub(crate) fn delete(&mut self, key: &[u8]) -> Result<(), ClusterError> {
-        self.out.extend_from_slice(b"delete ");
-        self.out.extend_from_slice(key);
-        self.out.extend_from_slice(b"\r\n");
+        encode_delete(&mut self.out, key);
         self.owed += 1;
         self.maybe_flush()
+    }
+
+    /// The connection itself, once nothing is queued or owed (a copy stream's, after its
+    /// `cluster import` was answered).
+    pub(crate) fn into_stream(self) -> TcpStream {
+        debug_assert!(self.out.is_empty() && self.owed == 0);
+        self.stream
     }
 
     pub(crate) fn line(&mut self, line: &[u8]) -> Result<(), ClusterError> {
@@ -144,10 +141,7 @@ impl Pipe {
         while self.owed > 0 {
             while let Some(nl) = memchr_nl(&self.inb) {
                 let line = &self.inb[..nl];
-                if line.starts_with(b"SERVER_ERROR")
-                    || line.starts_with(b"CLIENT_ERROR")
-                    || line.starts_with(b"ERROR")
-                {
+                if is_refusal(line) {
                     refused += 1;
                     tracing::warn!("migration: {}", String::from_utf8_lossy(line).trim_end());
                 }
@@ -176,6 +170,46 @@ impl Pipe {
     }
 }
 
-fn memchr_nl(b: &[u8]) -> Option<usize> {
+/// Appends storage command `command` (with its space) for an item to `out`: false, and
+/// nothing appended, if the item expired meanwhile.
+pub(crate) fn encode_store(
+    out: &mut Vec<u8>,
+    command: &[u8],
+    key: &[u8],
+    flags: u32,
+    exptime: u64,
+    value: &[u8],
+) -> bool {
+    if exptime != 0 && exptime <= now_unix() {
+        return false;
+    }
+    // An absolute unix time (> 30 days) is read as such by the receiving node.
+    out.extend_from_slice(command);
+    out.extend_from_slice(key);
+    let mut head = [0u8; 64];
+    let mut w = &mut head[..];
+    let _ = write!(w, " {flags} {exptime} {}\r\n", value.len());
+    let n = 64 - w.len();
+    out.extend_from_slice(&head[..n]);
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+    true
+}
+
+/// Appends `delete KEY` to `out`.
+pub(crate) fn encode_delete(out: &mut Vec<u8>, key: &[u8]) {
+    out.extend_from_slice(b"delete ");
+    out.extend_from_slice(key);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Whether a reply line is a refusal.
+pub(crate) fn is_refusal(line: &[u8]) -> bool {
+    line.starts_with(b"SERVER_ERROR")
+        || line.starts_with(b"CLIENT_ERROR")
+        || line.starts_with(b"ERROR")
+}
+
+pub(crate) fn memchr_nl(b: &[u8]) -> Option<usize> {
     b.iter().position(|&c| c == b'\n')
 }

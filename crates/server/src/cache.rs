@@ -215,7 +215,8 @@ fn copies_of(
     copies
 }
 
-/// The id the loop's watch knows the copies' wake-up socket by.
+/// The id the loop's watch knows the copies' wake-up socket by (copy streams' ids are
+/// above it).
 const WAKE: usize = 0;
 
 impl Work for Blocking {
@@ -248,6 +249,10 @@ impl Work for Blocking {
         });
         match pair {
             Ok((tx, rx)) => {
+                // The copy streams' replies are read here too, as they arrive.
+                if let Some(node) = &helper.node {
+                    node.attach_copies(Box::new(move |fd, id| watch.add(fd, id)));
+                }
                 let (confirms_tx, confirms) = mpsc::channel();
                 helper.in_flight = Some(InFlight {
                     reply: Reply::new(confirms_tx, Some(Arc::new(tx))),
@@ -305,7 +310,7 @@ impl Work for Blocking {
 
     fn ready(
         helper: &mut Helper,
-        _id: usize,
+        id: usize,
         _readable: bool,
         _writable: bool,
         done: &mut dyn FnMut(usize, Completion),
@@ -313,10 +318,16 @@ impl Work for Blocking {
         let Some(in_flight) = helper.in_flight.as_mut() else {
             return;
         };
-        // Edge-triggered: drain the wake-ups, then every confirmation sent before them.
-        let mut sink = [0u8; 256];
-        while matches!((&in_flight.wake).read(&mut sink), Ok(n) if n > 0) {}
         let Some(node) = &helper.node else { return };
+        if id == WAKE {
+            // Edge-triggered: drain the wake-ups, then every confirmation sent before them.
+            let mut sink = [0u8; 256];
+            while matches!((&in_flight.wake).read(&mut sink), Ok(n) if n > 0) {}
+        } else {
+            // A copy stream this loop reads: the batches it answers confirm at once (those
+            // of this loop's writes among them, without waiting for their wake-up).
+            node.copies_ready(id, &in_flight.reply);
+        }
         while let Ok(c) = in_flight.confirms.try_recv() {
             let ticket = c.ticket;
             if let Some(completion) = in_flight.confirmed(node, c) {

@@ -1049,7 +1049,9 @@ fn cluster_command(
             let gen = gen.first().map_or(0, |g| g.parse().unwrap_or(0));
             let stream = node.open_import(id.parse().unwrap_or(0), from, gen);
             out.extend_from_slice(b"OK\r\n");
-            if conn.import.is_none() {
+            // A migration stream is served by a thread of its own; copies (ID 0) are
+            // served here, in the worker's loop, as they arrive: applying one never waits.
+            if conn.import.is_none() && stream.id != 0 {
                 return Some(stream);
             }
             conn.import = Some(stream);
