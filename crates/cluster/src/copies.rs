@@ -489,7 +489,14 @@ impl LinkState {
         loop {
             match (&*stream).read(&mut chunk) {
                 Ok(0) => return Err("the holder closed the stream".into()),
-                Ok(n) => self.inb.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    self.inb.extend_from_slice(&chunk[..n]);
+                    if n < chunk.len() {
+                        // Nothing more for now (what comes later is a new edge): no read
+                        // just to hear WouldBlock.
+                        break;
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(format!("stream: {e}")),
