@@ -5,17 +5,55 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::clock::{expiry_from_abs, expiry_from_wire};
+use parking_lot::MutexGuard;
+
+use crate::clock::{expiry_from_abs, expiry_from_wire, Expiry};
 use crate::item::{item_charge, Block, ExportedItem, MAX_KEY_LEN};
 use crate::request::{
     ArithRequest, ArithStatus, DeleteStatus, ImportMode, MetaDeleteOpts, SetMode, SetRequest,
     SetStatus,
 };
-use crate::shard::{Lookup, Shard};
+use crate::shard::{Lookup, Now, Shard};
 use crate::slab::{STALE, WIN_SENT};
 
 use super::counter::{format_u64, parse_counter};
 use super::{Store, MAX_ATTEMPTS};
+
+/// What a write decided under its shard's lock, the key's live item in hand.
+enum Plan<R> {
+    /// Nothing to store: the answer.
+    Answer(R),
+    /// Store a new item in place of the live one: `block` (`None`: the block built before
+    /// the lock), with `exptime` and item state `bits`.
+    Store {
+        block: Option<Block>,
+        exptime: u32,
+        bits: u32,
+    },
+}
+
+/// How [`Store::write_item`] ended.
+enum Written<'s, R> {
+    /// The plan's answer; nothing was stored.
+    Answer(R),
+    /// Stored with `cas` and `exptime` in place of `found`; the shard is still locked
+    /// (`sh`) for the caller's counting.
+    Stored {
+        sh: MutexGuard<'s, Shard>,
+        found: Option<u32>,
+        cas: u64,
+        exptime: u32,
+    },
+    /// No room even after evicting elsewhere.
+    OutOfMemory,
+}
+
+/// Whether a store compares CAS values and replaces (a `cas`, or a meta set with `C` in
+/// set or replace mode): it misses without a live item.
+#[inline]
+fn compares_cas(req: &SetRequest<'_>) -> bool {
+    req.compare_cas.is_some() && matches!(req.mode, SetMode::Set | SetMode::Replace)
+}
 
 impl Store {
     /// `set`/`add`/`replace`/`append`/`prepend`/`cas` and meta `ms`; see
@@ -38,23 +76,8 @@ impl Store {
         let hash = self.hash(key);
         let si = self.shard_index(hash);
         let unlink_on_fail = req.mode == SetMode::Set && req.compare_cas.is_none();
-        let charge = item_charge(key.len(), req.value.len());
-        if key.len() > MAX_KEY_LEN
-            || u32::try_from(req.value.len()).is_err()
-            || charge > self.config.item_size_max
-        {
-            if unlink_on_fail {
-                self.unlink_key(si, hash, key);
-            }
-            self.too_large.fetch_add(1, Ordering::Relaxed);
-            return SetStatus::TooLarge;
-        }
-        if charge > self.budget.limit() {
-            if unlink_on_fail {
-                self.unlink_key(si, hash, key);
-            }
-            self.no_memory.fetch_add(1, Ordering::Relaxed);
-            return SetStatus::OutOfMemory;
+        if let Some(refused) = self.refuse_oversized(req, si, hash, unlink_on_fail) {
+            return refused;
         }
         let now = self.now();
         let expiry = match import_exptime {
@@ -64,110 +87,208 @@ impl Store {
         let appending = matches!(req.mode, SetMode::Append | SetMode::Prepend);
         // The value of set/add/replace doesn't depend on the old item, so its block
         // is built before taking the lock.
-        let mut fresh = if appending {
+        let fresh = if appending {
             None
         } else {
             Some(Block::new(key, &[req.value], req.flags))
         };
-        let cas_mode =
-            req.compare_cas.is_some() && matches!(req.mode, SetMode::Set | SetMode::Replace);
+        let import = import_exptime.is_some();
+        let written = self.write_item((si, hash, key), &now, req.new_cas, fresh, |sh, found| {
+            self.plan_set(sh, found, req, hash, expiry, import)
+        });
+        match written {
+            Written::Answer(status) => status,
+            Written::Stored { mut sh, cas, .. } => {
+                if compares_cas(req) {
+                    sh.stats.cas_hits += 1;
+                }
+                SetStatus::Stored { cas }
+            }
+            Written::OutOfMemory => {
+                if unlink_on_fail {
+                    self.unlink_key(si, hash, key);
+                }
+                self.no_memory.fetch_add(1, Ordering::Relaxed);
+                SetStatus::OutOfMemory
+            }
+        }
+    }
+
+    /// Refuses a store whose item could never fit: over the key or item size limit
+    /// (`TooLarge`) or over the whole memory limit (`OutOfMemory`); a refused `Set`
+    /// without CAS unlinks the key's item (`unlink_on_fail`).
+    fn refuse_oversized(
+        &self,
+        req: &SetRequest<'_>,
+        si: usize,
+        hash: u64,
+        unlink_on_fail: bool,
+    ) -> Option<SetStatus> {
+        let key = req.key;
+        let charge = item_charge(key.len(), req.value.len());
+        if key.len() > MAX_KEY_LEN
+            || u32::try_from(req.value.len()).is_err()
+            || charge > self.config.item_size_max
+        {
+            if unlink_on_fail {
+                self.unlink_key(si, hash, key);
+            }
+            self.too_large.fetch_add(1, Ordering::Relaxed);
+            return Some(SetStatus::TooLarge);
+        }
+        if charge > self.budget.limit() {
+            if unlink_on_fail {
+                self.unlink_key(si, hash, key);
+            }
+            self.no_memory.fetch_add(1, Ordering::Relaxed);
+            return Some(SetStatus::OutOfMemory);
+        }
+        None
+    }
+
+    /// What a store of `req` does, under the shard's lock, with the key's live item
+    /// `found`: compares its CAS, applies the mode (add, replace, append, prepend), and
+    /// answers at once when nothing is to be stored (also when the item would be
+    /// expired already). An append or prepend builds its block here; the others store
+    /// the block built before the lock. `import`: an `Add` of a live key leaves its
+    /// eviction order alone.
+    #[inline]
+    fn plan_set(
+        &self,
+        sh: &mut Shard,
+        found: Option<u32>,
+        req: &SetRequest<'_>,
+        hash: u64,
+        expiry: Expiry,
+        import: bool,
+    ) -> Plan<SetStatus> {
+        let key = req.key;
+        let cas_mode = compares_cas(req);
+        let mut exptime = self.stored_exptime(expiry);
+        let mut bits = 0;
+        let mut built = None;
+        if cas_mode {
+            let Some(idx) = found else {
+                sh.stats.cas_misses += 1;
+                return Plan::Answer(SetStatus::NotFound);
+            };
+            let want = req.compare_cas.unwrap_or(0);
+            let cur = sh.entry(idx).block().cas();
+            if want == cur {
+                // A plain CAS match.
+            } else if req.invalidate && want < cur {
+                // Stale store: keep TTL and win-token state, mark stale.
+                let e = sh.entry(idx);
+                exptime = Some(e.exptime);
+                bits = STALE | (e.bits & WIN_SENT);
+            } else {
+                sh.stats.cas_badval += 1;
+                return Plan::Answer(SetStatus::Exists);
+            }
+        } else {
+            match (req.mode, found) {
+                (SetMode::Add, Some(idx)) => {
+                    // memcached: add only adds, but promotes the live item
+                    // (an import does not).
+                    if !import {
+                        sh.touch_order(idx, &self.budget);
+                    }
+                    return Plan::Answer(SetStatus::NotStored);
+                }
+                (SetMode::Replace | SetMode::Append | SetMode::Prepend, None) => {
+                    return Plan::Answer(SetStatus::NotStored);
+                }
+                (SetMode::Append | SetMode::Prepend, Some(idx)) => {
+                    let e = sh.entry(idx);
+                    let old = e.block();
+                    if req.compare_cas.is_some_and(|c| c != old.cas()) {
+                        return Plan::Answer(SetStatus::Exists);
+                    }
+                    let len = old.value().len() + req.value.len();
+                    if u32::try_from(len).is_err()
+                        || item_charge(key.len(), len) > self.config.item_size_max
+                    {
+                        // memcached: the combined item can't be allocated.
+                        return Plan::Answer(SetStatus::NotStored);
+                    }
+                    let parts: [&[u8]; 2] = if req.mode == SetMode::Append {
+                        [old.value(), req.value]
+                    } else {
+                        [req.value, old.value()]
+                    };
+                    built = Some(Block::new(key, &parts, old.flags()));
+                    exptime = Some(e.exptime);
+                }
+                _ => {}
+            }
+        }
+        let Some(exptime) = exptime else {
+            // Stored already expired: nothing would be visible.
+            if let Some(idx) = found {
+                sh.unlink(idx, hash, &self.budget);
+            }
+            sh.tombstone(key, false);
+            if cas_mode {
+                sh.stats.cas_hits += 1;
+            }
+            sh.stats.total_items += 1;
+            let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
+            return Plan::Answer(SetStatus::Stored { cas });
+        };
+        Plan::Store {
+            block: built,
+            exptime,
+            bits,
+        }
+    }
+
+    /// The sequence every store of a new item goes through (`set_item`, `arith`). Up to
+    /// [`MAX_ATTEMPTS`] times: locks the key's shard (`si`), looks the key up and lets
+    /// `plan` decide with its live item in hand; then reserves room for the new block in
+    /// place of that item (evicting in this shard as need be), gives it its CAS
+    /// (`new_cas`, else the shard's next) and installs it. When the shard cannot free
+    /// enough, the lock is dropped and room is made in other shards before the next
+    /// attempt. `fresh` is a block built before the lock, stored when `plan` builds none;
+    /// it is kept across attempts. Memory reserved and not used is released.
+    #[inline]
+    fn write_item<'s, R>(
+        &'s self,
+        (si, hash, key): (usize, u64, &[u8]),
+        now: &Now,
+        new_cas: Option<u64>,
+        mut fresh: Option<Block>,
+        mut plan: impl FnMut(&mut Shard, Option<u32>) -> Plan<R>,
+    ) -> Written<'s, R> {
         let mut reserved = 0;
         for _ in 0..MAX_ATTEMPTS {
             let mut sh = self.lock(si);
-            let found = match sh.lookup(hash, key, &now, &self.budget) {
+            let found = match sh.lookup(hash, key, now, &self.budget) {
                 Lookup::Live(idx) => Some(idx),
                 _ => None,
             };
-            let mut exptime = self.stored_exptime(expiry);
-            let mut bits = 0;
-            let mut built = None;
-            if cas_mode {
-                let Some(idx) = found else {
-                    sh.stats.cas_misses += 1;
+            let (built, exptime, bits) = match plan(&mut sh, found) {
+                Plan::Answer(answer) => {
                     self.budget.release(reserved);
-                    return SetStatus::NotFound;
-                };
-                let want = req.compare_cas.unwrap_or(0);
-                let cur = sh.entry(idx).block().cas();
-                if want == cur {
-                    // A plain CAS match.
-                } else if req.invalidate && want < cur {
-                    // Stale store: keep TTL and win-token state, mark stale.
-                    let e = sh.entry(idx);
-                    exptime = Some(e.exptime);
-                    bits = STALE | (e.bits & WIN_SENT);
-                } else {
-                    sh.stats.cas_badval += 1;
-                    self.budget.release(reserved);
-                    return SetStatus::Exists;
+                    return Written::Answer(answer);
                 }
-            } else {
-                match (req.mode, found) {
-                    (SetMode::Add, Some(idx)) => {
-                        // memcached: add only adds, but promotes the live item
-                        // (an import does not).
-                        if import_exptime.is_none() {
-                            sh.touch_order(idx, &self.budget);
-                        }
-                        self.budget.release(reserved);
-                        return SetStatus::NotStored;
-                    }
-                    (SetMode::Replace | SetMode::Append | SetMode::Prepend, None) => {
-                        self.budget.release(reserved);
-                        return SetStatus::NotStored;
-                    }
-                    (SetMode::Append | SetMode::Prepend, Some(idx)) => {
-                        let e = sh.entry(idx);
-                        let old = e.block();
-                        if req.compare_cas.is_some_and(|c| c != old.cas()) {
-                            self.budget.release(reserved);
-                            return SetStatus::Exists;
-                        }
-                        let len = old.value().len() + req.value.len();
-                        if u32::try_from(len).is_err()
-                            || item_charge(key.len(), len) > self.config.item_size_max
-                        {
-                            // memcached: the combined item can't be allocated.
-                            self.budget.release(reserved);
-                            return SetStatus::NotStored;
-                        }
-                        let parts: [&[u8]; 2] = if req.mode == SetMode::Append {
-                            [old.value(), req.value]
-                        } else {
-                            [req.value, old.value()]
-                        };
-                        built = Some(Block::new(key, &parts, old.flags()));
-                        exptime = Some(e.exptime);
-                    }
-                    _ => {}
-                }
-            }
-            let Some(exptime) = exptime else {
-                // Stored already expired: nothing would be visible.
-                if let Some(idx) = found {
-                    sh.unlink(idx, hash, &self.budget);
-                }
-                sh.tombstone(key, false);
-                self.budget.release(reserved);
-                if cas_mode {
-                    sh.stats.cas_hits += 1;
-                }
-                sh.stats.total_items += 1;
-                let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
-                return SetStatus::Stored { cas };
+                Plan::Store {
+                    block,
+                    exptime,
+                    bits,
+                } => (block, exptime, bits),
             };
             let block_charge = match (&built, &fresh) {
                 (Some(b), _) | (None, Some(b)) => b.charge(),
                 // Invariant: `fresh` is only consumed when returning Stored below, and
-                // append/prepend set `built` before reaching here.
+                // a plan without it (append/prepend, arith) builds its block.
                 (None, None) => unreachable!("no block to store"),
             };
-            match sh.reserve(block_charge, found, &mut reserved, &now, &self.budget) {
+            match sh.reserve(block_charge, found, &mut reserved, now, &self.budget) {
                 Ok(()) => {
                     let Some(block) = built.or_else(|| fresh.take()) else {
                         unreachable!("no block to store")
                     };
-                    let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
+                    let cas = new_cas.unwrap_or_else(|| sh.next_cas());
                     block.set_cas(cas);
                     sh.install(
                         hash,
@@ -175,29 +296,27 @@ impl Store {
                         block,
                         exptime,
                         bits,
-                        &now,
+                        now,
                         &mut reserved,
                         &self.budget,
                     );
-                    if cas_mode {
-                        sh.stats.cas_hits += 1;
-                    }
-                    return SetStatus::Stored { cas };
+                    return Written::Stored {
+                        sh,
+                        found,
+                        cas,
+                        exptime,
+                    };
                 }
                 Err(need) => {
                     drop(sh);
-                    if !self.evict_elsewhere(si, (hash, key), need, &mut reserved, &now) {
+                    if !self.evict_elsewhere(si, (hash, key), need, &mut reserved, now) {
                         break;
                     }
                 }
             }
         }
         self.budget.release(reserved);
-        if unlink_on_fail {
-            self.unlink_key(si, hash, key);
-        }
-        self.no_memory.fetch_add(1, Ordering::Relaxed);
-        SetStatus::OutOfMemory
+        Written::OutOfMemory
     }
 
     /// `delete`: `delete_hits`/`delete_misses`.
@@ -294,25 +413,19 @@ impl Store {
         let hash = self.hash(key);
         let si = self.shard_index(hash);
         let touch = req.touch.map(|t| expiry_from_wire(t, now.abs));
-        let mut reserved = 0;
-        for _ in 0..MAX_ATTEMPTS {
-            let mut sh = self.lock(si);
-            let found = match sh.lookup(hash, key, &now, &self.budget) {
-                Lookup::Live(idx) => Some(idx),
-                _ => None,
-            };
+        // The value of the last attempt's plan: what a stored result holds.
+        let mut result = 0;
+        let written = self.write_item((si, hash, key), &now, req.new_cas, None, |sh, found| {
             let mut digits = [0u8; 20];
             let (value, block, exptime, bits) = match found {
                 Some(idx) => {
                     let e = sh.entry(idx);
                     let old = e.block();
                     if req.compare_cas.is_some_and(|c| c != old.cas()) {
-                        self.budget.release(reserved);
-                        return ArithStatus::Exists;
+                        return Plan::Answer(ArithStatus::Exists);
                     }
                     let Some(cur) = parse_counter(old.value()) else {
-                        self.budget.release(reserved);
-                        return ArithStatus::NonNumeric;
+                        return Plan::Answer(ArithStatus::NonNumeric);
                     };
                     let value = if req.incr {
                         cur.wrapping_add(req.delta)
@@ -341,12 +454,10 @@ impl Store {
                         } else {
                             sh.stats.decr_misses += 1;
                         }
-                        self.budget.release(reserved);
-                        return ArithStatus::NotFound;
+                        return Plan::Answer(ArithStatus::NotFound);
                     };
                     if key.len() > MAX_KEY_LEN {
-                        self.budget.release(reserved);
-                        return ArithStatus::NotFound;
+                        return Plan::Answer(ArithStatus::NotFound);
                     }
                     let n = format_u64(initial, &mut digits);
                     let exptime = self.stored_exptime(expiry_from_wire(exp, now.abs));
@@ -358,46 +469,40 @@ impl Store {
                 if let Some(idx) = found {
                     sh.unlink(idx, hash, &self.budget);
                     sh.tombstone(key, false);
+                    self.count_arith_hit(sh, req.incr);
+                }
+                let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
+                return Plan::Answer(ArithStatus::Ok { value, cas, ttl: 0 });
+            };
+            result = value;
+            Plan::Store {
+                block: Some(block),
+                exptime,
+                bits,
+            }
+        });
+        match written {
+            Written::Answer(status) => status,
+            Written::Stored {
+                mut sh,
+                found,
+                cas,
+                exptime,
+            } => {
+                if found.is_some() {
                     self.count_arith_hit(&mut sh, req.incr);
                 }
-                self.budget.release(reserved);
-                let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
-                return ArithStatus::Ok { value, cas, ttl: 0 };
-            };
-            match sh.reserve(block.charge(), found, &mut reserved, &now, &self.budget) {
-                Ok(()) => {
-                    let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
-                    block.set_cas(cas);
-                    sh.install(
-                        hash,
-                        found,
-                        block,
-                        exptime,
-                        bits,
-                        &now,
-                        &mut reserved,
-                        &self.budget,
-                    );
-                    if found.is_some() {
-                        self.count_arith_hit(&mut sh, req.incr);
-                    }
-                    return ArithStatus::Ok {
-                        value,
-                        cas,
-                        ttl: Self::ttl(exptime, &now),
-                    };
-                }
-                Err(need) => {
-                    drop(sh);
-                    if !self.evict_elsewhere(si, (hash, key), need, &mut reserved, &now) {
-                        break;
-                    }
+                ArithStatus::Ok {
+                    value: result,
+                    cas,
+                    ttl: Self::ttl(exptime, &now),
                 }
             }
+            Written::OutOfMemory => {
+                self.no_memory.fetch_add(1, Ordering::Relaxed);
+                ArithStatus::OutOfMemory
+            }
         }
-        self.budget.release(reserved);
-        self.no_memory.fetch_add(1, Ordering::Relaxed);
-        ArithStatus::OutOfMemory
     }
 
     fn count_arith_hit(&self, sh: &mut Shard, incr: bool) {
