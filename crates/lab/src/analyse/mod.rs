@@ -3,6 +3,12 @@
 //!
 //! Everything here is a pure function of the experiment text, `meta.json` and `raw/*.json`,
 //! so `kvlab lab analyse DIR` rewrites the same report from the same data.
+//!
+//! Here: [`analyse`], [`write`] and the model checks every section uses; `points` (each
+//! point over its repetitions), `models` (the MVA networks, a rate scan's queues), `part`
+//! (what every part's section holds, and the line, plot and table builders), `sections`
+//! (the sections a part's factors call for), `summary` (the overview, the metadata, the
+//! models' verdict, the terminal summary's rows).
 
 use std::path::{Path, PathBuf};
 

@@ -27,6 +27,12 @@
 //! of step; every reply owed has a deadline, and a connection that misses one is closed and
 //! its requests failed. A reload waits until nothing is in flight (backends are renumbered),
 //! holding new requests meanwhile.
+//!
+//! Here: the requests in flight (works, jobs, parts) and the worker's state; `rounds` (how a
+//! helper thread's batch or an event loop's round drives the worker), `dispatch` (a request
+//! routed and written to its backends), `replies` (backend replies framed in order and
+//! handed to their parts, deadlines, failed connections), `decide` (finished parts applied
+//! to their jobs, each job's reply composed and handed back).
 
 use std::io;
 use std::sync::atomic::Ordering;
