@@ -765,6 +765,47 @@ mod tests {
         }
     }
 
+    /// `--data` and its flags as an experiment's `data`, `data_key`, `max_item_size`.
+    #[test]
+    fn data_flags_and_workload_keys_give_the_same_config() {
+        use kvlab_lab::spec::WorkloadSpec;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("d.jsonl");
+        std::fs::write(&file, "{\"key\":\"a b\",\"value\":\"x\"}\n").unwrap();
+        let path = file.to_str().unwrap();
+        let target: SocketAddr = ([127, 0, 0, 1], 11211).into();
+        let flags = [
+            "--data",
+            path,
+            "--data-key",
+            "message-id",
+            "--max-item-size",
+            "64k",
+        ];
+        let cli = args(&flags).load().unwrap();
+        let spec: WorkloadSpec = toml::from_str(&format!(
+            "data = {path:?}\ndata_key = \"message-id\"\nmax_item_size = 65536"
+        ))
+        .unwrap();
+        let lab = spec
+            .load(DEFAULT_DURATION_S, cli.warmup_s, cli.seed)
+            .unwrap();
+        let c = cli.config(target).unwrap();
+        assert_eq!(c, lab.config(target).unwrap());
+        let d = c.workload.data.as_ref().unwrap();
+        assert_eq!((d.max_item_size, d.key), (65536, DataKey::MessageId));
+        assert_eq!(c.workload.keys, 1);
+        assert_eq!(c.workload.data_set.summary().unwrap().mapped_keys, 1);
+        assert!(Cli::try_parse_from(["bench", "--data", path, "--keys", "5"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--data-key", "path"]).is_err());
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert!(parse_size("1g").is_err());
+        let e = args(&["--data", "/nonexistent/kvlab-data"])
+            .load()
+            .unwrap_err();
+        assert!(format!("{e}").contains("/nonexistent/kvlab-data"), "{e}");
+    }
+
     #[test]
     fn bad_values_fail_alike_as_flags_and_as_workload_keys() {
         use kvlab_lab::spec::WorkloadSpec;
