@@ -161,7 +161,6 @@ impl DataSummary {
 }
 
 /// A loaded data set: records in file order, addressed by index (the key space `0..len`).
-#[derive(Debug)]
 pub struct DataSet {
     keys: Vec<Box<[u8]>>,
     values: Vec<Box<[u8]>>,
@@ -170,6 +169,15 @@ pub struct DataSet {
     value_digests: HashSet<u128>,
     max_key_len: usize,
     summary: DataSummary,
+}
+
+/// What loading found, not the records (which may be gigabytes).
+impl std::fmt::Debug for DataSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataSet")
+            .field("summary", &self.summary)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DataSet {

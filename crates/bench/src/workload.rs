@@ -107,8 +107,8 @@ pub struct Workload {
     pub data_set: Loaded,
 }
 
-/// A loaded data set, shared by every generator thread. Equal whenever present or not alike:
-/// the records follow from [`Workload::data`], which is compared.
+/// A loaded data set, shared by every generator thread. Two are equal when both hold a set or
+/// neither does: the records follow from [`Workload::data`], which is compared.
 #[derive(Clone, Default)]
 pub struct Loaded(pub Option<Arc<DataSet>>);
 
@@ -278,6 +278,7 @@ impl Workload {
 
     /// Writes key `k` into `buf` and returns it: the prefix, the decimal index, then `x`
     /// padding up to the key's size (never shorter than prefix and index).
+    /// With a data set: record `k`'s key as sent.
     pub fn key<'b>(&self, k: u64, buf: &'b mut [u8; 256]) -> &'b [u8] {
         if let Some(d) = self.data_set() {
             // At most 250 bytes (data::wire_key).
