@@ -102,8 +102,9 @@ fn serve_master(stream: TcpStream) -> Result<(), BenchError> {
     else {
         return Err(BenchError::Agent("expected prepare".into()));
     };
-    let cfg = *config;
-    if let Err(e) = cfg.validate() {
+    let mut cfg = *config;
+    // A data set is named by its path: the agent reads its own copy there.
+    if let Err(e) = cfg.workload.attach_data().and_then(|()| cfg.validate()) {
         send_line(
             &mut w,
             &FromAgent::Error {

@@ -25,6 +25,7 @@
 //!   duration, interval, seed, protocol, threads — with every default, its validation, and
 //!   the one conversion to a [`Config`]; [`load::Options`] is its flat form (flags, files);
 //! - [`workload`]: keys, values (verifiable), operation mix, request composition;
+//! - [`data`]: real data sets (maildir, JSON lines, CSV) as the key space and values;
 //! - [`dist`]: size and key distributions (uniform, sequential, gaussian, zipf, hot set; GEV,
 //!   generalized Pareto, the Facebook ETC preset);
 //! - [`schedule`]: open-loop arrival processes (Poisson, fixed) and rate plans (fixed, scan,
@@ -42,7 +43,7 @@
 //!   state machine and [`sustained::find_sustained`] on top of runs;
 //! - [`report`]: terminal summary, JSON, CSV, and side-by-side comparison of targets.
 //!
-//! Imports go one way: `load` → `config` → `schedule`/`workload` → `dist`; `run` → `local`/
+//! Imports go one way: `load` → `config` → `schedule`/`workload` → `dist`/`data`; `run` → `local`/
 //! `agent` → `engine`; no two modules import each other.
 
 #![deny(missing_docs)]
@@ -51,6 +52,7 @@
 pub mod agent;
 pub mod clock;
 pub mod config;
+pub mod data;
 pub mod dist;
 pub mod engine;
 pub mod load;

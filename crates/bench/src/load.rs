@@ -25,6 +25,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Config, Protocol};
+use crate::data::{DataKey, DataSpec, DEFAULT_MAX_ITEM_SIZE};
 use crate::dist::{KeyDist, SizeDist};
 use crate::schedule::{Arrival, RatePlan, Segment};
 use crate::workload::{Mix, Workload};
@@ -348,8 +349,17 @@ impl Load {
             }
         }
         self.plan()?;
-        crate::config::check_meta_base64(self.protocol, self.meta_base64, &self.workload)?;
-        self.workload.validate()
+        let wl = self.workload_read()?;
+        crate::config::check_meta_base64(self.protocol, self.meta_base64, &wl)?;
+        wl.validate()
+    }
+
+    /// The workload with its data set read (a description read back from a file names the
+    /// set without holding it).
+    fn workload_read(&self) -> Result<Workload, BenchError> {
+        let mut wl = self.workload.clone();
+        wl.attach_data()?;
+        Ok(wl)
     }
 
     /// The run against `target`: the one conversion from a description to a [`Config`].
@@ -373,7 +383,7 @@ impl Load {
             warmup_s: self.warmup_s,
             interval_s: self.interval_s,
             timeout_ms: self.timeout_ms,
-            workload: self.workload.clone(),
+            workload: self.workload_read()?,
             seed: self.seed,
             load: self.fills(),
         };
@@ -478,6 +488,12 @@ options! {
     verify: bool,
     /// Expiry time of sets, s (0 = never).
     exptime: u32,
+    /// A real data set as keys and values: a maildir tree, a JSON-lines or a CSV file.
+    data: PathBuf,
+    /// With `data` a maildir: a message's key, `path` (relative to the root) or `message-id`.
+    data_key: DataKey,
+    /// With `data`: records whose item (key + value + overhead) is larger are skipped, bytes.
+    max_item_size: u64,
     /// Fill the key space before the run (default: when the mix has gets).
     load: bool,
     /// Warm-up, s.
@@ -615,7 +631,50 @@ impl Options {
         if let Some(e) = self.exptime {
             wl.exptime = e;
         }
+        self.attach_data(&mut wl)?;
         Ok(wl)
+    }
+
+    /// `data`, `data_key`, `max_item_size`: the data set as the key space (read here).
+    fn attach_data(&self, wl: &mut Workload) -> Result<(), BenchError> {
+        let Some(path) = &self.data else {
+            let stray: Vec<&str> = [
+                ("data_key", self.data_key.is_some()),
+                ("max_item_size", self.max_item_size.is_some()),
+            ]
+            .iter()
+            .filter(|(_, g)| *g)
+            .map(|(k, _)| *k)
+            .collect();
+            if !stray.is_empty() {
+                return Err(spec(format!("{} need(s) data", stray.join(" and "))));
+            }
+            return Ok(());
+        };
+        let given: Vec<&str> = [
+            ("preset", self.preset.is_some()),
+            ("keys", self.keys.is_some()),
+            ("key_prefix", self.key_prefix.is_some()),
+            ("key_size", self.key_size.is_some()),
+            ("value_size", self.value_size.is_some()),
+        ]
+        .iter()
+        .filter(|(_, g)| *g)
+        .map(|(k, _)| *k)
+        .collect();
+        if !given.is_empty() {
+            return Err(spec(format!(
+                "data gives the keys and values: leave out {}",
+                given.join(", ")
+            )));
+        }
+        wl.data = Some(DataSpec {
+            path: path.clone(),
+            key: self.data_key.unwrap_or_default(),
+            max_item_size: self.max_item_size.unwrap_or(DEFAULT_MAX_ITEM_SIZE),
+            base64_keys: self.meta_base64.unwrap_or(false) && self.protocol == Some(Protocol::Meta),
+        });
+        wl.attach_data()
     }
 
     /// The description these keys give, checked.

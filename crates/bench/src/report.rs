@@ -128,6 +128,9 @@ pub fn summary(r: &RunResult) -> String {
         "target {}: {model}; {} participant(s) × {} thread(s) × {} connection(s)",
         r.target, r.participants, c.threads, c.connections
     );
+    if let Some(d) = c.workload.data_set.summary() {
+        let _ = writeln!(out, "  {}", d.text());
+    }
     if let Some(l) = &r.load {
         let _ = writeln!(out, "  load phase: {} keys set", l.completed);
     }

@@ -9,12 +9,19 @@
 //! length derived from both. A hit is checked against its key: a value of another key, of the
 //! wrong length, or with any byte changed is a verification error. The version a server holds
 //! is not known in advance (several connections write), so it is read from the value itself.
+//!
+//! With a data set ([`Workload::data`], `--data`), the key space is the set's records: key
+//! `k` is record `k`'s key, a set sends its bytes, and a checked hit must equal them byte for
+//! byte.
+
+use std::sync::Arc;
 
 use kvlab_client::{http, ReqKind};
 use kvlab_protocol::client::{self as proto, ComposeError, MetaKeyMode, MultiGet, StoreCmd};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
+use crate::data::{DataSet, DataSpec, DataSummary};
 use crate::dist::{mix64, unit, KeyChooser, KeyDist, SizeDist};
 use crate::BenchError;
 
@@ -92,6 +99,50 @@ pub struct Workload {
     pub verify: bool,
     /// Expiry time sent with sets (seconds; 0 = never).
     pub exptime: u32,
+    /// A real data set as the key space and values (`keys` is then its record count).
+    pub data: Option<DataSpec>,
+    /// The records of `data` once read ([`Workload::attach_data`]); serialised as what
+    /// loading found, never read back (a receiver reads `data` itself).
+    #[serde(skip_deserializing, skip_serializing_if = "Loaded::is_none")]
+    pub data_set: Loaded,
+}
+
+/// A loaded data set, shared by every generator thread. Two are equal when both hold a set or
+/// neither does: the records follow from [`Workload::data`], which is compared.
+#[derive(Clone, Default)]
+pub struct Loaded(pub Option<Arc<DataSet>>);
+
+impl Loaded {
+    /// Not loaded.
+    pub fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+
+    /// What loading found.
+    pub fn summary(&self) -> Option<&DataSummary> {
+        self.0.as_deref().map(DataSet::summary)
+    }
+}
+
+impl PartialEq for Loaded {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.is_some() == other.0.is_some()
+    }
+}
+
+impl std::fmt::Debug for Loaded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.0 {
+            Some(d) => write!(f, "Loaded({} records)", d.len()),
+            None => write!(f, "Loaded(none)"),
+        }
+    }
+}
+
+impl Serialize for Loaded {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.summary().serialize(s)
+    }
 }
 
 impl Default for Workload {
@@ -110,6 +161,8 @@ impl Default for Workload {
             multiget: 1,
             verify: false,
             exptime: 0,
+            data: None,
+            data_set: Loaded::default(),
         }
     }
 }
@@ -145,8 +198,47 @@ impl Workload {
         Ok(wl)
     }
 
+    /// Reads the data set [`Workload::data`] names, if any and not read yet (once per process,
+    /// [`DataSet::shared`]), and makes its records the key space.
+    pub fn attach_data(&mut self) -> Result<(), BenchError> {
+        let Some(spec) = &self.data else {
+            return Ok(());
+        };
+        if self.data_set.is_none() {
+            self.data_set = Loaded(Some(DataSet::shared(spec)?));
+        }
+        if let Some(d) = &self.data_set.0 {
+            self.keys = d.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// The loaded data set, if the workload has one.
+    pub fn data_set(&self) -> Option<&DataSet> {
+        self.data_set.0.as_deref()
+    }
+
     /// Checks that the workload can be generated.
     pub fn validate(&self) -> Result<(), BenchError> {
+        if self.data.is_some() {
+            let Some(d) = self.data_set() else {
+                return Err(BenchError::Internal(
+                    "the data set was not read (Workload::attach_data)".into(),
+                ));
+            };
+            if self.keys != d.len() as u64 {
+                return Err(BenchError::Spec(format!(
+                    "keys = {}: with data the key space is the data set's {} records",
+                    self.keys,
+                    d.len()
+                )));
+            }
+            if self.multiget == 0 || self.multiget > 1000 {
+                return Err(BenchError::Spec("--multiget must be in 1..=1000".into()));
+            }
+            // Every key was made valid when the set was read (data::wire_key).
+            return Ok(());
+        }
         if self.keys == 0 {
             return Err(BenchError::Spec("--keys must be > 0".into()));
         }
@@ -172,6 +264,9 @@ impl Workload {
     /// The longest key [`Workload::key`] can write (250 when the key size distribution is
     /// unbounded).
     pub fn max_key_len(&self) -> usize {
+        if let Some(d) = self.data_set() {
+            return d.max_key_len();
+        }
         let size = self
             .key_size
             .max_hint()
@@ -183,7 +278,14 @@ impl Workload {
 
     /// Writes key `k` into `buf` and returns it: the prefix, the decimal index, then `x`
     /// padding up to the key's size (never shorter than prefix and index).
+    /// With a data set: record `k`'s key as sent.
     pub fn key<'b>(&self, k: u64, buf: &'b mut [u8; 256]) -> &'b [u8] {
+        if let Some(d) = self.data_set() {
+            // At most 250 bytes (data::wire_key).
+            let key = d.key(k);
+            buf[..key.len()].copy_from_slice(key);
+            return &buf[..key.len()];
+        }
         let min = self.min_key_len(k);
         let size = match self.key_size {
             SizeDist::Fixed { n } => n as usize,
@@ -207,6 +309,9 @@ impl Workload {
 
     /// The key index encoded in `key`, if it is one of ours.
     pub fn key_index(&self, key: &[u8]) -> Option<u64> {
+        if let Some(d) = self.data_set() {
+            return d.index_of(key);
+        }
         let rest = key.strip_prefix(self.key_prefix.as_bytes())?;
         let n = rest.iter().take_while(|b| b.is_ascii_digit()).count();
         if rest[n..].iter().any(|&b| b != b'x') {
@@ -238,7 +343,7 @@ impl Workload {
     }
 
     /// Checks a value returned for `key`: ok when it is the verifiable value of that key at
-    /// the version it names.
+    /// the version it names (with a data set: when it is that key's record's value).
     pub fn check_value(&self, key: &[u8], data: &[u8]) -> bool {
         match self.key_index(key) {
             Some(k) => self.check_value_of(k, data),
@@ -248,6 +353,9 @@ impl Workload {
 
     /// Checks a value returned for key index `k`.
     pub fn check_value_of(&self, k: u64, data: &[u8]) -> bool {
+        if let Some(d) = self.data_set() {
+            return k < d.len() as u64 && d.value(k) == data;
+        }
         self.value_key(data) == Some(k) && self.check_value_any(data)
     }
 
@@ -260,6 +368,9 @@ impl Workload {
     /// Checks a value whose key is not known (an HTTP multi-get's raw responses do not name
     /// their key): ok when it is the verifiable value of the key and version it names.
     pub fn check_value_any(&self, data: &[u8]) -> bool {
+        if let Some(d) = self.data_set() {
+            return d.holds_value(data);
+        }
         let mut parts = data.splitn(3, |&b| b == b'.');
         let (Some(ks), Some(vs), Some(body)) = (parts.next(), parts.next(), parts.next()) else {
             return false;
@@ -335,7 +446,11 @@ impl Generator {
     pub fn new(wl: &Workload, thread_id: u64, threads: u64) -> Result<Self, BenchError> {
         wl.validate()?;
         let start = wl.keys / threads.max(1) * thread_id;
-        let max_value = wl.value_size.max_hint().unwrap_or(MAX_VALUE).min(MAX_VALUE) as usize;
+        let max_value = match wl.data {
+            // Sets send the records' own bytes.
+            Some(_) => 0,
+            None => wl.value_size.max_hint().unwrap_or(MAX_VALUE).min(MAX_VALUE) as usize,
+        };
         Ok(Generator {
             keys: KeyChooser::new(wl.key_dist, wl.keys, start)?,
             filler: vec![b'x'; max_value],
@@ -424,7 +539,17 @@ impl Generator {
             }
             Op::Set => {
                 let key = self.wl.key(k, &mut self.key_buf);
-                if self.wl.verify {
+                if let Some(d) = self.wl.data_set() {
+                    proto::store(
+                        out,
+                        StoreCmd::Set,
+                        key,
+                        0,
+                        self.wl.exptime,
+                        d.value(k),
+                        false,
+                    )?;
+                } else if self.wl.verify {
                     self.version += 1;
                     let v = self.version;
                     let len = self.wl.verified_len(k, v);
@@ -484,7 +609,9 @@ impl Generator {
             }
             Op::Set => {
                 let key = self.wl.key(k, &mut self.key_buf);
-                if self.wl.verify {
+                if let Some(d) = self.wl.data_set() {
+                    proto::meta_set(out, key, mode, 0, self.wl.exptime, d.value(k))?;
+                } else if self.wl.verify {
                     self.version += 1;
                     let v = self.version;
                     let len = self.wl.verified_len(k, v);
@@ -530,7 +657,9 @@ impl Generator {
             }
             Op::Set => {
                 let key = self.wl.key(k, &mut self.key_buf);
-                if self.wl.verify {
+                if let Some(d) = self.wl.data_set() {
+                    http::put(out, host, key, self.wl.exptime, d.value(k));
+                } else if self.wl.verify {
                     self.version += 1;
                     let v = self.version;
                     let len = self.wl.verified_len(k, v);

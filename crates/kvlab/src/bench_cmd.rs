@@ -14,6 +14,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
+use kvlab_bench::data::DataKey;
 use kvlab_bench::load::{
     Closed, Load, Open, Options, SizeSpec, DEFAULT_DURATION_S, DEFAULT_QPS_SEED,
 };
@@ -160,9 +161,27 @@ struct RunArgs {
     mix: Option<String>,
     #[arg(long, help = dflt("Keys per get request (multi-get)", Workload::default().multiget))]
     multiget: Option<u32>,
-    /// Check every hit: values derive from key and version; a wrong value is an error.
+    /// Check every hit: values derive from key and version; a wrong value is an error (with
+    /// --data: a hit must equal its record's bytes, byte for byte).
     #[arg(long)]
     verify: bool,
+    /// Real data set as keys and values: a maildir tree (a directory: every file under it),
+    /// a JSON-lines file (.jsonl/.ndjson, or first byte `{`: {"key": …, "value": …} or
+    /// {"key": …, "value_base64": …} a line) or a CSV file (.csv: key,value rows). Gets and
+    /// sets choose among its records by --key-dist; sets send the records' bytes; the load
+    /// phase writes every record once. Keys memcached cannot carry are mapped (reported).
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["workload", "keys", "key_prefix",
+        "key_size", "value_size"])]
+    data: Option<PathBuf>,
+    #[arg(long, value_enum, requires = "data", help = dflt("With a maildir --data: a \
+        message's key, `path` (relative to the root) or `message-id` (its Message-ID header; \
+        the path when it has none)", "path"))]
+    data_key: Option<DataKeyArg>,
+    #[arg(long, value_name = "BYTES", requires = "data", value_parser = parse_size,
+        help = dflt("With --data: records whose item (key + value + 80 bytes) is larger are \
+        skipped and counted; N, Nk or Nm, as memcached's -I",
+        kvlab_bench::data::DEFAULT_MAX_ITEM_SIZE))]
+    max_item_size: Option<u64>,
     /// Fill every key before the run (the default when the mix has gets).
     #[arg(long, conflicts_with = "noload")]
     load: bool,
@@ -222,6 +241,26 @@ struct RunArgs {
     /// No progress line.
     #[arg(long, short = 'q')]
     quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum DataKeyArg {
+    Path,
+    MessageId,
+}
+
+/// `N`, `Nk` or `Nm` bytes (k = 1024), as memcached's `-I`.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&t[..i], 1024),
+        Some((i, 'm' | 'M')) => (&t[..i], 1024 * 1024),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("{s:?}: want N, Nk or Nm bytes"))
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -314,6 +353,12 @@ impl RunArgs {
             multiget: self.multiget,
             verify: self.verify.then_some(true),
             exptime: None,
+            data: self.data.clone(),
+            data_key: self.data_key.map(|k| match k {
+                DataKeyArg::Path => DataKey::Path,
+                DataKeyArg::MessageId => DataKey::MessageId,
+            }),
+            max_item_size: self.max_item_size,
             load: match (self.load, self.noload) {
                 (true, _) => Some(true),
                 (_, true) => Some(false),
@@ -718,6 +763,47 @@ mod tests {
                 "{flags:?} vs {keys:?}"
             );
         }
+    }
+
+    /// `--data` and its flags as an experiment's `data`, `data_key`, `max_item_size`.
+    #[test]
+    fn data_flags_and_workload_keys_give_the_same_config() {
+        use kvlab_lab::spec::WorkloadSpec;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("d.jsonl");
+        std::fs::write(&file, "{\"key\":\"a b\",\"value\":\"x\"}\n").unwrap();
+        let path = file.to_str().unwrap();
+        let target: SocketAddr = ([127, 0, 0, 1], 11211).into();
+        let flags = [
+            "--data",
+            path,
+            "--data-key",
+            "message-id",
+            "--max-item-size",
+            "64k",
+        ];
+        let cli = args(&flags).load().unwrap();
+        let spec: WorkloadSpec = toml::from_str(&format!(
+            "data = {path:?}\ndata_key = \"message-id\"\nmax_item_size = 65536"
+        ))
+        .unwrap();
+        let lab = spec
+            .load(DEFAULT_DURATION_S, cli.warmup_s, cli.seed)
+            .unwrap();
+        let c = cli.config(target).unwrap();
+        assert_eq!(c, lab.config(target).unwrap());
+        let d = c.workload.data.as_ref().unwrap();
+        assert_eq!((d.max_item_size, d.key), (65536, DataKey::MessageId));
+        assert_eq!(c.workload.keys, 1);
+        assert_eq!(c.workload.data_set.summary().unwrap().mapped_keys, 1);
+        assert!(Cli::try_parse_from(["bench", "--data", path, "--keys", "5"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--data-key", "path"]).is_err());
+        assert_eq!(parse_size("1m"), Ok(1 << 20));
+        assert!(parse_size("1g").is_err());
+        let e = args(&["--data", "/nonexistent/kvlab-data"])
+            .load()
+            .unwrap_err();
+        assert!(format!("{e}").contains("/nonexistent/kvlab-data"), "{e}");
     }
 
     #[test]

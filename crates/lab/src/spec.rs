@@ -610,6 +610,9 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "timeout_ms",
     "protocol",
     "meta_base64",
+    "data",
+    "data_key",
+    "max_item_size",
 ];
 
 /// The workload of one run: bench's flat load keys ([`Options`]: the same keys, names and
@@ -691,10 +694,13 @@ impl WorkloadSpec {
     /// What a server holds after the load phase: reload when it changes.
     pub fn data_signature(&self) -> String {
         match self.options.workload() {
-            Ok(w) => format!(
-                "{}|{}|{}|{}",
-                w.keys, w.key_prefix, w.key_size, w.value_size
-            ),
+            Ok(w) => match &w.data {
+                Some(d) => format!("data|{}|{:?}|{}", d.path.display(), d.key, d.max_item_size),
+                None => format!(
+                    "{}|{}|{}|{}",
+                    w.keys, w.key_prefix, w.key_size, w.value_size
+                ),
+            },
             Err(e) => format!("invalid: {e}"),
         }
     }
