@@ -349,6 +349,14 @@ fn a_paused_replica_is_repaired_from_its_peers_and_serves_the_newest_values() {
         let keys = keys(700);
         let (old, new) = (&keys[..600], &keys[600..]);
         write_all(at, old, |i| format!("old-{i}"));
+        // A majority acknowledged each write; the third copy may still be on its way (on a
+        // busy machine, by tens of writes): replica 1 is paused only once it has them all,
+        // so that it misses exactly the writes below.
+        let replica: SocketAddr = names[1].parse().unwrap();
+        until("replica 1 has applied the first writes", || {
+            let mut c = client(replica);
+            old.iter().all(|key| c.get(key.as_bytes()).unwrap().is_some())
+        });
 
         // Replica 1 is paused and ejected; meanwhile a third of the keys get a new value,
         // a third are deleted, and new keys are written: each acknowledged by the other two.
