@@ -2,16 +2,18 @@
 //!
 //! One `Engine` belongs to one worker thread (it holds that worker's counters), so nothing
 //! here takes a lock except the store's own shard locks.
+//!
+//! Here: the engine, `Engine::apply` dispatching each request to its family (retrieval,
+//! storage, one key's update, meta commands, administration and stats), the connection's
+//! state and the [`kvlab_net::Service`] over it; `meta` (the meta commands), `cluster` (a
+//! cluster node's ownership check and its `cluster` commands).
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use kvlab_protocol::response::{self as r, push_i64, push_u64};
-use kvlab_protocol::{Admin, MetaCommand, MetaFlags, MetaKey, Request, StoreCommand, Watch};
-use kvlab_store::{
-    ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
-    SetStatus, Store,
-};
+use kvlab_protocol::response as r;
+use kvlab_protocol::{Admin, MetaCommand, Request, StoreCommand, Watch};
+use kvlab_store::{ArithRequest, ArithStatus, SetMode, SetRequest, SetStatus, Store};
 
 use crate::admin::{self, Next};
 use crate::auth::AuthFile;
@@ -19,7 +21,10 @@ use crate::cache::DiskRules;
 pub use crate::cache::{Blocking, Helper};
 use crate::slabs;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
-use kvlab_cluster::{Gate, Import, Node, Verdict};
+use kvlab_cluster::{Gate, Import, Node};
+
+mod cluster;
+mod meta;
 
 /// Defers disk work the way the session must wait for it.
 fn defer(work: Blocking) -> Flow {
@@ -85,148 +90,6 @@ impl Engine {
         self
     }
 
-    /// Serves the stream a `cluster import ID` connection was handed off as, on a thread
-    /// of its own: its requests never wait behind a client's, and a client's write waiting
-    /// for its copies never waits on a thread that serves such a stream.
-    fn serve_import(
-        &self,
-        stream: Import,
-        socket: std::os::fd::OwnedFd,
-        unsent: &[u8],
-        unread: &[u8],
-    ) {
-        let Some(node) = &self.helper.node else {
-            return;
-        };
-        let mut engine = Engine::new(self.store.clone(), self.server.clone(), self.worker.clone())
-            .in_cluster(node);
-        engine.importing = Some(stream);
-        let limits = kvlab_protocol::Limits {
-            item_size_max: self.server.item_size_max,
-            ..kvlab_protocol::Limits::default()
-        };
-        let (unsent, unread) = (unsent.to_vec(), unread.to_vec());
-        let spawned = std::thread::Builder::new()
-            .name("kvlab-import".into())
-            .spawn(move || {
-                kvlab_net::threaded::serve_taken_over(socket, &unsent, &unread, engine, limits)
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(%e, "cannot start a thread for a cluster stream");
-        }
-    }
-
-    /// A cluster node's request: the ownership check around [`Engine::apply`], and the
-    /// node's own `cluster` commands.
-    fn call_in_cluster(
-        &mut self,
-        gate: &mut Gate,
-        conn: &mut Loaded,
-        req: &Request<'_>,
-        out: &mut Vec<u8>,
-    ) -> Flow {
-        if let Request::Cluster { args } = *req {
-            if let Some(id) = cluster_command(gate.node(), conn, args, out) {
-                // A copy or migration stream is served by a thread of its own from now on.
-                self.import_handoff = Some(id);
-                return Flow::HandOff;
-            }
-            return Flow::Done;
-        }
-        if let Some(stream) = &conn.import {
-            // A migration stream from the key's previous owner: no ownership check, but
-            // only while that migration may still be under way here; a stream of one rolled
-            // back or ended would leave keys behind the cleanup that follows it.
-            gate.begin();
-            if let Err(refusal) = gate.imports(stream) {
-                gate.end();
-                if !req.noreply() {
-                    out.extend_from_slice(refusal);
-                }
-                return Flow::Done;
-            }
-            if stream.id == 0 {
-                // A copy never overwrites the owner's own item: a node that owns the key
-                // now (its view is ahead of the sender's, which still took itself for the
-                // owner) holds the newer state.
-                let mut owned = false;
-                for_each_key(req, |key| {
-                    owned |= matches!(gate.check(key), Verdict::Serve { .. });
-                });
-                if owned {
-                    gate.end();
-                    if !req.noreply() {
-                        out.extend_from_slice(b"SERVER_ERROR this node owns the key\r\n");
-                    }
-                    return Flow::Done;
-                }
-            }
-            let flow = self.apply(req, out, &conn.keys);
-            gate.end();
-            return flow;
-        }
-        gate.begin();
-        let mut leaving = false;
-        let mut redirect = None;
-        for_each_key(req, |key| match gate.check(key) {
-            Verdict::Serve { leaving: l } => leaving |= l,
-            Verdict::Redirect(r) => {
-                redirect.get_or_insert(r);
-            }
-        });
-        if redirect.is_none() && !gate.may_write() && changes_data(req) {
-            // Cut off from the topology store for longer than its lease: the others may
-            // have taken this node's keys over; a write here could be lost.
-            redirect = Some(kvlab_cluster::Redirect::TryAgain {
-                epoch: gate.epoch(),
-            });
-        }
-        if let Some(r) = redirect {
-            gate.end();
-            WorkerStats::add(&self.worker.cluster_redirects, 1);
-            r.write(out);
-            return Flow::Done;
-        }
-        let replicated = gate.replicated();
-        let writes = changes_data(req);
-        if replicated && writes {
-            // Unconfirmed from before it is applied: a read meanwhile waits for its copies.
-            let unconfirmed = gate.node().unconfirmed();
-            for_each_key(req, |key| unconfirmed.write_begins(key));
-        }
-        let flow = self.apply(req, out, &conn.keys);
-        if leaving && writes {
-            for_each_key(req, |key| gate.changed(key));
-        }
-        gate.end();
-        if !replicated {
-            return flow;
-        }
-        let unconfirmed = gate.node().unconfirmed();
-        let mut keys = Vec::new();
-        if writes {
-            if !matches!(flow, Flow::Done) {
-                for_each_key(req, |key| unconfirmed.settle(key, true, None));
-                return flow;
-            }
-            // The reply leaves once every copy holder confirmed the write (a batch of the
-            // loop's writes at a time), or as `SERVER_ERROR` if one did not.
-            for_each_key(req, |key| keys.push(key.to_vec()));
-            return defer(Blocking::Replicate(keys));
-        }
-        // A read of a key whose copies are unconfirmed: its reply leaves once the holders
-        // have what it read.
-        for_each_key(req, |key| {
-            if unconfirmed.contains(key) {
-                keys.push(key.to_vec());
-            }
-        });
-        if !keys.is_empty() && matches!(flow, Flow::Done) {
-            return defer(Blocking::Reconfirm(keys));
-        }
-        flow
-    }
-
     /// Applies one request and appends its reply (if any) to `out`. `loaded` lists the keys
     /// already read through for this request. Disk work comes back as [`Flow::Defer`]: the
     /// driver runs it inline or on a helper thread.
@@ -266,6 +129,7 @@ impl Engine {
         }
     }
 
+    /// Applies one request: read-through first where needed, then the request's family.
     fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
         // Read through every key whose current state the command depends on.
         if self.disk.read_through {
@@ -273,6 +137,27 @@ impl Engine {
                 return defer(Blocking::Load(key));
             }
         }
+        match *req {
+            Request::Get { .. } | Request::Gat { .. } => self.retrieval(req, out),
+            Request::Store { .. } => self.storage(req, out),
+            Request::Arith { .. } | Request::Delete { .. } | Request::Touch { .. } => {
+                self.key_update(req, out)
+            }
+            Request::Meta { .. } => self.meta_request(req, out),
+            Request::FlushAll { .. }
+            | Request::Verbosity { .. }
+            | Request::SlabsAutomove { .. }
+            | Request::Admin(_)
+            | Request::Version
+            | Request::Cluster { .. }
+            | Request::Quit
+            | Request::Stats { .. } => self.administration(req, out),
+        }
+    }
+
+    /// `get`, `gets`, `gat`, `gats`: the values of the keys found.
+    #[inline]
+    fn retrieval(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
         match *req {
             Request::Get { keys, cas } => {
                 let mut n = 0;
@@ -329,6 +214,15 @@ impl Engine {
                     return defer(Blocking::PersistKeys(touched));
                 }
             }
+            _ => unreachable!("Engine::apply sends only this family's requests here"),
+        }
+        Flow::Done
+    }
+
+    /// `set`, `add`, `replace`, `append`, `prepend`, `cas`.
+    #[inline]
+    fn storage(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
+        match *req {
             Request::Store {
                 command,
                 key,
@@ -378,6 +272,15 @@ impl Engine {
                     return self.persisted(key);
                 }
             }
+            _ => unreachable!("Engine::apply sends only this family's requests here"),
+        }
+        Flow::Done
+    }
+
+    /// `incr`, `decr`, `delete`, `touch`: a change to one existing key.
+    #[inline]
+    fn key_update(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
+        match *req {
             Request::Arith {
                 incr,
                 key,
@@ -435,6 +338,16 @@ impl Engine {
                     return self.persisted(key);
                 }
             }
+            _ => unreachable!("Engine::apply sends only this family's requests here"),
+        }
+        Flow::Done
+    }
+
+    /// `flush_all`, `verbosity`, `slabs automove`, `watch` and the other administration
+    /// commands, `version`, `cluster` (outside a cluster), `quit`, `stats`.
+    #[inline]
+    fn administration(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
+        match *req {
             Request::FlushAll { delay, noreply } => {
                 WorkerStats::add(&self.worker.cmd_flush, 1);
                 if !self.server.admin.flush_enabled {
@@ -493,17 +406,7 @@ impl Engine {
             Request::Cluster { .. } => out.extend_from_slice(r::ERROR),
             Request::Quit => return Flow::Close,
             Request::Stats { group } => self.stats(group, out),
-            Request::Meta {
-                command,
-                key,
-                flags,
-                data,
-            } => {
-                WorkerStats::add(&self.worker.cmd_meta, 1);
-                if self.meta(command, key, &flags, data, out) {
-                    return key.with(|k| self.persisted(k));
-                }
-            }
+            _ => unreachable!("Engine::apply sends only this family's requests here"),
         }
         Flow::Done
     }
@@ -613,26 +516,6 @@ impl Engine {
         watchers.store(key, status, cmd, ttl as u32, class, len, self.cfd);
     }
 
-    /// Runs a meta command; returns whether it changed the key (to persist under `sync`).
-    fn meta(
-        &mut self,
-        command: MetaCommand,
-        key: MetaKey<'_>,
-        flags: &MetaFlags<'_>,
-        data: &[u8],
-        out: &mut Vec<u8>,
-    ) -> bool {
-        match command {
-            MetaCommand::Noop => out.extend_from_slice(r::MN),
-            MetaCommand::Get => return self.meta_get(key, flags, out),
-            MetaCommand::Set => return self.meta_set(key, flags, data, out),
-            MetaCommand::Delete => return self.meta_delete(key, flags, out),
-            MetaCommand::Arith => return self.meta_arith(key, flags, out),
-            MetaCommand::Debug => self.meta_debug(key, out),
-        }
-        false
-    }
-
     /// The first key of `req` that must be read through from disk first, if any.
     fn needs_load(&self, req: &Request<'_>, loaded: &[Vec<u8>]) -> Option<Vec<u8>> {
         let first = |keys: &mut dyn Iterator<Item = &[u8]>| {
@@ -671,277 +554,6 @@ impl Engine {
             Request::Meta { key, .. } => key.with(|k| first(&mut std::iter::once(k))),
             _ => None,
         }
-    }
-
-    /// Returns whether it changed the key: a new TTL (`T`) on a hit. (An item created
-    /// by `N` is a placeholder, and win tokens are not kept on disk.)
-    fn meta_get(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) -> bool {
-        WorkerStats::add(&self.worker.cmd_get, 1);
-        if flags.ttl.is_some() {
-            WorkerStats::add(&self.worker.cmd_touch, 1);
-        }
-        let opts = MetaGetOpts {
-            touch: flags.ttl,
-            vivify: flags.vivify,
-            recache: flags.recache,
-            no_bump: flags.no_bump,
-        };
-        let hit = key.with(|k| self.store.meta_get(k, &opts));
-        key.with(|k| self.log_fetch(k, hit.as_ref().map(|h| (h.item.value.len(), h.item.flags))));
-        let Some(hit) = hit else {
-            if !flags.quiet {
-                out.extend_from_slice(b"EN");
-                echo_flags(out, key, flags, 0);
-                out.extend_from_slice(b"\r\n");
-            }
-            return false;
-        };
-        let value = &hit.item.value;
-        if flags.has(b'v') {
-            out.extend_from_slice(b"VA ");
-            push_u64(out, value.len() as u64);
-        } else {
-            out.extend_from_slice(b"HD");
-        }
-        for letter in flags.letters() {
-            match letter {
-                b'c' => meta_num(out, b'c', self.shown(hit.item.cas)),
-                b'f' => meta_num(out, b'f', u64::from(hit.item.flags)),
-                b'h' => meta_num(out, b'h', u64::from(hit.hit_before)),
-                b'l' => meta_num(out, b'l', hit.last_access_age),
-                b's' => meta_num(out, b's', value.len() as u64),
-                b't' => {
-                    out.extend_from_slice(b" t");
-                    push_i64(out, hit.ttl);
-                }
-                b'k' | b'O' => echo_one(out, letter, key, flags),
-                _ => {}
-            }
-        }
-        if key.is_base64() && flags.has(b'k') {
-            out.extend_from_slice(b" b");
-        }
-        if hit.win_already_sent {
-            out.extend_from_slice(b" Z");
-        }
-        if hit.stale {
-            out.extend_from_slice(b" X");
-        }
-        if hit.won {
-            out.extend_from_slice(b" W");
-        }
-        out.extend_from_slice(b"\r\n");
-        if flags.has(b'v') {
-            out.extend_from_slice(value);
-            out.extend_from_slice(b"\r\n");
-        }
-        flags.ttl.is_some()
-    }
-
-    fn meta_set(
-        &mut self,
-        key: MetaKey<'_>,
-        flags: &MetaFlags<'_>,
-        data: &[u8],
-        out: &mut Vec<u8>,
-    ) -> bool {
-        WorkerStats::add(&self.worker.cmd_set, 1);
-        let mode = match flags.mode {
-            None | Some(b'S') => SetMode::Set,
-            Some(b'E') => SetMode::Add,
-            Some(b'A') => SetMode::Append,
-            Some(b'P') => SetMode::Prepend,
-            _ => SetMode::Replace,
-        };
-        let status = key.with(|k| {
-            let mut req = SetRequest {
-                mode,
-                key: k,
-                value: data,
-                flags: flags.client_flags.unwrap_or(0),
-                exptime: flags.ttl.unwrap_or(0),
-                compare_cas: flags.compare_cas.map(|c| self.compared(c)),
-                new_cas: flags.new_cas,
-                invalidate: flags.invalidate,
-            };
-            let status = self.store.set(&req);
-            let cmd: &[u8] = match (mode, req.compare_cas) {
-                (SetMode::Set, Some(_)) => b"cas",
-                (SetMode::Set, None) => b"set",
-                (SetMode::Add, _) => b"add",
-                (SetMode::Replace, _) => b"replace",
-                (SetMode::Append, _) => b"append",
-                (SetMode::Prepend, _) => b"prepend",
-            };
-            self.log_store(k, status, cmd, req.exptime, data.len(), req.flags);
-            // `N` with append/prepend: create the item when it is missing (autovivify).
-            if status == SetStatus::NotStored
-                && matches!(mode, SetMode::Append | SetMode::Prepend)
-                && flags.vivify.is_some()
-            {
-                req.mode = SetMode::Add;
-                req.exptime = flags.vivify.unwrap_or(0);
-                return self.store.set(&req);
-            }
-            status
-        });
-        let (code, cas): (&[u8], u64) = match status {
-            SetStatus::Stored { cas } => (b"HD", cas),
-            SetStatus::NotStored => (b"NS", 0),
-            SetStatus::Exists => (b"EX", 0),
-            SetStatus::NotFound => (b"NF", 0),
-            SetStatus::TooLarge => {
-                out.extend_from_slice(r::TOO_LARGE);
-                return false;
-            }
-            SetStatus::OutOfMemory => {
-                out.extend_from_slice(r::OUT_OF_MEMORY);
-                return false;
-            }
-        };
-        let stored = code == b"HD";
-        if !(flags.quiet && stored) {
-            out.extend_from_slice(code);
-            echo_flags(out, key, flags, cas);
-            out.extend_from_slice(b"\r\n");
-        }
-        stored
-    }
-
-    fn meta_delete(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) -> bool {
-        let opts = MetaDeleteOpts {
-            compare_cas: flags.compare_cas.map(|c| self.compared(c)),
-            invalidate: flags.invalidate,
-            ttl: flags.ttl,
-        };
-        let code: &[u8] = match key.with(|k| self.store.meta_delete(k, &opts)) {
-            DeleteStatus::Deleted if flags.quiet => return true,
-            DeleteStatus::Deleted => b"HD",
-            DeleteStatus::NotFound => b"NF",
-            DeleteStatus::Exists => b"EX",
-        };
-        out.extend_from_slice(code);
-        echo_flags(out, key, flags, 0);
-        out.extend_from_slice(b"\r\n");
-        code == b"HD"
-    }
-
-    fn meta_arith(&mut self, key: MetaKey<'_>, flags: &MetaFlags<'_>, out: &mut Vec<u8>) -> bool {
-        let req = ArithRequest {
-            incr: !matches!(flags.mode, Some(b'D' | b'-')),
-            delta: flags.delta.unwrap_or(1),
-            compare_cas: flags.compare_cas.map(|c| self.compared(c)),
-            new_cas: flags.new_cas,
-            vivify: flags.vivify.map(|ttl| (flags.initial.unwrap_or(0), ttl)),
-            touch: flags.ttl,
-        };
-        let (value, cas, ttl) = match key.with(|k| self.store.arith(k, &req)) {
-            ArithStatus::Ok { value, cas, ttl } => (value, cas, ttl),
-            status @ (ArithStatus::NotFound | ArithStatus::Exists) => {
-                let code: &[u8] = if status == ArithStatus::Exists {
-                    b"EX"
-                } else {
-                    b"NF"
-                };
-                out.extend_from_slice(code);
-                echo_flags(out, key, flags, 0);
-                out.extend_from_slice(b"\r\n");
-                return false;
-            }
-            ArithStatus::NonNumeric => {
-                out.extend_from_slice(r::NON_NUMERIC);
-                return false;
-            }
-            ArithStatus::OutOfMemory => {
-                out.extend_from_slice(r::ARITH_OUT_OF_MEMORY);
-                return false;
-            }
-        };
-        let mut digits = itoa::Buffer::new();
-        let digits = digits.format(value).as_bytes();
-        if flags.has(b'v') {
-            out.extend_from_slice(b"VA ");
-            push_u64(out, digits.len() as u64);
-        } else if flags.quiet {
-            return true;
-        } else {
-            out.extend_from_slice(b"HD");
-        }
-        for letter in flags.letters() {
-            match letter {
-                b'c' => meta_num(out, b'c', self.shown(cas)),
-                b't' => {
-                    out.extend_from_slice(b" t");
-                    push_i64(out, ttl);
-                }
-                b'k' | b'O' => echo_one(out, letter, key, flags),
-                _ => {}
-            }
-        }
-        out.extend_from_slice(b"\r\n");
-        if flags.has(b'v') {
-            out.extend_from_slice(digits);
-            out.extend_from_slice(b"\r\n");
-        }
-        true
-    }
-
-    fn meta_debug(&mut self, key: MetaKey<'_>, out: &mut Vec<u8>) {
-        let Some(hit) = key.with(|k| self.store.peek(k)) else {
-            return out.extend_from_slice(b"EN\r\n");
-        };
-        out.extend_from_slice(b"ME ");
-        out.extend_from_slice(key.raw());
-        out.extend_from_slice(b" exp=");
-        push_i64(out, hit.ttl);
-        out.extend_from_slice(b" la=");
-        push_u64(out, hit.last_access_age);
-        out.extend_from_slice(b" cas=");
-        push_u64(out, hit.item.cas);
-        out.extend_from_slice(if hit.hit_before {
-            b" fetch=yes"
-        } else {
-            b" fetch=no"
-        });
-        out.extend_from_slice(b" cls=1 size=");
-        push_u64(out, (key.raw().len() + hit.item.value.len()) as u64);
-        out.extend_from_slice(b"\r\n");
-    }
-}
-
-fn meta_num(out: &mut Vec<u8>, letter: u8, n: u64) {
-    out.push(b' ');
-    out.push(letter);
-    push_u64(out, n);
-}
-
-/// Echoes `k` (key) or `O` (opaque) as memcached does.
-fn echo_one(out: &mut Vec<u8>, letter: u8, key: MetaKey<'_>, flags: &MetaFlags<'_>) {
-    match letter {
-        b'k' => {
-            out.extend_from_slice(b" k");
-            out.extend_from_slice(key.raw());
-        }
-        b'O' => {
-            out.extend_from_slice(b" O");
-            out.extend_from_slice(flags.opaque.unwrap_or_default());
-        }
-        _ => {}
-    }
-}
-
-/// The flags every meta reply echoes in request order: `O`, `k` (then `b` for a base64
-/// key), and `c` with the item's CAS where the reply has one.
-fn echo_flags(out: &mut Vec<u8>, key: MetaKey<'_>, flags: &MetaFlags<'_>, cas: u64) {
-    for letter in flags.letters() {
-        match letter {
-            b'k' | b'O' => echo_one(out, letter, key, flags),
-            b'c' if cas != 0 => meta_num(out, b'c', cas),
-            _ => {}
-        }
-    }
-    if key.is_base64() && flags.has(b'k') {
-        out.extend_from_slice(b" b");
     }
 }
 
@@ -995,85 +607,6 @@ pub struct Loaded {
     authenticated: bool,
     /// It speaks TLS (`-Z`).
     tls: bool,
-}
-
-/// Calls `f` with every key `req` names.
-fn for_each_key(req: &Request<'_>, mut f: impl FnMut(&[u8])) {
-    match *req {
-        Request::Get { keys, .. } | Request::Gat { keys, .. } => keys.iter().for_each(f),
-        Request::Store { key, .. }
-        | Request::Arith { key, .. }
-        | Request::Delete { key, .. }
-        | Request::Touch { key, .. } => f(key),
-        Request::Meta { command, key, .. } if command != MetaCommand::Noop => key.with(f),
-        _ => {}
-    }
-}
-
-/// Whether `req` may change the item of a key it names (a touch counts: it changes the
-/// expiry that a migration must carry).
-fn changes_data(req: &Request<'_>) -> bool {
-    match *req {
-        Request::Get { .. } => false,
-        Request::Meta { command, flags, .. } => match command {
-            MetaCommand::Get => flags.has(b'T') || flags.has(b'N') || flags.has(b'E'),
-            MetaCommand::Debug | MetaCommand::Noop => false,
-            _ => true,
-        },
-        _ => true,
-    }
-}
-
-/// `cluster ring|status|import ID NODE [GEN]|drained ID NODE`. `Some(stream)`: the
-/// connection is an import stream from now on (to be handed to a thread of its own).
-fn cluster_command(
-    node: &Arc<Node>,
-    conn: &mut Loaded,
-    args: &[u8],
-    out: &mut Vec<u8>,
-) -> Option<Import> {
-    let text = String::from_utf8_lossy(args);
-    let words: Vec<&str> = text.split_ascii_whitespace().collect();
-    let value = |out: &mut Vec<u8>, name: &[u8], data: &[u8]| {
-        r::value(out, name, 0, data, None);
-        out.extend_from_slice(r::END);
-    };
-    match words.as_slice() {
-        ["ring"] => value(out, b"ring", node.view().serving.describe().as_bytes()),
-        ["status"] => value(out, b"status", node.status_json().as_bytes()),
-        ["import", id, from, gen @ ..]
-            if gen.len() <= 1
-                && id.parse::<u64>().is_ok()
-                && gen.iter().all(|g| g.parse::<u64>().is_ok()) =>
-        {
-            let gen = gen.first().map_or(0, |g| g.parse().unwrap_or(0));
-            let stream = node.open_import(id.parse().unwrap_or(0), from, gen);
-            out.extend_from_slice(b"OK\r\n");
-            // A migration stream is served by a thread of its own; copies (ID 0) are
-            // served here, in the worker's loop, as they arrive: applying one never waits.
-            if conn.import.is_none() && stream.id != 0 {
-                return Some(stream);
-            }
-            conn.import = Some(stream);
-        }
-        ["resync", peer, what @ ("held" | "strays")] => {
-            node.resync_to(peer, *what == "strays");
-            out.extend_from_slice(b"OK\r\n");
-        }
-        ["resynced", peer] => {
-            node.resynced_from(peer);
-            out.extend_from_slice(b"OK\r\n");
-        }
-        ["drained", id, from] => match id.parse::<u64>() {
-            Ok(id) => {
-                node.drained_from(id, from);
-                out.extend_from_slice(b"OK\r\n");
-            }
-            Err(_) => out.extend_from_slice(b"CLIENT_ERROR bad command line format\r\n"),
-        },
-        _ => out.extend_from_slice(b"CLIENT_ERROR bad command line format\r\n"),
-    }
-    None
 }
 
 impl kvlab_net::Service for Engine {

@@ -1,0 +1,138 @@
+//! A part's workload: the `[workload]` keys, and one run's bench load and configuration.
+
+use anyhow::bail;
+use kvlab_bench::load::{Load, Options};
+use kvlab_bench::Config;
+use serde::Deserialize;
+
+/// The keys of the `[workload]` table.
+pub const WORKLOAD_KEYS: &[&str] = &[
+    "clients",
+    "threads",
+    "connections",
+    "depth",
+    "think_us",
+    "qps",
+    "arrival",
+    "qps_list",
+    "qps_interval",
+    "preset",
+    "keys",
+    "key_prefix",
+    "key_size",
+    "key_dist",
+    "value_size",
+    "mix",
+    "multiget",
+    "verify",
+    "load",
+    "interval",
+    "timeout_ms",
+    "protocol",
+    "meta_base64",
+    "data",
+    "data_key",
+    "max_item_size",
+];
+
+/// The workload of one run: bench's flat load keys ([`Options`]: the same keys, names and
+/// defaults as `kvlab bench`'s flags), plus the lab's `clients`. Every default is bench's
+/// ([`kvlab_bench::load::Load`]); the lab decides none.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkloadSpec {
+    /// Closed loop: total connections (sets threads × connections).
+    pub clients: Option<usize>,
+    /// Every other key.
+    pub options: Options,
+}
+
+impl<'de> Deserialize<'de> for WorkloadSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut t = toml::Table::deserialize(d)?;
+        let clients = match t.remove("clients") {
+            None => None,
+            Some(v) => Some(
+                v.try_into::<usize>()
+                    .map_err(|e| D::Error::custom(format!("clients: {}", e.message())))?,
+            ),
+        };
+        let options = toml::Value::Table(t)
+            .try_into::<Options>()
+            .map_err(|e| D::Error::custom(e.message()))?;
+        Ok(WorkloadSpec { clients, options })
+    }
+}
+
+impl WorkloadSpec {
+    /// Open loop (a rate or a trace).
+    pub fn is_open(&self) -> bool {
+        self.options.is_open()
+    }
+
+    /// Generator threads and connections per thread: `clients` split over at most
+    /// `threads` threads (lowered to a divisor), else the keys (or bench's defaults).
+    pub fn threads_connections(&self) -> (usize, usize) {
+        let d = Load::default();
+        let threads = self.options.threads.unwrap_or(d.threads);
+        match self.clients {
+            Some(n) => {
+                let max = threads.clamp(1, n.max(1));
+                let t = (1..=max).rev().find(|t| n % t == 0).unwrap_or(1);
+                (t, n / t)
+            }
+            None => (threads, self.options.connections.unwrap_or(d.connections)),
+        }
+    }
+
+    /// The bench load description of one run: the keys, `clients` resolved, and the part's
+    /// duration and warm-up and the repetition's seed.
+    pub fn load(&self, duration: f64, warmup: f64, seed: u64) -> anyhow::Result<Load> {
+        let (threads, connections) = self.threads_connections();
+        let opts = Options {
+            threads: Some(threads),
+            connections: Some(connections),
+            duration: Some(duration),
+            warmup: Some(warmup),
+            seed: Some(seed),
+            ..self.options.clone()
+        };
+        Ok(opts.to_load()?)
+    }
+
+    /// The bench configuration of one run against `target`.
+    pub fn config(
+        &self,
+        target: std::net::SocketAddr,
+        duration: f64,
+        warmup: f64,
+        seed: u64,
+    ) -> anyhow::Result<Config> {
+        Ok(self.load(duration, warmup, seed)?.config(target)?)
+    }
+
+    /// What a server holds after the load phase: reload when it changes.
+    pub fn data_signature(&self) -> String {
+        match self.options.workload() {
+            Ok(w) => match &w.data {
+                Some(d) => format!("data|{}|{:?}|{}", d.path.display(), d.key, d.max_item_size),
+                None => format!(
+                    "{}|{}|{}|{}",
+                    w.keys, w.key_prefix, w.key_size, w.value_size
+                ),
+            },
+            Err(e) => format!("invalid: {e}"),
+        }
+    }
+}
+
+/// An error unless `k` is one of [`WORKLOAD_KEYS`].
+pub(super) fn check_workload_key(k: &str) -> anyhow::Result<()> {
+    if !WORKLOAD_KEYS.contains(&k) {
+        bail!(
+            "unknown workload key {k:?} (known: {})",
+            WORKLOAD_KEYS.join(", ")
+        );
+    }
+    Ok(())
+}
