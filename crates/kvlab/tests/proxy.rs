@@ -355,7 +355,8 @@ fn a_paused_replica_is_repaired_from_its_peers_and_serves_the_newest_values() {
         let replica: SocketAddr = names[1].parse().unwrap();
         until("replica 1 has applied the first writes", || {
             let mut c = client(replica);
-            old.iter().all(|key| c.get(key.as_bytes()).unwrap().is_some())
+            old.iter()
+                .all(|key| c.get(key.as_bytes()).unwrap().is_some())
         });
 
         // Replica 1 is paused and ejected; meanwhile a third of the keys get a new value,

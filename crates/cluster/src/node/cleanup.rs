@@ -1,0 +1,161 @@
+//! After a migration: what this node no longer holds goes, in small steps; with copies,
+//! each item first handed over to the nodes that hold its key now, and each key it owns
+//! copied again to its holders.
+
+use super::*;
+
+impl Node {
+    /// Sends each of `items` (of keys this node no longer holds under `view`) to the
+    /// nodes that hold the key under `view` with `add` (a node that has the key keeps its
+    /// own) on a `cluster import HANDOVER` stream per node; returns the keys some of whose
+    /// nodes did not confirm (unreachable, or refused): those items stay here for now.
+    pub(super) fn hand_over(
+        &self,
+        view: &View,
+        items: &[kvlab_store::ExportedItem],
+        pipes: &mut HashMap<String, Pipe>,
+    ) -> HashSet<Vec<u8>> {
+        let r = view.replicas as usize;
+        let mut owners = Vec::with_capacity(r);
+        let mut sent: HashMap<String, Vec<&[u8]>> = HashMap::new();
+        let mut kept: HashSet<Vec<u8>> = HashSet::new();
+        for item in items {
+            view.serving.owners_of_hash(
+                kvlab_client::cluster::key_hash(item.key()),
+                r,
+                &mut owners,
+            );
+            for &i in owners.iter() {
+                let node = &view.serving.nodes()[i];
+                let pipe = match pipes.entry(node.clone()) {
+                    std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        Pipe::connect(node, REPLICA_TIMEOUT)
+                            .and_then(|p| p.import(HANDOVER, &self.me))
+                            .map(|p| e.insert(p))
+                    }
+                };
+                let queued = pipe
+                    .and_then(|p| p.add(item.key(), item.flags(), item.exptime(), item.value()));
+                match queued {
+                    Ok(()) => sent.entry(node.clone()).or_default().push(item.key()),
+                    Err(_) => {
+                        pipes.remove(node);
+                        kept.insert(item.key().to_vec());
+                    }
+                }
+            }
+        }
+        for (node, keys) in sent {
+            let confirmed = pipes
+                .get_mut(&node)
+                .is_some_and(|p| matches!(p.flush(), Ok(0)));
+            if !confirmed {
+                pipes.remove(&node);
+                kept.extend(keys.into_iter().map(<[u8]>::to_vec));
+            }
+        }
+        kept
+    }
+
+    /// After a migration: removes the items this node no longer owns, in small steps, as
+    /// long as the ring stays that of `epoch` (an item is removed only if unchanged since
+    /// it was looked at).
+    pub(super) fn start_cleanup(self: &Arc<Node>, epoch: u64) {
+        let node = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("kvlab-cleanup".into())
+            .spawn(move || {
+                // Requests begun under an older view (a migration stream's last items)
+                // are applied before the scan starts, so it sees them.
+                node.grace(epoch);
+                let mut cursor = ScanCursor::default();
+                let mut items = Vec::with_capacity(256);
+                let mut handover: HashMap<String, Pipe> = HashMap::new();
+                // Items a key's node did not take in this pass (it is down, or catching up
+                // and refusing strays): the scan starts over for them until none is left.
+                let mut kept_in_pass = 0u64;
+                let mut first_pass = true;
+                let mut retry = Duration::from_millis(50);
+                loop {
+                    let view = node.view();
+                    if view.epoch != epoch || node.stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let t0 = Instant::now();
+                    items.clear();
+                    let me = node.me.as_str();
+                    let r = view.replicas as usize;
+                    let mut owners = Vec::with_capacity(r);
+                    let mut mine = Vec::new();
+                    let step = node
+                        .store
+                        .scan_matching(&mut cursor, 256, &mut items, |_, k| {
+                            let h = kvlab_client::cluster::key_hash(k);
+                            view.serving.owners_of_hash(h, r, &mut owners);
+                            let nodes = view.serving.nodes();
+                            if r > 1 && owners.first().is_some_and(|&i| nodes[i] == me) {
+                                mine.push(k.to_vec());
+                            }
+                            !owners.iter().any(|&i| nodes[i] == me)
+                        });
+                    // Nothing goes, and no copy is sent, under a view already replaced (keys
+                    // may have moved meanwhile), nor once a newer migration's items arrive
+                    // here: the scan may have found some, which this epoch's ring does not
+                    // give this node.
+                    if node.newest_import.load(Ordering::SeqCst) > epoch
+                        || node.view().epoch != epoch
+                    {
+                        return;
+                    }
+                    if first_pass {
+                        if let Err(e) = node.replicate_all(&view, &mine) {
+                            node.progress.lock().replica_errors += 1;
+                            tracing::warn!("copying keys to their holders: {e}");
+                        }
+                    }
+                    if r > 1 {
+                        // With copies, an item this node no longer holds may be the last
+                        // one left (its owner died before it copied the key to the holders
+                        // of the new ring): it goes only once the key's nodes under this
+                        // ring confirm they have it, each sent the item as `add`.
+                        let kept = node.hand_over(&view, &items, &mut handover);
+                        kept_in_pass += kept.len() as u64;
+                        items.retain(|item| !kept.contains(item.key()));
+                    }
+                    for item in &items {
+                        let opts = MetaDeleteOpts {
+                            compare_cas: Some(item.cas()),
+                            ..MetaDeleteOpts::default()
+                        };
+                        if node.store.meta_delete(item.key(), &opts) == DeleteStatus::Deleted {
+                            node.progress.lock().cleaned += 1;
+                        }
+                    }
+                    if step.done {
+                        let mut p = node.progress.lock();
+                        p.handover_pending = kept_in_pass;
+                        if kept_in_pass == 0 {
+                            p.handover_epoch = p.handover_epoch.max(epoch);
+                            return;
+                        }
+                        drop(p);
+                        handover.clear();
+                        std::thread::sleep(retry);
+                        retry = (retry * 2).min(Duration::from_secs(1));
+                        cursor = ScanCursor::default();
+                        kept_in_pass = 0;
+                        first_pass = false;
+                        continue;
+                    }
+                    // Nothing waits for the clean-up: it takes at most a fifth of a core
+                    // from the requests (as the crawler does).
+                    std::thread::sleep((t0.elapsed() * 4).max(Duration::from_micros(50)));
+                }
+            });
+        match spawned {
+            Ok(h) => self.threads.lock().push(h),
+            Err(e) => self.progress.lock().error = Some(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! A migration at this node: the copier (snapshot of the leaving keys, then the change log,
+//! then the hand-off's last drain and `drained`), streams that fail and are sent again, and
+//! the receiving side's import streams.
+
+use super::*;
+
+impl Node {
+    /// `cluster import ID FROM [GEN]`: the stream that connection now carries.
+    pub fn open_import(&self, id: u64, from: &str, gen: u64) -> Import {
+        let newest = if (1..HANDOVER).contains(&id) {
+            let mut streams = self.streams.lock();
+            streams.retain(|(_, m), _| *m + 64 > id); // older migrations' entries go
+            let newest = streams.entry((from.to_string(), id)).or_default().clone();
+            newest.fetch_max(gen, Ordering::AcqRel);
+            newest
+        } else {
+            Arc::new(AtomicU64::new(0))
+        };
+        Import {
+            id,
+            from: from.into(),
+            gen,
+            newest,
+        }
+    }
+
+    /// A new owner hears that `source` sent it everything for migration `id`.
+    pub fn drained_from(&self, id: u64, source: &str) {
+        {
+            let mut d = self.drained.lock();
+            if d.0 != id {
+                *d = (id, Vec::new());
+            }
+            if !d.1.iter().any(|s| s == source) {
+                d.1.push(source.to_string());
+            }
+        }
+        let _g = self.view_write.lock();
+        let v = self.view();
+        if let Some(m) = &v.migration {
+            if m.id == id {
+                let view = self.view_of(v.epoch, &v.serving, v.replicas, m.phase, &m.other, id);
+                self.view.store(Arc::new(view));
+            }
+        }
+    }
+
+    /// Says `drained` for migration `id` to every new owner in `serving` (a source with
+    /// nothing to send), on a thread of its own that asks a node that does not answer
+    /// again until it does, then reports the hand-off done.
+    pub(super) fn hand_off_empty(self: &Arc<Node>, id: u64, serving: &Ring) {
+        tracing::warn!("migration {id}: this node restarted during it; its keys were not copied");
+        let node = self.clone();
+        let mut owed: Vec<String> = serving
+            .nodes()
+            .iter()
+            .filter(|n| **n != self.me)
+            .cloned()
+            .collect();
+        let spawned = std::thread::Builder::new()
+            .name("kvlab-drained".into())
+            .spawn(move || {
+                let me = node.me.as_str();
+                let mut pause = Duration::from_millis(20);
+                while !owed.is_empty() {
+                    if node.abandoned(id) {
+                        return;
+                    }
+                    owed.retain(|n| {
+                        let said = Pipe::connect(n, STREAM_TIMEOUT).and_then(|mut p| {
+                            p.line(format!("cluster drained {id} {me}\r\n").as_bytes())?;
+                            p.flush()
+                        });
+                        if let Err(e) = &said {
+                            node.progress.lock().waiting_for = Some(format!("{n}: {e}"));
+                        }
+                        said.is_err()
+                    });
+                    if !owed.is_empty() {
+                        std::thread::sleep(pause);
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
+                }
+                *node.progress.lock() = Progress {
+                    migration: id,
+                    snapshot_done: true,
+                    handed_off: id,
+                    ..Progress::default()
+                };
+            });
+        match spawned {
+            Ok(h) => self.threads.lock().push(h),
+            Err(e) => self.progress.lock().error = Some(e.to_string()),
+        }
+    }
+
+    pub(super) fn start_copier(self: &Arc<Node>, id: u64, t: &Topology) {
+        let Some(future) = t.other() else { return };
+        let serving = t.serving();
+        self.changes.lock().clear();
+        self.finish.store(0, Ordering::Release);
+        *self.progress.lock() = Progress {
+            migration: id,
+            ..Progress::default()
+        };
+        let node = self.clone();
+        let started_ms = t.migration.as_ref().map_or(0, |m| m.started_ms);
+        let spawned = std::thread::Builder::new()
+            .name("kvlab-migrate".into())
+            .spawn(move || node.run_copier(id, &serving, &future, started_ms));
+        match spawned {
+            Ok(h) => self.threads.lock().push(h),
+            Err(e) => self.progress.lock().error = Some(e.to_string()),
+        }
+    }
+
+    /// Runs [`Node::copy`]; a failure is the migration's error (the coordinator rolls back
+    /// a migration still copying) — unless the migration went on to its hand-off meanwhile
+    /// (the coordinator saw every snapshot done before the failure), which cannot go back:
+    /// then the copy starts again, as a hand-off's (a failed stream is then asked again).
+    /// Whichever of this thread and the hand-off's [`Node::apply`] takes the error back
+    /// starts it again.
+    pub(super) fn run_copier(
+        self: &Arc<Node>,
+        id: u64,
+        serving: &Ring,
+        future: &Ring,
+        started_ms: u64,
+    ) {
+        loop {
+            let Err(e) = self.copy(id, serving, future, started_ms) else {
+                return;
+            };
+            tracing::warn!("migration {id}: {e}");
+            self.progress.lock().error = Some(e.to_string());
+            let handoff = self
+                .view()
+                .migration
+                .as_ref()
+                .is_some_and(|m| m.id == id && m.phase == Phase::Handoff);
+            if !handoff || self.progress.lock().error.take().is_none() {
+                return;
+            }
+            tracing::warn!("migration {id}: in its hand-off: copying again");
+        }
+    }
+
+    /// The source's side of migration `id`: snapshot, stream changes, and after the grace
+    /// period a last drain and `drained` to every new owner.
+    pub(super) fn copy(
+        &self,
+        id: u64,
+        serving: &Ring,
+        future: &Ring,
+        started_ms: u64,
+    ) -> Result<(), ClusterError> {
+        let mut pipes: HashMap<usize, Pipe> = HashMap::new();
+        let me = self.me.as_str();
+        // Only what this node serves now leaves it: an item of a key it no longer owns (left
+        // behind by an earlier migration whose cleanup has not reached it yet) is older
+        // than the owner's, and must not race the owner's copy to the new owner.
+        let target_of = |key: &[u8]| {
+            let hash = kvlab_client::cluster::key_hash(key);
+            if serving.owner_of_hash(hash) != Some(me) {
+                return None;
+            }
+            future
+                .index_of_hash(hash)
+                .filter(|&i| future.nodes()[i] != me)
+        };
+        // Every write begun before this node took the copy view (and so not logged as a
+        // change) is applied before the snapshot starts, so the snapshot sees it.
+        self.grace(id);
+        // Snapshot: every key that leaves, as it is now. Per new owner, the changes sent
+        // since its last confirmed batch (sent again if its stream fails).
+        let mut unconfirmed: HashMap<usize, Vec<Vec<u8>>> = HashMap::new();
+        let mut cursor = ScanCursor::default();
+        let mut items = Vec::with_capacity(512);
+        loop {
+            if self.abandoned(id) {
+                return Ok(());
+            }
+            items.clear();
+            let step = self
+                .store
+                .scan_matching(&mut cursor, 512, &mut items, |_, key| {
+                    target_of(key).is_some()
+                });
+            for item in &items {
+                let Some(i) = target_of(item.key()) else {
+                    continue;
+                };
+                let sent = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
+                    pipe.set(item.key(), item.flags(), item.exptime(), item.value())
+                });
+                match sent {
+                    Ok(()) => {
+                        let mut p = self.progress.lock();
+                        p.keys_copied += 1;
+                        p.bytes_sent += item.value().len() as u64;
+                    }
+                    Err(e) => self.lost_stream(
+                        id,
+                        i,
+                        e,
+                        &mut pipes,
+                        &mut unconfirmed,
+                        future,
+                        &target_of,
+                    )?,
+                }
+            }
+            self.flush_streams(id, &mut pipes, &mut unconfirmed, future, &target_of)?;
+            if step.done {
+                break;
+            }
+        }
+        {
+            let mut p = self.progress.lock();
+            p.snapshot_done = true;
+            p.snapshot_ms = now_ms().saturating_sub(started_ms);
+        }
+        // Stream changes until the hand-off's grace period is over, then drain once more
+        // and say `drained` to every new owner.
+        loop {
+            let finishing = self.finish.load(Ordering::Acquire);
+            if finishing == u64::MAX || self.abandoned(id) {
+                return Ok(()); // rolled back, ended or stopping
+            }
+            let last = finishing == id;
+            let keys: Vec<Vec<u8>> = self.changes.lock().drain().collect();
+            let idle = keys.is_empty();
+            for key in keys {
+                let Some(i) = target_of(&key) else { continue };
+                let sent = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
+                    match self.store.peek(&key) {
+                        Some(m) => {
+                            pipe.set(&key, m.item.flags, m.item.exptime, &m.item.value)?;
+                            Ok(m.item.value.len() as u64)
+                        }
+                        None => pipe.delete(&key).map(|()| 0),
+                    }
+                });
+                match sent {
+                    Ok(bytes) => {
+                        let mut p = self.progress.lock();
+                        p.bytes_sent += bytes;
+                        p.changes_sent += 1;
+                        drop(p);
+                        unconfirmed.entry(i).or_default().push(key);
+                    }
+                    Err(e) => {
+                        self.changes.lock().insert(key);
+                        self.lost_stream(
+                            id,
+                            i,
+                            e,
+                            &mut pipes,
+                            &mut unconfirmed,
+                            future,
+                            &target_of,
+                        )?;
+                    }
+                }
+            }
+            self.flush_streams(id, &mut pipes, &mut unconfirmed, future, &target_of)?;
+            if last && self.changes.lock().is_empty() {
+                let mut told = true;
+                for i in (0..future.nodes().len()).filter(|&i| future.nodes()[i] != me) {
+                    let said = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
+                        pipe.line(format!("cluster drained {id} {me}\r\n").as_bytes())?;
+                        pipe.flush()
+                    });
+                    if let Err(e) = said {
+                        told = false;
+                        self.lost_stream(
+                            id,
+                            i,
+                            e,
+                            &mut pipes,
+                            &mut unconfirmed,
+                            future,
+                            &target_of,
+                        )?;
+                    }
+                }
+                if told {
+                    break;
+                }
+                continue; // what a failed stream carried goes again first
+            }
+            if idle {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        self.progress.lock().handed_off = id;
+        Ok(())
+    }
+
+    /// Writes what every stream has queued and reads its replies; a stream that fails goes
+    /// to [`Node::lost_stream`].
+    pub(super) fn flush_streams(
+        &self,
+        id: u64,
+        pipes: &mut HashMap<usize, Pipe>,
+        unconfirmed: &mut HashMap<usize, Vec<Vec<u8>>>,
+        future: &Ring,
+        target_of: &dyn Fn(&[u8]) -> Option<usize>,
+    ) -> Result<(), ClusterError> {
+        let open: Vec<usize> = pipes.keys().copied().collect();
+        for i in open {
+            let Some(pipe) = pipes.get_mut(&i) else {
+                continue;
+            };
+            match pipe.flush() {
+                Ok(refused) => {
+                    unconfirmed.remove(&i);
+                    if refused > 0 {
+                        self.progress.lock().refused += refused;
+                    }
+                }
+                Err(e) => self.lost_stream(id, i, e, pipes, unconfirmed, future, target_of)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// A new owner's stream failed during migration `id` (its node was killed, paused or
+    /// cut off). While copying, the migration fails (the coordinator rolls it back). In the
+    /// hand-off it can only go forward: the changes the stream may not have delivered go
+    /// back to the change log, and once the node answers again it is sent all its keys
+    /// again on a new stream, which replaces the old one there. A node that restarted
+    /// empty refuses them while it catches up, and takes them from this node afterwards.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn lost_stream(
+        &self,
+        id: u64,
+        i: usize,
+        error: ClusterError,
+        pipes: &mut HashMap<usize, Pipe>,
+        unconfirmed: &mut HashMap<usize, Vec<Vec<u8>>>,
+        future: &Ring,
+        target_of: &dyn Fn(&[u8]) -> Option<usize>,
+    ) -> Result<(), ClusterError> {
+        pipes.remove(&i);
+        let copying = self
+            .view()
+            .migration
+            .as_ref()
+            .is_some_and(|m| m.id == id && m.phase == Phase::Copy);
+        if copying {
+            return Err(error);
+        }
+        self.changes
+            .lock()
+            .extend(unconfirmed.remove(&i).unwrap_or_default());
+        let node = &future.nodes()[i];
+        tracing::warn!("migration {id}: the stream to {node} failed ({error}); its keys go again once it answers");
+        let mut reason = error.to_string();
+        let mut pause = Duration::from_millis(50);
+        while !self.abandoned(id) {
+            self.progress.lock().waiting_for = Some(format!("{node}: {reason}"));
+            match self.resend(id, i, future, target_of) {
+                Ok(pipe) => {
+                    pipes.insert(i, pipe);
+                    self.progress.lock().waiting_for = None;
+                    return Ok(());
+                }
+                Err(e) => reason = e.to_string(),
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
+        }
+        Ok(())
+    }
+
+    /// A new stream to new owner `i` of migration `id` that carries every key of it this
+    /// node serves, as it is now.
+    pub(super) fn resend(
+        &self,
+        id: u64,
+        i: usize,
+        future: &Ring,
+        target_of: &dyn Fn(&[u8]) -> Option<usize>,
+    ) -> Result<Pipe, ClusterError> {
+        let mut pipe = Pipe::connect(&future.nodes()[i], STREAM_TIMEOUT)?.import_generation(
+            id,
+            &self.me,
+            next_generation(),
+        )?;
+        let mut cursor = ScanCursor::default();
+        let mut items = Vec::with_capacity(512);
+        loop {
+            items.clear();
+            let step = self
+                .store
+                .scan_matching(&mut cursor, 512, &mut items, |_, key| {
+                    target_of(key) == Some(i)
+                });
+            for item in &items {
+                pipe.set(item.key(), item.flags(), item.exptime(), item.value())?;
+            }
+            let refused = pipe.flush()?;
+            if refused > 0 {
+                self.progress.lock().refused += refused;
+            }
+            if step.done {
+                return Ok(pipe);
+            }
+        }
+    }
+
+    pub(super) fn abandoned(&self, id: u64) -> bool {
+        self.stop.load(Ordering::Relaxed)
+            || self.finish.load(Ordering::Acquire) == u64::MAX
+            || self.view().migration.as_ref().is_none_or(|m| m.id != id)
+    }
+
+    pub(super) fn pipe<'p>(
+        &self,
+        pipes: &'p mut HashMap<usize, Pipe>,
+        i: usize,
+        future: &Ring,
+        id: u64,
+    ) -> Result<&'p mut Pipe, ClusterError> {
+        match pipes.entry(i) {
+            std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let p = Pipe::connect(&future.nodes()[i], STREAM_TIMEOUT)?.import_generation(
+                    id,
+                    &self.me,
+                    next_generation(),
+                )?;
+                Ok(e.insert(p))
+            }
+        }
+    }
+}
