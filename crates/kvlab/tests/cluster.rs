@@ -600,6 +600,62 @@ fn a_node_restarted_empty_as_another_leaves_gets_the_leavers_items() {
     );
 }
 
+/// A holder paused as the ring changes: four nodes with two copies, the fourth removed
+/// (driven by hand on the topology file). Keys owned by A whose copy was on the leaver
+/// now have C as their holder, and C is paused when the ring changes, so A's copy to C
+/// fails. The leaver is stopped before C answers (its hand-over to C cannot finish), and
+/// C is continued: A must send C those copies again — they are nowhere else — before it
+/// reports its clean-up done. Then A is killed and restarts empty: it catches up from B
+/// and C, and every key reads back.
+#[test]
+fn a_holder_paused_as_the_ring_changes_gets_its_copies_once_it_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let ports = free_ports(4).unwrap();
+    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+    let mut args = vec!["create", "--replicas", "2"];
+    args.extend(names.iter().map(String::as_str));
+    cluster(&topology, &args);
+    let mut nodes: Vec<Process> = ports.iter().map(|&p| node(&topology, p)).collect();
+    let seed: SocketAddr = names[0].parse().unwrap();
+    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+    set_every_key(&mut c, "v");
+
+    let store = FileStore::new(&path);
+    let id = begin_migration(&store, &names[..3]);
+    await_progress(&names, id, "snapshot_done");
+    enter_handoff(&store);
+    await_progress(&names, id, "handed_off");
+    signal(&nodes[2], libc::SIGSTOP);
+    let t = store.load().unwrap().unwrap();
+    let mut end = t.next();
+    end.nodes = names[..3].to_vec();
+    end.migration = None;
+    assert!(store.swap(Some(t.epoch), &end).unwrap());
+    // A's copies to C time out (1 s); then the leaver is stopped for good.
+    until("A's copy to the paused holder to fail", || {
+        node_status(&names[0]).unwrap()["progress"]["replica_errors"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0
+    });
+    signal(&nodes[3], libc::SIGTERM);
+    until("the leaver to exit", || nodes[3].exited());
+    signal(&nodes[2], libc::SIGCONT);
+    until("A's clean-up to end", || {
+        node_status(&names[0]).unwrap()["progress"]["handover_epoch"].as_u64() >= Some(end.epoch)
+    });
+    nodes[0].kill();
+    nodes[0] = node(&topology, ports[0]);
+    until("A to catch up", || {
+        node_status(&names[0]).unwrap()["recovering"] == false
+    });
+    let mut c =
+        ClusterClient::connect(&[names[1].parse().unwrap()], Duration::from_secs(2)).unwrap();
+    assert_every_key(&mut c, "v");
+}
+
 /// Three nodes with two copies of every key, topology in etcd: one node is killed with
 /// `kill -9` while a writer-reader runs. Its lease lapses, a live node takes it out of the
 /// ring, its keys are served from their copies: no acknowledged write is lost, no read is

@@ -5,6 +5,34 @@
 use super::*;
 
 impl Node {
+    /// A node out of the ring that still holds items (its clean-up hands each to the nodes
+    /// that hold its key now): waits at most `patience` for that hand-over to end before it
+    /// stops. With copies, such an item may be the last one of its key (the new owner
+    /// killed before it copied the key to the ring's other holders): stopping the node
+    /// right after it left — even before `cluster remove` returned — must not take it along.
+    pub(super) fn finish_hand_over(&self, patience: Duration) {
+        let deadline = Instant::now() + patience;
+        loop {
+            let v = self.view();
+            let left = v.migration.is_none() && !v.serving.nodes().contains(&self.me);
+            if !left || v.replicas < 2 || self.progress.lock().handover_epoch >= v.epoch {
+                return;
+            }
+            let items = self.store.stats().curr_items;
+            if items == 0 {
+                return;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    items,
+                    "stopping before this node handed over what it held since it left the ring"
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Sends each of `items` (of keys this node no longer holds under `view`) to the
     /// nodes that hold the key under `view` with `add` (a node that has the key keeps its
     /// own) on a `cluster import HANDOVER` stream per node; returns the keys some of whose
@@ -75,6 +103,10 @@ impl Node {
                 // Items a key's node did not take in this pass (it is down, or catching up
                 // and refusing strays): the scan starts over for them until none is left.
                 let mut kept_in_pass = 0u64;
+                // Keys this node owns whose copy to a holder of this ring failed (it was
+                // paused, cut off, restarting): sent again after each pass until they are
+                // confirmed. The node that held such a copy before may have left for good.
+                let mut recopy: Vec<Vec<u8>> = Vec::new();
                 let mut first_pass = true;
                 let mut retry = Duration::from_millis(50);
                 loop {
@@ -111,7 +143,8 @@ impl Node {
                     if first_pass {
                         if let Err(e) = node.replicate_all(&view, &mine) {
                             node.progress.lock().replica_errors += 1;
-                            tracing::warn!("copying keys to their holders: {e}");
+                            tracing::warn!("copying keys to their holders: {e} (tried again)");
+                            recopy.append(&mut mine);
                         }
                     }
                     if r > 1 {
@@ -133,9 +166,17 @@ impl Node {
                         }
                     }
                     if step.done {
+                        if !recopy.is_empty() {
+                            match node.replicate_all(&view, &recopy) {
+                                Ok(()) => recopy.clear(),
+                                Err(e) => {
+                                    tracing::debug!("copying keys to their holders again: {e}")
+                                }
+                            }
+                        }
                         let mut p = node.progress.lock();
-                        p.handover_pending = kept_in_pass;
-                        if kept_in_pass == 0 {
+                        p.handover_pending = kept_in_pass + recopy.len() as u64;
+                        if kept_in_pass == 0 && recopy.is_empty() {
                             p.handover_epoch = p.handover_epoch.max(epoch);
                             return;
                         }

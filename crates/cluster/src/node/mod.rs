@@ -61,6 +61,10 @@ pub const HANDOVER: u64 = u64::MAX - 1;
 /// (a node that refuses the connection is not asked again).
 const LEFT_PATIENCE: Duration = Duration::from_secs(5);
 
+/// How long a node that left the ring and still holds items, asked to stop, waits for its
+/// clean-up to hand them over first (see [`Node::stop`]).
+const STOP_PATIENCE: Duration = Duration::from_secs(2);
+
 /// How long a migration stream waits for its new owner's replies.
 const STREAM_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -129,9 +133,11 @@ pub struct Progress {
     /// Writes whose copy could not be written to another node.
     pub replica_errors: u64,
     /// The newest epoch whose clean-up has handed every item this node no longer holds to
-    /// the key's nodes (with copies; without, once it removed them).
+    /// the key's nodes and copied every key it owns to their holders (with copies;
+    /// without, once it removed what it no longer holds).
     pub handover_epoch: u64,
-    /// Items the clean-up under way still holds for nodes that did not take them yet.
+    /// Items the clean-up under way still holds for nodes that did not take them yet, and
+    /// keys it owns whose copy a holder did not confirm yet.
     pub handover_pending: u64,
     /// A new owner the hand-off waits for (its stream failed; it is asked again), and why.
     pub waiting_for: Option<String>,
@@ -355,6 +361,7 @@ impl Node {
 
     /// Stops the node's threads (the server is shutting down).
     pub fn stop(&self) {
+        self.finish_hand_over(STOP_PATIENCE);
         self.stop.store(true, Ordering::Relaxed);
         self.copies.stop();
         let threads: Vec<_> = self.threads.lock().drain(..).collect();
