@@ -4,15 +4,15 @@
 //! every action goes to the JSON-lines log. The work is in [`kvlab_control`].
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_client::process::{Output, Probe, Spawn};
-use kvlab_control::app::{self, Options, DEFAULT_INTERVAL};
+use kvlab_client::process::{Output, Probe, Process, Spawn};
+use kvlab_control::app::{self, Options, Outcome, DEFAULT_INTERVAL};
 use kvlab_control::machine::{CpuMethod, PauseMethod};
 use kvlab_control::{CpuSet, JobFile, PolicySpec, Share, Slack, DEFAULT_HEADROOM, DEFAULT_SLACK};
 
@@ -203,53 +203,10 @@ pub fn run(a: ControlArgs) -> anyhow::Result<()> {
         None => CpuSet::allowed_now()?,
     };
     if a.speedup {
-        std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-        if !a.no_prepare {
-            kvlab_control::controller::prepare(&jobs.prepare, &work)?;
-        }
-        let rows = kvlab_control::speedup::speedup(&jobs, &cpus, &work)?;
-        println!(
-            "{:<24} {:>6} {:>10} {:>10} {:>5}",
-            "job", "cores", "wall s", "CPU s", "exit"
-        );
-        for r in &rows {
-            println!(
-                "{:<24} {:>6} {:>10.2} {:>10.2} {:>5}",
-                r.job,
-                r.cores,
-                r.wall_s,
-                r.cpu_s,
-                r.exit.map_or("-".into(), |c| c.to_string())
-            );
-        }
-        if let Some(p) = &a.summary {
-            std::fs::write(p, serde_json::to_string_pretty(&rows)?)
-                .with_context(|| format!("writing {}", p.display()))?;
-        }
-        return Ok(());
+        return run_speedup(&a, &jobs, &cpus, &work);
     }
     let stats = a.addr.as_deref().map(resolve).transpose()?;
-    // Start the server, or attach.
-    let mut started = None;
-    let pid = match (a.pid, a.server.is_empty()) {
-        (Some(p), _) => p,
-        (None, false) => {
-            let addr = stats.context("a server to start needs --addr (to see it ready)")?;
-            std::fs::create_dir_all(&work)
-                .with_context(|| format!("creating {}", work.display()))?;
-            let p = Spawn::new(&a.server[0])
-                .args(&a.server[1..])
-                .output(Output::File(work.join("server.log")))
-                .ready(Probe::Version(addr))
-                .timeout(Duration::from_secs(10))
-                .start()
-                .with_context(|| format!("starting {}", a.server.join(" ")))?;
-            let pid = p.pid();
-            started = Some(p);
-            pid
-        }
-        (None, true) => bail!("give the server: --pid PID, or its command after `--`"),
-    };
+    let (pid, started) = start_or_attach(&a, stats, &work)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
@@ -286,6 +243,78 @@ pub fn run(a: ControlArgs) -> anyhow::Result<()> {
         p.stop();
     }
     let outcome = outcome?;
+    print_outcome(&a, &outcome);
+    if let Some(p) = &a.summary {
+        let text = serde_json::to_string_pretty(&outcome)?;
+        std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if outcome.summary.jobs.iter().any(|j| j.exit != Some(0)) {
+        bail!("a job did not exit with 0 (see its log in the work directory)");
+    }
+    Ok(())
+}
+
+/// `--speedup`: runs every job alone at each core count `cpus` can give it, then prints (and
+/// with `--summary` writes) each run's wall and CPU time.
+fn run_speedup(a: &ControlArgs, jobs: &JobFile, cpus: &CpuSet, work: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
+    if !a.no_prepare {
+        kvlab_control::controller::prepare(&jobs.prepare, work)?;
+    }
+    let rows = kvlab_control::speedup::speedup(jobs, cpus, work)?;
+    println!(
+        "{:<24} {:>6} {:>10} {:>10} {:>5}",
+        "job", "cores", "wall s", "CPU s", "exit"
+    );
+    for r in &rows {
+        println!(
+            "{:<24} {:>6} {:>10.2} {:>10.2} {:>5}",
+            r.job,
+            r.cores,
+            r.wall_s,
+            r.cpu_s,
+            r.exit.map_or("-".into(), |c| c.to_string())
+        );
+    }
+    if let Some(p) = &a.summary {
+        std::fs::write(p, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    Ok(())
+}
+
+/// The server's process id: the one given with `--pid`, or that of the server started from
+/// the command after `--` (returned too, to be stopped at the end).
+fn start_or_attach(
+    a: &ControlArgs,
+    stats: Option<SocketAddr>,
+    work: &Path,
+) -> anyhow::Result<(u32, Option<Process>)> {
+    let mut started = None;
+    let pid = match (a.pid, a.server.is_empty()) {
+        (Some(p), _) => p,
+        (None, false) => {
+            let addr = stats.context("a server to start needs --addr (to see it ready)")?;
+            std::fs::create_dir_all(work)
+                .with_context(|| format!("creating {}", work.display()))?;
+            let p = Spawn::new(&a.server[0])
+                .args(&a.server[1..])
+                .output(Output::File(work.join("server.log")))
+                .ready(Probe::Version(addr))
+                .timeout(Duration::from_secs(10))
+                .start()
+                .with_context(|| format!("starting {}", a.server.join(" ")))?;
+            let pid = p.pid();
+            started = Some(p);
+            pid
+        }
+        (None, true) => bail!("give the server: --pid PID, or its command after `--`"),
+    };
+    Ok((pid, started))
+}
+
+/// Prints the run's outcome: each job's times, the totals and the SLO violations.
+fn print_outcome(a: &ControlArgs, outcome: &Outcome) {
     let s = &outcome.summary;
     println!("{} — stopped: {}", outcome.method, outcome.stopped);
     println!(
@@ -327,14 +356,6 @@ pub fn run(a: ControlArgs) -> anyhow::Result<()> {
         s.intervals,
         s.violation_ratio * 100.0
     );
-    if let Some(p) = &a.summary {
-        let text = serde_json::to_string_pretty(&outcome)?;
-        std::fs::write(p, text).with_context(|| format!("writing {}", p.display()))?;
-    }
-    if s.jobs.iter().any(|j| j.exit != Some(0)) {
-        bail!("a job did not exit with 0 (see its log in the work directory)");
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -511,6 +511,46 @@ impl ServerStats {
 
     /// `stats settings` lines.
     pub fn settings(&self, store: &Store) -> Vec<(&'static str, String)> {
+        let mut all = self.process_settings(store);
+        all.extend(
+            Self::MEMCACHED_DEFAULTS
+                .iter()
+                .map(|&(name, value)| (name, value.to_string())),
+        );
+        all.extend(self.admin_settings());
+        all.extend(self.tls_settings());
+        all.extend(self.idle_and_crawler_settings());
+        all
+    }
+
+    /// memcached's defaults for what kvlab has no use for (no slab pages to move, no segmented
+    /// LRU, no logger buffers), shown as memcached shows them: `slab_automove_ratio` …
+    /// `slab_automove_freeratio`.
+    const MEMCACHED_DEFAULTS: [(&'static str, &'static str); 19] = [
+        ("slab_automove_ratio", "0.80"),
+        ("slab_automove_window", "30"),
+        ("slab_chunk_max", "524288"),
+        ("tail_repair_time", "0"),
+        ("dump_enabled", "yes"),
+        // kvlab's shards hash keys with hashbrown's default hasher.
+        ("hash_algorithm", "foldhash"),
+        ("lru_maintainer_thread", "no"),
+        ("lru_segmented", "no"),
+        ("hot_lru_pct", "20"),
+        ("warm_lru_pct", "40"),
+        ("hot_max_factor", "0.20"),
+        ("warm_max_factor", "2.00"),
+        ("temp_lru", "no"),
+        ("temporary_ttl", "61"),
+        ("watcher_logbuf_size", "262144"),
+        ("worker_logbuf_size", "65536"),
+        ("track_sizes", "no"),
+        ("inline_ascii_response", "no"),
+        ("slab_automove_freeratio", "0.010"),
+    ];
+
+    /// The process, its listener and its store: `maxbytes` … `hashpower_init`.
+    fn process_settings(&self, store: &Store) -> Vec<(&'static str, String)> {
         vec![
             ("maxbytes", store.stats().limit_maxbytes.to_string()),
             ("maxconns", self.max_connections.to_string()),
@@ -541,28 +581,13 @@ impl ServerStats {
             ("auth_enabled_sasl", "no".into()),
             ("maxconns_fast", "yes".into()),
             ("hashpower_init", "0".into()),
-            // memcached's defaults for what kvlab has no use for: no slab pages to
-            // move, no segmented LRU, no logger buffers; shown as memcached shows them.
-            ("slab_automove_ratio", "0.80".into()),
-            ("slab_automove_window", "30".into()),
-            ("slab_chunk_max", "524288".into()),
-            ("tail_repair_time", "0".into()),
-            ("dump_enabled", "yes".into()),
-            // kvlab's shards hash keys with hashbrown's default hasher.
-            ("hash_algorithm", "foldhash".into()),
-            ("lru_maintainer_thread", "no".into()),
-            ("lru_segmented", "no".into()),
-            ("hot_lru_pct", "20".into()),
-            ("warm_lru_pct", "40".into()),
-            ("hot_max_factor", "0.20".into()),
-            ("warm_max_factor", "2.00".into()),
-            ("temp_lru", "no".into()),
-            ("temporary_ttl", "61".into()),
-            ("watcher_logbuf_size", "262144".into()),
-            ("worker_logbuf_size", "65536".into()),
-            ("track_sizes", "no".into()),
-            ("inline_ascii_response", "no".into()),
-            ("slab_automove_freeratio", "0.010".into()),
+        ]
+    }
+
+    /// The item limit and the administration switches: `item_size_max` …
+    /// `auth_enabled_ascii`.
+    fn admin_settings(&self) -> Vec<(&'static str, String)> {
+        vec![
             ("item_size_max", self.item_size_max.to_string()),
             ("cas_enabled", yes_no(self.admin.cas_enabled).to_string()),
             (
@@ -607,6 +632,12 @@ impl ServerStats {
                 "auth_enabled_ascii",
                 yes_no(self.admin.auth.is_some()).to_string(),
             ),
+        ]
+    }
+
+    /// TLS: `ssl_enabled` … `ssl_min_version`.
+    fn tls_settings(&self) -> Vec<(&'static str, String)> {
+        vec![
             ("ssl_enabled", yes_no(self.admin.tls.is_some()).to_string()),
             (
                 "ssl_verify_mode",
@@ -647,6 +678,13 @@ impl ServerStats {
             ("ssl_kernel_tls", "no".into()),
             // rustls speaks TLS 1.2 and 1.3.
             ("ssl_min_version", "tlsv1.2".into()),
+        ]
+    }
+
+    /// What memcached lists last: `num_napi_ids` and `memory_file` (features kvlab does not
+    /// have, shown unset), the idle timeout and the LRU crawler.
+    fn idle_and_crawler_settings(&self) -> Vec<(&'static str, String)> {
+        vec![
             ("num_napi_ids", "(null)".into()),
             ("memory_file", "(null)".into()),
             (

@@ -22,9 +22,13 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use kvlab_protocol::{binary, parse, Limits, Parsed, ProtocolError};
+use kvlab_protocol::{binary, parse, Limits, Parsed};
 
 use crate::service::{Completion, Flow, Order, Service, Work};
+use binary_protocol::BinaryBuffers;
+
+mod binary_protocol;
+mod reply_slots;
 
 /// Initial and idle size of the input buffer: a command line or a small value fits, and
 /// an idle connection holds little (memory per connection is what limits how many a
@@ -99,14 +103,6 @@ enum Speaks {
     /// The binary protocol (first byte 0x80), served by translation
     /// ([`kvlab_protocol::binary`]).
     Binary,
-}
-
-/// Reused buffers of a binary connection: the meta flag text of a translated request,
-/// and the service's text reply before it becomes a binary response.
-#[derive(Default)]
-struct BinaryBuffers {
-    flags: Vec<u8>,
-    reply: Vec<u8>,
 }
 
 impl<S: Service> Session<S> {
@@ -353,181 +349,6 @@ impl<S: Service> Session<S> {
         }
         service.record_service(&self.samples);
         self.samples.clear();
-    }
-
-    /// [`Session::run`] for a binary connection: each request is translated into the text
-    /// or meta request with its meaning, served, and its text reply translated back
-    /// ([`kvlab_protocol::binary`]). Deferred work runs inline, within its request (a
-    /// compatibility path: a durable cache's disk read blocks the loop meanwhile).
-    fn run_binary(&mut self, service: &mut S) {
-        let mut bin = self.binary.take().unwrap_or_default();
-        let mut clock = Instant::now();
-        while !self.closing
-            && !self.held_up()
-            && self.start < self.end
-            && self.pending_output() < OUTPUT_HIGH_WATER
-        {
-            let input = &self.input[self.start..self.end];
-            let header = match binary::frame(input, self.limits.item_size_max) {
-                binary::Frame::Incomplete => break,
-                binary::Frame::BadMagic => {
-                    // memcached closes such a connection without a word.
-                    self.closing = true;
-                    break;
-                }
-                binary::Frame::TooLarge(header) => {
-                    let reply = if header.stores() {
-                        binary::status::E2BIG
-                    } else {
-                        self.closing = true;
-                        binary::status::EINVAL
-                    };
-                    binary::error(&mut self.output, &header, reply);
-                    service.protocol_error(ProtocolError::TooLarge);
-                    let body = header.body_len as usize;
-                    let buffered = (input.len() - binary::HEADER_LEN).min(body);
-                    self.start += binary::HEADER_LEN + buffered;
-                    self.swallow = body - buffered;
-                    continue;
-                }
-                binary::Frame::Packet(header) => header,
-            };
-            let consumed = binary::HEADER_LEN + header.body_len as usize;
-            let body = &input[binary::HEADER_LEN..consumed];
-            let mut timed = true;
-            match binary::translate(&header, body, &mut bin.flags) {
-                binary::Translated::Call(request) => {
-                    timed = service.timed(&request);
-                    bin.reply.clear();
-                    let mut rerun = false;
-                    loop {
-                        match service.call(&mut self.conn, &request, &mut bin.reply, rerun) {
-                            Flow::Done => {}
-                            Flow::Close | Flow::HandOff => self.closing = true,
-                            Flow::Defer(work, order) => match (work.run(service.worker()), order) {
-                                (Completion::Failed(reason), _) => {
-                                    bin.reply.clear();
-                                    server_error(&mut bin.reply, &reason);
-                                }
-                                (_, Order::Rerun) => {
-                                    bin.reply.clear();
-                                    rerun = true;
-                                    continue;
-                                }
-                                (Completion::Reply(bytes), _) => {
-                                    bin.reply.extend_from_slice(&bytes);
-                                    service.recycle(bytes);
-                                }
-                                (Completion::Rerun | Completion::Release, _) => {}
-                            },
-                        }
-                        break;
-                    }
-                    binary::respond(
-                        &mut self.output,
-                        &header,
-                        binary::key(&header, body),
-                        &bin.reply,
-                    );
-                }
-                binary::Translated::Direct => {
-                    binary::direct(&mut self.output, &header);
-                    if binary::closes(&header) {
-                        self.closing = true;
-                    }
-                }
-                binary::Translated::Unknown => {
-                    binary::error(&mut self.output, &header, binary::status::UNKNOWN_COMMAND);
-                }
-                binary::Translated::Invalid => {
-                    service.protocol_error(ProtocolError::BadFormat);
-                    binary::error(&mut self.output, &header, binary::status::EINVAL);
-                    self.closing = true;
-                }
-            }
-            self.start += consumed;
-            let now = Instant::now();
-            if timed {
-                self.samples
-                    .push(now.duration_since(clock).as_nanos() as u64);
-            }
-            clock = now;
-        }
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        }
-        self.binary = Some(bin);
-        service.record_service(&self.samples);
-        self.samples.clear();
-    }
-
-    /// Takes deferred work for the driver to run (on a helper thread, or inline). Its slot
-    /// stays pending until [`Session::complete`].
-    pub fn take_work(&mut self) -> Option<(SlotId, S::Work)> {
-        self.work.pop_front()
-    }
-
-    /// Whether some reply is pending.
-    pub fn is_waiting(&self) -> bool {
-        !self.pending.is_empty()
-    }
-
-    /// Reports the outcome of the work of slot `id`; gives back the buffer of a
-    /// [`Completion::Reply`] once its bytes are taken (for [`Service::recycle`]). A slot
-    /// that is no longer pending (its outcome already reported) is ignored.
-    pub fn complete(&mut self, id: SlotId, done: Completion) -> Option<Vec<u8>> {
-        let i = self.pending.iter().position(|p| p.id == id)?;
-        let slot = self.pending.remove(i)?;
-        match done {
-            Completion::Failed(reason) => {
-                // The failure path may allocate; the ready path never does.
-                let mut msg = Vec::with_capacity(reason.len() + 15);
-                server_error(&mut msg, &reason);
-                self.replace(i, slot.at..slot.at + slot.len, &msg);
-                if slot.order == Order::Rerun {
-                    // The request can't run without what it waited for: drop it with the error.
-                    if let Parsed::Request { consumed, .. } =
-                        parse(&self.input[self.start..self.end], &self.limits)
-                    {
-                        self.start += consumed;
-                    }
-                }
-            }
-            // A request waiting to run again runs again whatever else it was told.
-            _ if slot.order == Order::Rerun => self.rerun = true,
-            Completion::Rerun | Completion::Release => {}
-            Completion::Reply(bytes) => {
-                let at = slot.at + slot.len;
-                self.replace(i, at..at, &bytes);
-                return Some(bytes);
-            }
-        }
-        None
-    }
-
-    /// Replaces `range` of the output with `bytes` and moves the pending slots from index
-    /// `from` on (which all lie after `range`) accordingly.
-    fn replace(&mut self, from: usize, range: std::ops::Range<usize>, bytes: &[u8]) {
-        let removed = range.len();
-        let (at, end, old_len) = (range.start, range.end, self.output.len());
-        if at == old_len {
-            // At the end (nothing composed after it yet): a plain append.
-            self.output.extend_from_slice(bytes);
-        } else if bytes.len() >= removed {
-            // Move what follows right by the difference (one memmove), then copy in.
-            let grow = bytes.len() - removed;
-            self.output.resize(old_len + grow, 0);
-            self.output.copy_within(end..old_len, end + grow);
-            self.output[at..at + bytes.len()].copy_from_slice(bytes);
-        } else {
-            self.output[at..at + bytes.len()].copy_from_slice(bytes);
-            self.output.copy_within(end..old_len, at + bytes.len());
-            self.output.truncate(old_len - (removed - bytes.len()));
-        }
-        for p in self.pending.iter_mut().skip(from) {
-            p.at = p.at + bytes.len() - removed;
-        }
     }
 
     /// Replies composed and not yet written, up to the first pending reply.

@@ -35,14 +35,16 @@ use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::SocketAddr;
 
-use kvlab_protocol::client::{
-    meta_client_flags, parse_reply, ComposeError, ParsedReply, Reply, ReplyError,
-};
+use kvlab_protocol::client::{ComposeError, Reply, ReplyError};
 
-use crate::http::{self, HttpError, Method, ParsedResponse};
+use crate::http::HttpError;
 use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use thiserror::Error;
+
+mod http_replies;
+mod meta_replies;
+mod text_replies;
 
 /// Initial input buffer size, in bytes: large enough for a deep pipeline of small replies in
 /// one `read`; grows only when one frame is larger.
@@ -332,79 +334,10 @@ impl<T> Conn<T> {
 
     fn parse(&mut self, f: &mut impl FnMut(Event<'_, T>)) -> Result<usize, ConnError> {
         match self.wire {
-            Wire::Http => return self.parse_http(f),
-            Wire::Meta => return self.parse_meta(f),
-            Wire::Memcached => {}
+            Wire::Http => self.parse_http(f),
+            Wire::Meta => self.parse_meta(f),
+            Wire::Memcached => self.parse_text(f),
         }
-        let mut done = 0;
-        loop {
-            let buf = &self.inb[self.in_start..self.in_end];
-            let (reply, len) = match parse_reply(buf)? {
-                ParsedReply::Incomplete => break,
-                ParsedReply::Complete { reply, len } => (reply, len),
-            };
-            let Some(head) = self.pending.front() else {
-                return Err(unexpected(&reply, None));
-            };
-            let kind = head.kind;
-            let status = match (kind, &reply) {
-                (
-                    ReqKind::Get { .. },
-                    Reply::Value {
-                        key, flags, data, ..
-                    },
-                ) => {
-                    self.head_hits += 1;
-                    f(Event::Value {
-                        user: &head.user,
-                        key,
-                        flags: *flags,
-                        data,
-                    });
-                    self.in_start += len;
-                    continue;
-                }
-                (_, r) if r.is_error() => {
-                    self.head_redirect = redirect_epoch(r);
-                    Status::Error
-                }
-                (ReqKind::Get { .. }, Reply::End) => Status::Ok,
-                (ReqKind::Store, Reply::Stored) => Status::Ok,
-                (ReqKind::Store, Reply::NotStored | Reply::Exists | Reply::NotFound) => {
-                    Status::Negative
-                }
-                (ReqKind::Delete, Reply::Deleted) => Status::Ok,
-                (ReqKind::Delete, Reply::NotFound) => Status::Negative,
-                (
-                    ReqKind::Line,
-                    Reply::Ok
-                    | Reply::Touched
-                    | Reply::Number(_)
-                    | Reply::Version(_)
-                    | Reply::MetaHeader(_)
-                    | Reply::MetaNoop
-                    | Reply::Stored
-                    | Reply::Deleted,
-                ) => Status::Ok,
-                (
-                    ReqKind::Line,
-                    Reply::NotFound
-                    | Reply::NotStored
-                    | Reply::Exists
-                    | Reply::MetaMiss
-                    | Reply::MetaNotFound
-                    | Reply::MetaNotStored
-                    | Reply::MetaExists,
-                ) => Status::Negative,
-                (kind, r) => return Err(unexpected(r, Some(kind))),
-            };
-            if !self.finish_head(kind, status, len, f) {
-                break;
-            }
-            done += 1;
-        }
-        self.reset_if_drained();
-        Ok(done)
     }
 
     /// Consumes the `len` bytes of the reply line that ends the oldest request and reports
@@ -433,171 +366,6 @@ impl<T> Conn<T> {
             },
             f,
         )
-    }
-
-    fn parse_meta(&mut self, f: &mut impl FnMut(Event<'_, T>)) -> Result<usize, ConnError> {
-        let mut done = 0;
-        loop {
-            let buf = &self.inb[self.in_start..self.in_end];
-            let (reply, len) = match parse_reply(buf)? {
-                ParsedReply::Incomplete => break,
-                ParsedReply::Complete { reply, len } => (reply, len),
-            };
-            let Some(head) = self.pending.front() else {
-                return Err(unexpected(&reply, None));
-            };
-            let kind = head.kind;
-            // A multi-key get is quiet gets ended by `mn`: only `MN` ends it.
-            let quiet = matches!(kind, ReqKind::Get { keys } if keys > 1);
-            let status = match (kind, &reply) {
-                (ReqKind::Get { .. }, Reply::MetaValue { flags, data }) => {
-                    self.head_hits += 1;
-                    f(Event::Value {
-                        user: &head.user,
-                        key: &[],
-                        flags: meta_client_flags(flags),
-                        data,
-                    });
-                    if quiet {
-                        self.in_start += len;
-                        continue;
-                    }
-                    Status::Ok
-                }
-                (ReqKind::Get { .. }, r) if quiet && r.is_error() => {
-                    // The error answers one key; the others and `MN` still follow.
-                    self.head_failed = true;
-                    self.in_start += len;
-                    continue;
-                }
-                (ReqKind::Get { .. }, Reply::MetaNoop) if quiet => Status::Ok,
-                (ReqKind::Get { .. }, Reply::MetaMiss) if !quiet => Status::Ok,
-                (_, r) if r.is_error() => {
-                    self.head_redirect = redirect_epoch(r);
-                    Status::Error
-                }
-                (ReqKind::Store | ReqKind::Delete | ReqKind::Line, Reply::MetaHeader(_)) => {
-                    Status::Ok
-                }
-                (ReqKind::Line, Reply::MetaNoop) => Status::Ok,
-                (
-                    ReqKind::Store | ReqKind::Line,
-                    Reply::MetaNotStored | Reply::MetaExists | Reply::MetaNotFound,
-                ) => Status::Negative,
-                (ReqKind::Delete, Reply::MetaNotFound | Reply::MetaExists) => Status::Negative,
-                (ReqKind::Line, Reply::MetaMiss) => Status::Negative,
-                (kind, r) => return Err(unexpected(r, Some(kind))),
-            };
-            let status = if std::mem::take(&mut self.head_failed) {
-                Status::Error
-            } else {
-                status
-            };
-            if !self.finish_head(kind, status, len, f) {
-                break;
-            }
-            done += 1;
-        }
-        self.reset_if_drained();
-        Ok(done)
-    }
-
-    fn parse_http(&mut self, f: &mut impl FnMut(Event<'_, T>)) -> Result<usize, ConnError> {
-        let mut done = 0;
-        loop {
-            let Some(head) = self.pending.front() else {
-                if self.in_start < self.in_end {
-                    return Err(ConnError::Unexpected {
-                        reply: lossy_head(&self.inb[self.in_start..self.in_end]),
-                        kind: None,
-                    });
-                }
-                break;
-            };
-            let kind = head.kind;
-            let method = match kind {
-                ReqKind::Get { .. } | ReqKind::Line => Method::Get,
-                ReqKind::Store => Method::Put,
-                ReqKind::Delete => Method::Delete,
-            };
-            let buf = &self.inb[self.in_start..self.in_end];
-            let (resp, len) = match http::parse_response(buf, method)? {
-                ParsedResponse::Incomplete => break,
-                ParsedResponse::Complete { response, len } => (response, len),
-            };
-            // Interim responses (100 Continue, 103 Early Hints) precede the real one.
-            if (100..200).contains(&resp.status) {
-                self.in_start += len;
-                continue;
-            }
-            let code = resp.status;
-            let status = match (kind, code) {
-                (ReqKind::Get { keys }, 200 | 404) => {
-                    if code == 200 {
-                        self.head_hits += 1;
-                        f(Event::Value {
-                            user: &head.user,
-                            key: &[],
-                            flags: 0,
-                            data: resp.body,
-                        });
-                    }
-                    self.head_responses += 1;
-                    self.in_start += len;
-                    if self.head_responses < keys {
-                        continue;
-                    }
-                    Status::Ok
-                }
-                (ReqKind::Get { keys }, _) => {
-                    // An error answers one GET of the group; the group fails as a whole once
-                    // all its responses are in.
-                    self.head_responses += 1;
-                    self.head_failed = true;
-                    self.in_start += len;
-                    if self.head_responses < keys {
-                        continue;
-                    }
-                    Status::Error
-                }
-                (ReqKind::Store, 200 | 201 | 204) => Status::Ok,
-                (ReqKind::Delete, 200 | 204) => Status::Ok,
-                (ReqKind::Delete | ReqKind::Line, 404) => Status::Negative,
-                (ReqKind::Line, 200..=299) => Status::Ok,
-                _ => Status::Error,
-            };
-            if !matches!(kind, ReqKind::Get { .. }) {
-                self.in_start += len;
-            }
-            let hits = std::mem::take(&mut self.head_hits);
-            let status = if std::mem::take(&mut self.head_failed) {
-                Status::Error
-            } else {
-                status
-            };
-            let responses = std::mem::take(&mut self.head_responses);
-            let misses = match kind {
-                ReqKind::Get { .. } => responses.saturating_sub(hits),
-                _ => 0,
-            };
-            let misses = if status == Status::Error { 0 } else { misses };
-            let redirect = self.head_redirect.take();
-            if !self.complete_head(
-                kind,
-                Outcome {
-                    status,
-                    hits,
-                    misses,
-                    redirect,
-                },
-                f,
-            ) {
-                break;
-            }
-            done += 1;
-        }
-        self.reset_if_drained();
-        Ok(done)
     }
 
     /// Pops the request at the head of the queue and reports it `Done` with `outcome`.
@@ -672,6 +440,7 @@ fn redirect_epoch(r: &Reply<'_>) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::http;
     use kvlab_protocol::client as proto;
     use mio::{Events, Poll};
     use std::io::{BufRead, BufReader};
