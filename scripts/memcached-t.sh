@@ -33,6 +33,12 @@ if [ ${#FILES[@]} -eq 0 ]; then
         multiversioning.t flags.t touch.t getandtouch.t 64bit.t issue_3.t issue_14.t
         issue_22.t issue_29.t issue_41.t issue_42.t issue_70.t issue_104.t issue_108.t)
 fi
+# Files that cannot pass against one already-running release daemon, whichever it is;
+# they still run, and their result is shown with this note.
+declare -A NOT_RUNNABLE=(
+    [flush-all.t]="starts two more servers, new_memcached('-F') and new_memcached('-C'); a daemon keeps its first flags (tests 25-27)"
+    [expirations.t]="moves the server's clock with debugtime, a command of memcached-debug builds only (tests 3, 8, 16, 17, 36)"
+)
 MEMCACHED=${MEMCACHED:-$(command -v memcached || echo none)}
 LOG_DIR=${LOG_DIR:-/tmp/memcached-t}
 TIMEOUT=${TIMEOUT:-300}
@@ -139,8 +145,8 @@ run_one() {
     local kind=$1 f=$2 dir port args log
     dir=$(setup_dir "$kind")
     log=$LOG_DIR/$kind.${f%.t}.log
-    # shellcheck disable=SC2206 # the flags are words, as new_memcached splits them
-    args=($(file_args "$SRC/t/$f"))
+    # The flags are words, as new_memcached splits them.
+    read -r -a args <<<"$(file_args "$SRC/t/$f")"
     port=$(free_port)
     FILE_ENV=$(file_env "$SRC/t/$f")
     if ! start_daemon "$kind" "$port" "$log.daemon" "${args[@]}"; then
@@ -172,36 +178,44 @@ failures() {
         head -3 | sed 's/^/  /'
 }
 
-printf '%-20s %-17s %-15s %s\n' FILE MEMCACHED KVLAB "KVLAB DROPPED"
+echo "memcached: $MEMCACHED ($("$MEMCACHED" -V 2>/dev/null)); kvlab: $KVLAB; t/ of $SRC"
 declare -A MR KR
 for f in "${FILES[@]}"; do
     if [ ! -f "$SRC/t/$f" ]; then printf '%-20s (no such file)\n' "$f"; continue; fi
     if [ "$MEMCACHED" != none ]; then run_one memcached "$f"; MR[$f]=$RESULT; else MR[$f]=-; fi
     run_one kvlab "$f"
     KR[$f]=$RESULT
-    printf '%-20s memcached: %-6s kvlab: %-6s %s\n' "$f" "${MR[$f]}" "${KR[$f]}" "$DROPPED"
+    note=
+    [ -n "${NOT_RUNNABLE[$f]:-}" ] && note=" [not runnable against a daemon]"
+    printf '%-20s memcached: %-6s kvlab: %-6s%s%s\n' "$f" "${MR[$f]}" "${KR[$f]}" \
+        "${DROPPED:+ kvlab dropped:$DROPPED}" "$note"
 done
 
 echo
 for f in "${FILES[@]}"; do
+    [ -n "${NOT_RUNNABLE[$f]:-}" ] && echo "--- $f: not runnable against a daemon: ${NOT_RUNNABLE[$f]}"
     for kind in memcached kvlab; do
         r=${MR[$f]:-}
         [ $kind = kvlab ] && r=${KR[$f]:-}
         [ "$r" = fail ] || [ "$r" = error ] || continue
         echo "--- $f ($kind: $r; log $LOG_DIR/$kind.${f%.t}.log)"
-        failures "$LOG_DIR/$kind.${f%.t}.log"
+        if [ -n "${NOT_RUNNABLE[$f]:-}" ]; then
+            grep '^not ok' "$LOG_DIR/$kind.${f%.t}.log" | sed 's/^/  /'
+        else
+            failures "$LOG_DIR/$kind.${f%.t}.log"
+        fi
     done
 done
 
 n=0 mp=0 kp=0 both=0
 for f in "${FILES[@]}"; do
-    [ -n "${KR[$f]:-}" ] || continue
+    if [ -z "${KR[$f]:-}" ] || [ -n "${NOT_RUNNABLE[$f]:-}" ]; then continue; fi
     n=$((n + 1))
     [ "${MR[$f]}" = pass ] && mp=$((mp + 1))
     [ "${KR[$f]}" = pass ] && kp=$((kp + 1))
     [ "${MR[$f]}" = pass ] && [ "${KR[$f]}" != pass ] && both=$((both + 1))
 done
 echo
-echo "summary: $n files; memcached passes $mp, kvlab passes $kp;" \
+echo "summary: $n files runnable against a daemon; memcached passes $mp, kvlab passes $kp;" \
     "$both pass on memcached and not on kvlab"
 [ "$both" -eq 0 ]
