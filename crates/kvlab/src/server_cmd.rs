@@ -85,7 +85,10 @@ pub struct ServerArgs {
     /// default), no_slab_reassign, idle_timeout=SECONDS, modern (the default: nothing to
     /// change), no_modern (memcached 1.4's defaults that kvlab has: no crawler, no slab
     /// reassign), read_buf_mem_limit=MB (accepted; kvlab bounds each connection's buffers
-    /// instead) and the ssl_* options of -Z.
+    /// instead), lru_maintainer and no_lru_maintainer (accepted: kvlab keeps its LRU as it
+    /// serves, with no maintainer thread), slab_chunk_max=BYTES (accepted: kvlab has no
+    /// slab chunks, an item is charged its own size), watcher_logbuf_size=BYTES (accepted:
+    /// a watcher's backlog is bounded by kvlab's own limit) and the ssl_* options of -Z.
     #[arg(short = 'o', long = "extended", value_delimiter = ',')]
     extended: Vec<String>,
     /// Enable the "shutdown" command (memcached's -A).
@@ -200,6 +203,13 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             ("slab_reassign", None) => out.slab_reassign = true,
             ("no_slab_reassign", None) => out.slab_reassign = false,
             ("modern", None) => {}
+            // memcached's parts that kvlab's model has no counterpart of (see the flag's
+            // help): accepted so that scripts written for memcached start kvlab.
+            ("lru_maintainer" | "no_lru_maintainer", None) => {}
+            ("slab_chunk_max" | "watcher_logbuf_size", Some(v)) => {
+                v.parse::<u64>()
+                    .with_context(|| format!("-o {name}={v}: not a number of bytes"))?;
+            }
             // memcached 1.4's defaults: of those kvlab has, no crawler, no slab reassign.
             ("no_modern", None) => {
                 on = false;
@@ -229,7 +239,8 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             _ => anyhow::bail!(
                 "unsupported -o option {opt:?} (kvlab knows lru_crawler, no_lru_crawler, \
                  slab_reassign, no_slab_reassign, idle_timeout=N, modern, no_modern, \
-                 read_buf_mem_limit=MB, ssl_chain_cert=, ssl_key=, ssl_ca_cert=, \
+                 read_buf_mem_limit=MB, lru_maintainer, no_lru_maintainer, \
+                 slab_chunk_max=N, watcher_logbuf_size=N, ssl_chain_cert=, ssl_key=, ssl_ca_cert=, \
                  ssl_verify_mode=)"
             ),
         }
@@ -447,6 +458,15 @@ mod tests {
         );
         assert_eq!(o(&["idle_timeout=0"]).unwrap().idle_timeout, None);
         assert!(o(&["idle_timeout=x"]).is_err());
+        // memcached's options kvlab's model has no counterpart of start it all the same.
+        assert!(o(&[
+            "no_lru_maintainer",
+            "lru_maintainer",
+            "slab_chunk_max=524288"
+        ])
+        .is_ok());
+        assert!(o(&["watcher_logbuf_size=262144"]).is_ok());
+        assert!(o(&["slab_chunk_max=big"]).is_err());
     }
 
     #[test]
