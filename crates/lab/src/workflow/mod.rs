@@ -1,0 +1,397 @@
+//! The control workflow as an experiment: a server under a random rate trace, the batch
+//! jobs, and `kvlab control` moving cores between them — for every trace seed × trace
+//! interval × policy × system (policies interleaved, A B C A B C), then a report.
+//!
+//! ```text
+//! control experiment (TOML) ─► for each run:
+//!   system::Instance::start (the server, pinned to the shared CPUs)
+//!   taskset -c <generator_cpus> kvlab bench --qps-min/max/interval/seed --interval 0.1
+//!       --live runs/NNNN/live.jsonl                     (the load, a child process)
+//!   kvlab_control::app::control (this thread; log runs/NNNN/control.jsonl)
+//!       until every job ended (or the trace plus `grace` passed); then the load is stopped
+//!   ─► raw/NNNN.json (the run's figures)  ─► report/ (plots per run, tables per policy)
+//! ```
+//!
+//! The file:
+//!
+//! ```toml
+//! name = "control-workflow"
+//! description = ""
+//! jobs = "control-jobs"          # a job file: a path (relative to this file) or a
+//!                                # shipped one (control-jobs, control-jobs-quick)
+//! seeds = [1, 2, 3]              # trace seeds
+//! qps_min = 5000                 # the trace: a rate drawn in [qps_min, qps_max] ...
+//! qps_max = 100000
+//! qps_intervals = [10, 5, 1]     # ... every interval seconds (one study per interval)
+//! duration = 300                 # the longest a trace lasts, s
+//! grace = 60                     # how long jobs may run on after the trace, s
+//! slo_p95_us = 1000              # the p95 bound, µs
+//! slo_window = 1.0               # the SLO is also judged per window of this many seconds
+//! cpus = "0-1"                   # shared by the server and the jobs
+//! generator_cpus = "1"           # the load generator's CPUs, the same for every policy
+//! cpu_method = "auto"            # as kvlab control's --cpu-method / --pause-method
+//! pause_method = "auto"
+//! [workload]                     # more kvlab bench flags (keys, value_size, mix, …)
+//! [[system]]                     # as in lab experiments (name, kind, args, binary, …)
+//! [[policy]]                     # name (default: the policy), policy = "static" |
+//! policy = "static"              # "reactive" | "predictive"; cores (static); capacity,
+//! cores = 1                      # headroom (predictive); grow_slack, shrink_slack, hold,
+//!                                # latency ("auto" | "client" | "server"), max_queued;
+//!                                # idle_jobs = true: jobs also on the server's CPUs at
+//!                                # SCHED_IDLE (kvlab control --idle-jobs)
+//! ```
+//!
+//! The SLO is judged over the jobs' span three ways (`kvlab_control::summary`): per trace
+//! segment (the headline: each segment's p95 over all its requests, as the generator
+//! reports it), per 100 ms interval (each on its own p95: stricter), and per `slo_window`
+//! (the p95 over all of a window's requests). The load's 100 ms rows carry their
+//! histograms, so the segments' and windows' p95 are exact.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use kvlab_control::app::Outcome;
+use kvlab_control::{JobFile, PolicySpec, Slack, DEFAULT_HEADROOM, DEFAULT_SLACK};
+use serde::{Deserialize, Serialize};
+
+use crate::spec::SystemSpec;
+
+mod analyse;
+mod run;
+
+pub use analyse::{analyse, mean_sd};
+pub use run::run;
+
+/// The shipped job files: (name, text).
+pub const SHIPPED_JOBS: &[(&str, &str)] = &[
+    (
+        "control-jobs",
+        include_str!("../../../../experiments/control-jobs.toml"),
+    ),
+    (
+        "control-jobs-quick",
+        include_str!("../../../../experiments/control-jobs-quick.toml"),
+    ),
+];
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyEntry {
+    name: Option<String>,
+    policy: String,
+    cores: Option<usize>,
+    capacity: Option<Vec<f64>>,
+    headroom: Option<f64>,
+    grow_slack: Option<f64>,
+    shrink_slack: Option<f64>,
+    hold: Option<u32>,
+    latency: Option<String>,
+    max_queued: Option<f64>,
+    #[serde(default)]
+    idle_jobs: bool,
+}
+
+/// A control experiment as written.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkflowSpec {
+    name: Option<String>,
+    description: Option<String>,
+    jobs: String,
+    #[serde(default = "default_seeds")]
+    seeds: Vec<u64>,
+    qps_min: f64,
+    qps_max: f64,
+    qps_intervals: Vec<f64>,
+    duration: f64,
+    grace: Option<f64>,
+    slo_p95_us: Option<f64>,
+    slo_window: Option<f64>,
+    cpus: Option<String>,
+    generator_cpus: Option<String>,
+    cpu_method: Option<String>,
+    pause_method: Option<String>,
+    #[serde(default)]
+    workload: toml::Table,
+    #[serde(rename = "system")]
+    systems: Vec<SystemSpec>,
+    #[serde(rename = "policy")]
+    policies: Vec<PolicyEntry>,
+}
+
+fn default_seeds() -> Vec<u64> {
+    vec![1, 2, 3]
+}
+
+/// Whether an experiment text is a control experiment (it names a job file).
+pub fn is_workflow(text: &str) -> bool {
+    toml::from_str::<toml::Table>(text).is_ok_and(|t| t.contains_key("jobs"))
+}
+
+impl WorkflowSpec {
+    /// Parses and checks a control experiment.
+    pub fn parse(text: &str) -> anyhow::Result<WorkflowSpec> {
+        let s: WorkflowSpec = toml::from_str(text).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if s.seeds.is_empty() || s.qps_intervals.is_empty() || s.policies.is_empty() {
+            bail!("give at least one seed, one of qps_intervals and one [[policy]]");
+        }
+        if s.systems.is_empty() {
+            bail!("no systems: add a [[system]]");
+        }
+        if !(s.qps_min > 0.0 && s.qps_max >= s.qps_min && s.duration > 0.0) {
+            bail!("need 0 < qps_min <= qps_max and duration > 0");
+        }
+        for p in &s.policies {
+            s.policy(p)?;
+        }
+        for k in s.workload.keys() {
+            if !crate::spec::WORKLOAD_KEYS.contains(&k.as_str())
+                || ["qps", "qps_list", "qps_interval", "interval"].contains(&k.as_str())
+            {
+                bail!("[workload] {k:?}: a kvlab bench key other than the trace's and interval");
+            }
+        }
+        Ok(s)
+    }
+
+    /// Its name (default: `stem`).
+    pub fn name(&self, stem: &str) -> String {
+        self.name.clone().unwrap_or_else(|| stem.to_string())
+    }
+
+    /// Its description.
+    pub fn description(&self) -> Option<String> {
+        self.description.clone()
+    }
+
+    fn slo(&self) -> f64 {
+        self.slo_p95_us.unwrap_or(DEFAULT_SLACK.slo_p95_us)
+    }
+
+    /// The window the SLO is also judged per, ms.
+    fn window_ms(&self) -> u64 {
+        (self.slo_window.unwrap_or(1.0) * 1000.0).max(1.0) as u64
+    }
+
+    /// A `[[policy]]`: its name, the policy, and whether jobs also use the server's CPUs
+    /// at idle priority.
+    fn policy(&self, p: &PolicyEntry) -> anyhow::Result<(String, PolicySpec, bool)> {
+        let slack = Slack {
+            slo_p95_us: self.slo(),
+            grow_slack: p.grow_slack.unwrap_or(DEFAULT_SLACK.grow_slack),
+            shrink_slack: p.shrink_slack.unwrap_or(DEFAULT_SLACK.shrink_slack),
+            hold: p.hold.unwrap_or(DEFAULT_SLACK.hold),
+            latency: match &p.latency {
+                Some(l) => l.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+                None => DEFAULT_SLACK.latency,
+            },
+            max_queued: p.max_queued,
+        };
+        let spec = match p.policy.as_str() {
+            "static" => PolicySpec::Static {
+                cores: p.cores.context("a static [[policy]] needs cores")?,
+            },
+            "reactive" => PolicySpec::Reactive { slack },
+            "predictive" => PolicySpec::Predictive {
+                slack,
+                capacity: p
+                    .capacity
+                    .clone()
+                    .context("a predictive [[policy]] needs capacity = [req/s per core count]")?,
+                headroom: p.headroom.unwrap_or(DEFAULT_HEADROOM),
+            },
+            o => bail!("policy {o:?}: static, reactive or predictive"),
+        };
+        let name = p.name.clone().unwrap_or_else(|| spec.name().to_string());
+        Ok((name, spec, p.idle_jobs))
+    }
+
+    /// The job file it names, resolved next to `base` (the experiment file's folder) or
+    /// shipped.
+    fn job_file(&self, base: &Path) -> anyhow::Result<(String, JobFile)> {
+        job_file(&self.jobs, base)
+    }
+}
+
+/// The job file `name`: a shipped one (`control-jobs`, `control-jobs-quick`) or a path
+/// relative to `base` (the experiment file's folder); its text and its jobs.
+pub fn job_file(name: &str, base: &Path) -> anyhow::Result<(String, JobFile)> {
+    if let Some((_, text)) = SHIPPED_JOBS.iter().find(|(n, _)| *n == name) {
+        return Ok((text.to_string(), JobFile::parse(text)?));
+    }
+    let p = base.join(name);
+    let text = std::fs::read_to_string(&p)
+        .with_context(|| format!("reading the job file {}", p.display()))?;
+    Ok((text.clone(), JobFile::parse(&text)?))
+}
+
+/// One run as stored in `raw/NNNN.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkflowRun {
+    /// Its number.
+    pub index: usize,
+    /// The system's name.
+    pub system: String,
+    /// The policy's name.
+    pub policy: String,
+    /// Seconds between the trace's rate changes.
+    pub qps_interval: f64,
+    /// The trace's seed.
+    pub seed: u64,
+    /// What the controller did and the run's figures.
+    pub outcome: Option<Outcome>,
+    /// Windows of `slo_window` s while jobs ran (0 when the load's rows carry no
+    /// histograms).
+    #[serde(default)]
+    pub slo_windows: usize,
+    /// Of those, windows whose p95 over all their requests is above the SLO.
+    #[serde(default)]
+    pub slo_window_violations: usize,
+    /// The run's files, relative to the results directory.
+    pub control_log: String,
+    /// The load's intervals (JSON lines).
+    pub live: String,
+    /// What went wrong, if anything.
+    pub error: Option<String>,
+}
+
+/// What `meta.json` of a control experiment holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkflowMeta {
+    /// Marks the directory as a control experiment's.
+    pub workflow: bool,
+    /// The experiment text.
+    pub text: String,
+    /// The job file's text.
+    pub jobs_text: String,
+    /// kvlab's version and commit, the date.
+    pub facts: Vec<(String, String)>,
+}
+
+/// Whether `dir` holds a control experiment's results.
+pub fn is_workflow_dir(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("meta.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<WorkflowMeta>(&t).ok())
+        .is_some_and(|m| m.workflow)
+}
+
+/// The runs' figures as text (what `kvlab lab` prints).
+pub fn summary_text(dir: &Path) -> anyhow::Result<String> {
+    let mut out = String::new();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("raw"))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    files.sort();
+    out.push_str(
+        "run  system     policy           interval  seed  jobs' total s  viol. % (segments)  \
+         viol. % (100 ms)  viol. % (windows)\n",
+    );
+    for f in files {
+        let r: WorkflowRun = serde_json::from_str(&std::fs::read_to_string(&f)?)?;
+        let (total, seg, viol) =
+            r.outcome
+                .as_ref()
+                .map_or(("failed".to_string(), String::new(), String::new()), |o| {
+                    let s = &o.summary;
+                    (
+                        s.total_s.map_or("-".into(), |t| format!("{t:.1}")),
+                        s.segment_violation_ratio.map_or("-".into(), |v| {
+                            format!(
+                                "{:.2} ({}/{})",
+                                v * 100.0,
+                                s.segment_violations,
+                                s.segments.len()
+                            )
+                        }),
+                        format!("{:.2}", s.violation_ratio * 100.0),
+                    )
+                });
+        let w = if r.slo_windows > 0 {
+            format!(
+                "{:.2}",
+                r.slo_window_violations as f64 / r.slo_windows as f64 * 100.0
+            )
+        } else {
+            "-".into()
+        };
+        out.push_str(&format!(
+            "{:<4} {:<10} {:<16} {:>8} {:>5} {:>14} {:>19} {:>17} {:>18}\n",
+            r.index, r.system, r.policy, r.qps_interval, r.seed, total, seg, viol, w
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_policy_entry_with_idle_jobs_is_that_policy_with_jobs_at_idle_priority() {
+        // reactive-idle, like static-2-idle and predictive-idle: the policy's rule, and
+        // the jobs also on the server's CPUs at SCHED_IDLE.
+        let text = r#"
+jobs = "control-jobs-quick"
+qps_min = 10000
+qps_max = 80000
+qps_intervals = [1]
+duration = 10
+[[system]]
+name = "kvlab"
+[[policy]]
+name = "reactive-idle"
+policy = "reactive"
+idle_jobs = true
+"#;
+        let spec = WorkflowSpec::parse(text).unwrap();
+        let (name, policy, idle) = spec.policy(&spec.policies[0]).unwrap();
+        assert_eq!(name, "reactive-idle");
+        assert!(idle);
+        assert!(matches!(policy, PolicySpec::Reactive { slack } if slack == DEFAULT_SLACK));
+        assert_eq!(spec.window_ms(), 1000);
+    }
+
+    #[test]
+    fn the_shipped_workflow_names_a_shipped_job_file() {
+        let (_, text) = crate::SHIPPED
+            .iter()
+            .find(|(n, _)| *n == "control-workflow")
+            .unwrap();
+        assert!(is_workflow(text));
+        let spec = WorkflowSpec::parse(text).unwrap();
+        let (_, jobs) = spec.job_file(Path::new("/nonexistent")).unwrap();
+        assert_eq!(jobs.jobs.len(), 7);
+        // The issue's matrix in one file: 3 seeds x {10, 5, 1} s x {the static split that
+        // meets the SLO at the peak (static-2), reactive, predictive} x {kvlab, memcached},
+        // plus static-1 and the idle-priority variants.
+        assert_eq!(spec.seeds, [1, 2, 3]);
+        assert_eq!(spec.qps_intervals, [10.0, 5.0, 1.0]);
+        let systems: Vec<&str> = spec.systems.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(systems, ["kvlab", "memcached"]);
+        let policies: Vec<(String, PolicySpec, bool)> = spec
+            .policies
+            .iter()
+            .map(|p| spec.policy(p).unwrap())
+            .collect();
+        let names: Vec<&str> = policies.iter().map(|(n, _, _)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "static-2",
+                "static-1",
+                "reactive",
+                "predictive",
+                "static-2-idle",
+                "reactive-idle",
+                "predictive-idle"
+            ]
+        );
+        assert!(matches!(policies[0].1, PolicySpec::Static { cores: 2 }) && !policies[0].2);
+        assert!(policies[4].2 && policies[5].2 && policies[6].2);
+        assert!(
+            WorkflowSpec::parse(&text.replace("policy = \"reactive\"", "policy = \"fast\""))
+                .is_err()
+        );
+    }
+}
