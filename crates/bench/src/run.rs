@@ -338,10 +338,61 @@ fn summarise(
         .collect();
     let first = measured.first().map_or(cfg.warmup_ns(), |r| r.start_ns);
     let last = measured.last().map_or(first, |r| r.end_ns);
+    let (total, steps, step_secs) = merge_measured(cfg, &measured, first, last);
+    let duration_s = secs(&total);
+    let step_rows = step_rows(cfg, start_wall_ns, &steps, &step_secs);
+    let mut warnings = Vec::new();
+    warn_step_shortfalls(&step_rows, &mut warnings);
+    let (thread_cpu, gaps, notes) = collect_threads(done, &mut warnings);
+    let gap_summary = summarise_gaps(cfg, &gaps, &mut warnings);
+    if total.counters.errors + total.counters.timeouts > 0 {
+        warnings.push(format!(
+            "{} errors ({} failed verification), {} timeouts",
+            total.counters.errors, total.counters.verify_errors, total.counters.timeouts
+        ));
+    }
+    RunResult {
+        target: cfg.target.to_string(),
+        config: cfg.clone(),
+        participants,
+        ts_start: (start_wall_ns + first) / 1_000_000,
+        ts_end: (start_wall_ns + last) / 1_000_000,
+        duration_s,
+        counters: total.counters,
+        throughput_qps: total.counters.completed as f64 / duration_s.max(1e-9),
+        latency: Percentiles::of(&total.latency),
+        latency_send: Percentiles::of(&total.latency_send),
+        latency_by_op: total.latency_by_op.percentiles(),
+        steps: step_rows,
+        intervals: intervals
+            .iter()
+            .map(|r| interval_row(cfg, r, start_wall_ns))
+            .collect(),
+        load: None,
+        thread_cpu,
+        gaps: gap_summary,
+        warnings,
+        notes,
+        hist: Some(Box::new(total)),
+    }
+}
+
+/// Merges the measured intervals into one total spanning `first..last`, one report per
+/// step, and the seconds measured in each step.
+fn merge_measured(
+    cfg: &Config,
+    measured: &[&IntervalReport],
+    first: u64,
+    last: u64,
+) -> (
+    IntervalReport,
+    BTreeMap<usize, IntervalReport>,
+    BTreeMap<usize, f64>,
+) {
     let mut total = IntervalReport::new(0, first, last);
     let mut steps: BTreeMap<usize, IntervalReport> = BTreeMap::new();
     let mut step_secs: BTreeMap<usize, f64> = BTreeMap::new();
-    for r in &measured {
+    for r in measured {
         // Histograms of one configuration always share bounds, so merging cannot fail.
         let _ = total.merge(r);
         let s = step_of(cfg, r);
@@ -351,8 +402,17 @@ fn summarise(
         let _ = e.merge(r);
         *step_secs.entry(s).or_default() += secs(r);
     }
-    let duration_s = secs(&total);
-    let step_rows: Vec<StepRow> = steps
+    (total, steps, step_secs)
+}
+
+/// One row per step, with wall-clock timestamps in milliseconds.
+fn step_rows(
+    cfg: &Config,
+    start_wall_ns: u64,
+    steps: &BTreeMap<usize, IntervalReport>,
+    step_secs: &BTreeMap<usize, f64>,
+) -> Vec<StepRow> {
+    steps
         .iter()
         .map(|(&step, r)| {
             let d = step_secs.get(&step).copied().unwrap_or(0.0);
@@ -369,9 +429,12 @@ fn summarise(
                 latency_by_op: r.latency_by_op.percentiles(),
             }
         })
-        .collect();
-    let mut warnings = Vec::new();
-    for s in &step_rows {
+        .collect()
+}
+
+/// Warns about steps that completed clearly fewer requests than their target rate plans.
+fn warn_step_shortfalls(step_rows: &[StepRow], warnings: &mut Vec<String>) {
+    for s in step_rows {
         if let Some(target) = s.target_qps {
             // Poisson arrivals make the planned count itself vary (sd √(rate·T)): warn only
             // when the shortfall is beyond that noise as well as beyond 1 %.
@@ -388,6 +451,14 @@ fn summarise(
             }
         }
     }
+}
+
+/// Gathers each generator thread's CPU use, send gaps and notes, warning about threads
+/// that kept a core busy.
+fn collect_threads(
+    done: &[ThreadDone],
+    warnings: &mut Vec<String>,
+) -> (Vec<f64>, GapStats, Vec<String>) {
     let mut thread_cpu = Vec::new();
     let mut gaps = GapStats::default();
     let mut notes = Vec::new();
@@ -405,7 +476,13 @@ fn summarise(
         gaps.merge(&d.gaps);
         notes.extend(d.notes.iter().cloned());
     }
-    let gap_summary = if cfg.open.is_some() && gaps.n > 0 {
+    (thread_cpu, gaps, notes)
+}
+
+/// Summarises the actual inter-arrival times of an open-loop run, warning when they do not
+/// follow the planned distribution.
+fn summarise_gaps(cfg: &Config, gaps: &GapStats, warnings: &mut Vec<String>) -> Option<GapSummary> {
+    if cfg.open.is_some() && gaps.n > 0 {
         let mut sample = gaps.sample.clone();
         let ks_d = ks_statistic(&mut sample, |x| 1.0 - (-x).exp());
         let ks_critical = ks_critical_001(sample.len());
@@ -447,36 +524,6 @@ fn summarise(
         Some(g)
     } else {
         None
-    };
-    if total.counters.errors + total.counters.timeouts > 0 {
-        warnings.push(format!(
-            "{} errors ({} failed verification), {} timeouts",
-            total.counters.errors, total.counters.verify_errors, total.counters.timeouts
-        ));
-    }
-    RunResult {
-        target: cfg.target.to_string(),
-        config: cfg.clone(),
-        participants,
-        ts_start: (start_wall_ns + first) / 1_000_000,
-        ts_end: (start_wall_ns + last) / 1_000_000,
-        duration_s,
-        counters: total.counters,
-        throughput_qps: total.counters.completed as f64 / duration_s.max(1e-9),
-        latency: Percentiles::of(&total.latency),
-        latency_send: Percentiles::of(&total.latency_send),
-        latency_by_op: total.latency_by_op.percentiles(),
-        steps: step_rows,
-        intervals: intervals
-            .iter()
-            .map(|r| interval_row(cfg, r, start_wall_ns))
-            .collect(),
-        load: None,
-        thread_cpu,
-        gaps: gap_summary,
-        warnings,
-        notes,
-        hist: Some(Box::new(total)),
     }
 }
 
