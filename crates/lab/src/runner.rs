@@ -26,7 +26,7 @@ use kvlab_bench::{Protocol, RunResult};
 use kvlab_client::process;
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{levels_text, Experiment, Level, Overrides, PlannedRun};
+use crate::spec::{levels_text, Experiment, Flags, Level, Overrides, PlannedRun};
 use crate::system::{self, Instance};
 
 /// The system's CPU time over a run's measured time.
@@ -330,23 +330,7 @@ pub fn run_experiment(
 ) -> anyhow::Result<Vec<RawRun>> {
     let raw_dir = out.join("raw");
     std::fs::create_dir_all(&raw_dir).with_context(|| format!("creating {}", raw_dir.display()))?;
-    // Systems that cannot start (a missing optional binary) are skipped with a note.
-    let mut available = vec![true; exp.systems.len()];
-    for (i, s) in exp.systems.iter().enumerate() {
-        if let Err(e) = system::program(s, kvlab_bin) {
-            if s.optional {
-                eprintln!("note: skipping system {:?}: {e:#}", s.name);
-                meta.skipped.push((s.name.clone(), format!("{e:#}")));
-                available[i] = false;
-            } else {
-                return Err(e);
-            }
-        }
-    }
-    for (name, why) in exp.unserved() {
-        eprintln!("note: system {name:?}: {why}");
-        meta.skipped.push((name, why));
-    }
+    let available = available_systems(exp, meta, kvlab_bin)?;
     let runs: Vec<PlannedRun> = exp
         .runs()
         .into_iter()
@@ -392,35 +376,7 @@ pub fn run_experiment(
         let flags = spec
             .render(&levels)
             .with_context(|| format!("part {:?}", part.name))?;
-        // Stop this system's instances with other flags; start one with these if needed.
-        let mut keep = Vec::new();
-        for inst in running.drain(..) {
-            if inst.system == r.system && inst.flags != flags {
-                inst.stop();
-            } else {
-                keep.push(inst);
-            }
-        }
-        running = keep;
-        let mut pos = running.iter().position(|x| x.system == r.system);
-        if let Some(p) = pos {
-            if running[p].exited() {
-                eprintln!("note: system {:?} exited; restarting it", spec.name);
-                running.remove(p).stop();
-                pos = None;
-            }
-        }
-        let inst_index = match pos {
-            Some(p) => p,
-            None => {
-                starts += 1;
-                let log = out.join("logs").join(format!("{}-{starts}.log", spec.name));
-                let http = part.uses_http(spec);
-                let inst = Instance::start(r.system, spec, flags, http, &log, kvlab_bin)?;
-                running.push(inst);
-                running.len() - 1
-            }
-        };
+        let inst_index = instance_for(&mut running, exp, r, flags, &mut starts, out, kvlab_bin)?;
         let inst = &mut running[inst_index];
         let desc = levels_text(&levels);
         let elapsed = t0.elapsed().as_secs_f64();
@@ -442,27 +398,7 @@ pub fn run_experiment(
             fmt_secs(eta)
         );
         let raw = one_run(exp, r, i, inst, tty);
-        if let Some(e) = &raw.error {
-            eprintln!("        failed: {e}");
-        } else if let Some(res) = &raw.result {
-            eprintln!(
-                "        {:.0} req/s, mean {:.1} µs, p99 {:.1} µs{}{}",
-                res.throughput_qps,
-                res.latency.mean_us,
-                res.latency.p99_us,
-                raw.cpu
-                    .as_ref()
-                    .map(|c| format!(", server CPU {:.2} cores", c.utilization))
-                    .unwrap_or_default(),
-                raw.proxy
-                    .as_ref()
-                    .map(|p| format!(
-                        "; proxy {:.1} µs (queue {:.1}, backend {:.1})",
-                        p.total_us, p.queue_us, p.backend_us
-                    ))
-                    .unwrap_or_default()
-            );
-        }
+        print_outcome(&raw);
         write_json(&raw_dir.join(format!("{i:04}.json")), &raw)?;
         stored.push(raw);
         planned_done += exp.planned_seconds(r);
@@ -473,6 +409,102 @@ pub fn run_experiment(
     meta.elapsed_s = t0.elapsed().as_secs_f64();
     write_json(&out.join("meta.json"), meta)?;
     Ok(stored)
+}
+
+/// Which systems can run; systems that cannot start (a missing optional binary) are skipped
+/// with a note, as are those no part serves.
+fn available_systems(
+    exp: &Experiment,
+    meta: &mut Meta,
+    kvlab_bin: Option<&Path>,
+) -> anyhow::Result<Vec<bool>> {
+    let mut available = vec![true; exp.systems.len()];
+    for (i, s) in exp.systems.iter().enumerate() {
+        if let Err(e) = system::program(s, kvlab_bin) {
+            if s.optional {
+                eprintln!("note: skipping system {:?}: {e:#}", s.name);
+                meta.skipped.push((s.name.clone(), format!("{e:#}")));
+                available[i] = false;
+            } else {
+                return Err(e);
+            }
+        }
+    }
+    for (name, why) in exp.unserved() {
+        eprintln!("note: system {name:?}: {why}");
+        meta.skipped.push((name, why));
+    }
+    Ok(available)
+}
+
+/// The index in `running` of an instance of run `r`'s system started with `flags`: this
+/// system's instances with other flags are stopped, an exited one is replaced, and one is
+/// started if needed.
+fn instance_for(
+    running: &mut Vec<Instance>,
+    exp: &Experiment,
+    r: &PlannedRun,
+    flags: Flags,
+    starts: &mut usize,
+    out: &Path,
+    kvlab_bin: Option<&Path>,
+) -> anyhow::Result<usize> {
+    let (system, spec, part) = (r.system, &exp.systems[r.system], &exp.parts[r.part]);
+    let mut keep = Vec::new();
+    for inst in running.drain(..) {
+        if inst.system == system && inst.flags != flags {
+            inst.stop();
+        } else {
+            keep.push(inst);
+        }
+    }
+    *running = keep;
+    let mut pos = running.iter().position(|x| x.system == system);
+    if let Some(p) = pos {
+        if running[p].exited() {
+            eprintln!("note: system {:?} exited; restarting it", spec.name);
+            running.remove(p).stop();
+            pos = None;
+        }
+    }
+    Ok(match pos {
+        Some(p) => p,
+        None => {
+            *starts += 1;
+            let log = out
+                .join("logs")
+                .join(format!("{}-{}.log", spec.name, *starts));
+            let http = part.uses_http(spec);
+            let inst = Instance::start(system, spec, flags, http, &log, kvlab_bin)?;
+            running.push(inst);
+            running.len() - 1
+        }
+    })
+}
+
+/// Prints one run's outcome under its progress line.
+fn print_outcome(raw: &RawRun) {
+    if let Some(e) = &raw.error {
+        eprintln!("        failed: {e}");
+    } else if let Some(res) = &raw.result {
+        eprintln!(
+            "        {:.0} req/s, mean {:.1} µs, p99 {:.1} µs{}{}",
+            res.throughput_qps,
+            res.latency.mean_us,
+            res.latency.p99_us,
+            raw.cpu
+                .as_ref()
+                .map(|c| format!(", server CPU {:.2} cores", c.utilization))
+                .unwrap_or_default(),
+            raw.proxy
+                .as_ref()
+                .map(|p| format!(
+                    "; proxy {:.1} µs (queue {:.1}, backend {:.1})",
+                    p.total_us, p.queue_us, p.backend_us
+                ))
+                .unwrap_or_default()
+        );
+    }
 }
 
 fn one_run(
