@@ -112,42 +112,114 @@ impl Instance {
     ) -> anyhow::Result<Instance> {
         let timeout = Duration::from_secs_f64(spec.start_timeout.unwrap_or(10.0).clamp(0.1, 600.0));
         let Some(prog) = program(spec, kvlab_bin)? else {
-            let a = spec.address.as_deref().unwrap_or_default();
-            let addr = a
-                .to_socket_addrs()
-                .with_context(|| format!("system {:?}: bad address {a:?}", spec.name))?
-                .next()
-                .with_context(|| format!("system {:?}: {a:?} resolves to nothing", spec.name))?;
-            if http {
-                bail!(
-                    "system {:?}: an external system is not loaded over HTTP",
-                    spec.name
-                );
-            }
-            let version = process::wait_ready(&Probe::Version(addr), timeout)
-                .with_context(|| format!("system {:?} at {addr} does not answer", spec.name))?;
-            let threads = threads_of(addr, timeout)
-                .with_context(|| format!("system {:?} at {addr}", spec.name))?;
-            return Ok(Instance {
-                system: index,
-                command: vec![addr.to_string()],
-                flags,
-                addr,
-                http: None,
-                pid: spec.pid,
-                version,
-                threads,
-                loaded: None,
-                backends: Vec::new(),
-                process: None,
-                data_dir: None,
-            });
+            return Instance::external(index, spec, flags, http, timeout);
         };
         let kind = spec.kind()?;
         if http && kind != SystemKind::Kvlab {
             bail!("system {:?}: only a kvlab server serves HTTP", spec.name);
         }
         // A proxy's backends first; dropping them (an error below) stops them.
+        let backends = Instance::start_backends(index, spec, &flags, log, kvlab_bin)?;
+        let args = &flags.args;
+        let ports = process::free_ports(if http { 2 } else { 1 }).context("finding a free port")?;
+        let port = ports[0];
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let http_addr: Option<SocketAddr> = ports.get(1).map(|&p| ([127, 0, 0, 1], p).into());
+        let mut full = lab_args(kind, port, http_addr, &backends, log);
+        let placeholder = format!("{{{DATA_DIR}}}");
+        let data_dir = fresh_data_dir(args, &placeholder, log)?;
+        full.extend(args.iter().map(|a| match &data_dir {
+            Some(d) => a.replace(&placeholder, &d.display().to_string()),
+            None => a.clone(),
+        }));
+        let mut spawn = Spawn::new(&prog)
+            .args(&full)
+            .output(Output::File(log.to_path_buf()))
+            .ready(Probe::Version(addr))
+            .timeout(timeout);
+        if let Some(h) = http_addr {
+            spawn = spawn.ready(Probe::HttpGet(h));
+        }
+        let command = spawn.command();
+        let deadline = Instant::now() + timeout;
+        let started = spawn.start().map_err(anyhow::Error::from).and_then(|p| {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let threads = threads_of(addr, left.max(Duration::from_secs(1)))?;
+            Ok((p, threads))
+        });
+        let (process, threads) = match started {
+            Ok(v) => v,
+            Err(e) => return Err(not_ready(spec, &command, log, data_dir.as_deref(), e)),
+        };
+        if let Some(c) = &flags.cpus {
+            pin(process.pid(), c).with_context(|| format!("system {:?}: cpus", spec.name))?;
+        }
+        Ok(Instance {
+            system: index,
+            flags,
+            command,
+            addr,
+            http: http_addr,
+            pid: Some(process.pid()),
+            version: process.answer().unwrap_or_default().to_string(),
+            threads,
+            loaded: None,
+            backends,
+            process: Some(process),
+            data_dir,
+        })
+    }
+
+    /// An external system (`address`, no program): checks that it answers and asks its
+    /// worker threads.
+    fn external(
+        index: usize,
+        spec: &SystemSpec,
+        flags: Flags,
+        http: bool,
+        timeout: Duration,
+    ) -> anyhow::Result<Instance> {
+        let a = spec.address.as_deref().unwrap_or_default();
+        let addr = a
+            .to_socket_addrs()
+            .with_context(|| format!("system {:?}: bad address {a:?}", spec.name))?
+            .next()
+            .with_context(|| format!("system {:?}: {a:?} resolves to nothing", spec.name))?;
+        if http {
+            bail!(
+                "system {:?}: an external system is not loaded over HTTP",
+                spec.name
+            );
+        }
+        let version = process::wait_ready(&Probe::Version(addr), timeout)
+            .with_context(|| format!("system {:?} at {addr} does not answer", spec.name))?;
+        let threads = threads_of(addr, timeout)
+            .with_context(|| format!("system {:?} at {addr}", spec.name))?;
+        Ok(Instance {
+            system: index,
+            command: vec![addr.to_string()],
+            flags,
+            addr,
+            http: None,
+            pid: spec.pid,
+            version,
+            threads,
+            loaded: None,
+            backends: Vec::new(),
+            process: None,
+            data_dir: None,
+        })
+    }
+
+    /// Starts a proxy's backends (none for other systems), each logging to
+    /// `<log stem>.backend<i>.log`.
+    fn start_backends(
+        index: usize,
+        spec: &SystemSpec,
+        flags: &Flags,
+        log: &Path,
+        kvlab_bin: Option<&Path>,
+    ) -> anyhow::Result<Vec<Instance>> {
         let mut backends = Vec::new();
         if let Some((n, args)) = &flags.backends {
             let stem = log
@@ -172,107 +244,7 @@ impl Instance {
                 backends.push(b);
             }
         }
-        let args = &flags.args;
-        let ports = process::free_ports(if http { 2 } else { 1 }).context("finding a free port")?;
-        let port = ports[0];
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let http_addr: Option<SocketAddr> = ports.get(1).map(|&p| ([127, 0, 0, 1], p).into());
-        let mut full: Vec<String> = Vec::new();
-        match kind {
-            SystemKind::Kvlab => {
-                full.extend(["server".into(), "-l".into(), "127.0.0.1".into()]);
-                full.extend(["-p".into(), port.to_string()]);
-                if let Some(h) = http_addr {
-                    full.extend(["--http-port".into(), h.port().to_string()]);
-                }
-            }
-            SystemKind::Memcached => {
-                if is_root() {
-                    full.extend(["-u".into(), "root".into()]);
-                }
-                full.extend(["-U".into(), "0".into(), "-l".into(), "127.0.0.1".into()]);
-                full.extend(["-p".into(), port.to_string()]);
-            }
-            SystemKind::Proxy => {
-                full.extend(["proxy".into(), "-l".into(), "127.0.0.1".into()]);
-                full.extend(["-p".into(), port.to_string()]);
-                for b in &backends {
-                    full.extend(["--backend".into(), b.addr.to_string()]);
-                }
-                let windows = log.with_extension("windows");
-                full.extend(["--log-dir".into(), windows.display().to_string()]);
-            }
-            SystemKind::External => {}
-        }
-        let placeholder = format!("{{{DATA_DIR}}}");
-        let data_dir = args
-            .iter()
-            .any(|a| a.contains(&placeholder))
-            .then(|| log.with_extension("data"));
-        if let Some(d) = &data_dir {
-            // A fresh directory for every start: nothing recovered from an earlier run.
-            if d.exists() {
-                std::fs::remove_dir_all(d).with_context(|| format!("removing {}", d.display()))?;
-            }
-            std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
-        }
-        full.extend(args.iter().map(|a| match &data_dir {
-            Some(d) => a.replace(&placeholder, &d.display().to_string()),
-            None => a.clone(),
-        }));
-        let mut spawn = Spawn::new(&prog)
-            .args(&full)
-            .output(Output::File(log.to_path_buf()))
-            .ready(Probe::Version(addr))
-            .timeout(timeout);
-        if let Some(h) = http_addr {
-            spawn = spawn.ready(Probe::HttpGet(h));
-        }
-        let command = spawn.command();
-        let deadline = Instant::now() + timeout;
-        let started = spawn.start().map_err(anyhow::Error::from).and_then(|p| {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let threads = threads_of(addr, left.max(Duration::from_secs(1)))?;
-            Ok((p, threads))
-        });
-        let (process, threads) = match started {
-            Ok(v) => v,
-            Err(e) => {
-                if let Some(d) = &data_dir {
-                    let _ = std::fs::remove_dir_all(d);
-                }
-                let tail = std::fs::read_to_string(log).unwrap_or_default();
-                let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                bail!(
-                    "system {:?} ({}) did not become ready: {e:#}{}",
-                    spec.name,
-                    command.join(" "),
-                    if tail.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; its output: {}", tail.join(" | "))
-                    }
-                );
-            }
-        };
-        if let Some(c) = &flags.cpus {
-            pin(process.pid(), c).with_context(|| format!("system {:?}: cpus", spec.name))?;
-        }
-        Ok(Instance {
-            system: index,
-            flags,
-            command,
-            addr,
-            http: http_addr,
-            pid: Some(process.pid()),
-            version: process.answer().unwrap_or_default().to_string(),
-            threads,
-            loaded: None,
-            backends,
-            process: Some(process),
-            data_dir,
-        })
+        Ok(backends)
     }
 
     /// A proxy's backends' process ids (empty for other systems).
@@ -337,4 +309,90 @@ fn threads_of(addr: SocketAddr, timeout: Duration) -> anyhow::Result<u32> {
         .context("its `stats` has no `threads` (worker threads)")?;
     v.parse()
         .with_context(|| format!("its `stats` says threads {v:?}, not a number"))
+}
+
+/// The arguments the lab itself gives a system of `kind`: where to listen (and serve HTTP),
+/// and a proxy's backends and window log directory. The system's own flags follow them.
+fn lab_args(
+    kind: SystemKind,
+    port: u16,
+    http_addr: Option<SocketAddr>,
+    backends: &[Instance],
+    log: &Path,
+) -> Vec<String> {
+    let mut full: Vec<String> = Vec::new();
+    match kind {
+        SystemKind::Kvlab => {
+            full.extend(["server".into(), "-l".into(), "127.0.0.1".into()]);
+            full.extend(["-p".into(), port.to_string()]);
+            if let Some(h) = http_addr {
+                full.extend(["--http-port".into(), h.port().to_string()]);
+            }
+        }
+        SystemKind::Memcached => {
+            if is_root() {
+                full.extend(["-u".into(), "root".into()]);
+            }
+            full.extend(["-U".into(), "0".into(), "-l".into(), "127.0.0.1".into()]);
+            full.extend(["-p".into(), port.to_string()]);
+        }
+        SystemKind::Proxy => {
+            full.extend(["proxy".into(), "-l".into(), "127.0.0.1".into()]);
+            full.extend(["-p".into(), port.to_string()]);
+            for b in backends {
+                full.extend(["--backend".into(), b.addr.to_string()]);
+            }
+            let windows = log.with_extension("windows");
+            full.extend(["--log-dir".into(), windows.display().to_string()]);
+        }
+        SystemKind::External => {}
+    }
+    full
+}
+
+/// A fresh, empty `<log>.data` when a flag uses the data directory `placeholder`.
+fn fresh_data_dir(
+    args: &[String],
+    placeholder: &str,
+    log: &Path,
+) -> anyhow::Result<Option<PathBuf>> {
+    let data_dir = args
+        .iter()
+        .any(|a| a.contains(placeholder))
+        .then(|| log.with_extension("data"));
+    if let Some(d) = &data_dir {
+        // A fresh directory for every start: nothing recovered from an earlier run.
+        if d.exists() {
+            std::fs::remove_dir_all(d).with_context(|| format!("removing {}", d.display()))?;
+        }
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    Ok(data_dir)
+}
+
+/// The error of a system that did not become ready, with the last lines of its output; its
+/// data directory, if any, is removed.
+fn not_ready(
+    spec: &SystemSpec,
+    command: &[String],
+    log: &Path,
+    data_dir: Option<&Path>,
+    e: anyhow::Error,
+) -> anyhow::Error {
+    if let Some(d) = data_dir {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let tail = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = tail.lines().rev().take(5).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    anyhow::anyhow!(
+        "system {:?} ({}) did not become ready: {e:#}{}",
+        spec.name,
+        command.join(" "),
+        if tail.is_empty() {
+            String::new()
+        } else {
+            format!("; its output: {}", tail.join(" | "))
+        }
+    )
 }
