@@ -358,6 +358,77 @@ fn drive(
     let clock = Clock::start();
     let end = Instant::now() + cfg.duration;
     let stop = Arc::new(AtomicBool::new(false));
+    let (logs, done_rx) = spawn_clients(cfg, &target, clock, end, &stop, errors);
+    let nemesis = new_nemesis(cfg, sys, clock, end);
+    let lanes = nemesis.start(schedule);
+
+    // The run: its duration (in steps, to notice an interruption), then the clients stop.
+    let interrupted = || cfg.interrupt.load(Ordering::Relaxed);
+    while Instant::now() < end && !interrupted() {
+        std::thread::sleep(
+            end.saturating_duration_since(Instant::now())
+                .min(Duration::from_millis(100)),
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    await_clients(cfg, &done_rx, errors);
+    await_lanes(&lanes, errors);
+    if interrupted() {
+        errors.push("interrupted: no heal, no final reads".into());
+    } else if let Err(e) = nemesis.heal(HEAL_LIMIT) {
+        errors.push(format!("heal: {e}"));
+    }
+
+    // Every node started so far seeds the final reader (the ring has changed).
+    let target = match target {
+        Target::Cluster(_) => Target::Cluster(sys.seeds()),
+        proxy => proxy,
+    };
+    let finals = if interrupted() {
+        Vec::new()
+    } else {
+        clients::final_reads(
+            cfg.workload.clients,
+            target,
+            &cfg.workload,
+            &clock,
+            6,
+            FINAL_READS_LIMIT,
+        )
+    };
+    let mut ops = take_ops(logs, &clock);
+    let read_back = finals
+        .iter()
+        .filter(|o| o.outcome == crate::Outcome::Ok)
+        .count();
+    if read_back < cfg.workload.keys as usize && !interrupted() {
+        errors.push(format!(
+            "final reads: {read_back} of {} keys read back",
+            cfg.workload.keys
+        ));
+    }
+    ops.extend(finals);
+    let report = checker::check(&ops);
+    let history = History {
+        ops,
+        nemesis: nemesis.events(),
+    };
+    (history, report)
+}
+
+/// One log of operations per client.
+type ClientLogs = Vec<Arc<Mutex<Vec<Op>>>>;
+
+/// Starts the clients, each on a thread of its own recording into its log until `stop` (or
+/// `end`); each sends its id on the returned channel when it has stopped.
+fn spawn_clients(
+    cfg: &RunConfig,
+    target: &Target,
+    clock: Clock,
+    end: Instant,
+    stop: &Arc<AtomicBool>,
+    errors: &mut Vec<String>,
+) -> (ClientLogs, mpsc::Receiver<u32>) {
     let (done_tx, done_rx) = mpsc::channel();
     let mut logs = Vec::new();
     for id in 0..cfg.workload.clients {
@@ -366,7 +437,7 @@ fn drive(
         let (target, w, stop, done) = (
             target.clone(),
             cfg.workload.clone(),
-            Arc::clone(&stop),
+            Arc::clone(stop),
             done_tx.clone(),
         );
         let seed = cfg.seed;
@@ -381,6 +452,12 @@ fn drive(
         }
     }
     drop(done_tx);
+    (logs, done_rx)
+}
+
+/// The nemesis for this run, with a first event describing the network namespaces when the
+/// system runs in them.
+fn new_nemesis(cfg: &RunConfig, sys: &Arc<System>, clock: Clock, end: Instant) -> Arc<Nemesis> {
     let ring = RingBounds::new(cfg.nodes, cfg.replicas);
     let nemesis = Arc::new(Nemesis::new(
         Arc::clone(sys),
@@ -409,17 +486,11 @@ fn drive(
             ),
         );
     }
-    let lanes = nemesis.start(schedule);
+    nemesis
+}
 
-    // The run: its duration (in steps, to notice an interruption), then the clients stop.
-    let interrupted = || cfg.interrupt.load(Ordering::Relaxed);
-    while Instant::now() < end && !interrupted() {
-        std::thread::sleep(
-            end.saturating_duration_since(Instant::now())
-                .min(Duration::from_millis(100)),
-        );
-    }
-    stop.store(true, Ordering::Relaxed);
+/// Waits up to [`CLIENT_GRACE`] for every client to stop.
+fn await_clients(cfg: &RunConfig, done_rx: &mpsc::Receiver<u32>, errors: &mut Vec<String>) {
     let grace = Instant::now() + CLIENT_GRACE;
     let mut stopped = 0;
     while stopped < cfg.workload.clients {
@@ -435,6 +506,10 @@ fn drive(
             CLIENT_GRACE.as_secs()
         ));
     }
+}
+
+/// Waits up to [`NEMESIS_GRACE`] for the nemesis's lanes to end.
+fn await_lanes(lanes: &[std::thread::JoinHandle<()>], errors: &mut Vec<String>) {
     let grace = Instant::now() + NEMESIS_GRACE;
     while lanes.iter().any(|l| !l.is_finished()) && Instant::now() < grace {
         // Polling the lanes' end: a bounded wait.
@@ -446,29 +521,11 @@ fn drive(
             NEMESIS_GRACE.as_secs()
         ));
     }
-    if interrupted() {
-        errors.push("interrupted: no heal, no final reads".into());
-    } else if let Err(e) = nemesis.heal(HEAL_LIMIT) {
-        errors.push(format!("heal: {e}"));
-    }
+}
 
-    // Every node started so far seeds the final reader (the ring has changed).
-    let target = match target {
-        Target::Cluster(_) => Target::Cluster(sys.seeds()),
-        proxy => proxy,
-    };
-    let finals = if interrupted() {
-        Vec::new()
-    } else {
-        clients::final_reads(
-            cfg.workload.clients,
-            target,
-            &cfg.workload,
-            &clock,
-            6,
-            FINAL_READS_LIMIT,
-        )
-    };
+/// Every client's operations, in client order; those still in flight end now, as
+/// [`IN_FLIGHT`] errors.
+fn take_ops(logs: ClientLogs, clock: &Clock) -> Vec<Op> {
     let mut ops: Vec<Op> = Vec::new();
     let now = clock.now_ns();
     for log in logs {
@@ -480,23 +537,7 @@ fn drive(
             ops.push(o);
         }
     }
-    let read_back = finals
-        .iter()
-        .filter(|o| o.outcome == crate::Outcome::Ok)
-        .count();
-    if read_back < cfg.workload.keys as usize && !interrupted() {
-        errors.push(format!(
-            "final reads: {read_back} of {} keys read back",
-            cfg.workload.keys
-        ));
-    }
-    ops.extend(finals);
-    let report = checker::check(&ops);
-    let history = History {
-        ops,
-        nemesis: nemesis.events(),
-    };
-    (history, report)
+    ops
 }
 
 fn prepare_dir(dir: &Path) -> Result<(), String> {
