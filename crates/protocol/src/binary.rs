@@ -454,49 +454,7 @@ pub fn respond(out: &mut Vec<u8>, header: &Header, key: &[u8], text: &[u8]) {
         | op::GAT
         | op::GATQ
         | op::GATK
-        | op::GATKQ => {
-            let with_key = matches!(header.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ);
-            let (flags_text, value) = if let Some(f) = line.strip_prefix(b"VA ") {
-                // `VA <len> f.. c..` then the value and `\r\n`.
-                let (len, f) = match f.iter().position(|&b| b == b' ') {
-                    Some(i) => (&f[..i], &f[i + 1..]),
-                    None => (f, &b""[..]),
-                };
-                let len: usize = std::str::from_utf8(len)
-                    .ok()
-                    .and_then(|l| l.parse().ok())
-                    .unwrap_or(0);
-                (f, &rest[..len.min(rest.len())])
-            } else if let Some(f) = line.strip_prefix(b"HD") {
-                (f.strip_prefix(b" ").unwrap_or(f), &b""[..])
-            } else {
-                // `EN`: a miss.
-                if quiet {
-                    return;
-                }
-                if with_key {
-                    response_header(out, header, status::KEY_ENOENT, 0, key.len(), key.len(), 0);
-                    out.extend_from_slice(key);
-                    return;
-                }
-                return error(out, header, status::KEY_ENOENT);
-            };
-            let flags = flag(flags_text, b'f').unwrap_or(0) as u32;
-            let cas = flag(flags_text, b'c').unwrap_or(0);
-            let key = if with_key { key } else { &[] };
-            response_header(
-                out,
-                header,
-                status::OK,
-                4,
-                key.len(),
-                4 + key.len() + value.len(),
-                cas,
-            );
-            out.extend_from_slice(&flags.to_be_bytes());
-            out.extend_from_slice(key);
-            out.extend_from_slice(value);
-        }
+        | op::GATKQ => respond_get(out, header, key, line, rest),
         op::SET
         | op::SETQ
         | op::ADD
@@ -506,26 +464,7 @@ pub fn respond(out: &mut Vec<u8>, header: &Header, key: &[u8], text: &[u8]) {
         | op::APPEND
         | op::APPENDQ
         | op::PREPEND
-        | op::PREPENDQ => {
-            if let Some(f) = line.strip_prefix(b"HD") {
-                if !quiet {
-                    let cas = flag(f.strip_prefix(b" ").unwrap_or(f), b'c').unwrap_or(0);
-                    response_header(out, header, status::OK, 0, 0, 0, cas);
-                }
-                return;
-            }
-            let status = match line {
-                b"EX" => status::KEY_EEXISTS,
-                b"NF" => status::KEY_ENOENT,
-                b"NS" => match header.opcode {
-                    op::ADD | op::ADDQ => status::KEY_EEXISTS,
-                    op::REPLACE | op::REPLACEQ => status::KEY_ENOENT,
-                    _ => status::NOT_STORED,
-                },
-                _ => status::EINVAL,
-            };
-            error(out, header, status);
-        }
+        | op::PREPENDQ => respond_store(out, header, line),
         op::DELETE | op::DELETEQ => match line {
             b"HD" if quiet => {}
             b"HD" => response_header(out, header, status::OK, 0, 0, 0, 0),
@@ -534,27 +473,7 @@ pub fn respond(out: &mut Vec<u8>, header: &Header, key: &[u8], text: &[u8]) {
             _ => error(out, header, status::EINVAL),
         },
         op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
-            if let Some(f) = line.strip_prefix(b"VA ") {
-                if quiet {
-                    return;
-                }
-                let (num, _) = first_line(rest);
-                let value: u64 = std::str::from_utf8(num)
-                    .ok()
-                    .and_then(|n| n.trim_end().parse().ok())
-                    .unwrap_or(0);
-                let cas = flag(f, b'c').unwrap_or(0);
-                response_header(out, header, status::OK, 0, 0, 8, cas);
-                out.extend_from_slice(&value.to_be_bytes());
-                return;
-            }
-            let status = match line {
-                b"NF" => status::KEY_ENOENT,
-                b"EX" => status::KEY_EEXISTS,
-                _ if line.starts_with(b"CLIENT_ERROR cannot increment") => status::DELTA_BADVAL,
-                _ => status::EINVAL,
-            };
-            error(out, header, status);
+            respond_arithmetic(out, header, line, rest)
         }
         op::VERSION => {
             let version = line.strip_prefix(b"VERSION ").unwrap_or(line);
@@ -566,41 +485,140 @@ pub fn respond(out: &mut Vec<u8>, header: &Header, key: &[u8], text: &[u8]) {
                 response_header(out, header, status::OK, 0, 0, 0, 0);
             }
         }
-        op::STAT => {
-            if line == b"RESET" {
-                // `stat reset`: the terminating packet alone.
-                return response_header(out, header, status::OK, 0, 0, 0, 0);
-            }
-            if !line.starts_with(b"STAT ") && line != b"END" {
-                return error(out, header, status::KEY_ENOENT);
-            }
-            let mut text = text;
-            while !text.is_empty() {
-                let (line, rest) = first_line(text);
-                text = rest;
-                let Some(stat) = line.strip_prefix(b"STAT ") else {
-                    continue;
-                };
-                let (name, value) = match stat.iter().position(|&b| b == b' ') {
-                    Some(i) => (&stat[..i], &stat[i + 1..]),
-                    None => (stat, &b""[..]),
-                };
-                response_header(
-                    out,
-                    header,
-                    status::OK,
-                    0,
-                    name.len(),
-                    name.len() + value.len(),
-                    0,
-                );
-                out.extend_from_slice(name);
-                out.extend_from_slice(value);
-            }
-            response_header(out, header, status::OK, 0, 0, 0, 0);
-        }
+        op::STAT => respond_stat(out, header, line, text),
         _ => error(out, header, status::UNKNOWN_COMMAND),
     }
+}
+
+/// A get, touch or get-and-touch's response to the reply `line` (and the value in `rest`).
+fn respond_get(out: &mut Vec<u8>, header: &Header, key: &[u8], line: &[u8], rest: &[u8]) {
+    let quiet = header.quiet();
+    let with_key = matches!(header.opcode, op::GETK | op::GETKQ | op::GATK | op::GATKQ);
+    let (flags_text, value) = if let Some(f) = line.strip_prefix(b"VA ") {
+        // `VA <len> f.. c..` then the value and `\r\n`.
+        let (len, f) = match f.iter().position(|&b| b == b' ') {
+            Some(i) => (&f[..i], &f[i + 1..]),
+            None => (f, &b""[..]),
+        };
+        let len: usize = std::str::from_utf8(len)
+            .ok()
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(0);
+        (f, &rest[..len.min(rest.len())])
+    } else if let Some(f) = line.strip_prefix(b"HD") {
+        (f.strip_prefix(b" ").unwrap_or(f), &b""[..])
+    } else {
+        // `EN`: a miss.
+        if quiet {
+            return;
+        }
+        if with_key {
+            response_header(out, header, status::KEY_ENOENT, 0, key.len(), key.len(), 0);
+            out.extend_from_slice(key);
+            return;
+        }
+        return error(out, header, status::KEY_ENOENT);
+    };
+    let flags = flag(flags_text, b'f').unwrap_or(0) as u32;
+    let cas = flag(flags_text, b'c').unwrap_or(0);
+    let key = if with_key { key } else { &[] };
+    response_header(
+        out,
+        header,
+        status::OK,
+        4,
+        key.len(),
+        4 + key.len() + value.len(),
+        cas,
+    );
+    out.extend_from_slice(&flags.to_be_bytes());
+    out.extend_from_slice(key);
+    out.extend_from_slice(value);
+}
+
+/// A storage command's response to the reply `line`.
+fn respond_store(out: &mut Vec<u8>, header: &Header, line: &[u8]) {
+    let quiet = header.quiet();
+    if let Some(f) = line.strip_prefix(b"HD") {
+        if !quiet {
+            let cas = flag(f.strip_prefix(b" ").unwrap_or(f), b'c').unwrap_or(0);
+            response_header(out, header, status::OK, 0, 0, 0, cas);
+        }
+        return;
+    }
+    let status = match line {
+        b"EX" => status::KEY_EEXISTS,
+        b"NF" => status::KEY_ENOENT,
+        b"NS" => match header.opcode {
+            op::ADD | op::ADDQ => status::KEY_EEXISTS,
+            op::REPLACE | op::REPLACEQ => status::KEY_ENOENT,
+            _ => status::NOT_STORED,
+        },
+        _ => status::EINVAL,
+    };
+    error(out, header, status);
+}
+
+/// An increment or decrement's response to the reply `line` (and the number in `rest`).
+fn respond_arithmetic(out: &mut Vec<u8>, header: &Header, line: &[u8], rest: &[u8]) {
+    let quiet = header.quiet();
+    if let Some(f) = line.strip_prefix(b"VA ") {
+        if quiet {
+            return;
+        }
+        let (num, _) = first_line(rest);
+        let value: u64 = std::str::from_utf8(num)
+            .ok()
+            .and_then(|n| n.trim_end().parse().ok())
+            .unwrap_or(0);
+        let cas = flag(f, b'c').unwrap_or(0);
+        response_header(out, header, status::OK, 0, 0, 8, cas);
+        out.extend_from_slice(&value.to_be_bytes());
+        return;
+    }
+    let status = match line {
+        b"NF" => status::KEY_ENOENT,
+        b"EX" => status::KEY_EEXISTS,
+        _ if line.starts_with(b"CLIENT_ERROR cannot increment") => status::DELTA_BADVAL,
+        _ => status::EINVAL,
+    };
+    error(out, header, status);
+}
+
+/// A stat request's responses, one per `STAT` line of the reply `text` (whose first line is
+/// `line`), then the terminating one.
+fn respond_stat(out: &mut Vec<u8>, header: &Header, line: &[u8], text: &[u8]) {
+    if line == b"RESET" {
+        // `stat reset`: the terminating packet alone.
+        return response_header(out, header, status::OK, 0, 0, 0, 0);
+    }
+    if !line.starts_with(b"STAT ") && line != b"END" {
+        return error(out, header, status::KEY_ENOENT);
+    }
+    let mut text = text;
+    while !text.is_empty() {
+        let (line, rest) = first_line(text);
+        text = rest;
+        let Some(stat) = line.strip_prefix(b"STAT ") else {
+            continue;
+        };
+        let (name, value) = match stat.iter().position(|&b| b == b' ') {
+            Some(i) => (&stat[..i], &stat[i + 1..]),
+            None => (stat, &b""[..]),
+        };
+        response_header(
+            out,
+            header,
+            status::OK,
+            0,
+            name.len(),
+            name.len() + value.len(),
+            0,
+        );
+        out.extend_from_slice(name);
+        out.extend_from_slice(value);
+    }
+    response_header(out, header, status::OK, 0, 0, 0, 0);
 }
 
 /// The key of a request `body` (after its extras), for [`respond`].
