@@ -548,17 +548,21 @@ impl Link {
     /// them for the stream being opened).
     fn send(&self, sh: &Shared, batch: Batch, answers: &mut Answers) {
         let mut st = self.state.lock();
-        if st.stopped {
-            let why = format!("copy to {} not written: it left the ring", self.holder);
-            answers.push((batch.reply, batch.tickets, Some(why.into()), sh.tick()));
+        let refused = if st.stopped {
+            Some("it left the ring".to_string())
+        } else if st.stream.is_none() {
+            sh.backing_off(&self.holder).map(|(why, _)| why)
+        } else {
+            None
+        };
+        if let Some(why) = refused {
+            answers.push((
+                batch.reply,
+                batch.tickets,
+                Some(self.not_written(&why)),
+                sh.tick(),
+            ));
             return;
-        }
-        if st.stream.is_none() {
-            if let Some((why, _)) = sh.backing_off(&self.holder) {
-                let why = format!("copy to {} not written: {why}", self.holder);
-                answers.push((batch.reply, batch.tickets, Some(why.into()), sh.tick()));
-                return;
-            }
         }
         let seq = sh.tick();
         let mut lines = 0;
@@ -625,12 +629,22 @@ impl Link {
         sh.down
             .lock()
             .insert(self.holder.clone(), (Instant::now(), why.to_string()));
-        let why: Arc<str> = format!("copy to {} not written: {why}", self.holder).into();
+        self.fail_sent(sh, st, why, answers);
+        self.wake.notify_one();
+    }
+
+    /// A copy's failure as its write's reply says it.
+    fn not_written(&self, why: &str) -> Arc<str> {
+        format!("copy to {} not written: {why}", self.holder).into()
+    }
+
+    /// Every batch written to the stream fails, for `why`.
+    fn fail_sent(&self, sh: &Shared, st: &mut LinkState, why: &str, answers: &mut Answers) {
+        let why = self.not_written(why);
         let seq = sh.tick();
         for s in st.sent.drain(..) {
             answers.push((s.reply, s.tickets, Some(why.clone()), seq));
         }
-        self.wake.notify_one();
     }
 
     /// The link's thread: opens the stream (ahead of any write, and again after a failure
@@ -663,16 +677,7 @@ impl Link {
                     let out = !st.out.is_empty();
                     drop(st);
                     poll(fd, out, Duration::from_millis(100));
-                    let mut st = self.state.lock();
-                    if st.id == id && st.stream.is_some() {
-                        let served = st
-                            .flush()
-                            .and_then(|_| st.read(sh, &self.holder, &mut answers));
-                        if let Err(why) = served {
-                            self.failed(sh, &mut st, &why, &mut answers);
-                        }
-                    }
-                    drop(st);
+                    self.serve(sh, id, &mut answers);
                     answer(answers);
                     continue;
                 } else {
@@ -684,12 +689,8 @@ impl Link {
             }
             if let Some((why, left)) = sh.backing_off(&self.holder) {
                 // Queued as the stream failed: they fail too (the back-off is not renewed).
-                let why: Arc<str> = format!("copy to {} not written: {why}", self.holder).into();
-                let seq = sh.tick();
                 st.out.clear();
-                for s in st.sent.drain(..) {
-                    answers.push((s.reply, s.tickets, Some(why.clone()), seq));
-                }
+                self.fail_sent(sh, &mut st, &why, &mut answers);
                 drop(st);
                 answer(answers);
                 std::thread::sleep(left.min(REPLICA_BACKOFF / 5));

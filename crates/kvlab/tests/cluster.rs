@@ -515,6 +515,52 @@ impl NewOwnerRestarted {
     }
 }
 
+/// `n` nodes with two copies of every key on a topology file in a fresh directory, every
+/// one of the 3000 keys set (`k{i}` = `v{i}`).
+struct TwoCopies {
+    _dir: tempfile::TempDir,
+    topology: String,
+    ports: Vec<u16>,
+    names: Vec<String>,
+    nodes: Vec<Process>,
+    client: ClusterClient,
+}
+
+impl TwoCopies {
+    fn on_file(n: usize) -> TwoCopies {
+        let dir = tempfile::tempdir().unwrap();
+        let topology = dir.path().join("topology.json").display().to_string();
+        let ports = free_ports(n).unwrap();
+        let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
+        let mut args = vec!["create", "--replicas", "2"];
+        args.extend(names.iter().map(String::as_str));
+        cluster(&topology, &args);
+        let nodes = ports.iter().map(|&p| node(&topology, p)).collect();
+        let seed: SocketAddr = names[0].parse().unwrap();
+        let mut client = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
+        set_every_key(&mut client, "v");
+        TwoCopies {
+            _dir: dir,
+            topology,
+            ports,
+            names,
+            nodes,
+            client,
+        }
+    }
+
+    /// Begins a migration of the ring `names` to `to` on the topology file and drives it
+    /// through its copy to the end of its hand-off (the migration is still on): the store.
+    fn hand_off(topology: &str, names: &[String], to: &[String]) -> FileStore {
+        let store = FileStore::new(topology);
+        let id = begin_migration(&store, to);
+        await_progress(names, id, "snapshot_done");
+        enter_handoff(&store);
+        await_progress(names, id, "handed_off");
+        store
+    }
+}
+
 /// Sets `k{i}` to `{value}{i}` for the 3000 keys of these tests, each acknowledged.
 fn set_every_key(c: &mut ClusterClient, value: &str) {
     for i in 0..3000 {
@@ -560,23 +606,16 @@ fn a_copier_that_failed_just_before_the_hand_off_copies_again_in_it() {
 /// stopped as soon as `remove` returns.
 #[test]
 fn a_node_restarted_empty_as_another_leaves_gets_the_leavers_items() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("topology.json");
-    let topology = path.display().to_string();
-    let ports = free_ports(3).unwrap();
-    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let mut args = vec!["create", "--replicas", "2"];
-    args.extend(names.iter().map(String::as_str));
-    cluster(&topology, &args);
-    let mut nodes: Vec<Process> = ports.iter().map(|&p| node(&topology, p)).collect();
-    let seed: SocketAddr = names[0].parse().unwrap();
-    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
-    set_every_key(&mut c, "v");
-    let store = FileStore::new(&path);
-    let id = begin_migration(&store, &names[..2]);
-    await_progress(&names, id, "snapshot_done");
-    enter_handoff(&store);
-    await_progress(&names, id, "handed_off");
+    let TwoCopies {
+        _dir,
+        topology,
+        ports,
+        names,
+        mut nodes,
+        client: mut c,
+        ..
+    } = TwoCopies::on_file(3);
+    TwoCopies::hand_off(&topology, &names, &names[..2]);
     nodes[1].kill();
     nodes[1] = node(&topology, ports[1]);
     let out = cluster(&topology, &["resume"]);
@@ -609,24 +648,15 @@ fn a_node_restarted_empty_as_another_leaves_gets_the_leavers_items() {
 /// and C, and every key reads back.
 #[test]
 fn a_holder_paused_as_the_ring_changes_gets_its_copies_once_it_answers() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("topology.json");
-    let topology = path.display().to_string();
-    let ports = free_ports(4).unwrap();
-    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let mut args = vec!["create", "--replicas", "2"];
-    args.extend(names.iter().map(String::as_str));
-    cluster(&topology, &args);
-    let mut nodes: Vec<Process> = ports.iter().map(|&p| node(&topology, p)).collect();
-    let seed: SocketAddr = names[0].parse().unwrap();
-    let mut c = ClusterClient::connect(&[seed], Duration::from_secs(2)).unwrap();
-    set_every_key(&mut c, "v");
-
-    let store = FileStore::new(&path);
-    let id = begin_migration(&store, &names[..3]);
-    await_progress(&names, id, "snapshot_done");
-    enter_handoff(&store);
-    await_progress(&names, id, "handed_off");
+    let TwoCopies {
+        _dir,
+        topology,
+        ports,
+        names,
+        mut nodes,
+        ..
+    } = TwoCopies::on_file(4);
+    let store = TwoCopies::hand_off(&topology, &names, &names[..3]);
     signal(&nodes[2], libc::SIGSTOP);
     let t = store.load().unwrap().unwrap();
     let mut end = t.next();

@@ -50,6 +50,25 @@ fn bench(addr: SocketAddr, args: &[&str], dir: &Path) -> (String, serde_json::Va
     (stdout, doc["runs"][0].clone())
 }
 
+/// `kvlab bench --data DATA --mix MIX --verify --requests N EXTRA…`, which must be clean
+/// ([`assert_clean`]); its stdout and the run's JSON.
+fn verified(
+    addr: SocketAddr,
+    data: &Path,
+    mix: &str,
+    requests: u64,
+    extra: &[&str],
+    dir: &Path,
+) -> (String, serde_json::Value) {
+    let n = requests.to_string();
+    let mut args = vec!["--data", data.to_str().unwrap(), "--mix", mix, "--verify"];
+    args.extend(["--requests", &n]);
+    args.extend(extra);
+    let (stdout, run) = bench(addr, &args, dir);
+    assert_clean(&run, requests);
+    (stdout, run)
+}
+
 fn count(run: &serde_json::Value, field: &str) -> u64 {
     run["counters"][field].as_u64().unwrap()
 }
@@ -134,20 +153,7 @@ fn a_maildir_loads_and_every_message_reads_back_byte_for_byte() {
     let files = write_maildir(&root, 300);
     let mut srv = server();
     let addr = srv.addr().unwrap();
-    let (stdout, run) = bench(
-        addr,
-        &[
-            "--data",
-            root.to_str().unwrap(),
-            "--mix",
-            "set=1,get=1",
-            "--verify",
-            "--requests",
-            "3000",
-        ],
-        dir.path(),
-    );
-    assert_clean(&run, 3000);
+    let (stdout, run) = verified(addr, &root, "set=1,get=1", 3000, &[], dir.path());
     let data = &run["config"]["workload"]["data_set"];
     assert_eq!(data["format"], "maildir", "{data}");
     assert_eq!(data["records"], 300, "{data}");
@@ -167,22 +173,8 @@ fn a_maildir_loads_and_every_message_reads_back_byte_for_byte() {
     }
 
     // Keyed by Message-ID: the same messages under their ids.
-    let (_, run) = bench(
-        addr,
-        &[
-            "--data",
-            root.to_str().unwrap(),
-            "--data-key",
-            "message-id",
-            "--mix",
-            "get=1",
-            "--verify",
-            "--requests",
-            "600",
-        ],
-        dir.path(),
-    );
-    assert_clean(&run, 600);
+    let key_by_id = ["--data-key", "message-id"];
+    verified(addr, &root, "get=1", 600, &key_by_id, dir.path());
     let mut c = client(addr);
     for rel in files.iter().step_by(7) {
         let want = std::fs::read(root.join(rel)).unwrap();
@@ -229,22 +221,8 @@ fn json_lines_and_csv_load_with_mapped_keys_and_binary_values() {
     text.push('\n');
     let jsonl = dir.path().join("records.jsonl");
     std::fs::write(&jsonl, text).unwrap();
-    let (stdout, run) = bench(
-        addr,
-        &[
-            "--data",
-            jsonl.to_str().unwrap(),
-            "--max-item-size",
-            "64k",
-            "--mix",
-            "set=1,get=1",
-            "--verify",
-            "--requests",
-            "2000",
-        ],
-        dir.path(),
-    );
-    assert_clean(&run, 2000);
+    let limit = ["--max-item-size", "64k"];
+    let (stdout, run) = verified(addr, &jsonl, "set=1,get=1", 2000, &limit, dir.path());
     let data = &run["config"]["workload"]["data_set"];
     assert_eq!(data["records"], 103, "{data}");
     assert_eq!(data["mapped_keys"], 2, "{data}");
@@ -267,24 +245,8 @@ fn json_lines_and_csv_load_with_mapped_keys_and_binary_values() {
     assert_eq!(c.get(b"huge").unwrap(), None, "skipped");
 
     // The same records through the meta protocol: values checked from `VA` replies.
-    let (_, run) = bench(
-        addr,
-        &[
-            "--data",
-            jsonl.to_str().unwrap(),
-            "--max-item-size",
-            "64k",
-            "--protocol",
-            "meta",
-            "--mix",
-            "get=3,set=1",
-            "--verify",
-            "--requests",
-            "1000",
-        ],
-        dir.path(),
-    );
-    assert_clean(&run, 1000);
+    let meta = ["--max-item-size", "64k", "--protocol", "meta"];
+    verified(addr, &jsonl, "get=3,set=1", 1000, &meta, dir.path());
 
     // CSV: a header row, a quoted value with a comma and a newline, doubled quotes.
     let mut csv = String::from("key,value\n");
@@ -303,20 +265,7 @@ fn json_lines_and_csv_load_with_mapped_keys_and_binary_values() {
     }
     let path = dir.path().join("table.csv");
     std::fs::write(&path, csv).unwrap();
-    let (_, run) = bench(
-        addr,
-        &[
-            "--data",
-            path.to_str().unwrap(),
-            "--mix",
-            "set=1,get=1",
-            "--verify",
-            "--requests",
-            "2000",
-        ],
-        dir.path(),
-    );
-    assert_clean(&run, 2000);
+    let (_, run) = verified(addr, &path, "set=1,get=1", 2000, &[], dir.path());
     assert_eq!(run["config"]["workload"]["data_set"]["records"], 102);
     let mut c = client(addr);
     for (k, v) in &rows {
