@@ -71,6 +71,9 @@ pub struct Outcome {
     pub jobs: usize,
     /// The most cores the server had.
     pub server_cores_max: usize,
+    /// Whether the jobs also ran on the server's CPUs at idle priority (`--idle-jobs`).
+    #[serde(default)]
+    pub idle_jobs: bool,
     /// The figures.
     pub summary: RunSummary,
 }
@@ -130,6 +133,7 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
         stopped,
         jobs: o.jobs.jobs.len(),
         server_cores_max,
+        idle_jobs: o.share.idle_jobs,
         summary: summarise(&events, &rows, o.slo_p95_us),
     })
 }

@@ -217,6 +217,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
         include_str!("../../../experiments/control-workflow.toml"),
     ),
     (
+        "control-interval",
+        include_str!("../../../experiments/control-interval.toml"),
+    ),
+    (
         "control-workflow-quick",
         include_str!("../../../experiments/control-workflow-quick.toml"),
     ),

@@ -14,9 +14,9 @@ use kvlab_report::{Item, LinePlot, Mark, Point, Report, Row, Section, Series, Ta
 
 use super::{WorkflowMeta, WorkflowRun, WorkflowSpec};
 
-/// The static split the others are compared with: among the static policies whose every
-/// run finished its jobs, the one that gives the server the most cores; (its name, its mean
-/// jobs' total time).
+/// The static split the others are compared with: among the static policies without idle
+/// jobs whose every run finished its jobs, the one that gives the server the most cores;
+/// (its name, its mean jobs' total time).
 fn static_reference(runs: &[WorkflowRun], system: &str, interval: &str) -> Option<(String, f64)> {
     let mut by: Vec<(String, usize, Vec<Option<f64>>)> = Vec::new();
     for r in runs
@@ -24,7 +24,7 @@ fn static_reference(runs: &[WorkflowRun], system: &str, interval: &str) -> Optio
         .filter(|r| r.system == system && format!("{}", r.qps_interval) == interval)
     {
         let Some(o) = &r.outcome else { continue };
-        if o.policy != "static" {
+        if o.policy != "static" || o.idle_jobs {
             continue;
         }
         let cores = o.server_cores_max;

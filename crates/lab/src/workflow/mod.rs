@@ -6,7 +6,8 @@
 //! control experiment (TOML) ─► for each run:
 //!   system::Instance::start (the server, pinned to the shared CPUs)
 //!   taskset -c <generator_cpus> kvlab bench --qps-min/max/interval/seed --interval 0.1
-//!       --live runs/NNNN/live.jsonl                     (the load, a child process)
+//!       --live runs/NNNN/live.jsonl                     (the load, a child process;
+//!       rows of 50 ms for a trace interval that is not a whole number of 100 ms)
 //!   kvlab_control::app::control (this thread; log runs/NNNN/control.jsonl)
 //!       until every job ended (or the trace plus `grace` passed); then the load is stopped
 //!   ─► raw/NNNN.json (the run's figures)  ─► report/ (plots per run, tables per policy)
@@ -33,6 +34,10 @@
 //! pause_method = "auto"
 //! [workload]                     # more kvlab bench flags (keys, value_size, mix, …)
 //! [[system]]                     # as in lab experiments (name, kind, args, binary, …)
+//! [[restrict]]                   # optional: one system's runs limited to some policies
+//! system = "memcached"           # (by name) and trace intervals; the rest of the cross
+//! policies = ["predictive-idle"] # product is not run for it
+//! qps_intervals = [10]
 //! [[policy]]                     # name (default: the policy), policy = "static" |
 //! policy = "static"              # "reactive" | "predictive"; cores (static); capacity,
 //! cores = 1                      # headroom (predictive); grow_slack, shrink_slack, hold,
@@ -117,6 +122,18 @@ pub struct WorkflowSpec {
     systems: Vec<SystemSpec>,
     #[serde(rename = "policy")]
     policies: Vec<PolicyEntry>,
+    #[serde(default, rename = "restrict")]
+    restricts: Vec<Restrict>,
+}
+
+/// A `[[restrict]]`: the runs of one system limited to some policies and trace intervals
+/// (the rest of the cross product is not run for it).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct Restrict {
+    system: String,
+    policies: Option<Vec<String>>,
+    qps_intervals: Option<Vec<f64>>,
 }
 
 fn default_seeds() -> Vec<u64> {
@@ -141,8 +158,27 @@ impl WorkflowSpec {
         if !(s.qps_min > 0.0 && s.qps_max >= s.qps_min && s.duration > 0.0) {
             bail!("need 0 < qps_min <= qps_max and duration > 0");
         }
+        let mut names = Vec::new();
         for p in &s.policies {
-            s.policy(p)?;
+            names.push(s.policy(p)?.0);
+        }
+        for i in &s.qps_intervals {
+            row_interval(*i)?;
+        }
+        for r in &s.restricts {
+            if !s.systems.iter().any(|x| x.name == r.system) {
+                bail!("[[restrict]] system {:?} is not a [[system]]", r.system);
+            }
+            for p in r.policies.iter().flatten() {
+                if !names.contains(p) {
+                    bail!("[[restrict]] policy {p:?} is not a [[policy]]'s name");
+                }
+            }
+            for i in r.qps_intervals.iter().flatten() {
+                if !s.qps_intervals.contains(i) {
+                    bail!("[[restrict]] interval {i} is not one of qps_intervals");
+                }
+            }
         }
         for k in s.workload.keys() {
             if !crate::spec::WORKLOAD_KEYS.contains(&k.as_str())
@@ -206,10 +242,43 @@ impl WorkflowSpec {
         Ok((name, spec, p.idle_jobs))
     }
 
+    /// Whether `system` runs under `policy` at trace interval `interval` (every
+    /// `[[restrict]]` naming the system allows it).
+    fn runs(&self, system: &str, policy: &str, interval: f64) -> bool {
+        self.restricts
+            .iter()
+            .filter(|r| r.system == system)
+            .all(|r| {
+                r.policies
+                    .as_ref()
+                    .is_none_or(|p| p.iter().any(|n| n == policy))
+                    && r.qps_intervals
+                        .as_ref()
+                        .is_none_or(|q| q.contains(&interval))
+            })
+    }
+
     /// The job file it names, resolved next to `base` (the experiment file's folder) or
     /// shipped.
     fn job_file(&self, base: &Path) -> anyhow::Result<(String, JobFile)> {
         job_file(&self.jobs, base)
+    }
+}
+
+/// The length of the load's rows (`kvlab bench --interval`) for a trace interval: 100 ms,
+/// or 50 ms when the trace interval is not a whole number of 100 ms (0.25 s), so that
+/// every row lies within one trace segment and a segment's p95 is over its own requests.
+pub fn row_interval(qps_interval: f64) -> anyhow::Result<f64> {
+    let whole = |step: f64| {
+        let n = qps_interval / step;
+        n >= 1.0 - 1e-9 && (n - n.round()).abs() < 1e-6
+    };
+    if whole(0.1) {
+        Ok(0.1)
+    } else if whole(0.05) {
+        Ok(0.05)
+    } else {
+        bail!("qps interval {qps_interval} s: a trace interval is a multiple of 50 ms")
     }
 }
 
@@ -353,6 +422,75 @@ idle_jobs = true
     }
 
     #[test]
+    fn a_restrict_limits_one_systems_runs_to_its_policies_and_intervals() {
+        let text = r#"
+jobs = "control-jobs-quick"
+qps_min = 10000
+qps_max = 80000
+qps_intervals = [10, 5, 1]
+duration = 10
+[[system]]
+name = "kvlab"
+[[system]]
+name = "memcached"
+[[policy]]
+name = "static-1"
+policy = "static"
+cores = 1
+[[policy]]
+name = "predictive-idle"
+policy = "predictive"
+capacity = [40000, 80000]
+idle_jobs = true
+[[restrict]]
+system = "memcached"
+policies = ["predictive-idle"]
+qps_intervals = [10]
+"#;
+        let spec = WorkflowSpec::parse(text).unwrap();
+        let runs = |sys: &str| {
+            let mut v = Vec::new();
+            for &i in &spec.qps_intervals {
+                for p in ["static-1", "predictive-idle"] {
+                    if spec.runs(sys, p, i) {
+                        v.push(format!("{p}@{i}"));
+                    }
+                }
+            }
+            v
+        };
+        assert_eq!(runs("kvlab").len(), 6);
+        assert_eq!(runs("memcached"), ["predictive-idle@10"]);
+        // The experiment as run (written back into meta.json) keeps its restriction.
+        let again = WorkflowSpec::parse(&toml::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(again.restricts.len(), 1);
+        // A restriction naming what the experiment does not have is an error.
+        for (from, to) in [
+            (
+                "system = \"memcached\"\npolicies",
+                "system = \"redis\"\npolicies",
+            ),
+            ("[\"predictive-idle\"]", "[\"predictive\"]"),
+            ("qps_intervals = [10]\n", "qps_intervals = [2]\n"),
+        ] {
+            let bad = text.replace(from, to);
+            assert_ne!(bad, text);
+            assert!(WorkflowSpec::parse(&bad).is_err(), "{to}");
+        }
+    }
+
+    #[test]
+    fn the_loads_rows_lie_within_one_trace_segment() {
+        assert_eq!(row_interval(10.0).unwrap(), 0.1);
+        assert_eq!(row_interval(0.5).unwrap(), 0.1);
+        assert_eq!(row_interval(0.1).unwrap(), 0.1);
+        assert_eq!(row_interval(0.25).unwrap(), 0.05);
+        assert_eq!(row_interval(0.05).unwrap(), 0.05);
+        assert!(row_interval(0.33).is_err());
+        assert!(row_interval(0.02).is_err());
+    }
+
+    #[test]
     fn the_shipped_workflow_names_a_shipped_job_file() {
         let (_, text) = crate::SHIPPED
             .iter()
@@ -362,9 +500,9 @@ idle_jobs = true
         let spec = WorkflowSpec::parse(text).unwrap();
         let (_, jobs) = spec.job_file(Path::new("/nonexistent")).unwrap();
         assert_eq!(jobs.jobs.len(), 7);
-        // The issue's matrix in one file: 3 seeds x {10, 5, 1} s x {the static split that
-        // meets the SLO at the peak (static-2), reactive, predictive} x {kvlab, memcached},
-        // plus static-1 and the idle-priority variants.
+        // The issue's matrix in one file: 3 seeds x {10, 5, 1} s x {static-1 (the jobs'
+        // reference), static-2-idle, reactive-idle, predictive-idle} on kvlab's server, and
+        // memcached under predictive-idle at 10 s only.
         assert_eq!(spec.seeds, [1, 2, 3]);
         assert_eq!(spec.qps_intervals, [10.0, 5.0, 1.0]);
         let systems: Vec<&str> = spec.systems.iter().map(|s| s.name.as_str()).collect();
@@ -378,17 +516,31 @@ idle_jobs = true
         assert_eq!(
             names,
             [
-                "static-2",
                 "static-1",
-                "reactive",
-                "predictive",
                 "static-2-idle",
                 "reactive-idle",
                 "predictive-idle"
             ]
         );
-        assert!(matches!(policies[0].1, PolicySpec::Static { cores: 2 }) && !policies[0].2);
-        assert!(policies[4].2 && policies[5].2 && policies[6].2);
+        assert!(matches!(policies[0].1, PolicySpec::Static { cores: 1 }) && !policies[0].2);
+        assert!(policies[1].2 && policies[2].2 && policies[3].2);
+        let runs = |sys: &str| {
+            let mut n = 0;
+            for &i in &spec.qps_intervals {
+                n += names.iter().filter(|p| spec.runs(sys, p, i)).count();
+            }
+            n * spec.seeds.len()
+        };
+        assert_eq!((runs("kvlab"), runs("memcached")), (36, 3));
+        assert!(spec.runs("memcached", "predictive-idle", 10.0));
+        // The smallest-interval study: predictive-idle at 1, 0.5, 0.25 and 0.1 s.
+        let (_, text2) = crate::SHIPPED
+            .iter()
+            .find(|(n, _)| *n == "control-interval")
+            .unwrap();
+        let spec2 = WorkflowSpec::parse(text2).unwrap();
+        assert_eq!(spec2.qps_intervals, [1.0, 0.5, 0.25, 0.1]);
+        assert_eq!(spec2.policies.len(), 1);
         assert!(
             WorkflowSpec::parse(&text.replace("policy = \"reactive\"", "policy = \"fast\""))
                 .is_err()

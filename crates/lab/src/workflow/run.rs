@@ -12,7 +12,7 @@ use kvlab_control::sensor::LiveFile;
 use kvlab_control::summary;
 use kvlab_control::{CpuSet, JobFile, PolicySpec, Share};
 
-use super::{analyse, WorkflowMeta, WorkflowRun, WorkflowSpec};
+use super::{analyse, row_interval, WorkflowMeta, WorkflowRun, WorkflowSpec};
 use crate::spec::{Flags, SystemSpec};
 use crate::system::Instance;
 
@@ -106,11 +106,29 @@ pub fn run(
     }
     let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
     let mut index = 0;
-    let total = spec.seeds.len() * spec.qps_intervals.len() * policies.len() * spec.systems.len();
+    let total = spec.seeds.len()
+        * spec
+            .qps_intervals
+            .iter()
+            .map(|&i| {
+                spec.systems
+                    .iter()
+                    .map(|s| {
+                        policies
+                            .iter()
+                            .filter(|p| spec.runs(&s.name, &p.0, i))
+                            .count()
+                    })
+                    .sum::<usize>()
+            })
+            .sum::<usize>();
     'all: for &seed in &spec.seeds {
         for &interval in &spec.qps_intervals {
             for (si, sys) in spec.systems.iter().enumerate() {
                 for (pname, policy, idle_jobs) in &policies {
+                    if !spec.runs(&sys.name, pname, interval) {
+                        continue;
+                    }
                     if stopped() {
                         eprintln!("stopped by a signal");
                         break 'all;
@@ -237,7 +255,8 @@ fn one_inner(
         .args(["--qps-interval", &run.qps_interval.to_string()])
         .args(["--qps-seed", &run.seed.to_string()])
         .args(["--duration", &spec.duration.to_string()])
-        .args(["--interval", "0.1", "--warmup", "0"])
+        .args(["--interval", &row_interval(run.qps_interval)?.to_string()])
+        .args(["--warmup", "0"])
         .arg("--live")
         .arg(&live);
     for (k, v) in &spec.workload {
