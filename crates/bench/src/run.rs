@@ -238,11 +238,10 @@ fn collect(
 ) -> Result<RunResult, BenchError> {
     let total_threads = participants * cfg.threads;
     let mut pending: BTreeMap<u64, Pending> = BTreeMap::new();
-    let mut finished: Vec<IntervalReport> = Vec::new();
+    let mut folded = Folded::default();
     let mut done: Vec<ThreadDone> = Vec::new();
     // Generous: the run's end, plus the request timeout, plus slack for a slow machine.
     let patience = Duration::from_millis(cfg.timeout_ms) + Duration::from_secs(30);
-    let row = |r: &IntervalReport| interval_row(cfg, r, start_wall_ns);
     while done.len() < total_threads {
         match rx.recv_timeout(if cfg.requests.is_some() {
             patience * 4
@@ -260,8 +259,7 @@ fn collect(
                 if p.seen == total_threads {
                     // Invariant: the entry was just looked up under `start`.
                     if let Some(p) = pending.remove(&start) {
-                        progress(&row(&p.report));
-                        finished.push(p.report);
+                        progress(folded.add(cfg, start_wall_ns, &p.report));
                     }
                 }
             }
@@ -282,17 +280,71 @@ fn collect(
         }
     }
     for (_, p) in std::mem::take(&mut pending) {
-        progress(&row(&p.report));
-        finished.push(p.report);
+        progress(folded.add(cfg, start_wall_ns, &p.report));
     }
-    finished.sort_by_key(|r| r.start_ns);
-    Ok(summarise(
-        cfg,
-        participants,
-        start_wall_ns,
-        &finished,
-        &done,
-    ))
+    Ok(summarise(cfg, participants, start_wall_ns, folded, &done))
+}
+
+/// The run folded interval by interval as the reports come in: each interval is kept as
+/// its row only (its percentiles and its encoded histogram, about 1 KB), its histograms
+/// added to the measured total and to its step's, and a step is summarised into its row
+/// once the intervals have moved two steps past it (intervals complete in order: every
+/// generator thread reports its intervals in order). So memory grows by a row per
+/// interval and per step, not by their histograms (about 1 MB an interval: a 10-minute
+/// run in 100 ms intervals held over 4 GB).
+#[derive(Default)]
+struct Folded {
+    /// Every interval's row (warm-up included), with its start (ns after the run's
+    /// start), in the order they came.
+    rows: Vec<(u64, IntervalRow)>,
+    /// The measured intervals merged (`None` before the first).
+    total: Option<IntervalReport>,
+    /// The measured intervals of the steps not yet summarised, merged per step, with the
+    /// seconds measured in each.
+    open: BTreeMap<usize, (IntervalReport, f64)>,
+    /// The steps summarised.
+    steps: Vec<StepRow>,
+    /// Intervals that came after their step was summarised (counted in the total only).
+    late: usize,
+}
+
+impl Folded {
+    /// Adds one interval; returns its row.
+    fn add(&mut self, cfg: &Config, start_wall_ns: u64, r: &IntervalReport) -> &IntervalRow {
+        if r.start_ns >= cfg.warmup_ns() {
+            // Histograms of one configuration always share bounds, so merging cannot fail.
+            let _ = self
+                .total
+                .get_or_insert_with(|| IntervalReport::new(0, r.start_ns, r.end_ns))
+                .merge(r);
+            let s = step_of(cfg, r);
+            if self.steps.last().is_some_and(|row| row.step >= s) {
+                self.late += 1;
+            } else {
+                let (e, d) = self
+                    .open
+                    .entry(s)
+                    .or_insert_with(|| (IntervalReport::new(0, r.start_ns, r.end_ns), 0.0));
+                let _ = e.merge(r);
+                *d += secs(r);
+                self.close_steps(cfg, start_wall_ns, s.saturating_sub(1));
+            }
+        }
+        self.rows
+            .push((r.start_ns, interval_row(cfg, r, start_wall_ns)));
+        &self.rows[self.rows.len() - 1].1
+    }
+
+    /// Summarises the open steps before `before`.
+    fn close_steps(&mut self, cfg: &Config, start_wall_ns: u64, before: usize) {
+        while let Some(entry) = self.open.first_entry() {
+            if *entry.key() >= before {
+                break;
+            }
+            let (step, (r, d)) = entry.remove_entry();
+            self.steps.push(step_row(cfg, start_wall_ns, step, &r, d));
+        }
+    }
 }
 
 fn secs(r: &IntervalReport) -> f64 {
@@ -329,19 +381,24 @@ fn summarise(
     cfg: &Config,
     participants: usize,
     start_wall_ns: u64,
-    intervals: &[IntervalReport],
+    mut folded: Folded,
     done: &[ThreadDone],
 ) -> RunResult {
-    let measured: Vec<&IntervalReport> = intervals
-        .iter()
-        .filter(|r| r.start_ns >= cfg.warmup_ns())
-        .collect();
-    let first = measured.first().map_or(cfg.warmup_ns(), |r| r.start_ns);
-    let last = measured.last().map_or(first, |r| r.end_ns);
-    let (total, steps, step_secs) = merge_measured(cfg, &measured, first, last);
+    let total = folded
+        .total
+        .take()
+        .unwrap_or_else(|| IntervalReport::new(0, cfg.warmup_ns(), cfg.warmup_ns()));
+    let (first, last) = (total.start_ns, total.end_ns);
     let duration_s = secs(&total);
-    let step_rows = step_rows(cfg, start_wall_ns, &steps, &step_secs);
+    folded.close_steps(cfg, start_wall_ns, usize::MAX);
+    let step_rows = std::mem::take(&mut folded.steps);
     let mut warnings = Vec::new();
+    if folded.late > 0 {
+        warnings.push(format!(
+            "{} intervals came after their step was summarised: they count in the totals only",
+            folded.late
+        ));
+    }
     warn_step_shortfalls(&step_rows, &mut warnings);
     let (thread_cpu, gaps, notes) = collect_threads(done, &mut warnings);
     let gap_summary = summarise_gaps(cfg, &gaps, &mut warnings);
@@ -351,6 +408,7 @@ fn summarise(
             total.counters.errors, total.counters.verify_errors, total.counters.timeouts
         ));
     }
+    folded.rows.sort_by_key(|(start, _)| *start);
     RunResult {
         target: cfg.target.to_string(),
         config: cfg.clone(),
@@ -364,10 +422,7 @@ fn summarise(
         latency_send: Percentiles::of(&total.latency_send),
         latency_by_op: total.latency_by_op.percentiles(),
         steps: step_rows,
-        intervals: intervals
-            .iter()
-            .map(|r| interval_row(cfg, r, start_wall_ns))
-            .collect(),
+        intervals: folded.rows.into_iter().map(|(_, row)| row).collect(),
         load: None,
         thread_cpu,
         gaps: gap_summary,
@@ -377,59 +432,21 @@ fn summarise(
     }
 }
 
-/// Merges the measured intervals into one total spanning `first..last`, one report per
-/// step, and the seconds measured in each step.
-fn merge_measured(
-    cfg: &Config,
-    measured: &[&IntervalReport],
-    first: u64,
-    last: u64,
-) -> (
-    IntervalReport,
-    BTreeMap<usize, IntervalReport>,
-    BTreeMap<usize, f64>,
-) {
-    let mut total = IntervalReport::new(0, first, last);
-    let mut steps: BTreeMap<usize, IntervalReport> = BTreeMap::new();
-    let mut step_secs: BTreeMap<usize, f64> = BTreeMap::new();
-    for r in measured {
-        // Histograms of one configuration always share bounds, so merging cannot fail.
-        let _ = total.merge(r);
-        let s = step_of(cfg, r);
-        let e = steps
-            .entry(s)
-            .or_insert_with(|| IntervalReport::new(0, r.start_ns, r.end_ns));
-        let _ = e.merge(r);
-        *step_secs.entry(s).or_default() += secs(r);
+/// A step's row, with wall-clock timestamps in milliseconds: `r` its intervals merged,
+/// `d` the seconds they measured.
+fn step_row(cfg: &Config, start_wall_ns: u64, step: usize, r: &IntervalReport, d: f64) -> StepRow {
+    StepRow {
+        step,
+        ts_start: Some((start_wall_ns + r.start_ns) / 1_000_000),
+        ts_end: Some((start_wall_ns + r.end_ns) / 1_000_000),
+        target_qps: target_of(cfg, step),
+        duration_s: d,
+        achieved_qps: r.counters.completed as f64 / d.max(1e-9),
+        counters: r.counters,
+        latency: Percentiles::of(&r.latency),
+        latency_send: Percentiles::of(&r.latency_send),
+        latency_by_op: r.latency_by_op.percentiles(),
     }
-    (total, steps, step_secs)
-}
-
-/// One row per step, with wall-clock timestamps in milliseconds.
-fn step_rows(
-    cfg: &Config,
-    start_wall_ns: u64,
-    steps: &BTreeMap<usize, IntervalReport>,
-    step_secs: &BTreeMap<usize, f64>,
-) -> Vec<StepRow> {
-    steps
-        .iter()
-        .map(|(&step, r)| {
-            let d = step_secs.get(&step).copied().unwrap_or(0.0);
-            StepRow {
-                step,
-                ts_start: Some((start_wall_ns + r.start_ns) / 1_000_000),
-                ts_end: Some((start_wall_ns + r.end_ns) / 1_000_000),
-                target_qps: target_of(cfg, step),
-                duration_s: d,
-                achieved_qps: r.counters.completed as f64 / d.max(1e-9),
-                counters: r.counters,
-                latency: Percentiles::of(&r.latency),
-                latency_send: Percentiles::of(&r.latency_send),
-                latency_by_op: r.latency_by_op.percentiles(),
-            }
-        })
-        .collect()
 }
 
 /// Warns about steps that completed clearly fewer requests than their target rate plans.
@@ -572,7 +589,17 @@ mod tests {
             })
             .collect();
         let wall = 1_700_000_000_000_000_000;
-        let res = summarise(&cfg, 1, wall, &reports, &[]);
+        // Folded as they complete: each step summarised once the intervals are two steps
+        // past it, the last ones at the end; two intervals of a step swapped (a thread's
+        // last report of it late) still count in their step.
+        let mut folded = Folded::default();
+        let mut order: Vec<&IntervalReport> = reports.iter().collect();
+        order.swap(18, 19);
+        for r in order {
+            folded.add(&cfg, wall, r);
+        }
+        assert_eq!(folded.steps.len(), 1);
+        let res = summarise(&cfg, 1, wall, folded, &[]);
         assert_eq!(res.steps.len(), 3);
         for s in &res.steps {
             let rows: Vec<&IntervalRow> =
