@@ -95,7 +95,13 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
         o.share.clone(),
         log,
     )?;
-    let mut sensor = ServerSensor::new(o.pid, o.stats, o.live.clone());
+    let window = match &o.policy {
+        PolicySpec::Reactive { slack } | PolicySpec::Predictive { slack, .. } => {
+            Duration::from_millis(slack.latency_window_ms)
+        }
+        PolicySpec::Static { .. } => Duration::ZERO,
+    };
+    let mut sensor = ServerSensor::new(o.pid, o.stats, o.live.clone(), window);
     let limits = RunLimits {
         interval: o.interval,
         max: o.max,

@@ -115,6 +115,11 @@ pub struct Slack {
     /// average over a sample ([`Signal::queued`]); none: the queue is only logged.
     #[serde(default)]
     pub max_queued: Option<f64>,
+    /// The load's p95 is taken over its intervals of the last this many ms, their
+    /// histograms added up (0: the newest interval's own p95). A longer window weighs a
+    /// burst by the share of requests it slowed, as a trace segment's p95 does.
+    #[serde(default)]
+    pub latency_window_ms: u64,
 }
 
 /// PARTIES' thresholds, a 1 ms p95 and a 1 s hold at 100 ms samples; the load's p95 when
@@ -126,6 +131,7 @@ pub const DEFAULT_SLACK: Slack = Slack {
     hold: 10,
     latency: LatencySource::Auto,
     max_queued: None,
+    latency_window_ms: 0,
 };
 
 /// Default headroom of the predictive policy: plan for 25% more than the measured rate.

@@ -10,7 +10,9 @@
 //!   answers anything but its lines (memcached: `ERROR`) is not asked again;
 //! - the latency: the p95 of the load generator's latest interval, read from the JSON
 //!   lines `kvlab bench --live FILE` appends as each interval ends (latency from the planned
-//!   send time, so queueing counts). An interval older than [`STALE_MS`] is no signal.
+//!   send time, so queueing counts), or with a window (`Slack::latency_window_ms`) the p95
+//!   over the intervals of that span, their histograms added up. An interval older than
+//!   [`STALE_MS`] is no signal.
 //!   Without a stats address the rate comes from the same lines.
 
 use std::fs::File;
@@ -19,7 +21,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::collections::VecDeque;
+
 use kvlab_bench::run::IntervalRow;
+use kvlab_bench::stats::{new_histogram, Percentiles};
 
 use crate::controller::Sensor;
 use crate::event::unix_ms;
@@ -84,6 +89,10 @@ pub struct ServerSensor {
     pid: u32,
     stats: Option<SocketAddr>,
     live: Option<LiveFile>,
+    /// The load's p95 is over its intervals of this many ms (0: the newest one's).
+    window_ms: u64,
+    /// The load's measured intervals within the window, oldest first.
+    recent: VecDeque<IntervalRow>,
     ticks_per_s: f64,
     last_cpu: Option<(Duration, u64)>,
     last_requests: Option<(Duration, u64)>,
@@ -130,19 +139,43 @@ impl ServerLatency {
 
 impl ServerSensor {
     /// A sensor of process `pid`, asking `stats` at `stats` and reading the load's
-    /// intervals from `live`.
-    pub fn new(pid: u32, stats: Option<SocketAddr>, live: Option<PathBuf>) -> ServerSensor {
+    /// intervals from `live`, its p95 over the last `window` of them (zero: the newest).
+    pub fn new(
+        pid: u32,
+        stats: Option<SocketAddr>,
+        live: Option<PathBuf>,
+        window: Duration,
+    ) -> ServerSensor {
         // SAFETY: sysconf has no preconditions.
         let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         ServerSensor {
             pid,
             stats,
             live: live.map(LiveFile::new),
+            window_ms: window.as_millis() as u64,
+            recent: VecDeque::new(),
             ticks_per_s: if tck > 0 { tck as f64 } else { 100.0 },
             last_cpu: None,
             last_requests: None,
             latency: ServerLatency::default(),
         }
+    }
+
+    /// The p95 over the intervals in the window (`None` without a window, or when one that
+    /// served requests carries no histogram: an older `kvlab bench`).
+    fn window_p95(&self) -> Option<f64> {
+        if self.window_ms == 0 {
+            return None;
+        }
+        let mut h = new_histogram();
+        for r in &self.recent {
+            match &r.latency_hist {
+                Some(e) => e.add_to(&mut h).ok()?,
+                None if r.counters.completed == 0 => {}
+                None => return None,
+            }
+        }
+        (!h.is_empty()).then(|| Percentiles::of(&h).p95_us)
     }
 
     fn cpu_ticks(&self) -> Option<u64> {
@@ -196,15 +229,24 @@ impl Sensor for ServerSensor {
                 }
             }
         }
-        if let Some(live) = &mut self.live {
-            live.poll();
-            if let Some(row) = &live.latest {
-                if unix_ms().saturating_sub(row.ts_end) <= STALE_MS {
-                    s.p95_us = Some(row.latency.p95_us);
-                    if self.stats.is_none() {
-                        s.qps = Some(row.achieved_qps);
-                    }
-                }
+        let Some(live) = &mut self.live else {
+            return s;
+        };
+        let rows = live.poll();
+        let Some(row) = live.latest.clone() else {
+            return s;
+        };
+        if self.window_ms > 0 {
+            self.recent.extend(rows.into_iter().filter(|r| !r.warmup));
+            let from = row.ts_end.saturating_sub(self.window_ms);
+            while self.recent.front().is_some_and(|r| r.ts_end <= from) {
+                self.recent.pop_front();
+            }
+        }
+        if unix_ms().saturating_sub(row.ts_end) <= STALE_MS {
+            s.p95_us = Some(self.window_p95().unwrap_or(row.latency.p95_us));
+            if self.stats.is_none() {
+                s.qps = Some(row.achieved_qps);
             }
         }
         s
@@ -276,5 +318,59 @@ mod tests {
         let mut s = Signal::default();
         l.read(Duration::ZERO, &[("pid".into(), "1".into())], &mut s);
         assert_eq!(l.supported, Some(false));
+    }
+
+    /// A row of the load as `kvlab bench --live` writes it, ending at `end` (ms since the
+    /// epoch): 100 requests over 100 ms, `slow` of them at 2 ms, the rest at 200 µs.
+    fn live_row(end: u64, slow: u64) -> String {
+        use kvlab_bench::stats::{record, EncodedHistogram};
+        let mut h = new_histogram();
+        for k in 0..100 {
+            record(&mut h, if k < slow { 2_000_000 } else { 200_000 });
+        }
+        let mut r = IntervalRow {
+            ts_start: end - 100,
+            ts_end: end,
+            warmup: false,
+            step: 0,
+            target_qps: None,
+            achieved_qps: 1000.0,
+            counters: Default::default(),
+            latency: Percentiles::of(&h),
+            latency_send: Default::default(),
+            latency_hist: Some(EncodedHistogram::encode(&h).unwrap()),
+        };
+        r.counters.completed = 100;
+        kvlab_bench::report::interval_json(&r) + "\n"
+    }
+
+    #[test]
+    fn a_latency_window_weighs_a_burst_by_the_requests_it_slowed() {
+        // The newest 100 ms has 40 slow requests of 100: its own p95 is 2 ms. Over the
+        // last second (ten rows, 40 slow of 1000) the p95 is 200 µs; the slow row 1.5 s
+        // ago is outside that window.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.jsonl");
+        let now = unix_ms();
+        let mut text = live_row(now - 1500, 100);
+        for i in (1..10).rev() {
+            text.push_str(&live_row(now - i * 100, 0));
+        }
+        text.push_str(&live_row(now, 40));
+        std::fs::write(&path, text).unwrap();
+        let me = std::process::id();
+        let p95 = |window_ms: u64| {
+            let mut s = ServerSensor::new(
+                me,
+                None,
+                Some(path.clone()),
+                Duration::from_millis(window_ms),
+            );
+            s.sample(Duration::ZERO).p95_us.unwrap()
+        };
+        assert!(p95(0) > 1900.0, "{}", p95(0));
+        assert!(p95(1000) < 250.0, "{}", p95(1000));
+        // Two seconds take in the old slow row too: 140 slow of 1100.
+        assert!(p95(2000) > 1900.0, "{}", p95(2000));
     }
 }

@@ -135,6 +135,7 @@ const SLACK: Slack = Slack {
     hold: 10,
     latency: crate::policy::LatencySource::Auto,
     max_queued: None,
+    latency_window_ms: 0,
 };
 
 fn reactive() -> PolicySpec {

@@ -23,6 +23,7 @@ use kvlab_bench::stats::{new_histogram, Histogram, Percentiles};
 use serde::{Deserialize, Serialize};
 
 use crate::event::{Event, What};
+use crate::policy::Signal;
 
 /// One job's figures.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -87,6 +88,45 @@ pub struct RunSummary {
     pub core_changes: usize,
     /// Pauses of jobs.
     pub pauses: usize,
+    /// Which process was the bottleneck while the jobs ran.
+    #[serde(default)]
+    pub regime: Regime,
+}
+
+/// Which process was the bottleneck over the jobs' span: the server's CPU and its own
+/// latency from the controller's samples, and how late the load generator sent its
+/// requests (the load's p95 is timed from the planned send, so a generator short of CPU
+/// shows in it as well as a slow server does).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Regime {
+    /// The server's CPU, cores busy: the mean of the samples'.
+    pub server_cpu: Option<f64>,
+    /// The server's own p95 (kvlab's `stats latency`: service time plus the wait for an
+    /// event loop), µs: the median of the samples'.
+    pub server_p95_us: Option<f64>,
+    /// The generator's lag (planned send to sent) at its p95, µs: the median of the load's
+    /// intervals'.
+    pub send_lag_p95_us: Option<f64>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+/// The regime over the samples of `events` and the `rows` inside the span `from..to`.
+fn regime(events: &[Event], rows: &[&IntervalRow], from: u64, to: u64) -> Regime {
+    let signals: Vec<&Signal> = events
+        .iter()
+        .filter(|e| matches!(e.what, What::Sample { .. }) && (from..=to).contains(&e.unix_ms))
+        .filter_map(|e| e.signal.as_ref())
+        .collect();
+    let cpu: Vec<f64> = signals.iter().filter_map(|s| s.cpu).collect();
+    Regime {
+        server_cpu: (!cpu.is_empty()).then(|| cpu.iter().sum::<f64>() / cpu.len() as f64),
+        server_p95_us: median(signals.iter().filter_map(|s| s.server_p95_us).collect()),
+        send_lag_p95_us: median(rows.iter().map(|r| r.latency_send.p95_us).collect()),
+    }
 }
 
 /// The span the SLO is judged over, ms since the Unix epoch: the first job's start to the
@@ -269,6 +309,7 @@ pub fn summarise(events: &[Event], intervals: &[IntervalRow], slo_p95_us: f64) -
         },
         core_changes,
         pauses,
+        regime: regime(events, &measured, from, to),
     }
 }
 
@@ -354,6 +395,62 @@ mod tests {
         assert_eq!(s.total_s, Some(5.0));
         assert_eq!((s.started, s.pauses, s.jobs.len()), (1, 1, 1));
         assert_eq!(s.jobs[0].runtime_s, 4.0);
+    }
+
+    #[test]
+    fn the_regime_is_taken_over_the_jobs_span_only() {
+        let sample = |ms: u64, cpu: f64, server: f64| Event {
+            signal: Some(Signal {
+                cpu: Some(cpu),
+                server_p95_us: Some(server),
+                ..Signal::default()
+            }),
+            ..ev(
+                ms,
+                What::Sample {
+                    cores: 1,
+                    running: 1,
+                    paused: 0,
+                },
+            )
+        };
+        let start = What::Start {
+            job: "a".into(),
+            cores: 1,
+            pid: None,
+        };
+        let end = What::End {
+            job: "a".into(),
+            exit: Some(0),
+            runtime_s: 3.0,
+            paused_s: 0.0,
+            pauses: 0,
+        };
+        // Samples before and after the jobs (a busy server, 9 ms) do not count.
+        let events = [
+            sample(9_000, 2.0, 9000.0),
+            ev(10_000, start),
+            sample(10_100, 0.5, 40.0),
+            sample(11_000, 0.7, 50.0),
+            sample(12_000, 0.3, 900.0),
+            ev(13_000, end),
+            sample(14_000, 2.0, 9000.0),
+        ];
+        let rows: Vec<IntervalRow> = [8u64, 10, 11, 12, 14]
+            .iter()
+            .map(|&s| {
+                let mut r = row(s * 1000, 1000, s as usize, 100, 0);
+                r.latency_send.p95_us = if s == 11 { 4000.0 } else { s as f64 };
+                r
+            })
+            .collect();
+        let g = summarise(&events, &rows, 1000.0).regime;
+        assert!((g.server_cpu.unwrap() - 0.5).abs() < 1e-9, "{g:?}");
+        assert_eq!(g.server_p95_us, Some(50.0));
+        // Rows 10, 11 and 12 s: lags 10, 4000 and 12 µs; the median is 12.
+        assert_eq!(g.send_lag_p95_us, Some(12.0));
+        // No samples and no rows: nothing to say.
+        assert_eq!(summarise(&[], &[], 1000.0).regime, Regime::default());
     }
 
     #[test]

@@ -73,6 +73,11 @@ pub struct ControlArgs {
     /// logged].
     #[arg(long, value_name = "N")]
     max_queued: Option<f64>,
+    /// Take the load's p95 over its intervals of the last this many seconds, their
+    /// histograms added up, rather than the newest interval's own (0): a burst then counts
+    /// by the share of requests it slowed, as in a trace segment's p95.
+    #[arg(long, value_name = "SECONDS", default_value_t = 0.0)]
+    latency_window: f64,
     /// predictive: requests/s the server sustains within the SLO with 1, 2, … cores
     /// (comma-separated; from the characterisation experiment).
     #[arg(long, value_name = "QPS,QPS,…")]
@@ -134,7 +139,11 @@ fn policy(a: &ControlArgs) -> anyhow::Result<PolicySpec> {
             .parse()
             .map_err(|e: String| anyhow::anyhow!("--latency: {e}"))?,
         max_queued: a.max_queued,
+        latency_window_ms: (a.latency_window * 1000.0).round() as u64,
     };
+    if !(a.latency_window >= 0.0 && a.latency_window <= 3600.0) {
+        bail!("--latency-window: 0 to 3600 seconds");
+    }
     if !(slack.slo_p95_us > 0.0 && slack.grow_slack < slack.shrink_slack) {
         bail!("need --slo-p95-us > 0 and --grow-slack < --shrink-slack");
     }

@@ -191,11 +191,22 @@ fn policies_section(runs: &[WorkflowRun], window: f64) -> Section {
             window_column.as_str(),
             "core changes",
             "pauses",
+            "server CPU (cores)",
+            "server's own p95 (µs)",
+            "load's send lag p95 (µs)",
         ]
         .map(String::from)
         .to_vec(),
         rows,
-        caption: None,
+        caption: Some(
+            "The last three columns are the regime over the jobs' span: the server's CPU \
+             (mean of the controller's samples), its own p95 (kvlab's `stats latency`, \
+             median of the samples'; none for memcached) and how late the load generator \
+             sent (planned send to sent, p95, median of its intervals'). The load's p95 is \
+             timed from the planned send, so when the generator shares a CPU with the \
+             jobs its lag is part of every violation."
+                .into(),
+        ),
     }));
     summary.items.push(Item::Table(Table {
         title: "Each job's runtime without pauses".into(),
@@ -265,6 +276,9 @@ fn policy_row(
         .collect();
     let changes: Vec<f64> = ok.iter().map(|o| o.summary.core_changes as f64).collect();
     let pauses: Vec<f64> = ok.iter().map(|o| o.summary.pauses as f64).collect();
+    let regime = |f: fn(&kvlab_control::summary::Regime) -> Option<f64>| -> Vec<f64> {
+        ok.iter().filter_map(|o| f(&o.summary.regime)).collect()
+    };
     Row::new([
         system.clone(),
         interval.clone(),
@@ -278,6 +292,9 @@ fn policy_row(
         pm(&wviol, 2),
         pm(&changes, 0),
         pm(&pauses, 0),
+        pm(&regime(|g| g.server_cpu), 2),
+        pm(&regime(|g| g.server_p95_us), 0),
+        pm(&regime(|g| g.send_lag_p95_us), 0),
     ])
 }
 

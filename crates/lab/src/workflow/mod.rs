@@ -41,7 +41,8 @@
 //! [[policy]]                     # name (default: the policy), policy = "static" |
 //! policy = "static"              # "reactive" | "predictive"; cores (static); capacity,
 //! cores = 1                      # headroom (predictive); grow_slack, shrink_slack, hold,
-//!                                # latency ("auto" | "client" | "server"), max_queued;
+//!                                # latency ("auto" | "client" | "server"), max_queued,
+//!                                # latency_window (s: the load's p95 over that span);
 //!                                # idle_jobs = true: jobs also on the server's CPUs at
 //!                                # SCHED_IDLE (kvlab control --idle-jobs)
 //! ```
@@ -92,6 +93,7 @@ struct PolicyEntry {
     hold: Option<u32>,
     latency: Option<String>,
     max_queued: Option<f64>,
+    latency_window: Option<f64>,
     #[serde(default)]
     idle_jobs: bool,
 }
@@ -222,6 +224,11 @@ impl WorkflowSpec {
                 None => DEFAULT_SLACK.latency,
             },
             max_queued: p.max_queued,
+            latency_window_ms: match p.latency_window {
+                Some(w) if (0.0..=3600.0).contains(&w) => (w * 1000.0).round() as u64,
+                Some(w) => bail!("[[policy]] latency_window {w}: 0 to 3600 seconds"),
+                None => 0,
+            },
         };
         let spec = match p.policy.as_str() {
             "static" => PolicySpec::Static {
