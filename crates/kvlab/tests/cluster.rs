@@ -686,6 +686,46 @@ fn a_holder_paused_as_the_ring_changes_gets_its_copies_once_it_answers() {
     assert_every_key(&mut c, "v");
 }
 
+/// The leaver stopped at once, the new owner dead before its re-copy (the soak's seed 3004):
+/// four nodes with two copies, the fourth (D) removed by hand on the topology file. Keys D
+/// owned with their copy on A are A's now, with their second copy due on another node, X,
+/// from one of two senders: A's clean-up re-copies them, D's hand-over sends them. A is
+/// paused as the ring changes, so it cannot; D is stopped (SIGTERM) as soon as it sees the
+/// new ring — as the harness stops a leaver when it killed the `cluster remove` that
+/// waited for its hand-over — and must finish handing over to X before it exits. Then A is
+/// killed and restarts empty: it catches up from B and C, and every key reads back.
+#[test]
+fn a_leaver_stopped_as_it_leaves_hands_over_before_it_exits() {
+    let TwoCopies {
+        _dir,
+        topology,
+        ports,
+        names,
+        mut nodes,
+        ..
+    } = TwoCopies::on_file(4);
+    let store = TwoCopies::hand_off(&topology, &names, &names[..3]);
+    signal(&nodes[0], libc::SIGSTOP);
+    let t = store.load().unwrap().unwrap();
+    let mut end = t.next();
+    end.nodes = names[..3].to_vec();
+    end.migration = None;
+    assert!(store.swap(Some(t.epoch), &end).unwrap());
+    until("the leaver to see the new ring", || {
+        node_status(&names[3]).unwrap()["epoch"].as_u64() == Some(end.epoch)
+    });
+    signal(&nodes[3], libc::SIGTERM);
+    until("the leaver to exit", || nodes[3].exited());
+    nodes[0].kill();
+    nodes[0] = node(&topology, ports[0]);
+    until("A to catch up", || {
+        node_status(&names[0]).unwrap()["recovering"] == false
+    });
+    let mut c =
+        ClusterClient::connect(&[names[1].parse().unwrap()], Duration::from_secs(2)).unwrap();
+    assert_every_key(&mut c, "v");
+}
+
 /// Three nodes with two copies of every key, topology in etcd: one node is killed with
 /// `kill -9` while a writer-reader runs. Its lease lapses, a live node takes it out of the
 /// ring, its keys are served from their copies: no acknowledged write is lost, no read is

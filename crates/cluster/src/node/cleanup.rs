@@ -9,13 +9,27 @@ impl Node {
     /// that hold its key now): waits at most `patience` for that hand-over to end before it
     /// stops. With copies, such an item may be the last one of its key (the new owner
     /// killed before it copied the key to the ring's other holders): stopping the node
-    /// right after it left — even before `cluster remove` returned — must not take it along.
+    /// right after it left — even before `cluster remove` returned, or while its own view
+    /// still shows the hand-off of the migration that takes it out — must not take it
+    /// along.
     pub(super) fn finish_hand_over(&self, patience: Duration) {
         let deadline = Instant::now() + patience;
         loop {
             let v = self.view();
-            let left = v.migration.is_none() && !v.serving.nodes().contains(&self.me);
-            if !left || v.replicas < 2 || self.progress.lock().handover_epoch >= v.epoch {
+            let me = &self.me;
+            let (leaving, left) = match &v.migration {
+                Some(m) => (
+                    m.phase == Phase::Handoff
+                        && !v.serving.nodes().contains(me)
+                        && m.other.nodes().contains(me),
+                    false,
+                ),
+                None => (false, !v.serving.nodes().contains(me)),
+            };
+            if !(leaving || left) || v.replicas < 2 {
+                return;
+            }
+            if left && self.progress.lock().handover_epoch >= v.epoch {
                 return;
             }
             let items = self.store.stats().curr_items;
@@ -37,11 +51,15 @@ impl Node {
     /// nodes that hold the key under `view` with `add` (a node that has the key keeps its
     /// own) on a `cluster import HANDOVER` stream per node; returns the keys some of whose
     /// nodes did not confirm (unreachable, or refused): those items stay here for now.
+    /// A node that failed is in `failed` and not tried again in this pass (each try of
+    /// an unanswering node costs [`REPLICA_TIMEOUT`]), so one paused holder does not hold
+    /// up the hand-over to the others.
     pub(super) fn hand_over(
         &self,
         view: &View,
         items: &[kvlab_store::ExportedItem],
         pipes: &mut HashMap<String, Pipe>,
+        failed: &mut HashSet<String>,
     ) -> HashSet<Vec<u8>> {
         let r = view.replicas as usize;
         let mut owners = Vec::with_capacity(r);
@@ -55,6 +73,10 @@ impl Node {
             );
             for &i in owners.iter() {
                 let node = &view.serving.nodes()[i];
+                if failed.contains(node) {
+                    kept.insert(item.key().to_vec());
+                    continue;
+                }
                 let pipe = match pipes.entry(node.clone()) {
                     std::collections::hash_map::Entry::Occupied(e) => Ok(e.into_mut()),
                     std::collections::hash_map::Entry::Vacant(e) => {
@@ -69,6 +91,7 @@ impl Node {
                     Ok(()) => sent.entry(node.clone()).or_default().push(item.key()),
                     Err(_) => {
                         pipes.remove(node);
+                        failed.insert(node.clone());
                         kept.insert(item.key().to_vec());
                     }
                 }
@@ -81,6 +104,7 @@ impl Node {
             if !confirmed {
                 pipes.remove(&node);
                 kept.extend(keys.into_iter().map(<[u8]>::to_vec));
+                failed.insert(node);
             }
         }
         kept
@@ -100,6 +124,7 @@ impl Node {
                 let mut cursor = ScanCursor::default();
                 let mut items = Vec::with_capacity(256);
                 let mut handover: HashMap<String, Pipe> = HashMap::new();
+                let mut failed: HashSet<String> = HashSet::new();
                 // Items a key's node did not take in this pass (it is down, or catching up
                 // and refusing strays): the scan starts over for them until none is left.
                 let mut kept_in_pass = 0u64;
@@ -115,6 +140,8 @@ impl Node {
                         return;
                     }
                     let t0 = Instant::now();
+                    // Time spent waiting on other nodes (copies, hand-over): not work.
+                    let mut waited = Duration::ZERO;
                     items.clear();
                     let me = node.me.as_str();
                     let r = view.replicas as usize;
@@ -141,7 +168,10 @@ impl Node {
                         return;
                     }
                     if first_pass {
-                        if let Err(e) = node.replicate_all(&view, &mine) {
+                        let t = Instant::now();
+                        let copied = node.replicate_all(&view, &mine);
+                        waited += t.elapsed();
+                        if let Err(e) = copied {
                             node.progress.lock().replica_errors += 1;
                             tracing::warn!("copying keys to their holders: {e} (tried again)");
                             recopy.append(&mut mine);
@@ -152,7 +182,9 @@ impl Node {
                         // one left (its owner died before it copied the key to the holders
                         // of the new ring): it goes only once the key's nodes under this
                         // ring confirm they have it, each sent the item as `add`.
-                        let kept = node.hand_over(&view, &items, &mut handover);
+                        let t = Instant::now();
+                        let kept = node.hand_over(&view, &items, &mut handover, &mut failed);
+                        waited += t.elapsed();
                         kept_in_pass += kept.len() as u64;
                         items.retain(|item| !kept.contains(item.key()));
                     }
@@ -182,6 +214,7 @@ impl Node {
                         }
                         drop(p);
                         handover.clear();
+                        failed.clear();
                         std::thread::sleep(retry);
                         retry = (retry * 2).min(Duration::from_secs(1));
                         cursor = ScanCursor::default();
@@ -190,8 +223,11 @@ impl Node {
                         continue;
                     }
                     // Nothing waits for the clean-up: it takes at most a fifth of a core
-                    // from the requests (as the crawler does).
-                    std::thread::sleep((t0.elapsed() * 4).max(Duration::from_micros(50)));
+                    // from the requests (as the crawler does). Waiting on a node that does
+                    // not answer is not work: it does not stretch the pause (a leaver that
+                    // is stopping has 2 s for its whole hand-over).
+                    let busy = t0.elapsed().saturating_sub(waited);
+                    std::thread::sleep((busy * 4).max(Duration::from_micros(50)));
                 }
             });
         match spawned {
