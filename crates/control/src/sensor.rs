@@ -233,20 +233,24 @@ impl Sensor for ServerSensor {
             return s;
         };
         let rows = live.poll();
-        let Some(row) = live.latest.clone() else {
+        let Some((ts_end, p95_us, qps)) = live
+            .latest
+            .as_ref()
+            .map(|r| (r.ts_end, r.latency.p95_us, r.achieved_qps))
+        else {
             return s;
         };
         if self.window_ms > 0 {
             self.recent.extend(rows.into_iter().filter(|r| !r.warmup));
-            let from = row.ts_end.saturating_sub(self.window_ms);
+            let from = ts_end.saturating_sub(self.window_ms);
             while self.recent.front().is_some_and(|r| r.ts_end <= from) {
                 self.recent.pop_front();
             }
         }
-        if unix_ms().saturating_sub(row.ts_end) <= STALE_MS {
-            s.p95_us = Some(self.window_p95().unwrap_or(row.latency.p95_us));
+        if unix_ms().saturating_sub(ts_end) <= STALE_MS {
+            s.p95_us = Some(self.window_p95().unwrap_or(p95_us));
             if self.stats.is_none() {
-                s.qps = Some(row.achieved_qps);
+                s.qps = Some(qps);
             }
         }
         s

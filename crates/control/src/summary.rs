@@ -109,9 +109,9 @@ pub struct Regime {
     pub send_lag_p95_us: Option<f64>,
 }
 
+/// The median of `v`, `None` when it is empty.
 fn median(mut v: Vec<f64>) -> Option<f64> {
-    v.sort_by(f64::total_cmp);
-    (!v.is_empty()).then(|| v[v.len() / 2])
+    (!v.is_empty()).then(|| kvlab_bench::report::median(&mut v))
 }
 
 /// The regime over the samples of `events` and the `rows` inside the span `from..to`.

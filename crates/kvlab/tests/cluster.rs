@@ -20,7 +20,7 @@ use kvlab_client::process::{free_ports, Probe, Process, Spawn};
 use kvlab_client::testing::{Etcd, Memcached};
 use kvlab_client::{Client, ClusterClient};
 use kvlab_cluster::coordinator::node_status;
-use kvlab_cluster::{open_store, FileStore, Migration, Phase, TopologyStore};
+use kvlab_cluster::{open_store, FileStore, Migration, Phase, Topology, TopologyStore};
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 
@@ -559,6 +559,30 @@ impl TwoCopies {
         await_progress(names, id, "handed_off");
         store
     }
+
+    /// Ends the migration in its hand-off by hand: the ring becomes `nodes`, with no
+    /// migration; the topology written.
+    fn end_with(store: &FileStore, nodes: &[String]) -> Topology {
+        let t = store.load().unwrap().unwrap();
+        let mut end = t.next();
+        end.nodes = nodes.to_vec();
+        end.migration = None;
+        assert!(store.swap(Some(t.epoch), &end).unwrap());
+        end
+    }
+
+    /// Kills the first node, restarts it empty, waits for its catch-up and reads every key
+    /// back (through the second node).
+    fn restart_first_empty(topology: &str, ports: &[u16], names: &[String], nodes: &mut [Process]) {
+        nodes[0].kill();
+        nodes[0] = node(topology, ports[0]);
+        until("A to catch up", || {
+            node_status(&names[0]).unwrap()["recovering"] == false
+        });
+        let mut c =
+            ClusterClient::connect(&[names[1].parse().unwrap()], Duration::from_secs(2)).unwrap();
+        assert_every_key(&mut c, "v");
+    }
 }
 
 /// Sets `k{i}` to `{value}{i}` for the 3000 keys of these tests, each acknowledged.
@@ -658,11 +682,7 @@ fn a_holder_paused_as_the_ring_changes_gets_its_copies_once_it_answers() {
     } = TwoCopies::on_file(4);
     let store = TwoCopies::hand_off(&topology, &names, &names[..3]);
     signal(&nodes[2], libc::SIGSTOP);
-    let t = store.load().unwrap().unwrap();
-    let mut end = t.next();
-    end.nodes = names[..3].to_vec();
-    end.migration = None;
-    assert!(store.swap(Some(t.epoch), &end).unwrap());
+    let end = TwoCopies::end_with(&store, &names[..3]);
     // A's copies to C time out (1 s); then the leaver is stopped for good.
     until("A's copy to the paused holder to fail", || {
         node_status(&names[0]).unwrap()["progress"]["replica_errors"]
@@ -676,14 +696,7 @@ fn a_holder_paused_as_the_ring_changes_gets_its_copies_once_it_answers() {
     until("A's clean-up to end", || {
         node_status(&names[0]).unwrap()["progress"]["handover_epoch"].as_u64() >= Some(end.epoch)
     });
-    nodes[0].kill();
-    nodes[0] = node(&topology, ports[0]);
-    until("A to catch up", || {
-        node_status(&names[0]).unwrap()["recovering"] == false
-    });
-    let mut c =
-        ClusterClient::connect(&[names[1].parse().unwrap()], Duration::from_secs(2)).unwrap();
-    assert_every_key(&mut c, "v");
+    TwoCopies::restart_first_empty(&topology, &ports, &names, &mut nodes);
 }
 
 /// The leaver stopped at once, the new owner dead before its re-copy (the soak's seed 3004):
@@ -706,24 +719,13 @@ fn a_leaver_stopped_as_it_leaves_hands_over_before_it_exits() {
     } = TwoCopies::on_file(4);
     let store = TwoCopies::hand_off(&topology, &names, &names[..3]);
     signal(&nodes[0], libc::SIGSTOP);
-    let t = store.load().unwrap().unwrap();
-    let mut end = t.next();
-    end.nodes = names[..3].to_vec();
-    end.migration = None;
-    assert!(store.swap(Some(t.epoch), &end).unwrap());
+    let end = TwoCopies::end_with(&store, &names[..3]);
     until("the leaver to see the new ring", || {
         node_status(&names[3]).unwrap()["epoch"].as_u64() == Some(end.epoch)
     });
     signal(&nodes[3], libc::SIGTERM);
     until("the leaver to exit", || nodes[3].exited());
-    nodes[0].kill();
-    nodes[0] = node(&topology, ports[0]);
-    until("A to catch up", || {
-        node_status(&names[0]).unwrap()["recovering"] == false
-    });
-    let mut c =
-        ClusterClient::connect(&[names[1].parse().unwrap()], Duration::from_secs(2)).unwrap();
-    assert_every_key(&mut c, "v");
+    TwoCopies::restart_first_empty(&topology, &ports, &names, &mut nodes);
 }
 
 /// Three nodes with two copies of every key, topology in etcd: one node is killed with

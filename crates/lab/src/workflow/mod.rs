@@ -403,6 +403,19 @@ pub fn summary_text(dir: &Path) -> anyhow::Result<String> {
 mod tests {
     use super::*;
 
+    /// The runs of `system` in one seed, as `policy@interval`, among policies `names`.
+    fn runs_of(spec: &WorkflowSpec, system: &str, names: &[&str]) -> Vec<String> {
+        let mut v = Vec::new();
+        for &i in &spec.qps_intervals {
+            for p in names {
+                if spec.runs(system, p, i) {
+                    v.push(format!("{p}@{i}"));
+                }
+            }
+        }
+        v
+    }
+
     #[test]
     fn a_policy_entry_with_idle_jobs_is_that_policy_with_jobs_at_idle_priority() {
         // reactive-idle, like static-2-idle and predictive-idle: the policy's rule, and
@@ -455,17 +468,7 @@ policies = ["predictive-idle"]
 qps_intervals = [10]
 "#;
         let spec = WorkflowSpec::parse(text).unwrap();
-        let runs = |sys: &str| {
-            let mut v = Vec::new();
-            for &i in &spec.qps_intervals {
-                for p in ["static-1", "predictive-idle"] {
-                    if spec.runs(sys, p, i) {
-                        v.push(format!("{p}@{i}"));
-                    }
-                }
-            }
-            v
-        };
+        let runs = |sys: &str| runs_of(&spec, sys, &["static-1", "predictive-idle"]);
         assert_eq!(runs("kvlab").len(), 6);
         assert_eq!(runs("memcached"), ["predictive-idle@10"]);
         // The experiment as run (written back into meta.json) keeps its restriction.
@@ -531,13 +534,7 @@ qps_intervals = [10]
         );
         assert!(matches!(policies[0].1, PolicySpec::Static { cores: 1 }) && !policies[0].2);
         assert!(policies[1].2 && policies[2].2 && policies[3].2);
-        let runs = |sys: &str| {
-            let mut n = 0;
-            for &i in &spec.qps_intervals {
-                n += names.iter().filter(|p| spec.runs(sys, p, i)).count();
-            }
-            n * spec.seeds.len()
-        };
+        let runs = |sys: &str| runs_of(&spec, sys, &names).len() * spec.seeds.len();
         assert_eq!((runs("kvlab"), runs("memcached")), (36, 3));
         assert!(spec.runs("memcached", "predictive-idle", 10.0));
         // The smallest-interval study: predictive-idle at 1, 0.5, 0.25 and 0.1 s.
