@@ -6,9 +6,10 @@
 # from libmemcached-tools through `kvlab proxy --cluster` (CLIENT=memcaslap; the proxy, one
 # thread, is counted with the client). Prints one line per run (sets/s, errors, the nodes'
 # and the client's CPU seconds, the nodes' CPU time and context switches per set) and the
-# ratio of each pair.
+# ratio of each pair. POLICY=owner creates the clusters with `--write-policy owner` (a write
+# acknowledged once its owner applied it; default: all, once every copy is confirmed).
 #
-#   KVLAB=target/release/kvlab [CLIENT=kvlab|memcaslap] scripts/cluster-copies.sh [PAIRS] [WRITERS] [DURATION]
+#   KVLAB=target/release/kvlab [CLIENT=kvlab|memcaslap] [POLICY=all|owner] scripts/cluster-copies.sh [PAIRS] [WRITERS] [DURATION]
 set -euo pipefail
 KVLAB=${KVLAB:-target/release/kvlab}
 PAIRS=${1:-3}
@@ -37,7 +38,8 @@ run() { # replicas -> "sets/s errors nodes_cpu bench_cpu"
   local r=$1 topo="$dir/topology-$1-$RANDOM.json" names=() p
   pids=()
   for i in 0 1 2; do names+=("127.0.0.1:$((BASE_PORT + i))"); done
-  "$KVLAB" cluster --topology "$topo" create --replicas "$r" "${names[@]}" >/dev/null
+  "$KVLAB" cluster --topology "$topo" create --replicas "$r" \
+    ${POLICY:+--write-policy "$POLICY"} "${names[@]}" >/dev/null
   for i in 0 1 2; do
     p=$((BASE_PORT + i))
     "$KVLAB" server -l 127.0.0.1 -p "$p" -t 1 -m 256 --cluster "$topo" \

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::clock::now_ms;
-use crate::topology::{Migration, Phase, Topology, TopologyStore};
+use crate::topology::{Migration, Phase, Topology, TopologyStore, WritePolicy};
 use crate::ClusterError;
 
 /// How long a migration may go without any node making progress before the coordinator
@@ -133,6 +133,7 @@ pub fn create(
     store: &dyn TopologyStore,
     vnodes: u32,
     replicas: u32,
+    write_policy: WritePolicy,
     nodes: Vec<String>,
 ) -> Result<Topology, ClusterError> {
     if nodes.is_empty() {
@@ -146,6 +147,7 @@ pub fn create(
     }
     let t = Topology {
         replicas,
+        write_policy,
         ..Topology::new(vnodes, nodes)
     };
     if !store.swap(None, &t)? {

@@ -54,6 +54,12 @@ pub const REPLICA_TIMEOUT: Duration = Duration::from_millis(1000);
 /// How long a copy holder that failed is not tried again (its writes fail at once).
 pub const REPLICA_BACKOFF: Duration = Duration::from_millis(500);
 
+/// Tickets from this one up are writes already acknowledged (write policy `owner`): their
+/// copies need not go out at once. A batch of only such tickets waits while an earlier
+/// batch to its holder is unanswered, and goes with every batch queued behind it when that
+/// answer is read — one message for many writes under load, at once when the link is idle.
+pub const BEHIND: usize = 1 << 48;
+
 /// One ticket's outcome at one holder: `None` when the holder confirmed every key of the
 /// ticket, else why not (`copy to NODE not written: …`).
 #[derive(Debug)]
@@ -246,6 +252,9 @@ pub struct Batch {
     pub tickets: Vec<usize>,
     /// Where the outcome goes.
     pub reply: Reply,
+    /// Every ticket is [`BEHIND`]: the batch may wait for the holder's answer to an
+    /// earlier one.
+    pub behind: bool,
 }
 
 /// Registers a socket in an event loop's epoll under an id; the loop then calls
@@ -583,6 +592,9 @@ impl Link {
             answers.push((batch.reply, batch.tickets, None, seq));
             return;
         }
+        // An acknowledged write's copies wait in `out` while an earlier batch is
+        // unanswered (a loop watches the stream and flushes it as the answer arrives).
+        let wait = batch.behind && st.watched && !st.sent.is_empty();
         st.sent.push_back(Sent {
             lines,
             refused: 0,
@@ -594,8 +606,12 @@ impl Link {
         if st.stream.is_none() {
             drop(st);
             self.wake.notify_one();
-        } else if let Err(why) = st.flush() {
-            self.failed(sh, &mut st, &why, answers);
+            return;
+        }
+        if !wait {
+            if let Err(why) = st.flush() {
+                self.failed(sh, &mut st, &why, answers);
+            }
         }
     }
 

@@ -24,7 +24,7 @@ pub mod topology;
 
 pub use kvlab_client::Redirect;
 pub use node::{Gate, Import, Node, Verdict};
-pub use topology::{FileStore, Migration, Phase, Topology, TopologyStore};
+pub use topology::{FileStore, Migration, Phase, Topology, TopologyStore, WritePolicy};
 
 /// What can go wrong in a cluster operation.
 #[derive(Debug, thiserror::Error)]

@@ -40,6 +40,9 @@ pub struct Topology {
     /// ring, written through by the owner before it answers.
     #[serde(default = "one")]
     pub replicas: u32,
+    /// When a write with copies is acknowledged (see [`WritePolicy`]).
+    #[serde(default, skip_serializing_if = "WritePolicy::is_all")]
+    pub write_policy: WritePolicy,
     /// The migration under way, if any.
     #[serde(default)]
     pub migration: Option<Migration>,
@@ -52,6 +55,47 @@ pub struct Topology {
 
 fn one() -> u32 {
     1
+}
+
+/// When the owner of a key with copies (`replicas` > 1) acknowledges a write.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WritePolicy {
+    /// Once every copy holder confirmed it: an acknowledged write is on `replicas` nodes.
+    #[default]
+    All,
+    /// Once the owner applied it; its copies follow in write order (batched while earlier
+    /// ones are in flight), as a Redis Cluster primary's do. A write acknowledged less than
+    /// a round trip before its owner dies may be lost; a read still never returns a value
+    /// its holders do not have (it waits for their confirmation, as under `all`).
+    Owner,
+}
+
+impl WritePolicy {
+    fn is_all(&self) -> bool {
+        *self == WritePolicy::All
+    }
+}
+
+impl std::str::FromStr for WritePolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "all" => Ok(WritePolicy::All),
+            "owner" => Ok(WritePolicy::Owner),
+            _ => Err(format!("write policy {s:?}: expected all or owner")),
+        }
+    }
+}
+
+impl std::fmt::Display for WritePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WritePolicy::All => "all",
+            WritePolicy::Owner => "owner",
+        })
+    }
 }
 
 /// A change of the node set under way.
@@ -85,6 +129,7 @@ impl Topology {
             vnodes,
             nodes,
             replicas: 1,
+            write_policy: WritePolicy::All,
             migration: None,
             leaving: Vec::new(),
         }
@@ -230,6 +275,28 @@ impl TopologyStore for FileStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A topology written before write policies reads as `all`; `all` is not written (such
+    /// a file stays as it was), `owner` is, and reads back.
+    #[test]
+    fn the_write_policy_defaults_to_all_and_round_trips() {
+        let old = r#"{"epoch":3,"vnodes":16,"nodes":["a:1","b:2"],"replicas":2}"#;
+        let t: Topology = serde_json::from_str(old).unwrap();
+        assert_eq!(t.write_policy, WritePolicy::All);
+        assert!(!serde_json::to_string(&t).unwrap().contains("write_policy"));
+        let owner = Topology {
+            write_policy: WritePolicy::Owner,
+            ..t
+        };
+        let json = serde_json::to_string(&owner).unwrap();
+        assert!(json.contains(r#""write_policy":"owner""#), "{json}");
+        assert_eq!(serde_json::from_str::<Topology>(&json).unwrap(), owner);
+        assert_eq!("owner".parse::<WritePolicy>(), Ok(WritePolicy::Owner));
+        assert!("some"
+            .parse::<WritePolicy>()
+            .unwrap_err()
+            .contains("all or owner"));
+    }
 
     #[test]
     fn swap_is_compare_and_swap_on_the_epoch() {

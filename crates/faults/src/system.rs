@@ -245,6 +245,7 @@ impl System {
             sys.store.as_ref(),
             kvlab_client::cluster::DEFAULT_VNODES,
             sys.cfg.replicas,
+            kvlab_cluster::WritePolicy::All,
             names,
         )
         .map_err(|e| format!("creating the cluster: {e}"))?;

@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use kvlab_client::cluster::DEFAULT_VNODES;
 use kvlab_cluster::coordinator::{self, MigrationReport};
-use kvlab_cluster::{open_store, ClusterError, TopologyStore};
+use kvlab_cluster::{open_store, ClusterError, TopologyStore, WritePolicy};
 
 mod local;
 
@@ -42,6 +42,12 @@ enum ClusterCommand {
         /// lease lapses and its keys are served from their copies.
         #[arg(long, default_value_t = 1)]
         replicas: u32,
+        /// With copies: `all` acknowledges a write once every copy holder confirmed it (an
+        /// acknowledged write is on `--replicas` nodes); `owner` once the owner applied it,
+        /// its copies following (faster; a write acknowledged just before its owner dies
+        /// may be lost, a value read never is).
+        #[arg(long, default_value_t = WritePolicy::All)]
+        write_policy: WritePolicy,
         /// Flags for every node's `kvlab server` (e.g. `-m 1024 -t 2`), after `--`.
         #[arg(last = true)]
         server_args: Vec<String>,
@@ -54,6 +60,9 @@ enum ClusterCommand {
         /// Copies of every key (see `up --replicas`).
         #[arg(long, default_value_t = 1)]
         replicas: u32,
+        /// When a write with copies is acknowledged (see `up --write-policy`).
+        #[arg(long, default_value_t = WritePolicy::All)]
+        write_policy: WritePolicy,
         /// The nodes, HOST:PORT.
         #[arg(required = true)]
         nodes: Vec<String>,
@@ -102,6 +111,7 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             base_port,
             vnodes,
             replicas,
+            write_policy,
             server_args,
         } => {
             if nodes == 0 {
@@ -122,7 +132,13 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
             local::check_free(&names)?;
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             // The topology first: a node reads it when it starts.
-            coordinator::create(store.as_ref(), vnodes, replicas, names.clone())?;
+            coordinator::create(
+                store.as_ref(),
+                vnodes,
+                replicas,
+                write_policy,
+                names.clone(),
+            )?;
             let mut started = Vec::new();
             if let Err(e) = start_all(&dir, &args.topology, &names, &server_args, &mut started) {
                 let n = started.len();
@@ -143,9 +159,10 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
         ClusterCommand::Create {
             vnodes,
             replicas,
+            write_policy,
             nodes,
         } => {
-            let t = coordinator::create(store.as_ref(), vnodes, replicas, nodes)?;
+            let t = coordinator::create(store.as_ref(), vnodes, replicas, write_policy, nodes)?;
             println!(
                 "cluster created at epoch {}: {}",
                 t.epoch,
@@ -342,6 +359,12 @@ fn status(store: &dyn TopologyStore, json: bool) -> anyhow::Result<()> {
         t.vnodes,
         t.nodes.join(" ")
     );
+    if t.replicas > 1 {
+        println!(
+            "{} copies of every key, write policy {}",
+            t.replicas, t.write_policy
+        );
+    }
     if let Some(m) = &t.migration {
         println!("migration {} ({:?}) to: {}", m.id, m.phase, m.to.join(" "));
     }

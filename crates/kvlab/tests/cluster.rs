@@ -885,11 +885,22 @@ fn a_node_that_dies_during_the_copy_rolls_the_migration_back() {
 /// and every key ends on two nodes.
 #[test]
 fn two_copies_with_concurrent_writers_never_stall() {
+    concurrent_writers_leave_two_copies("all");
+}
+
+/// The same under write policy `owner`: each set is acknowledged once its owner applied it,
+/// and its copy follows — every key still ends on two nodes.
+#[test]
+fn two_copies_under_write_policy_owner_follow_every_write() {
+    concurrent_writers_leave_two_copies("owner");
+}
+
+fn concurrent_writers_leave_two_copies(policy: &str) {
     let dir = tempfile::tempdir().unwrap();
     let topology = dir.path().join("topology.json").display().to_string();
     let ports = free_ports(3).unwrap();
     let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
-    let mut args = vec!["create", "--replicas", "2"];
+    let mut args = vec!["create", "--replicas", "2", "--write-policy", policy];
     args.extend(names.iter().map(String::as_str));
     cluster(&topology, &args);
     let _nodes: Vec<Process> = ports.iter().map(|&p| node(&topology, p)).collect();
@@ -930,6 +941,10 @@ fn two_copies_with_concurrent_writers_never_stall() {
     assert_eq!(c["errors"].as_u64(), Some(0), "errors: {c}");
     assert_eq!(c["timeouts"].as_u64(), Some(0), "timeouts: {c}");
     assert_eq!(c["sets"].as_u64(), Some(4000), "sets: {c}");
+    // Under `owner` the last copies may still be on their way.
+    until("every write's copy", || {
+        names.iter().map(|n| items(n)).sum::<u64>() >= 2 * keys
+    });
     let copies: u64 = names.iter().map(|n| items(n)).sum();
     assert_eq!(
         copies,
@@ -941,6 +956,13 @@ fn two_copies_with_concurrent_writers_never_stall() {
 /// Two nodes with two copies of every key, one worker loop each (`-t 1`), and a
 /// connection to the first with a key it owns stored (so its copy stream is open).
 fn two_copies_on_one_loop() -> (tempfile::TempDir, Vec<Process>, TcpStream, String) {
+    two_copies_on_one_loop_with("all")
+}
+
+/// [`two_copies_on_one_loop`] under write policy `policy`.
+fn two_copies_on_one_loop_with(
+    policy: &str,
+) -> (tempfile::TempDir, Vec<Process>, TcpStream, String) {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
     let topology = dir.path().join("topology.json").display().to_string();
@@ -948,7 +970,15 @@ fn two_copies_on_one_loop() -> (tempfile::TempDir, Vec<Process>, TcpStream, Stri
     let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     cluster(
         &topology,
-        &["create", "--replicas", "2", &names[0], &names[1]],
+        &[
+            "create",
+            "--replicas",
+            "2",
+            "--write-policy",
+            policy,
+            &names[0],
+            &names[1],
+        ],
     );
     let nodes: Vec<Process> = ports
         .iter()
@@ -1082,6 +1112,50 @@ fn a_value_whose_copy_failed_is_read_only_once_its_holder_has_it() {
         "a read of a value its holder lacks: {read:?}"
     );
     // The holder answers again (its back-off over): the read's copy reaches it.
+    let mut value = String::new();
+    until("a read of the value once its holder has it", || {
+        writer
+            .write_all(format!("get {key}\r\n").as_bytes())
+            .unwrap();
+        let first = reply_line(&mut writer);
+        if first.starts_with("SERVER_ERROR") {
+            return false;
+        }
+        value = reply_line(&mut writer);
+        assert_eq!(reply_line(&mut writer), "END\r\n");
+        true
+    });
+    assert_eq!(value, "y\r\n");
+}
+
+/// Under write policy `owner` a write is acknowledged once its owner applied it, even with
+/// its copy holder paused; a read of it still waits for the holder's confirmation (it fails
+/// while the holder is paused), and returns the value once the holder has it.
+#[test]
+fn under_write_policy_owner_a_write_is_acknowledged_before_its_copy() {
+    use std::io::Write;
+    let (_dir, nodes, mut writer, key) = two_copies_on_one_loop_with("owner");
+    signal(&nodes[1], libc::SIGSTOP);
+    let t = Instant::now();
+    writer
+        .write_all(format!("set {key} 0 0 1\r\ny\r\n").as_bytes())
+        .unwrap();
+    let stored = reply_line(&mut writer);
+    let acknowledged_in = t.elapsed();
+    writer
+        .write_all(format!("get {key}\r\n").as_bytes())
+        .unwrap();
+    let read = reply_line(&mut writer);
+    signal(&nodes[1], libc::SIGCONT);
+    assert_eq!(stored, "STORED\r\n", "a write whose copy holder is paused");
+    assert!(
+        acknowledged_in < kvlab_cluster::node::REPLICA_TIMEOUT,
+        "acknowledged after {acknowledged_in:?}: it waited for its copy"
+    );
+    assert!(
+        read.starts_with("SERVER_ERROR copy to"),
+        "a read of a value its holder lacks: {read:?}"
+    );
     let mut value = String::new();
     until("a read of the value once its holder has it", || {
         writer

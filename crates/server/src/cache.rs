@@ -6,12 +6,13 @@
 //! on a helper thread); the REST handlers run it in place, on a runtime thread marked as
 //! blocking. Both decide with the same [`DiskRules`] and do the same [`Blocking`] work.
 
+use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{mpsc, Arc};
 
-use kvlab_cluster::copies::{Confirm, Outcome, Reply};
+use kvlab_cluster::copies::{Confirm, Outcome, Reply, BEHIND};
 use kvlab_cluster::Node;
 use kvlab_net::{Completion, Order, Watch, Work};
 use kvlab_store::{Durability, Store};
@@ -68,6 +69,10 @@ pub enum Blocking {
     /// Write these keys' new state through to the other nodes that hold their copies (a
     /// cluster node with `replicas` > 1); the write's reply leaves only afterwards.
     Replicate(Vec<Vec<u8>>),
+    /// The same, but the reply leaves at once (write policy `owner`): the copies follow on
+    /// an event loop ([`kvlab_cluster::copies::BEHIND`]); a helper thread still waits for
+    /// them.
+    Behind(Vec<Vec<u8>>),
     /// A read of keys whose copies are not all confirmed (a write's copies in flight, or
     /// failed): their state goes to the copy holders again, and the read's reply leaves
     /// only once they confirm — a value read is on every holder.
@@ -89,7 +94,9 @@ impl Blocking {
     pub fn order(&self) -> Order {
         match self {
             Blocking::Load(_) => Order::Rerun,
-            Blocking::Replicate(_) | Blocking::Reconfirm(_) => Order::Pipelined,
+            Blocking::Replicate(_) | Blocking::Behind(_) | Blocking::Reconfirm(_) => {
+                Order::Pipelined
+            }
             _ => Order::Barrier,
         }
     }
@@ -112,7 +119,7 @@ impl Blocking {
             Blocking::PersistKeys(keys) => store.persist_keys(keys.iter().map(Vec::as_slice)),
             Blocking::SyncAll => store.sync_all(),
             // Only a cluster node defers copies, and it runs them with its node.
-            Blocking::Replicate(_) | Blocking::Reconfirm(_) => Ok(()),
+            Blocking::Replicate(_) | Blocking::Behind(_) | Blocking::Reconfirm(_) => Ok(()),
         }
     }
 }
@@ -154,6 +161,10 @@ struct InFlight {
     wake: UnixStream,
     /// Per ticket: its outcome so far, its keys, and whether it is a write's.
     owed: Vec<Option<Owed>>,
+    /// The same for writes already acknowledged, by their [`BEHIND`] tickets.
+    behind: HashMap<usize, Owed>,
+    /// The next such ticket.
+    next_behind: usize,
 }
 
 struct Owed {
@@ -167,7 +178,12 @@ impl InFlight {
     /// it owes no confirmation.
     fn expect(&mut self, node: &Node, ticket: usize, owed: Owed) -> Option<Completion> {
         if owed.outcome.left == 0 {
-            return Some(settle(node, owed));
+            let completion = settle(node, owed);
+            return (ticket < BEHIND).then_some(completion);
+        }
+        if ticket >= BEHIND {
+            self.behind.insert(ticket, owed);
+            return None;
         }
         if self.owed.len() <= ticket {
             self.owed.resize_with(ticket + 1, || None);
@@ -177,6 +193,15 @@ impl InFlight {
     }
 
     fn confirmed(&mut self, node: &Node, c: Confirm) -> Option<Completion> {
+        if c.ticket >= BEHIND {
+            // An acknowledged write's copies: they settle its keys, nothing waits.
+            let ticket = c.ticket;
+            if self.behind.get_mut(&ticket)?.outcome.add(c) {
+                let owed = self.behind.remove(&ticket)?;
+                settle(node, owed);
+            }
+            return None;
+        }
         let slot = self.owed.get_mut(c.ticket)?;
         let done = slot.as_mut()?.outcome.add(c);
         if !done {
@@ -207,7 +232,7 @@ fn copies_of(
     let mut copies = Vec::new();
     for (ticket, work) in works.drain(..) {
         match work {
-            Blocking::Replicate(keys) => copies.push((ticket, keys, true)),
+            Blocking::Replicate(keys) | Blocking::Behind(keys) => copies.push((ticket, keys, true)),
             Blocking::Reconfirm(keys) => copies.push((ticket, keys, false)),
             work => done(ticket, work.complete_on(store)),
         }
@@ -259,6 +284,8 @@ impl Work for Blocking {
                     confirms,
                     wake: rx,
                     owed: Vec::new(),
+                    behind: HashMap::new(),
+                    next_behind: BEHIND,
                 });
             }
             // Copies then wait in the loop, as on a helper thread.
@@ -277,6 +304,15 @@ impl Work for Blocking {
             Self::run_batch(&mut batch, helper, &mut |i, c| done(tickets[i], c));
             return;
         };
+        // A write acknowledged before its copies: its reply leaves now, and its copies go
+        // on under a ticket of their own.
+        for (ticket, work) in works.iter_mut() {
+            if matches!(work, Blocking::Behind(_)) {
+                done(*ticket, Completion::Release);
+                *ticket = in_flight.next_behind;
+                in_flight.next_behind += 1;
+            }
+        }
         let copies = copies_of(works, &helper.store, done);
         if copies.is_empty() {
             return;

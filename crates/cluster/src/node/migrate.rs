@@ -39,7 +39,14 @@ impl Node {
         let v = self.view();
         if let Some(m) = &v.migration {
             if m.id == id {
-                let view = self.view_of(v.epoch, &v.serving, v.replicas, m.phase, &m.other, id);
+                let view = self.view_of(
+                    v.epoch,
+                    &v.serving,
+                    (v.replicas, v.write_policy),
+                    m.phase,
+                    &m.other,
+                    id,
+                );
                 self.view.store(Arc::new(view));
             }
         }

@@ -34,10 +34,10 @@ use parking_lot::Mutex;
 use serde::Serialize;
 
 use crate::clock::now_ms;
-use crate::copies::{Batch, Copies, Outcome, Reply, Unconfirmed};
+use crate::copies::{Batch, Copies, Outcome, Reply, Unconfirmed, BEHIND};
 pub use crate::copies::{REPLICA_BACKOFF, REPLICA_TIMEOUT};
 use crate::pipe::Pipe;
-use crate::topology::{Phase, Topology, TopologyStore};
+use crate::topology::{Phase, Topology, TopologyStore, WritePolicy};
 use crate::ClusterError;
 
 mod cleanup;
@@ -77,6 +77,8 @@ pub struct View {
     pub serving: Ring,
     /// Copies of every key (the topology's `replicas`).
     pub replicas: u32,
+    /// When a write with copies is acknowledged (the topology's `write_policy`).
+    pub write_policy: WritePolicy,
     /// The migration under way.
     pub migration: Option<MigrationView>,
 }
@@ -229,6 +231,7 @@ impl Node {
                 epoch: 0,
                 serving: Ring::new(0, 1, &[]),
                 replicas: 1,
+                write_policy: WritePolicy::All,
                 migration: None,
             }),
             missing: Mutex::new(HashMap::new()),
@@ -340,7 +343,7 @@ impl Node {
         &self,
         epoch: u64,
         serving: &Ring,
-        replicas: u32,
+        copies: (u32, WritePolicy),
         phase: Phase,
         other: &Ring,
         id: u64,
@@ -349,7 +352,8 @@ impl Node {
         View {
             epoch,
             serving: serving.clone(),
-            replicas,
+            replicas: copies.0,
+            write_policy: copies.1,
             migration: Some(MigrationView {
                 id,
                 phase,
@@ -410,13 +414,19 @@ impl Node {
         let serving = t.serving();
         let previous = self.view();
         let view = match (&t.migration, t.other()) {
-            (Some(m), Some(other)) => {
-                self.view_of(t.epoch, &serving, t.replicas, m.phase, &other, m.id)
-            }
+            (Some(m), Some(other)) => self.view_of(
+                t.epoch,
+                &serving,
+                (t.replicas, t.write_policy),
+                m.phase,
+                &other,
+                m.id,
+            ),
             _ => View {
                 epoch: t.epoch,
                 serving,
                 replicas: t.replicas,
+                write_policy: t.write_policy,
                 migration: None,
             },
         };
@@ -680,6 +690,12 @@ impl Gate {
     /// Whether writes are copied to other nodes (the topology's `replicas` > 1).
     pub fn replicated(&self) -> bool {
         self.view.replicas > 1
+    }
+
+    /// Whether a write is acknowledged before its copies are confirmed (write policy
+    /// `owner`): they follow it ([`crate::copies::BEHIND`]).
+    pub fn copies_behind(&self) -> bool {
+        self.view.write_policy == WritePolicy::Owner
     }
 
     /// Whether this node may take writes now (its liveness in the store has not lapsed).

@@ -66,7 +66,9 @@ impl Node {
                         keys: Vec::new(),
                         tickets: Vec::new(),
                         reply: reply.clone(),
+                        behind: true,
                     });
+                    batch.behind &= ticket >= BEHIND;
                     batch.keys.push(key.clone());
                     if batch.tickets.last() != Some(&ticket) {
                         batch.tickets.push(ticket);

@@ -155,6 +155,7 @@ fn start_cluster(
         cluster.store.as_ref(),
         kvlab_client::cluster::DEFAULT_VNODES,
         spec.replicas,
+        kvlab_cluster::WritePolicy::All,
         names.clone(),
     )?;
     let started: Vec<anyhow::Result<Process>> = std::thread::scope(|s| {

@@ -137,9 +137,14 @@ impl Engine {
                 return flow;
             }
             // The reply leaves once every copy holder confirmed the write (a batch of the
-            // loop's writes at a time), or as `SERVER_ERROR` if one did not.
+            // loop's writes at a time), or as `SERVER_ERROR` if one did not; under write
+            // policy `owner` at once, its copies following.
             for_each_key(req, |key| keys.push(key.to_vec()));
-            return defer(Blocking::Replicate(keys));
+            return defer(if gate.copies_behind() {
+                Blocking::Behind(keys)
+            } else {
+                Blocking::Replicate(keys)
+            });
         }
         // A read of a key whose copies are unconfirmed: its reply leaves once the holders
         // have what it read.
