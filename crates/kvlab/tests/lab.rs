@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kvlab_client::process::{free_port, Probe, Spawn};
+use kvlab_client::process::{self, free_port, Probe, Spawn};
 
 fn kvlab(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvlab"))
@@ -522,6 +522,7 @@ fn shipped_experiments_are_listed() {
         "proxy-replication",
         "proxy-multiget",
         "proxy-2k",
+        "proxy-vs-twemproxy",
         "cluster-failure",
         "faults-quick",
         "faults-soak",
@@ -531,6 +532,89 @@ fn shipped_experiments_are_listed() {
     let o = kvlab(&["lab", "show", "factorial-2k"], dir.path());
     assert!(o.status.success());
     assert!(String::from_utf8_lossy(&o.stdout).contains("design = \"2k\""));
+}
+
+/// A twemproxy system: the lab starts two memcached backends, writes nutcracker's pool over
+/// them, loads it, and records every process's CPU — the proxy's, the generator's and the
+/// backends' — in the run and the report's table.
+#[test]
+fn a_twemproxy_system_runs_over_its_backends_with_every_process_cpu() {
+    if process::which("nutcracker").is_none() || !memcached_installed() {
+        eprintln!("skipped: nutcracker or memcached not installed");
+        return;
+    }
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let path = tmp.path().join("twem.toml");
+    std::fs::write(
+        &path,
+        r#"
+name = "twem"
+description = "twemproxy over two memcached backends"
+repetitions = 1
+duration = 1.0
+warmup = 0.3
+
+[[system]]
+name = "twemproxy"
+kind = "twemproxy"
+backends = 2
+backend = "memcached"
+backend_args = ["-t", "1", "-m", "16"]
+
+[workload]
+keys = 1000
+value_size = 64
+mix = "get=9,set=1"
+clients = 4
+"#,
+    )
+    .expect("write experiment");
+    let out = tmp.path().join("out");
+    let o = kvlab(
+        &[
+            "lab",
+            "run",
+            path.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        tmp.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let runs = raw_runs(&out);
+    assert_eq!(runs.len(), 1);
+    let r = &runs[0];
+    assert_eq!(r["error"], serde_json::Value::Null, "{r}");
+    let command = r["command"].to_string();
+    assert!(
+        command.contains("nutcracker") && command.contains("-c"),
+        "{command}"
+    );
+    assert_eq!(r["backends"].as_array().map(Vec::len), Some(2), "{r}");
+    assert!(r["result"]["throughput_qps"].as_f64().unwrap() > 0.0);
+    assert_eq!(r["result"]["counters"]["errors"].as_u64(), Some(0), "{r}");
+    assert!(
+        r["cpu"]["utilization"].as_f64().unwrap() > 0.0,
+        "the proxy's CPU: {r}"
+    );
+    assert!(
+        r["backend_cpu"].as_f64().unwrap() > 0.0,
+        "the backends' CPU: {r}"
+    );
+    let table = std::fs::read_dir(out.join("report"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().contains("all-points"))
+        .expect("an all-points table");
+    let table = std::fs::read_to_string(table).unwrap();
+    let header = table.lines().next().unwrap();
+    for column in [
+        "server CPU (cores)",
+        "generator CPU (cores)",
+        "backends' CPU (cores)",
+    ] {
+        assert!(header.contains(column), "{header}");
+    }
 }
 
 /// A scaling experiment through the real binary: a 3-node cluster, a node added and one

@@ -257,6 +257,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
         include_str!("../../../experiments/proxy-2k.toml"),
     ),
     (
+        "proxy-vs-twemproxy",
+        include_str!("../../../experiments/proxy-vs-twemproxy.toml"),
+    ),
+    (
         "cluster-scaling",
         include_str!("../../../experiments/cluster-scaling.toml"),
     ),

@@ -26,7 +26,7 @@ use kvlab_bench::{Protocol, RunResult};
 use kvlab_client::process;
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{levels_text, Experiment, Flags, Level, Overrides, PlannedRun};
+use crate::spec::{levels_text, Experiment, Flags, Level, Overrides, PlannedRun, SystemKind};
 use crate::system::{self, Instance};
 
 /// The system's CPU time over a run's measured time.
@@ -182,6 +182,10 @@ pub struct RawRun {
     /// A proxy's own figures over the measured time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<ProxyFigures>,
+    /// A proxy's backends' CPU over the measured time, summed (cores busy), when every
+    /// backend's could be read (either kind of proxy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_cpu: Option<f64>,
     /// The CPUs the system was pinned to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<String>,
@@ -534,6 +538,7 @@ fn one_run(
         cpu: None,
         backends: inst.backend_commands(),
         proxy: None,
+        backend_cpu: None,
         cpus: inst.flags.cpus.clone(),
         corunner: None,
         result: None,
@@ -578,7 +583,13 @@ fn one_run(
     // the measured window is `window`'s.
     let pid = inst.pid;
     let ticks = laws::clock_ticks_per_second();
-    let proxy = inst.flags.backends.as_ref().map(|(n, _)| *n);
+    // Only kvlab's proxy reports its stages in `stats`.
+    let proxy = inst
+        .flags
+        .backends
+        .as_ref()
+        .map(|(n, _)| *n)
+        .filter(|_| inst.kind == SystemKind::Proxy);
     let addr = inst.addr;
     let backend_pids = inst.backend_pids();
     let read = || Reading {
@@ -633,6 +644,7 @@ fn one_run(
             raw.latency_hist = res.hist.take().map(|h| Hist(h.latency));
             raw.cpu = cpu_sample(pid, ticks, &readings);
             raw.proxy = proxy.and_then(|n| proxy_figures(&readings, ticks, n));
+            raw.backend_cpu = backend_cpu(&readings, ticks);
             raw.result = Some(res);
         }
         Err(e) => raw.error = Some(format!("{e}")),
@@ -734,13 +746,21 @@ fn proxy_figures(readings: &[Reading], ticks: u64, backends: usize) -> Option<Pr
     let elapsed = (b.at - a.at).as_secs_f64();
     let mut f = ProxyFigures::between(a.stats.as_deref()?, b.stats.as_deref()?, elapsed)?;
     f.backends = backends;
-    f.backend_cpu = match (a.backend_ticks, b.backend_ticks) {
-        (Some(t0), Some(t1)) if t1 >= t0 && ticks > 0 => {
+    f.backend_cpu = backend_cpu(readings, ticks);
+    Some(f)
+}
+
+/// A proxy's backends' CPU over the measured window, summed (cores busy).
+fn backend_cpu(readings: &[Reading], ticks: u64) -> Option<f64> {
+    let (start, end) = window(readings)?;
+    let (a, b) = (&readings[start], &readings[end]);
+    let elapsed = (b.at - a.at).as_secs_f64();
+    match (a.backend_ticks, b.backend_ticks) {
+        (Some(t0), Some(t1)) if t1 >= t0 && ticks > 0 && elapsed > 0.0 => {
             Some((t1 - t0) as f64 / ticks as f64 / elapsed)
         }
         _ => None,
-    };
-    Some(f)
+    }
 }
 
 fn cpu_sample(pid: Option<u32>, ticks: u64, readings: &[Reading]) -> Option<CpuSample> {

@@ -10,7 +10,9 @@
 //! system of its own (kvlab's server or memcached, on its own free port, with its own log
 //! `<log>.backend<i>.log`); the proxy gets `--backend` for each and `--log-dir <log>.windows`,
 //! and is stopped before its backends. Its `pid` (the CPU the runner reads) is the proxy's;
-//! [`Instance::backend_pids`] are the backends'.
+//! [`Instance::backend_pids`] are the backends'. A twemproxy system is the same with
+//! `nutcracker` in front, its pool written to `<log>.yml`; it has one thread and no `stats`
+//! the lab reads.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
@@ -25,6 +27,8 @@ use crate::spec::{Flags, SystemKind, SystemSpec, DATA_DIR};
 pub struct Instance {
     /// Index of its spec.
     pub system: usize,
+    /// How it was started.
+    pub kind: SystemKind,
     /// Its rendered flags (the lab's port flags not included) and a proxy's backends'.
     pub flags: Flags,
     /// Program and arguments as started (or the address, external).
@@ -58,7 +62,7 @@ pub fn which(program: &str) -> Option<PathBuf> {
 /// A proxy's program is the kvlab executable, and its backends' program must be there too.
 pub fn program(spec: &SystemSpec, kvlab_bin: Option<&Path>) -> anyhow::Result<Option<PathBuf>> {
     let kind = spec.kind()?;
-    if kind == SystemKind::Proxy {
+    if kind.has_backends() {
         program(&spec.backend_spec(0, Vec::new()), kvlab_bin)
             .with_context(|| format!("system {:?}: its backends", spec.name))?;
     }
@@ -79,6 +83,16 @@ pub fn program(spec: &SystemSpec, kvlab_bin: Option<&Path>) -> anyhow::Result<Op
                 ),
             },
         },
+        SystemKind::Twemproxy => {
+            let b = spec.binary.as_deref().unwrap_or("nutcracker");
+            which(b).map(Some).with_context(|| {
+                format!(
+                    "system {:?}: {b:?} not found on PATH (install twemproxy, e.g. \
+                     `apt-get install nutcracker`, or mark the system optional = true)",
+                    spec.name
+                )
+            })
+        }
         SystemKind::Memcached => {
             let b = spec.binary.as_deref().unwrap_or("memcached");
             which(b).map(Some).with_context(|| {
@@ -121,11 +135,17 @@ impl Instance {
         // A proxy's backends first; dropping them (an error below) stops them.
         let backends = Instance::start_backends(index, spec, &flags, log, kvlab_bin)?;
         let args = &flags.args;
-        let ports = process::free_ports(if http { 2 } else { 1 }).context("finding a free port")?;
+        // A second port: a kvlab server's HTTP, or twemproxy's stats port (its default,
+        // 22222, would be shared by every twemproxy on the machine).
+        let second = http || kind == SystemKind::Twemproxy;
+        let ports =
+            process::free_ports(if second { 2 } else { 1 }).context("finding a free port")?;
         let port = ports[0];
         let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let http_addr: Option<SocketAddr> = ports.get(1).map(|&p| ([127, 0, 0, 1], p).into());
-        let mut full = lab_args(kind, port, http_addr, &backends, log);
+        let http_addr: Option<SocketAddr> = http
+            .then(|| ports.get(1).map(|&p| ([127, 0, 0, 1], p).into()))
+            .flatten();
+        let mut full = lab_args(kind, &ports, http_addr, &backends, log)?;
         let placeholder = format!("{{{DATA_DIR}}}");
         let data_dir = fresh_data_dir(args, &placeholder, log)?;
         full.extend(args.iter().map(|a| match &data_dir {
@@ -143,6 +163,10 @@ impl Instance {
         let command = spawn.command();
         let deadline = Instant::now() + timeout;
         let started = spawn.start().map_err(anyhow::Error::from).and_then(|p| {
+            if kind == SystemKind::Twemproxy {
+                // One thread, and no `stats` of memcached's kind.
+                return Ok((p, 1));
+            }
             let left = deadline.saturating_duration_since(Instant::now());
             let threads = threads_of(addr, left.max(Duration::from_secs(1)))?;
             Ok((p, threads))
@@ -156,6 +180,7 @@ impl Instance {
         }
         Ok(Instance {
             system: index,
+            kind,
             flags,
             command,
             addr,
@@ -197,6 +222,7 @@ impl Instance {
             .with_context(|| format!("system {:?} at {addr}", spec.name))?;
         Ok(Instance {
             system: index,
+            kind: SystemKind::External,
             command: vec![addr.to_string()],
             flags,
             addr,
@@ -311,15 +337,17 @@ fn threads_of(addr: SocketAddr, timeout: Duration) -> anyhow::Result<u32> {
         .with_context(|| format!("its `stats` says threads {v:?}, not a number"))
 }
 
-/// The arguments the lab itself gives a system of `kind`: where to listen (and serve HTTP),
-/// and a proxy's backends and window log directory. The system's own flags follow them.
+/// The arguments the lab itself gives a system of `kind` on `ports` (its own first): where
+/// to listen (and serve HTTP), and a proxy's backends and window log directory, or
+/// twemproxy's pool file (written here) and stats port. The system's own flags follow them.
 fn lab_args(
     kind: SystemKind,
-    port: u16,
+    ports: &[u16],
     http_addr: Option<SocketAddr>,
     backends: &[Instance],
     log: &Path,
-) -> Vec<String> {
+) -> anyhow::Result<Vec<String>> {
+    let port = ports[0];
     let mut full: Vec<String> = Vec::new();
     match kind {
         SystemKind::Kvlab => {
@@ -345,9 +373,31 @@ fn lab_args(
             let windows = log.with_extension("windows");
             full.extend(["--log-dir".into(), windows.display().to_string()]);
         }
+        SystemKind::Twemproxy => {
+            let pool = log.with_extension("yml");
+            let addrs: Vec<SocketAddr> = backends.iter().map(|b| b.addr).collect();
+            std::fs::write(&pool, twemproxy_pool(port, &addrs))
+                .with_context(|| format!("writing {}", pool.display()))?;
+            full.extend(["-c".into(), pool.display().to_string()]);
+            full.extend(["-s".into(), ports[1].to_string()]);
+        }
         SystemKind::External => {}
     }
-    full
+    Ok(full)
+}
+
+/// twemproxy's configuration: one pool on 127.0.0.1:`port` over `backends` (weight 1 each),
+/// ketama over MD5 (twemproxy's usual memcached set-up), a 2 s backend timeout, hosts never
+/// ejected (a comparison sees every request, as kvlab proxy's do).
+fn twemproxy_pool(port: u16, backends: &[SocketAddr]) -> String {
+    let mut s = format!(
+        "pool:\n  listen: 127.0.0.1:{port}\n  hash: md5\n  distribution: ketama\n  \
+         timeout: 2000\n  auto_eject_hosts: false\n  servers:\n"
+    );
+    for b in backends {
+        s.push_str(&format!("   - {b}:1\n"));
+    }
+    s
 }
 
 /// A fresh, empty `<log>.data` when a flag uses the data directory `placeholder`.

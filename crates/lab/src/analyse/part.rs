@@ -222,9 +222,15 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
             "p99 (µs)",
             "server CPU (cores)",
             "server CPU per request (µs)",
+            "generator CPU (cores)",
         ]
         .map(String::from),
     );
+    // The regime: every process's CPU (a proxy's backends' too, when the part has any).
+    let backends = pts.iter().any(|p| p.backend_cpu.is_some());
+    if backends {
+        columns.push("backends' CPU (cores)".into());
+    }
     let rows = pts
         .iter()
         .map(|p| {
@@ -253,6 +259,11 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
                     .map(|s| format_value(s.mean * 1e6))
                     .unwrap_or_else(|| "—".into()),
             );
+            let cores = |s: &Option<Summary>| s.as_ref().map(ci_text).unwrap_or_else(|| "—".into());
+            cells.push(cores(&p.gen_cpu));
+            if backends {
+                cells.push(cores(&p.backend_cpu));
+            }
             Row::new(cells).highlighted(p.failed > 0)
         })
         .collect();
@@ -263,7 +274,9 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
         caption: Some(
             "Means over repetitions; ± is the half-width of the confidence interval. Latency \
              from the planned send time. Server CPU from /proc/<pid>/stat over the measured \
-             time (1 = one core busy)."
+             time (1 = one core busy; a proxy's own); the generator's, its threads' CPU over \
+             the run; a proxy's backends', summed. Together they say which process was the \
+             bottleneck: a ratio between systems holds for that regime."
                 .into(),
         ),
     }

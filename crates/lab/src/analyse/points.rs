@@ -25,6 +25,10 @@ pub(super) struct Pt<'a> {
     pub(super) cpu: Option<Summary>,
     pub(super) s_cpu: Option<Summary>,
     pub(super) gen_d: Option<f64>,
+    /// The load generator's CPU (cores busy, its threads summed).
+    pub(super) gen_cpu: Option<Summary>,
+    /// A proxy's backends' CPU (cores busy, summed).
+    pub(super) backend_cpu: Option<Summary>,
     pub(super) population: usize,
     pub(super) think_s: f64,
     pub(super) server_threads: u32,
@@ -243,6 +247,8 @@ pub(super) fn points<'a>(
                         .then(|| res.thread_cpu.iter().sum::<f64>() / res.throughput_qps)
                 })
                 .collect();
+            let gen_cpu: Vec<f64> = res(&|r| r.thread_cpu.iter().sum::<f64>());
+            let backend_cpu: Vec<f64> = ok.iter().filter_map(|r| r.backend_cpu).collect();
             let mut hist: Option<Hdr<u64>> = None;
             for r in &ok {
                 if let Some(hh) = &r.latency_hist {
@@ -276,6 +282,12 @@ pub(super) fn points<'a>(
                     None
                 },
                 gen_d: (!gen.is_empty()).then(|| avg(gen.clone())),
+                gen_cpu: summ(&gen_cpu, conf),
+                backend_cpu: if backend_cpu.len() == ok.len() {
+                    summ(&backend_cpu, conf)
+                } else {
+                    None
+                },
                 population: first.population,
                 think_s: first.think_s,
                 server_threads: first.server_threads,

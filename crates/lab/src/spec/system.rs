@@ -20,6 +20,10 @@ pub enum SystemKind {
     /// `kvlab proxy` (this executable unless `binary` says otherwise) in front of `backends`
     /// servers of kind `backend`, each started by the lab on its own port.
     Proxy,
+    /// twemproxy (`nutcracker` on PATH unless `binary` says otherwise: Debian's
+    /// `nutcracker` package) in front of `backends` servers, as `proxy`: one pool, ketama
+    /// over MD5, its configuration written by the lab; `args` are nutcracker's own flags.
+    Twemproxy,
 }
 
 /// The server a proxy's backends run.
@@ -110,6 +114,11 @@ impl SystemKind {
     pub fn serves(self, protocol: Protocol) -> bool {
         protocol.is_memcached_port() || self == SystemKind::Kvlab
     }
+
+    /// Whether the lab starts backends for it (a proxy of either kind).
+    pub fn has_backends(self) -> bool {
+        matches!(self, SystemKind::Proxy | SystemKind::Twemproxy)
+    }
 }
 
 /// The `{placeholders}` in `texts`, in order.
@@ -153,8 +162,10 @@ impl SystemSpec {
             (None, "kvlab") => Ok(SystemKind::Kvlab),
             (None, "memcached") => Ok(SystemKind::Memcached),
             (None, "proxy") => Ok(SystemKind::Proxy),
+            (None, "twemproxy") => Ok(SystemKind::Twemproxy),
             (None, n) => bail!(
-                "system {n:?}: say kind = \"kvlab\", \"memcached\", \"proxy\" or \"external\""
+                "system {n:?}: say kind = \"kvlab\", \"memcached\", \"proxy\", \"twemproxy\" \
+                 or \"external\""
             ),
         }
     }
@@ -184,7 +195,7 @@ impl SystemSpec {
     /// 1..=[`MAX_BACKENDS`].
     pub fn render(&self, levels: &[(String, Level)]) -> anyhow::Result<Flags> {
         let backends = match self.kind()? {
-            SystemKind::Proxy => {
+            SystemKind::Proxy | SystemKind::Twemproxy => {
                 let n = match &self.backends {
                     None => 1,
                     Some(BackendCount::Number(n)) => *n,
@@ -260,7 +271,10 @@ impl SystemSpec {
             SystemKind::External if self.address.is_none() => {
                 bail!("system {name:?}: kind = \"external\" needs address = \"host:port\"")
             }
-            SystemKind::Kvlab | SystemKind::Memcached | SystemKind::Proxy
+            SystemKind::Kvlab
+            | SystemKind::Memcached
+            | SystemKind::Proxy
+            | SystemKind::Twemproxy
                 if self.address.is_some() =>
             {
                 bail!(
@@ -270,7 +284,7 @@ impl SystemSpec {
             }
             _ => {}
         }
-        if kind != SystemKind::Proxy {
+        if !kind.has_backends() {
             let given: Vec<&str> = [
                 ("backends", self.backends.is_some()),
                 ("backend", self.backend.is_some()),
@@ -281,7 +295,7 @@ impl SystemSpec {
             .collect();
             if !given.is_empty() {
                 bail!(
-                    "system {name:?}: {} only for kind = \"proxy\"",
+                    "system {name:?}: {} only for kind = \"proxy\" or \"twemproxy\"",
                     match given.len() {
                         1 => format!("{} is", given[0]),
                         _ => format!("{} are", given.join(", ")),
