@@ -23,6 +23,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use kvlab_cluster::WritePolicy;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -57,6 +58,9 @@ pub struct RunConfig {
     pub nodes: usize,
     /// Copies of every key.
     pub replicas: u32,
+    /// When the cluster acknowledges a write with copies; under `owner` the checker sets
+    /// aside the acknowledged writes nobody read ([`checker::owner_view`]).
+    pub write_policy: WritePolicy,
     /// Where the topology lives.
     pub topology: TopologyKind,
     /// How clients reach the cluster.
@@ -126,6 +130,9 @@ pub struct RunSummary {
     pub search_skipped: u64,
     /// Keys with an acknowledged write and no final read.
     pub unverified_keys: u64,
+    /// Write policy `owner`: acknowledged writes nobody read, not checked.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub set_aside: u64,
     /// Why the run did not go as planned (it still checked what it had).
     pub error: Option<String>,
     /// Its directory.
@@ -166,6 +173,13 @@ impl RunSummary {
         }
         if self.search_skipped > 0 {
             let _ = write!(s, "; {} keys too large to search", self.search_skipped);
+        }
+        if self.set_aside > 0 {
+            let _ = write!(
+                s,
+                "; {} acknowledged writes nobody read set aside (write policy owner)",
+                self.set_aside
+            );
         }
         let _ = write!(s, "; {:.1} s", self.seconds);
         if let Some(e) = &self.error {
@@ -283,6 +297,7 @@ pub fn run(cfg: &RunConfig) -> RunSummary {
             dir: cfg.dir.clone(),
             nodes: cfg.nodes,
             replicas: cfg.replicas,
+            write_policy: cfg.write_policy,
             topology: cfg.topology,
             proxy: cfg.client != ClientKind::Cluster,
             pool: cfg.client == ClientKind::Pool,
@@ -332,6 +347,7 @@ pub fn run(cfg: &RunConfig) -> RunSummary {
     summary.not_linearizable = report.linearizability.not_linearizable.len() as u64;
     summary.search_skipped = report.linearizability.skipped.len() as u64;
     summary.unverified_keys = report.unverified_keys.len() as u64;
+    summary.set_aside = report.set_aside;
     summary.error = (!errors.is_empty()).then(|| errors.join("; "));
     summary.seconds = began.elapsed().as_secs_f64();
     let _ = write_json(&cfg.dir.join("summary.json"), &summary);
@@ -408,7 +424,7 @@ fn drive(
         ));
     }
     ops.extend(finals);
-    let report = checker::check(&ops);
+    let report = check_as(&ops, cfg.write_policy);
     let history = History {
         ops,
         nemesis: nemesis.events(),
@@ -563,14 +579,33 @@ fn write_outputs(dir: &Path, history: &History, report: &Report) -> Result<(), S
     std::fs::write(&path, history.timeline()).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// Re-checks a history file (`history.jsonl`).
-pub fn check_file(path: &Path) -> Result<Report, crate::FaultsError> {
+/// Re-checks a history file (`history.jsonl`) of a cluster under `write_policy`.
+pub fn check_file(path: &Path, write_policy: WritePolicy) -> Result<Report, crate::FaultsError> {
     let f = std::fs::File::open(path).map_err(|source| crate::FaultsError::Io {
         what: path.display().to_string(),
         source,
     })?;
     let h = History::read_jsonl(std::io::BufReader::new(f), &path.display().to_string())?;
-    Ok(checker::check(&h.ops))
+    Ok(check_as(&h.ops, write_policy))
+}
+
+/// Checks `ops` as `policy` promises: everything under `all`; under `owner`, without the
+/// acknowledged writes nobody read.
+fn check_as(ops: &[Op], policy: WritePolicy) -> Report {
+    match policy {
+        WritePolicy::All => checker::check(ops),
+        WritePolicy::Owner => {
+            let (view, set_aside) = checker::owner_view(ops);
+            Report {
+                set_aside,
+                ..checker::check(&view)
+            }
+        }
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

@@ -56,6 +56,8 @@ pub struct SystemConfig {
     pub nodes: usize,
     /// Copies of every key.
     pub replicas: u32,
+    /// When a write with copies is acknowledged.
+    pub write_policy: kvlab_cluster::WritePolicy,
     /// Where the topology lives.
     pub topology: TopologyKind,
     /// Start `kvlab proxy --cluster` in front.
@@ -245,7 +247,7 @@ impl System {
             sys.store.as_ref(),
             kvlab_client::cluster::DEFAULT_VNODES,
             sys.cfg.replicas,
-            kvlab_cluster::WritePolicy::All,
+            sys.cfg.write_policy,
             names,
         )
         .map_err(|e| format!("creating the cluster: {e}"))?;

@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use kvlab_faults::clients::Workload;
+use kvlab_faults::runner::WritePolicy;
 use kvlab_faults::{ClientKind, Mix, RunConfig, RunSummary, TopologyKind};
 
 #[derive(Debug, Args)]
@@ -50,6 +51,10 @@ enum FaultsCommand {
     Check {
         /// The history file.
         history: PathBuf,
+        /// The write policy the cluster ran with (`owner`: acknowledged writes nobody read
+        /// are set aside).
+        #[arg(long, default_value_t = WritePolicy::All)]
+        write_policy: WritePolicy,
         /// The whole report as JSON.
         #[arg(long)]
         json: bool,
@@ -90,6 +95,11 @@ struct RunOpts {
     /// Copies of every key.
     #[arg(long, default_value_t = 1)]
     replicas: u32,
+    /// With copies, when a write is acknowledged (`kvlab cluster create --write-policy`):
+    /// under `owner` the checker sets aside the acknowledged writes nobody read (the policy
+    /// may lose those) and checks that no value read is ever undone.
+    #[arg(long, default_value_t = WritePolicy::All)]
+    write_policy: WritePolicy,
     /// How clients reach the cluster.
     #[arg(long, value_enum, default_value = "cluster")]
     client: ClientArg,
@@ -136,6 +146,11 @@ impl RunOpts {
         if self.replicas == 0 || self.replicas as usize > self.nodes {
             bail!("--replicas must be 1..={} (the nodes)", self.nodes);
         }
+        if self.write_policy == WritePolicy::Owner
+            && (self.replicas < 2 || matches!(self.client, ClientArg::Pool))
+        {
+            bail!("--write-policy owner is a cluster's with --replicas 2 or more");
+        }
         if matches!(self.client, ClientArg::Pool) && matches!(self.topology, TopologyArg::Etcd) {
             bail!("--client pool has no topology: leave --topology at file");
         }
@@ -151,6 +166,7 @@ impl RunOpts {
             duration: Duration::from_secs(self.duration),
             nodes: self.nodes,
             replicas: self.replicas,
+            write_policy: self.write_policy,
             topology,
             client: match self.client {
                 ClientArg::Cluster => ClientKind::Cluster,
@@ -258,11 +274,21 @@ pub fn run(args: FaultsArgs) -> anyhow::Result<()> {
             println!("files: {}", opts.out.display());
             status(&runs)
         }
-        FaultsCommand::Check { history, json } => {
-            let r = kvlab_faults::runner::check_file(&history)?;
+        FaultsCommand::Check {
+            history,
+            write_policy,
+            json,
+        } => {
+            let r = kvlab_faults::runner::check_file(&history, write_policy)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
+                if r.set_aside > 0 {
+                    println!(
+                        "{} acknowledged writes nobody read set aside (write policy owner)",
+                        r.set_aside
+                    );
+                }
                 println!(
                     "ops {} (ok {}, failed {}, unknown {}) over {} keys; anomalies {} (lost {}, \
                      stale {}, never-written {}, non-linearizable keys {}); {} keys unverified",

@@ -384,6 +384,7 @@ impl FaultsSpec {
             duration: Duration::from_secs_f64(self.duration),
             nodes: self.nodes,
             replicas: c.replicas,
+            write_policy: kvlab_faults::runner::WritePolicy::All,
             topology: self.topology_kind(c),
             client: match c.client.as_str() {
                 "proxy" => ClientKind::Proxy,
