@@ -70,8 +70,9 @@ pub enum Blocking {
     /// cluster node with `replicas` > 1); the write's reply leaves only afterwards.
     Replicate(Vec<Vec<u8>>),
     /// The same, but the reply leaves at once (write policy `owner`): the copies follow on
-    /// an event loop ([`kvlab_cluster::copies::BEHIND`]); a helper thread still waits for
-    /// them.
+    /// an event loop that runs deferred work itself (the reactor:
+    /// [`kvlab_cluster::copies::BEHIND`]); a helper thread, or a connection's own thread,
+    /// still waits for them.
     Behind(Vec<Vec<u8>>),
     /// A read of keys whose copies are not all confirmed (a write's copies in flight, or
     /// failed): their state goes to the copy holders again, and the read's reply leaves
