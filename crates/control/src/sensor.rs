@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use std::collections::VecDeque;
 
-use kvlab_bench::run::IntervalRow;
-use kvlab_bench::stats::{new_histogram, Percentiles};
+use kvlab_client::measure::IntervalRow;
+use kvlab_client::measure::{new_histogram, Percentiles};
 
 use crate::controller::Sensor;
 use crate::event::unix_ms;
@@ -327,7 +327,7 @@ mod tests {
     /// A row of the load as `kvlab bench --live` writes it, ending at `end` (ms since the
     /// epoch): 100 requests over 100 ms, `slow` of them at 2 ms, the rest at 200 µs.
     fn live_row(end: u64, slow: u64) -> String {
-        use kvlab_bench::stats::{record, EncodedHistogram};
+        use kvlab_client::measure::{record, EncodedHistogram};
         let mut h = new_histogram();
         for k in 0..100 {
             record(&mut h, if k < slow { 2_000_000 } else { 200_000 });
@@ -345,7 +345,7 @@ mod tests {
             latency_hist: Some(EncodedHistogram::encode(&h).unwrap()),
         };
         r.counters.completed = 100;
-        kvlab_bench::report::interval_json(&r) + "\n"
+        kvlab_client::measure::interval_json(&r) + "\n"
     }
 
     #[test]
