@@ -60,6 +60,18 @@ pub enum AnalysisError {
     },
 }
 
+impl From<kvlab_procfs::ProcfsError> for AnalysisError {
+    fn from(e: kvlab_procfs::ProcfsError) -> Self {
+        use kvlab_procfs::ProcfsError;
+        match e {
+            ProcfsError::Parse(why) => AnalysisError::ProcStat(why),
+            ProcfsError::Read { path, source } => AnalysisError::Io { path, source },
+            // Only setting a process's affinity fails so; no reading does.
+            other => AnalysisError::ProcStat(other.to_string()),
+        }
+    }
+}
+
 /// Checks that `x` is finite.
 pub(crate) fn finite(what: &'static str, x: f64) -> Result<f64> {
     if x.is_finite() {

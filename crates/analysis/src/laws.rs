@@ -12,10 +12,11 @@
 //! - Little's law: N = X · R (mean number in a system = throughput × time in it).
 //! - CPU utilization of a process from two readings of `/proc/<pid>/stat`:
 //!   U = ((utime + stime)₂ − (utime + stime)₁) / (clock ticks per second · Δt).
+//!   The readings and `CLK_TCK` are `kvlab-procfs`'s, re-exported here.
 
-use std::path::Path;
-
-use serde::{Deserialize, Serialize};
+pub use kvlab_procfs::{
+    clock_ticks_per_second, parse_proc_stat, read_proc_stat, read_proc_stat_at, ProcStat,
+};
 
 use crate::compare::ModelCheck;
 use crate::error::{non_negative, positive, AnalysisError, Result};
@@ -65,104 +66,6 @@ pub fn service_demand(u: f64, x: f64) -> Result<f64> {
 /// mean time in the system `r` (s).
 pub fn littles_law(x: f64, r: f64) -> Result<f64> {
     Ok(non_negative("throughput X", x)? * non_negative("residence time R", r)?)
-}
-
-/// The fields of `/proc/<pid>/stat` that the laws need (see proc(5)).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcStat {
-    /// Field 1: process id.
-    pub pid: u32,
-    /// Field 2: the command name, without its parentheses (may contain spaces and
-    /// parentheses itself).
-    pub comm: String,
-    /// Field 3: state (`R`, `S`, `D`, `Z`, …).
-    pub state: char,
-    /// Field 14: user-mode CPU time, in clock ticks.
-    pub utime: u64,
-    /// Field 15: kernel-mode CPU time, in clock ticks.
-    pub stime: u64,
-    /// Field 20: number of threads.
-    pub num_threads: u64,
-}
-
-impl ProcStat {
-    /// utime + stime, in clock ticks.
-    pub fn cpu_ticks(&self) -> u64 {
-        self.utime + self.stime
-    }
-}
-
-/// Parses one line of `/proc/<pid>/stat`.
-///
-/// The command name (field 2) is in parentheses and may itself contain spaces and
-/// parentheses (a process may name itself `a) (b`), so it runs from the first `(` to
-/// the *last* `)`; the remaining fields are split on whitespace after that.
-pub fn parse_proc_stat(line: &str) -> Result<ProcStat> {
-    let bad = |why: &str| AnalysisError::ProcStat(format!("{why} in {line:?}"));
-    let open = line.find('(').ok_or_else(|| bad("no '('"))?;
-    let close = line.rfind(')').ok_or_else(|| bad("no ')'"))?;
-    if close < open {
-        return Err(bad("')' before '('"));
-    }
-    let pid = line[..open]
-        .trim()
-        .parse::<u32>()
-        .map_err(|_| bad("bad pid"))?;
-    let comm = line[open + 1..close].to_string();
-    // rest[0] is field 3 (state), so field k is rest[k - 3].
-    let rest: Vec<&str> = line[close + 1..].split_whitespace().collect();
-    let field = |k: usize| -> Result<&str> {
-        rest.get(k - 3)
-            .copied()
-            .ok_or_else(|| bad(&format!("missing field {k}")))
-    };
-    let number = |k: usize| -> Result<u64> {
-        field(k)?
-            .parse::<u64>()
-            .map_err(|_| bad(&format!("field {k} is not a number")))
-    };
-    let mut state_chars = field(3)?.chars();
-    let state = match (state_chars.next(), state_chars.next()) {
-        (Some(c), None) => c,
-        _ => return Err(bad("field 3 (state) is not one character")),
-    };
-    Ok(ProcStat {
-        pid,
-        comm,
-        state,
-        utime: number(14)?,
-        stime: number(15)?,
-        num_threads: number(20)?,
-    })
-}
-
-/// Reads and parses `/proc/<pid>/stat`.
-pub fn read_proc_stat(pid: u32) -> Result<ProcStat> {
-    read_proc_stat_at(format!("/proc/{pid}/stat"))
-}
-
-/// Reads and parses a stat file at `path` (e.g. `/proc/self/stat`).
-pub fn read_proc_stat_at(path: impl AsRef<Path>) -> Result<ProcStat> {
-    let path = path.as_ref();
-    let text = std::fs::read_to_string(path).map_err(|source| AnalysisError::Io {
-        path: path.display().to_string(),
-        source,
-    })?;
-    parse_proc_stat(text.trim_end())
-}
-
-/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, the unit of utime and stime); 100,
-/// the value on every mainstream Linux build, if the call fails or is unavailable.
-pub fn clock_ticks_per_second() -> u64 {
-    #[cfg(unix)]
-    {
-        // SAFETY: sysconf has no preconditions; it only reads a configuration value.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        if ticks > 0 {
-            return ticks as u64;
-        }
-    }
-    100
 }
 
 /// CPU utilization between two readings of the same process, in CPU-seconds per second
@@ -226,36 +129,6 @@ mod tests {
         assert!((service_demand(2.5, 10_000.0).unwrap() - 250e-6).abs() < 1e-15);
         assert!((littles_law(80.0, 0.05).unwrap() - 4.0).abs() < 1e-12);
         assert!(service_demand(0.4, 0.0).is_err());
-    }
-
-    #[test]
-    fn parses_a_plain_line() {
-        let s = parse_proc_stat(LINE).unwrap();
-        assert_eq!(s.pid, 4242);
-        assert_eq!(s.comm, "memcached");
-        assert_eq!(s.state, 'S');
-        assert_eq!((s.utime, s.stime, s.num_threads), (1234, 567, 4));
-        assert_eq!(s.cpu_ticks(), 1801);
-    }
-
-    #[test]
-    fn parses_a_comm_with_spaces_and_parentheses() {
-        let line = LINE.replace("(memcached)", "(my (odd) ) name)");
-        let s = parse_proc_stat(&line).unwrap();
-        assert_eq!(s.comm, "my (odd) ) name");
-        assert_eq!((s.utime, s.stime, s.num_threads), (1234, 567, 4));
-        let line = LINE.replace("(memcached)", "( 1 2 3 4 5 6 7 8 9 10 11 12 13 14 )");
-        let s = parse_proc_stat(&line).unwrap();
-        assert_eq!((s.utime, s.stime), (1234, 567));
-    }
-
-    #[test]
-    fn rejects_broken_lines() {
-        assert!(parse_proc_stat("").is_err());
-        assert!(parse_proc_stat("12 (x S 1 2").is_err());
-        assert!(parse_proc_stat("12 (x) S 1 2 3").is_err());
-        assert!(parse_proc_stat("x (y) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18").is_err());
-        assert!(parse_proc_stat(&LINE.replace(" 1234 ", " -1 ")).is_err());
     }
 
     #[cfg(target_os = "linux")]

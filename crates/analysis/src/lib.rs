@@ -1,7 +1,8 @@
 //! Turns measurements into conclusions for `kvlab lab`: statistics over repetitions,
 //! the saturation knee, operational laws, queueing models and 2^k·r factorial designs.
 //!
-//! The crate takes plain numbers (no other kvlab crate is imported) and returns
+//! The crate takes plain numbers (no other kvlab crate is imported but `kvlab-procfs`, whose
+//! readings of a process's CPU time `laws` re-exports) and returns
 //! `serde`-serializable results, so the report can print them or write them to JSON.
 //! Every public quantity states its unit in its doc comment; the functions are
 //! unit-agnostic as long as the inputs agree (seconds with requests/second, etc.).

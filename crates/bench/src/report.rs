@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::run::{IntervalRow, RunResult};
 use crate::stats::Percentiles;
 
+pub use kvlab_client::measure::{interval_json, median};
+
 /// One target's medians over its repeats.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct TargetSummary {
@@ -31,20 +33,6 @@ pub struct TargetSummary {
     pub p99_ratio: f64,
     /// Mean latency relative to the first target.
     pub mean_ratio: f64,
-}
-
-/// Median of a sample (mean of the middle two for an even count; 0 when empty).
-pub fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
 }
 
 /// Per-target medians, in order of first appearance, with ratios to the first target.
@@ -262,12 +250,6 @@ pub fn to_json(runs: &[RunResult], comparison: &[TargetSummary]) -> String {
         comparison,
     };
     serde_json::to_string_pretty(&doc).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
-}
-
-/// One interval as one line of JSON (no newline): what `kvlab bench --live` appends as each
-/// interval ends (`kvlab control` reads the p95 from it).
-pub fn interval_json(i: &IntervalRow) -> String {
-    serde_json::to_string(i).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
 }
 
 /// The CSV header of [`csv_row`].

@@ -31,33 +31,7 @@ use crate::stats::{
 };
 use crate::BenchError;
 
-/// One interval of the time series.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct IntervalRow {
-    /// Start, ms since the Unix epoch.
-    pub ts_start: u64,
-    /// End, ms since the Unix epoch.
-    pub ts_end: u64,
-    /// Part of the warm-up (not in the totals).
-    pub warmup: bool,
-    /// Index of the rate step (segment) it belongs to.
-    pub step: usize,
-    /// Target total rate, requests/s (`None` in closed loop).
-    pub target_qps: Option<f64>,
-    /// Replies per second.
-    pub achieved_qps: f64,
-    /// Counts.
-    pub counters: Counters,
-    /// Latency from the planned send time, µs.
-    pub latency: Percentiles,
-    /// Latency from the actual send, µs.
-    pub latency_send: Percentiles,
-    /// The latency from the planned send time as a histogram (ns), so that rows add up to
-    /// the exact percentiles of any span of them: a trace segment, a window (`kvlab
-    /// control`'s figures). Absent in rows written by older versions.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency_hist: Option<EncodedHistogram>,
-}
+pub use kvlab_client::measure::IntervalRow;
 
 /// One rate step (`--scan` step, trace segment, or the whole run at a fixed rate).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -6,80 +6,18 @@
 //! agents) for that interval, and the intervals into the run's totals. Latencies are recorded
 //! in nanoseconds twice: from the planned send time (`latency`, free of coordinated omission)
 //! and from the actual send (`latency_send`, what a closed-loop tool would report).
+//!
+//! The figures that leave the generator in its rows — counters, percentiles, encoded
+//! histograms — are defined in [`kvlab_client::measure`], which their readers share.
 
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
-/// The histogram type of every latency here (for users that add rows' histograms up).
-pub use hdrhistogram::Histogram;
+pub use kvlab_client::measure::{
+    new_histogram, record, Counters, EncodedHistogram, Histogram, HistogramError, Percentiles,
+    MAX_LATENCY_NS,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::BenchError;
-
-/// Highest latency recorded exactly, in nanoseconds (100 s); longer ones are recorded as this.
-pub const MAX_LATENCY_NS: u64 = 100_000_000_000;
-
-/// A new latency histogram: 1 ns .. 100 s, 3 significant digits.
-pub fn new_histogram() -> Histogram<u64> {
-    // Invariant: the bounds are valid constants (low 1 ≥ 1, high ≥ 2·low, sigfig 3 ≤ 5).
-    #[allow(clippy::unwrap_used)]
-    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).unwrap()
-}
-
-/// Records `ns` (clamped to the histogram's range).
-#[inline]
-pub fn record(h: &mut Histogram<u64>, ns: u64) {
-    h.saturating_record(ns.clamp(1, MAX_LATENCY_NS));
-}
-
-/// Event counts.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Counters {
-    /// Open loop: requests planned (their planned send time fell in the interval), whether
-    /// or not they could be sent.
-    #[serde(default)]
-    pub planned: u64,
-    /// Requests sent.
-    pub sent: u64,
-    /// Requests answered (any reply, including error replies).
-    pub completed: u64,
-    /// Of those: gets (multi-gets count once).
-    pub gets: u64,
-    /// Sets.
-    pub sets: u64,
-    /// Deletes.
-    pub deletes: u64,
-    /// Keys found by gets.
-    pub hits: u64,
-    /// Keys not found by gets.
-    pub misses: u64,
-    /// Requests that ended in an error: error replies, wrong values, broken connections.
-    pub errors: u64,
-    /// Of the errors: hits whose value failed `--verify`.
-    pub verify_errors: u64,
-    /// Requests with no reply within the timeout.
-    pub timeouts: u64,
-    /// `--cluster`: redirects followed (`MOVED`/`TRYAGAIN`; the request was sent again and
-    /// counts once, when answered).
-    #[serde(default)]
-    pub redirects: u64,
-}
-
-impl Counters {
-    /// Adds `o` to `self`.
-    pub fn add(&mut self, o: &Counters) {
-        self.planned += o.planned;
-        self.sent += o.sent;
-        self.completed += o.completed;
-        self.gets += o.gets;
-        self.sets += o.sets;
-        self.deletes += o.deletes;
-        self.hits += o.hits;
-        self.misses += o.misses;
-        self.errors += o.errors;
-        self.verify_errors += o.verify_errors;
-        self.timeouts += o.timeouts;
-        self.redirects += o.redirects;
-    }
-}
 
 /// Serde adapter: a histogram as base64 of its V2+deflate serialisation (HdrHistogram's
 /// interchange format), so agents can send theirs to the master.
@@ -106,46 +44,6 @@ pub mod hist_serde {
         Deserializer::new()
             .deserialize(&mut bytes.as_slice())
             .map_err(D::Error::custom)
-    }
-}
-
-/// A latency histogram in HdrHistogram's interchange form (V2 + deflate, base64), as an
-/// interval row carries it: rows of any span decode and add up to the exact histogram of
-/// their union, so a consumer gets the percentiles of a trace segment or a window from the
-/// 100 ms rows without the generator keeping either. Its size grows with the number of
-/// distinct latencies: 0.4–1 KB for 100 ms rows at 2k–8k requests/s.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct EncodedHistogram(String);
-
-impl EncodedHistogram {
-    /// Encodes `h`.
-    pub fn encode(h: &Histogram<u64>) -> Result<EncodedHistogram, BenchError> {
-        use base64::Engine;
-        let mut bytes = Vec::new();
-        V2DeflateSerializer::new()
-            .serialize(h, &mut bytes)
-            .map_err(|e| BenchError::Internal(format!("encoding a histogram: {e:?}")))?;
-        Ok(EncodedHistogram(
-            base64::engine::general_purpose::STANDARD.encode(bytes),
-        ))
-    }
-
-    /// Decodes it.
-    pub fn decode(&self) -> Result<Histogram<u64>, BenchError> {
-        use base64::Engine;
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(&self.0)
-            .map_err(|e| BenchError::Internal(format!("a histogram's base64: {e}")))?;
-        Deserializer::new()
-            .deserialize(&mut bytes.as_slice())
-            .map_err(|e| BenchError::Internal(format!("decoding a histogram: {e:?}")))
-    }
-
-    /// Adds it to `into` (a histogram of [`new_histogram`]'s bounds, or one that grows).
-    pub fn add_to(&self, into: &mut Histogram<u64>) -> Result<(), BenchError> {
-        into.add(self.decode()?)
-            .map_err(|e| BenchError::Internal(format!("merging histograms: {e:?}")))
     }
 }
 
@@ -398,76 +296,6 @@ pub fn ks_critical_001(n: usize) -> f64 {
     1.949 / (n.max(1) as f64).sqrt()
 }
 
-/// Latency figures in microseconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Percentiles {
-    /// Mean, µs.
-    pub mean_us: f64,
-    /// 25th percentile, µs.
-    pub p25_us: f64,
-    /// Median, µs.
-    pub p50_us: f64,
-    /// 75th percentile, µs.
-    pub p75_us: f64,
-    /// 90th percentile, µs.
-    pub p90_us: f64,
-    /// 95th percentile, µs.
-    pub p95_us: f64,
-    /// 99th percentile, µs.
-    pub p99_us: f64,
-    /// 99.9th percentile, µs.
-    pub p99_9_us: f64,
-    /// 99.99th percentile, µs.
-    pub p99_99_us: f64,
-    /// Maximum, µs.
-    pub max_us: f64,
-    /// Number of samples.
-    pub count: u64,
-}
-
-impl Percentiles {
-    /// From a nanosecond histogram.
-    pub fn of(h: &Histogram<u64>) -> Self {
-        let us = |ns: u64| ns as f64 / 1000.0;
-        let q = |p: f64| {
-            if h.is_empty() {
-                0.0
-            } else {
-                us(h.value_at_quantile(p))
-            }
-        };
-        Percentiles {
-            mean_us: if h.is_empty() { 0.0 } else { h.mean() / 1000.0 },
-            p25_us: q(0.25),
-            p50_us: q(0.50),
-            p75_us: q(0.75),
-            p90_us: q(0.90),
-            p95_us: q(0.95),
-            p99_us: q(0.99),
-            p99_9_us: q(0.999),
-            p99_99_us: q(0.9999),
-            max_us: if h.is_empty() { 0.0 } else { us(h.max()) },
-            count: h.len(),
-        }
-    }
-
-    /// The names and values in print order (name, µs).
-    pub fn columns(&self) -> [(&'static str, f64); 10] {
-        [
-            ("p25", self.p25_us),
-            ("p50", self.p50_us),
-            ("p75", self.p75_us),
-            ("p90", self.p90_us),
-            ("p95", self.p95_us),
-            ("p99", self.p99_us),
-            ("p99.9", self.p99_9_us),
-            ("p99.99", self.p99_99_us),
-            ("max", self.max_us),
-            ("mean", self.mean_us),
-        ]
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -494,46 +322,6 @@ mod tests {
         let p = m.latency_by_op.percentiles();
         assert_eq!(p.set.map(|p| p.count), Some(1));
         assert!(p.get.is_none() && p.delete.is_none());
-    }
-
-    #[test]
-    fn percentiles_are_in_microseconds() {
-        let mut h = new_histogram();
-        for v in 1..=1000u64 {
-            record(&mut h, v * 1000);
-        }
-        let p = Percentiles::of(&h);
-        assert!((p.p50_us - 500.0).abs() < 1.0, "{p:?}");
-        assert!((p.p99_us - 990.0).abs() < 1.0, "{p:?}");
-        assert!((p.max_us - 1000.0).abs() < 1.0, "{p:?}");
-        assert_eq!(p.count, 1000);
-    }
-
-    #[test]
-    fn encoded_histograms_add_up_to_their_union() {
-        let (mut a, mut b, mut both) = (new_histogram(), new_histogram(), new_histogram());
-        for v in 1..=950u64 {
-            record(&mut a, v * 1000);
-            record(&mut both, v * 1000);
-        }
-        for v in 0..50u64 {
-            record(&mut b, 5_000_000 + v);
-            record(&mut both, 5_000_000 + v);
-        }
-        let (ea, eb) = (
-            EncodedHistogram::encode(&a).unwrap(),
-            EncodedHistogram::encode(&b).unwrap(),
-        );
-        assert_eq!(ea.decode().unwrap(), a);
-        let mut sum = new_histogram();
-        ea.add_to(&mut sum).unwrap();
-        eb.add_to(&mut sum).unwrap();
-        assert_eq!(sum, both);
-        assert_eq!(Percentiles::of(&sum), Percentiles::of(&both));
-        // Compact enough for a row every 100 ms.
-        let json = serde_json::to_string(&ea).unwrap();
-        assert!(json.len() < 4096, "{} bytes", json.len());
-        assert!(EncodedHistogram("not base64!".into()).decode().is_err());
     }
 
     #[test]

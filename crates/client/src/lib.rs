@@ -10,6 +10,9 @@
 //! - [`blocking`]: a small blocking client for tools and tests.
 //! - [`cluster`]: a kvlab cluster's ring (key → node), its redirects, and a blocking
 //!   cluster-aware client that follows them.
+//! - [`measure`]: what a load generator measures, as it writes it: counts, latency
+//!   histograms and percentiles, one interval's row (written by `kvlab bench`, read by
+//!   `kvlab control` and `kvlab lab`).
 //! - [`process`]: start a system (kvlab's server, memcached, any program) on a free port,
 //!   wait until it answers, stop it on drop — for the lab, tests and tools.
 //! - [`testing`]: Debian's memcached for this workspace's tests (over [`process`]).
@@ -21,6 +24,7 @@ pub mod blocking;
 pub mod cluster;
 pub mod conn;
 pub mod http;
+pub mod measure;
 pub mod process;
 pub mod redirect;
 

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kvlab_bench::run::IntervalRow;
+use kvlab_client::measure::IntervalRow;
 use serde::{Deserialize, Serialize};
 
 use crate::controller::{self, Controller, RunLimits, Share};

@@ -378,48 +378,14 @@ fn setup_v2(root: &Path, dir: &Path, all: &CpuSet) -> Result<(), ControlError> {
     Ok(())
 }
 
-/// The process ids whose process group is `pgid` (from `/proc/*/stat`).
-pub fn processes_in_group(pgid: i32) -> Vec<u32> {
-    let Ok(dir) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                // After the command name in parentheses: state, ppid, pgrp.
-                s.rsplit_once(')')
-                    .and_then(|(_, rest)| rest.split_whitespace().nth(2)?.parse::<i32>().ok())
-                    == Some(pgid)
-            })
-        })
-        .collect()
-}
+pub use kvlab_procfs::processes_in_group;
 
 /// Sets the CPU mask of every thread of `pid`.
 pub fn set_affinity(pid: u32, cpus: &CpuSet) -> Result<(), ControlError> {
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for c in cpus.iter() {
-        // SAFETY: c < MAX_CPU = the set's size (checked when the list was parsed).
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    let tasks = fs::read_dir(format!("/proc/{pid}/task"))
-        .map_err(|e| ControlError::io(format!("listing the threads of {pid}"), e))?;
-    for t in tasks.flatten() {
-        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        // SAFETY: set is a valid cpu_set_t of the size given.
-        let r = unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set) };
-        if r != 0 {
-            let e = std::io::Error::last_os_error();
-            // A thread that exited meanwhile is no error.
-            if e.raw_os_error() != Some(libc::ESRCH) {
-                return Err(ControlError::io(format!("sched_setaffinity({tid})"), e));
-            }
-        }
-    }
-    Ok(())
+    kvlab_procfs::set_affinity(pid, cpus.iter()).map_err(|e| match e {
+        kvlab_procfs::ProcfsError::Sys { what, source } => ControlError::io(what, source),
+        other => ControlError::Spec(other.to_string()),
+    })
 }
 
 /// `Cpus_allowed_list` of a process (its main thread).

@@ -23,8 +23,8 @@ use std::time::Duration;
 
 use std::collections::VecDeque;
 
-use kvlab_bench::run::IntervalRow;
-use kvlab_bench::stats::{new_histogram, Percentiles};
+use kvlab_client::measure::IntervalRow;
+use kvlab_client::measure::{new_histogram, Percentiles};
 
 use crate::controller::Sensor;
 use crate::event::unix_ms;
@@ -146,15 +146,13 @@ impl ServerSensor {
         live: Option<PathBuf>,
         window: Duration,
     ) -> ServerSensor {
-        // SAFETY: sysconf has no preconditions.
-        let tck = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
         ServerSensor {
             pid,
             stats,
             live: live.map(LiveFile::new),
             window_ms: window.as_millis() as u64,
             recent: VecDeque::new(),
-            ticks_per_s: if tck > 0 { tck as f64 } else { 100.0 },
+            ticks_per_s: kvlab_procfs::clock_ticks_per_second() as f64,
             last_cpu: None,
             last_requests: None,
             latency: ServerLatency::default(),
@@ -179,11 +177,9 @@ impl ServerSensor {
     }
 
     fn cpu_ticks(&self) -> Option<u64> {
-        let s = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
-        let (_, rest) = s.rsplit_once(')')?;
-        // After the name: state is field 3; utime and stime are fields 14 and 15.
-        let f: Vec<&str> = rest.split_whitespace().collect();
-        Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        kvlab_procfs::read_proc_stat(self.pid)
+            .ok()
+            .map(|s| s.cpu_ticks())
     }
 }
 
@@ -327,7 +323,7 @@ mod tests {
     /// A row of the load as `kvlab bench --live` writes it, ending at `end` (ms since the
     /// epoch): 100 requests over 100 ms, `slow` of them at 2 ms, the rest at 200 µs.
     fn live_row(end: u64, slow: u64) -> String {
-        use kvlab_bench::stats::{record, EncodedHistogram};
+        use kvlab_client::measure::{record, EncodedHistogram};
         let mut h = new_histogram();
         for k in 0..100 {
             record(&mut h, if k < slow { 2_000_000 } else { 200_000 });
@@ -345,7 +341,7 @@ mod tests {
             latency_hist: Some(EncodedHistogram::encode(&h).unwrap()),
         };
         r.counters.completed = 100;
-        kvlab_bench::report::interval_json(&r) + "\n"
+        kvlab_client::measure::interval_json(&r) + "\n"
     }
 
     #[test]

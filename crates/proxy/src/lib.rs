@@ -302,7 +302,7 @@ pub struct Proxy {
     shared: Arc<Shared>,
     driver: Option<Driver>,
     threads: Vec<std::thread::JoinHandle<()>>,
-    metrics: Option<kvlab_server::http::HttpServer>,
+    metrics: Option<kvlab_net::http::HttpServer>,
 }
 
 /// Why a proxy could not start.

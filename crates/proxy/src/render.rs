@@ -7,10 +7,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use axum::http::header;
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
+use kvlab_net::http::{HttpLimits, HttpServer};
 
 use crate::stats::{Recorder, Stage};
 use crate::Shared;
@@ -337,22 +334,11 @@ fn histogram(out: &mut String, name: &str, label: &str, s: &Stage) {
 }
 
 /// Serves `/metrics` on `at` (axum, its own thread) until stopped.
-pub fn serve_metrics(
-    at: SocketAddr,
-    shared: Arc<Shared>,
-) -> io::Result<kvlab_server::http::HttpServer> {
-    let app = Router::new().route(
-        "/metrics",
-        get(move || {
-            let shared = shared.clone();
-            async move {
-                (
-                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-                    prometheus(&shared),
-                )
-                    .into_response()
-            }
-        }),
-    );
-    kvlab_server::http::HttpServer::serve(at, app, "kvlab-proxy-metrics")
+pub fn serve_metrics(at: SocketAddr, shared: Arc<Shared>) -> io::Result<HttpServer> {
+    kvlab_net::http::serve_metrics(
+        at,
+        "kvlab-proxy-metrics",
+        HttpLimits::default(),
+        move || prometheus(&shared),
+    )
 }

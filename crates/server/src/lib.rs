@@ -462,7 +462,7 @@ impl Server {
         };
         let metrics_addr = metrics.as_ref().map(|m| m.addr());
         let http = match config.http {
-            Some(at) => Some(http::HttpServer::start(
+            Some(at) => Some(http::start(
                 at,
                 shared.clone(),
                 config.admin_token.clone(),

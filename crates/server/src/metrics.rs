@@ -9,11 +9,6 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::http::header;
-use axum::response::IntoResponse;
-use axum::routing::get;
-use axum::Router;
-
 use crate::http::HttpServer;
 use crate::Shared;
 
@@ -26,15 +21,7 @@ pub fn start(
     shared: Arc<Shared>,
     limits: crate::http::HttpLimits,
 ) -> io::Result<MetricsServer> {
-    let app = Router::new().route(
-        "/metrics",
-        get(move || {
-            let shared = shared.clone();
-            async move {
-                let body = crate::stats::prometheus(&shared.stats.snapshot(&shared.store));
-                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
-            }
-        }),
-    );
-    HttpServer::serve_with(at, app, "kvlab-metrics", limits)
+    kvlab_net::http::serve_metrics(at, "kvlab-metrics", limits, move || {
+        crate::stats::prometheus(&shared.stats.snapshot(&shared.store))
+    })
 }

@@ -14,6 +14,8 @@
 //!
 //! HTTP never runs on the memcached worker threads: a slow HTTP client costs those threads
 //! nothing but CPU time and the store's own shard locks.
+//! The listener, its bounds ([`HttpLimits`]) and the thread ([`HttpServer`]) are
+//! `kvlab_net::http`'s, shared with `/metrics` and the proxy's `/metrics`.
 //!
 //! # Endpoints
 //!
@@ -61,8 +63,6 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -74,20 +74,16 @@ use axum::Router;
 use base64::Engine as _;
 use http_body_util::BodyExt;
 use serde_json::{json, Value as Json};
-use tokio::sync::watch;
 
 use crate::stats::WorkerStats;
 use crate::Shared;
 use handlers::{delete_key, get_key, head_key, metrics, put_body, put_path, root, shutdown, stats};
-use listener::Bounded;
 use request::missing_key;
 
-mod handlers;
-mod listener;
-mod request;
+pub use kvlab_net::http::{HttpLimits, HttpServer};
 
-/// How long [`HttpServer::stop`] lets open requests finish before dropping them.
-const GRACE: Duration = Duration::from_secs(5);
+mod handlers;
+mod request;
 
 /// How many bytes of a refused (oversize) body are read and discarded so the client sees the
 /// 413 on an intact connection; past this the connection is closed instead.
@@ -98,11 +94,14 @@ const ACCEPT_VALUE: &str = "application/json, application/octet-stream";
 const JSON_TYPE: &str = "application/json";
 const OCTET_TYPE: &str = "application/octet-stream";
 
-/// A running REST endpoint.
-pub struct HttpServer {
-    addr: SocketAddr,
-    stop: Option<watch::Sender<bool>>,
-    thread: Option<JoinHandle<()>>,
+/// Binds `at` and serves the REST interface under `limits` until [`HttpServer::stop`].
+pub fn start(
+    at: SocketAddr,
+    shared: Arc<Shared>,
+    admin_token: Option<String>,
+    limits: HttpLimits,
+) -> io::Result<HttpServer> {
+    HttpServer::serve_with(at, rest_router(shared, admin_token), "kvlab-http", limits)
 }
 
 /// What every handler sees.
@@ -112,125 +111,7 @@ struct App {
     admin_token: Option<Arc<str>>,
 }
 
-impl HttpServer {
-    /// Binds `at` and serves the REST interface under `limits` until [`HttpServer::stop`].
-    pub fn start(
-        at: SocketAddr,
-        shared: Arc<Shared>,
-        admin_token: Option<String>,
-        limits: HttpLimits,
-    ) -> io::Result<HttpServer> {
-        Self::serve_with(at, rest_router(shared, admin_token), "kvlab-http", limits)
-    }
-
-    /// Binds `at` and serves `app` on a thread named `name` with its own two-worker tokio
-    /// runtime, until [`HttpServer::stop`], under the default [`HttpLimits`]. Shared by the
-    /// REST interface, `/metrics`, and the proxy's `/metrics`.
-    pub fn serve(at: SocketAddr, app: Router, name: &str) -> io::Result<HttpServer> {
-        Self::serve_with(at, app, name, HttpLimits::default())
-    }
-
-    /// [`HttpServer::serve`] under `limits`.
-    pub fn serve_with(
-        at: SocketAddr,
-        app: Router,
-        name: &str,
-        limits: HttpLimits,
-    ) -> io::Result<HttpServer> {
-        let listener = std::net::TcpListener::bind(at)?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name(format!("{name}-rt"))
-            .enable_io()
-            .enable_time()
-            .build()?;
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let thread = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let listener = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(l) => l,
-                        Err(e) => {
-                            tracing::error!(%e, "HTTP listener unusable");
-                            return;
-                        }
-                    };
-                    let mut graceful = stop_rx.clone();
-                    let listener = Bounded::new(listener, limits);
-                    let serve = axum::serve(listener, app).with_graceful_shutdown(async move {
-                        let _ = graceful.wait_for(|stop| *stop).await;
-                    });
-                    let served = tokio::spawn(async move {
-                        if let Err(e) = serve.await {
-                            tracing::error!(%e, "HTTP interface failed");
-                        }
-                    });
-                    // Wait for the stop signal (or a dropped sender), then give open requests
-                    // GRACE to finish; what is left is dropped with the runtime.
-                    let mut stop = stop_rx;
-                    let _ = stop.wait_for(|stop| *stop).await;
-                    if tokio::time::timeout(GRACE, served).await.is_err() {
-                        tracing::warn!("HTTP connections still open after {GRACE:?}; closing");
-                    }
-                });
-            })?;
-        Ok(HttpServer {
-            addr,
-            stop: Some(stop_tx),
-            thread: Some(thread),
-        })
-    }
-
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Stops serving and joins its thread.
-    pub fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(true);
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(true);
-        }
-    }
-}
-
-/// Bounds on an HTTP endpoint's connections, so that slow, stalled or idle clients cannot
-/// hold the process's file descriptors: the memcached port must always accept.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct HttpLimits {
-    /// Most connections open at once; more wait in the listen backlog until one closes.
-    pub max_connections: usize,
-    /// A connection that neither reads nor writes a byte for this long is closed: an idle
-    /// keep-alive connection, and a request whose header or body stalls, alike.
-    pub idle_timeout: Duration,
-}
-
-impl Default for HttpLimits {
-    /// 256 connections per endpoint (the REST port and `/metrics` together hold at most
-    /// 512 descriptors, whatever clients do), closed after 30 s without a byte.
-    fn default() -> Self {
-        HttpLimits {
-            max_connections: 256,
-            idle_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-/// The REST interface's routes over `shared`, as [`HttpServer::start`] serves them, for
+/// The REST interface's routes over `shared`, as [`start`] serves them, for
 /// callers that drive it in-process (the fuzz targets).
 pub fn rest_router(shared: Arc<Shared>, admin_token: Option<String>) -> Router {
     router(App {

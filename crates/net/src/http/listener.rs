@@ -1,4 +1,4 @@
-//! The REST endpoint's listener: a bound on open connections and an idle timeout for each.
+//! An HTTP endpoint's listener: a bound on open connections and an idle timeout for each.
 
 use std::io;
 use std::net::SocketAddr;
