@@ -43,6 +43,7 @@ use kvlab_net::{Completion, Watch, Work};
 
 use crate::backend::{Conn, Frame};
 use crate::config::WritePolicy;
+use crate::forward::Shape;
 use crate::route::Routing;
 use crate::stats::Sample;
 use crate::Shared;
@@ -64,6 +65,8 @@ const NONE: u32 = u32::MAX;
 pub struct ProxyWork {
     /// The request as forwarded (without `noreply`); becomes the reply.
     pub(crate) buf: Vec<u8>,
+    /// What it is and where its keys lie in `buf` (it is not parsed again).
+    pub(crate) shape: Shape,
     /// The client asked for no reply.
     pub(crate) noreply: bool,
     /// When the network thread queued it.
@@ -87,6 +90,7 @@ impl ProxyWork {
     fn vacant(now: Instant) -> ProxyWork {
         ProxyWork {
             buf: Vec::new(),
+            shape: Shape::OTHER,
             noreply: true,
             arrival: now,
             queue_len: 0,
