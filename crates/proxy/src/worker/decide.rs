@@ -6,7 +6,6 @@
 use std::time::Instant;
 
 use kvlab_net::Completion;
-use kvlab_protocol::client::{parse_reply, ParsedReply, Reply};
 
 use crate::config::WritePolicy;
 use crate::forward::Kind;
@@ -402,22 +401,20 @@ impl Worker {
         }
     }
 
-    /// Merges the `VALUE` blocks of a multi-part get in the order the keys were asked for;
-    /// returns the values.
+    /// Merges the `VALUE` blocks of a multi-part get in the order the keys were asked for,
+    /// each part's by where framing found them; returns the values.
     fn merge(&mut self, i: usize, work: &ProxyWork) -> u32 {
         let mut hits = 0;
         for (k, key) in work.shape.keys(&work.buf).enumerate() {
             let p = self.jobs[i].key_part[k] as usize;
             let part = &mut self.parts[p];
-            if let Ok(ParsedReply::Complete {
-                reply: Reply::Value { key: got, .. },
-                len,
-            }) = parse_reply(&part.reply[part.cursor..])
-            {
-                if got == key {
+            // A backend answers the hits in the order asked: the key's block is the part's
+            // next one when it names the key.
+            if let Some(v) = part.blocks.get(part.cursor) {
+                if part.reply.get(v.key_at..v.key_end) == Some(key) {
                     self.assembled
-                        .extend_from_slice(&part.reply[part.cursor..part.cursor + len]);
-                    part.cursor += len;
+                        .extend_from_slice(&part.reply[v.start..v.end]);
+                    part.cursor += 1;
                     hits += 1;
                 }
             }

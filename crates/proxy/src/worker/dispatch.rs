@@ -115,12 +115,17 @@ impl Worker {
     fn open_part(&mut self, i: usize, backend: usize, retry: bool) -> (u32, bool) {
         let now = self.now;
         let p = self.free_parts.pop().unwrap_or(self.parts.len() as u32);
-        let key = match self.parts.get_mut(p as usize) {
-            Some(old) => std::mem::take(&mut old.key),
-            None => Vec::new(),
+        let (key, mut blocks) = match self.parts.get_mut(p as usize) {
+            Some(old) => (
+                std::mem::take(&mut old.key),
+                std::mem::take(&mut old.blocks),
+            ),
+            None => (Vec::new(), Vec::new()),
         };
+        blocks.clear();
         let mut part = Part {
             key,
+            blocks,
             job: i as u32,
             backend: backend as u32,
             next: NONE,
