@@ -814,7 +814,9 @@ mod tests {
 
     #[test]
     fn a_coalesced_reply_splits_by_key_as_parsing_it_again_did() {
-        let cases: &[(&[u8], &[Option<&[u8]>])] = &[
+        // A reply, and the keys its line asked for.
+        type Case<'a> = (&'a [u8], &'a [Option<&'a [u8]>]);
+        let cases: &[Case] = &[
             // Hits and misses, in the order asked.
             (
                 b"VALUE a 0 1\r\nx\r\nVALUE c 5 2\r\nyy\r\nEND\r\n",

@@ -29,10 +29,7 @@ impl Worker {
         self.now = Instant::now();
         let now = self.now;
         let health = self.routing.backends[b].clone();
-        loop {
-            let Some(head) = self.conns[b].expect.front().copied() else {
-                break;
-            };
+        while let Some(head) = self.conns[b].expect.front().copied() {
             // A coalesced `get`'s reply, or a part of a multi-get: framed noting where each
             // value lies, to be split by key (or merged in key order) without parsing it again.
             let coalesced = self.conns[b].expect.get(1).is_some_and(|e| e.joined);
