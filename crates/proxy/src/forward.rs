@@ -19,7 +19,8 @@ pub struct Shape {
     pub key_at: usize,
     /// See `key_at`.
     pub key_end: usize,
-    /// How many keys it names (a retrieval may name several).
+    /// How many keys it names: one, several for a retrieval, none for `flush_all` and
+    /// settings.
     pub keys: u32,
 }
 
@@ -174,11 +175,13 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) -> Shape {
         }
         Request::SlabsAutomove { mode } => {
             shape.kind = Kind::Setting;
+            shape.keys = 0;
             out.extend_from_slice(b"slabs automove ");
             out.extend_from_slice(num.format(mode).as_bytes());
         }
         Request::FlushAll { delay, .. } => {
             shape.kind = Kind::FlushAll;
+            shape.keys = 0;
             out.extend_from_slice(b"flush_all ");
             out.extend_from_slice(num.format(delay).as_bytes());
         }
@@ -389,9 +392,7 @@ mod tests {
                 _ => {}
             }
             assert_eq!(got, keys, "{sent:?}");
-            if matches!(kind, Kind::Get { .. }) {
-                assert_eq!(shape.keys as usize, keys.len(), "{sent:?}");
-            }
+            assert_eq!(shape.keys as usize, keys.len(), "{sent:?}");
         }
         // A base64 meta key is routed by its decoding, forwarded as sent.
         let Parsed::Request { request, .. } = parse(b"mg a2V5 b v\r\n", &Limits::default()) else {
