@@ -218,9 +218,42 @@ pub struct Framed {
     pub server_error: bool,
 }
 
+/// Where one `VALUE` block of a framed retrieval reply lies in it: the block (header line,
+/// data and its `\r\n`) is `start..end`, its key `key_at..key_end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ValueAt {
+    /// The block's first byte.
+    pub start: usize,
+    /// Past the block's last byte.
+    pub end: usize,
+    /// The key's first byte.
+    pub key_at: usize,
+    /// Past the key's last byte.
+    pub key_end: usize,
+}
+
 /// Frames the reply at the front of `buf`; `Ok(None)` when incomplete, `Err` when the
 /// backend sent something that is not a reply of that kind (the connection is unusable).
 pub fn frame(kind: Frame, buf: &[u8]) -> Result<Option<Framed>, String> {
+    frame_at(kind, buf, None)
+}
+
+/// As [`frame`], and notes in `values` (cleared first) where each `VALUE` block of a
+/// retrieval reply lies, so that the reply need not be parsed again to be split by key.
+pub fn frame_values(
+    kind: Frame,
+    buf: &[u8],
+    values: &mut Vec<ValueAt>,
+) -> Result<Option<Framed>, String> {
+    values.clear();
+    frame_at(kind, buf, Some(values))
+}
+
+fn frame_at(
+    kind: Frame,
+    buf: &[u8],
+    mut blocks: Option<&mut Vec<ValueAt>>,
+) -> Result<Option<Framed>, String> {
     let mut at = 0;
     let mut values = 0;
     let mut quiet_error = (false, false);
@@ -266,7 +299,19 @@ pub fn frame(kind: Frame, buf: &[u8]) -> Result<Option<Framed>, String> {
             continue;
         }
         match (kind, reply) {
-            (Frame::Retrieval, Reply::Value { .. }) => values += 1,
+            (Frame::Retrieval, Reply::Value { key, .. }) => {
+                values += 1;
+                if let Some(blocks) = blocks.as_deref_mut() {
+                    // The key is a slice of `buf` (the parser borrows it).
+                    let key_at = key.as_ptr() as usize - buf.as_ptr() as usize;
+                    blocks.push(ValueAt {
+                        start: at,
+                        end,
+                        key_at,
+                        key_end: key_at + key.len(),
+                    });
+                }
+            }
             (Frame::Retrieval, Reply::End) => return done(end, values, false, false),
             (Frame::MetaQuiet, Reply::MetaNoop) => {
                 return done(at, values, quiet_error.0, quiet_error.1)
@@ -281,6 +326,31 @@ pub fn frame(kind: Frame, buf: &[u8]) -> Result<Option<Framed>, String> {
             (_, other) => return Err(format!("unexpected reply {other:?}")),
         }
         at = end;
+    }
+}
+
+/// Splits a coalesced `get k1 k2 …`'s reply (`reply`, its `VALUE` blocks at `values` as
+/// framed) by the keys it asked for, in order (`None`: a key nobody waits for, passed
+/// over): `ranges` gets each key's block in `reply`, or an empty range for a miss. A
+/// backend answers the hits in the order asked, so each key's block is the next one when
+/// it names that key.
+pub fn split_by_key<'k>(
+    reply: &[u8],
+    values: &[ValueAt],
+    keys: impl Iterator<Item = Option<&'k [u8]>>,
+    ranges: &mut Vec<(usize, usize)>,
+) {
+    ranges.clear();
+    let mut next = 0;
+    for key in keys {
+        let range = match (key, values.get(next)) {
+            (Some(key), Some(v)) if reply.get(v.key_at..v.key_end) == Some(key) => {
+                next += 1;
+                (v.start, v.end)
+            }
+            _ => (0, 0),
+        };
+        ranges.push(range);
     }
 }
 
@@ -720,6 +790,91 @@ mod tests {
         let m = h.missed.lock();
         assert!(m.flush);
         assert!(m.keys.is_empty());
+    }
+
+    /// How a coalesced reply was split before its values were noted while framing: each
+    /// key's block found by parsing the reply again from the last block handed out.
+    fn split_by_parsing_again(reply: &[u8], keys: &[Option<&[u8]>]) -> Vec<(usize, usize)> {
+        let mut at = 0;
+        let mut ranges = Vec::new();
+        for key in keys {
+            let mut range = (0, 0);
+            if let (Some(key), Ok(ParsedReply::Complete { reply: r, len })) =
+                (key, parse_reply(&reply[at..]))
+            {
+                if matches!(r, Reply::Value { key: got, .. } if got == *key) {
+                    range = (at, at + len);
+                    at += len;
+                }
+            }
+            ranges.push(range);
+        }
+        ranges
+    }
+
+    #[test]
+    fn a_coalesced_reply_splits_by_key_as_parsing_it_again_did() {
+        // A reply, and the keys its line asked for.
+        type Case<'a> = (&'a [u8], &'a [Option<&'a [u8]>]);
+        let cases: &[Case] = &[
+            // Hits and misses, in the order asked.
+            (
+                b"VALUE a 0 1\r\nx\r\nVALUE c 5 2\r\nyy\r\nEND\r\n",
+                &[Some(b"a"), Some(b"b"), Some(b"c"), Some(b"d")],
+            ),
+            // Every key a miss.
+            (b"END\r\n", &[Some(b"a"), Some(b"b")]),
+            // Values whose data look like reply lines.
+            (
+                b"VALUE a 0 20\r\n\r\nVALUE b 0 1\r\nEND\r\n\r\nVALUE b 0 9\r\n\r\nEND\r\nxx\r\nEND\r\n",
+                &[Some(b"a"), Some(b"b")],
+            ),
+            // The same key twice: each asks gets one block.
+            (
+                b"VALUE k 0 1\r\n1\r\nVALUE k 0 1\r\n1\r\nEND\r\n",
+                &[Some(b"k"), Some(b"k"), Some(b"k")],
+            ),
+            // `gets`: with CAS values; a key nobody waits for any more.
+            (
+                b"VALUE a 0 1 17\r\nx\r\nVALUE b 0 1 18\r\ny\r\nEND\r\n",
+                &[Some(b"a"), None, Some(b"b")],
+            ),
+            // A key that is a prefix of the next one's.
+            (
+                b"VALUE ab 0 1\r\nx\r\nEND\r\n",
+                &[Some(b"a"), Some(b"ab")],
+            ),
+        ];
+        let mut values = Vec::new();
+        let mut ranges = Vec::new();
+        for &(reply, keys) in cases {
+            let f = frame_values(Frame::Retrieval, reply, &mut values)
+                .unwrap()
+                .unwrap();
+            assert_eq!(f.len, reply.len());
+            assert_eq!(values.len(), f.values as usize);
+            split_by_key(reply, &values, keys.iter().copied(), &mut ranges);
+            assert_eq!(ranges, split_by_parsing_again(reply, keys), "{reply:?}");
+        }
+        // The blocks as noted: the data's look-alike lines are inside the first block.
+        let reply = cases[2].0;
+        frame_values(Frame::Retrieval, reply, &mut values).unwrap();
+        assert_eq!(values.len(), 2);
+        assert_eq!(&reply[values[0].key_at..values[0].key_end], b"a");
+        assert_eq!(&reply[values[1].start..values[1].key_end], b"VALUE b");
+        assert_eq!(&reply[values[1].end..], b"END\r\n");
+        // An error line frames with no values (every key gets the line).
+        let f = frame_values(
+            Frame::Retrieval,
+            b"SERVER_ERROR out of memory\r\n",
+            &mut values,
+        )
+        .unwrap()
+        .unwrap();
+        assert!(f.error && values.is_empty());
+        // Other kinds note nothing.
+        frame_values(Frame::Meta, b"VA 1 f0\r\nx\r\n", &mut values).unwrap();
+        assert!(values.is_empty());
     }
 
     #[test]

@@ -1,24 +1,129 @@
 //! A request as the proxy forwards it to a backend: its own wire form, re-composed from the
 //! parsed fields, without `noreply` (the proxy drops the reply instead, so that every request
-//! a backend gets has a reply to wait for). Used by the network stage (what it queues) and
-//! by the workers (a `cas` followed up on the other replicas as a `set`).
+//! a backend gets has a reply to wait for), and its [`Shape`], noted while composing: what the
+//! workers need to route it and to hand out its replies, so that they never parse it again.
+//! Used by the network stage (what it queues) and by the workers (a `cas` followed up on the
+//! other replicas as a `set`).
 
 use kvlab_protocol::request::StoreCommand;
-use kvlab_protocol::{MetaCommand, Request};
+use kvlab_protocol::{MetaCommand, MetaKey, Request};
 
-/// Writes `req` as it is forwarded: its own wire form, minus `noreply`.
-pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
+/// What a worker needs of a request as forwarded: its kind and where its key (a retrieval's
+/// key list) lies in the composed bytes. Like memcached's proxy, which keeps a request's
+/// bytes with the offsets of its tokens, the request is parsed once, by the network stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// What kind of request it is.
+    pub kind: Kind,
+    /// The key (a retrieval's keys as sent, space separated) is `bytes[key_at..key_end]`.
+    pub key_at: usize,
+    /// See `key_at`.
+    pub key_end: usize,
+    /// How many keys it names: one, several for a retrieval, none for `flush_all` and
+    /// settings.
+    pub keys: u32,
+}
+
+/// The kinds of request the workers tell apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `get gets gat gats`: `cas` for the `s` forms, `exptime` for the `gat` forms.
+    Get {
+        /// `gets`/`gats`.
+        cas: bool,
+        /// The `gat` forms' expiry.
+        exptime: Option<i64>,
+    },
+    /// A write of one key: a storage command, `incr decr delete touch`; `cas`: it is a `cas`.
+    Write {
+        /// It is a `cas`.
+        cas: bool,
+    },
+    /// A meta command.
+    Meta(MetaShape),
+    /// `flush_all`.
+    FlushAll,
+    /// A setting every backend takes (`slabs automove`).
+    Setting,
+    /// Not forwarded (answered by the network stage).
+    Other,
+}
+
+/// What routing needs of a meta command's flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetaShape {
+    /// Which command.
+    pub command: MetaCommand,
+    /// The key is base64 text (`b`).
+    pub base64: bool,
+    /// `q`: the proxy follows it with `mn`.
+    pub quiet: bool,
+    /// `C`: a compare-and-set.
+    pub compare: bool,
+    /// `c`: it returns the item's CAS value.
+    pub returns_cas: bool,
+    /// It changes the item or reports its access history (`N T R h l`).
+    pub touches: bool,
+}
+
+impl Shape {
+    /// The shape of what is not forwarded.
+    pub const OTHER: Shape = Shape {
+        kind: Kind::Other,
+        key_at: 0,
+        key_end: 0,
+        keys: 0,
+    };
+
+    /// The key as composed (a meta key as sent: maybe base64 text; a retrieval's key list).
+    pub fn raw_key<'a>(&self, bytes: &'a [u8]) -> &'a [u8] {
+        bytes.get(self.key_at..self.key_end).unwrap_or_default()
+    }
+
+    /// A retrieval's keys, in request order.
+    pub fn keys<'a>(&self, bytes: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.raw_key(bytes)
+            .split(|&b| b == b' ')
+            .filter(|k| !k.is_empty())
+    }
+
+    /// Calls `f` with the key as stored: a base64 meta key decoded.
+    pub fn with_key<R>(&self, bytes: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
+        let raw = self.raw_key(bytes);
+        match self.kind {
+            Kind::Meta(MetaShape { base64: true, .. }) => match MetaKey::new(raw, true) {
+                Ok(key) => key.with(f),
+                // It decoded when the request was parsed.
+                Err(_) => f(&[]),
+            },
+            _ => f(raw),
+        }
+    }
+}
+
+/// Writes `req` as it is forwarded, its own wire form minus `noreply`, and returns its shape
+/// (offsets into `out`).
+pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) -> Shape {
     let mut num = itoa::Buffer::new();
+    let mut shape = Shape {
+        keys: 1,
+        ..Shape::OTHER
+    };
     match *req {
         Request::Get { keys, cas } => {
             out.extend_from_slice(if cas { b"gets " } else { b"get " });
-            out.extend_from_slice(keys.text());
+            shape.kind = Kind::Get { cas, exptime: None };
+            (shape.key_at, shape.key_end) = put(out, keys.text());
+            shape.keys = keys.iter().count() as u32;
         }
         Request::Gat { exptime, keys, cas } => {
             out.extend_from_slice(if cas { b"gats " } else { b"gat " });
             out.extend_from_slice(num.format(exptime).as_bytes());
             out.push(b' ');
-            out.extend_from_slice(keys.text());
+            let exptime = Some(exptime);
+            shape.kind = Kind::Get { cas, exptime };
+            (shape.key_at, shape.key_end) = put(out, keys.text());
+            shape.keys = keys.iter().count() as u32;
         }
         Request::Store {
             command,
@@ -29,16 +134,18 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
             cas_unique,
             ..
         } => {
+            let cas = command == StoreCommand::Cas;
             out.extend_from_slice(command.name());
             out.push(b' ');
-            out.extend_from_slice(key);
+            shape.kind = Kind::Write { cas };
+            (shape.key_at, shape.key_end) = put(out, key);
             out.push(b' ');
             out.extend_from_slice(num.format(flags).as_bytes());
             out.push(b' ');
             out.extend_from_slice(num.format(exptime).as_bytes());
             out.push(b' ');
             out.extend_from_slice(num.format(data.len()).as_bytes());
-            if command == StoreCommand::Cas {
+            if cas {
                 out.push(b' ');
                 out.extend_from_slice(num.format(cas_unique).as_bytes());
             }
@@ -49,25 +156,32 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
             incr, key, delta, ..
         } => {
             out.extend_from_slice(if incr { b"incr " } else { b"decr " });
-            out.extend_from_slice(key);
+            shape.kind = Kind::Write { cas: false };
+            (shape.key_at, shape.key_end) = put(out, key);
             out.push(b' ');
             out.extend_from_slice(num.format(delta).as_bytes());
         }
         Request::Delete { key, .. } => {
             out.extend_from_slice(b"delete ");
-            out.extend_from_slice(key);
+            shape.kind = Kind::Write { cas: false };
+            (shape.key_at, shape.key_end) = put(out, key);
         }
         Request::Touch { key, exptime, .. } => {
             out.extend_from_slice(b"touch ");
-            out.extend_from_slice(key);
+            shape.kind = Kind::Write { cas: false };
+            (shape.key_at, shape.key_end) = put(out, key);
             out.push(b' ');
             out.extend_from_slice(num.format(exptime).as_bytes());
         }
         Request::SlabsAutomove { mode } => {
+            shape.kind = Kind::Setting;
+            shape.keys = 0;
             out.extend_from_slice(b"slabs automove ");
             out.extend_from_slice(num.format(mode).as_bytes());
         }
         Request::FlushAll { delay, .. } => {
+            shape.kind = Kind::FlushAll;
+            shape.keys = 0;
             out.extend_from_slice(b"flush_all ");
             out.extend_from_slice(num.format(delay).as_bytes());
         }
@@ -77,9 +191,22 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
             flags,
             data,
         } => {
+            let meta = MetaShape {
+                command,
+                base64: key.is_base64(),
+                quiet: flags.quiet,
+                compare: flags.compare_cas.is_some(),
+                returns_cas: flags.has(b'c'),
+                touches: flags.vivify.is_some()
+                    || flags.ttl.is_some()
+                    || flags.recache.is_some()
+                    || flags.has(b'h')
+                    || flags.has(b'l'),
+            };
             out.extend_from_slice(command.name());
             out.push(b' ');
-            out.extend_from_slice(key.raw());
+            shape.kind = Kind::Meta(meta);
+            (shape.key_at, shape.key_end) = put(out, key.raw());
             if command == MetaCommand::Set {
                 out.push(b' ');
                 out.extend_from_slice(num.format(data.len()).as_bytes());
@@ -98,9 +225,32 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) {
         | Request::Quit
         | Request::Stats { .. }
         | Request::Admin(_)
-        | Request::Cluster { .. } => {}
+        | Request::Cluster { .. } => shape.keys = 0,
     }
     out.extend_from_slice(b"\r\n");
+    shape
+}
+
+/// Appends `key` to `out`; returns where it lies.
+fn put(out: &mut Vec<u8>, key: &[u8]) -> (usize, usize) {
+    let at = out.len();
+    out.extend_from_slice(key);
+    (at, out.len())
+}
+
+/// Writes `delete KEY` (a key's stale value dropped on its backends) and returns its shape.
+pub fn compose_delete(key: &[u8], out: &mut Vec<u8>) -> Shape {
+    out.extend_from_slice(b"delete ");
+    let key_at = out.len();
+    out.extend_from_slice(key);
+    let shape = Shape {
+        kind: Kind::Write { cas: false },
+        key_at,
+        key_end: out.len(),
+        keys: 1,
+    };
+    out.extend_from_slice(b"\r\n");
+    shape
 }
 
 #[cfg(test)]
@@ -139,5 +289,124 @@ mod tests {
         ] {
             assert_eq!(forwarded(sent.as_bytes()), forwarded_as, "{sent:?}");
         }
+    }
+
+    /// What the workers once parsed out of the forwarded bytes, as a shape: the shape noted
+    /// while composing must say the same.
+    fn reparsed(bytes: &[u8]) -> (Kind, Vec<Vec<u8>>) {
+        let Parsed::Request { request, .. } = parse(bytes, &Limits::default()) else {
+            panic!("{bytes:?} does not parse again")
+        };
+        let one = |key: &[u8]| vec![key.to_vec()];
+        match request {
+            Request::Get { keys, cas } => (
+                Kind::Get { cas, exptime: None },
+                keys.iter().map(<[u8]>::to_vec).collect(),
+            ),
+            Request::Gat { exptime, keys, cas } => (
+                Kind::Get {
+                    cas,
+                    exptime: Some(exptime),
+                },
+                keys.iter().map(<[u8]>::to_vec).collect(),
+            ),
+            Request::Store { command, key, .. } => (
+                Kind::Write {
+                    cas: command == StoreCommand::Cas,
+                },
+                one(key),
+            ),
+            Request::Arith { key, .. }
+            | Request::Delete { key, .. }
+            | Request::Touch { key, .. } => (Kind::Write { cas: false }, one(key)),
+            Request::FlushAll { .. } => (Kind::FlushAll, vec![]),
+            Request::SlabsAutomove { .. } => (Kind::Setting, vec![]),
+            Request::Meta {
+                command,
+                key,
+                flags,
+                ..
+            } => (
+                Kind::Meta(MetaShape {
+                    command,
+                    base64: key.is_base64(),
+                    quiet: flags.quiet,
+                    compare: flags.compare_cas.is_some(),
+                    returns_cas: flags.has(b'c'),
+                    touches: flags.vivify.is_some()
+                        || flags.ttl.is_some()
+                        || flags.recache.is_some()
+                        || flags.has(b'h')
+                        || flags.has(b'l'),
+                }),
+                key.with(one),
+            ),
+            _ => (Kind::Other, vec![]),
+        }
+    }
+
+    #[test]
+    fn the_shape_says_what_parsing_the_forwarded_bytes_again_would() {
+        for sent in [
+            "get a  b\r\n",
+            "get k\r\n",
+            "gets  a b c \r\n",
+            "gat 10 a b\r\n",
+            "gats -1 a\r\n",
+            "set k 5 100 2 noreply\r\nhi\r\n",
+            "append k 0 0 2\r\nhi\r\n",
+            "cas k 0 0 1 77\r\nx\r\n",
+            "incr n 18446744073709551615\r\n",
+            "decr n 1 noreply\r\n",
+            "delete k noreply\r\n",
+            "touch k -5\r\n",
+            "flush_all\r\n",
+            "flush_all 10 noreply\r\n",
+            "slabs automove 1\r\n",
+            "ms a2V5 2 b T5 q\r\nhi\r\n",
+            "ms k 2 C99\r\nhi\r\n",
+            "mg k v f Oab\r\n",
+            "mg k c v\r\n",
+            "mg k N30 v\r\n",
+            "mg k h l\r\n",
+            "mg k R10 t\r\n",
+            "mg a2V5 b v\r\n",
+            "md k q C5\r\n",
+            "ma k D2\r\n",
+            "me k\r\n",
+        ] {
+            let Parsed::Request { request, .. } = parse(sent.as_bytes(), &Limits::default()) else {
+                panic!("{sent:?} does not parse")
+            };
+            let mut out = b"earlier bytes".to_vec();
+            let start = out.len();
+            let shape = compose(&request, &mut out);
+            let (kind, keys) = reparsed(&out[start..]);
+            assert_eq!(shape.kind, kind, "{sent:?}");
+            let mut got = Vec::new();
+            match kind {
+                Kind::Get { .. } => got.extend(shape.keys(&out).map(<[u8]>::to_vec)),
+                Kind::Write { .. } | Kind::Meta(_) => {
+                    got.push(shape.with_key(&out, <[u8]>::to_vec))
+                }
+                _ => {}
+            }
+            assert_eq!(got, keys, "{sent:?}");
+            assert_eq!(shape.keys as usize, keys.len(), "{sent:?}");
+        }
+        // A base64 meta key is routed by its decoding, forwarded as sent.
+        let Parsed::Request { request, .. } = parse(b"mg a2V5 b v\r\n", &Limits::default()) else {
+            panic!()
+        };
+        let mut out = Vec::new();
+        let shape = compose(&request, &mut out);
+        assert_eq!(shape.raw_key(&out), b"a2V5");
+        assert_eq!(shape.with_key(&out, <[u8]>::to_vec), b"key");
+        // A stale value dropped after a refused set.
+        let mut out = Vec::new();
+        let shape = compose_delete(b"k1", &mut out);
+        assert_eq!(out, b"delete k1\r\n");
+        assert_eq!(reparsed(&out), (shape.kind, vec![b"k1".to_vec()]));
+        assert_eq!(shape.raw_key(&out), b"k1");
     }
 }

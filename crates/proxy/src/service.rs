@@ -2,7 +2,8 @@
 //! what needs no backend (`version`, `stats`, `verbosity`, `mn`, `quit`) and queues every
 //! other request for the workers as [`ProxyWork`], in the form it is forwarded: the
 //! request re-composed from its parsed fields, without `noreply` (the worker drops the
-//! reply instead, so that every request sent to a backend has a reply to wait for).
+//! reply instead, so that every request sent to a backend has a reply to wait for), with
+//! its shape (kind, where its keys lie): the request is parsed here, once.
 //!
 //! Request buffers cycle: the network thread fills one, the worker turns it into the reply,
 //! and the session gives it back ([`kvlab_net::Service::recycle`]) — nothing is allocated per
@@ -16,6 +17,7 @@ use std::time::Instant;
 use kvlab_net::{App, Flow, Order, Service};
 use kvlab_protocol::{MetaCommand, MetaKey, ProtocolError, Request};
 
+use crate::forward::Shape;
 use crate::worker::{ProxyWork, Worker};
 use crate::Shared;
 
@@ -50,13 +52,13 @@ impl ProxyService {
 
     fn forward(&mut self, client: u32, req: &Request<'_>) -> ProxyWork {
         let mut buf = self.spare.pop().unwrap_or_default();
-        crate::forward::compose(req, &mut buf);
-        self.queue(client, buf, req.noreply())
+        let shape = crate::forward::compose(req, &mut buf);
+        self.queue(client, buf, shape, req.noreply())
     }
 
-    /// Queues `buf` (a request of `client` as forwarded), stamping its arrival and the
-    /// queue it finds.
-    fn queue(&mut self, client: u32, buf: Vec<u8>, noreply: bool) -> ProxyWork {
+    /// Queues `buf` (a request of `client` as forwarded, of `shape`), stamping its arrival
+    /// and the queue it finds.
+    fn queue(&mut self, client: u32, buf: Vec<u8>, shape: Shape, noreply: bool) -> ProxyWork {
         let arrival = Instant::now();
         let queued = if self.shared.record {
             self.shared.queue.arrive(arrival)
@@ -65,6 +67,7 @@ impl ProxyService {
         };
         ProxyWork {
             buf,
+            shape,
             noreply,
             arrival,
             queue_len: queued.min(u64::from(u32::MAX)) as u32,
@@ -152,12 +155,8 @@ impl Service for ProxyService {
     /// error).
     fn drop_stale(&mut self, conn: &mut u32, key: MetaKey<'_>) -> Option<ProxyWork> {
         let mut buf = self.spare.pop().unwrap_or_default();
-        key.with(|key| {
-            buf.extend_from_slice(b"delete ");
-            buf.extend_from_slice(key);
-            buf.extend_from_slice(b"\r\n");
-        });
-        Some(self.queue(*conn, buf, true))
+        let shape = key.with(|key| crate::forward::compose_delete(key, &mut buf));
+        Some(self.queue(*conn, buf, shape, true))
     }
 
     fn protocol_error(&mut self, _error: ProtocolError) {

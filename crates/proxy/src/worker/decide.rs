@@ -6,10 +6,9 @@
 use std::time::Instant;
 
 use kvlab_net::Completion;
-use kvlab_protocol::client::{parse_reply, ParsedReply, Reply};
-use kvlab_protocol::{parse, Parsed, Request};
 
 use crate::config::WritePolicy;
+use crate::forward::Kind;
 use crate::stats::Sample;
 
 use super::{Class, Fail, Part, ProxyWork, State, Worker, NONE, REDO_PAUSE, REDO_PAUSE_MAX};
@@ -105,20 +104,13 @@ impl Worker {
     /// is none to try.
     fn retry_read(&mut self, i: usize, p: u32, work: &ProxyWork) -> bool {
         let before = self.jobs[i].parts;
-        let Parsed::Request { request, .. } = parse(&work.buf, &self.shared.limits) else {
-            return false;
-        };
+        let (buf, shape) = (&work.buf[..], work.shape);
         let failed_backend = self.parts[p as usize].backend as usize;
-        match (&request, self.jobs[i].class) {
-            (Request::Get { keys, .. } | Request::Gat { keys, .. }, _) => {
+        match (shape.kind, self.jobs[i].class) {
+            (Kind::Get { cas, .. }, _) => {
                 // Only if every key of the part has another usable replica.
-                let keys = *keys;
                 let multi = self.jobs[i].key_part.len() > 1;
-                let cas = matches!(
-                    request,
-                    Request::Get { cas: true, .. } | Request::Gat { cas: true, .. }
-                );
-                for (k, key) in keys.iter().enumerate() {
+                for (k, key) in shape.keys(buf).enumerate() {
                     if self.jobs[i].key_part[k] != p {
                         continue;
                     }
@@ -128,15 +120,15 @@ impl Worker {
                         return false;
                     }
                 }
-                self.send_keys(i, &request, keys, Some(p), true);
+                self.send_keys(i, buf, shape, Some(p), true);
             }
-            (Request::Meta { key, .. }, Class::ReadAsIs { .. }) => {
+            (Kind::Meta(_), Class::ReadAsIs { .. }) => {
                 let pool = self.jobs[i].pool;
-                key.with(|k| self.routing.replicas(pool, k, &mut self.replicas));
+                shape.with_key(buf, |k| self.routing.replicas(pool, k, &mut self.replicas));
                 if !self.another_replica(pool, failed_backend) {
                     return false;
                 }
-                self.send_read_as_is(i, &work.buf, Some(failed_backend), true);
+                self.send_read_as_is(i, buf, Some(failed_backend), true);
             }
             _ => return false,
         }
@@ -409,29 +401,20 @@ impl Worker {
         }
     }
 
-    /// Merges the `VALUE` blocks of a multi-part get in the order the keys were asked for;
-    /// returns the values.
+    /// Merges the `VALUE` blocks of a multi-part get in the order the keys were asked for,
+    /// each part's by where framing found them; returns the values.
     fn merge(&mut self, i: usize, work: &ProxyWork) -> u32 {
-        let Parsed::Request {
-            request: Request::Get { keys, .. } | Request::Gat { keys, .. },
-            ..
-        } = parse(&work.buf, &self.shared.limits)
-        else {
-            return 0;
-        };
         let mut hits = 0;
-        for (k, key) in keys.iter().enumerate() {
+        for (k, key) in work.shape.keys(&work.buf).enumerate() {
             let p = self.jobs[i].key_part[k] as usize;
             let part = &mut self.parts[p];
-            if let Ok(ParsedReply::Complete {
-                reply: Reply::Value { key: got, .. },
-                len,
-            }) = parse_reply(&part.reply[part.cursor..])
-            {
-                if got == key {
+            // A backend answers the hits in the order asked: the key's block is the part's
+            // next one when it names the key.
+            if let Some(v) = part.blocks.get(part.cursor) {
+                if part.reply.get(v.key_at..v.key_end) == Some(key) {
                     self.assembled
-                        .extend_from_slice(&part.reply[part.cursor..part.cursor + len]);
-                    part.cursor += len;
+                        .extend_from_slice(&part.reply[v.start..v.end]);
+                    part.cursor += 1;
                     hits += 1;
                 }
             }

@@ -6,108 +6,86 @@
 
 use std::sync::atomic::Ordering;
 
-use kvlab_protocol::{parse, Keys, MetaCommand, Parsed, Request, StoreCommand};
+use kvlab_protocol::{parse, MetaCommand, Parsed, Request, StoreCommand};
 
 use crate::backend::{Change, Frame};
 use crate::config::{MultiGet, WritePolicy};
+use crate::forward::{Kind, Shape};
 
 use super::{Class, Fail, Part, ProxyWork, State, Worker, NONE};
 
 impl Worker {
+    /// Routes job `i`'s request (its work `work`) by its shape: parts opened, their requests
+    /// composed into their backends' output.
     pub(super) fn route(&mut self, i: usize, work: &ProxyWork) {
-        let request = match parse(&work.buf, &self.shared.limits) {
-            Parsed::Request { request, .. } => request,
-            _ => {
-                self.put_job(
-                    i,
-                    Class::Write {
-                        policy: WritePolicy::All,
-                    },
-                );
-                return;
-            }
-        };
-        match request {
-            Request::Get { keys, .. } | Request::Gat { keys, .. } => {
+        let shape = work.shape;
+        let buf = &work.buf[..];
+        match shape.kind {
+            Kind::Get { .. } => {
                 self.put_job(i, Class::Get);
-                let n = keys.iter().count();
-                self.jobs[i].key_part.resize(n, NONE);
-                self.send_keys(i, &request, keys, None, false);
+                self.jobs[i].key_part.resize(shape.keys as usize, NONE);
+                self.send_keys(i, buf, shape, None, false);
             }
-            Request::Store {
-                command: StoreCommand::Cas,
-                key,
-                ..
-            } if self.replicated(key) => {
+            Kind::Write { cas: true } if self.replicated(shape.raw_key(buf)) => {
+                let key = shape.raw_key(buf);
                 let pool = self.routing.pool_of(key);
                 self.put_job(i, Class::Cas).pool = pool;
                 self.routing.replicas(pool, key, &mut self.replicas);
                 self.replicas.truncate(1);
-                self.send_all(i, &work.buf, Frame::Line, false, Change::Key(key));
+                self.send_all(i, buf, Frame::Line, false, Change::Key(key));
             }
-            Request::Store { key, .. }
-            | Request::Arith { key, .. }
-            | Request::Delete { key, .. }
-            | Request::Touch { key, .. } => {
+            Kind::Write { .. } => {
+                let key = shape.raw_key(buf);
                 let pool = self.routing.pool_of(key);
                 let policy = self.routing.pools[pool].pool.write_policy;
                 self.put_job(i, Class::Write { policy });
                 self.routing.replicas(pool, key, &mut self.replicas);
-                self.send_all(i, &work.buf, Frame::Line, false, Change::Key(key));
+                self.send_all(i, buf, Frame::Line, false, Change::Key(key));
             }
-            Request::Meta {
-                command,
-                key,
-                flags,
-                ..
-            } => {
-                let quiet = flags.quiet;
-                key.with(|key| {
+            Kind::Meta(meta) => {
+                let quiet = meta.quiet;
+                shape.with_key(buf, |key| {
                     let pool = self.routing.pool_of(key);
                     self.routing.replicas(pool, key, &mut self.replicas);
-                    let frame = match (command, quiet) {
+                    let frame = match (meta.command, quiet) {
                         (MetaCommand::Debug, _) => Frame::Line,
                         (_, true) => Frame::MetaQuiet,
                         (_, false) => Frame::Meta,
                     };
-                    let touches = flags.vivify.is_some()
-                        || flags.ttl.is_some()
-                        || flags.recache.is_some()
-                        || flags.has(b'h')
-                        || flags.has(b'l');
-                    let compare = flags.compare_cas.is_some() && self.replicated(key);
-                    match command {
+                    let touches = meta.touches;
+                    let compare = meta.compare && self.replicated(key);
+                    match meta.command {
                         MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith if compare => {
                             self.put_job(i, Class::Cas).pool = pool;
                             self.replicas.truncate(1);
-                            self.send_all(i, &work.buf, frame, quiet, Change::Key(key));
+                            self.send_all(i, buf, frame, quiet, Change::Key(key));
                         }
-                        MetaCommand::Get if flags.has(b'c') && !touches => {
+                        MetaCommand::Get if meta.returns_cas && !touches => {
                             // CAS values are the primary's: read them there.
                             self.put_job(i, Class::ReadAsIs { frame }).pool = pool;
                             self.replicas.truncate(1);
-                            self.send_read_as_is(i, &work.buf, None, false);
+                            self.send_read_as_is(i, buf, None, false);
                         }
                         MetaCommand::Get if touches => {
                             self.put_job(i, Class::ReadAll);
-                            self.send_all(i, &work.buf, frame, quiet, Change::Key(key));
+                            self.send_all(i, buf, frame, quiet, Change::Key(key));
                         }
                         MetaCommand::Get | MetaCommand::Debug | MetaCommand::Noop => {
                             self.put_job(i, Class::ReadAsIs { frame }).pool = pool;
-                            self.send_read_as_is(i, &work.buf, None, false);
+                            self.send_read_as_is(i, buf, None, false);
                         }
                         MetaCommand::Set | MetaCommand::Delete | MetaCommand::Arith => {
                             let policy = self.routing.pools[pool].pool.write_policy;
                             self.put_job(i, Class::Write { policy });
-                            self.send_all(i, &work.buf, frame, quiet, Change::Key(key));
+                            self.send_all(i, buf, frame, quiet, Change::Key(key));
                         }
                     }
                 });
             }
             // Settings every backend takes: `OK` when all took it.
-            Request::FlushAll { .. } | Request::SlabsAutomove { .. } => {
-                let change = match request {
-                    Request::FlushAll { .. } => Change::Everything,
+            Kind::FlushAll | Kind::Setting => {
+                let change = match shape.kind {
+                    Kind::FlushAll => Change::Everything,
                     _ => Change::Nothing,
                 };
                 self.put_job(
@@ -118,10 +96,10 @@ impl Worker {
                 );
                 self.replicas.clear();
                 self.replicas.extend(0..self.routing.backends.len());
-                self.send_all(i, &work.buf, Frame::Line, false, change);
+                self.send_all(i, buf, Frame::Line, false, change);
             }
             // Answered by the network thread; never queued.
-            _ => {
+            Kind::Other => {
                 self.put_job(
                     i,
                     Class::Write {
@@ -137,12 +115,17 @@ impl Worker {
     fn open_part(&mut self, i: usize, backend: usize, retry: bool) -> (u32, bool) {
         let now = self.now;
         let p = self.free_parts.pop().unwrap_or(self.parts.len() as u32);
-        let key = match self.parts.get_mut(p as usize) {
-            Some(old) => std::mem::take(&mut old.key),
-            None => Vec::new(),
+        let (key, mut blocks) = match self.parts.get_mut(p as usize) {
+            Some(old) => (
+                std::mem::take(&mut old.key),
+                std::mem::take(&mut old.blocks),
+            ),
+            None => (Vec::new(), Vec::new()),
         };
+        blocks.clear();
         let mut part = Part {
             key,
+            blocks,
             job: i as u32,
             backend: backend as u32,
             next: NONE,
@@ -315,25 +298,24 @@ impl Worker {
         }
     }
 
-    /// Sends the keys of get-family `request` (job `i`) — those whose part is `only`, or all
-    /// — grouped by the backend that serves each, one request per backend.
+    /// Sends the keys of get-family request `buf` (of `shape`; job `i`) — those whose part is
+    /// `only`, or all — grouped by the backend that serves each, one request per backend.
     pub(super) fn send_keys(
         &mut self,
         i: usize,
-        request: &Request<'_>,
-        keys: Keys<'_>,
+        buf: &[u8],
+        shape: Shape,
         only: Option<u32>,
         retry: bool,
     ) {
+        let Kind::Get { cas, exptime } = shape.kind else {
+            return;
+        };
         let except = only.map(|p| self.parts[p as usize].backend as usize);
         self.turn = self.turn.wrapping_add(1);
         self.key_backend.clear();
         let multi = self.jobs[i].key_part.len() > 1;
-        let cas = matches!(
-            *request,
-            Request::Get { cas: true, .. } | Request::Gat { cas: true, .. }
-        );
-        for (k, key) in keys.iter().enumerate() {
+        for (k, key) in shape.keys(buf).enumerate() {
             if only.is_some_and(|p| self.jobs[i].key_part[k] != p) {
                 self.key_backend.push(NONE);
                 continue;
@@ -348,18 +330,13 @@ impl Worker {
                 .unwrap_or(self.replicas[0]);
             self.key_backend.push(b as u32);
         }
-        let (verb, exptime) = match *request {
-            Request::Get { cas: false, .. } => ("get", None),
-            Request::Get { cas: true, .. } => ("gets", None),
-            Request::Gat {
-                cas: false,
-                exptime,
-                ..
-            } => ("gat", Some(exptime)),
-            Request::Gat { exptime, .. } => ("gats", Some(exptime)),
-            _ => return,
+        let verb = match (cas, exptime) {
+            (false, None) => "get",
+            (true, None) => "gets",
+            (false, Some(_)) => "gat",
+            (true, Some(_)) => "gats",
         };
-        if let (None, [b], Some(key)) = (exptime, &self.key_backend[..], keys.iter().next()) {
+        if let (None, [b], Some(key)) = (exptime, &self.key_backend[..], shape.keys(buf).next()) {
             // One key: its `get` may join the one before it on the same backend connection
             // (one line, one reply for the backend to compose and send).
             let backend = *b as usize;
@@ -370,7 +347,6 @@ impl Worker {
                     let part = &mut self.parts[p as usize];
                     part.key.clear();
                     part.key.extend_from_slice(key);
-                    let cas = verb == "gets";
                     // Not in front of a kvlab cluster: a node redirects a whole line
                     // for one moved key.
                     let join = self.routing.config.cluster.is_none();
@@ -398,7 +374,7 @@ impl Worker {
                     out.extend_from_slice(itoa::Buffer::new().format(e).as_bytes());
                 }
             }
-            for (j, key) in keys.iter().enumerate().skip(k) {
+            for (j, key) in shape.keys(buf).enumerate().skip(k) {
                 if self.key_backend[j] == b {
                     self.key_backend[j] = NONE;
                     self.jobs[i].key_part[j] = p;
@@ -439,7 +415,8 @@ impl Worker {
     }
 
     /// After a replicated compare-and-set succeeded on the primary: the same write without
-    /// the compare to the other replicas (their replies are read and dropped).
+    /// the compare to the other replicas (their replies are read and dropped). Rare enough
+    /// (a successful `cas` in a replicated pool) to parse the request again for its fields.
     pub(super) fn cas_follow_up(&mut self, i: usize, work: &ProxyWork) {
         let Parsed::Request { request, .. } = parse(&work.buf, &self.shared.limits) else {
             return;

@@ -41,8 +41,9 @@ use std::time::{Duration, Instant};
 
 use kvlab_net::{Completion, Watch, Work};
 
-use crate::backend::{Conn, Frame};
+use crate::backend::{Conn, Frame, ValueAt};
 use crate::config::WritePolicy;
+use crate::forward::Shape;
 use crate::route::Routing;
 use crate::stats::Sample;
 use crate::Shared;
@@ -64,6 +65,8 @@ const NONE: u32 = u32::MAX;
 pub struct ProxyWork {
     /// The request as forwarded (without `noreply`); becomes the reply.
     pub(crate) buf: Vec<u8>,
+    /// What it is and where its keys lie in `buf` (it is not parsed again).
+    pub(crate) shape: Shape,
     /// The client asked for no reply.
     pub(crate) noreply: bool,
     /// When the network thread queued it.
@@ -87,6 +90,7 @@ impl ProxyWork {
     fn vacant(now: Instant) -> ProxyWork {
         ProxyWork {
             buf: Vec::new(),
+            shape: Shape::OTHER,
             noreply: true,
             arrival: now,
             queue_len: 0,
@@ -201,7 +205,10 @@ struct Part {
     done: Instant,
     /// It is the retry of a failed read.
     retry: bool,
-    /// Merge position in `reply`.
+    /// Where the `VALUE` blocks of its reply lie (a part of a multi-get, merged in key order
+    /// by them); the buffer stays with the slot.
+    blocks: Vec<ValueAt>,
+    /// Merge position: the next of `blocks`.
     cursor: usize,
     /// The key of a one-key `get`/`gets` (its `VALUE` is found by it when the request
     /// was sent coalesced with others), or of a write to a backend of a replicated pool
@@ -332,7 +339,9 @@ pub struct Worker {
     follow_pause: Duration,
     /// Scratch for a batch's tickets.
     tagged: Vec<(usize, ProxyWork)>,
-    /// Scratch for a coalesced reply: each part's `VALUE` block; parts to free.
+    /// Scratch for a coalesced reply: where its `VALUE` blocks lie, each part's block;
+    /// parts to free.
+    values_at: Vec<ValueAt>,
     coalesced: Vec<(usize, usize)>,
     orphans: Vec<u32>,
     /// Scratch: the key of a compare-and-set's follow-up (meta keys may travel in base64).
@@ -378,6 +387,7 @@ impl Worker {
             followed: None,
             follow_pause: REDO_PAUSE,
             tagged: Vec::new(),
+            values_at: Vec::new(),
             coalesced: Vec::new(),
             orphans: Vec::new(),
             follow_key: Vec::new(),

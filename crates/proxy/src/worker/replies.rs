@@ -5,11 +5,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use kvlab_protocol::client::{parse_reply, ParsedReply, Reply};
+use crate::backend::{frame, frame_values, split_by_key};
 
-use crate::backend::frame;
-
-use super::{Fail, State, Worker, NONE};
+use super::{Class, Fail, State, Worker, NONE};
 
 impl Worker {
     /// Fails the connections whose oldest owed reply is past its deadline.
@@ -31,14 +29,20 @@ impl Worker {
         self.now = Instant::now();
         let now = self.now;
         let health = self.routing.backends[b].clone();
-        loop {
+        while let Some(head) = self.conns[b].expect.front().copied() {
+            // A coalesced `get`'s reply, or a part of a multi-get: framed noting where each
+            // value lies, to be split by key (or merged in key order) without parsing it again.
+            let coalesced = self.conns[b].expect.get(1).is_some_and(|e| e.joined);
+            let noted = coalesced || head.part.is_some_and(|p| self.merged(p));
             let conn = &mut self.conns[b];
-            let Some(head) = conn.expect.front().copied() else {
-                break;
+            let framed = if noted {
+                frame_values(head.frame, conn.input(), &mut self.values_at)
+            } else {
+                frame(head.frame, conn.input())
             };
-            match frame(head.frame, conn.input()) {
+            match framed {
                 Ok(None) => break,
-                Ok(Some(f)) if conn.expect.get(1).is_some_and(|e| e.joined) => {
+                Ok(Some(f)) if coalesced => {
                     self.take_coalesced(b, f, now);
                 }
                 Ok(Some(f)) => {
@@ -64,6 +68,10 @@ impl Worker {
                         } else {
                             self.events.push((b, Some(ns), false));
                             part.reply.extend_from_slice(&conn.input()[..f.body]);
+                            if noted {
+                                // Its reply starts its buffer: the positions hold there.
+                                std::mem::swap(&mut part.blocks, &mut self.values_at);
+                            }
                             part.values = f.values;
                             part.state = State::Replied {
                                 error: f.error,
@@ -92,32 +100,27 @@ impl Worker {
         }
     }
 
-    /// Hands out the reply `f` (at the front of connection `b`'s input) of a coalesced
-    /// `get k1 k2 …`: each part gets its key's `VALUE` (the backend answers hits in the
-    /// order asked) and `END`, as if it had been sent alone; an error line goes to each.
+    /// Hands out the reply `f` (at the front of connection `b`'s input, its values at
+    /// `self.values_at`) of a coalesced `get k1 k2 …`: each part gets its key's `VALUE`
+    /// (the backend answers hits in the order asked) and `END`, as if it had been sent
+    /// alone; an error line goes to each.
     fn take_coalesced(&mut self, b: usize, f: crate::backend::Framed, now: Instant) {
         let health = self.routing.backends[b].clone();
         let conn = &self.conns[b];
         let group = 1 + conn.expect.iter().skip(1).take_while(|e| e.joined).count();
         let mut ranges = std::mem::take(&mut self.coalesced);
-        ranges.clear();
-        let reply = &conn.input()[..f.len];
-        let mut at = 0;
-        for e in conn.expect.iter().take(group) {
-            let mut range = (0, 0);
-            if let (false, Some(p)) = (f.error, e.part) {
-                if let Ok(ParsedReply::Complete {
-                    reply: Reply::Value { key, .. },
-                    len,
-                }) = parse_reply(&reply[at..])
-                {
-                    if key == self.parts[p as usize].key.as_slice() {
-                        range = (at, at + len);
-                        at += len;
-                    }
-                }
-            }
-            ranges.push(range);
+        let parts = &self.parts;
+        let keys = conn
+            .expect
+            .iter()
+            .take(group)
+            .map(|e| e.part.map(|p| parts[p as usize].key.as_slice()));
+        if f.error {
+            // One error line answers every key.
+            ranges.clear();
+            ranges.extend(keys.map(|_| (0, 0)));
+        } else {
+            split_by_key(&conn.input()[..f.len], &self.values_at, keys, &mut ranges);
         }
         for &(start, end) in &ranges {
             let Some(head) = self.conns[b].expect.pop_front() else {
@@ -162,6 +165,15 @@ impl Worker {
         self.coalesced = ranges;
         while let Some(p) = self.orphans.pop() {
             self.free_part(p);
+        }
+    }
+
+    /// Whether part `p` is one of a multi-get's parts, whose values are merged in key order.
+    fn merged(&self, p: u32) -> bool {
+        let job = self.parts[p as usize].job;
+        job != NONE && {
+            let job = &self.jobs[job as usize];
+            job.class == Class::Get && job.key_part.len() > 1
         }
     }
 
