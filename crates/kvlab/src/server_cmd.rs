@@ -176,6 +176,9 @@ struct Extended {
     crawler: Option<CrawlerConfig>,
     /// `-o read_buf_mem_limit` in bytes (0: none), reported in `stats settings`.
     read_buf_mem_limit: u64,
+    /// `-o lru_maintainer` (the default) or `no_lru_maintainer`, reported in `stats
+    /// settings` and deciding whether `stats` lists the maintainer's fields.
+    lru_maintainer: bool,
     slab_reassign: bool,
     idle_timeout: Option<std::time::Duration>,
     tls: kvlab_server::tls::TlsSettings,
@@ -187,6 +190,7 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
     let mut on = interval_ms != 0;
     let mut out = Extended {
         slab_reassign: true,
+        lru_maintainer: true,
         ..Extended::default()
     };
     for opt in extended {
@@ -205,7 +209,8 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             ("modern", None) => {}
             // memcached's parts that kvlab's model has no counterpart of (see the flag's
             // help): accepted so that scripts written for memcached start kvlab.
-            ("lru_maintainer" | "no_lru_maintainer", None) => {}
+            ("lru_maintainer", None) => out.lru_maintainer = true,
+            ("no_lru_maintainer", None) => out.lru_maintainer = false,
             ("slab_chunk_max" | "watcher_logbuf_size", Some(v)) => {
                 v.parse::<u64>()
                     .with_context(|| format!("-o {name}={v}: not a number of bytes"))?;
@@ -214,6 +219,7 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             ("no_modern", None) => {
                 on = false;
                 out.slab_reassign = false;
+                out.lru_maintainer = false;
             }
             ("read_buf_mem_limit", Some(v)) => {
                 let mb: u64 = v.parse().with_context(|| {
@@ -378,6 +384,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
                 _ => "auto-negotiate",
             },
             read_buf_mem_limit: ext.read_buf_mem_limit,
+            lru_maintainer: ext.lru_maintainer,
         },
         cluster: args
             .cluster

@@ -47,8 +47,8 @@ impl StopRequest {
     }
 }
 
-/// memcached settings kvlab accepts for drop-in compatibility but whose model differs, so
-/// they change nothing but their line in `stats settings`.
+/// memcached settings kvlab accepts for drop-in compatibility, each reported in `stats
+/// settings` as given; what each does in kvlab's model is on its field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AcceptedSettings {
     /// `-R`: memcached's most requests per connection per event (default 20). kvlab
@@ -61,6 +61,10 @@ pub struct AcceptedSettings {
     /// `-o read_buf_mem_limit`, bytes (0: none, the default). kvlab bounds each
     /// connection's buffers instead.
     pub read_buf_mem_limit: u64,
+    /// `-o lru_maintainer|no_lru_maintainer` (memcached's default: on; `-o no_modern`
+    /// turns it off): kvlab keeps its LRU as it serves, with no maintainer thread, and
+    /// lists the maintainer's fields in `stats` (all 0) as memcached does, only while on.
+    pub lru_maintainer: bool,
 }
 
 impl Default for AcceptedSettings {
@@ -69,6 +73,7 @@ impl Default for AcceptedSettings {
             reqs_per_event: 20,
             binding_protocol: "auto-negotiate",
             read_buf_mem_limit: 0,
+            lru_maintainer: true,
         }
     }
 }
@@ -84,8 +89,8 @@ pub struct AdminState {
     pub cas_enabled: bool,
     /// `flush_all` is served (memcached's default; `-F` refuses it).
     pub flush_enabled: bool,
-    /// memcached's `-R`, `-B`, `-o read_buf_mem_limit` as given: reported in `stats
-    /// settings`, with no other effect (see [`crate::ServerConfig`]).
+    /// memcached's `-R`, `-B`, `-o read_buf_mem_limit`, `-o lru_maintainer` as given
+    /// (see [`AcceptedSettings`]).
     pub accepted: AcceptedSettings,
     /// memcached's size classes for `-f`, `-n`, `-I`.
     pub classes: SizeClasses,

@@ -114,8 +114,8 @@ pub struct ServerConfig {
     /// `flush_all` served (memcached's default); `-F` answers it `CLIENT_ERROR flush_all
     /// not allowed`.
     pub flush_enabled: bool,
-    /// memcached's `-R`, `-B`, `-o read_buf_mem_limit`: accepted, reported in `stats
-    /// settings`, otherwise no-ops (see [`admin::AcceptedSettings`]).
+    /// memcached's `-R`, `-B`, `-o read_buf_mem_limit`, `-o lru_maintainer`: reported in
+    /// `stats settings`; what each does is on [`admin::AcceptedSettings`].
     pub accepted: admin::AcceptedSettings,
     /// memcached's size classes (`-f` growth factor, `-n` smallest chunk's data size),
     /// used to report items by class.

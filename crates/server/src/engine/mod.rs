@@ -434,6 +434,11 @@ impl Engine {
                 let classes = &self.server.admin.classes;
                 return slabs::stats_slabs(&self.store, classes, now, out);
             }
+            Some(b"kvlab") => {
+                for stat in self.server.snapshot(&self.store).kvlab {
+                    r::stat(out, stat.name, stat.value);
+                }
+            }
             Some(b"latency") => {
                 for (name, value) in self.server.latency() {
                     r::stat(out, &name, value);
