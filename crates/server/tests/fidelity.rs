@@ -261,3 +261,84 @@ fn stats_reset_zeroes_eviction_counters() {
         }
     }
 }
+
+/// Dead items as memcached counts them: a store whose exptime is already past (an
+/// absolute time before now, or negative) and a touch to such a time leave the item
+/// linked, expired, so the next `get` counts it in `get_expired`; a store that takes the
+/// place of a flushed item reclaims it (`reclaimed`, `expired_unfetched`). memcached runs
+/// with `-o no_modern`, where each store first reclaims the dead items at its LRU's tail
+/// (here the flushed `a`).
+#[test]
+fn dead_items_are_counted_as_memcached_counts_them() {
+    let steps: [(&[u8], &[u8], &[(&str, &str)]); 6] = [
+        (
+            b"set a 0 0 1\r\n1\r\nflush_all\r\nset a 0 0 1\r\n1\r\n",
+            b"STORED\r\nOK\r\nSTORED\r\n",
+            &[
+                ("reclaimed", "1"),
+                ("expired_unfetched", "1"),
+                ("curr_items", "1"),
+            ],
+        ),
+        (
+            // 2678400: an absolute time, 31 days after 1970.
+            b"set b 0 2678400 1\r\nx\r\n",
+            b"STORED\r\n",
+            &[
+                ("curr_items", "2"),
+                ("total_items", "3"),
+                ("get_expired", "0"),
+            ],
+        ),
+        (
+            b"get b\r\n",
+            b"END\r\n",
+            &[
+                ("get_expired", "1"),
+                ("get_misses", "1"),
+                ("curr_items", "1"),
+            ],
+        ),
+        (
+            b"set c 0 -1 1\r\nx\r\nget c\r\n",
+            b"STORED\r\nEND\r\n",
+            &[("get_expired", "2"), ("curr_items", "1")],
+        ),
+        (
+            b"set d 0 0 1\r\nx\r\ntouch d -1\r\n",
+            b"STORED\r\nTOUCHED\r\n",
+            &[("curr_items", "2"), ("touch_hits", "1")],
+        ),
+        (
+            b"get d\r\n",
+            b"END\r\n",
+            &[
+                ("get_expired", "3"),
+                ("reclaimed", "1"),
+                ("curr_items", "1"),
+            ],
+        ),
+    ];
+    let mc = Memcached::start_with(&["-o", "no_modern"])
+        .unwrap_or_else(|e| panic!("{e} (.ci/run installs Debian's memcached)"));
+    let (server, _clock) = start(IoModel::Reactor, |_| {});
+    for (who, addr) in [("memcached", mc.addr), ("kvlab", server.addr())] {
+        let mut s = connect(addr);
+        for (request, reply, figures) in steps {
+            assert_eq!(
+                String::from_utf8_lossy(&exchange(&mut s, request, reply)),
+                String::from_utf8_lossy(reply),
+                "{who}"
+            );
+            let st = stats(&mut s, "");
+            for (name, want) in figures {
+                assert_eq!(
+                    st[*name],
+                    *want,
+                    "{who}: {name} after {:?}",
+                    String::from_utf8_lossy(request)
+                );
+            }
+        }
+    }
+}
