@@ -136,8 +136,9 @@ pub struct ServerArgs {
     /// read's requests in one write and bounds a connection by its buffers instead.
     #[arg(short = 'R', long = "max-reqs-per-event", default_value_t = 20)]
     reqs_per_event: u32,
-    /// memcached's binding protocol: ascii, binary or auto. Accepted; kvlab serves the
-    /// text (ASCII and meta) protocol whichever is given.
+    /// memcached's binding protocol: ascii (text and meta only), binary (the binary
+    /// protocol only: a connection whose first bytes are not a binary request is closed)
+    /// or auto (by each connection's first byte).
     #[arg(short = 'B', long = "protocol", default_value = "auto", value_parser = ["ascii", "binary", "auto"])]
     protocol: String,
     /// Disable CAS (memcached's -C): gets, gats and the meta c flag show 0, and cas (or a
@@ -379,9 +380,9 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         accepted: kvlab_server::admin::AcceptedSettings {
             reqs_per_event: args.reqs_per_event,
             binding_protocol: match args.protocol.as_str() {
-                "ascii" => "ascii",
-                "binary" => "binary",
-                _ => "auto-negotiate",
+                "ascii" => kvlab_protocol::Binding::Ascii,
+                "binary" => kvlab_protocol::Binding::Binary,
+                _ => kvlab_protocol::Binding::Auto,
             },
             read_buf_mem_limit: ext.read_buf_mem_limit,
             lru_maintainer: ext.lru_maintainer,

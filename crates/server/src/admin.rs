@@ -55,9 +55,9 @@ pub struct AcceptedSettings {
     /// answers all of one read's requests in one write; a connection's share is bounded
     /// by its buffers.
     pub reqs_per_event: u32,
-    /// `-B`: `ascii`, `binary` or `auto-negotiate` (the default). kvlab serves the text
-    /// protocol (ASCII and meta) whichever is given.
-    pub binding_protocol: &'static str,
+    /// `-B`: `ascii`, `binary` or `auto-negotiate` (the default); each connection
+    /// speaks it ([`kvlab_protocol::Binding`]).
+    pub binding_protocol: kvlab_protocol::Binding,
     /// `-o read_buf_mem_limit`, bytes (0: none, the default). kvlab bounds each
     /// connection's buffers instead.
     pub read_buf_mem_limit: u64,
@@ -71,7 +71,7 @@ impl Default for AcceptedSettings {
     fn default() -> Self {
         AcceptedSettings {
             reqs_per_event: 20,
-            binding_protocol: "auto-negotiate",
+            binding_protocol: kvlab_protocol::Binding::Auto,
             read_buf_mem_limit: 0,
             lru_maintainer: true,
         }

@@ -434,6 +434,7 @@ impl Server {
         });
         let limits = Limits {
             item_size_max: config.item_size_max,
+            binding: config.accepted.binding_protocol,
             ..Limits::default()
         };
         store.observe_evictions(stats.admin.evictions.clone());

@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use kvlab_protocol::{binary, parse, Limits, Parsed};
+use kvlab_protocol::{binary, parse, Binding, Limits, Parsed};
 
 use crate::service::{Completion, Flow, Order, Service, Work};
 use binary_protocol::BinaryBuffers;
@@ -93,7 +93,8 @@ pub struct Session<S: Service> {
     binary: Option<Box<BinaryBuffers>>,
 }
 
-/// The protocol of a connection, decided by its first byte as memcached's `-B auto` does.
+/// The protocol of a connection: `Limits::binding`, or under `-B auto` (the default) its
+/// first byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Speaks {
     /// No byte yet.
@@ -218,10 +219,14 @@ impl<S: Service> Session<S> {
                 return;
             }
             if self.speaks == Speaks::Unknown {
-                self.speaks = if self.input[self.start] == binary::REQUEST_MAGIC {
-                    Speaks::Binary
-                } else {
-                    Speaks::Text
+                self.speaks = match self.limits.binding {
+                    Binding::Auto if self.input[self.start] == binary::REQUEST_MAGIC => {
+                        Speaks::Binary
+                    }
+                    Binding::Auto | Binding::Ascii => Speaks::Text,
+                    // A first byte other than the magic closes the connection, as in
+                    // memcached, once a whole header is in (`run_binary`).
+                    Binding::Binary => Speaks::Binary,
                 };
             }
             if self.speaks == Speaks::Binary {
