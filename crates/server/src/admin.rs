@@ -110,6 +110,8 @@ pub struct AdminState {
     pub shutting_down: AtomicBool,
     /// `watch` log streams.
     pub watchers: Arc<Watchers>,
+    /// The open connections (`stats conns`).
+    pub conns: Arc<crate::conns::Conns>,
     /// `-Y`: the users a connection must authenticate as first.
     pub auth: Option<AuthFile>,
     /// `-Z`: the TLS settings (for `stats settings`).
@@ -129,6 +131,7 @@ impl AdminState {
                 watchers.clone(),
             )),
             watchers,
+            conns: Arc::default(),
             auth: None,
             tls: None,
             shutdown_command: false,

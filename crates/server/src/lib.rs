@@ -11,7 +11,8 @@
 //! - [`admin`]: memcached's administration commands (`shutdown`, `cache_memlimit`,
 //!   `slabs reassign`, `stats detail` with [`detail`], `lru_crawler`);
 //! - [`slabs`]: `stats items` and `stats slabs` by memcached's size classes, and
-//!   evictions counted per class; [`watch`]: `watch` log streams;
+//!   evictions counted per class; [`watch`]: `watch` log streams; [`conns`]: the open
+//!   connections (`stats conns`);
 //! - [`auth`]: memcached's ASCII authentication (`-Y`);
 //! - [`tls`]: `-Z` (memcached's TLS options as a rustls configuration);
 //! - [`cache`]: the durable cache's semantics (read-through, persist before the reply) and
@@ -31,6 +32,7 @@
 pub mod admin;
 pub mod auth;
 pub mod cache;
+pub mod conns;
 pub mod crawler;
 pub mod detail;
 pub mod engine;
@@ -431,6 +433,7 @@ impl Server {
             backlog: config.backlog,
             listen: addr.ip(),
             reserved_fds: FD_OVERHEAD,
+            listen_fd: Some(std::os::fd::AsRawFd::as_raw_fd(&listener)),
         });
         let limits = Limits {
             item_size_max: config.item_size_max,

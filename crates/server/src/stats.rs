@@ -251,6 +251,8 @@ pub struct ServerStats {
     pub listen: std::net::IpAddr,
     /// Descriptors kept besides the connections' (`reserved_fds`).
     pub reserved_fds: usize,
+    /// The listening socket (listed by `stats conns`).
+    pub listen_fd: Option<std::os::fd::RawFd>,
 }
 
 /// `VERSION` reply: the memcached protocol level kvlab speaks, then kvlab's own version.
@@ -644,6 +646,7 @@ impl ServerStats {
             backlog: 1024,
             listen: std::net::IpAddr::from([127, 0, 0, 1]),
             reserved_fds: 64,
+            listen_fd: None,
         }
     }
 
