@@ -132,10 +132,12 @@ pub struct ServerArgs {
     #[arg(short = 'u', long = "user")]
     user: Option<String>,
     /// memcached's most requests served per connection per event before others get a turn
-    /// (must be > 0). Accepted and shown in "stats settings"; kvlab answers all of one
-    /// read's requests in one write and bounds a connection by its buffers instead.
-    #[arg(short = 'R', long = "max-reqs-per-event", default_value_t = 20)]
-    reqs_per_event: u32,
+    /// (must be > 0; "stats settings" shows memcached's 20 when not given). Given, the
+    /// reactor and epoll models answer at most N of a connection's buffered requests per
+    /// turn of their loop, counted in "conn_yields" when more wait; not given, a
+    /// connection's requests of one read are all answered at once (in one write).
+    #[arg(short = 'R', long = "max-reqs-per-event")]
+    reqs_per_event: Option<u32>,
     /// memcached's binding protocol: ascii (text and meta only), binary (the binary
     /// protocol only: a connection whose first bytes are not a binary request is closed)
     /// or auto (by each connection's first byte).
@@ -333,7 +335,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         Some(c) => anyhow::bail!("-D {c:?}: the delimiter must be one ASCII character"),
         None => None,
     };
-    if args.reqs_per_event == 0 {
+    if args.reqs_per_event == Some(0) {
         anyhow::bail!("Number of requests per event must be greater than 0");
     }
     let ext = extended(args.crawler_interval_ms, &args.extended)?;

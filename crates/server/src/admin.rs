@@ -51,10 +51,11 @@ impl StopRequest {
 /// settings` as given; what each does in kvlab's model is on its field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AcceptedSettings {
-    /// `-R`: memcached's most requests per connection per event (default 20). kvlab
-    /// answers all of one read's requests in one write; a connection's share is bounded
-    /// by its buffers.
-    pub reqs_per_event: u32,
+    /// `-R`: memcached's most requests per connection per event (`None`: not given,
+    /// shown as memcached's default, 20). Given, the `reactor` and `epoll` models answer at
+    /// most that many of a connection's requests per turn of their loop (`conn_yields`
+    /// counts the turns given up); not given, all of one read's requests at once.
+    pub reqs_per_event: Option<u32>,
     /// `-B`: `ascii`, `binary` or `auto-negotiate` (the default); each connection
     /// speaks it ([`kvlab_protocol::Binding`]).
     pub binding_protocol: kvlab_protocol::Binding,
@@ -70,7 +71,7 @@ pub struct AcceptedSettings {
 impl Default for AcceptedSettings {
     fn default() -> Self {
         AcceptedSettings {
-            reqs_per_event: 20,
+            reqs_per_event: None,
             binding_protocol: kvlab_protocol::Binding::Auto,
             read_buf_mem_limit: 0,
             lru_maintainer: true,

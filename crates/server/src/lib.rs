@@ -488,6 +488,7 @@ impl Server {
             limits,
             idle_timeout: config.idle_timeout,
             tls,
+            reqs_per_event: config.accepted.reqs_per_event,
         };
         let driver = kvlab_net::Driver::start(config.io, listener, shared.clone(), net)?;
         Ok(Server {

@@ -75,6 +75,8 @@ worker_counters! {
     auth_errors,
     /// Cluster node: requests answered `MOVED` or `TRYAGAIN` instead of served.
     cluster_redirects,
+    /// Turns a connection gave up with requests still buffered (`-R`).
+    conn_yields,
 }
 
 impl WorkerStats {
@@ -521,8 +523,6 @@ impl ServerStats {
             Stat::count("listen_disabled_num", Counter, 0),
             Stat::count("time_in_listen_disabled_us", Counter, 0),
             Stat::count("threads", Gauge, self.threads as u64),
-            // `-R` is accepted as a no-op: a connection is never made to yield.
-            Stat::count("conn_yields", Counter, 0),
         ]);
         // Not in kvlab's model, 0: one hash table per shard that grows on its own (no
         // global power, no expansion thread); no slab pages to move; no LRU maintainer
@@ -749,7 +749,11 @@ impl ServerStats {
             ),
             (
                 "reqs_per_event",
-                self.admin.accepted.reqs_per_event.to_string(),
+                self.admin
+                    .accepted
+                    .reqs_per_event
+                    .unwrap_or(DEFAULT_REQS_PER_EVENT)
+                    .to_string(),
             ),
             (
                 "binding_protocol",
@@ -897,7 +901,10 @@ fn yes_no(b: bool) -> &'static str {
     }
 }
 
-/// Service-time percentiles appended to `stats` (microseconds).
+/// memcached's `-R` default, shown in `stats settings` when `-R` is not given.
+const DEFAULT_REQS_PER_EVENT: u32 = 20;
+
+/// Service-time percentiles of `stats kvlab` (microseconds).
 pub const SERVICE_QUANTILES: [(&str, f64); 5] = [
     ("service_time_p50_us", 0.50),
     ("service_time_p90_us", 0.90),

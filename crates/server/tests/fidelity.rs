@@ -342,3 +342,31 @@ fn dead_items_are_counted_as_memcached_counts_them() {
         }
     }
 }
+
+/// `-R 1`: a connection answers one request per turn of its event loop and gives the turn
+/// up while more are buffered, counted in `conn_yields` (memcached's issue_61.t wants at
+/// least 5 for six pipelined sets). The thread-per-connection model has no turn to give;
+/// without `-R` a connection answers all it has read at once.
+#[test]
+fn reqs_per_event_makes_connections_yield() {
+    let six = b"set foobar 0 0 5\r\nBubba\r\n".repeat(6);
+    let stored = b"STORED\r\n".repeat(6);
+    let yields = |addr| {
+        let mut s = connect(addr);
+        assert_eq!(exchange(&mut s, &six, &stored), stored);
+        stats(&mut s, "")["conn_yields"]
+            .parse::<u64>()
+            .expect("a number")
+    };
+    let mc = Memcached::start_with(&["-R", "1"])
+        .unwrap_or_else(|e| panic!("{e} (.ci/run installs Debian's memcached)"));
+    assert!(yields(mc.addr) >= 5, "memcached");
+    for io in [IoModel::Reactor, IoModel::Epoll] {
+        let (server, _clock) = start(io, |c| c.accepted.reqs_per_event = Some(1));
+        assert_eq!(yields(server.addr()), 5, "{}", io.name());
+        let (server, _clock) = start(io, |_| {});
+        assert_eq!(yields(server.addr()), 0, "{} without -R", io.name());
+    }
+    let (server, _clock) = start(IoModel::Threaded, |c| c.accepted.reqs_per_event = Some(1));
+    assert_eq!(yields(server.addr()), 0, "threaded");
+}

@@ -758,6 +758,10 @@ impl kvlab_net::Service for Engine {
         WorkerStats::add(&self.worker.bytes_read, n as u64);
     }
 
+    fn yielded(&mut self) {
+        WorkerStats::add(&self.worker.conn_yields, 1);
+    }
+
     fn bytes_written(&mut self, n: usize) {
         WorkerStats::add(&self.worker.bytes_written, n as u64);
     }
