@@ -5,9 +5,10 @@
 //! with the listening socket (`addr`, `state conn_listening`, `secs_since_last_cmd`) in its
 //! place among them.
 //!
-//! A connection's entry is written by the thread that serves it (its last command's time, a
-//! relaxed store per request) and read under the registry's lock only by `stats conns`;
-//! the registry's lock is taken when a connection opens or closes.
+//! A connection's entry is written by the thread that serves it (its last command's time
+//! from the coarse monotonic clock, a relaxed store per request) and read under the
+//! registry's lock only by `stats conns`; the registry's lock is taken when a connection
+//! opens or closes.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -30,7 +31,7 @@ pub struct Conns {
 struct Entry {
     /// Tells this connection from a later one on the same descriptor.
     id: u64,
-    /// Unix seconds of its last command (of its opening, before any).
+    /// [`seconds`] at its last command (at its opening, before any).
     last_cmd: AtomicU64,
     /// It is a `watch` log stream.
     watching: AtomicBool,
@@ -47,11 +48,11 @@ pub struct Registration {
 }
 
 impl Conns {
-    /// Registers the connection on socket `fd`, opened at `now` (unix seconds).
-    pub fn register(self: &Arc<Self>, fd: RawFd, now: u64) -> Registration {
+    /// Registers the connection on socket `fd`, opened now.
+    pub fn register(self: &Arc<Self>, fd: RawFd) -> Registration {
         let entry = Arc::new(Entry {
             id: self.next_id.fetch_add(1, Relaxed),
-            last_cmd: AtomicU64::new(now),
+            last_cmd: AtomicU64::new(seconds()),
             watching: AtomicBool::new(false),
             handed_over: OnceLock::new(),
         });
@@ -63,15 +64,11 @@ impl Conns {
         }
     }
 
-    /// `stats conns` lines (name, value) at `now`: every connection by socket, and the
-    /// listening socket `listener` (if any, with the seconds since the server started)
-    /// in its place; `caller` is the socket of the connection that asks.
-    pub fn lines(
-        &self,
-        listener: Option<(RawFd, u64)>,
-        caller: RawFd,
-        now: u64,
-    ) -> Vec<(String, String)> {
+    /// `stats conns` lines (name, value): every connection by socket, and the listening
+    /// socket `listener` (if any, with the seconds since the server started) in its
+    /// place; `caller` is the socket of the connection that asks.
+    pub fn lines(&self, listener: Option<(RawFd, u64)>, caller: RawFd) -> Vec<(String, String)> {
+        let now = seconds();
         let open = self.open.lock();
         let mut out = Vec::with_capacity(4 * (open.len() + 1));
         let mut listed = |fd: RawFd, lines: &[(&str, String)]| {
@@ -170,11 +167,24 @@ fn address(fd: RawFd, peer: bool) -> Option<SocketAddr> {
     }
 }
 
+/// Seconds of the coarse monotonic clock (`CLOCK_MONOTONIC_COARSE`: read from the vDSO
+/// without a system call, at the kernel tick's resolution; a request stamps its connection
+/// with it).
+fn seconds() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0)
+}
+
 impl Registration {
-    /// The connection's command at `now` (unix seconds).
+    /// The connection's command, now.
     #[inline]
-    pub fn command(&self, now: u64) {
-        self.entry.last_cmd.store(now, Relaxed);
+    pub fn command(&self) {
+        self.entry.last_cmd.store(seconds(), Relaxed);
     }
 
     /// The connection has become a `watch` log stream.

@@ -454,10 +454,9 @@ impl Engine {
                 }
             }
             Some(b"conns") => {
-                let now = self.store.now_unix();
                 let uptime = self.server.started.elapsed().as_secs();
                 let listener = self.server.listen_fd.map(|fd| (fd, uptime));
-                let lines = self.server.admin.conns.lines(listener, self.cfd, now);
+                let lines = self.server.admin.conns.lines(listener, self.cfd);
                 for (name, value) in lines {
                     r::stat(out, &name, value);
                 }
@@ -644,7 +643,7 @@ impl kvlab_net::Service for Engine {
         self.cfd = loaded.fd;
         self.over_tls = loaded.tls;
         if let Some(r) = &loaded.registered {
-            r.command(self.store.now_unix());
+            r.command();
         }
         if !loaded.authenticated {
             if let Some(auth) = &self.server.admin.auth {
@@ -674,7 +673,7 @@ impl kvlab_net::Service for Engine {
     fn opened(&mut self, conn: &mut Loaded, fd: std::os::fd::RawFd, tls: bool) {
         conn.fd = fd;
         conn.tls = tls;
-        conn.registered = Some(self.server.admin.conns.register(fd, self.store.now_unix()));
+        conn.registered = Some(self.server.admin.conns.register(fd));
         if let Some(stream) = &self.importing {
             // A stream handed over after its `cluster import` (and its authentication).
             conn.import = Some(stream.clone());
