@@ -462,6 +462,15 @@ mod tests {
         };
         assert!(o(&[]).unwrap().slab_reassign);
         assert!(!o(&["no_slab_reassign"]).unwrap().slab_reassign);
+        // The LRU maintainer's fields follow memcached's switch (and `no_modern`).
+        assert!(o(&[]).unwrap().lru_maintainer);
+        assert!(!o(&["no_lru_maintainer"]).unwrap().lru_maintainer);
+        assert!(!o(&["no_modern"]).unwrap().lru_maintainer);
+        assert!(
+            o(&["no_lru_maintainer", "lru_maintainer"])
+                .unwrap()
+                .lru_maintainer
+        );
         assert_eq!(
             o(&["idle_timeout=5"]).unwrap().idle_timeout,
             Some(std::time::Duration::from_secs(5))

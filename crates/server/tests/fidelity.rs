@@ -270,7 +270,13 @@ fn stats_reset_zeroes_eviction_counters() {
 /// (here the flushed `a`).
 #[test]
 fn dead_items_are_counted_as_memcached_counts_them() {
-    let steps: [(&[u8], &[u8], &[(&str, &str)]); 6] = [
+    // (request, reply, figures after it)
+    type Step = (
+        &'static [u8],
+        &'static [u8],
+        &'static [(&'static str, &'static str)],
+    );
+    let steps: [Step; 6] = [
         (
             b"set a 0 0 1\r\n1\r\nflush_all\r\nset a 0 0 1\r\n1\r\n",
             b"STORED\r\nOK\r\nSTORED\r\n",
