@@ -7,6 +7,7 @@ const SMALL: Limits = Limits {
     item_size_max: 64,
     max_line: 48,
     max_get_line: 256,
+    binding: kvlab_protocol::Binding::Auto,
 };
 
 /// The first byte picks the limits (memcached's defaults or small ones); the rest is parsed

@@ -51,6 +51,7 @@ impl Setup {
             },
             max_line: defaults.max_get_line,
             max_get_line: defaults.max_get_line,
+            binding: defaults.binding,
         }
     }
 

@@ -132,12 +132,15 @@ pub struct ServerArgs {
     #[arg(short = 'u', long = "user")]
     user: Option<String>,
     /// memcached's most requests served per connection per event before others get a turn
-    /// (must be > 0). Accepted and shown in "stats settings"; kvlab answers all of one
-    /// read's requests in one write and bounds a connection by its buffers instead.
-    #[arg(short = 'R', long = "max-reqs-per-event", default_value_t = 20)]
-    reqs_per_event: u32,
-    /// memcached's binding protocol: ascii, binary or auto. Accepted; kvlab serves the
-    /// text (ASCII and meta) protocol whichever is given.
+    /// (must be > 0; "stats settings" shows memcached's 20 when not given). Given, the
+    /// reactor and epoll models answer at most N of a connection's buffered requests per
+    /// turn of their loop, counted in "conn_yields" when more wait; not given, a
+    /// connection's requests of one read are all answered at once (in one write).
+    #[arg(short = 'R', long = "max-reqs-per-event")]
+    reqs_per_event: Option<u32>,
+    /// memcached's binding protocol: ascii (text and meta only), binary (the binary
+    /// protocol only: a connection whose first bytes are not a binary request is closed)
+    /// or auto (by each connection's first byte).
     #[arg(short = 'B', long = "protocol", default_value = "auto", value_parser = ["ascii", "binary", "auto"])]
     protocol: String,
     /// Disable CAS (memcached's -C): gets, gats and the meta c flag show 0, and cas (or a
@@ -176,6 +179,9 @@ struct Extended {
     crawler: Option<CrawlerConfig>,
     /// `-o read_buf_mem_limit` in bytes (0: none), reported in `stats settings`.
     read_buf_mem_limit: u64,
+    /// `-o lru_maintainer` (the default) or `no_lru_maintainer`, reported in `stats
+    /// settings` and deciding whether `stats` lists the maintainer's fields.
+    lru_maintainer: bool,
     slab_reassign: bool,
     idle_timeout: Option<std::time::Duration>,
     tls: kvlab_server::tls::TlsSettings,
@@ -187,6 +193,7 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
     let mut on = interval_ms != 0;
     let mut out = Extended {
         slab_reassign: true,
+        lru_maintainer: true,
         ..Extended::default()
     };
     for opt in extended {
@@ -205,7 +212,8 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             ("modern", None) => {}
             // memcached's parts that kvlab's model has no counterpart of (see the flag's
             // help): accepted so that scripts written for memcached start kvlab.
-            ("lru_maintainer" | "no_lru_maintainer", None) => {}
+            ("lru_maintainer", None) => out.lru_maintainer = true,
+            ("no_lru_maintainer", None) => out.lru_maintainer = false,
             ("slab_chunk_max" | "watcher_logbuf_size", Some(v)) => {
                 v.parse::<u64>()
                     .with_context(|| format!("-o {name}={v}: not a number of bytes"))?;
@@ -214,6 +222,7 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             ("no_modern", None) => {
                 on = false;
                 out.slab_reassign = false;
+                out.lru_maintainer = false;
             }
             ("read_buf_mem_limit", Some(v)) => {
                 let mb: u64 = v.parse().with_context(|| {
@@ -326,7 +335,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         Some(c) => anyhow::bail!("-D {c:?}: the delimiter must be one ASCII character"),
         None => None,
     };
-    if args.reqs_per_event == 0 {
+    if args.reqs_per_event == Some(0) {
         anyhow::bail!("Number of requests per event must be greater than 0");
     }
     let ext = extended(args.crawler_interval_ms, &args.extended)?;
@@ -373,11 +382,12 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         accepted: kvlab_server::admin::AcceptedSettings {
             reqs_per_event: args.reqs_per_event,
             binding_protocol: match args.protocol.as_str() {
-                "ascii" => "ascii",
-                "binary" => "binary",
-                _ => "auto-negotiate",
+                "ascii" => kvlab_protocol::Binding::Ascii,
+                "binary" => kvlab_protocol::Binding::Binary,
+                _ => kvlab_protocol::Binding::Auto,
             },
             read_buf_mem_limit: ext.read_buf_mem_limit,
+            lru_maintainer: ext.lru_maintainer,
         },
         cluster: args
             .cluster
@@ -452,6 +462,15 @@ mod tests {
         };
         assert!(o(&[]).unwrap().slab_reassign);
         assert!(!o(&["no_slab_reassign"]).unwrap().slab_reassign);
+        // The LRU maintainer's fields follow memcached's switch (and `no_modern`).
+        assert!(o(&[]).unwrap().lru_maintainer);
+        assert!(!o(&["no_lru_maintainer"]).unwrap().lru_maintainer);
+        assert!(!o(&["no_modern"]).unwrap().lru_maintainer);
+        assert!(
+            o(&["no_lru_maintainer", "lru_maintainer"])
+                .unwrap()
+                .lru_maintainer
+        );
         assert_eq!(
             o(&["idle_timeout=5"]).unwrap().idle_timeout,
             Some(std::time::Duration::from_secs(5))

@@ -1,7 +1,7 @@
 //! memcached's command-line flags that scripts pass to `memcached` are accepted by `kvlab
-//! server` with memcached's meaning (`-u`, `-C`, `-F`) or as documented no-ops shown in
-//! `stats settings` (`-R`, `-B`, `-o modern|no_modern`, `-o read_buf_mem_limit`), and bad
-//! values are refused with memcached's words.
+//! server` with memcached's meaning (`-u`, `-C`, `-F`, `-R`, `-B`; shown in `stats
+//! settings`) or as documented no-ops shown there (`-o modern|no_modern`, `-o
+//! read_buf_mem_limit`), and bad values are refused with memcached's words.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

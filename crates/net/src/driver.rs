@@ -36,6 +36,9 @@ pub enum Pump {
     Idle,
     /// Replies are waiting for the socket to drain: wait for writability.
     Blocked,
+    /// Every reply written, but the session gave its turn up with requests still buffered
+    /// ([`Session::per_turn`]): serve it again after the loop's other ready connections.
+    Yielded,
 }
 
 /// Idle connections: the driver stamps a connection with [`Idle::now`] when it is ready,
@@ -173,6 +176,9 @@ pub fn pump<T: Read + Write + std::os::fd::AsFd, S: Service>(
         }
         if !session.output().is_empty() {
             return Pump::Blocked;
+        }
+        if session.take_yield() {
+            return Pump::Yielded;
         }
         if (session.is_closing() || *input == Input::Ended) && !session.is_waiting() {
             return Pump::Closed;

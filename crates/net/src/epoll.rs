@@ -46,6 +46,7 @@ impl Epoll {
         let service = app.service(0);
         let event_loop = EventLoop::new(poll, service, app, config.limits)
             .with_idle_timeout(config.idle_timeout)
+            .with_reqs_per_event(config.reqs_per_event)
             .with_tls(config.tls.clone())
             .with_listener(mio::net::TcpListener::from_std(listener))?
             .with_helpers(config.threads, waker.clone())?;

@@ -99,6 +99,8 @@ pub struct EventLoop<A: App> {
     work_done: Vec<(usize, Completion)>,
     /// The clock of idle connections (buffers given back, the idle timeout).
     idle: driver::Idle,
+    /// Most requests a connection answers per turn (`None`: all it has read).
+    reqs_per_event: Option<u32>,
     /// Serve TLS with this configuration.
     tls: Option<Arc<rustls::ServerConfig>>,
 }
@@ -126,6 +128,7 @@ impl<A: App> EventLoop<A> {
             free_tickets: Vec::new(),
             work_done: Vec::new(),
             idle: driver::Idle::new(None),
+            reqs_per_event: None,
             tls: None,
         }
     }
@@ -133,6 +136,14 @@ impl<A: App> EventLoop<A> {
     /// Every connection speaks TLS with `config` (see [`crate::tls`]).
     pub fn with_tls(mut self, config: Option<Arc<rustls::ServerConfig>>) -> Self {
         self.tls = config;
+        self
+    }
+
+    /// A connection answers at most `n` requests per turn (memcached's `-R`; see
+    /// [`crate::Config::reqs_per_event`]): one that has more buffered is served again at
+    /// the end of the round, after the other ready connections, or in the next round.
+    pub fn with_reqs_per_event(mut self, n: Option<u32>) -> Self {
+        self.reqs_per_event = n;
         self
     }
 
@@ -186,19 +197,21 @@ impl<A: App> EventLoop<A> {
         }
         while !self.app.stopping() {
             // Work collected while serving the last batch's replies runs without waiting.
-            let timeout = if !self.batch.is_empty() || !self.started.is_empty() {
-                Some(std::time::Duration::ZERO)
-            } else {
-                let due = if self.in_loop() {
-                    <WorkOf<A> as Work>::deadline(self.service.worker())
+            // So do connections that gave their turn up (`touched`).
+            let timeout =
+                if !self.batch.is_empty() || !self.started.is_empty() || !self.touched.is_empty() {
+                    Some(std::time::Duration::ZERO)
                 } else {
-                    None
+                    let due = if self.in_loop() {
+                        <WorkOf<A> as Work>::deadline(self.service.worker())
+                    } else {
+                        None
+                    };
+                    let now = std::time::Instant::now();
+                    Some(due.map_or(driver::Idle::EVERY, |due| {
+                        due.saturating_duration_since(now).min(driver::Idle::EVERY)
+                    }))
                 };
-                let now = std::time::Instant::now();
-                Some(due.map_or(driver::Idle::EVERY, |due| {
-                    due.saturating_duration_since(now).min(driver::Idle::EVERY)
-                }))
-            };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -241,6 +254,8 @@ impl<A: App> EventLoop<A> {
             if self.in_loop() {
                 self.run_in_loop();
             }
+            // Connections that gave their turn up, after every other ready one.
+            self.serve_touched();
             self.close_idle();
         }
         self.close_all();
@@ -337,7 +352,8 @@ impl<A: App> EventLoop<A> {
         }
     }
 
-    /// Serves each connection with completions once: its replies leave in one write.
+    /// Serves each connection with completions once (its replies leave in one write), and
+    /// each that gave its turn up (`-R`) once more.
     fn serve_touched(&mut self) {
         let mut touched = std::mem::take(&mut self.touched);
         for &slot in &touched {
@@ -347,6 +363,8 @@ impl<A: App> EventLoop<A> {
             }
         }
         touched.clear();
+        // Those that gave their turn up again wait for the next round.
+        touched.append(&mut self.touched);
         self.touched = touched;
     }
 
@@ -389,9 +407,13 @@ impl<A: App> EventLoop<A> {
             return;
         }
         self.generation += 1;
+        let mut session = Session::new(self.limits);
+        if let Some(n) = self.reqs_per_event {
+            session.per_turn(n);
+        }
         self.conns[slot] = Some(Conn {
             stream,
-            session: Session::new(self.limits),
+            session,
             writable: false,
             generation: self.generation,
             helper: None,
@@ -455,6 +477,14 @@ impl<A: App> EventLoop<A> {
             Pump::Closed => false,
             Pump::Idle => arm_writable(conn, &self.poll, Token(slot), false),
             Pump::Blocked => arm_writable(conn, &self.poll, Token(slot), true),
+            Pump::Yielded => {
+                let keep = arm_writable(conn, &self.poll, Token(slot), false);
+                if keep && !conn.touched {
+                    conn.touched = true;
+                    self.touched.push(slot);
+                }
+                keep
+            }
         };
         if !keep {
             self.drop_conn(slot);

@@ -117,6 +117,13 @@ pub struct Config {
     /// through rustls ([`tls`]). The reactor, epoll and threaded drivers serve it; the
     /// signal driver refuses to start with it.
     pub tls: Option<std::sync::Arc<rustls::ServerConfig>>,
+    /// Most requests a connection has answered per turn of an event loop before the
+    /// loop's other ready connections are served (memcached's `-R`); its further
+    /// buffered requests wait for the loop's next turn, counted as a yield
+    /// ([`service::Service::yielded`]). The `reactor` and `epoll` drivers keep it;
+    /// `threaded` (a thread per connection) and `signal` have no turn to give. `None`:
+    /// a connection answers all it has read at once.
+    pub reqs_per_event: Option<u32>,
 }
 
 /// A running I/O driver.

@@ -59,6 +59,7 @@ impl Reactor {
             wakers.push(waker);
             let service = app.service(i);
             let (app, limits, idle) = (app.clone(), config.limits, config.idle_timeout);
+            let per_event = config.reqs_per_event;
             let tls = config.tls.clone();
             threads.push(
                 std::thread::Builder::new()
@@ -66,6 +67,7 @@ impl Reactor {
                     .spawn(move || {
                         EventLoop::new(poll, service, app, limits)
                             .with_idle_timeout(idle)
+                            .with_reqs_per_event(per_event)
                             .with_tls(tls)
                             .with_incoming(rx)
                             .run()

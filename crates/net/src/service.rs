@@ -262,6 +262,10 @@ pub trait Service: Send + 'static {
         drop(socket);
     }
 
+    /// A connection gave its turn up with requests still buffered
+    /// ([`crate::Config::reqs_per_event`]; memcached's `conn_yields`).
+    fn yielded(&mut self) {}
+
     /// `n` bytes were read from a connection.
     fn bytes_read(&mut self, n: usize);
 

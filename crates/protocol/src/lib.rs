@@ -25,4 +25,6 @@ pub mod response;
 
 pub use admin::{Admin, Cachedump, LruCrawler, ShutdownMode, Watch};
 pub use meta::{MetaCommand, MetaError, MetaFlags, MetaKey};
-pub use request::{parse, Keys, Limits, Parsed, ProtocolError, Request, StoreCommand, MAX_KEY_LEN};
+pub use request::{
+    parse, Binding, Keys, Limits, Parsed, ProtocolError, Request, StoreCommand, MAX_KEY_LEN,
+};

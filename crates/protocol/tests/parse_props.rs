@@ -105,7 +105,7 @@ proptest! {
 
     #[test]
     fn no_input_panics_and_progress_is_made(input in prop::collection::vec(any::<u8>(), 0..600)) {
-        let limits = Limits { item_size_max: 64, max_line: 128, max_get_line: 256 };
+        let limits = Limits { item_size_max: 64, max_line: 128, max_get_line: 256, ..Limits::default() };
         let mut at = 0;
         while at < input.len() {
             match parse(&input[at..], &limits) {

@@ -378,6 +378,7 @@ impl Proxy {
                 limits: options.limits,
                 idle_timeout: None,
                 tls: None,
+                reqs_per_event: None,
             },
         )?;
         let mut threads = Vec::new();

@@ -47,28 +47,34 @@ impl StopRequest {
     }
 }
 
-/// memcached settings kvlab accepts for drop-in compatibility but whose model differs, so
-/// they change nothing but their line in `stats settings`.
+/// memcached settings kvlab accepts for drop-in compatibility, each reported in `stats
+/// settings` as given; what each does in kvlab's model is on its field.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AcceptedSettings {
-    /// `-R`: memcached's most requests per connection per event (default 20). kvlab
-    /// answers all of one read's requests in one write; a connection's share is bounded
-    /// by its buffers.
-    pub reqs_per_event: u32,
-    /// `-B`: `ascii`, `binary` or `auto-negotiate` (the default). kvlab serves the text
-    /// protocol (ASCII and meta) whichever is given.
-    pub binding_protocol: &'static str,
+    /// `-R`: memcached's most requests per connection per event (`None`: not given,
+    /// shown as memcached's default, 20). Given, the `reactor` and `epoll` models answer at
+    /// most that many of a connection's requests per turn of their loop (`conn_yields`
+    /// counts the turns given up); not given, all of one read's requests at once.
+    pub reqs_per_event: Option<u32>,
+    /// `-B`: `ascii`, `binary` or `auto-negotiate` (the default); each connection
+    /// speaks it ([`kvlab_protocol::Binding`]).
+    pub binding_protocol: kvlab_protocol::Binding,
     /// `-o read_buf_mem_limit`, bytes (0: none, the default). kvlab bounds each
     /// connection's buffers instead.
     pub read_buf_mem_limit: u64,
+    /// `-o lru_maintainer|no_lru_maintainer` (memcached's default: on; `-o no_modern`
+    /// turns it off): kvlab keeps its LRU as it serves, with no maintainer thread, and
+    /// lists the maintainer's fields in `stats` (all 0) as memcached does, only while on.
+    pub lru_maintainer: bool,
 }
 
 impl Default for AcceptedSettings {
     fn default() -> Self {
         AcceptedSettings {
-            reqs_per_event: 20,
-            binding_protocol: "auto-negotiate",
+            reqs_per_event: None,
+            binding_protocol: kvlab_protocol::Binding::Auto,
             read_buf_mem_limit: 0,
+            lru_maintainer: true,
         }
     }
 }
@@ -84,8 +90,8 @@ pub struct AdminState {
     pub cas_enabled: bool,
     /// `flush_all` is served (memcached's default; `-F` refuses it).
     pub flush_enabled: bool,
-    /// memcached's `-R`, `-B`, `-o read_buf_mem_limit` as given: reported in `stats
-    /// settings`, with no other effect (see [`crate::ServerConfig`]).
+    /// memcached's `-R`, `-B`, `-o read_buf_mem_limit`, `-o lru_maintainer` as given
+    /// (see [`AcceptedSettings`]).
     pub accepted: AcceptedSettings,
     /// memcached's size classes for `-f`, `-n`, `-I`.
     pub classes: SizeClasses,
@@ -105,6 +111,8 @@ pub struct AdminState {
     pub shutting_down: AtomicBool,
     /// `watch` log streams.
     pub watchers: Arc<Watchers>,
+    /// The open connections (`stats conns`).
+    pub conns: Arc<crate::conns::Conns>,
     /// `-Y`: the users a connection must authenticate as first.
     pub auth: Option<AuthFile>,
     /// `-Z`: the TLS settings (for `stats settings`).
@@ -124,6 +132,7 @@ impl AdminState {
                 watchers.clone(),
             )),
             watchers,
+            conns: Arc::default(),
             auth: None,
             tls: None,
             shutdown_command: false,

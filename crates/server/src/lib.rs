@@ -11,7 +11,8 @@
 //! - [`admin`]: memcached's administration commands (`shutdown`, `cache_memlimit`,
 //!   `slabs reassign`, `stats detail` with [`detail`], `lru_crawler`);
 //! - [`slabs`]: `stats items` and `stats slabs` by memcached's size classes, and
-//!   evictions counted per class; [`watch`]: `watch` log streams;
+//!   evictions counted per class; [`watch`]: `watch` log streams; [`conns`]: the open
+//!   connections (`stats conns`);
 //! - [`auth`]: memcached's ASCII authentication (`-Y`);
 //! - [`tls`]: `-Z` (memcached's TLS options as a rustls configuration);
 //! - [`cache`]: the durable cache's semantics (read-through, persist before the reply) and
@@ -31,6 +32,7 @@
 pub mod admin;
 pub mod auth;
 pub mod cache;
+pub mod conns;
 pub mod crawler;
 pub mod detail;
 pub mod engine;
@@ -114,8 +116,8 @@ pub struct ServerConfig {
     /// `flush_all` served (memcached's default); `-F` answers it `CLIENT_ERROR flush_all
     /// not allowed`.
     pub flush_enabled: bool,
-    /// memcached's `-R`, `-B`, `-o read_buf_mem_limit`: accepted, reported in `stats
-    /// settings`, otherwise no-ops (see [`admin::AcceptedSettings`]).
+    /// memcached's `-R`, `-B`, `-o read_buf_mem_limit`, `-o lru_maintainer`: reported in
+    /// `stats settings`; what each does is on [`admin::AcceptedSettings`].
     pub accepted: admin::AcceptedSettings,
     /// memcached's size classes (`-f` growth factor, `-n` smallest chunk's data size),
     /// used to report items by class.
@@ -431,9 +433,11 @@ impl Server {
             backlog: config.backlog,
             listen: addr.ip(),
             reserved_fds: FD_OVERHEAD,
+            listen_fd: Some(std::os::fd::AsRawFd::as_raw_fd(&listener)),
         });
         let limits = Limits {
             item_size_max: config.item_size_max,
+            binding: config.accepted.binding_protocol,
             ..Limits::default()
         };
         store.observe_evictions(stats.admin.evictions.clone());
@@ -484,6 +488,7 @@ impl Server {
             limits,
             idle_timeout: config.idle_timeout,
             tls,
+            reqs_per_event: config.accepted.reqs_per_event,
         };
         let driver = kvlab_net::Driver::start(config.io, listener, shared.clone(), net)?;
         Ok(Server {

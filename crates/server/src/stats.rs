@@ -75,6 +75,8 @@ worker_counters! {
     auth_errors,
     /// Cluster node: requests answered `MOVED` or `TRYAGAIN` instead of served.
     cluster_redirects,
+    /// Turns a connection gave up with requests still buffered (`-R`).
+    conn_yields,
 }
 
 impl WorkerStats {
@@ -251,6 +253,8 @@ pub struct ServerStats {
     pub listen: std::net::IpAddr,
     /// Descriptors kept besides the connections' (`reserved_fds`).
     pub reserved_fds: usize,
+    /// The listening socket (listed by `stats conns`).
+    pub listen_fd: Option<std::os::fd::RawFd>,
 }
 
 /// `VERSION` reply: the memcached protocol level kvlab speaks, then kvlab's own version.
@@ -323,13 +327,139 @@ impl std::fmt::Display for StatValue {
 
 /// A point-in-time snapshot of every figure, in memcached's names.
 pub struct Snapshot {
-    /// The figures in `stats` order.
+    /// `stats`: memcached 1.6's fields in its order (those of a mechanism memcached lists
+    /// only while it is on, only then), then a durable store's `durable_*`.
     pub fields: Vec<Stat>,
+    /// `stats kvlab`: kvlab's own figures (protocol errors, cluster redirects, service
+    /// times).
+    pub kvlab: Vec<Stat>,
+}
+
+impl Snapshot {
+    /// Every figure: `stats`' then `stats kvlab`'s (what `/stats` and `/metrics` show).
+    pub fn all(self) -> impl Iterator<Item = Stat> {
+        self.fields.into_iter().chain(self.kvlab)
+    }
+}
+
+/// memcached 1.6.18's `stats` fields in its order (`server_stats` and
+/// `item_stats_totals`), with every optional one: `idle_kicks` (with an idle timeout),
+/// `slab_reassign_*` and `slabs_moved` (while slab reassign is allowed),
+/// `lru_crawler_running` and `lru_crawler_starts` (while the crawler is enabled), and the
+/// LRU maintainer's `lru_maintainer_juggles`, `evicted_active`, `moves_*`,
+/// `direct_reclaims` and `lru_bumps_dropped` (unless `-o no_lru_maintainer`).
+const MEMCACHED_STATS: [&str; 94] = [
+    "pid",
+    "uptime",
+    "time",
+    "version",
+    "libevent",
+    "pointer_size",
+    "rusage_user",
+    "rusage_system",
+    "max_connections",
+    "curr_connections",
+    "total_connections",
+    "rejected_connections",
+    "connection_structures",
+    "response_obj_oom",
+    "response_obj_count",
+    "response_obj_bytes",
+    "read_buf_count",
+    "read_buf_bytes",
+    "read_buf_bytes_free",
+    "read_buf_oom",
+    "reserved_fds",
+    "cmd_get",
+    "cmd_set",
+    "cmd_flush",
+    "cmd_touch",
+    "cmd_meta",
+    "get_hits",
+    "get_misses",
+    "get_expired",
+    "get_flushed",
+    "delete_misses",
+    "delete_hits",
+    "incr_misses",
+    "incr_hits",
+    "decr_misses",
+    "decr_hits",
+    "cas_misses",
+    "cas_hits",
+    "cas_badval",
+    "touch_hits",
+    "touch_misses",
+    "store_too_large",
+    "store_no_memory",
+    "auth_cmds",
+    "auth_errors",
+    "idle_kicks",
+    "bytes_read",
+    "bytes_written",
+    "limit_maxbytes",
+    "accepting_conns",
+    "listen_disabled_num",
+    "time_in_listen_disabled_us",
+    "threads",
+    "conn_yields",
+    "hash_power_level",
+    "hash_bytes",
+    "hash_is_expanding",
+    "slab_reassign_rescues",
+    "slab_reassign_chunk_rescues",
+    "slab_reassign_evictions_nomem",
+    "slab_reassign_inline_reclaim",
+    "slab_reassign_busy_items",
+    "slab_reassign_busy_deletes",
+    "slab_reassign_running",
+    "slabs_moved",
+    "lru_crawler_running",
+    "lru_crawler_starts",
+    "lru_maintainer_juggles",
+    "malloc_fails",
+    "log_worker_dropped",
+    "log_worker_written",
+    "log_watcher_skipped",
+    "log_watcher_sent",
+    "log_watchers",
+    "unexpected_napi_ids",
+    "round_robin_fallback",
+    "bytes",
+    "curr_items",
+    "total_items",
+    "slab_global_page_pool",
+    "expired_unfetched",
+    "evicted_unfetched",
+    "evicted_active",
+    "evictions",
+    "reclaimed",
+    "crawler_reclaimed",
+    "crawler_items_checked",
+    "lrutail_reflocked",
+    "moves_to_cold",
+    "moves_to_warm",
+    "moves_within_lru",
+    "direct_reclaims",
+    "lru_bumps_dropped",
+    // Not memcached's: kept last in `stats` with a durable store (as memcached adds
+    // extstore's fields when it has one); every other name goes to `stats kvlab`.
+    "durable_",
+];
+
+/// Where a figure goes: its place among [`MEMCACHED_STATS`], or `None` for `stats kvlab`.
+fn memcached_place(name: &str) -> Option<usize> {
+    let durable = MEMCACHED_STATS.len() - 1;
+    if name.starts_with(MEMCACHED_STATS[durable]) {
+        return Some(durable);
+    }
+    MEMCACHED_STATS[..durable].iter().position(|n| *n == name)
 }
 
 impl ServerStats {
-    /// Sums the workers' counters and reads the store into memcached's field list, with
-    /// kvlab's service-time percentiles appended.
+    /// Sums the workers' counters and reads the store into memcached's field list
+    /// (`fields`) and kvlab's own (`kvlab`: the service-time percentiles and the counters
+    /// memcached has no name for).
     pub fn snapshot(&self, store: &Store) -> Snapshot {
         use Kind::{Counter, Gauge};
         let load = |a: &AtomicU64| a.load(Relaxed);
@@ -393,17 +523,20 @@ impl ServerStats {
             Stat::count("listen_disabled_num", Counter, 0),
             Stat::count("time_in_listen_disabled_us", Counter, 0),
             Stat::count("threads", Gauge, self.threads as u64),
-            // `-R` is accepted as a no-op: a connection is never made to yield.
-            Stat::count("conn_yields", Counter, 0),
         ]);
         // Not in kvlab's model, 0: one hash table per shard that grows on its own (no
         // global power, no expansion thread); no slab pages to move; no LRU maintainer
         // or segmented LRU; no logger buffers (`watch` writes to its connection).
-        fields.extend(
-            [
-                "hash_power_level",
-                "hash_bytes",
-                "hash_is_expanding",
+        let zero = |names: &[&'static str]| -> Vec<Stat> {
+            names.iter().map(|&n| Stat::count(n, Gauge, 0)).collect()
+        };
+        fields.extend(zero(&[
+            "hash_power_level",
+            "hash_bytes",
+            "hash_is_expanding",
+        ]));
+        if self.admin.slab_reassign {
+            fields.extend(zero(&[
                 "slab_reassign_rescues",
                 "slab_reassign_chunk_rescues",
                 "slab_reassign_evictions_nomem",
@@ -412,58 +545,65 @@ impl ServerStats {
                 "slab_reassign_busy_deletes",
                 "slab_reassign_running",
                 "slabs_moved",
-            ]
-            .map(|name| Stat::count(name, Gauge, 0)),
-        );
-        fields.extend([
-            Stat::count(
-                "lru_crawler_running",
-                Gauge,
-                u64::from(self.crawler.running.load(Relaxed)),
-            ),
-            Stat::count("lru_crawler_starts", Counter, load(&self.crawler.starts)),
-        ]);
-        fields.extend(
-            [
+            ]));
+        }
+        if self.admin.crawler.enabled() {
+            fields.extend([
+                Stat::count(
+                    "lru_crawler_running",
+                    Gauge,
+                    u64::from(self.crawler.running.load(Relaxed)),
+                ),
+                Stat::count("lru_crawler_starts", Counter, load(&self.crawler.starts)),
+            ]);
+        }
+        fields.extend(zero(&[
+            "malloc_fails",
+            "log_worker_dropped",
+            "log_worker_written",
+            "log_watcher_skipped",
+            "log_watcher_sent",
+            "log_watchers",
+            "unexpected_napi_ids",
+            "round_robin_fallback",
+            "slab_global_page_pool",
+            "lrutail_reflocked",
+        ]));
+        if self.admin.accepted.lru_maintainer {
+            fields.extend(zero(&[
                 "lru_maintainer_juggles",
-                "malloc_fails",
-                "log_worker_dropped",
-                "log_worker_written",
-                "log_watcher_skipped",
-                "log_watcher_sent",
-                "log_watchers",
-                "unexpected_napi_ids",
-                "round_robin_fallback",
-                "slab_global_page_pool",
                 "evicted_active",
-                "lrutail_reflocked",
                 "moves_to_cold",
                 "moves_to_warm",
                 "moves_within_lru",
                 "direct_reclaims",
                 "lru_bumps_dropped",
-            ]
-            .map(|name| Stat::count(name, Gauge, 0)),
-        );
+            ]));
+        }
         if let Some(d) = store.durable_stats() {
             fields.extend(d.figures().into_iter().map(Stat::from));
         }
+        let (mut fields, mut kvlab): (Vec<Stat>, Vec<Stat>) = fields
+            .into_iter()
+            .partition(|s| memcached_place(s.name).is_some());
+        // Stable: the `durable_*` figures keep their order. Each place is looked up once.
+        fields.sort_by_cached_key(|s| memcached_place(s.name));
         let mut merged = new_histogram();
         for w in &self.workers {
             if let Some(h) = w.service_ns.lock().as_ref() {
                 let _ = merged.add(h);
             }
         }
-        fields.push(Stat::count("service_time_samples", Gauge, merged.len()));
+        kvlab.push(Stat::count("service_time_samples", Gauge, merged.len()));
         for (name, q) in SERVICE_QUANTILES {
             let us = if merged.is_empty() {
                 0.0
             } else {
                 merged.value_at_quantile(q) as f64 / 1000.0
             };
-            fields.push(Stat::real(name, Gauge, us, 3));
+            kvlab.push(Stat::real(name, Gauge, us, 3));
         }
-        Snapshot { fields }
+        Snapshot { fields, kvlab }
     }
 
     /// `stats latency`: the requests' service times and the ready connections' waits for
@@ -506,6 +646,7 @@ impl ServerStats {
             backlog: 1024,
             listen: std::net::IpAddr::from([127, 0, 0, 1]),
             reserved_fds: 64,
+            listen_fd: None,
         }
     }
 
@@ -517,6 +658,19 @@ impl ServerStats {
                 .iter()
                 .map(|&(name, value)| (name, value.to_string())),
         );
+        // `-o lru_maintainer|no_lru_maintainer` as given (memcached's default: on), which
+        // decides whether `stats` lists the maintainer's fields; kvlab has no such thread.
+        let at = all
+            .iter()
+            .position(|(name, _)| *name == "lru_segmented")
+            .unwrap_or(all.len());
+        all.insert(
+            at,
+            (
+                "lru_maintainer_thread",
+                yes_no(self.admin.accepted.lru_maintainer).to_string(),
+            ),
+        );
         all.extend(self.admin_settings());
         all.extend(self.tls_settings());
         all.extend(self.idle_and_crawler_settings());
@@ -525,8 +679,8 @@ impl ServerStats {
 
     /// memcached's defaults for what kvlab has no use for (no slab pages to move, no segmented
     /// LRU, no logger buffers), shown as memcached shows them: `slab_automove_ratio` …
-    /// `slab_automove_freeratio`.
-    const MEMCACHED_DEFAULTS: [(&'static str, &'static str); 19] = [
+    /// `slab_automove_freeratio` (`lru_maintainer_thread`, as given, is put in its place).
+    const MEMCACHED_DEFAULTS: [(&'static str, &'static str); 18] = [
         ("slab_automove_ratio", "0.80"),
         ("slab_automove_window", "30"),
         ("slab_chunk_max", "524288"),
@@ -534,7 +688,6 @@ impl ServerStats {
         ("dump_enabled", "yes"),
         // kvlab's shards hash keys with hashbrown's default hasher.
         ("hash_algorithm", "foldhash"),
-        ("lru_maintainer_thread", "no"),
         ("lru_segmented", "no"),
         ("hot_lru_pct", "20"),
         ("warm_lru_pct", "40"),
@@ -596,7 +749,11 @@ impl ServerStats {
             ),
             (
                 "reqs_per_event",
-                self.admin.accepted.reqs_per_event.to_string(),
+                self.admin
+                    .accepted
+                    .reqs_per_event
+                    .unwrap_or(DEFAULT_REQS_PER_EVENT)
+                    .to_string(),
             ),
             (
                 "binding_protocol",
@@ -744,7 +901,10 @@ fn yes_no(b: bool) -> &'static str {
     }
 }
 
-/// Service-time percentiles appended to `stats` (microseconds).
+/// memcached's `-R` default, shown in `stats settings` when `-R` is not given.
+const DEFAULT_REQS_PER_EVENT: u32 = 20;
+
+/// Service-time percentiles of `stats kvlab` (microseconds).
 pub const SERVICE_QUANTILES: [(&str, f64); 5] = [
     ("service_time_p50_us", 0.50),
     ("service_time_p90_us", 0.90),
@@ -777,7 +937,7 @@ fn rusage() -> (f64, f64) {
 pub fn prometheus(snapshot: &Snapshot) -> String {
     use std::fmt::Write as _;
     let mut out = String::new();
-    for stat in &snapshot.fields {
+    for stat in snapshot.fields.iter().chain(&snapshot.kvlab) {
         if matches!(stat.value, StatValue::Text(_)) {
             continue;
         }

@@ -32,12 +32,17 @@ use kvlab_protocol::admin::uri_encode;
 use kvlab_protocol::Watch;
 use parking_lot::{Condvar, Mutex};
 
+use crate::conns::Registration;
+
 /// memcached's `watcher_logbuf_size`.
 const BUFFER: usize = 256 * 1024;
 /// Most watchers at once (memcached's `WATCHER_LIMIT`).
 const LIMIT: usize = 20;
 
 struct Watcher {
+    /// Its place among the open connections (before `stream`: it leaves them before its
+    /// socket closes).
+    _conn: Option<Registration>,
     stream: TcpStream,
     streams: u16,
     buf: Vec<u8>,
@@ -87,13 +92,15 @@ impl Watchers {
     }
 
     /// Adds the socket of a connection that asked `watch` for `streams`, with the replies
-    /// it is owed first (its `OK`); starts the writing thread the first time. From here
-    /// on the watcher hears of every event.
+    /// it is owed first (its `OK`), and its place among the open connections (`conn`,
+    /// kept while it watches); starts the writing thread the first time. From here on the
+    /// watcher hears of every event.
     pub fn add(
         self: &Arc<Self>,
         socket: OwnedFd,
         streams: u16,
         unsent: &[u8],
+        conn: Option<Registration>,
     ) -> Result<(), AddError> {
         let stream = TcpStream::from(socket);
         stream.set_nonblocking(true).map_err(|_| AddError::Failed)?;
@@ -102,7 +109,11 @@ impl Watchers {
             if inner.watchers.len() >= LIMIT {
                 return Err(AddError::TooMany);
             }
+            if let Some(c) = &conn {
+                c.watching();
+            }
             inner.watchers.push(Watcher {
+                _conn: conn,
                 stream,
                 streams,
                 buf: unsent.to_vec(),

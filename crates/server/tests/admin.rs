@@ -593,3 +593,126 @@ fn ascii_auth_refuses_everything_until_a_user_authenticates() {
         assert!(stats.contains("STAT auth_errors 1\r\n"), "{name}: {stats}");
     }
 }
+
+/// `stats conns` as memcached lists it: the listening socket, then each connection by
+/// descriptor (`addr`, `listen_addr`, `state`, `secs_since_last_cmd`), the asking one
+/// `conn_parse_cmd`, a watcher `conn_watch`; and the descriptor it gives a connection is
+/// the `cfd=` of that connection's `watch` lines, where a `set` logs its lookup first.
+#[test]
+fn stats_conns_lists_connections_by_descriptor_as_memcached_does() {
+    let mc = memcached(&[]);
+    let mut servers = vec![];
+    for &io in IoModel::ALL {
+        servers.push((io.name(), start(io, |_| {})));
+    }
+    let mut addrs = vec![("memcached", mc.addr)];
+    addrs.extend(servers.iter().map(|(n, (s, _))| (*n, s.addr())));
+    for (name, addr) in addrs {
+        // `stats conns` on `c`: its lines, and the descriptor of the asking connection (the
+        // last one listed in a server of its own, as memcached's tests read it; here the
+        // test's other servers share the process's descriptors).
+        let conns = |c: &mut std::net::TcpStream| -> (Vec<String>, String) {
+            let reply = exchange(c, b"stats conns\r\n", b"END\r\n");
+            let lines: Vec<String> = String::from_utf8_lossy(&reply)
+                .lines()
+                .filter_map(|l| l.strip_prefix("STAT "))
+                .map(str::to_string)
+                .collect();
+            let asking = lines
+                .iter()
+                .find_map(|l| l.strip_suffix(":state conn_parse_cmd"))
+                .expect("the asking connection")
+                .to_string();
+            (lines, asking)
+        };
+        let mut first = connect(addr);
+        let (lines, fd1) = conns(&mut first);
+        let port = first.local_addr().expect("local").port();
+        let listen = format!("tcp:127.0.0.1:{}", addr.port());
+        assert!(
+            lines[0].ends_with(&format!(":addr {listen}")),
+            "{name}: {lines:?}"
+        );
+        assert!(
+            lines[1].ends_with(":state conn_listening"),
+            "{name}: {lines:?}"
+        );
+        let mine: Vec<&String> = lines
+            .iter()
+            .filter(|l| l.starts_with(&format!("{fd1}:")))
+            .collect();
+        assert_eq!(
+            mine,
+            [
+                &format!("{fd1}:addr tcp:127.0.0.1:{port}"),
+                &format!("{fd1}:listen_addr {listen}"),
+                &format!("{fd1}:state conn_parse_cmd"),
+                &format!("{fd1}:secs_since_last_cmd 0"),
+            ],
+            "{name}"
+        );
+        let mut watcher = connect(addr);
+        assert_eq!(
+            exchange(&mut watcher, b"watch fetchers mutations\r\n", b"\r\n"),
+            b"OK\r\n",
+            "{name}"
+        );
+        assert_eq!(
+            exchange(
+                &mut first,
+                b"set foo 0 0 5 noreply\r\nhello\r\nmn\r\n",
+                b"MN\r\n"
+            ),
+            b"MN\r\n"
+        );
+        let mut second = connect(addr);
+        let (lines, fd2) = conns(&mut second);
+        assert!(
+            lines.iter().any(|l| l.ends_with(":state conn_watch")),
+            "{name}: {lines:?}"
+        );
+        exchange(&mut second, b"get foo\r\n", b"END\r\n");
+        let mut got = Vec::new();
+        while got.iter().filter(|&&b| b == b'\n').count() < 3 {
+            use std::io::Read;
+            let mut buf = [0u8; 4096];
+            match watcher.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        let logged = String::from_utf8_lossy(&got)
+            .lines()
+            .map(|l| {
+                let kept: Vec<&str> = l
+                    .split(' ')
+                    .filter(|f| {
+                        ["type=", "key=", "status=", "cfd="]
+                            .iter()
+                            .any(|p| f.starts_with(p))
+                    })
+                    .collect();
+                kept.join(" ")
+            })
+            .collect::<Vec<_>>();
+        // Each connection's lines in order (memcached's worker threads log to buffers of
+        // their own, so two connections' lines may come in either order).
+        let of = |fd: &str| -> Vec<&String> {
+            let cfd = format!("cfd={fd}");
+            logged.iter().filter(|l| l.ends_with(&cfd)).collect()
+        };
+        assert_eq!(
+            of(&fd1),
+            [
+                &format!("type=item_get key=foo status=not_found cfd={fd1}"),
+                &format!("type=item_store key=foo status=stored cfd={fd1}"),
+            ],
+            "{name}: {logged:?}"
+        );
+        assert_eq!(
+            of(&fd2),
+            [&format!("type=item_get key=foo status=found cfd={fd2}")],
+            "{name}: {logged:?}"
+        );
+    }
+}

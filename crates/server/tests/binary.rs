@@ -473,3 +473,39 @@ fn binary_requests_memcached_mishandles() {
         assert!(closed(&mut s), "{}", io.name());
     }
 }
+
+/// `-B binary`: a connection whose first bytes are not a binary request is closed without a
+/// word (once a whole header is in), binary requests are served; `-B ascii`: binary bytes
+/// are read as text lines (the noop's opcode and opaque bytes are `\n`). As memcached does,
+/// side by side.
+#[test]
+fn binding_protocol_decides_what_a_connection_speaks() {
+    use kvlab_protocol::Binding;
+    let garbage = b"Here's a bunch of garbage that doesn't look like the bin prot.";
+    for (flag, binding) in [("binary", Binding::Binary), ("ascii", Binding::Ascii)] {
+        let mc = Memcached::start_with(&["-B", flag])
+            .unwrap_or_else(|e| panic!("{e} (.ci/run installs Debian's memcached)"));
+        let (server, _clock) = start(IoModel::Reactor, |c| {
+            c.accepted.binding_protocol = binding;
+        });
+        for (who, addr) in [("memcached", mc.addr), ("kvlab", server.addr())] {
+            let mut s = conn(addr);
+            if binding == Binding::Binary {
+                let _ = s.write_all(garbage);
+                assert!(closed(&mut s), "{who} -B {flag}: garbage");
+                let mut s = conn(addr);
+                let r = exchange_bin(&mut s, &[]);
+                assert_eq!(r.len(), 1, "{who} -B {flag}: noop");
+                assert_eq!(r[0].opcode(), NOOP, "{who} -B {flag}");
+            } else {
+                let mut noop = op(NOOP, b"");
+                noop.extend_from_slice(b"\r\n");
+                // Six lines: the magic byte, the header's zeros, three empty lines (the
+                // opaque's other three `\n`) and the CAS's zeros.
+                let six = "ERROR\r\n".repeat(6);
+                let reply = exchange(&mut s, &noop, six.as_bytes());
+                assert_eq!(String::from_utf8_lossy(&reply), six, "{who} -B {flag}");
+            }
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! `stats`, `stats settings`, `stats cachedump` and `stats slabs`' `total_malloced`
-//! against memcached 1.6 itself (issue 25, item 6): every field memcached lists, kvlab
-//! lists (extstore's `ext_*` settings aside: kvlab has no extstore), `cachedump`
+//! against memcached 1.6 itself: every field memcached lists, kvlab lists, in its order
+//! (extstore's `ext_*` settings aside: kvlab has no extstore), `cachedump`
 //! answers and refuses as memcached does, and `total_malloced` counts slab pages.
 
 mod common;
@@ -40,10 +40,73 @@ fn stat(addr: SocketAddr, request: &str, name: &str) -> String {
         .to_owned()
 }
 
+/// The names of a `stats …` reply's lines, in order.
+fn ordered_names(addr: SocketAddr, request: &str) -> Vec<String> {
+    let mut s = connect(addr);
+    let reply = exchange(&mut s, request.as_bytes(), b"END\r\n");
+    String::from_utf8_lossy(&reply)
+        .lines()
+        .filter_map(|l| l.strip_prefix("STAT "))
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `stats` lists memcached's fields in memcached's order, those of the crawler and the
+/// LRU maintainer only while memcached would list them; kvlab's own are in `stats kvlab`.
+#[test]
+fn stats_lists_memcached_s_fields_in_its_order() {
+    // memcached's defaults (crawler and LRU maintainer on), and what its stats.t runs
+    // with.
+    let configs: [(&[&str], bool, bool); 2] = [
+        (&["-m", "64"], true, true),
+        (
+            &["-m", "64", "-o", "no_lru_crawler,no_lru_maintainer"],
+            false,
+            false,
+        ),
+    ];
+    for (args, crawler, maintainer) in configs {
+        let mc = Memcached::start_with(args)
+            .unwrap_or_else(|e| panic!("{e} (.ci/run installs Debian's memcached)"));
+        let (server, _clock) = start(IoModel::Reactor, |c| {
+            c.crawler = crawler.then(kvlab_server::CrawlerConfig::default);
+            c.accepted.lru_maintainer = maintainer;
+        });
+        assert_eq!(
+            ordered_names(server.addr(), "stats\r\n"),
+            ordered_names(mc.addr, "stats\r\n"),
+            "memcached {args:?}"
+        );
+        let maintainer_thread = |addr| stat(addr, "stats settings\r\n", "lru_maintainer_thread");
+        assert_eq!(
+            maintainer_thread(server.addr()),
+            maintainer_thread(mc.addr),
+            "memcached {args:?}"
+        );
+    }
+    let (server, _clock) = start(IoModel::Reactor, |_| {});
+    assert_eq!(
+        ordered_names(server.addr(), "stats kvlab\r\n"),
+        [
+            "protocol_errors",
+            "cluster_redirects",
+            "service_time_samples",
+            "service_time_p50_us",
+            "service_time_p90_us",
+            "service_time_p99_us",
+            "service_time_p999_us",
+            "service_time_max_us"
+        ]
+    );
+}
+
 #[test]
 fn stats_and_settings_list_every_field_memcached_lists() {
     let mc = memcached();
-    let (server, _clock) = start(IoModel::Reactor, |_| {});
+    let (server, _clock) = start(IoModel::Reactor, |c| {
+        c.crawler = Some(kvlab_server::CrawlerConfig::default());
+    });
     let (ours, theirs) = (
         names(server.addr(), "stats\r\n"),
         names(mc.addr, "stats\r\n"),

@@ -532,6 +532,25 @@ impl Shard {
         dead
     }
 
+    /// [`Shard::lookup`] for a store, which takes the key's place: an expired or flushed
+    /// item found is reclaimed (`reclaimed`, and `expired_unfetched` if it was never
+    /// fetched), as memcached counts the dead item whose memory its allocation reuses.
+    #[inline]
+    pub(crate) fn lookup_for_store(
+        &mut self,
+        hash: u64,
+        key: &[u8],
+        now: &Now,
+        budget: &Budget,
+    ) -> Option<u32> {
+        let idx = self.find(hash, key)?;
+        if Self::is_dead(self.slab.get(idx), now) {
+            self.reclaim(idx, now, budget, false);
+            return None;
+        }
+        Some(idx)
+    }
+
     #[inline]
     pub(crate) fn entry(&self, idx: u32) -> &Entry {
         self.slab.get(idx)

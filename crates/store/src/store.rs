@@ -63,6 +63,9 @@ impl Default for Config {
 /// out of memory (only reachable under heavy contention on a nearly full store).
 const MAX_ATTEMPTS: usize = 16;
 const MAX_SHARDS: usize = 1 << 16;
+/// The exptime of an item kept already expired ([`Store::expired_exptime`]): one second
+/// after the store's epoch, as memcached gives it one second after its start.
+const EXPIRED_EXPTIME: u32 = 1;
 
 /// Where a crawl resumes: a shard and a slab slot in it. Start a pass with
 /// `CrawlCursor::default()` (the first slot of the first shard).
@@ -170,7 +173,9 @@ impl Store {
                 Padded(Mutex::new(sh))
             })
             .collect();
-        let epoch = clock.now();
+        // Two seconds before now, as memcached's `process_started`: any moment the store
+        // sees has a relative time in the past ([`EXPIRED_EXPTIME`]).
+        let epoch = clock.now().saturating_sub(2);
         Store {
             shards,
             mask: n - 1,
@@ -246,6 +251,16 @@ impl Store {
             Expiry::Expired => None,
             e => Some(self.time.exptime(e)),
         }
+    }
+
+    /// The exptime an item gets when stored or touched with an exptime already past
+    /// (negative, or an absolute time not after now). memcached keeps such an item,
+    /// expired — its exptime one second after the start, long past —, until a lookup
+    /// (counted in `get_expired`) or a reclaim removes it; so does kvlab. `None` where it
+    /// is not kept: over a durable store (the key's disk version is deleted instead), and
+    /// should the clock read the epoch itself (no past relative time to give).
+    fn expired_exptime(sh: &Shard, now: &Now) -> Option<u32> {
+        (sh.wb.is_none() && now.rel >= EXPIRED_EXPTIME).then_some(EXPIRED_EXPTIME)
     }
 
     fn ttl(exptime: u32, now: &Now) -> i64 {

@@ -45,14 +45,16 @@ impl Memcached {
             .args(args)
             .output(Output::Inherit)
             // With `-Y` it answers only `CLIENT_ERROR unauthenticated` until a login.
-            .ready(if args.contains(&"-Z") {
-                // TLS: a plaintext `version` gets no reply.
-                Probe::Connects(addr)
-            } else if args.contains(&"-Y") {
-                Probe::Answers(addr)
-            } else {
-                Probe::Version(addr)
-            })
+            .ready(
+                if args.contains(&"-Z") || args.windows(2).any(|a| a == ["-B", "binary"]) {
+                    // TLS: a plaintext `version` gets no reply; `-B binary`: neither.
+                    Probe::Connects(addr)
+                } else if args.contains(&"-Y") {
+                    Probe::Answers(addr)
+                } else {
+                    Probe::Version(addr)
+                },
+            )
             .start()?;
         Ok(Memcached { process, addr })
     }

@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use kvlab_protocol::{binary, parse, Limits, Parsed};
+use kvlab_protocol::{binary, parse, Binding, Limits, Parsed};
 
 use crate::service::{Completion, Flow, Order, Service, Work};
 use binary_protocol::BinaryBuffers;
@@ -91,9 +91,14 @@ pub struct Session<S: Service> {
     speaks: Speaks,
     /// A binary connection's buffers (made by its first request, kept).
     binary: Option<Box<BinaryBuffers>>,
+    /// Most requests answered per turn (0: all buffered); see [`Session::per_turn`].
+    per_turn: u32,
+    /// The last turn stopped at `per_turn` with a request buffered.
+    yielded: bool,
 }
 
-/// The protocol of a connection, decided by its first byte as memcached's `-B auto` does.
+/// The protocol of a connection: `Limits::binding`, or under `-B auto` (the default) its
+/// first byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Speaks {
     /// No byte yet.
@@ -128,7 +133,22 @@ impl<S: Service> Session<S> {
             rerun: false,
             speaks: Speaks::Unknown,
             binary: None,
+            per_turn: 0,
+            yielded: false,
         }
+    }
+
+    /// Answers at most `n` requests per [`Session::process`] (memcached's `-R`): a request
+    /// beyond them waits, still buffered, for the next call, and the session says so once
+    /// ([`Session::take_yield`]), so that an event loop serves its other connections first.
+    pub fn per_turn(&mut self, n: u32) {
+        self.per_turn = n;
+    }
+
+    /// Whether the last turn stopped with requests left at [`Session::per_turn`]'s bound
+    /// (cleared by asking).
+    pub fn take_yield(&mut self) -> bool {
+        std::mem::take(&mut self.yielded)
     }
 
     /// The largest buffer a valid request can need.
@@ -218,10 +238,14 @@ impl<S: Service> Session<S> {
                 return;
             }
             if self.speaks == Speaks::Unknown {
-                self.speaks = if self.input[self.start] == binary::REQUEST_MAGIC {
-                    Speaks::Binary
-                } else {
-                    Speaks::Text
+                self.speaks = match self.limits.binding {
+                    Binding::Auto if self.input[self.start] == binary::REQUEST_MAGIC => {
+                        Speaks::Binary
+                    }
+                    Binding::Auto | Binding::Ascii => Speaks::Text,
+                    // A first byte other than the magic closes the connection, as in
+                    // memcached, once a whole header is in (`run_binary`).
+                    Binding::Binary => Speaks::Binary,
                 };
             }
             if self.speaks == Speaks::Binary {
@@ -229,6 +253,7 @@ impl<S: Service> Session<S> {
             }
         }
         let mut clock = Instant::now();
+        let mut answered = 0u32;
         while !self.closing
             && !self.held_up()
             && self.start < self.end
@@ -237,7 +262,14 @@ impl<S: Service> Session<S> {
             let parsed = parse(&self.input[self.start..self.end], &self.limits);
             let mut timed = true;
             match parsed {
+                Parsed::Request { .. } if self.per_turn != 0 && answered >= self.per_turn => {
+                    // Parsed again next turn: a yield happens only under `-R`.
+                    self.yielded = true;
+                    service.yielded();
+                    break;
+                }
                 Parsed::Request { request, consumed } => {
+                    answered += 1;
                     timed = service.timed(&request);
                     let hold = self.output.len();
                     let rerun = std::mem::take(&mut self.rerun);

@@ -19,6 +19,7 @@ use crate::admin::{self, Next};
 use crate::auth::AuthFile;
 use crate::cache::DiskRules;
 pub use crate::cache::{Blocking, Helper};
+use crate::conns::Registration;
 use crate::slabs;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
 use kvlab_cluster::{Gate, Import, Node};
@@ -50,6 +51,8 @@ pub struct Engine {
     cfd: i32,
     /// The streams a `watch` asked for, until its socket is handed over.
     watch: u16,
+    /// The place among the open connections of a connection being handed over (`watch`).
+    handed_off: Option<Registration>,
     /// The connection whose request runs speaks TLS.
     over_tls: bool,
     /// This worker's gate into the cluster, when the server is a cluster node.
@@ -74,6 +77,7 @@ impl Engine {
             worker,
             cfd: -1,
             watch: 0,
+            handed_off: None,
             over_tls: false,
             cluster: None,
             helper: Helper::new(store_for_helper, None),
@@ -244,6 +248,11 @@ impl Engine {
                     StoreCommand::Prepend => (SetMode::Prepend, None),
                     StoreCommand::Cas => (SetMode::Set, Some(self.compared(cas_unique))),
                 };
+                if self.server.admin.watchers.watching(Watch::FETCHERS) {
+                    // memcached's store looks the key up first, and logs that lookup.
+                    let old = self.store.peek(key);
+                    self.log_fetch(key, old.map(|m| (m.item.value.len(), m.item.flags)));
+                }
                 let status = self.store.set(&SetRequest {
                     mode,
                     key,
@@ -434,17 +443,23 @@ impl Engine {
                 let classes = &self.server.admin.classes;
                 return slabs::stats_slabs(&self.store, classes, now, out);
             }
+            Some(b"kvlab") => {
+                for stat in self.server.snapshot(&self.store).kvlab {
+                    r::stat(out, stat.name, stat.value);
+                }
+            }
             Some(b"latency") => {
                 for (name, value) in self.server.latency() {
                     r::stat(out, &name, value);
                 }
             }
             Some(b"conns") => {
-                r::stat(
-                    out,
-                    "curr_connections",
-                    self.server.curr_connections.load(Relaxed),
-                );
+                let uptime = self.server.started.elapsed().as_secs();
+                let listener = self.server.listen_fd.map(|fd| (fd, uptime));
+                let lines = self.server.admin.conns.lines(listener, self.cfd);
+                for (name, value) in lines {
+                    r::stat(out, &name, value);
+                }
             }
             Some(b"reset") => {
                 self.server.reset(&self.store);
@@ -607,6 +622,8 @@ pub struct Loaded {
     authenticated: bool,
     /// It speaks TLS (`-Z`).
     tls: bool,
+    /// Its place among the open connections (`stats conns`).
+    registered: Option<Registration>,
 }
 
 impl kvlab_net::Service for Engine {
@@ -625,6 +642,9 @@ impl kvlab_net::Service for Engine {
         }
         self.cfd = loaded.fd;
         self.over_tls = loaded.tls;
+        if let Some(r) = &loaded.registered {
+            r.command();
+        }
         if !loaded.authenticated {
             if let Some(auth) = &self.server.admin.auth {
                 loaded.authenticated = authenticate(auth, &self.worker, req, out);
@@ -639,6 +659,10 @@ impl kvlab_net::Service for Engine {
             }
             None => self.apply(req, out, &loaded.keys),
         };
+        if matches!(flow, Flow::HandOff) {
+            // The connection lives on as a watcher, still listed (`take_over`).
+            self.handed_off = loaded.registered.take();
+        }
         if let Flow::Defer(Blocking::Load(key), _) = &flow {
             // Runs again once `key` is in the cache: don't defer for it a second time.
             loaded.keys.push(key.clone());
@@ -649,6 +673,7 @@ impl kvlab_net::Service for Engine {
     fn opened(&mut self, conn: &mut Loaded, fd: std::os::fd::RawFd, tls: bool) {
         conn.fd = fd;
         conn.tls = tls;
+        conn.registered = Some(self.server.admin.conns.register(fd));
         if let Some(stream) = &self.importing {
             // A stream handed over after its `cluster import` (and its authentication).
             conn.import = Some(stream.clone());
@@ -662,7 +687,16 @@ impl kvlab_net::Service for Engine {
             return;
         }
         let streams = std::mem::take(&mut self.watch);
-        if let Err(e) = self.server.admin.watchers.add(socket, streams, unsent) {
+        let conn = self.handed_off.take();
+        if let Some(c) = &conn {
+            c.handed_over(std::os::fd::AsRawFd::as_raw_fd(&socket));
+        }
+        if let Err(e) = self
+            .server
+            .admin
+            .watchers
+            .add(socket, streams, unsent, conn)
+        {
             tracing::warn!(?e, "cannot add a watcher");
         }
     }
@@ -721,6 +755,10 @@ impl kvlab_net::Service for Engine {
 
     fn bytes_read(&mut self, n: usize) {
         WorkerStats::add(&self.worker.bytes_read, n as u64);
+    }
+
+    fn yielded(&mut self) {
+        WorkerStats::add(&self.worker.conn_yields, 1);
     }
 
     fn bytes_written(&mut self, n: usize) {

@@ -317,7 +317,7 @@ pub(super) async fn delete_key(State(app): State<App>, uri: Uri) -> Response {
 pub(super) async fn stats(State(app): State<App>) -> Response {
     let snapshot = app.shared.stats.snapshot(&app.shared.store);
     let mut obj = Map::new();
-    for stat in snapshot.fields {
+    for stat in snapshot.all() {
         let v = match stat.value {
             StatValue::Int(n) => Json::from(n),
             StatValue::Real(x, _) => {

@@ -43,6 +43,19 @@ impl Store {
         }
     }
 
+    /// `touch` and `gat`: [`Store::retime`], except that an exptime already past leaves
+    /// the item linked, expired, as memcached does ([`Store::expired_exptime`]); false
+    /// when it cannot be kept, in which case the caller unlinks the item.
+    fn retime_or_expire(sh: &mut Shard, idx: u32, e: Expiry, now: &Now, time: TimeBase) -> bool {
+        match (e, Self::expired_exptime(sh, now)) {
+            (Expiry::Expired, Some(expired)) => {
+                sh.entry_mut(idx).exptime = expired;
+                true
+            }
+            (e, _) => Self::retime(sh, idx, e, time),
+        }
+    }
+
     /// `gat`/`gats`: like `get`, also setting a new exptime. Counted as memcached
     /// does: in `touch_hits`/`touch_misses` only (not in `get_hits`/`get_misses`).
     pub fn get_and_touch(&self, key: &[u8], exptime: i64) -> Option<ItemView> {
@@ -54,7 +67,7 @@ impl Store {
             Lookup::Live(idx) => {
                 sh.stats.touch_hits += 1;
                 sh.bump(idx, &now, &self.budget);
-                if Self::retime(&mut sh, idx, e, self.time) {
+                if Self::retime_or_expire(&mut sh, idx, e, &now, self.time) {
                     Some(sh.view(idx, self.time))
                 } else {
                     let mut view = sh.view(idx, self.time);
@@ -83,7 +96,7 @@ impl Store {
             Lookup::Live(idx) => {
                 sh.stats.touch_hits += 1;
                 sh.bump(idx, &now, &self.budget);
-                if !Self::retime(&mut sh, idx, e, self.time) {
+                if !Self::retime_or_expire(&mut sh, idx, e, &now, self.time) {
                     sh.unlink(idx, hash, &self.budget);
                     sh.tombstone(key, false);
                 }

@@ -109,6 +109,32 @@ fn ttl_relative() {
 }
 
 #[test]
+fn a_past_exptime_keeps_the_item_linked_expired() {
+    let (s, _clock) = store();
+    // Negative, and an absolute time before now: stored, counted, invisible.
+    set_ttl(&s, b"neg", b"v", -1);
+    set_ttl(&s, b"old", b"v", REALTIME_MAXDELTA + 1);
+    set(&s, b"touched", b"v");
+    assert!(s.touch(b"touched", -1));
+    let st = s.stats();
+    assert_eq!((st.curr_items, st.total_items), (3, 3));
+    for key in [&b"neg"[..], b"old", b"touched"] {
+        assert!(s.get(key).is_none());
+    }
+    let st = s.stats();
+    assert_eq!(
+        (st.get_expired, st.get_misses, st.curr_items, st.bytes),
+        (3, 3, 0, 0)
+    );
+    // A set that takes the place of a dead item reclaims it.
+    set_ttl(&s, b"neg", b"v", -1);
+    set(&s, b"neg", b"w");
+    let st = s.stats();
+    assert_eq!((st.reclaimed, st.expired_unfetched), (1, 1));
+    assert_eq!(val(&s, b"neg").unwrap(), b"w");
+}
+
+#[test]
 fn ttl_thirty_days_is_relative_and_beyond_is_absolute() {
     let (s, clock) = store();
     set_ttl(&s, b"rel", b"v", REALTIME_MAXDELTA);
@@ -518,7 +544,8 @@ fn flush_all_now() {
     s.flush_all(-1);
     assert_eq!(s.reclaim_expired(), 2);
     let st = s.stats();
-    assert_eq!((st.curr_items, st.bytes, st.reclaimed), (0, 0, 2));
+    // The two, and the flushed `k0` the set after the first flush took the place of.
+    assert_eq!((st.curr_items, st.bytes, st.reclaimed), (0, 0, 3));
 }
 
 #[test]

@@ -61,8 +61,10 @@ impl Store {
     ///
     /// A `Set` without CAS that fails as `TooLarge` or `OutOfMemory` unlinks the
     /// key's existing item, so stale data does not persist (memcached does this). A
-    /// store whose exptime is already past succeeds but leaves nothing visible (the
-    /// old item is unlinked and no new one is linked).
+    /// store whose exptime is already past succeeds but leaves nothing visible: the item
+    /// is linked already expired, as memcached links it, so that a later lookup counts
+    /// it in `get_expired` (over a durable store the old item is unlinked and no new one
+    /// is linked; see [`Store::expired_exptime`]).
     pub fn set(&self, req: &SetRequest<'_>) -> SetStatus {
         self.set_item(req, None)
     }
@@ -93,9 +95,13 @@ impl Store {
             Some(Block::new(key, &[req.value], req.flags))
         };
         let import = import_exptime.is_some();
-        let written = self.write_item((si, hash, key), &now, req.new_cas, fresh, |sh, found| {
-            self.plan_set(sh, found, req, hash, expiry, import)
-        });
+        let written = self.write_item(
+            (si, hash, key, true),
+            &now,
+            req.new_cas,
+            fresh,
+            |sh, found| self.plan_set(sh, found, req, (hash, &now), expiry, import),
+        );
         match written {
             Written::Answer(status) => status,
             Written::Stored { mut sh, cas, .. } => {
@@ -158,13 +164,17 @@ impl Store {
         sh: &mut Shard,
         found: Option<u32>,
         req: &SetRequest<'_>,
-        hash: u64,
+        (hash, now): (u64, &Now),
         expiry: Expiry,
         import: bool,
     ) -> Plan<SetStatus> {
         let key = req.key;
         let cas_mode = compares_cas(req);
         let mut exptime = self.stored_exptime(expiry);
+        if exptime.is_none() && !import {
+            // Kept, expired, as memcached keeps it (an import of a dead item stores nothing).
+            exptime = Self::expired_exptime(sh, now);
+        }
         let mut bits = 0;
         let mut built = None;
         if cas_mode {
@@ -250,10 +260,12 @@ impl Store {
     /// enough, the lock is dropped and room is made in other shards before the next
     /// attempt. `fresh` is a block built before the lock, stored when `plan` builds none;
     /// it is kept across attempts. Memory reserved and not used is released.
+    /// `reclaim_dead` (the set family): a dead item of the key is counted as reclaimed
+    /// ([`Shard::lookup_for_store`]); otherwise it is unlinked uncounted.
     #[inline]
     fn write_item<'s, R>(
         &'s self,
-        (si, hash, key): (usize, u64, &[u8]),
+        (si, hash, key, reclaim_dead): (usize, u64, &[u8], bool),
         now: &Now,
         new_cas: Option<u64>,
         mut fresh: Option<Block>,
@@ -262,9 +274,13 @@ impl Store {
         let mut reserved = 0;
         for _ in 0..MAX_ATTEMPTS {
             let mut sh = self.lock(si);
-            let found = match sh.lookup(hash, key, now, &self.budget) {
-                Lookup::Live(idx) => Some(idx),
-                _ => None,
+            let found = if reclaim_dead {
+                sh.lookup_for_store(hash, key, now, &self.budget)
+            } else {
+                match sh.lookup(hash, key, now, &self.budget) {
+                    Lookup::Live(idx) => Some(idx),
+                    _ => None,
+                }
             };
             let (built, exptime, bits) = match plan(&mut sh, found) {
                 Plan::Answer(answer) => {
@@ -415,72 +431,78 @@ impl Store {
         let touch = req.touch.map(|t| expiry_from_wire(t, now.abs));
         // The value of the last attempt's plan: what a stored result holds.
         let mut result = 0;
-        let written = self.write_item((si, hash, key), &now, req.new_cas, None, |sh, found| {
-            let mut digits = [0u8; 20];
-            let (value, block, exptime, bits) = match found {
-                Some(idx) => {
-                    let e = sh.entry(idx);
-                    let old = e.block();
-                    if req.compare_cas.is_some_and(|c| c != old.cas()) {
-                        return Plan::Answer(ArithStatus::Exists);
-                    }
-                    let Some(cur) = parse_counter(old.value()) else {
-                        return Plan::Answer(ArithStatus::NonNumeric);
-                    };
-                    let value = if req.incr {
-                        cur.wrapping_add(req.delta)
-                    } else {
-                        cur.saturating_sub(req.delta)
-                    };
-                    let n = format_u64(value, &mut digits);
-                    let exptime = match touch {
-                        Some(t) => self.stored_exptime(t),
-                        None => Some(e.exptime),
-                    };
-                    // A shorter result keeps the old length, however long (memcached
-                    // rewrites the value in place: 100 bytes stay 100 bytes).
-                    let pad = old.value().len().saturating_sub(n);
-                    (
-                        value,
-                        Block::new_padded(key, &[&digits[..n]], pad, old.flags()),
-                        exptime,
-                        e.bits,
-                    )
-                }
-                None => {
-                    let Some((initial, exp)) = req.vivify else {
-                        if req.incr {
-                            sh.stats.incr_misses += 1;
-                        } else {
-                            sh.stats.decr_misses += 1;
+        let written = self.write_item(
+            (si, hash, key, false),
+            &now,
+            req.new_cas,
+            None,
+            |sh, found| {
+                let mut digits = [0u8; 20];
+                let (value, block, exptime, bits) = match found {
+                    Some(idx) => {
+                        let e = sh.entry(idx);
+                        let old = e.block();
+                        if req.compare_cas.is_some_and(|c| c != old.cas()) {
+                            return Plan::Answer(ArithStatus::Exists);
                         }
-                        return Plan::Answer(ArithStatus::NotFound);
-                    };
-                    if key.len() > MAX_KEY_LEN {
-                        return Plan::Answer(ArithStatus::NotFound);
+                        let Some(cur) = parse_counter(old.value()) else {
+                            return Plan::Answer(ArithStatus::NonNumeric);
+                        };
+                        let value = if req.incr {
+                            cur.wrapping_add(req.delta)
+                        } else {
+                            cur.saturating_sub(req.delta)
+                        };
+                        let n = format_u64(value, &mut digits);
+                        let exptime = match touch {
+                            Some(t) => self.stored_exptime(t),
+                            None => Some(e.exptime),
+                        };
+                        // A shorter result keeps the old length, however long (memcached
+                        // rewrites the value in place: 100 bytes stay 100 bytes).
+                        let pad = old.value().len().saturating_sub(n);
+                        (
+                            value,
+                            Block::new_padded(key, &[&digits[..n]], pad, old.flags()),
+                            exptime,
+                            e.bits,
+                        )
                     }
-                    let n = format_u64(initial, &mut digits);
-                    let exptime = self.stored_exptime(expiry_from_wire(exp, now.abs));
-                    (initial, Block::new(key, &[&digits[..n]], 0), exptime, 0)
+                    None => {
+                        let Some((initial, exp)) = req.vivify else {
+                            if req.incr {
+                                sh.stats.incr_misses += 1;
+                            } else {
+                                sh.stats.decr_misses += 1;
+                            }
+                            return Plan::Answer(ArithStatus::NotFound);
+                        };
+                        if key.len() > MAX_KEY_LEN {
+                            return Plan::Answer(ArithStatus::NotFound);
+                        }
+                        let n = format_u64(initial, &mut digits);
+                        let exptime = self.stored_exptime(expiry_from_wire(exp, now.abs));
+                        (initial, Block::new(key, &[&digits[..n]], 0), exptime, 0)
+                    }
+                };
+                let Some(exptime) = exptime else {
+                    // The new TTL is already past: the result is never visible.
+                    if let Some(idx) = found {
+                        sh.unlink(idx, hash, &self.budget);
+                        sh.tombstone(key, false);
+                        self.count_arith_hit(sh, req.incr);
+                    }
+                    let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
+                    return Plan::Answer(ArithStatus::Ok { value, cas, ttl: 0 });
+                };
+                result = value;
+                Plan::Store {
+                    block: Some(block),
+                    exptime,
+                    bits,
                 }
-            };
-            let Some(exptime) = exptime else {
-                // The new TTL is already past: the result is never visible.
-                if let Some(idx) = found {
-                    sh.unlink(idx, hash, &self.budget);
-                    sh.tombstone(key, false);
-                    self.count_arith_hit(sh, req.incr);
-                }
-                let cas = req.new_cas.unwrap_or_else(|| sh.next_cas());
-                return Plan::Answer(ArithStatus::Ok { value, cas, ttl: 0 });
-            };
-            result = value;
-            Plan::Store {
-                block: Some(block),
-                exptime,
-                bits,
-            }
-        });
+            },
+        );
         match written {
             Written::Answer(status) => status,
             Written::Stored {
