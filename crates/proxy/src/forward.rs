@@ -6,7 +6,7 @@
 //! other replicas as a `set`).
 
 use kvlab_protocol::request::StoreCommand;
-use kvlab_protocol::{MetaCommand, MetaKey, Request};
+use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey, Request};
 
 /// What a worker needs of a request as forwarded: its kind and where its key (a retrieval's
 /// key list) lies in the composed bytes. Like memcached's proxy, which keeps a request's
@@ -64,6 +64,24 @@ pub struct MetaShape {
     pub returns_cas: bool,
     /// It changes the item or reports its access history (`N T R h l`).
     pub touches: bool,
+}
+
+impl MetaShape {
+    /// What routing needs of meta command `command` on `key` with `flags`.
+    pub fn of(command: MetaCommand, key: &MetaKey<'_>, flags: &MetaFlags<'_>) -> MetaShape {
+        MetaShape {
+            command,
+            base64: key.is_base64(),
+            quiet: flags.quiet,
+            compare: flags.compare_cas.is_some(),
+            returns_cas: flags.has(b'c'),
+            touches: flags.vivify.is_some()
+                || flags.ttl.is_some()
+                || flags.recache.is_some()
+                || flags.has(b'h')
+                || flags.has(b'l'),
+        }
+    }
 }
 
 impl Shape {
@@ -191,18 +209,7 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) -> Shape {
             flags,
             data,
         } => {
-            let meta = MetaShape {
-                command,
-                base64: key.is_base64(),
-                quiet: flags.quiet,
-                compare: flags.compare_cas.is_some(),
-                returns_cas: flags.has(b'c'),
-                touches: flags.vivify.is_some()
-                    || flags.ttl.is_some()
-                    || flags.recache.is_some()
-                    || flags.has(b'h')
-                    || flags.has(b'l'),
-            };
+            let meta = MetaShape::of(command, &key, &flags);
             out.extend_from_slice(command.name());
             out.push(b' ');
             shape.kind = Kind::Meta(meta);
@@ -327,18 +334,7 @@ mod tests {
                 flags,
                 ..
             } => (
-                Kind::Meta(MetaShape {
-                    command,
-                    base64: key.is_base64(),
-                    quiet: flags.quiet,
-                    compare: flags.compare_cas.is_some(),
-                    returns_cas: flags.has(b'c'),
-                    touches: flags.vivify.is_some()
-                        || flags.ttl.is_some()
-                        || flags.recache.is_some()
-                        || flags.has(b'h')
-                        || flags.has(b'l'),
-                }),
+                Kind::Meta(MetaShape::of(command, &key, &flags)),
                 key.with(one),
             ),
             _ => (Kind::Other, vec![]),
