@@ -1112,20 +1112,7 @@ fn a_value_whose_copy_failed_is_read_only_once_its_holder_has_it() {
         "a read of a value its holder lacks: {read:?}"
     );
     // The holder answers again (its back-off over): the read's copy reaches it.
-    let mut value = String::new();
-    until("a read of the value once its holder has it", || {
-        writer
-            .write_all(format!("get {key}\r\n").as_bytes())
-            .unwrap();
-        let first = reply_line(&mut writer);
-        if first.starts_with("SERVER_ERROR") {
-            return false;
-        }
-        value = reply_line(&mut writer);
-        assert_eq!(reply_line(&mut writer), "END\r\n");
-        true
-    });
-    assert_eq!(value, "y\r\n");
+    assert_eq!(read_once_held(&mut writer, &key), "y\r\n");
 }
 
 /// Under write policy `owner` a write is acknowledged once its owner applied it, even with
@@ -1156,20 +1143,27 @@ fn under_write_policy_owner_a_write_is_acknowledged_before_its_copy() {
         read.starts_with("SERVER_ERROR copy to"),
         "a read of a value its holder lacks: {read:?}"
     );
+    assert_eq!(read_once_held(&mut writer, &key), "y\r\n");
+}
+
+/// Reads `key` on `writer` until the read succeeds (its copy holder has the value and
+/// confirmed it): the value's data line.
+fn read_once_held(writer: &mut TcpStream, key: &str) -> String {
+    use std::io::Write;
     let mut value = String::new();
     until("a read of the value once its holder has it", || {
         writer
             .write_all(format!("get {key}\r\n").as_bytes())
             .unwrap();
-        let first = reply_line(&mut writer);
+        let first = reply_line(writer);
         if first.starts_with("SERVER_ERROR") {
             return false;
         }
-        value = reply_line(&mut writer);
-        assert_eq!(reply_line(&mut writer), "END\r\n");
+        value = reply_line(writer);
+        assert_eq!(reply_line(writer), "END\r\n");
         true
     });
-    assert_eq!(value, "y\r\n");
+    value
 }
 
 /// `kvlab cluster ARGS`, expected to fail: its stderr.

@@ -206,15 +206,8 @@ fn stat(addr: std::net::SocketAddr, name: &str) -> Option<String> {
 #[test]
 fn idle_connections_are_closed_after_the_idle_timeout() {
     let mc = memcached(&["-o", "idle_timeout=1"]);
-    let mut servers = vec![];
-    for &io in IoModel::ALL {
-        servers.push((
-            io.name(),
-            start(io, |c| c.idle_timeout = Some(Duration::from_secs(1))),
-        ));
-    }
-    let mut addrs = vec![("memcached", mc.addr)];
-    addrs.extend(servers.iter().map(|(name, (s, _))| (*name, s.addr())));
+    let servers = every_model(|c| c.idle_timeout = Some(Duration::from_secs(1)));
+    let addrs = beside_memcached(mc.addr, &servers);
     for (name, addr) in addrs {
         assert_eq!(stat(addr, "idle_kicks").as_deref(), Some("0"), "{name}");
         let mut idle = connect(addr);
@@ -286,12 +279,8 @@ fn watch(
 #[test]
 fn watch_streams_log_lines_as_memcached_does() {
     let mc = memcached(&[]);
-    let mut servers = vec![];
-    for &io in IoModel::ALL {
-        servers.push((io.name(), start(io, |_| {})));
-    }
-    let mut addrs = vec![("memcached", mc.addr)];
-    addrs.extend(servers.iter().map(|(n, (s, _))| (*n, s.addr())));
+    let servers = every_model(|_| {});
+    let addrs = beside_memcached(mc.addr, &servers);
     let setup = b"set w:k 5 0 3\r\nabc\r\nset big 0 0 500\r\n"
         .iter()
         .copied()
@@ -542,13 +531,8 @@ fn ascii_auth_refuses_everything_until_a_user_authenticates() {
     std::fs::write(&file, "alice:s3cret\nbob:hunter2\n").expect("write");
     let mc = memcached(&["-Y", file.to_str().expect("utf-8")]);
     let users = kvlab_server::auth::AuthFile::load(&file).expect("loads");
-    let mut servers = vec![];
-    for &io in IoModel::ALL {
-        let users = users.clone();
-        servers.push((io.name(), start(io, move |c| c.auth = Some(users))));
-    }
-    let mut addrs = vec![("memcached", mc.addr)];
-    addrs.extend(servers.iter().map(|(n, (s, _))| (*n, s.addr())));
+    let servers = every_model(|c| c.auth = Some(users.clone()));
+    let addrs = beside_memcached(mc.addr, &servers);
     // One at a time: memcached loses all but the last of several refusals pipelined in one
     // read (they overwrite each other); kvlab answers each.
     let before: [(&[u8], &[u8]); 7] = [
@@ -601,12 +585,8 @@ fn ascii_auth_refuses_everything_until_a_user_authenticates() {
 #[test]
 fn stats_conns_lists_connections_by_descriptor_as_memcached_does() {
     let mc = memcached(&[]);
-    let mut servers = vec![];
-    for &io in IoModel::ALL {
-        servers.push((io.name(), start(io, |_| {})));
-    }
-    let mut addrs = vec![("memcached", mc.addr)];
-    addrs.extend(servers.iter().map(|(n, (s, _))| (*n, s.addr())));
+    let servers = every_model(|_| {});
+    let addrs = beside_memcached(mc.addr, &servers);
     for (name, addr) in addrs {
         // `stats conns` on `c`: its lines, and the descriptor of the asking connection (the
         // last one listed in a server of its own, as memcached's tests read it; here the

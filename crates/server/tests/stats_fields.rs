@@ -20,14 +20,7 @@ fn memcached() -> Memcached {
 
 /// The names of a `stats …` reply's `STAT <name> <value>` lines.
 fn names(addr: SocketAddr, request: &str) -> BTreeSet<String> {
-    let mut s = connect(addr);
-    let reply = exchange(&mut s, request.as_bytes(), b"END\r\n");
-    String::from_utf8_lossy(&reply)
-        .lines()
-        .filter_map(|l| l.strip_prefix("STAT "))
-        .filter_map(|l| l.split(' ').next())
-        .map(str::to_owned)
-        .collect()
+    ordered_names(addr, request).into_iter().collect()
 }
 
 fn stat(addr: SocketAddr, request: &str, name: &str) -> String {

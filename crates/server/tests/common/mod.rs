@@ -9,6 +9,28 @@ use std::sync::Arc;
 use kvlab_server::{IoModel, Server, ServerConfig};
 use kvlab_store::ManualClock;
 
+/// A kvlab server of every I/O model, each started with `tweak`, with its model's name.
+pub type EveryModel = Vec<(&'static str, (Server, Arc<ManualClock>))>;
+
+/// Starts [`EveryModel`].
+pub fn every_model(tweak: impl Fn(&mut ServerConfig)) -> EveryModel {
+    IoModel::ALL
+        .iter()
+        .map(|&io| (io.name(), start(io, &tweak)))
+        .collect()
+}
+
+/// `("memcached", memcached)` and each of `servers` by name: the servers a comparison asks
+/// in turn.
+pub fn beside_memcached(
+    memcached: SocketAddr,
+    servers: &EveryModel,
+) -> Vec<(&'static str, SocketAddr)> {
+    let mut addrs = vec![("memcached", memcached)];
+    addrs.extend(servers.iter().map(|(n, (s, _))| (*n, s.addr())));
+    addrs
+}
+
 /// The manual clock's start: a fixed, realistic Unix time.
 pub const T0: u64 = 1_800_000_000;
 
