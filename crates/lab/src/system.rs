@@ -83,22 +83,17 @@ pub fn program(spec: &SystemSpec, kvlab_bin: Option<&Path>) -> anyhow::Result<Op
                 ),
             },
         },
-        SystemKind::Twemproxy => {
-            let b = spec.binary.as_deref().unwrap_or("nutcracker");
+        SystemKind::Memcached | SystemKind::Twemproxy => {
+            // The program on PATH, what it is, and the Debian package that has it.
+            let (program, what) = match kind {
+                SystemKind::Twemproxy => ("nutcracker", "twemproxy"),
+                _ => ("memcached", "memcached"),
+            };
+            let b = spec.binary.as_deref().unwrap_or(program);
             which(b).map(Some).with_context(|| {
                 format!(
-                    "system {:?}: {b:?} not found on PATH (install twemproxy, e.g. \
-                     `apt-get install nutcracker`, or mark the system optional = true)",
-                    spec.name
-                )
-            })
-        }
-        SystemKind::Memcached => {
-            let b = spec.binary.as_deref().unwrap_or("memcached");
-            which(b).map(Some).with_context(|| {
-                format!(
-                    "system {:?}: {b:?} not found on PATH (install memcached, e.g. \
-                     `apt-get install memcached`, or mark the system optional = true)",
+                    "system {:?}: {b:?} not found on PATH (install {what}, e.g. \
+                     `apt-get install {program}`, or mark the system optional = true)",
                     spec.name
                 )
             })
