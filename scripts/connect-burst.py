@@ -11,10 +11,7 @@ Both servers listen on 127.0.0.1 with `-c` above N and their default listen back
 many connections took 0.9 s or more (a SYN or its ACK dropped by a full accept queue and
 retried after the kernel's 1 s timeout)."""
 import argparse, errno, os, json, resource, selectors, socket, subprocess, sys, time
-
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+from procutil import free_port
 
 
 def wait_ready(port):

@@ -9,15 +9,7 @@ memcached, same -m.
 
 Prints one line per server: the RSS in MB after each flood, and the stored bytes."""
 import argparse, socket, subprocess, threading, time
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
-
-def rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
+from procutil import free_port, rss_kb
 
 def ask(port, req, until):
     s = socket.create_connection(("127.0.0.1", port), timeout=30)

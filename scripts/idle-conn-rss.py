@@ -7,16 +7,7 @@
 Servers listen on 127.0.0.1 with -c above N; the RSS is read from /proc/<pid>/status
 before the connections and once all are open and `stats` counts them."""
 import argparse, os, resource, socket, subprocess, sys, time
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
-
-def rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+from procutil import free_port, rss_kb
 
 def ask(port, req, until):
     s = socket.create_connection(("127.0.0.1", port), timeout=10)

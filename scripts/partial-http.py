@@ -10,18 +10,7 @@ descriptors once the REST port's idle timeout (30 s) has passed.
 The server: `kvlab server -l 127.0.0.1 -p P --http-port H -t 4`, its RLIMIT_NOFILE set to
 LIMIT before it starts (kvlab raises its soft limit up to the hard one it is given)."""
 import argparse, os, resource, socket, subprocess, time
-
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
-
-
-def rss_kb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+from procutil import free_port, rss_kb
 
 
 def fds(pid):
