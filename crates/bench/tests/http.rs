@@ -87,11 +87,13 @@ fn against_kvlab_server_rest_interface_with_verify() {
     let server = kvlab_server::Server::start(kvlab_server::ServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         threads: 1,
-        http: Some("127.0.0.1:0".parse().unwrap()),
+        front_ends: vec![std::sync::Arc::new(kvlab_rest::Rest::on(
+            "127.0.0.1:0".parse().unwrap(),
+        ))],
         ..Default::default()
     })
     .unwrap();
-    let http = server.http_addr().unwrap();
+    let http = kvlab_rest::rest_addr(&server).unwrap();
     let mut cfg = closed(http, 4000);
     cfg.protocol = Protocol::Http;
     cfg.depth = 8;

@@ -1,10 +1,10 @@
 //! kvlab's elastic cluster: a ring of `kvlab server --cluster` nodes whose topology (nodes,
-//! ring epoch, the migration under way) lives in a shared [`topology::TopologyStore`];
+//! ring epoch, the migration under way) lives in a shared [`topology::TopologyStore`] (a
+//! file here; etcd in the `kvlab-etcd` crate, so that a node's build needs no gRPC stack);
 //! clients route keys by the ring (`kvlab_client::cluster`); adding or removing a node moves
 //! the keys that change owner while every node keeps serving.
 //!
 //! - [`topology`]: the topology, its phases, and where it is kept (a file on one machine).
-//! - [`etcd`]: the topology in etcd, with node liveness by leases and changes by watch.
 //! - [`node`]: a node's side: the per-request ownership check (serve, `MOVED`,
 //!   `TRYAGAIN`), the topology watcher, and the copy/stream/hand-off of leaving keys.
 //! - [`copies`]: a node's write-through copies (`replicas` > 1): a sender thread per copy
@@ -17,7 +17,6 @@
 mod clock;
 pub mod coordinator;
 pub mod copies;
-pub mod etcd;
 pub mod node;
 mod pipe;
 pub mod topology;
@@ -69,11 +68,19 @@ pub enum ClusterError {
     Invalid(String),
 }
 
-/// Opens the store a `--cluster` argument names: `etcd://HOST:PORT[,HOST:PORT…]/NAME`,
-/// `file:PATH`, or a plain path.
+/// Opens the topology store a `--cluster` argument names. The binary passes one that knows
+/// etcd (`kvlab_etcd::open_store`); [`open_store`] opens files only.
+pub type OpenStore = fn(&str) -> Result<Box<dyn TopologyStore>, ClusterError>;
+
+/// Opens the store a `--cluster` argument names when it is a file: `file:PATH` or a plain
+/// path. An `etcd://` spec is refused with the reason: etcd is opened by
+/// `kvlab_etcd::open_store`, which the `kvlab` binary uses.
 pub fn open_store(spec: &str) -> Result<Box<dyn TopologyStore>, ClusterError> {
     if spec.starts_with("etcd://") {
-        return Ok(Box::new(etcd::EtcdStore::open(spec)?));
+        return Err(ClusterError::Invalid(format!(
+            "{spec}: this program opens topology files only; an etcd topology needs a build \
+             with kvlab-etcd (the kvlab binary has it)"
+        )));
     }
     let path = spec.strip_prefix("file:").unwrap_or(spec);
     Ok(Box::new(topology::FileStore::new(path)))

@@ -28,7 +28,8 @@ use std::time::{Duration, Instant};
 use kvlab_client::process::{free_port, free_ports, wait_ready, Output, Probe, Process, Spawn};
 use kvlab_client::Client;
 use kvlab_cluster::coordinator::node_status;
-use kvlab_cluster::{open_store, Topology, TopologyStore};
+use kvlab_cluster::{Topology, TopologyStore};
+use kvlab_etcd::open_store;
 use parking_lot::Mutex;
 
 use crate::netns::{Net, ETCD_HOST, PROXY_HOST};

@@ -7,7 +7,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use kvlab_client::cluster::DEFAULT_VNODES;
 use kvlab_cluster::coordinator::{self, MigrationReport};
-use kvlab_cluster::{open_store, ClusterError, TopologyStore, WritePolicy};
+use kvlab_cluster::{ClusterError, TopologyStore, WritePolicy};
+use kvlab_etcd::open_store;
 
 mod local;
 

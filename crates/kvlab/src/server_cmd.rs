@@ -2,6 +2,7 @@
 //! replacement (`kvlab server -p 11211 -t 4 -m 64`).
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -298,6 +299,24 @@ fn drop_privileges(user: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The HTTP front ends `--http-port` and `--metrics-port` ask for (kvlab-rest's), on the
+/// listen address.
+fn front_ends(args: &ServerArgs) -> Vec<Arc<dyn kvlab_server::FrontEnd>> {
+    let mut front_ends: Vec<Arc<dyn kvlab_server::FrontEnd>> = Vec::new();
+    if let Some(p) = args.metrics_port {
+        front_ends.push(Arc::new(kvlab_rest::Metrics::on(SocketAddr::new(
+            args.listen,
+            p,
+        ))));
+    }
+    if let Some(p) = args.http_port {
+        let mut rest = kvlab_rest::Rest::on(SocketAddr::new(args.listen, p));
+        rest.admin_token = args.admin_token.clone();
+        front_ends.push(Arc::new(rest));
+    }
+    front_ends
+}
+
 /// Log level for memcached's -v count.
 pub fn init_logging(verbose: u8) {
     let level = match verbose {
@@ -360,14 +379,12 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         item_size_max: args.item_size_max,
         policy,
         io: args.io,
-        metrics: args.metrics_port.map(|p| SocketAddr::new(args.listen, p)),
-        http: args.http_port.map(|p| SocketAddr::new(args.listen, p)),
+        front_ends: front_ends(&args),
         durable: args.data_dir.clone().map(|dir| DurableConfig {
             dir,
             durability: args.durability,
             flush_interval: std::time::Duration::from_millis(args.flush_interval_ms.max(1)),
         }),
-        admin_token: args.admin_token.clone(),
         crawler: ext.crawler,
         slab_reassign: ext.slab_reassign,
         idle_timeout: ext.idle_timeout,
@@ -395,6 +412,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
             .map(|topology| kvlab_server::ClusterConfig {
                 topology,
                 node: args.cluster_node.clone(),
+                open: kvlab_etcd::open_store,
             }),
         ..ServerConfig::default()
     };
@@ -416,12 +434,10 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
             Some(d) => format!(", data {} durability {}", d.display(), args.durability),
             None => String::new(),
         },
-        server
-            .metrics_addr()
+        kvlab_rest::metrics_addr(&server)
             .map(|a| format!(", metrics on http://{a}/metrics"))
             .unwrap_or_default()
-            + &server
-                .http_addr()
+            + &kvlab_rest::rest_addr(&server)
                 .map(|a| format!(", REST on http://{a}/"))
                 .unwrap_or_default()
     );

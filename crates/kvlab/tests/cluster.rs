@@ -20,7 +20,8 @@ use kvlab_client::process::{free_ports, Probe, Process, Spawn};
 use kvlab_client::testing::{Etcd, Memcached};
 use kvlab_client::{Client, ClusterClient};
 use kvlab_cluster::coordinator::node_status;
-use kvlab_cluster::{open_store, FileStore, Migration, Phase, Topology, TopologyStore};
+use kvlab_cluster::{FileStore, Migration, Phase, Topology, TopologyStore};
+use kvlab_etcd::open_store;
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 

@@ -13,7 +13,7 @@ use std::process::{Command, Output};
 
 use kvlab_client::process::free_ports;
 use kvlab_client::testing::Etcd;
-use kvlab_cluster::open_store;
+use kvlab_etcd::open_store;
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 

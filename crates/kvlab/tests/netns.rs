@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use kvlab_client::{Answer, Client, ClusterClient};
 use kvlab_cluster::coordinator::node_status;
-use kvlab_cluster::open_store;
+use kvlab_etcd::open_store;
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 

@@ -23,7 +23,7 @@
 //!   non-blocking socket and its session;
 //! - [`event_loop`]: one edge-triggered epoll loop over many connections;
 //! - [`tls`]: a connection's bytes through rustls (`-Z`), non-blocking and blocking;
-//! - [`http`]: the HTTP endpoints' listener — the server's REST interface and `/metrics`,
+//! - [`http`] (feature `http`): the HTTP endpoints' listener — kvlab-rest's REST interface and `/metrics`,
 //!   the proxy's `/metrics` — on its own thread and tokio runtime, with bounded connections;
 //! - [`pool`]: helper threads that run deferred work and wake the loop (thread diagram there);
 //! - the drivers, each with its thread diagram: [`reactor`] (the default: one loop per worker,
@@ -40,6 +40,7 @@
 pub mod driver;
 pub mod epoll;
 pub mod event_loop;
+#[cfg(feature = "http")]
 pub mod http;
 pub mod pool;
 pub mod reactor;

@@ -23,8 +23,9 @@
 //! - `kvlab_net`: the sans-IO session and the I/O drivers ([`IoModel`]);
 //! - [`crawler`]: the background thread that reclaims expired and flushed items;
 //! - [`stats`]: memcached's `stats` fields, service-time percentiles, Prometheus text;
-//! - [`metrics`]: the optional HTTP endpoint serving `/metrics`;
-//! - [`http`]: the optional REST interface to the same store.
+//! - [`FrontEnd`]: what serves the cache beside the memcached port — the REST interface and
+//!   `/metrics` of the `kvlab-rest` crate, which the binary adds, so this crate builds
+//!   without an HTTP stack or an async runtime.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -36,8 +37,6 @@ pub mod conns;
 pub mod crawler;
 pub mod detail;
 pub mod engine;
-pub mod http;
-pub mod metrics;
 pub mod slabs;
 pub mod stats;
 pub mod tls;
@@ -88,14 +87,9 @@ pub struct ServerConfig {
     pub policy: Policy,
     /// I/O driver (`--io`).
     pub io: IoModel,
-    /// Where to serve Prometheus `/metrics` (`--metrics-port`), if anywhere.
-    pub metrics: Option<SocketAddr>,
-    /// Where to serve the REST interface (`--http-port`), if anywhere.
-    pub http: Option<SocketAddr>,
-    /// Bounds on the REST and metrics endpoints' connections (each endpoint its own).
-    pub http_limits: http::HttpLimits,
-    /// Bearer token that authorises `POST /shutdown` on the REST interface.
-    pub admin_token: Option<String>,
+    /// What serves the cache beside the memcached port (`--http-port`, `--metrics-port`:
+    /// `kvlab-rest`'s REST interface and `/metrics`), started after the store.
+    pub front_ends: Vec<Arc<dyn FrontEnd>>,
     /// The store's clock; tests pass a manual one.
     pub clock: Arc<dyn Clock>,
     /// Keep the items on disk (`--data-dir`, `--durability`, `--flush-interval`): memory
@@ -139,8 +133,11 @@ pub struct ServerConfig {
 /// How a server joins a cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterConfig {
-    /// The topology store (`file:PATH` or a path; see `kvlab_cluster::open_store`).
+    /// The topology store (`file:PATH` or a path; `etcd://…` where `open` knows etcd).
     pub topology: String,
+    /// What opens `topology`: `kvlab_cluster::open_store` (files), or the binary's
+    /// `kvlab_etcd::open_store` (files and etcd).
+    pub open: kvlab_cluster::OpenStore,
     /// This node's name in the topology (`--cluster-node`); `None`: the listen address.
     pub node: Option<String>,
 }
@@ -156,10 +153,7 @@ impl Default for ServerConfig {
             item_size_max: 1024 * 1024,
             policy: Policy::Lru,
             io: IoModel::Reactor,
-            metrics: None,
-            http: None,
-            http_limits: http::HttpLimits::default(),
-            admin_token: None,
+            front_ends: Vec::new(),
             clock: Arc::new(SystemClock),
             durable: None,
             crawler: Some(CrawlerConfig::default()),
@@ -257,15 +251,32 @@ impl StopHandle {
     }
 }
 
+/// A front end that serves the cache beside the memcached port over the same [`Shared`]
+/// state (`kvlab-rest`'s REST interface and `/metrics`): started by [`Server::start`] once
+/// the store is up, stopped with the server.
+pub trait FrontEnd: Send + Sync {
+    /// Its name, by which [`Server::front_end_addr`] finds it.
+    fn name(&self) -> &'static str;
+    /// The most descriptors it holds at once (its connection limit): reserved beside `-c`.
+    fn descriptors(&self) -> usize;
+    /// Binds its listener and starts serving `shared`.
+    fn start(&self, shared: Arc<Shared>) -> io::Result<Box<dyn RunningFrontEnd>>;
+}
+
+/// A started [`FrontEnd`].
+pub trait RunningFrontEnd: Send {
+    /// The address it listens on.
+    fn addr(&self) -> SocketAddr;
+    /// Stops accepting; its open connections finish their requests.
+    fn stop(self: Box<Self>);
+}
+
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
-    metrics_addr: Option<SocketAddr>,
     shared: Arc<Shared>,
     driver: Option<kvlab_net::Driver>,
-    metrics: Option<metrics::MetricsServer>,
-    http: Option<http::HttpServer>,
-    http_addr: Option<SocketAddr>,
+    front_ends: Vec<(&'static str, Box<dyn RunningFrontEnd>)>,
     crawler: Option<crawler::Crawler>,
 }
 
@@ -273,11 +284,11 @@ pub struct Server {
 /// the durable store's files, log and pipe ends.
 const FD_OVERHEAD: usize = 64;
 
-/// The open-file limit a server with `config` needs: `-c` connections, every HTTP
-/// endpoint's connection limit, and [`FD_OVERHEAD`].
+/// The open-file limit a server with `config` needs: `-c` connections, every front end's
+/// connection limit, and [`FD_OVERHEAD`].
 pub fn descriptors_needed(config: &ServerConfig) -> usize {
-    let endpoints = usize::from(config.http.is_some()) + usize::from(config.metrics.is_some());
-    config.max_connections + endpoints * config.http_limits.max_connections + FD_OVERHEAD
+    let front_ends: usize = config.front_ends.iter().map(|f| f.descriptors()).sum();
+    config.max_connections + front_ends + FD_OVERHEAD
 }
 
 /// Makes glibc malloc serve every thread from one arena (`M_ARENA_MAX` 1), once per
@@ -444,7 +455,7 @@ impl Server {
         let cluster = match &config.cluster {
             Some(c) => {
                 let me = c.node.clone().unwrap_or_else(|| addr.to_string());
-                let topology = kvlab_cluster::open_store(&c.topology)
+                let topology = (c.open)(&c.topology)
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
                 Some(
                     kvlab_cluster::Node::start(me, store.clone(), topology)
@@ -460,21 +471,10 @@ impl Server {
             limits,
             shutdown: AtomicBool::new(false),
         });
-        let metrics = match config.metrics {
-            Some(at) => Some(metrics::start(at, shared.clone(), config.http_limits)?),
-            None => None,
-        };
-        let metrics_addr = metrics.as_ref().map(|m| m.addr());
-        let http = match config.http {
-            Some(at) => Some(http::start(
-                at,
-                shared.clone(),
-                config.admin_token.clone(),
-                config.http_limits,
-            )?),
-            None => None,
-        };
-        let http_addr = http.as_ref().map(|h| h.addr());
+        let mut front_ends = Vec::with_capacity(config.front_ends.len());
+        for f in &config.front_ends {
+            front_ends.push((f.name(), f.start(shared.clone())?));
+        }
         // Before the driver: if that fails to start, dropping the crawler stops it. Off
         // (`config.crawler` is `None`), the thread waits for `lru_crawler enable`.
         let crawler = Some(crawler::Crawler::start(
@@ -493,12 +493,9 @@ impl Server {
         let driver = kvlab_net::Driver::start(config.io, listener, shared.clone(), net)?;
         Ok(Server {
             addr,
-            metrics_addr,
             shared,
             driver: Some(driver),
-            metrics,
-            http,
-            http_addr,
+            front_ends,
             crawler,
         })
     }
@@ -508,14 +505,12 @@ impl Server {
         self.addr
     }
 
-    /// The address of the `/metrics` endpoint, when enabled.
-    pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_addr
-    }
-
-    /// The address of the REST interface, when enabled.
-    pub fn http_addr(&self) -> Option<SocketAddr> {
-        self.http_addr
+    /// The address of the front end named `name` ([`FrontEnd::name`]), if it runs.
+    pub fn front_end_addr(&self, name: &str) -> Option<SocketAddr> {
+        self.front_ends
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, f)| f.addr())
     }
 
     /// The store, shared with every front end.
@@ -557,11 +552,8 @@ impl Server {
             d.stop();
         }
         self.shared.stats.admin.watchers.stop();
-        if let Some(m) = self.metrics.take() {
-            m.stop();
-        }
-        if let Some(h) = self.http.take() {
-            h.stop();
+        for (_, f) in self.front_ends.drain(..) {
+            f.stop();
         }
         // With a durable store, everything dirty reaches disk before the server is gone.
         if self.shared.store.durability().is_some() {

@@ -5,7 +5,7 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
+
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -283,27 +283,6 @@ fn memory_limit_evicts_or_refuses() {
 }
 
 #[test]
-fn prometheus_endpoint_serves_the_same_figures() {
-    let (server, _clock) = start(IoModel::Reactor, |c| {
-        c.metrics = Some(([127, 0, 0, 1], 0).into())
-    });
-    let mut s = connect(server.addr());
-    exchange(&mut s, b"set a 0 0 1\r\n1\r\nget a\r\n", b"END\r\n");
-    let mut http = connect(server.metrics_addr().expect("metrics on"));
-    http.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .expect("write");
-    let mut body = String::new();
-    http.read_to_string(&mut body).expect("read");
-    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
-    assert!(
-        body.contains("# TYPE kvlab_cmd_get counter\nkvlab_cmd_get 1\n"),
-        "{body}"
-    );
-    assert!(body.contains("kvlab_get_hits 1\n"), "{body}");
-    assert!(body.contains("kvlab_service_time_p99_us "), "{body}");
-}
-
-#[test]
 fn shutdown_closes_connections_and_stops() {
     for &io in IoModel::ALL {
         let (server, _clock) = start(io, |_| {});
@@ -340,7 +319,6 @@ fn wait_for_stat(
 fn crawler_reclaims_expired_and_flushed_items_nobody_asks_for() {
     for &io in IoModel::ALL {
         let (server, clock) = start(io, |c| {
-            c.metrics = Some(([127, 0, 0, 1], 0).into());
             c.crawler = Some(CrawlerConfig {
                 interval: Duration::from_millis(1),
                 step_slots: 64,
@@ -387,11 +365,7 @@ fn crawler_reclaims_expired_and_flushed_items_nobody_asks_for() {
             ("0", "150")
         );
         // Prometheus says the same, as counters.
-        let mut http = connect(server.metrics_addr().expect("metrics on"));
-        http.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .expect("write");
-        let mut body = String::new();
-        http.read_to_string(&mut body).expect("read");
+        let body = kvlab_server::stats::prometheus(&server.shared().stats.snapshot(server.store()));
         assert!(
             body.contains("# TYPE kvlab_crawler_reclaimed counter\nkvlab_crawler_reclaimed 150\n"),
             "{body}"

@@ -14,7 +14,8 @@ use kvlab_client::process::{free_ports, Output, Probe, Process, Spawn};
 use kvlab_client::testing::Etcd;
 use kvlab_client::ClusterClient;
 use kvlab_cluster::coordinator::{self, node_status};
-use kvlab_cluster::{open_store, TopologyStore};
+use kvlab_cluster::TopologyStore;
+use kvlab_etcd::open_store;
 
 use super::{write, Action, EventRecord, EventSpec, IntervalPoint, ScalingResult, ScalingSpec};
 

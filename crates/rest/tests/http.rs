@@ -3,6 +3,7 @@
 //! keep-alive and pipelining, data shared with the memcached port, `largest` eviction, and
 //! shutdown by admin token.
 
+#[path = "../../server/tests/common/mod.rs"]
 mod common;
 
 use std::io::{Read, Write};
@@ -20,14 +21,18 @@ const TOKEN: &str = "s3cret-token";
 /// A server with the REST interface on a free port and an admin token.
 fn start_http(tweak: impl FnOnce(&mut ServerConfig)) -> (Server, std::sync::Arc<ManualClock>) {
     start(ServerConfig::default().io, |c| {
-        c.http = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
-        c.admin_token = Some(TOKEN.into());
+        let mut rest = kvlab_rest::Rest::on(SocketAddr::from(([127, 0, 0, 1], 0)));
+        rest.admin_token = Some(TOKEN.into());
+        c.front_ends = vec![std::sync::Arc::new(rest)];
         tweak(c);
     })
 }
 
 fn base(server: &Server) -> String {
-    format!("http://{}", server.http_addr().expect("http enabled"))
+    format!(
+        "http://{}",
+        kvlab_rest::rest_addr(server).expect("http enabled")
+    )
 }
 
 /// An agent that returns 4xx/5xx as responses rather than errors.
@@ -462,7 +467,7 @@ fn oversize_values_are_413_and_the_connection_survives() {
     assert_eq!(r.body, vec![b'a'; fits]);
 
     // Chunked (no Content-Length): refused while streaming; the connection stays usable.
-    let http = server.http_addr().expect("http");
+    let http = kvlab_rest::rest_addr(&server).expect("http");
     let mut s = raw_connect(http);
     let mut req =
         b"PUT /key/chunky HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
@@ -532,7 +537,7 @@ fn head_sends_headers_only() {
     assert_eq!(r.status, 404);
     assert!(r.body.is_empty());
     // HTTP/1.0 is reported as such.
-    let http = server.http_addr().expect("http");
+    let http = kvlab_rest::rest_addr(&server).expect("http");
     let mut s = raw_connect(http);
     s.write_all(b"HEAD / HTTP/1.0\r\n\r\n").expect("write");
     let r = read_reply(&mut s, &mut Vec::new(), true);
@@ -608,7 +613,7 @@ fn unknown_paths_404_and_wrong_methods_405_with_allow() {
         assert_eq!(got, want, "{method} {path}");
     }
     // An extension method (ureq refuses to send one).
-    let mut s = raw_connect(server.http_addr().expect("http"));
+    let mut s = raw_connect(kvlab_rest::rest_addr(&server).expect("http"));
     s.write_all(b"BREW /key/a HTTP/1.1\r\nHost: x\r\n\r\n")
         .expect("write");
     let r = read_reply(&mut s, &mut Vec::new(), false);
@@ -621,7 +626,7 @@ fn unknown_paths_404_and_wrong_methods_405_with_allow() {
 #[test]
 fn keep_alive_and_pipelining() {
     let (server, _clock) = start_http(|_| {});
-    let http = server.http_addr().expect("http");
+    let http = kvlab_rest::rest_addr(&server).expect("http");
     // Several requests, one after another, on one connection.
     let mut s = raw_connect(http);
     let mut buf = Vec::new();
@@ -755,7 +760,9 @@ fn largest_policy_keeps_memory_under_the_limit_and_evicts_large_values_first() {
 fn shutdown_needs_the_admin_token() {
     // No token configured: always 403.
     let (server, _clock) = start(ServerConfig::default().io, |c| {
-        c.http = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        c.front_ends = vec![std::sync::Arc::new(kvlab_rest::Rest::on(SocketAddr::from(
+            ([127, 0, 0, 1], 0),
+        )))];
     });
     let a = agent();
     let url = format!("{}/shutdown", base(&server));
@@ -807,7 +814,7 @@ fn shutdown_needs_the_admin_token() {
 #[test]
 fn malformed_requests_get_4xx_and_the_server_keeps_answering() {
     let (server, _clock) = start_http(|_| {});
-    let http = server.http_addr().expect("http");
+    let http = kvlab_rest::rest_addr(&server).expect("http");
     let huge_key = format!(
         "GET /key/{} HTTP/1.1\r\nHost: x\r\n\r\n",
         "k".repeat(10_000)

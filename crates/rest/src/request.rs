@@ -4,7 +4,7 @@ use axum::http::{header, HeaderMap, StatusCode, Uri};
 use base64::Engine as _;
 use serde_json::{Map, Value as Json};
 
-use super::{ApiError, JSON_TYPE, OCTET_TYPE};
+use crate::{ApiError, JSON_TYPE, OCTET_TYPE};
 
 /// Decodes `%XX` escapes; anything else after a `%` is an error (unlike lenient decoders,
 /// which would silently store a different key than the client meant).

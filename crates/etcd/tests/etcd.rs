@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use kvlab_client::process::{free_ports, Output, Probe, Process, Spawn};
 use kvlab_client::testing::Etcd;
-use kvlab_cluster::etcd::{EtcdStore, LEASE_TTL_S};
 use kvlab_cluster::{Migration, Phase, Topology, TopologyStore};
+use kvlab_etcd::{EtcdStore, LEASE_TTL_S};
 
 #[test]
 fn etcd_keeps_the_topology_watches_it_and_leases_liveness() {

@@ -26,7 +26,12 @@
 //! connect error instead of trying another.
 //!
 //! tonic is async; each store runs its calls on a small runtime of its own, so the rest of
-//! kvlab (threads, blocking calls) stays as it is.
+//! kvlab (threads, blocking calls) stays as it is. The cluster crate and the server know
+//! only [`TopologyStore`]: the `kvlab` binary hands them [`open_store`], so neither builds
+//! gRPC, tokio or etcd's API.
+
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -51,8 +56,17 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Response, Status, Streaming};
 
-use crate::topology::{Topology, TopologyStore};
-use crate::ClusterError;
+use kvlab_cluster::{ClusterError, FileStore, Topology, TopologyStore};
+
+/// Opens the store a `--cluster` argument names: `etcd://HOST:PORT[,HOST:PORT…]/NAME`,
+/// `file:PATH`, or a plain path (a [`kvlab_cluster::OpenStore`]).
+pub fn open_store(spec: &str) -> Result<Box<dyn TopologyStore>, ClusterError> {
+    if spec.starts_with("etcd://") {
+        return Ok(Box::new(EtcdStore::open(spec)?));
+    }
+    let path = spec.strip_prefix("file:").unwrap_or(spec);
+    Ok(Box::new(FileStore::new(path)))
+}
 
 /// Seconds a node's liveness key outlives its last keep-alive.
 pub const LEASE_TTL_S: i64 = 3;

@@ -11,17 +11,17 @@ use http_body_util::BodyExt;
 use kvlab_store::{SetMode, SetRequest, SetStatus, Store};
 use serde_json::{json, Map, Value as Json};
 
-use super::request::{
+use crate::request::{
     decode_key, key_json, key_of, key_segments, percent_decode_strict, put_bytes, put_options,
     wants_raw, PutOptions,
 };
-use super::{json_response, ApiError, App, ACCEPT_VALUE, DRAIN_MAX, JSON_TYPE, OCTET_TYPE};
-use crate::cache::{Blocking, DiskRules};
-use crate::stats::StatValue;
+use crate::{json_response, ApiError, App, ACCEPT_VALUE, DRAIN_MAX, JSON_TYPE, OCTET_TYPE};
+use kvlab_server::cache::{Blocking, DiskRules};
+use kvlab_server::stats::StatValue;
 
 /// With a durable store, brings `key` into memory from disk before a command that depends
 /// on it (a miss reads through), by the rules the memcached engine follows
-/// ([`crate::cache`]). Runs on this runtime's worker thread, marked as blocking.
+/// ([`kvlab_server::cache`]). Runs on this runtime's worker thread, marked as blocking.
 fn read_through(app: &App, key: &[u8]) -> Result<(), ApiError> {
     let store = &app.shared.store;
     match DiskRules::of(store).load(store, key) {
@@ -50,7 +50,7 @@ fn disk_error(e: std::io::Error) -> ApiError {
 }
 
 fn count(counter: &std::sync::atomic::AtomicU64) {
-    crate::stats::WorkerStats::add(counter, 1);
+    kvlab_server::stats::WorkerStats::add(counter, 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ pub(super) async fn head_key(State(app): State<App>, uri: Uri, version: Version)
 pub(super) async fn root(State(app): State<App>, version: Version) -> Response {
     let (headers, used, limit) = info_headers(&app, version);
     let body = json!({
-        "server": crate::stats::VERSION,
+        "server": kvlab_server::stats::VERSION,
         "space_used": used,
         "space_limit": limit,
         "endpoints": ["/key/{k}", "/key/{k}/{v}", "/stats", "/metrics", "/shutdown"],
@@ -331,7 +331,7 @@ pub(super) async fn stats(State(app): State<App>) -> Response {
 }
 
 pub(super) async fn metrics(State(app): State<App>) -> Response {
-    let body = crate::stats::prometheus(&app.shared.stats.snapshot(&app.shared.store));
+    let body = kvlab_server::stats::prometheus(&app.shared.stats.snapshot(&app.shared.store));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 

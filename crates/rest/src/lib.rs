@@ -1,5 +1,11 @@
-//! The REST interface (`--http-port`): the cache over HTTP/JSON, sharing the store with the
-//! memcached port (a value set on one is read on the other).
+//! kvlab server's HTTP front ends, beside its memcached port: the REST interface
+//! (`--http-port`, [`Rest`]) and the Prometheus endpoint (`--metrics-port`, [`Metrics`]).
+//! Each is a [`kvlab_server::FrontEnd`] the binary puts in the server's configuration, so
+//! the cache server itself builds without an HTTP stack or an async runtime.
+//!
+//! The REST interface is the cache over HTTP/JSON, sharing the store with the memcached port
+//! (a value set on one is read on the other). `GET /metrics` (on either port) returns the same
+//! figures as `stats`, in the Prometheus text format.
 //!
 //! ```text
 //!  Server::start ──► thread "kvlab-http" ── block_on(axum::serve) ── accept loop (at most
@@ -75,9 +81,9 @@ use base64::Engine as _;
 use http_body_util::BodyExt;
 use serde_json::{json, Value as Json};
 
-use crate::stats::WorkerStats;
-use crate::Shared;
 use handlers::{delete_key, get_key, head_key, metrics, put_body, put_path, root, shutdown, stats};
+use kvlab_server::stats::WorkerStats;
+use kvlab_server::{FrontEnd, RunningFrontEnd, Server, Shared};
 use request::missing_key;
 
 pub use kvlab_net::http::{HttpLimits, HttpServer};
@@ -94,14 +100,109 @@ const ACCEPT_VALUE: &str = "application/json, application/octet-stream";
 const JSON_TYPE: &str = "application/json";
 const OCTET_TYPE: &str = "application/octet-stream";
 
-/// Binds `at` and serves the REST interface under `limits` until [`HttpServer::stop`].
-pub fn start(
-    at: SocketAddr,
-    shared: Arc<Shared>,
-    admin_token: Option<String>,
-    limits: HttpLimits,
-) -> io::Result<HttpServer> {
-    HttpServer::serve_with(at, rest_router(shared, admin_token), "kvlab-http", limits)
+/// [`Rest`]'s name among a server's front ends.
+pub const REST: &str = "rest";
+/// [`Metrics`]' name among a server's front ends.
+pub const METRICS: &str = "metrics";
+
+/// The REST interface as a server's front end: where it listens, the token that authorises
+/// `POST /shutdown`, and its connections' bounds.
+#[derive(Clone, Debug)]
+pub struct Rest {
+    /// Address to listen on (port 0 picks a free one).
+    pub at: SocketAddr,
+    /// Bearer token that authorises `POST /shutdown` (`--admin-token`); none: 403.
+    pub admin_token: Option<String>,
+    /// Its connections' bounds.
+    pub limits: HttpLimits,
+}
+
+impl Rest {
+    /// The REST interface on `at`, with no admin token and the default bounds.
+    pub fn on(at: SocketAddr) -> Rest {
+        Rest {
+            at,
+            admin_token: None,
+            limits: HttpLimits::default(),
+        }
+    }
+}
+
+/// The Prometheus endpoint as a server's front end: `GET /metrics` alone on its own port.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    /// Address to listen on (port 0 picks a free one).
+    pub at: SocketAddr,
+    /// Its connections' bounds.
+    pub limits: HttpLimits,
+}
+
+impl Metrics {
+    /// The endpoint on `at`, with the default bounds.
+    pub fn on(at: SocketAddr) -> Metrics {
+        Metrics {
+            at,
+            limits: HttpLimits::default(),
+        }
+    }
+}
+
+/// A started [`Rest`] or [`Metrics`]: its listener's thread.
+struct Running(HttpServer);
+
+impl RunningFrontEnd for Running {
+    fn addr(&self) -> SocketAddr {
+        self.0.addr()
+    }
+
+    fn stop(self: Box<Self>) {
+        self.0.stop();
+    }
+}
+
+impl FrontEnd for Rest {
+    fn name(&self) -> &'static str {
+        REST
+    }
+
+    fn descriptors(&self) -> usize {
+        self.limits.max_connections
+    }
+
+    fn start(&self, shared: Arc<Shared>) -> io::Result<Box<dyn RunningFrontEnd>> {
+        let router = rest_router(shared, self.admin_token.clone());
+        let server = HttpServer::serve_with(self.at, router, "kvlab-http", self.limits)?;
+        Ok(Box::new(Running(server)))
+    }
+}
+
+impl FrontEnd for Metrics {
+    fn name(&self) -> &'static str {
+        METRICS
+    }
+
+    fn descriptors(&self) -> usize {
+        self.limits.max_connections
+    }
+
+    /// Served on its own thread and runtime, so scraping never takes time from the cache's
+    /// worker threads beyond summing their counters.
+    fn start(&self, shared: Arc<Shared>) -> io::Result<Box<dyn RunningFrontEnd>> {
+        let server = kvlab_net::http::serve_metrics(self.at, "kvlab-metrics", self.limits, {
+            move || kvlab_server::stats::prometheus(&shared.stats.snapshot(&shared.store))
+        })?;
+        Ok(Box::new(Running(server)))
+    }
+}
+
+/// The address `server`'s REST interface listens on, if it has one.
+pub fn rest_addr(server: &Server) -> Option<SocketAddr> {
+    server.front_end_addr(REST)
+}
+
+/// The address `server`'s `/metrics` endpoint listens on, if it has one.
+pub fn metrics_addr(server: &Server) -> Option<SocketAddr> {
+    server.front_end_addr(METRICS)
 }
 
 /// What every handler sees.
@@ -111,7 +212,7 @@ struct App {
     admin_token: Option<Arc<str>>,
 }
 
-/// The REST interface's routes over `shared`, as [`start`] serves them, for
+/// The REST interface's routes over `shared`, as [`Rest`] serves them, for
 /// callers that drive it in-process (the fuzz targets).
 pub fn rest_router(shared: Arc<Shared>, admin_token: Option<String>) -> Router {
     router(App {
