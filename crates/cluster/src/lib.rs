@@ -7,6 +7,9 @@
 //! - [`topology`]: the topology, its phases, and where it is kept (a file on one machine).
 //! - [`node`]: a node's side: the per-request ownership check (serve, `MOVED`,
 //!   `TRYAGAIN`), the topology watcher, and the copy/stream/hand-off of leaving keys.
+//! - [`serve`]: a node's service — the cache server's engine behind the node's gate (a
+//!   decorator of `kvlab-server`'s service), and [`serve()`] that starts `kvlab server` as
+//!   a node.
 //! - [`copies`]: a node's write-through copies (`replicas` > 1): a sender thread per copy
 //!   holder, so that no worker waits on another node.
 //! - [`coordinator`]: what `kvlab cluster` does: create, add, remove, resume, abort, status.
@@ -19,10 +22,12 @@ pub mod coordinator;
 pub mod copies;
 pub mod node;
 mod pipe;
+pub mod serve;
 pub mod topology;
 
 pub use kvlab_client::Redirect;
 pub use node::{Gate, Import, Node, Verdict};
+pub use serve::{serve, ClusterConfig, NodeApp, NodeEngine};
 pub use topology::{FileStore, Migration, Phase, Topology, TopologyStore, WritePolicy};
 
 /// What can go wrong in a cluster operation.

@@ -182,7 +182,6 @@ fn shared(auth: bool) -> Arc<Shared> {
             ..Limits::default()
         },
         shutdown: AtomicBool::new(false),
-        cluster: None,
     })
 }
 

@@ -406,23 +406,26 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
             read_buf_mem_limit: ext.read_buf_mem_limit,
             lru_maintainer: ext.lru_maintainer,
         },
-        cluster: args
-            .cluster
-            .clone()
-            .map(|topology| kvlab_server::ClusterConfig {
-                topology,
-                node: args.cluster_node.clone(),
-                open: kvlab_etcd::open_store,
-            }),
         ..ServerConfig::default()
     };
+    let cluster = args
+        .cluster
+        .clone()
+        .map(|topology| kvlab_cluster::ClusterConfig {
+            topology,
+            node: args.cluster_node.clone(),
+            open: kvlab_etcd::open_store,
+        });
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
     ])
     .context("installing signal handlers")?;
-    let server = Server::start(config)
-        .with_context(|| format!("starting server on {}:{}", args.listen, args.port))?;
+    let server = match cluster {
+        Some(cluster) => kvlab_cluster::serve(config, cluster),
+        None => Server::start(config),
+    }
+    .with_context(|| format!("starting server on {}:{}", args.listen, args.port))?;
     eprintln!(
         "kvlab server listening on {} ({} threads, {} MiB, eviction {}, io {}{}){}",
         server.addr(),

@@ -126,20 +126,6 @@ pub struct ServerConfig {
     pub auth: Option<auth::AuthFile>,
     /// `-Z`: TLS on the memcached port, with memcached's `ssl_*` options.
     pub tls: Option<tls::TlsSettings>,
-    /// Join a cluster (`--cluster`): where its topology is, and this node's name in it.
-    pub cluster: Option<ClusterConfig>,
-}
-
-/// How a server joins a cluster.
-#[derive(Clone, Debug)]
-pub struct ClusterConfig {
-    /// The topology store (`file:PATH` or a path; `etcd://…` where `open` knows etcd).
-    pub topology: String,
-    /// What opens `topology`: `kvlab_cluster::open_store` (files), or the binary's
-    /// `kvlab_etcd::open_store` (files and etcd).
-    pub open: kvlab_cluster::OpenStore,
-    /// This node's name in the topology (`--cluster-node`); `None`: the listen address.
-    pub node: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -168,7 +154,6 @@ impl Default for ServerConfig {
             idle_timeout: None,
             auth: None,
             tls: None,
-            cluster: None,
         }
     }
 }
@@ -183,8 +168,6 @@ pub struct Shared {
     pub limits: Limits,
     /// Set when the threads must stop; they check it after every wake-up.
     pub shutdown: AtomicBool,
-    /// The cluster node this server is, if any.
-    pub cluster: Option<Arc<kvlab_cluster::Node>>,
 }
 
 impl Shared {
@@ -205,15 +188,11 @@ impl kvlab_net::App for Shared {
         // sharing is safe and cheap.
         let workers = &self.stats.workers;
         let worker = workers[index % workers.len()].clone();
-        let engine = Engine::new(self.store.clone(), self.stats.clone(), worker);
-        match &self.cluster {
-            Some(node) => engine.in_cluster(node),
-            None => engine,
-        }
+        Engine::new(self.store.clone(), self.stats.clone(), worker)
     }
 
     fn helper(&self, _index: usize) -> crate::cache::Helper {
-        crate::cache::Helper::new(self.store.clone(), self.cluster.clone())
+        crate::cache::Helper::new(self.store.clone())
     }
 
     fn admit(&self, _peer: SocketAddr) -> bool {
@@ -278,6 +257,8 @@ pub struct Server {
     driver: Option<kvlab_net::Driver>,
     front_ends: Vec<(&'static str, Box<dyn RunningFrontEnd>)>,
     crawler: Option<crawler::Crawler>,
+    /// What stops first when the server stops ([`Server::on_stop`]).
+    on_stop: Vec<Box<dyn FnOnce() + Send>>,
 }
 
 /// Descriptors a server needs beyond its connections: listeners, epoll and event fds,
@@ -367,6 +348,17 @@ impl Server {
     /// Binds the listener and starts the driver's threads. Returns once the server accepts
     /// connections.
     pub fn start(config: ServerConfig) -> io::Result<Server> {
+        Self::start_with(config, |shared, _| Ok(shared.clone()))
+    }
+
+    /// The same, with the driver serving the [`kvlab_net::App`] that `app` makes of the
+    /// server's state and its bound address, once the store and the figures exist and
+    /// before the first connection is accepted: a service that wraps the cache engine (a
+    /// cluster node's, `kvlab_cluster::serve`).
+    pub fn start_with<A: kvlab_net::App>(
+        config: ServerConfig,
+        app: impl FnOnce(&Arc<Shared>, SocketAddr) -> io::Result<Arc<A>>,
+    ) -> io::Result<Server> {
         if config.threads == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -452,20 +444,7 @@ impl Server {
             ..Limits::default()
         };
         store.observe_evictions(stats.admin.evictions.clone());
-        let cluster = match &config.cluster {
-            Some(c) => {
-                let me = c.node.clone().unwrap_or_else(|| addr.to_string());
-                let topology = (c.open)(&c.topology)
-                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-                Some(
-                    kvlab_cluster::Node::start(me, store.clone(), topology)
-                        .map_err(|e| io::Error::other(e.to_string()))?,
-                )
-            }
-            None => None,
-        };
         let shared = Arc::new(Shared {
-            cluster,
             store,
             stats,
             limits,
@@ -490,13 +469,15 @@ impl Server {
             tls,
             reqs_per_event: config.accepted.reqs_per_event,
         };
-        let driver = kvlab_net::Driver::start(config.io, listener, shared.clone(), net)?;
+        let app = app(&shared, addr)?;
+        let driver = kvlab_net::Driver::start(config.io, listener, app, net)?;
         Ok(Server {
             addr,
             shared,
             driver: Some(driver),
             front_ends,
             crawler,
+            on_stop: Vec::new(),
         })
     }
 
@@ -528,6 +509,12 @@ impl Server {
         StopHandle(self.shared.clone())
     }
 
+    /// Runs `stop` first when the server stops, before its threads (a cluster node's own
+    /// threads, which the engines' service uses).
+    pub fn on_stop(&mut self, stop: impl FnOnce() + Send + 'static) {
+        self.on_stop.push(Box::new(stop));
+    }
+
     /// Blocks until something asks the server to stop ([`StopHandle::request_stop`],
     /// `shutdown` with `-A`).
     pub fn wait(&self) {
@@ -542,8 +529,8 @@ impl Server {
 
     fn stop(&mut self) {
         self.shared.shutdown.store(true, SeqCst);
-        if let Some(node) = &self.shared.cluster {
-            node.stop();
+        for stop in self.on_stop.drain(..) {
+            stop();
         }
         if let Some(c) = self.crawler.take() {
             c.stop();

@@ -5,8 +5,9 @@
 //!
 //! Here: the engine, `Engine::apply` dispatching each request to its family (retrieval,
 //! storage, one key's update, meta commands, administration and stats), the connection's
-//! state and the [`kvlab_net::Service`] over it; `meta` (the meta commands), `cluster` (a
-//! cluster node's ownership check and its `cluster` commands).
+//! state and the [`kvlab_net::Service`] over it; `meta` (the meta commands). A cluster
+//! node's service (`kvlab_cluster::NodeEngine`) wraps this one: its ownership check runs
+//! between [`Engine::begin`] and [`Engine::apply`], its copies as work of its own.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -22,13 +23,11 @@ pub use crate::cache::{Blocking, Helper};
 use crate::conns::Registration;
 use crate::slabs;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
-use kvlab_cluster::{Gate, Import, Node};
 
-mod cluster;
 mod meta;
 
 /// Defers disk work the way the session must wait for it.
-fn defer(work: Blocking) -> Flow {
+pub fn defer(work: Blocking) -> Flow {
     let order = work.order();
     Flow::Defer(work, order)
 }
@@ -55,15 +54,8 @@ pub struct Engine {
     handed_off: Option<Registration>,
     /// The connection whose request runs speaks TLS.
     over_tls: bool,
-    /// This worker's gate into the cluster, when the server is a cluster node.
-    cluster: Option<Gate>,
-    /// What deferred work runs with (the store, the cluster node).
+    /// What deferred work runs with (the store).
     helper: Helper,
-    /// `cluster import ID`: the connection is handed to a thread of its own, which serves
-    /// it as that stream.
-    import_handoff: Option<Import>,
-    /// This engine serves one such stream (set on its connection when it opens).
-    importing: Option<Import>,
 }
 
 impl Engine {
@@ -79,19 +71,8 @@ impl Engine {
             watch: 0,
             handed_off: None,
             over_tls: false,
-            cluster: None,
-            helper: Helper::new(store_for_helper, None),
-            import_handoff: None,
-            importing: None,
+            helper: Helper::new(store_for_helper),
         }
-    }
-
-    /// The same engine as a worker of cluster node `node`: every keyed request is checked
-    /// against the node's ring first.
-    pub fn in_cluster(mut self, node: &Arc<Node>) -> Self {
-        self.cluster = Some(node.gate());
-        self.helper.node = Some(node.clone());
-        self
     }
 
     /// Applies one request and appends its reply (if any) to `out`. `loaded` lists the keys
@@ -134,7 +115,8 @@ impl Engine {
     }
 
     /// Applies one request: read-through first where needed, then the request's family.
-    fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
+    /// `loaded` lists the keys already read through for it ([`Loaded::keys`]).
+    pub fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
         // Read through every key whose current state the command depends on.
         if self.disk.read_through {
             if let Some(key) = self.needs_load(req, loaded) {
@@ -608,14 +590,11 @@ fn authenticate(
 }
 
 /// A connection's state: the keys one request has read through so far (kept across its
-/// re-runs), whether it is a cluster migration stream, its socket, whether it has
-/// authenticated (`-Y`) and whether it speaks TLS (`-Z`).
+/// re-runs), its socket, whether it has authenticated (`-Y`) and whether it speaks TLS
+/// (`-Z`).
 #[derive(Default)]
 pub struct Loaded {
     keys: Vec<Vec<u8>>,
-    /// Said `cluster import ID`: items from their previous owner in migration `ID` (0:
-    /// copies of an owner's keys), stored without the ownership check.
-    import: Option<Import>,
     /// Its socket (for `watch` lines' `cfd=`).
     fd: i32,
     /// It has authenticated (`-Y`).
@@ -624,6 +603,62 @@ pub struct Loaded {
     tls: bool,
     /// Its place among the open connections (`stats conns`).
     registered: Option<Registration>,
+}
+
+impl Loaded {
+    /// The keys the running request has read through so far ([`Engine::apply`]'s `loaded`).
+    pub fn keys(&self) -> &[Vec<u8>] {
+        &self.keys
+    }
+
+    /// Counts the connection as authenticated (`-Y`): a stream handed over after it
+    /// authenticated on another connection state (a cluster node's import streams).
+    pub fn trust(&mut self) {
+        self.authenticated = true;
+    }
+}
+
+impl Engine {
+    /// What every request does before it is applied: the connection's bookkeeping, and
+    /// under `-Y` the authentication of a connection that has not authenticated yet
+    /// (`Some`: its reply is composed, the request is not applied). A service that wraps the
+    /// engine calls this, then [`Engine::apply`], then [`Engine::end`].
+    pub fn begin(
+        &mut self,
+        loaded: &mut Loaded,
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+        rerun: bool,
+    ) -> Option<Flow> {
+        if !rerun {
+            loaded.keys.clear();
+        }
+        self.cfd = loaded.fd;
+        self.over_tls = loaded.tls;
+        if let Some(r) = &loaded.registered {
+            r.command();
+        }
+        if !loaded.authenticated {
+            if let Some(auth) = &self.server.admin.auth {
+                loaded.authenticated = authenticate(auth, &self.worker, req, out);
+                return Some(Flow::Done);
+            }
+        }
+        None
+    }
+
+    /// What every applied request does afterwards, given its flow: a `watch` stays listed
+    /// as its connection's; a read-through is remembered for the request's re-run.
+    pub fn end(&mut self, loaded: &mut Loaded, flow: &Flow) {
+        if matches!(flow, Flow::HandOff) {
+            // The connection lives on as a watcher, still listed (`take_over`).
+            self.handed_off = loaded.registered.take();
+        }
+        if let Flow::Defer(Blocking::Load(key), _) = flow {
+            // Runs again once `key` is in the cache: don't defer for it a second time.
+            loaded.keys.push(key.clone());
+        }
+    }
 }
 
 impl kvlab_net::Service for Engine {
@@ -637,36 +672,11 @@ impl kvlab_net::Service for Engine {
         out: &mut Vec<u8>,
         rerun: bool,
     ) -> Flow {
-        if !rerun {
-            loaded.keys.clear();
+        if let Some(flow) = self.begin(loaded, req, out, rerun) {
+            return flow;
         }
-        self.cfd = loaded.fd;
-        self.over_tls = loaded.tls;
-        if let Some(r) = &loaded.registered {
-            r.command();
-        }
-        if !loaded.authenticated {
-            if let Some(auth) = &self.server.admin.auth {
-                loaded.authenticated = authenticate(auth, &self.worker, req, out);
-                return Flow::Done;
-            }
-        }
-        let flow = match self.cluster.take() {
-            Some(mut gate) => {
-                let flow = self.call_in_cluster(&mut gate, loaded, req, out);
-                self.cluster = Some(gate);
-                flow
-            }
-            None => self.apply(req, out, &loaded.keys),
-        };
-        if matches!(flow, Flow::HandOff) {
-            // The connection lives on as a watcher, still listed (`take_over`).
-            self.handed_off = loaded.registered.take();
-        }
-        if let Flow::Defer(Blocking::Load(key), _) = &flow {
-            // Runs again once `key` is in the cache: don't defer for it a second time.
-            loaded.keys.push(key.clone());
-        }
+        let flow = self.apply(req, out, &loaded.keys);
+        self.end(loaded, &flow);
         flow
     }
 
@@ -674,18 +684,9 @@ impl kvlab_net::Service for Engine {
         conn.fd = fd;
         conn.tls = tls;
         conn.registered = Some(self.server.admin.conns.register(fd));
-        if let Some(stream) = &self.importing {
-            // A stream handed over after its `cluster import` (and its authentication).
-            conn.import = Some(stream.clone());
-            conn.authenticated = true;
-        }
     }
 
-    fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8], unread: &[u8]) {
-        if let Some(stream) = self.import_handoff.take() {
-            self.serve_import(stream, socket, unsent, unread);
-            return;
-        }
+    fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8], _unread: &[u8]) {
         let streams = std::mem::take(&mut self.watch);
         let conn = self.handed_off.take();
         if let Some(c) = &conn {
