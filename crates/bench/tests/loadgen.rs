@@ -11,7 +11,7 @@ use common::{closed, run, test_server, Faults};
 use kvlab_bench::report;
 use kvlab_bench::schedule::{Arrival, RatePlan};
 use kvlab_bench::workload::Mix;
-use kvlab_client::testing::Memcached;
+use kvlab_testkit::Memcached;
 
 #[test]
 fn closed_loop_against_memcached_counts_every_request() {

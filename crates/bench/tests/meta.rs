@@ -13,7 +13,7 @@ use common::{closed, run};
 use kvlab_bench::dist::SizeDist;
 use kvlab_bench::workload::Mix;
 use kvlab_bench::{Config, Protocol};
-use kvlab_client::testing::Memcached;
+use kvlab_testkit::Memcached;
 
 /// A server under test, stopped on drop.
 enum Target {

@@ -13,9 +13,9 @@
 //! - [`measure`]: what a load generator measures, as it writes it: counts, latency
 //!   histograms and percentiles, one interval's row (written by `kvlab bench`, read by
 //!   `kvlab control` and `kvlab lab`).
-//! - [`process`]: start a system (kvlab's server, memcached, any program) on a free port,
-//!   wait until it answers, stop it on drop — for the lab, tests and tools.
-//! - [`testing`]: Debian's memcached for this workspace's tests (over [`process`]).
+//!
+//! Starting a system on a free port is `kvlab-process`'s; the tests' scaffolding (the
+//! reference memcached, the wire table) is `kvlab-testkit`'s, a dev-dependency.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -25,11 +25,8 @@ pub mod cluster;
 pub mod conn;
 pub mod http;
 pub mod measure;
-pub mod process;
 pub mod redirect;
 
 pub use blocking::{Answer, Client};
 pub use cluster::{ClusterClient, Redirect, Ring};
 pub use conn::{Conn, ConnError, Event, Outcome, ReqKind, Status, Wire};
-pub use process::{Probe, Process, Spawn, SpawnError};
-pub mod testing;

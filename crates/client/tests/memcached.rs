@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use kvlab_client::testing::Memcached;
 use kvlab_client::Client;
+use kvlab_testkit::Memcached;
 
 #[test]
 fn blocking_client_round_trips_against_memcached() {

@@ -203,7 +203,7 @@ impl Sensor for ServerSensor {
             s.cpu = rate(&mut self.last_cpu, t, ticks).map(|r| r / self.ticks_per_s);
         }
         if let Some(addr) = self.stats {
-            if let Ok(st) = kvlab_client::process::stats(addr, None, STATS_TIMEOUT) {
+            if let Ok(st) = kvlab_process::stats(addr, None, STATS_TIMEOUT) {
                 let get = |k: &str| {
                     st.iter()
                         .find(|(n, _)| n == k)
@@ -214,7 +214,7 @@ impl Sensor for ServerSensor {
                     s.qps = rate(&mut self.last_requests, t, g + w);
                 }
                 if self.latency.supported != Some(false) {
-                    match kvlab_client::process::stats(addr, Some("latency"), STATS_TIMEOUT) {
+                    match kvlab_process::stats(addr, Some("latency"), STATS_TIMEOUT) {
                         Ok(lines) => self.latency.read(t, &lines, &mut s),
                         // Not a timeout: the server does not know the group.
                         Err(e) if e.kind() == std::io::ErrorKind::Other => {

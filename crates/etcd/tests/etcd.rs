@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvlab_client::process::{free_ports, Output, Probe, Process, Spawn};
-use kvlab_client::testing::Etcd;
 use kvlab_cluster::{Migration, Phase, Topology, TopologyStore};
 use kvlab_etcd::{EtcdStore, LEASE_TTL_S};
+use kvlab_process::Etcd;
+use kvlab_process::{free_ports, Output, Probe, Process, Spawn};
 
 #[test]
 fn etcd_keeps_the_topology_watches_it_and_leases_liveness() {
@@ -144,7 +144,7 @@ impl Three {
 
     fn ready(&self, i: usize) {
         let probe = Probe::HttpGetPath(self.members[i].0, "/health");
-        kvlab_client::process::wait_ready(&probe, Duration::from_secs(15)).unwrap();
+        kvlab_process::wait_ready(&probe, Duration::from_secs(15)).unwrap();
     }
 
     /// `kill -9` member `i`.

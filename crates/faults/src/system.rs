@@ -25,11 +25,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kvlab_client::process::{free_port, free_ports, wait_ready, Output, Probe, Process, Spawn};
 use kvlab_client::Client;
 use kvlab_cluster::coordinator::node_status;
 use kvlab_cluster::{Topology, TopologyStore};
 use kvlab_etcd::open_store;
+use kvlab_process::{free_port, free_ports, wait_ready, Output, Probe, Process, Spawn};
 use parking_lot::Mutex;
 
 use crate::netns::{Net, ETCD_HOST, PROXY_HOST};
@@ -772,7 +772,7 @@ impl System {
     /// missed writes is repaired before it is).
     fn pool_settled(&self) -> Result<(), String> {
         let addr = self.proxy_addr.ok_or("no proxy runs")?;
-        let stats = kvlab_client::process::stats(addr, None, Duration::from_secs(2))
+        let stats = kvlab_process::stats(addr, None, Duration::from_secs(2))
             .map_err(|e| format!("the proxy's stats: {e}"))?;
         let ejected = stats
             .iter()

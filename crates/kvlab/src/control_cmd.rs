@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use kvlab_client::process::{Output, Probe, Process, Spawn};
 use kvlab_control::app::{self, Options, Outcome, DEFAULT_INTERVAL};
 use kvlab_control::machine::{CpuMethod, PauseMethod};
 use kvlab_control::{CpuSet, JobFile, PolicySpec, Share, Slack, DEFAULT_HEADROOM, DEFAULT_SLACK};
+use kvlab_process::{Output, Probe, Process, Spawn};
 
 /// Flags of `kvlab control`.
 #[derive(Debug, Args)]

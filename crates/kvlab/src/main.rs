@@ -18,7 +18,7 @@
 //! kvlab faults    faults_cmd    ──► kvlab_faults (recording clients, seeded nemesis, checker)
 //!                                    └─► the kvlab binary itself: nodes, proxy, coordinators
 //! kvlab lab       lab_cmd       ──► kvlab_lab (experiment spec, systems, runner, analysis)
-//!                                    ├─► kvlab_client::process (start on a free port, wait)
+//!                                    ├─► kvlab_process (start on a free port, wait)
 //!                                    ├─► kvlab_bench (the load of every run)
 //!                                    └─► kvlab_analysis (statistics, models) ─► kvlab_report
 //! ```

@@ -16,12 +16,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvlab_client::process::{free_ports, Probe, Process, Spawn};
-use kvlab_client::testing::{Etcd, Memcached};
 use kvlab_client::{Client, ClusterClient};
 use kvlab_cluster::coordinator::node_status;
 use kvlab_cluster::{FileStore, Migration, Phase, Topology, TopologyStore};
 use kvlab_etcd::open_store;
+use kvlab_process::Etcd;
+use kvlab_process::{free_ports, Probe, Process, Spawn};
+use kvlab_testkit::Memcached;
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 
@@ -75,7 +76,7 @@ fn served(names: &[String]) -> u64 {
         .iter()
         .filter_map(|n| {
             let addr: SocketAddr = n.parse().ok()?;
-            kvlab_client::process::stats(addr, None, Duration::from_secs(1)).ok()
+            kvlab_process::stats(addr, None, Duration::from_secs(1)).ok()
         })
         .flat_map(|stats| stats.into_iter())
         .filter(|(k, _)| k == "cmd_get" || k == "cmd_set")
@@ -329,7 +330,7 @@ fn add_and_remove_via(dir: &Path, topology: &str, proxied: bool) {
     );
     if let Some(addr) = target {
         // The proxy took up the new rings (one per epoch it saw).
-        let stats = kvlab_client::process::stats(addr, None, Duration::from_secs(2)).unwrap();
+        let stats = kvlab_process::stats(addr, None, Duration::from_secs(2)).unwrap();
         let reloads: u64 = stats
             .iter()
             .find(|(k, _)| k == "proxy_reloads")
@@ -1053,7 +1054,7 @@ fn a_write_waiting_for_its_copy_holds_up_no_other_client() {
     let owner = writer.peer_addr().unwrap().to_string();
     let sets = || -> u64 {
         let addr: SocketAddr = owner.parse().unwrap();
-        kvlab_client::process::stats(addr, None, Duration::from_secs(5))
+        kvlab_process::stats(addr, None, Duration::from_secs(5))
             .unwrap()
             .into_iter()
             .find(|(k, _)| k == "cmd_set")

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kvlab_client::process::{free_port, Probe, Spawn};
+use kvlab_process::{free_port, Probe, Spawn};
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 
@@ -231,7 +231,7 @@ fn two_cpus() -> bool {
 }
 
 fn missing(program: &str) -> bool {
-    let found = kvlab_client::process::which(program).is_some();
+    let found = kvlab_process::which(program).is_some();
     if !found {
         eprintln!("note: {program} not on PATH (.ci/run installs it); skipped");
     }

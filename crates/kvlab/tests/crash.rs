@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use kvlab_client::process::{free_port, Probe, Process, Spawn};
+use kvlab_process::{free_port, Probe, Process, Spawn};
 
 /// A `kvlab server --durability sync` over `dir` on a free port, once it answers `version`.
 fn start(dir: &std::path::Path, io: &str) -> (Process, SocketAddr) {

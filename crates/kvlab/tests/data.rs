@@ -11,8 +11,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use kvlab_bench::data::wire_key;
-use kvlab_client::process::{free_ports, Probe, Process, Spawn};
 use kvlab_client::Client;
+use kvlab_process::{free_ports, Probe, Process, Spawn};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 

@@ -11,9 +11,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use kvlab_client::process::free_ports;
-use kvlab_client::testing::Etcd;
 use kvlab_etcd::open_store;
+use kvlab_process::free_ports;
+use kvlab_process::Etcd;
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use kvlab_client::process::{self, free_port, Probe, Spawn};
+use kvlab_process::{self as process, free_port, Probe, Spawn};
 
 fn kvlab(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_kvlab"))

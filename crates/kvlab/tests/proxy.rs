@@ -14,10 +14,10 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kvlab_client::process::{free_ports, Probe, Process, Spawn};
-use kvlab_client::testing::wire::{connect, exchange};
-use kvlab_client::testing::Memcached;
 use kvlab_client::Client;
+use kvlab_process::{free_ports, Probe, Process, Spawn};
+use kvlab_testkit::wire::{connect, exchange};
+use kvlab_testkit::Memcached;
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 

@@ -8,7 +8,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::Command;
 use std::time::Duration;
 
-use kvlab_client::process::{free_port, Probe, Spawn};
+use kvlab_process::{free_port, Probe, Spawn};
 
 fn exchange(addr: SocketAddr, req: &[u8], until: &[u8]) -> String {
     let mut s = TcpStream::connect(addr).expect("connect");

@@ -19,7 +19,7 @@
 //! Source (file | shipped) + Overrides
 //!   ─► spec::Experiment::parse ─► parts × points × systems × repetitions (PlannedRun)
 //!   ─► runner::run_experiment
-//!        system::Instance::start (kvlab_client::process: free port, wait for `version`,
+//!        system::Instance::start (kvlab_process: free port, wait for `version`,
 //!        threads from `stats`; a proxy's backends first) ─► kvlab_bench run ─► /proc CPU
 //!        (a proxy's `stats` too) ─► raw/NNNN.json, meta.json
 //!   ─► analyse::analyse (kvlab_analysis) ─► analyse::write (kvlab_report) ─► report/

@@ -23,7 +23,7 @@ use hdrhistogram::Histogram;
 use kvlab_analysis::laws;
 use kvlab_bench::run::IntervalRow;
 use kvlab_bench::{Protocol, RunResult};
-use kvlab_client::process;
+use kvlab_process as process;
 use serde::{Deserialize, Serialize};
 
 use crate::spec::{levels_text, Experiment, Flags, Level, Overrides, PlannedRun, SystemKind};

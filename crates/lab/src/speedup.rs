@@ -357,7 +357,7 @@ mod tests {
 
     #[test]
     fn running_stores_every_job_at_every_core_count_and_cleans_up() {
-        if kvlab_client::process::which("taskset").is_none() {
+        if kvlab_process::which("taskset").is_none() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

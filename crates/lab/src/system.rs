@@ -1,7 +1,7 @@
 //! Systems under test as separate processes: start on a free port (and a kvlab server that
 //! will be loaded over HTTP on a second one, `--http-port`), wait until they answer `version`
 //! (and `GET /`), ask their worker threads (`stats`), stop with SIGTERM (SIGKILL after a
-//! grace period) — all through [`kvlab_client::process`]. The runner reads their CPU time
+//! grace period) — all through [`kvlab_process`]. The runner reads their CPU time
 //! from `/proc/<pid>/stat`.
 //!
 //! A system with `cpus` has every thread pinned to those CPUs once it is up.
@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use kvlab_client::process::{self, Output, Probe, Process, Spawn};
+use kvlab_process::{self as process, Output, Probe, Process, Spawn};
 
 use crate::spec::{Flags, SystemKind, SystemSpec, DATA_DIR};
 

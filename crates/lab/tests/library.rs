@@ -113,7 +113,7 @@ fn tiny_experiment_through_the_library() {
 
 #[test]
 fn a_speedup_section_follows_the_parts_and_is_reanalysed() {
-    if kvlab_client::process::which("taskset").is_none() {
+    if kvlab_process::which("taskset").is_none() {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

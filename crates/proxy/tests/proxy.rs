@@ -10,11 +10,11 @@ use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use kvlab_client::testing::wire::{connect, exchange, run_closing, run_table_proxied};
-use kvlab_client::testing::Memcached;
 use kvlab_proxy::config::parse_backend;
 use kvlab_proxy::{Proxy, ProxyConfig, ProxyIo, ProxyOptions, WritePolicy};
 use kvlab_server::{Server, ServerConfig};
+use kvlab_testkit::wire::{connect, exchange, run_closing, run_table_proxied};
+use kvlab_testkit::Memcached;
 
 fn kvlab_backend() -> Server {
     Server::start(ServerConfig {
@@ -262,11 +262,11 @@ fn replicated_writes_follow_the_write_policy_and_reads_still_hit() {
 }
 
 /// memcached on `port` (as root, `-u root`), waited for.
-fn memcached_on(port: u16) -> kvlab_client::process::Process {
-    kvlab_client::process::Spawn::new(Memcached::program())
+fn memcached_on(port: u16) -> kvlab_process::Process {
+    kvlab_process::Spawn::new(Memcached::program())
         .args(["-U", "0", "-l", "127.0.0.1", "-m", "64", "-u", "root"])
         .args(["-p".to_string(), port.to_string()])
-        .ready(kvlab_client::process::Probe::Version(SocketAddr::from((
+        .ready(kvlab_process::Probe::Version(SocketAddr::from((
             [127, 0, 0, 1],
             port,
         ))))
@@ -274,14 +274,14 @@ fn memcached_on(port: u16) -> kvlab_client::process::Process {
         .expect("memcached starts")
 }
 
-fn signal(process: &kvlab_client::process::Process, sig: i32) {
+fn signal(process: &kvlab_process::Process, sig: i32) {
     // SAFETY: sending a signal to our own child process.
     assert_eq!(unsafe { libc::kill(process.pid() as i32, sig) }, 0);
 }
 
 #[test]
 fn a_returning_replica_is_repaired_before_it_serves_again() {
-    let ports = kvlab_client::process::free_ports(3).unwrap();
+    let ports = kvlab_process::free_ports(3).unwrap();
     let backends: Vec<_> = ports.iter().map(|&p| memcached_on(p)).collect();
     let addrs: Vec<SocketAddr> = ports
         .iter()
@@ -346,7 +346,7 @@ fn a_returning_replica_is_repaired_before_it_serves_again() {
 
 #[test]
 fn a_replica_that_missed_a_flush_all_is_flushed_before_it_serves_again() {
-    let ports = kvlab_client::process::free_ports(2).unwrap();
+    let ports = kvlab_process::free_ports(2).unwrap();
     let backends: Vec<_> = ports.iter().map(|&p| memcached_on(p)).collect();
     let addrs: Vec<SocketAddr> = ports
         .iter()

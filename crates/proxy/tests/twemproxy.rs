@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::time::Duration;
 
-use kvlab_client::process::{free_port, free_ports, Probe, Process, Spawn};
+use kvlab_process::{free_port, free_ports, Probe, Process, Spawn};
 use kvlab_proxy::{Backend, Distribution, Proxy, ProxyConfig, ProxyOptions, Ring};
 
 const KEYS: usize = 10_000;

@@ -9,8 +9,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
+use kvlab_testkit::Memcached;
 
 fn memcached(args: &[&str]) -> Memcached {
     Memcached::start_with(args).unwrap_or_else(|e| panic!("{e} (.ci/run installs memcached)"))

@@ -9,8 +9,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use common::*;
-use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
+use kvlab_testkit::Memcached;
 
 const GET: u8 = 0x00;
 const SET: u8 = 0x01;

@@ -45,8 +45,8 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
 use common::*;
-use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
+use kvlab_testkit::Memcached;
 
 /// Operations per seed.
 const OPS: usize = 20_000;

@@ -11,8 +11,8 @@ use std::io::{Read, Write};
 use std::net::SocketAddr;
 
 use common::*;
-use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
+use kvlab_testkit::Memcached;
 
 /// Stores `sizes.len()` keys `k0, k1, …` (oldest first) with values of those sizes,
 /// pipelined a few at a time.

@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, TcpStream};
 
 use common::*;
-use kvlab_client::testing::wire::{case, run_cases, Case, SAME};
-use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
+use kvlab_testkit::wire::{case, run_cases, Case, SAME};
+use kvlab_testkit::Memcached;
 
 fn memcached() -> Memcached {
     Memcached::start_with(&[])

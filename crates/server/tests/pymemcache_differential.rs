@@ -18,8 +18,8 @@ mod common;
 use std::process::Command;
 
 use common::*;
-use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
+use kvlab_testkit::Memcached;
 
 /// Calls per seed.
 const OPS: usize = 20_000;

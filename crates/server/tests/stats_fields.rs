@@ -9,9 +9,9 @@ use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 use common::*;
-use kvlab_client::testing::wire::{case, run_cases, SAME};
-use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
+use kvlab_testkit::wire::{case, run_cases, SAME};
+use kvlab_testkit::Memcached;
 
 fn memcached() -> Memcached {
     Memcached::start_with(&["-m", "64"])

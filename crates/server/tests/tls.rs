@@ -13,9 +13,9 @@ use std::time::Duration;
 use tls_client::tls_client;
 
 use common::*;
-use kvlab_client::testing::Memcached;
 use kvlab_server::tls::TlsSettings;
 use kvlab_server::IoModel;
+use kvlab_testkit::Memcached;
 
 /// A self-signed certificate for 127.0.0.1, written as PEM files in `dir`.
 fn certificate(dir: &Path) -> (TlsSettings, Vec<u8>) {

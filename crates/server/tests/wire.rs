@@ -7,9 +7,9 @@
 mod common;
 
 use common::*;
-use kvlab_client::testing::wire::{run_closing, run_table};
-use kvlab_client::testing::Memcached;
 use kvlab_server::IoModel;
+use kvlab_testkit::wire::{run_closing, run_table};
+use kvlab_testkit::Memcached;
 
 /// The crawler thread runs (`lru_crawler` rows need it), but only when asked: its own
 /// passes are an hour apart.

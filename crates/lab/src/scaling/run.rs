@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use kvlab_client::cluster::{fetch_ring, key_hash};
-use kvlab_client::process::{free_ports, Output, Probe, Process, Spawn};
-use kvlab_client::testing::Etcd;
 use kvlab_client::ClusterClient;
 use kvlab_cluster::coordinator::{self, node_status};
 use kvlab_cluster::TopologyStore;
 use kvlab_etcd::open_store;
+use kvlab_process::Etcd;
+use kvlab_process::{free_ports, Output, Probe, Process, Spawn};
 
 use super::{write, Action, EventRecord, EventSpec, IntervalPoint, ScalingResult, ScalingSpec};
 

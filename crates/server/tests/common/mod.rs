@@ -1,5 +1,5 @@
 //! Helpers shared by the server's integration tests: start a kvlab server on 127.0.0.1:0,
-//! talk raw bytes. (A reference memcached: `kvlab_client::testing::Memcached`.)
+//! talk raw bytes. (A reference memcached: `kvlab_testkit::Memcached`.)
 
 #![allow(dead_code)]
 
@@ -51,4 +51,4 @@ pub fn start(io: IoModel, tweak: impl FnOnce(&mut ServerConfig)) -> (Server, Arc
 }
 
 #[allow(unused_imports)]
-pub use kvlab_client::testing::wire::{connect, exchange, read_until};
+pub use kvlab_testkit::wire::{connect, exchange, read_until};

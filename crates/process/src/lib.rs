@@ -16,7 +16,11 @@
 //! before the child binds it, and then the probe fails with a clear error.
 //!
 //! [`stats`] asks a running server for its `stats` (e.g. `threads`), the same for kvlab
-//! and memcached.
+//! and memcached. [`Etcd`] starts Debian's etcd this way (the lab's cluster experiments
+//! keep their topology in one).
+
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
@@ -481,6 +485,60 @@ fn is_executable(p: &Path) -> bool {
     p.metadata()
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
+}
+
+/// Debian's `etcd` (v3) on free 127.0.0.1 ports with a data directory of its own, stopped
+/// on drop (the directory is the caller's to remove).
+pub struct Etcd {
+    /// The process.
+    pub process: Process,
+    /// Its client address.
+    pub addr: SocketAddr,
+}
+
+impl Etcd {
+    /// The etcd program: `$ETCD`, else `/usr/bin/etcd`.
+    pub fn program() -> String {
+        std::env::var("ETCD").unwrap_or_else(|_| "/usr/bin/etcd".into())
+    }
+
+    /// Starts a one-member etcd keeping its data in `dir`, and returns once `GET /health`
+    /// answers `200` (at most 15 s).
+    pub fn start(dir: &std::path::Path) -> Result<Self, SpawnError> {
+        let ports = free_ports(2).map_err(|source| SpawnError::Io {
+            what: "finding free ports".into(),
+            source,
+        })?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], ports[0]));
+        let client = format!("http://{addr}");
+        let peer = format!("http://127.0.0.1:{}", ports[1]);
+        let process = Spawn::new(Self::program())
+            .arg("--data-dir")
+            .arg(dir.as_os_str())
+            .args(["--name", "kvlab"])
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("kvlab={peer}")])
+            .timeout(std::time::Duration::from_secs(15))
+            .ready(Probe::HttpGetPath(addr, "/health"))
+            .start()?;
+        Ok(Etcd { process, addr })
+    }
+
+    /// The `--cluster`/`--topology` spelling of a cluster `name` in this etcd.
+    pub fn spec(&self, name: &str) -> String {
+        format!("etcd://{}/{name}", self.addr)
+    }
 }
 
 #[cfg(test)]
