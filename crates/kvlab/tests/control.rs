@@ -336,13 +336,27 @@ fn attached_without_the_load_s_figures_the_server_s_windowed_latency_drives_the_
     let all = samples(&log);
     let signal = |s: &serde_json::Value, k: &str| s["signal"][k].as_f64();
     // Every sample after the first has the server's window (the first has no earlier
-    // reading to difference).
-    for s in &all[1..] {
-        assert!(signal(s, "server_p95_us").is_some(), "{s}");
+    // reading to difference), except one whose `stats` or `stats latency` did not answer
+    // within the sensor's 50 ms (a loaded machine): that sample has no window at all. At
+    // most two of those.
+    let read: Vec<&serde_json::Value> = all[1..]
+        .iter()
+        .filter(|s| signal(s, "server_p95_us").is_some())
+        .collect();
+    assert!(
+        read.len() + 2 >= all.len() - 1,
+        "{} of {} samples without the server's window\n{context}",
+        all.len() - 1 - read.len(),
+        all.len() - 1
+    );
+    for s in &read {
         assert!(signal(s, "queued").is_some(), "{s}");
     }
     // Idle windows: nothing served (the controller's own `stats` are not timed).
-    for s in &all[1..idle_before - 1] {
+    for s in all[1..idle_before - 1]
+        .iter()
+        .filter(|s| signal(s, "server_p95_us").is_some())
+    {
         assert_eq!(signal(s, "server_p95_us"), Some(0.0), "{s}");
     }
     // Loaded windows: requests served, a positive p95.
