@@ -85,8 +85,8 @@ pub struct ServerArgs {
     /// default), no_lru_crawler (same as --crawler-interval-ms 0), slab_reassign (the
     /// default), no_slab_reassign, idle_timeout=SECONDS, modern (the default: nothing to
     /// change), no_modern (memcached 1.4's defaults that kvlab has: no crawler, no slab
-    /// reassign), read_buf_mem_limit=MB (accepted; kvlab bounds each connection's buffers
-    /// instead), lru_maintainer and no_lru_maintainer (accepted: kvlab keeps its LRU as it
+    /// reassign), read_buf_mem_limit=MB (the most all connections' buffers may grow by,
+    /// as memcached's), lru_maintainer and no_lru_maintainer (accepted: kvlab keeps its LRU as it
     /// serves, with no maintainer thread), slab_chunk_max=BYTES (accepted: kvlab has no
     /// slab chunks, an item is charged its own size), watcher_logbuf_size=BYTES (accepted:
     /// a watcher's backlog is bounded by kvlab's own limit) and the ssl_* options of -Z.

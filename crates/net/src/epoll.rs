@@ -48,6 +48,7 @@ impl Epoll {
             .with_idle_timeout(config.idle_timeout)
             .with_reqs_per_event(config.reqs_per_event)
             .with_tls(config.tls.clone())
+            .with_buffers(config.buffers.clone())
             .with_listener(mio::net::TcpListener::from_std(listener))?
             .with_helpers(config.threads, waker.clone())?;
         let thread = std::thread::Builder::new()

@@ -103,6 +103,8 @@ pub struct EventLoop<A: App> {
     reqs_per_event: Option<u32>,
     /// Serve TLS with this configuration.
     tls: Option<Arc<rustls::ServerConfig>>,
+    /// Where sessions charge their buffers.
+    buffers: Option<Arc<crate::BufferBudget>>,
 }
 
 impl<A: App> EventLoop<A> {
@@ -130,7 +132,14 @@ impl<A: App> EventLoop<A> {
             idle: driver::Idle::new(None),
             reqs_per_event: None,
             tls: None,
+            buffers: None,
         }
+    }
+
+    /// Sessions charge their buffers to `buffers` ([`crate::buffers`]).
+    pub fn with_buffers(mut self, buffers: Option<Arc<crate::BufferBudget>>) -> Self {
+        self.buffers = buffers;
+        self
     }
 
     /// Every connection speaks TLS with `config` (see [`crate::tls`]).
@@ -407,7 +416,7 @@ impl<A: App> EventLoop<A> {
             return;
         }
         self.generation += 1;
-        let mut session = Session::new(self.limits);
+        let mut session = Session::with_budget(self.limits, self.buffers.as_ref());
         if let Some(n) = self.reqs_per_event {
             session.per_turn(n);
         }

@@ -19,6 +19,8 @@
 //!   (makes services and helper workers, admits connections under `-c`, says when to stop);
 //! - [`session`]: bytes in, bytes out; pipelining, the ordered queue of reply slots,
 //!   barriers, bounded buffers;
+//! - [`buffers`]: the memory all connections' buffers hold, against memcached's
+//!   `read_buf_mem_limit`;
 //! - [`driver`]: what every driver shares: admission, the accept loop, the pump between a
 //!   non-blocking socket and its session;
 //! - [`event_loop`]: one edge-triggered epoll loop over many connections;
@@ -37,6 +39,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod buffers;
 pub mod driver;
 pub mod epoll;
 pub mod event_loop;
@@ -55,6 +58,7 @@ use std::sync::Arc;
 
 use kvlab_protocol::Limits;
 
+pub use buffers::BufferBudget;
 pub use service::{App, Completion, Flow, Order, Service, Watch, Work};
 pub use session::Session;
 
@@ -125,6 +129,9 @@ pub struct Config {
     /// `threaded` (a thread per connection) and `signal` have no turn to give. `None`:
     /// a connection answers all it has read at once.
     pub reqs_per_event: Option<u32>,
+    /// Where every session charges its buffers, and their limit (memcached's
+    /// `-o read_buf_mem_limit`, [`buffers`]). `None`: not counted, no limit.
+    pub buffers: Option<Arc<BufferBudget>>,
 }
 
 /// A running I/O driver.

@@ -61,6 +61,7 @@ impl Reactor {
             let (app, limits, idle) = (app.clone(), config.limits, config.idle_timeout);
             let per_event = config.reqs_per_event;
             let tls = config.tls.clone();
+            let buffers = config.buffers.clone();
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("kvlab-worker-{i}"))
@@ -69,6 +70,7 @@ impl Reactor {
                             .with_idle_timeout(idle)
                             .with_reqs_per_event(per_event)
                             .with_tls(tls)
+                            .with_buffers(buffers)
                             .with_incoming(rx)
                             .run()
                     })?,

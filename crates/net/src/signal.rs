@@ -62,6 +62,7 @@ impl SignalDriver {
         let workers = (0..config.threads.max(1)).map(|i| app.helper(i)).collect();
         let pool = HelperPool::start("kvlab-helper", workers, done_tx, wake_fn)?;
         let (limits, idle) = (config.limits, config.idle_timeout);
+        let buffers = config.buffers.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kvlab-signal".into())
@@ -69,6 +70,7 @@ impl SignalDriver {
                 match Loop::new(listener, wake_r, service, app, limits, pool, done_rx) {
                     Ok(mut l) => {
                         l.idle = driver::Idle::new(idle);
+                        l.buffers = buffers;
                         l.idle_timeout = idle.is_some();
                         let _ = ready_tx.send(Ok(()));
                         l.run();
@@ -180,6 +182,8 @@ struct Loop<A: App> {
     idle: driver::Idle,
     /// An idle timeout is set.
     idle_timeout: bool,
+    /// Where sessions charge their buffers.
+    buffers: Option<Arc<crate::BufferBudget>>,
 }
 
 impl<A: App> Loop<A> {
@@ -225,6 +229,7 @@ impl<A: App> Loop<A> {
             done,
             idle: driver::Idle::new(None),
             idle_timeout: false,
+            buffers: None,
         })
     }
 
@@ -346,7 +351,7 @@ impl<A: App> Loop<A> {
                     self.generation += 1;
                     self.conns[idx] = Some(Conn {
                         stream,
-                        session: Session::new(self.limits),
+                        session: Session::with_budget(self.limits, self.buffers.as_ref()),
                         generation: self.generation,
                         helper: None,
                         last_active: self.idle.now(),

@@ -134,6 +134,7 @@ fn spawn_conn<A: App>(
     let service = app.service(id as usize);
     let (app2, reg2) = (app.clone(), reg.clone());
     let (limits, tls) = (config.limits, config.tls.clone());
+    let buffers = config.buffers.clone();
     let spawned = std::thread::Builder::new()
         .name(format!("kvlab-conn-{id}"))
         .spawn(move || {
@@ -144,14 +145,18 @@ fn spawn_conn<A: App>(
                     Ok(conn) => {
                         let stream =
                             crate::tls::BlockingTls(rustls::StreamOwned::new(conn, stream));
-                        serve(stream, service, limits, fd, true)
+                        let session = Session::with_budget(limits, buffers.as_ref());
+                        serve_session(stream, service, session, fd, true)
                     }
                     Err(e) => {
                         tracing::warn!(%e, "cannot start TLS on a connection");
                         End::Closed
                     }
                 },
-                None => serve(stream, service, limits, fd, false),
+                None => {
+                    let session = Session::with_budget(limits, buffers.as_ref());
+                    serve_session(stream, service, session, fd, false)
+                }
             };
             if end == End::Idle {
                 app2.idle_kick();
@@ -202,18 +207,6 @@ enum End {
     Closed,
     /// Idle past the idle timeout (the socket's read timeout).
     Idle,
-}
-
-/// Blocking loop for one connection (socket `fd`, over TLS if `tls`): read, process,
-/// write everything, repeat.
-fn serve<T: Read + Write + std::os::fd::AsFd, S: Service>(
-    stream: T,
-    service: S,
-    limits: Limits,
-    fd: std::os::fd::RawFd,
-    tls: bool,
-) -> End {
-    serve_session(stream, service, Session::new(limits), fd, tls)
 }
 
 /// [`serve`] with a session made already (holding input read elsewhere).

@@ -116,6 +116,7 @@ fn replies_completing_out_of_order_leave_in_request_order_under_every_driver() {
             idle_timeout: None,
             tls: None,
             reqs_per_event: None,
+            buffers: None,
         };
         let driver = Driver::start(io, listener, app.clone(), config).unwrap();
         // The listener is bound: a connection waits in its backlog until accepted.

@@ -379,6 +379,7 @@ impl Proxy {
                 idle_timeout: None,
                 tls: None,
                 reqs_per_event: None,
+                buffers: None,
             },
         )?;
         let mut threads = Vec::new();

@@ -59,8 +59,8 @@ pub struct AcceptedSettings {
     /// `-B`: `ascii`, `binary` or `auto-negotiate` (the default); each connection
     /// speaks it ([`kvlab_protocol::Binding`]).
     pub binding_protocol: kvlab_protocol::Binding,
-    /// `-o read_buf_mem_limit`, bytes (0: none, the default). kvlab bounds each
-    /// connection's buffers instead.
+    /// `-o read_buf_mem_limit`, bytes (0: none, the default): the most all connections'
+    /// buffers may grow by ([`kvlab_net::buffers`]).
     pub read_buf_mem_limit: u64,
     /// `-o lru_maintainer|no_lru_maintainer` (memcached's default: on; `-o no_modern`
     /// turns it off): kvlab keeps its LRU as it serves, with no maintainer thread, and

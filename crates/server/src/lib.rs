@@ -416,6 +416,9 @@ impl Server {
             curr_connections: AtomicUsize::new(0),
             total_connections: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
+            buffers: Arc::new(kvlab_net::BufferBudget::new(
+                usize::try_from(config.accepted.read_buf_mem_limit).unwrap_or(usize::MAX),
+            )),
             max_connections: config.max_connections,
             verbosity: AtomicU64::new(0),
             slab_automove: AtomicU64::new(1),
@@ -468,6 +471,7 @@ impl Server {
             idle_timeout: config.idle_timeout,
             tls,
             reqs_per_event: config.accepted.reqs_per_event,
+            buffers: Some(shared.stats.buffers.clone()),
         };
         let app = app(&shared, addr)?;
         let driver = kvlab_net::Driver::start(config.io, listener, app, net)?;

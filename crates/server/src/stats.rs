@@ -216,6 +216,8 @@ pub struct ServerStats {
     pub total_connections: AtomicU64,
     /// Connections refused over `-c`.
     pub rejected_connections: AtomicU64,
+    /// The bytes connections' buffers hold, against `-o read_buf_mem_limit`.
+    pub buffers: Arc<kvlab_net::BufferBudget>,
     /// `-c`.
     pub max_connections: usize,
     /// `verbosity` as last set.
@@ -493,19 +495,20 @@ impl ServerStats {
             ),
         ];
         // memcached's response objects and shared read buffers: kvlab composes replies
-        // into each connection's own output buffer and reads into its own input buffer.
-        fields.extend(
-            [
-                "response_obj_oom",
-                "response_obj_count",
-                "response_obj_bytes",
-                "read_buf_count",
-                "read_buf_bytes",
-                "read_buf_bytes_free",
-                "read_buf_oom",
-            ]
-            .map(|name| Stat::count(name, Gauge, 0)),
-        );
+        // into each connection's own output buffer and reads into its own input buffer,
+        // so these are those buffers (no response objects, no free buffers kept) and the
+        // refusals over `-o read_buf_mem_limit` (`kvlab_net::buffers`).
+        let b = &self.buffers;
+        fields.extend([
+            Stat::count("response_obj_oom", Counter, b.reply_oom()),
+            Stat::count("response_obj_count", Gauge, 0),
+            Stat::count("response_obj_bytes", Gauge, b.output_bytes() as u64),
+            Stat::count("read_buf_count", Gauge, b.input_buffers() as u64),
+            Stat::count("read_buf_bytes", Gauge, b.input_bytes() as u64),
+            Stat::count("read_buf_bytes_free", Gauge, 0),
+            // kvlab's input buffer always grows to hold a request (`kvlab_net::buffers`).
+            Stat::count("read_buf_oom", Counter, 0),
+        ]);
         fields.push(Stat::count("reserved_fds", Gauge, self.reserved_fds as u64));
         if self.idle_timeout.is_some() {
             fields.push(Stat::count("idle_kicks", Counter, load(&self.idle_kicks)));
@@ -628,6 +631,7 @@ impl ServerStats {
             curr_connections: AtomicUsize::new(0),
             total_connections: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
+            buffers: Arc::default(),
             max_connections: 1024,
             verbosity: AtomicU64::new(0),
             slab_automove: AtomicU64::new(1),
@@ -881,6 +885,7 @@ impl ServerStats {
         self.crawler.starts.store(0, Relaxed);
         self.total_connections.store(0, Relaxed);
         self.rejected_connections.store(0, Relaxed);
+        self.buffers.reset();
         self.idle_kicks.store(0, Relaxed);
         for w in self.workers.iter().chain([&self.http]) {
             w.reset();

@@ -226,6 +226,81 @@ fn idle_connections_are_closed_after_the_idle_timeout() {
     }
 }
 
+/// `-o read_buf_mem_limit=1` (MB): a multi-get whose reply would pass the limit is
+/// answered `SERVER_ERROR out of memory writing get response` and counted in
+/// `response_obj_oom`, and the connection serves on; a connection whose stacked replies pass
+/// it is closed. As memcached (whose limit is on response objects, one a key or a request:
+/// 500 keys of 4 KB, or 500 values of 40 KB, pass it in both), under every I/O model.
+#[test]
+fn replies_past_read_buf_mem_limit_are_refused_as_memcached_does() {
+    let mc = memcached(&["-o", "read_buf_mem_limit=1", "-R", "500"]);
+    let servers = every_model(|c| {
+        c.accepted.read_buf_mem_limit = 1 << 20;
+        c.accepted.reqs_per_event = Some(500);
+    });
+    let mut setup = Vec::new();
+    for (prefix, len) in [("k", 4_000), ("w", 40_000)] {
+        let value = "v".repeat(len);
+        for i in 0..500 {
+            setup.extend(format!("set {prefix}{i} 0 0 {len} noreply\r\n{value}\r\n").bytes());
+        }
+    }
+    setup.extend(b"mn\r\n");
+    let keys: String = (0..500).map(|i| format!(" k{i}")).collect();
+    let big_get = format!("get{keys}\r\n");
+    let value = "v".repeat(4_000);
+    let small = format!("VALUE k1 0 4000\r\n{value}\r\nVALUE k2 0 4000\r\n{value}\r\nEND\r\n");
+    let stacked: Vec<u8> = (0..500)
+        .flat_map(|i| format!("mg w{i} v\r\n").into_bytes())
+        .collect();
+    for (name, addr) in beside_memcached(mc.addr, &servers) {
+        let mut s = connect(addr);
+        assert_eq!(exchange(&mut s, &setup, b"MN\r\n"), b"MN\r\n", "{name}");
+        let got = exchange(&mut s, big_get.as_bytes(), b"\r\n");
+        assert!(
+            got == b"SERVER_ERROR out of memory writing get response\r\n",
+            "{name}: {} bytes: {:?}…",
+            got.len(),
+            String::from_utf8_lossy(&got[..got.len().min(60)])
+        );
+        assert_eq!(
+            exchange(&mut s, b"get k1 k2\r\n", b"END\r\n"),
+            small.as_bytes(),
+            "{name}"
+        );
+        assert_eq!(
+            stat(addr, "response_obj_oom").as_deref(),
+            Some("1"),
+            "{name}"
+        );
+        let held = stat(addr, "read_buf_bytes").and_then(|v| v.parse::<u64>().ok());
+        assert!(
+            held.is_some_and(|b| b > 0),
+            "{name}: read_buf_bytes {held:?}"
+        );
+        // memcached closes at once; kvlab writes the replies before the refused one.
+        let mut t = connect(addr);
+        t.set_read_timeout(Some(Duration::from_secs(15)))
+            .expect("timeout");
+        let got = exchange(&mut t, &stacked, b"<EOF>");
+        // Closed with requests unread: the close may come as a reset.
+        let closed = got.ends_with(b"<EOF>") || got.ends_with(b"<RESET>");
+        assert!(closed, "{name}: {:?}", &got[got.len().saturating_sub(40)..]);
+        let served = got.windows(9).filter(|w| w == b"VA 40000 ").count();
+        assert!(
+            served < 100,
+            "{name}: {served} of 500 served before the close"
+        );
+        assert_eq!(
+            stat(addr, "response_obj_oom").as_deref(),
+            Some("2"),
+            "{name}"
+        );
+        // The connection that asked first still serves.
+        assert_eq!(exchange(&mut s, b"mn\r\n", b"MN\r\n"), b"MN\r\n", "{name}");
+    }
+}
+
 /// Masks what differs by moment and socket: `ts=`, `gid=`, `cfd=`.
 fn mask_log(line: &str) -> String {
     line.split(' ')

@@ -17,13 +17,18 @@
 //! command line plus an item of `-I` bytes), a refused large value is discarded as it
 //! arrives rather than buffered, processing pauses while the output buffer holds more
 //! than [`OUTPUT_HIGH_WATER`] bytes that the client has not read, and at most
-//! [`MAX_IN_FLIGHT`] replies of one connection are pending at a time.
+//! [`MAX_IN_FLIGHT`] replies of one connection are pending at a time. A session made
+//! [`Session::with_budget`] charges its buffers to the server's [`BufferBudget`] as they
+//! grow and shrink, and is refused growth past its limit (memcached's
+//! `read_buf_mem_limit`, see [`crate::buffers`]).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
-use kvlab_protocol::{binary, parse, Binding, Limits, Parsed};
+use kvlab_protocol::{binary, parse, Binding, Limits, Parsed, Request};
 
+use crate::buffers::{Buffer, BufferBudget};
 use crate::service::{Completion, Flow, Order, Service, Work};
 use binary_protocol::BinaryBuffers;
 
@@ -95,7 +100,15 @@ pub struct Session<S: Service> {
     per_turn: u32,
     /// The last turn stopped at `per_turn` with a request buffered.
     yielded: bool,
+    /// Where the buffers' bytes are charged (`None`: nowhere, no limit).
+    budget: Option<Arc<BufferBudget>>,
+    /// Bytes of the input and output buffers' allocations charged to `budget`.
+    charged_in: usize,
+    charged_out: usize,
 }
+
+/// memcached's reply to a multi-get whose reply it has no memory for.
+const OOM_GET: &[u8] = b"SERVER_ERROR out of memory writing get response\r\n";
 
 /// The protocol of a connection: `Limits::binding`, or under `-B auto` (the default) its
 /// first byte.
@@ -135,7 +148,22 @@ impl<S: Service> Session<S> {
             binary: None,
             per_turn: 0,
             yielded: false,
+            budget: None,
+            charged_in: 0,
+            charged_out: 0,
         }
+    }
+
+    /// A session whose buffers are charged to `budget`, and refused growth past its limit
+    /// ([`crate::buffers`]); with `None`, as [`Session::new`].
+    pub fn with_budget(limits: Limits, budget: Option<&Arc<BufferBudget>>) -> Self {
+        let mut s = Session::new(limits);
+        if let Some(b) = budget {
+            s.charged_in = s.input.capacity();
+            b.open(s.charged_in);
+            s.budget = Some(b.clone());
+        }
+        s
     }
 
     /// Answers at most `n` requests per [`Session::process`] (memcached's `-R`): a request
@@ -174,10 +202,75 @@ impl<S: Service> Session<S> {
             let full = self.end == self.input.len();
             if (full || burst) && self.input.len() < self.input_max() {
                 let grown = (self.input.len() * 2).min(self.input_max());
-                self.input.resize(grown, 0);
+                // A request that needs the room gets it whatever the budget (memcached
+                // reads a value into item memory, a long key list into a buffer of its
+                // own); reading ahead in larger chunks only within the budget.
+                let more = grown.saturating_sub(self.input.capacity());
+                let allowed = full
+                    || self
+                        .budget
+                        .as_deref()
+                        .is_none_or(|b| b.try_grow(Buffer::Input, more, INPUT_INITIAL));
+                if allowed {
+                    if !full {
+                        self.charged_in += more;
+                    }
+                    self.input.resize(grown, 0);
+                    self.settle();
+                }
             }
         }
         &mut self.input[self.end..]
+    }
+
+    /// Brings the charges to `budget` to the buffers' allocations now, whatever the limit
+    /// (what a buffer gave back, or grew by outside a request's check). Two compares when
+    /// nothing changed.
+    fn settle(&mut self) {
+        let Some(b) = self.budget.as_deref() else {
+            return;
+        };
+        for (which, held, charged) in [
+            (Buffer::Input, self.input.capacity(), &mut self.charged_in),
+            (
+                Buffer::Output,
+                self.output.capacity(),
+                &mut self.charged_out,
+            ),
+        ] {
+            if held > *charged {
+                b.grow(which, held - *charged);
+            } else if held < *charged {
+                b.shrink(which, *charged - held);
+            }
+            *charged = held;
+        }
+    }
+
+    /// After a request whose reply grew the output buffer (from `hold`): charges the
+    /// growth, or — past the budget's limit — drops the reply and gives its memory back, as
+    /// memcached does when it has no response object left: a multi-get (`get_family`) is
+    /// answered `SERVER_ERROR out of memory writing get response`, any other request closes
+    /// the connection once the replies before it are written.
+    fn charge_reply(&mut self, hold: usize, get_family: bool) {
+        let Some(b) = self.budget.as_deref() else {
+            return;
+        };
+        let more = self.output.capacity() - self.charged_out;
+        if b.try_grow(Buffer::Output, more, INPUT_INITIAL) {
+            self.charged_out += more;
+            return;
+        }
+        b.count_reply_oom();
+        tracing::debug!(bytes = more, "reply refused over read_buf_mem_limit");
+        self.output.truncate(hold);
+        self.output.shrink_to(self.charged_out.max(hold));
+        if get_family {
+            self.output.extend_from_slice(OOM_GET);
+        } else {
+            self.closing = true;
+        }
+        self.settle();
     }
 
     /// Gives back buffer memory a connection no longer uses (its input and output empty):
@@ -194,6 +287,7 @@ impl<S: Service> Session<S> {
             self.output = Vec::new();
             self.written = 0;
             self.samples = Vec::new();
+            self.settle();
         }
     }
 
@@ -249,7 +343,11 @@ impl<S: Service> Session<S> {
                 };
             }
             if self.speaks == Speaks::Binary {
-                return self.run_binary(service);
+                self.run_binary(service);
+                // Binary replies are charged, not refused (memcached's binary `get` is
+                // one key a request).
+                self.settle();
+                return;
             }
         }
         let mut clock = Instant::now();
@@ -272,6 +370,8 @@ impl<S: Service> Session<S> {
                     answered += 1;
                     timed = service.timed(&request);
                     let hold = self.output.len();
+                    let deferred = self.pending.len();
+                    let get_family = matches!(request, Request::Get { .. } | Request::Gat { .. });
                     let rerun = std::mem::take(&mut self.rerun);
                     match service.call(&mut self.conn, &request, &mut self.output, rerun) {
                         Flow::Done => {}
@@ -318,6 +418,10 @@ impl<S: Service> Session<S> {
                                 break;
                             }
                         }
+                    }
+                    // A reply composed now (not held back for work) that grew the buffer.
+                    if self.output.capacity() > self.charged_out && self.pending.len() == deferred {
+                        self.charge_reply(hold, get_family);
                     }
                     self.start += consumed;
                 }
@@ -381,6 +485,7 @@ impl<S: Service> Session<S> {
         }
         service.record_service(&self.samples);
         self.samples.clear();
+        self.settle();
     }
 
     /// Replies composed and not yet written, up to the first pending reply.
@@ -411,6 +516,7 @@ impl<S: Service> Session<S> {
                 self.input.truncate(INPUT_INITIAL);
                 self.input.shrink_to_fit();
             }
+            self.settle();
         }
     }
 
@@ -460,6 +566,14 @@ impl<S: Service> Session<S> {
     /// Marks the session closing (e.g. server shutdown).
     pub fn close(&mut self) {
         self.closing = true;
+    }
+}
+
+impl<S: Service> Drop for Session<S> {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.close(self.charged_in, self.charged_out);
+        }
     }
 }
 
@@ -569,6 +683,13 @@ mod tests {
                     }
                 }
                 Request::Version => out.extend_from_slice(b"VERSION toy\r\n"),
+                // `delete` echoes the value: a large reply that is not a get's.
+                Request::Delete { key, .. } => {
+                    if let Some(v) = self.map.get(key) {
+                        out.extend_from_slice(v);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                }
                 Request::Quit => return Flow::Close,
                 _ => out.extend_from_slice(b"ERROR\r\n"),
             }
@@ -609,6 +730,56 @@ mod tests {
 
     fn new() -> (Session<Toy>, Toy) {
         (Session::new(Limits::default()), Toy::default())
+    }
+
+    /// Under a budget: a multi-get whose reply passes the limit is refused with memcached's
+    /// line and the session serves on; another request's reply past it closes the session
+    /// after the replies before it; every byte is given back when the session goes.
+    #[test]
+    fn replies_past_the_buffer_budget_are_refused() {
+        let budget = Arc::new(BufferBudget::new(100_000));
+        let mut s: Session<Toy> = Session::with_budget(Limits::default(), Some(&budget));
+        let mut e = Toy::default();
+        assert_eq!(budget.input_bytes(), INPUT_INITIAL);
+        let value = "v".repeat(20_000);
+        for k in ["a", "c", "d", "e", "f"] {
+            e.map
+                .insert(k.as_bytes().to_vec(), value.clone().into_bytes());
+        }
+        let mut cap = 0;
+        feed(&mut s, &mut e, b"get a c\r\n", 1 << 20, &mut cap);
+        assert_eq!(take_output(&mut s).len(), 2 * (6 + 20_000 + 2) + 5);
+        assert_eq!(budget.output_bytes(), s.output.capacity());
+        feed(
+            &mut s,
+            &mut e,
+            b"get a c d e\r\nget a\r\n",
+            1 << 20,
+            &mut cap,
+        );
+        let out = take_output(&mut s);
+        assert!(out.starts_with(OOM_GET), "{:?}", &out[..60]);
+        assert_eq!(
+            out.len(),
+            OOM_GET.len() + 6 + 20_000 + 2 + 5,
+            "the next get is served"
+        );
+        assert_eq!(budget.reply_oom(), 1);
+        assert!(!s.is_closing());
+        // Another request's reply past it: the replies before go out, then the session
+        // closes; the request after is not served.
+        let stacked =
+            b"version\r\ndelete a\r\ndelete c\r\ndelete d\r\ndelete e\r\ndelete f\r\nversion\r\n";
+        feed(&mut s, &mut e, stacked, 1 << 20, &mut cap);
+        let out = take_output(&mut s);
+        assert!(out.starts_with(b"VERSION toy\r\n"));
+        let values = (out.len() - 13) / (20_000 + 2);
+        assert_eq!(out.len(), 13 + values * (20_000 + 2), "whole replies");
+        assert!(values < 5, "{values} values served");
+        assert!(s.is_closing());
+        assert_eq!(budget.reply_oom(), 2);
+        drop(s);
+        assert_eq!((budget.input_bytes(), budget.output_bytes()), (0, 0));
     }
 
     /// A connection starts with a small input buffer and no output buffer; reads that fill
