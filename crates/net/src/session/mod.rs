@@ -226,7 +226,18 @@ impl<S: Service> Session<S> {
     /// Brings the charges to `budget` to the buffers' allocations now, whatever the limit
     /// (what a buffer gave back, or grew by outside a request's check). Two compares when
     /// nothing changed.
+    #[inline]
     fn settle(&mut self) {
+        let same =
+            self.input.capacity() == self.charged_in && self.output.capacity() == self.charged_out;
+        if !same && self.budget.is_some() {
+            self.settle_changed();
+        }
+    }
+
+    /// [`Session::settle`] once a buffer's allocation changed.
+    #[cold]
+    fn settle_changed(&mut self) {
         let Some(b) = self.budget.as_deref() else {
             return;
         };
