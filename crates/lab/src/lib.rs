@@ -7,6 +7,8 @@
 //! - [`analyse`]: raw results → statistics, model checks and the HTML report;
 //! - [`scaling`]: `kind = "scaling"` experiments — a kvlab cluster under a verified load
 //!   while nodes are added, removed or killed on a schedule;
+//! - [`generator`]: external load generators (memcaslap, memtier_benchmark) for a
+//!   workload's `generator` key: its keys mapped onto their flags, their output read;
 //! - [`faults`]: `kind = "faults"` experiments — kvlab's fault-injection harness
 //!   (`kvlab_faults`) over seeds and configurations, each run's history checked, anomalies
 //!   at the top of the report and a timeline per run;
@@ -20,8 +22,9 @@
 //!   ─► spec::Experiment::parse ─► parts × points × systems × repetitions (PlannedRun)
 //!   ─► runner::run_experiment
 //!        system::Instance::start (kvlab_process: free port, wait for `version`,
-//!        threads from `stats`; a proxy's backends first) ─► kvlab_bench run ─► /proc CPU
-//!        (a proxy's `stats` too) ─► raw/NNNN.json, meta.json
+//!        threads from `stats`; a proxy's backends first) ─► kvlab_bench run (or an
+//!        external generator, `generator`) ─► /proc CPU (a proxy's `stats` too)
+//!        ─► raw/NNNN.json, meta.json
 //!   ─► analyse::analyse (kvlab_analysis) ─► analyse::write (kvlab_report) ─► report/
 //! ```
 //!
@@ -146,6 +149,14 @@
 //!                             # error unless optional. A factor too: protocol = ["memcached",
 //!                             # "http"] compares both on one server
 //! meta_base64 = false         # meta: send keys base64-encoded (b flag; keys <= 186 bytes)
+//! generator = "kvlab"         # kvlab (kvlab bench, in process) | memcaslap | memtier_benchmark
+//!                             # (programs on PATH; a point whose program is missing is left
+//!                             # out with a note). A factor too. An external generator gets
+//!                             # the keys it can express (threads, connections, depth, mix of
+//!                             # gets and sets, keys, key and value sizes, duration, warm-up
+//!                             # as a discarded first invocation; whole seconds) and refuses
+//!                             # the others by name (open loop, deletes, …): see [`generator`].
+//!                             # memcaslap reports no percentiles: "–" in the tables
 //!
 //! [factors]                   # factor = [levels]; a workload key, or a {name} in args
 //! clients = [1, 2, 4, 8]
@@ -177,13 +188,16 @@
 //! M/M/m; `design = "2k"` → effects and allocation of variation (throughput); `qps_list` →
 //! p95, rate and CPU over time. A part with a proxy gets a table of where a request's time
 //! goes (net, queue, worker, backend, outside the proxy). Every part gets a table of all
-//! points, percentiles vs its first factor and latency histograms.
+//! points, percentiles vs its first factor and latency histograms. Points an external
+//! generator measured are in the table of all points only (with "–" where it reports no
+//! figure), never in a curve or a model.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod analyse;
 pub mod faults;
+pub mod generator;
 pub mod runner;
 pub mod scaling;
 pub mod spec;

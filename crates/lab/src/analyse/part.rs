@@ -12,6 +12,7 @@ use kvlab_report::{
 
 use super::points::{by_config, ci_text, systems_of, ProxyPt, Pt};
 use super::Analyser;
+use crate::generator::Generator;
 use crate::runner::RawRun;
 use crate::spec::{Design, Experiment, Part};
 
@@ -248,10 +249,15 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
                 }
             ));
             cells.push(ci_text(&p.x));
-            cells.push(ci_text(&p.mean));
-            cells.push(ci_text(&p.p50));
-            cells.push(ci_text(&p.p95));
-            cells.push(ci_text(&p.p99));
+            let shown = |s: &Summary, absent: bool| match absent {
+                true => "–".to_string(),
+                false => ci_text(s),
+            };
+            let (no_mean, no_pcts) = p.absent.as_ref().map_or((false, false), |a| (a.mean, true));
+            cells.push(shown(&p.mean, no_mean));
+            cells.push(shown(&p.p50, no_pcts));
+            cells.push(shown(&p.p95, no_pcts));
+            cells.push(shown(&p.p99, no_pcts));
             cells.push(p.cpu.as_ref().map(ci_text).unwrap_or_else(|| "—".into()));
             cells.push(
                 p.s_cpu
@@ -275,11 +281,46 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
             "Means over repetitions; ± is the half-width of the confidence interval. Latency \
              from the planned send time. Server CPU from /proc/<pid>/stat over the measured \
              time (1 = one core busy; a proxy's own); the generator's, its threads' CPU over \
-             the run; a proxy's backends', summed. Together they say which process was the \
-             bottleneck: a ratio between systems holds for that regime."
+             the run (an external generator's: its process' over its measured run); a proxy's \
+             backends', summed. Together they say which process was the bottleneck: a ratio \
+             between systems holds for that regime. \"–\": the generator does not report \
+             that figure (memcaslap: a mean timed from its send, no percentiles)."
                 .into(),
         ),
     }
+}
+
+/// What the report says about the points an external generator measured: they are in the
+/// all-points table only, and which figures their generators leave out.
+fn external_note(ext: &[Pt]) -> Option<Note> {
+    let mut gens: Vec<Generator> = Vec::new();
+    for g in ext.iter().filter_map(|p| p.generator) {
+        if !gens.contains(&g) {
+            gens.push(g);
+        }
+    }
+    if gens.is_empty() {
+        return None;
+    }
+    let mut text = format!(
+        "{} point(s) measured by {} are in the all-points table only: the curves, models, \
+         percentile plots and histograms read kvlab bench's latency histograms, which an \
+         external generator does not give. Their latency is the generator's own, timed from \
+         its send (in closed loop at depth 1, the same moment as the planned one).",
+        ext.len(),
+        gens.iter()
+            .map(|g| g.name())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    );
+    for p in ext {
+        if let Some(a) = &p.absent {
+            if !text.contains(&a.why) {
+                text.push_str(&format!(" \"–\" in the table: {}.", a.why));
+            }
+        }
+    }
+    Some(Note::info("External load generators", text))
 }
 
 /// Histogram buckets shared by every histogram of the report: 24 log-spaced buckets from
@@ -378,12 +419,26 @@ pub(super) fn table(title: &str, columns: &[&str], rows: Vec<Row>, caption: Opti
 impl Analyser<'_> {
     /// A part's section: its description, notes on failed runs and generator warnings, the
     /// analysis its factors call for, and the table and distributions of all its points.
-    pub(super) fn part_section(&mut self, part: &Part, pts: &[Pt], problems: &[String]) -> Section {
+    /// Points measured by an external generator go to the all-points table only (see
+    /// [`external_note`]); the rest of the analysis reads kvlab bench's histograms.
+    pub(super) fn part_section(
+        &mut self,
+        part: &Part,
+        mut all: Vec<Pt>,
+        problems: &[String],
+    ) -> Section {
         let mut sec = Section {
             title: format!("Part {}", part.name),
-            text: part_text(self.exp, part, pts),
+            text: part_text(self.exp, part, &all),
             items: Vec::new(),
         };
+        // kvlab bench's points first (a stable sort keeps each group's order).
+        all.sort_by_key(|p| p.generator.is_some());
+        let n = all.iter().take_while(|p| p.generator.is_none()).count();
+        let pts = &all[..n];
+        if let Some(note) = external_note(&all[n..]) {
+            sec.items.push(Item::Note(note));
+        }
         if !problems.is_empty() {
             sec.items.push(Item::Note(Note::warning(
                 "Failed runs",
@@ -396,6 +451,11 @@ impl Analyser<'_> {
                 "Load generator self-checks",
                 warns.join("\n"),
             )));
+        }
+        if pts.is_empty() {
+            sec.items
+                .push(Item::Table(all_points_table(part, &all, &self.ci)));
+            return sec;
         }
         let open = pts.iter().all(|p| p.population == 0);
         let has = |f: &str| part.factors.iter().any(|(n, ls)| n == f && ls.len() > 1);
@@ -416,7 +476,7 @@ impl Analyser<'_> {
         }
         if !part.is_trace() {
             sec.items
-                .push(Item::Table(all_points_table(part, pts, &self.ci)));
+                .push(Item::Table(all_points_table(part, &all, &self.ci)));
             self.percentile_items(part, pts, &mut sec);
         }
         sec

@@ -12,6 +12,8 @@
 
 use kvlab_bench::Protocol;
 
+use crate::generator::Generator;
+
 mod expand;
 mod file;
 mod resolve;
@@ -66,6 +68,8 @@ pub struct Part {
     pub points: Vec<Vec<(String, Level)>>,
     /// The protocol each point speaks (parallel to `points`).
     pub protocols: Vec<Protocol>,
+    /// The load generator of each point (parallel to `points`).
+    pub generators: Vec<Generator>,
     /// A command run beside each run (`sh -c`, its own process group, ended after the run):
     /// interference such as `stress-ng --cache 1 --taskset 1`; `{factor}` placeholders.
     pub corunner: Option<String>,

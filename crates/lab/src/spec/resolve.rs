@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 
 use anyhow::{bail, Context};
 
+use crate::generator::Invocation;
+
 use super::expand::{self, levels_of, Design, Level};
 use super::file::{FileSpec, PartSpec};
 use super::system::{placeholders_in, SystemSpec};
@@ -190,6 +192,7 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
         design,
         points,
         protocols: Vec::new(),
+        generators: Vec::new(),
         corunner,
     };
     check_workloads(&mut part)?;
@@ -295,8 +298,9 @@ fn check_placeholders(
     Ok(())
 }
 
-/// Checks every point's workload now, not an hour into the run, and fills in the part's
-/// protocols (one per point).
+/// Checks every point's workload now, not an hour into the run (with its generator: a key
+/// an external one cannot express is an error), and fills in the part's protocols and
+/// generators (one per point).
 fn check_workloads(part: &mut Part) -> anyhow::Result<()> {
     let dummy: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
     for pt in &part.points {
@@ -308,6 +312,13 @@ fn check_workloads(part: &mut Part) -> anyhow::Result<()> {
                 false => format!("point {}", levels_text(pt)),
             })?;
         part.protocols.push(cfg.protocol);
+        Invocation::plan(w.generator, &w, part.duration, part.warmup).with_context(|| match pt
+            .is_empty()
+        {
+            true => "the workload".to_string(),
+            false => format!("point {}", levels_text(pt)),
+        })?;
+        part.generators.push(w.generator);
     }
     Ok(())
 }

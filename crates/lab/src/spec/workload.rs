@@ -5,6 +5,8 @@ use kvlab_bench::load::{Load, Options};
 use kvlab_bench::Config;
 use serde::Deserialize;
 
+use crate::generator::Generator;
+
 /// The keys of the `[workload]` table.
 pub const WORKLOAD_KEYS: &[&str] = &[
     "clients",
@@ -33,15 +35,18 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "data",
     "data_key",
     "max_item_size",
+    "generator",
 ];
 
 /// The workload of one run: bench's flat load keys ([`Options`]: the same keys, names and
-/// defaults as `kvlab bench`'s flags), plus the lab's `clients`. Every default is bench's
-/// ([`kvlab_bench::load::Load`]); the lab decides none.
+/// defaults as `kvlab bench`'s flags), plus the lab's `clients` and `generator`. Every
+/// default is bench's ([`kvlab_bench::load::Load`]); the lab decides none.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkloadSpec {
     /// Closed loop: total connections (sets threads × connections).
     pub clients: Option<usize>,
+    /// The program that issues the load (default kvlab bench; see [`crate::generator`]).
+    pub generator: Generator,
     /// Every other key.
     pub options: Options,
 }
@@ -57,10 +62,24 @@ impl<'de> Deserialize<'de> for WorkloadSpec {
                     .map_err(|e| D::Error::custom(format!("clients: {}", e.message())))?,
             ),
         };
+        let generator = match t.remove("generator") {
+            None => Generator::default(),
+            Some(v) => v.try_into::<Generator>().map_err(|e| {
+                D::Error::custom(format!(
+                    "generator: {} (one of {})",
+                    e.message(),
+                    Generator::NAMES
+                ))
+            })?,
+        };
         let options = toml::Value::Table(t)
             .try_into::<Options>()
             .map_err(|e| D::Error::custom(e.message()))?;
-        Ok(WorkloadSpec { clients, options })
+        Ok(WorkloadSpec {
+            clients,
+            generator,
+            options,
+        })
     }
 }
 
