@@ -157,6 +157,9 @@
 //!                             # as a discarded first invocation; whole seconds) and refuses
 //!                             # the others by name (open loop, deletes, …): see [`generator`].
 //!                             # memcaslap reports no percentiles: "–" in the tables
+//! generator_cpus = <any>      # a CPU list ("1", "0-1"): the generator runs there (kvlab
+//!                             # bench's threads, or the external program), e.g. beside a
+//!                             # system pinned with cpus = "0": each side on its own core
 //!
 //! [factors]                   # factor = [levels]; a workload key, or a {name} in args
 //! clients = [1, 2, 4, 8]

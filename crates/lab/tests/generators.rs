@@ -25,6 +25,7 @@ clients = 2
 keys = 2000
 value_size = 64
 mix = "get=9,set=1"
+generator_cpus = "0"
 
 [factors]
 generator = ["kvlab", "memcaslap", "memtier_benchmark"]

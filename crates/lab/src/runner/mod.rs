@@ -551,9 +551,11 @@ fn measure(
     if let Some(inv) = Invocation::plan(wl.generator, &wl, part.duration, part.warmup)? {
         let stem = logs.join(format!("run-{:04}.{}", raw.index, inv.generator.name()));
         let mut readings: Vec<Reading> = Vec::new();
-        let ext = generator::run(&inv, target, &stem, &mut |start| {
-            readings.push(reader.read(start))
-        });
+        let ext = generator::pinned(wl.generator_cpus.as_ref(), || {
+            generator::run(&inv, target, &stem, &mut |start| {
+                readings.push(reader.read(start))
+            })
+        })?;
         raw.corunner = corunner.map(Corunner::stop);
         raw.external = Some(ext?);
         raw.cpu = cpu_sample(reader.pid, ticks, &readings);
@@ -582,7 +584,9 @@ fn measure(
             );
         }
     };
-    let result = kvlab_bench::run(&cfg, &[], &mut progress);
+    let result = generator::pinned(wl.generator_cpus.as_ref(), || {
+        kvlab_bench::run(&cfg, &[], &mut progress)
+    })?;
     raw.corunner = corunner.map(Corunner::stop);
     if tty {
         eprint!("\r\x1b[2K");

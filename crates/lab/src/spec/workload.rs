@@ -36,6 +36,7 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "data_key",
     "max_item_size",
     "generator",
+    "generator_cpus",
 ];
 
 /// The workload of one run: bench's flat load keys ([`Options`]: the same keys, names and
@@ -47,6 +48,9 @@ pub struct WorkloadSpec {
     pub clients: Option<usize>,
     /// The program that issues the load (default kvlab bench; see [`crate::generator`]).
     pub generator: Generator,
+    /// The CPUs the load generator runs on (kvlab bench's threads, or the external
+    /// program); none: wherever the lab may run.
+    pub generator_cpus: Option<kvlab_control::CpuSet>,
     /// Every other key.
     pub options: Options,
 }
@@ -72,12 +76,32 @@ impl<'de> Deserialize<'de> for WorkloadSpec {
                 ))
             })?,
         };
+        let generator_cpus = match t.remove("generator_cpus") {
+            None => None,
+            Some(v) => {
+                let text = match &v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                let set = text
+                    .parse::<kvlab_control::CpuSet>()
+                    .ok()
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| {
+                        D::Error::custom(format!(
+                            "generator_cpus = {v}: not a CPU list such as \"1\" or \"0-1,3\""
+                        ))
+                    })?;
+                Some(set)
+            }
+        };
         let options = toml::Value::Table(t)
             .try_into::<Options>()
             .map_err(|e| D::Error::custom(e.message()))?;
         Ok(WorkloadSpec {
             clients,
             generator,
+            generator_cpus,
             options,
         })
     }
