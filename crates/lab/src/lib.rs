@@ -79,6 +79,7 @@
 //! slo_p95_us = 1000.0         # rate scans: the sustained rate is the largest offered rate
 //!                             # with p95 below this (µs) and >= 99 % of it achieved, every
 //!                             # lower rate of the scan passing too
+//! slo_mean_us = <none>        # instead: the bound is on the mean latency (µs); not both
 //! seed = 1                    # repetition i uses seed + i
 //! corunner = <none>           # a command run beside every run (sh -c, its own process
 //!                             # group, killed after the run; "{factor}" allowed), e.g.
@@ -114,6 +115,8 @@
 //!                             # does a point it cannot serve (HTTP on memcached), with a note
 //! start_timeout = 10.0        # seconds to wait for an answer to `version` (and to `GET /`
 //!                             # on the HTTP port)
+//! fresh = false               # start it afresh for every run: an empty cache each time
+//!                             # (cold-cache runs; with load = true a fill before every run)
 //! cpus = <any>                # a CPU list ("0", "0-1,3"; "{factor}" allowed): every
 //!                             # thread of the system is pinned there once it is up (a
 //!                             # proxy's own threads, not its backends')

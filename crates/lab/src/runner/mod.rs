@@ -411,7 +411,7 @@ fn instance_for(
     let (system, spec, part) = (r.system, &exp.systems[r.system], &exp.parts[r.part]);
     let mut keep = Vec::new();
     for inst in running.drain(..) {
-        if inst.system == system && inst.flags != flags {
+        if inst.system == system && (inst.flags != flags || spec.fresh) {
             inst.stop();
         } else {
             keep.push(inst);

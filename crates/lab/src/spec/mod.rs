@@ -142,6 +142,8 @@ pub struct Experiment {
     /// A rate scan's sustained rate is the largest offered rate whose p95 stays below this
     /// (µs), with every lower rate of the scan passing too.
     pub slo_p95_us: f64,
+    /// Instead: the sustained rate's bound is on the mean latency (µs).
+    pub slo_mean_us: Option<f64>,
     /// Base seed (repetition i uses seed + i).
     pub seed: u64,
     /// Systems under test.
@@ -566,6 +568,25 @@ mod tests {
         // A proxy has no HTTP interface.
         let e = err(&format!("{proxy}[workload]\nprotocol = \"http\"\n"));
         assert!(e.contains("cannot serve protocol"), "{e}");
+    }
+
+    #[test]
+    fn a_mean_bound_and_fresh_systems() {
+        let e = Experiment::parse(
+            "slo_mean_us = 1000\n[[system]]\nname = \"kvlab\"\nfresh = true\n",
+            "x",
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(e.slo_mean_us, Some(1000.0));
+        assert!(e.systems[0].fresh);
+        let err = Experiment::parse(
+            "slo_mean_us = 1000\nslo_p95_us = 900\n[[system]]\nname = \"kvlab\"\n",
+            "x",
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("not both"), "{err:#}");
     }
 
     #[test]

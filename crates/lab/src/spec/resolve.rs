@@ -39,6 +39,15 @@ impl Experiment {
         if !(slo_p95_us > 0.0 && slo_p95_us.is_finite()) {
             bail!("slo_p95_us must be > 0, e.g. 1000");
         }
+        let slo_mean_us = f.slo_mean_us;
+        if let Some(m) = slo_mean_us {
+            if !(m > 0.0 && m.is_finite()) {
+                bail!("slo_mean_us must be > 0, e.g. 1000");
+            }
+            if f.slo_p95_us.is_some() {
+                bail!("give slo_p95_us or slo_mean_us, not both: a rate scan has one bound");
+            }
+        }
         if f.systems.is_empty() {
             bail!("no systems: add at least one [[system]] (e.g. name = \"kvlab\")");
         }
@@ -125,6 +134,7 @@ impl Experiment {
             confidence,
             tolerance,
             slo_p95_us,
+            slo_mean_us,
             seed: f.seed.unwrap_or(1),
             systems: f.systems,
             parts,
