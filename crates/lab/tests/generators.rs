@@ -2,7 +2,7 @@
 //! memcached whose points are loaded by kvlab bench, memcaslap and (when it is on PATH)
 //! memtier_benchmark. memcaslap's point has its throughput and its own mean but no
 //! percentiles: the raw run says so (absent, not 0) and the report shows "–"; each run
-//! records the generator's CPU and memcached's. memtier_benchmark's points are left out with
+//! records the generator's CPU, memcached's and the whole machine's. memtier_benchmark's points are left out with
 //! a note when it is missing. Skipped when memcached or memcaslap is not installed.
 
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
@@ -72,6 +72,7 @@ fn memcaslap_point_has_throughput_and_no_percentiles() {
     // The regime: the generator's CPU and memcached's.
     assert!(caslap["external"]["cpu"].as_f64().unwrap() > 0.0);
     assert!(caslap["cpu"]["utilization"].as_f64().unwrap() > 0.0);
+    assert!(caslap["machine"]["busy_cores"].as_f64().unwrap() > 0.0);
     let cmd: Vec<&str> = caslap["external"]["command"]
         .as_array()
         .unwrap()
@@ -98,4 +99,8 @@ fn memcaslap_point_has_throughput_and_no_percentiles() {
         "no reason"
     );
     assert!(html.contains("–"), "no dash for the absent percentiles");
+    assert!(
+        html.contains("machine busy CPU per request"),
+        "no machine column"
+    );
 }

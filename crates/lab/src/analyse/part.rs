@@ -232,6 +232,11 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
     if backends {
         columns.push("backends' CPU (cores)".into());
     }
+    let machine = pts.iter().any(|p| p.machine_us.is_some());
+    if machine {
+        columns.push("machine busy CPU per request (µs)".into());
+        columns.push("steal (%)".into());
+    }
     let rows = pts
         .iter()
         .map(|p| {
@@ -270,6 +275,10 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
             if backends {
                 cells.push(cores(&p.backend_cpu));
             }
+            if machine {
+                cells.push(cores(&p.machine_us));
+                cells.push(cores(&p.steal_pct));
+            }
             Row::new(cells).highlighted(p.failed > 0)
         })
         .collect();
@@ -283,7 +292,10 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
              time (1 = one core busy; a proxy's own); the generator's, its threads' CPU over \
              the run (an external generator's: its process' over its measured run); a proxy's \
              backends', summed. Together they say which process was the bottleneck: a ratio \
-             between systems holds for that regime. \"–\": the generator does not report \
+             between systems holds for that regime. The machine's busy CPU per request is \
+             every core's user, system, irq and softirq time (/proc/stat) over the requests: \
+             what a request costs all processes and the kernel together; steal is the share \
+             of time the hypervisor gave the cores to others (runs with much of it are noise). \"–\": the generator does not report \
              that figure (memcaslap: a mean timed from its send, no percentiles)."
                 .into(),
         ),

@@ -35,6 +35,9 @@ pub(super) struct Pt<'a> {
     pub(super) gen_cpu: Option<Summary>,
     /// A proxy's backends' CPU (cores busy, summed).
     pub(super) backend_cpu: Option<Summary>,
+    /// The whole machine's busy CPU per request (µs), and its stolen time (%).
+    pub(super) machine_us: Option<Summary>,
+    pub(super) steal_pct: Option<Summary>,
     pub(super) population: usize,
     pub(super) think_s: f64,
     pub(super) server_threads: u32,
@@ -347,6 +350,18 @@ pub(super) fn points<'a>(
             let gen_cpu: Vec<f64> = ok.iter().filter_map(|r| generator_cpu(r)).collect();
             let avg = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
             let backend_cpu: Vec<f64> = ok.iter().filter_map(|r| r.backend_cpu).collect();
+            let machine_us: Vec<f64> = ok
+                .iter()
+                .filter_map(|r| {
+                    let x = throughput(r).filter(|x| *x > 0.0)?;
+                    Some(r.machine?.busy_cores / x * 1e6)
+                })
+                .collect();
+            let steal: Vec<f64> = ok
+                .iter()
+                .filter_map(|r| Some(r.machine?.steal * 100.0))
+                .collect();
+            let every = |v: &[f64]| (v.len() == ok.len()).then(|| summ(v, conf)).flatten();
             let mut hist: Option<Hdr<u64>> = None;
             for r in &ok {
                 if let Some(hh) = &r.latency_hist {
@@ -392,6 +407,8 @@ pub(super) fn points<'a>(
                 } else {
                     None
                 },
+                machine_us: every(&machine_us),
+                steal_pct: every(&steal),
                 population: first.population,
                 think_s: first.think_s,
                 server_threads: first.server_threads,

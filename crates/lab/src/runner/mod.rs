@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 
 mod readings;
 
-pub use readings::ProxyFigures;
-use readings::{backend_cpu, cpu_sample, proxy_figures, Reader, Reading};
+use readings::{backend_cpu, cpu_sample, machine_cpu, proxy_figures, Reader, Reading};
+pub use readings::{MachineCpu, ProxyFigures};
 
 use crate::generator::{self, ExternalRun, Generator, Invocation};
 use crate::spec::{levels_text, Experiment, Flags, Level, Overrides, PlannedRun};
@@ -105,6 +105,9 @@ pub struct RawRun {
     /// backend's could be read (either kind of proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_cpu: Option<f64>,
+    /// The whole machine's CPU over the measured time (`/proc/stat`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<MachineCpu>,
     /// The CPUs the system was pinned to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<String>,
@@ -507,6 +510,7 @@ fn one_run(
         backends: inst.backend_commands(),
         proxy: None,
         backend_cpu: None,
+        machine: None,
         cpus: inst.flags.cpus.clone(),
         corunner: None,
         result: None,
@@ -563,6 +567,7 @@ fn measure(
             .proxy
             .and_then(|n| proxy_figures(&readings, ticks, n));
         raw.backend_cpu = backend_cpu(&readings, ticks);
+        raw.machine = machine_cpu(&readings, ticks);
         return Ok(());
     }
     let mut cfg = load.config(target)?;
@@ -601,6 +606,7 @@ fn measure(
         .proxy
         .and_then(|n| proxy_figures(&readings, ticks, n));
     raw.backend_cpu = backend_cpu(&readings, ticks);
+    raw.machine = machine_cpu(&readings, ticks);
     raw.result = Some(res);
     Ok(())
 }

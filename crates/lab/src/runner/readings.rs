@@ -142,6 +142,7 @@ impl Reader {
         Reading {
             warmup,
             at: Instant::now(),
+            machine: kvlab_procfs::read_machine_ticks().ok(),
             cpu: self.pid.and_then(|p| laws::read_proc_stat(p).ok()),
             backend_ticks,
             stats: self
@@ -153,6 +154,8 @@ impl Reader {
 
 /// What the runner reads at an interval boundary the generator reports.
 pub(super) struct Reading {
+    /// The whole machine's CPU time (`/proc/stat`).
+    machine: Option<kvlab_procfs::MachineTicks>,
     /// The interval was warm-up.
     warmup: bool,
     at: Instant,
@@ -203,6 +206,33 @@ pub(super) fn backend_cpu(readings: &[Reading], ticks: u64) -> Option<f64> {
         }
         _ => None,
     }
+}
+
+/// The whole machine's CPU over a run's measured time (`/proc/stat`, every CPU summed): what
+/// a request costs everything on the box together — the kernel's loopback TCP work included —
+/// and how much of the time the hypervisor gave the CPUs to others (runs with much of it are
+/// noise).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MachineCpu {
+    /// CPUs busy (user, nice, system, irq, softirq), cores.
+    pub busy_cores: f64,
+    /// Stolen time, share of all the CPUs' time (0..1).
+    pub steal: f64,
+}
+
+/// The machine's CPU over the measured window.
+pub(super) fn machine_cpu(readings: &[Reading], ticks: u64) -> Option<MachineCpu> {
+    let (start, end) = window(readings)?;
+    let (a, b) = (readings[start].machine?, readings[end].machine?);
+    let elapsed = (readings[end].at - readings[start].at).as_secs_f64();
+    let all = b.total.checked_sub(a.total)?;
+    if !(elapsed > 0.0 && ticks > 0 && all > 0) {
+        return None;
+    }
+    Some(MachineCpu {
+        busy_cores: b.busy.checked_sub(a.busy)? as f64 / ticks as f64 / elapsed,
+        steal: b.steal.checked_sub(a.steal)? as f64 / all as f64,
+    })
 }
 
 pub(super) fn cpu_sample(pid: Option<u32>, ticks: u64, readings: &[Reading]) -> Option<CpuSample> {
