@@ -258,10 +258,7 @@ fn refuse_common(g: Generator, wl: &WorkloadSpec, load: &Load) -> anyhow::Result
         ("hot", o.hot.is_some()),
         ("cluster", o.cluster == Some(true)),
         ("meta_base64", o.meta_base64 == Some(true)),
-        (
-            "load = true",
-            o.load == Some(true) && g == Generator::Memcaslap,
-        ),
+        ("load = true", o.load == Some(true)),
     ];
     if let Some((k, _)) = given.iter().find(|(_, set)| *set) {
         bail!(cannot(g, k, "it has no such setting; leave the key out"));
