@@ -281,6 +281,26 @@ pub const SHIPPED: &[(&str, &str)] = &[
         include_str!("../../../experiments/proxy-vs-twemproxy.toml"),
     ),
     (
+        "compare-regimes",
+        include_str!("../../../experiments/compare-regimes.toml"),
+    ),
+    (
+        "compare-memcached",
+        include_str!("../../../experiments/compare-memcached.toml"),
+    ),
+    (
+        "bench-vs-memcaslap",
+        include_str!("../../../experiments/bench-vs-memcaslap.toml"),
+    ),
+    (
+        "sustained-ab",
+        include_str!("../../../experiments/sustained-ab.toml"),
+    ),
+    (
+        "sustained-etc",
+        include_str!("../../../experiments/sustained-etc.toml"),
+    ),
+    (
         "cluster-scaling",
         include_str!("../../../experiments/cluster-scaling.toml"),
     ),

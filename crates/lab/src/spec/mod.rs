@@ -275,6 +275,34 @@ mod tests {
         }
     }
 
+    /// Every `experiments/*.toml` is built in (so `shipped_experiments_parse` reads it):
+    /// an experiment in `SHIPPED`, or a job file in `workflow::SHIPPED_JOBS`, with the
+    /// file's text.
+    #[test]
+    fn every_experiment_file_is_built_in() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|x| x != "toml") {
+                continue;
+            }
+            let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let built_in = crate::SHIPPED
+                .iter()
+                .chain(crate::workflow::SHIPPED_JOBS)
+                .find(|(name, _)| *name == stem)
+                .unwrap_or_else(|| panic!("{} is not in lib.rs' SHIPPED", path.display()));
+            assert_eq!(built_in.1, text, "{stem}");
+            n += 1;
+        }
+        assert_eq!(
+            n,
+            crate::SHIPPED.len() + crate::workflow::SHIPPED_JOBS.len()
+        );
+    }
+
     #[test]
     fn data_dir_is_built_in_and_other_placeholders_need_a_factor() {
         let file = |arg: &str| {
