@@ -92,6 +92,13 @@ fn memcaslap_point_has_throughput_and_no_percentiles() {
         skipped.contains("memtier_benchmark is not on PATH"),
         "{skipped}"
     );
+    // The terminal summary lists every point with its regime; memcaslap's p99 is "–".
+    let line = done
+        .summary
+        .lines()
+        .find(|l| l.contains("generator=memcaslap"))
+        .unwrap_or_else(|| panic!("{}", done.summary));
+    assert!(line.contains('–'), "{line}");
     let html = std::fs::read_to_string(&done.report).unwrap();
     assert!(html.contains("External load generators"), "no note");
     assert!(

@@ -2,6 +2,8 @@
 //! warnings, where a proxy's time goes, the table of all points, percentiles and latency
 //! histograms; and the small builders of lines, plots and tables the sections share.
 
+use std::fmt::Write as _;
+
 use hdrhistogram::Histogram as Hdr;
 use kvlab_analysis::Summary;
 use kvlab_report::helpers::{self as h, Curve};
@@ -11,6 +13,7 @@ use kvlab_report::{
 };
 
 use super::points::{by_config, ci_text, systems_of, ProxyPt, Pt};
+use super::summary::summary_row;
 use super::Analyser;
 use crate::generator::Generator;
 use crate::runner::RawRun;
@@ -465,6 +468,7 @@ impl Analyser<'_> {
             )));
         }
         if pts.is_empty() {
+            self.points_summary(part, &all);
             sec.items
                 .push(Item::Table(all_points_table(part, &all, &self.ci)));
             return sec;
@@ -479,6 +483,8 @@ impl Analyser<'_> {
             self.clients_section(part, pts, &mut sec);
         } else if has("qps") && open {
             self.rates_section(part, pts, &mut sec);
+        } else {
+            self.points_summary(part, &all);
         }
         if let Some(chart) = stages_chart(pts) {
             sec.items.push(Item::StackedBars(chart));
@@ -492,6 +498,43 @@ impl Analyser<'_> {
             self.percentile_items(part, pts, &mut sec);
         }
         sec
+    }
+
+    /// A part no analysis of its factors applies to (a comparison of systems or generators
+    /// at a few points): every point in the terminal summary with its regime — the
+    /// system's CPU and the generator's, in cores.
+    fn points_summary(&mut self, part: &Part, all: &[Pt]) {
+        const WIDTHS: [usize; 5] = [10, 9, 9, 8, 8];
+        let _ = writeln!(self.summary, "part {} — every point", part.name);
+        summary_row(
+            &mut self.summary,
+            "system (levels)",
+            &["req/s", "mean µs", "p99 µs", "CPU", "gen CPU"],
+            &WIDTHS,
+        );
+        for p in all {
+            let (no_mean, no_pcts) = p.absent.as_ref().map_or((false, false), |a| (a.mean, true));
+            let fig = |v: f64, absent: bool| match absent {
+                true => "–".to_string(),
+                false => format_value(v),
+            };
+            let cores = |s: &Option<Summary>| {
+                s.as_ref()
+                    .map_or("—".to_string(), |s| format!("{:.2}", s.mean))
+            };
+            summary_row(
+                &mut self.summary,
+                &p.describe(),
+                &[
+                    format_value(p.x.mean),
+                    fig(p.mean.mean, no_mean),
+                    fig(p.p99.mean, no_pcts),
+                    cores(&p.cpu),
+                    cores(&p.gen_cpu),
+                ],
+                &WIDTHS,
+            );
+        }
     }
 
     /// A latency histogram over the report's shared buckets.
