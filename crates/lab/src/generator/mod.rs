@@ -16,14 +16,17 @@
 //! reporting (`interval`, `timeout_ms`, `seed`) are not passed on.
 //!
 //! A run: a warm-up invocation of `warmup` seconds (discarded; neither tool has a warm-up of
-//! its own), then the measured invocation of `duration` seconds, between the runner's two CPU
-//! readings of the system. The generator's CPU is its own `getrusage` (user + system time of
-//! the measured invocation over its wall time), from `wait4`. Both tools take whole seconds.
+//! its own), then the measured invocation of `duration` seconds, during which the runner
+//! reads the system every [`POLL`] and the lab the generator's own CPU time. Neither tool
+//! loads from its first instant to its last (memcaslap lingers about a second after its
+//! run), so the window of the system's and the generator's CPU is the samples around the
+//! generator's activity: the last before its CPU time first grew, the first after it last
+//! grew. Both tools take whole seconds.
 //!
 //! ```text
-//! runner::one_run ─► Invocation::plan (workload → flags) ─► run: warm-up ─► reading ─►
-//!   measured invocation (wait4: CPU) ─► reading ─► parse (memcaslap text | memtier JSON)
-//!   ─► ExternalRun in raw/NNNN.json (result: none)
+//! runner::measure ─► Invocation::plan (workload → flags) ─► run: warm-up ─► measured
+//!   invocation, sampled every POLL (the system's readings, the generator's CPU) ─► parse
+//!   (memcaslap text | memtier JSON) ─► ExternalRun + the active window in raw/NNNN.json
 //! ```
 
 mod parse;
@@ -127,9 +130,10 @@ pub struct ExternalRun {
     pub output: PathBuf,
     /// Its own figures.
     pub measured: Measured,
-    /// Its CPU over the measured invocation (user + system over wall time, cores busy).
+    /// Its CPU while it loaded (user + system time over the samples around its activity,
+    /// from `/proc/<pid>/stat`), cores busy.
     pub cpu: Option<f64>,
-    /// Wall time of the measured invocation, s.
+    /// Wall time of those samples, s: its activity to within [`POLL`].
     pub elapsed_s: f64,
 }
 
@@ -396,16 +400,20 @@ fn memtier_args(wl: &WorkloadSpec, load: &Load) -> anyhow::Result<Vec<String>> {
     Ok(args)
 }
 
-/// Runs `inv` against `target`: the warm-up invocation, then `reading(true)` (the runner's
-/// reading at the start of measurement), the measured one, `reading(false)`. Output files go
-/// to `<stem>.warmup.txt`, `<stem>.txt` (and `<stem>.json`, memtier's; `<stem>.cfg`,
+/// Runs `inv` against `target`: the warm-up invocation, then the measured one, calling
+/// `sample` (the runner's reading of the system) before it starts and every [`POLL`] while
+/// it runs. Returns what it measured and the samples that bracket its activity: the last
+/// before its CPU time first grew and the first after it last grew — neither tool loads from
+/// its first instant to its last (memcaslap lingers about a second after its run), and the
+/// system's CPU is read over the load, not over the idle ends. Output files go to
+/// `<stem>.warmup.txt`, `<stem>.txt` (and `<stem>.json`, memtier's; `<stem>.cfg`,
 /// memcaslap's configuration).
 pub fn run(
     inv: &Invocation,
     target: std::net::SocketAddr,
     stem: &Path,
-    reading: &mut dyn FnMut(bool),
-) -> anyhow::Result<ExternalRun> {
+    sample: &mut dyn FnMut(),
+) -> anyhow::Result<(ExternalRun, (usize, usize))> {
     let with = |ext: &str| PathBuf::from(format!("{}.{ext}", stem.display()));
     let (config, json) = (with("cfg"), with("json"));
     if let Some(text) = &inv.config {
@@ -413,12 +421,10 @@ pub fn run(
     }
     if inv.warmup_s > 0 {
         let cmd = inv.command(target, inv.warmup_s, &config, &with("warmup.json"));
-        invoke(&cmd, &with("warmup.txt"))?;
+        invoke(&cmd, &with("warmup.txt"), &mut || {})?;
     }
     let cmd = inv.command(target, inv.duration_s, &config, &json);
-    reading(true);
-    let (cpu, elapsed_s) = invoke(&cmd, &with("txt"))?;
-    reading(false);
+    let activity = invoke(&cmd, &with("txt"), sample)?;
     let measured = match inv.generator {
         Generator::Memcaslap => {
             let text = std::fs::read_to_string(with("txt"))?;
@@ -437,14 +443,18 @@ pub fn run(
             with("txt").display()
         )
     })?;
-    Ok(ExternalRun {
-        generator: inv.generator,
-        command: cmd,
-        output: with("txt"),
-        measured,
-        cpu,
-        elapsed_s,
-    })
+    let (first, last) = activity.window();
+    Ok((
+        ExternalRun {
+            generator: inv.generator,
+            command: cmd,
+            output: with("txt"),
+            measured,
+            cpu: activity.cpu(first, last),
+            elapsed_s: activity.at[last] - activity.at[first],
+        },
+        (first, last),
+    ))
 }
 
 /// Runs `f` with the calling thread's CPU mask set to `cpus` (the threads it starts and the
@@ -479,41 +489,77 @@ pub fn pinned<T>(cpus: Option<&kvlab_control::CpuSet>, f: impl FnOnce() -> T) ->
     Ok(out)
 }
 
-/// Runs `cmd` to its end with its output (both streams) in `out`; returns its CPU (user +
-/// system over wall time, from `wait4`'s rusage) and its wall time.
-fn invoke(cmd: &[String], out: &Path) -> anyhow::Result<(Option<f64>, f64)> {
+/// How often the lab samples the system and the generator while an external generator runs.
+pub const POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The generator's CPU time (clock ticks) at each sample, and when (s from the first).
+struct Activity {
+    at: Vec<f64>,
+    ticks: Vec<Option<u64>>,
+}
+
+impl Activity {
+    /// The samples around the generator's activity: the last before its CPU time first grew
+    /// and the first after it last grew (all of them when it never grew between two).
+    fn window(&self) -> (usize, usize) {
+        let grew =
+            |i: usize| matches!((self.ticks[i - 1], self.ticks[i]), (Some(a), Some(b)) if b > a);
+        let n = self.at.len();
+        let first = (1..n).find(|&i| grew(i)).map_or(0, |i| i - 1);
+        let last = (1..n).rev().find(|&i| grew(i)).unwrap_or(n - 1);
+        (first, last.max(first))
+    }
+
+    /// Its CPU between two samples, cores busy.
+    fn cpu(&self, first: usize, last: usize) -> Option<f64> {
+        let (a, b) = (self.ticks[first]?, self.ticks[last]?);
+        let dt = self.at[last] - self.at[first];
+        let tps = kvlab_procfs::clock_ticks_per_second() as f64;
+        (dt > 0.0).then(|| b.saturating_sub(a) as f64 / tps / dt)
+    }
+}
+
+/// Runs `cmd` to its end with its output (both streams) in `out`, calling `sample` before it
+/// starts and every [`POLL`] while it runs (the last call after it has ended), each time
+/// with the generator's CPU time read too.
+fn invoke(cmd: &[String], out: &Path, sample: &mut dyn FnMut()) -> anyhow::Result<Activity> {
     let file = std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut act = Activity {
+        at: Vec::new(),
+        ticks: Vec::new(),
+    };
     let started = Instant::now();
-    let child = std::process::Command::new(&cmd[0])
+    let mut child = std::process::Command::new(&cmd[0])
         .args(&cmd[1..])
         .stdin(std::process::Stdio::null())
         .stdout(file.try_clone()?)
         .stderr(file)
         .spawn()
         .with_context(|| format!("starting {}", cmd.join(" ")))?;
-    let mut status = 0;
-    // SAFETY: rusage is plain data; wait4 writes it and the status for our own child.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let pid = child.id() as libc::pid_t;
-    let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    let elapsed = started.elapsed().as_secs_f64();
-    if r != pid {
+    let pid = child.id();
+    let status = loop {
+        let ticks = kvlab_procfs::read_proc_stat(pid)
+            .ok()
+            .map(|s| s.cpu_ticks());
+        let exited = child.try_wait()?;
+        // A zombie's /proc/<pid>/stat still holds its time; once reaped it is gone.
+        act.ticks
+            .push(ticks.or_else(|| act.ticks.last().copied().flatten()));
+        act.at.push(started.elapsed().as_secs_f64());
+        sample();
+        if let Some(status) = exited {
+            break status;
+        }
+        std::thread::sleep(POLL);
+    };
+    if !status.success() {
         bail!(
-            "waiting for {}: {}",
-            cmd[0],
-            std::io::Error::last_os_error()
-        );
-    }
-    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
-        bail!(
-            "{} ended with status {status:#x}; its output: {}",
+            "{} ended with {status}; its output: {}",
             cmd.join(" "),
             out.display()
         );
     }
-    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    let cpu = secs(usage.ru_utime) + secs(usage.ru_stime);
-    Ok(((elapsed > 0.0).then(|| cpu / elapsed), elapsed))
+    Ok(act)
 }
 
 #[cfg(test)]
@@ -635,6 +681,24 @@ mod tests {
         );
         let e = format!("{:#}", parse(caslap, "warmup = 0.5").unwrap_err());
         assert!(e.contains("warmup = 1"), "{e}");
+    }
+
+    #[test]
+    fn the_window_is_the_generators_activity() {
+        let act = Activity {
+            at: vec![0.0, 0.1, 0.2, 0.3, 0.4, 0.5],
+            ticks: [0, 0, 5, 10, 10, 10].map(Some).to_vec(),
+        };
+        assert_eq!(act.window(), (1, 3));
+        let cpu = act.cpu(1, 3).unwrap();
+        let tps = kvlab_procfs::clock_ticks_per_second() as f64;
+        assert!((cpu - 10.0 / tps / 0.2).abs() < 1e-9, "{cpu}");
+        // Never grew between two samples: every sample.
+        let idle = Activity {
+            at: vec![0.0, 0.1, 0.2],
+            ticks: vec![Some(3), None, Some(3)],
+        };
+        assert_eq!(idle.window(), (0, 2));
     }
 
     #[test]

@@ -556,12 +556,19 @@ fn measure(
         let stem = logs.join(format!("run-{:04}.{}", raw.index, inv.generator.name()));
         let mut readings: Vec<Reading> = Vec::new();
         let ext = generator::pinned(wl.generator_cpus.as_ref(), || {
-            generator::run(&inv, target, &stem, &mut |start| {
-                readings.push(reader.read(start))
+            generator::run(&inv, target, &stem, &mut || {
+                readings.push(reader.read(false))
             })
         })?;
         raw.corunner = corunner.map(Corunner::stop);
-        raw.external = Some(ext?);
+        let (ext, (first, last)) = ext?;
+        // The readings around the generator's activity: the first marks the start.
+        readings.truncate(last + 1);
+        readings.drain(..first);
+        if let Some(r) = readings.first_mut() {
+            r.warmup = true;
+        }
+        raw.external = Some(ext);
         raw.cpu = cpu_sample(reader.pid, ticks, &readings);
         raw.proxy = reader
             .proxy

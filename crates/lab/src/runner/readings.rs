@@ -157,7 +157,7 @@ pub(super) struct Reading {
     /// The whole machine's CPU time (`/proc/stat`).
     machine: Option<kvlab_procfs::MachineTicks>,
     /// The interval was warm-up.
-    warmup: bool,
+    pub(super) warmup: bool,
     at: Instant,
     /// The system's CPU time.
     cpu: Option<laws::ProcStat>,
