@@ -403,9 +403,9 @@ fn memtier_args(wl: &WorkloadSpec, load: &Load) -> anyhow::Result<Vec<String>> {
 /// Runs `inv` against `target`: the warm-up invocation, then the measured one, calling
 /// `sample` (the runner's reading of the system) before it starts and every [`POLL`] while
 /// it runs. Returns what it measured and the samples that bracket its activity: the last
-/// before its CPU time first grew and the first after it last grew — neither tool loads from
-/// its first instant to its last (memcaslap lingers about a second after its run), and the
-/// system's CPU is read over the load, not over the idle ends. Output files go to
+/// before its CPU time first grew and the first after it last grew, or after its own run
+/// time — neither tool loads from its first instant to its last (memcaslap lingers about a
+/// second after its run), and the system's CPU is read over the load, not over the ends. Output files go to
 /// `<stem>.warmup.txt`, `<stem>.txt` (and `<stem>.json`, memtier's; `<stem>.cfg`,
 /// memcaslap's configuration).
 pub fn run(
@@ -443,7 +443,14 @@ pub fn run(
             with("txt").display()
         )
     })?;
-    let (first, last) = activity.window();
+    let (first, mut last) = activity.window();
+    // No longer than its own run time (and the next sample): what it does after the run
+    // (memcaslap's statistics, its threads' exit) does not load the system.
+    if let Some(end) =
+        (first..=last).find(|&i| activity.at[i] >= activity.at[first] + measured.duration_s)
+    {
+        last = end;
+    }
     Ok((
         ExternalRun {
             generator: inv.generator,
