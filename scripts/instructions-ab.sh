@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # CPU instructions the server spends per request, for each I/O model, of two kvlab builds:
 # a speed comparison that the machine's noise cannot move (callgrind counts instructions,
-# not seconds). The complement of scripts/sustained-ab.sh, whose rates a busy machine blurs.
+# not seconds). The complement of `kvlab lab run sustained-ab`, whose rates a busy machine blurs.
 #
 #   scripts/instructions-ab.sh A_BIN B_BIN [A_NAME] [B_NAME]
 #

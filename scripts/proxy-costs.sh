@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a proxy costs per request, counted rather than timed (so a busy machine cannot move
 # it): kvlab proxy and twemproxy (Debian's nutcracker), each in front of two fresh memcached
-# backends, loaded as scripts/proxy-vs-twemproxy.sh loads them (kvlab bench -T 1 -c 50,
+# backends, loaded as the lab's proxy-vs-twemproxy experiment loads them (kvlab bench -T 1 -c 50,
 # get:set 10:1, 100 B values, 10k keys, closed loop) at each depth.
 #
 #   scripts/proxy-costs.sh                     # syscalls (perf), both proxies, depth 1 and 16

@@ -7,6 +7,8 @@
 //! - [`analyse`]: raw results → statistics, model checks and the HTML report;
 //! - [`scaling`]: `kind = "scaling"` experiments — a kvlab cluster under a verified load
 //!   while nodes are added, removed or killed on a schedule;
+//! - [`generator`]: external load generators (memcaslap, memtier_benchmark) for a
+//!   workload's `generator` key: its keys mapped onto their flags, their output read;
 //! - [`faults`]: `kind = "faults"` experiments — kvlab's fault-injection harness
 //!   (`kvlab_faults`) over seeds and configurations, each run's history checked, anomalies
 //!   at the top of the report and a timeline per run;
@@ -20,8 +22,9 @@
 //!   ─► spec::Experiment::parse ─► parts × points × systems × repetitions (PlannedRun)
 //!   ─► runner::run_experiment
 //!        system::Instance::start (kvlab_process: free port, wait for `version`,
-//!        threads from `stats`; a proxy's backends first) ─► kvlab_bench run ─► /proc CPU
-//!        (a proxy's `stats` too) ─► raw/NNNN.json, meta.json
+//!        threads from `stats`; a proxy's backends first) ─► kvlab_bench run (or an
+//!        external generator, `generator`) ─► /proc CPU (a proxy's `stats` too)
+//!        ─► raw/NNNN.json, meta.json
 //!   ─► analyse::analyse (kvlab_analysis) ─► analyse::write (kvlab_report) ─► report/
 //! ```
 //!
@@ -76,6 +79,7 @@
 //! slo_p95_us = 1000.0         # rate scans: the sustained rate is the largest offered rate
 //!                             # with p95 below this (µs) and >= 99 % of it achieved, every
 //!                             # lower rate of the scan passing too
+//! slo_mean_us = <none>        # instead: the bound is on the mean latency (µs); not both
 //! seed = 1                    # repetition i uses seed + i
 //! corunner = <none>           # a command run beside every run (sh -c, its own process
 //!                             # group, killed after the run; "{factor}" allowed), e.g.
@@ -111,6 +115,8 @@
 //!                             # does a point it cannot serve (HTTP on memcached), with a note
 //! start_timeout = 10.0        # seconds to wait for an answer to `version` (and to `GET /`
 //!                             # on the HTTP port)
+//! fresh = false               # start it afresh for every run: an empty cache each time
+//!                             # (cold-cache runs; with load = true a fill before every run)
 //! cpus = <any>                # a CPU list ("0", "0-1,3"; "{factor}" allowed): every
 //!                             # thread of the system is pinned there once it is up (a
 //!                             # proxy's own threads, not its backends')
@@ -146,6 +152,17 @@
 //!                             # error unless optional. A factor too: protocol = ["memcached",
 //!                             # "http"] compares both on one server
 //! meta_base64 = false         # meta: send keys base64-encoded (b flag; keys <= 186 bytes)
+//! generator = "kvlab"         # kvlab (kvlab bench, in process) | memcaslap | memtier_benchmark
+//!                             # (programs on PATH; a point whose program is missing is left
+//!                             # out with a note). A factor too. An external generator gets
+//!                             # the keys it can express (threads, connections, depth, mix of
+//!                             # gets and sets, keys, key and value sizes, duration, warm-up
+//!                             # as a discarded first invocation; whole seconds) and refuses
+//!                             # the others by name (open loop, deletes, …): see [`generator`].
+//!                             # memcaslap reports no percentiles: "–" in the tables
+//! generator_cpus = <any>      # a CPU list ("1", "0-1"): the generator runs there (kvlab
+//!                             # bench's threads, or the external program), e.g. beside a
+//!                             # system pinned with cpus = "0": each side on its own core
 //!
 //! [factors]                   # factor = [levels]; a workload key, or a {name} in args
 //! clients = [1, 2, 4, 8]
@@ -177,13 +194,16 @@
 //! M/M/m; `design = "2k"` → effects and allocation of variation (throughput); `qps_list` →
 //! p95, rate and CPU over time. A part with a proxy gets a table of where a request's time
 //! goes (net, queue, worker, backend, outside the proxy). Every part gets a table of all
-//! points, percentiles vs its first factor and latency histograms.
+//! points, percentiles vs its first factor and latency histograms. Points an external
+//! generator measured are in the table of all points only (with "–" where it reports no
+//! figure), never in a curve or a model.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod analyse;
 pub mod faults;
+pub mod generator;
 pub mod runner;
 pub mod scaling;
 pub mod spec;
@@ -259,6 +279,26 @@ pub const SHIPPED: &[(&str, &str)] = &[
     (
         "proxy-vs-twemproxy",
         include_str!("../../../experiments/proxy-vs-twemproxy.toml"),
+    ),
+    (
+        "compare-regimes",
+        include_str!("../../../experiments/compare-regimes.toml"),
+    ),
+    (
+        "compare-memcached",
+        include_str!("../../../experiments/compare-memcached.toml"),
+    ),
+    (
+        "bench-vs-memcaslap",
+        include_str!("../../../experiments/bench-vs-memcaslap.toml"),
+    ),
+    (
+        "sustained-ab",
+        include_str!("../../../experiments/sustained-ab.toml"),
+    ),
+    (
+        "sustained-etc",
+        include_str!("../../../experiments/sustained-etc.toml"),
     ),
     (
         "cluster-scaling",

@@ -1,6 +1,7 @@
 //! What kvlab reads from and asks of Linux about a process: its CPU time from
 //! `/proc/<pid>/stat` and the unit it is counted in (`CLK_TCK`), the processes of a process
-//! group, and the CPUs its threads may run on (`sched_setaffinity`).
+//! group, and the CPUs its threads may run on (`sched_setaffinity`); and the whole machine's
+//! CPU time (`/proc/stat`: busy and stolen).
 //!
 //! One parser of `/proc/<pid>/stat` for the lab's utilization law (`kvlab-analysis`), the
 //! controller's CPU sensor and its affinity method (`kvlab-control`), and the lab's
@@ -147,6 +148,54 @@ pub fn clock_ticks_per_second() -> u64 {
     100
 }
 
+/// The whole machine's CPU time from the `cpu` line of `/proc/stat`, in clock ticks summed
+/// over its CPUs (see proc(5)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineTicks {
+    /// user + nice + system + irq + softirq: time the CPUs worked (the kernel's network work
+    /// in softirq included).
+    pub busy: u64,
+    /// steal: time the hypervisor gave the CPUs to other guests.
+    pub steal: u64,
+    /// Every field up to steal (idle and iowait too).
+    pub total: u64,
+}
+
+/// Parses the `cpu` line of `/proc/stat` (`text`: the whole file or that line).
+pub fn parse_machine_stat(text: &str) -> Result<MachineTicks> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("cpu "))
+        .ok_or_else(|| ProcfsError::Parse("no `cpu ` line in /proc/stat".into()))?;
+    let f: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|v| v.parse::<u64>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| ProcfsError::Parse(format!("/proc/stat {line:?}: {e}")))?;
+    if f.len() < 8 {
+        return Err(ProcfsError::Parse(format!(
+            "/proc/stat {line:?}: fewer than 8 fields"
+        )));
+    }
+    // user nice system idle iowait irq softirq steal
+    Ok(MachineTicks {
+        busy: f[0] + f[1] + f[2] + f[5] + f[6],
+        steal: f[7],
+        total: f.iter().sum(),
+    })
+}
+
+/// The machine's CPU time now (`/proc/stat`).
+pub fn read_machine_ticks() -> Result<MachineTicks> {
+    let text = fs::read_to_string("/proc/stat").map_err(|source| ProcfsError::Read {
+        path: "/proc/stat".into(),
+        source,
+    })?;
+    parse_machine_stat(&text)
+}
+
 /// The process ids whose process group is `pgid` (from `/proc/*/stat`).
 pub fn processes_in_group(pgid: i32) -> Vec<u32> {
     let Ok(dir) = fs::read_dir("/proc") else {
@@ -202,6 +251,16 @@ pub fn set_affinity(pid: u32, cpus: impl IntoIterator<Item = usize>) -> Result<(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_machine_line_of_proc_stat() {
+        let t =
+            parse_machine_stat("cpu  100 5 50 1000 20 3 7 11 0 0\ncpu0 50 2 25 500 10 1 3 5 0 0\n")
+                .unwrap();
+        assert_eq!((t.busy, t.steal, t.total), (165, 11, 1196));
+        assert!(parse_machine_stat("intr 1 2\n").is_err());
+        assert!(read_machine_ticks().unwrap().total > 0);
+    }
+
     use super::*;
 
     // A real line (from a memcached process), fields 1..52.

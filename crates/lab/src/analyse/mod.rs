@@ -107,7 +107,7 @@ pub fn analyse(exp: &Experiment, meta: &Meta, raws: &[RawRun]) -> anyhow::Result
             )));
             continue;
         }
-        sections.push(an.part_section(part, &pts, &problems));
+        sections.push(an.part_section(part, pts, &problems));
     }
     let Analyser {
         ci,

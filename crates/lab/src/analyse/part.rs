@@ -2,6 +2,8 @@
 //! warnings, where a proxy's time goes, the table of all points, percentiles and latency
 //! histograms; and the small builders of lines, plots and tables the sections share.
 
+use std::fmt::Write as _;
+
 use hdrhistogram::Histogram as Hdr;
 use kvlab_analysis::Summary;
 use kvlab_report::helpers::{self as h, Curve};
@@ -11,7 +13,9 @@ use kvlab_report::{
 };
 
 use super::points::{by_config, ci_text, systems_of, ProxyPt, Pt};
+use super::summary::summary_row;
 use super::Analyser;
+use crate::generator::Generator;
 use crate::runner::RawRun;
 use crate::spec::{Design, Experiment, Part};
 
@@ -231,6 +235,11 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
     if backends {
         columns.push("backends' CPU (cores)".into());
     }
+    let machine = pts.iter().any(|p| p.machine_us.is_some());
+    if machine {
+        columns.push("machine busy CPU per request (µs)".into());
+        columns.push("steal (%)".into());
+    }
     let rows = pts
         .iter()
         .map(|p| {
@@ -248,10 +257,15 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
                 }
             ));
             cells.push(ci_text(&p.x));
-            cells.push(ci_text(&p.mean));
-            cells.push(ci_text(&p.p50));
-            cells.push(ci_text(&p.p95));
-            cells.push(ci_text(&p.p99));
+            let shown = |s: &Summary, absent: bool| match absent {
+                true => "–".to_string(),
+                false => ci_text(s),
+            };
+            let (no_mean, no_pcts) = p.absent.as_ref().map_or((false, false), |a| (a.mean, true));
+            cells.push(shown(&p.mean, no_mean));
+            cells.push(shown(&p.p50, no_pcts));
+            cells.push(shown(&p.p95, no_pcts));
+            cells.push(shown(&p.p99, no_pcts));
             cells.push(p.cpu.as_ref().map(ci_text).unwrap_or_else(|| "—".into()));
             cells.push(
                 p.s_cpu
@@ -264,6 +278,10 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
             if backends {
                 cells.push(cores(&p.backend_cpu));
             }
+            if machine {
+                cells.push(cores(&p.machine_us));
+                cells.push(cores(&p.steal_pct));
+            }
             Row::new(cells).highlighted(p.failed > 0)
         })
         .collect();
@@ -275,11 +293,49 @@ fn all_points_table(part: &Part, pts: &[Pt], ci: &str) -> Table {
             "Means over repetitions; ± is the half-width of the confidence interval. Latency \
              from the planned send time. Server CPU from /proc/<pid>/stat over the measured \
              time (1 = one core busy; a proxy's own); the generator's, its threads' CPU over \
-             the run; a proxy's backends', summed. Together they say which process was the \
-             bottleneck: a ratio between systems holds for that regime."
+             the run (an external generator's: its process' over its measured run); a proxy's \
+             backends', summed. Together they say which process was the bottleneck: a ratio \
+             between systems holds for that regime. The machine's busy CPU per request is \
+             every core's user, system, irq and softirq time (/proc/stat) over the requests: \
+             what a request costs all processes and the kernel together; steal is the share \
+             of time the hypervisor gave the cores to others (runs with much of it are noise). \"–\": the generator does not report \
+             that figure (memcaslap: a mean timed from its send, no percentiles)."
                 .into(),
         ),
     }
+}
+
+/// What the report says about the points an external generator measured: they are in the
+/// all-points table only, and which figures their generators leave out.
+fn external_note(ext: &[Pt]) -> Option<Note> {
+    let mut gens: Vec<Generator> = Vec::new();
+    for g in ext.iter().filter_map(|p| p.generator) {
+        if !gens.contains(&g) {
+            gens.push(g);
+        }
+    }
+    if gens.is_empty() {
+        return None;
+    }
+    let mut text = format!(
+        "{} point(s) measured by {} are in the all-points table only: the curves, models, \
+         percentile plots and histograms read kvlab bench's latency histograms, which an \
+         external generator does not give. Their latency is the generator's own, timed from \
+         its send (in closed loop at depth 1, the same moment as the planned one).",
+        ext.len(),
+        gens.iter()
+            .map(|g| g.name())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    );
+    for p in ext {
+        if let Some(a) = &p.absent {
+            if !text.contains(&a.why) {
+                text.push_str(&format!(" \"–\" in the table: {}.", a.why));
+            }
+        }
+    }
+    Some(Note::info("External load generators", text))
 }
 
 /// Histogram buckets shared by every histogram of the report: 24 log-spaced buckets from
@@ -378,12 +434,26 @@ pub(super) fn table(title: &str, columns: &[&str], rows: Vec<Row>, caption: Opti
 impl Analyser<'_> {
     /// A part's section: its description, notes on failed runs and generator warnings, the
     /// analysis its factors call for, and the table and distributions of all its points.
-    pub(super) fn part_section(&mut self, part: &Part, pts: &[Pt], problems: &[String]) -> Section {
+    /// Points measured by an external generator go to the all-points table only (see
+    /// [`external_note`]); the rest of the analysis reads kvlab bench's histograms.
+    pub(super) fn part_section(
+        &mut self,
+        part: &Part,
+        mut all: Vec<Pt>,
+        problems: &[String],
+    ) -> Section {
         let mut sec = Section {
             title: format!("Part {}", part.name),
-            text: part_text(self.exp, part, pts),
+            text: part_text(self.exp, part, &all),
             items: Vec::new(),
         };
+        // kvlab bench's points first (a stable sort keeps each group's order).
+        all.sort_by_key(|p| p.generator.is_some());
+        let n = all.iter().take_while(|p| p.generator.is_none()).count();
+        let pts = &all[..n];
+        if let Some(note) = external_note(&all[n..]) {
+            sec.items.push(Item::Note(note));
+        }
         if !problems.is_empty() {
             sec.items.push(Item::Note(Note::warning(
                 "Failed runs",
@@ -397,6 +467,12 @@ impl Analyser<'_> {
                 warns.join("\n"),
             )));
         }
+        if pts.is_empty() {
+            self.points_summary(part, &all);
+            sec.items
+                .push(Item::Table(all_points_table(part, &all, &self.ci)));
+            return sec;
+        }
         let open = pts.iter().all(|p| p.population == 0);
         let has = |f: &str| part.factors.iter().any(|(n, ls)| n == f && ls.len() > 1);
         if part.is_trace() {
@@ -407,6 +483,8 @@ impl Analyser<'_> {
             self.clients_section(part, pts, &mut sec);
         } else if has("qps") && open {
             self.rates_section(part, pts, &mut sec);
+        } else {
+            self.points_summary(part, &all);
         }
         if let Some(chart) = stages_chart(pts) {
             sec.items.push(Item::StackedBars(chart));
@@ -416,10 +494,47 @@ impl Analyser<'_> {
         }
         if !part.is_trace() {
             sec.items
-                .push(Item::Table(all_points_table(part, pts, &self.ci)));
+                .push(Item::Table(all_points_table(part, &all, &self.ci)));
             self.percentile_items(part, pts, &mut sec);
         }
         sec
+    }
+
+    /// A part no analysis of its factors applies to (a comparison of systems or generators
+    /// at a few points): every point in the terminal summary with its regime — the
+    /// system's CPU and the generator's, in cores.
+    fn points_summary(&mut self, part: &Part, all: &[Pt]) {
+        const WIDTHS: [usize; 5] = [10, 9, 9, 8, 8];
+        let _ = writeln!(self.summary, "part {} — every point", part.name);
+        summary_row(
+            &mut self.summary,
+            "system (levels)",
+            &["req/s", "mean µs", "p99 µs", "CPU", "gen CPU"],
+            &WIDTHS,
+        );
+        for p in all {
+            let (no_mean, no_pcts) = p.absent.as_ref().map_or((false, false), |a| (a.mean, true));
+            let fig = |v: f64, absent: bool| match absent {
+                true => "–".to_string(),
+                false => format_value(v),
+            };
+            let cores = |s: &Option<Summary>| {
+                s.as_ref()
+                    .map_or("—".to_string(), |s| format!("{:.2}", s.mean))
+            };
+            summary_row(
+                &mut self.summary,
+                &p.describe(),
+                &[
+                    format_value(p.x.mean),
+                    fig(p.mean.mean, no_mean),
+                    fig(p.p99.mean, no_pcts),
+                    cores(&p.cpu),
+                    cores(&p.gen_cpu),
+                ],
+                &WIDTHS,
+            );
+        }
     }
 
     /// A latency histogram over the report's shared buckets.

@@ -7,6 +7,7 @@ use kvlab_analysis::{summarize, Summary};
 use kvlab_report::helpers::{self as h};
 use kvlab_report::{format_value, Estimate};
 
+use crate::generator::{Generator, Measured};
 use crate::runner::{ProxyFigures, RawRun};
 use crate::spec::{Experiment, Level, Part};
 
@@ -25,10 +26,18 @@ pub(super) struct Pt<'a> {
     pub(super) cpu: Option<Summary>,
     pub(super) s_cpu: Option<Summary>,
     pub(super) gen_d: Option<f64>,
+    /// The external generator that measured the point (none: kvlab bench).
+    pub(super) generator: Option<Generator>,
+    /// Latency figures the generator does not report ([`Latency::absent`]): their fields
+    /// above hold a placeholder 0 that only the all-points table sees, as "–".
+    pub(super) absent: Option<Absent>,
     /// The load generator's CPU (cores busy, its threads summed).
     pub(super) gen_cpu: Option<Summary>,
     /// A proxy's backends' CPU (cores busy, summed).
     pub(super) backend_cpu: Option<Summary>,
+    /// The whole machine's busy CPU per request (µs), and its stolen time (%).
+    pub(super) machine_us: Option<Summary>,
+    pub(super) steal_pct: Option<Summary>,
     pub(super) population: usize,
     pub(super) think_s: f64,
     pub(super) server_threads: u32,
@@ -175,6 +184,114 @@ fn summ(v: &[f64], conf: f64) -> Option<Summary> {
     summarize(&v, conf).ok()
 }
 
+/// A run's throughput, req/s: kvlab bench's or an external generator's.
+fn throughput(r: &RawRun) -> Option<f64> {
+    match (&r.result, &r.external) {
+        (Some(res), _) => Some(res.throughput_qps),
+        (None, Some(x)) => Some(x.measured.throughput_qps),
+        (None, None) => None,
+    }
+}
+
+/// A run's load generator's CPU (cores busy): kvlab bench's threads' summed, or an external
+/// generator's process'.
+fn generator_cpu(r: &RawRun) -> Option<f64> {
+    match (&r.result, &r.external) {
+        (Some(res), _) => Some(res.thread_cpu.iter().sum()),
+        (None, Some(x)) => x.cpu,
+        (None, None) => None,
+    }
+}
+
+/// Latency figures a point's generator does not report, and why.
+pub(super) struct Absent {
+    /// No mean either.
+    pub(super) mean: bool,
+    /// Why (the generator's own words in [`Generator::no_percentiles`]).
+    pub(super) why: String,
+}
+
+/// A point's latency over its runs.
+struct Latency {
+    mean: Summary,
+    p50: Summary,
+    p95: Summary,
+    p99: Summary,
+    pct: h::Percentiles,
+    absent: Option<Absent>,
+}
+
+impl Latency {
+    /// kvlab bench's percentiles (from the planned send), or an external generator's figures
+    /// when every run has them; a figure some run lacks is absent (a placeholder 0 that
+    /// [`Pt::absent`] marks).
+    fn of(ok: &[&RawRun], conf: f64) -> Option<Latency> {
+        let avg = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let zero = || summ(&[0.0], conf);
+        if ok.iter().all(|r| r.result.is_some()) {
+            let res = |f: &dyn Fn(&kvlab_bench::RunResult) -> f64| -> Vec<f64> {
+                ok.iter().filter_map(|r| r.result.as_ref()).map(f).collect()
+            };
+            return Some(Latency {
+                mean: summ(&res(&|r| r.latency.mean_us), conf).or_else(zero)?,
+                p50: summ(&res(&|r| r.latency.p50_us), conf).or_else(zero)?,
+                p95: summ(&res(&|r| r.latency.p95_us), conf).or_else(zero)?,
+                p99: summ(&res(&|r| r.latency.p99_us), conf).or_else(zero)?,
+                pct: h::Percentiles {
+                    p25: avg(res(&|r| r.latency.p25_us)),
+                    p50: avg(res(&|r| r.latency.p50_us)),
+                    p75: avg(res(&|r| r.latency.p75_us)),
+                    p90: avg(res(&|r| r.latency.p90_us)),
+                    p99: avg(res(&|r| r.latency.p99_us)),
+                },
+                absent: None,
+            });
+        }
+        let ext: Vec<(Generator, &Measured)> = ok
+            .iter()
+            .filter_map(|r| r.external.as_ref().map(|x| (x.generator, &x.measured)))
+            .collect();
+        if ext.len() != ok.len() {
+            return None; // a point measured by two generators: not one point
+        }
+        let every = |f: &dyn Fn(&Measured) -> Option<f64>| -> Option<Vec<f64>> {
+            ext.iter().map(|(_, m)| f(m)).collect()
+        };
+        let fig = |f: &dyn Fn(&Measured) -> Option<f64>| every(f).and_then(|v| summ(&v, conf));
+        let (mean, p50, p95, p99) = (
+            fig(&|m| m.mean_us),
+            fig(&|m| m.p50_us),
+            fig(&|m| m.p95_us),
+            fig(&|m| m.p99_us),
+        );
+        let g = ext[0].0;
+        let absent =
+            (mean.is_none() || p50.is_none() || p95.is_none() || p99.is_none()).then(|| Absent {
+                mean: mean.is_none(),
+                why: g.no_percentiles().map_or_else(
+                    || format!("{} reported no latency percentiles in every run", g.name()),
+                    str::to_string,
+                ),
+            });
+        let p = |s: &Option<Summary>| s.as_ref().map_or(0.0, |s| s.mean);
+        let pct = h::Percentiles {
+            p25: 0.0,
+            p50: p(&p50),
+            p75: 0.0,
+            p90: 0.0,
+            p99: p(&p99),
+        };
+        Some(Latency {
+            mean: mean.or_else(zero)?,
+            p50: p50.or_else(zero)?,
+            p95: p95.or_else(zero)?,
+            p99: p99.or_else(zero)?,
+            pct,
+            absent,
+        })
+    }
+}
+
 pub(super) fn points<'a>(
     exp: &Experiment,
     part: &Part,
@@ -196,36 +313,20 @@ pub(super) fn points<'a>(
             let ok: Vec<&RawRun> = all
                 .iter()
                 .copied()
-                .filter(|r| r.error.is_none() && r.result.is_some())
+                .filter(|r| r.error.is_none() && (r.result.is_some() || r.external.is_some()))
                 .collect();
             for r in &all {
                 if let Some(e) = &r.error {
                     problems.push(format!("run {} ({}) failed: {e}", r.index, r.system));
                 }
             }
-            let res = |f: &dyn Fn(&kvlab_bench::RunResult) -> f64| -> Vec<f64> {
-                ok.iter().filter_map(|r| r.result.as_ref()).map(f).collect()
-            };
-            let xs = res(&|r| r.throughput_qps);
+            let xs: Vec<f64> = ok.iter().filter_map(|r| throughput(r)).collect();
             let Some(x) = summ(&xs, conf) else {
                 problems.push(format!("{name} at point {}: no successful run", k + 1));
                 continue;
             };
-            let zero = || summ(&[0.0], conf);
-            let mean = summ(&res(&|r| r.latency.mean_us), conf).or_else(zero);
-            let p50 = summ(&res(&|r| r.latency.p50_us), conf).or_else(zero);
-            let p95 = summ(&res(&|r| r.latency.p95_us), conf).or_else(zero);
-            let p99 = summ(&res(&|r| r.latency.p99_us), conf).or_else(zero);
-            let (Some(mean), Some(p50), Some(p95), Some(p99)) = (mean, p50, p95, p99) else {
+            let Some(lat) = Latency::of(&ok, conf) else {
                 continue;
-            };
-            let avg = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
-            let pct = h::Percentiles {
-                p25: avg(res(&|r| r.latency.p25_us)),
-                p50: avg(res(&|r| r.latency.p50_us)),
-                p75: avg(res(&|r| r.latency.p75_us)),
-                p90: avg(res(&|r| r.latency.p90_us)),
-                p99: avg(res(&|r| r.latency.p99_us)),
             };
             let cpus: Vec<f64> = ok
                 .iter()
@@ -235,20 +336,32 @@ pub(super) fn points<'a>(
                 .iter()
                 .filter_map(|r| {
                     let c = r.cpu.as_ref()?;
-                    let x = r.result.as_ref()?.throughput_qps;
+                    let x = throughput(r)?;
                     (x > 0.0).then(|| c.utilization / x)
                 })
                 .collect();
             let gen: Vec<f64> = ok
                 .iter()
                 .filter_map(|r| {
-                    let res = r.result.as_ref()?;
-                    (res.throughput_qps > 0.0)
-                        .then(|| res.thread_cpu.iter().sum::<f64>() / res.throughput_qps)
+                    let x = throughput(r)?;
+                    (x > 0.0).then(|| generator_cpu(r).map(|c| c / x)).flatten()
                 })
                 .collect();
-            let gen_cpu: Vec<f64> = res(&|r| r.thread_cpu.iter().sum::<f64>());
+            let gen_cpu: Vec<f64> = ok.iter().filter_map(|r| generator_cpu(r)).collect();
+            let avg = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
             let backend_cpu: Vec<f64> = ok.iter().filter_map(|r| r.backend_cpu).collect();
+            let machine_us: Vec<f64> = ok
+                .iter()
+                .filter_map(|r| {
+                    let x = throughput(r).filter(|x| *x > 0.0)?;
+                    Some(r.machine?.busy_cores / x * 1e6)
+                })
+                .collect();
+            let steal: Vec<f64> = ok
+                .iter()
+                .filter_map(|r| Some(r.machine?.steal * 100.0))
+                .collect();
+            let every = |v: &[f64]| (v.len() == ok.len()).then(|| summ(v, conf)).flatten();
             let mut hist: Option<Hdr<u64>> = None;
             for r in &ok {
                 if let Some(hh) = &r.latency_hist {
@@ -266,11 +379,13 @@ pub(super) fn points<'a>(
                 levels: levels.clone(),
                 failed: all.len() - ok.len(),
                 x,
-                mean,
-                p50,
-                p95,
-                p99,
-                pct,
+                mean: lat.mean,
+                p50: lat.p50,
+                p95: lat.p95,
+                p99: lat.p99,
+                pct: lat.pct,
+                generator: first.external.as_ref().map(|e| e.generator),
+                absent: lat.absent,
                 cpu: if cpus.len() == ok.len() {
                     summ(&cpus, conf)
                 } else {
@@ -282,12 +397,18 @@ pub(super) fn points<'a>(
                     None
                 },
                 gen_d: (!gen.is_empty()).then(|| avg(gen.clone())),
-                gen_cpu: summ(&gen_cpu, conf),
+                gen_cpu: if gen_cpu.len() == ok.len() {
+                    summ(&gen_cpu, conf)
+                } else {
+                    None
+                },
                 backend_cpu: if backend_cpu.len() == ok.len() {
                     summ(&backend_cpu, conf)
                 } else {
                     None
                 },
+                machine_us: every(&machine_us),
+                steal_pct: every(&steal),
                 population: first.population,
                 think_s: first.think_s,
                 server_threads: first.server_threads,

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 
 use kvlab_analysis::factorial;
 use kvlab_analysis::saturation::{find_knee, KneeOptions, LoadPoint};
+use kvlab_analysis::Summary;
 use kvlab_report::helpers::{self as h, Curve};
 use kvlab_report::{
     format_value, Estimate, Item, LinePlot, LineStyle, Note, Point, Row, Section, Series, Table,
@@ -301,20 +302,30 @@ impl Analyser<'_> {
     }
 
     /// The sustained rate of each configuration of a rate scan: the largest offered rate whose
-    /// mean p95 over repetitions is below the experiment's `slo_p95_us` with at least 99 % of
-    /// it achieved and no failed run, every lower rate passing too (so one lucky point above a
-    /// failing one does not count). Also added to the terminal summary.
+    /// p95 (mean over repetitions) is below the experiment's `slo_p95_us` — or its mean
+    /// latency below `slo_mean_us` — with at least 99 % of it achieved and no failed run,
+    /// every lower rate passing too (so one lucky point above a failing one does not count).
+    /// Also added to the terminal summary.
     fn sustained_table(
         &mut self,
         groups: &[(String, Vec<&Pt>)],
         offered: impl Fn(&Pt) -> f64,
     ) -> Table {
-        let bound = self.exp.slo_p95_us;
-        let passes = |p: &Pt| p.failed == 0 && p.p95.mean < bound && p.x.mean >= 0.99 * offered(p);
+        let (stat, bound): (&str, f64) = match self.exp.slo_mean_us {
+            Some(m) => ("mean latency", m),
+            None => ("p95", self.exp.slo_p95_us),
+        };
+        let lat = |p: &Pt| -> Summary {
+            match self.exp.slo_mean_us {
+                Some(_) => p.mean.clone(),
+                None => p.p95.clone(),
+            }
+        };
+        let passes = |p: &Pt| p.failed == 0 && lat(p).mean < bound && p.x.mean >= 0.99 * offered(p);
         let mut rows = Vec::new();
         let _ = writeln!(
             self.summary,
-            "  sustained with p95 < {} µs:",
+            "  sustained with {stat} < {} µs:",
             format_value(bound)
         );
         for (cfg, ps) in groups {
@@ -325,8 +336,8 @@ impl Analyser<'_> {
                 if p.failed > 0 {
                     w.push(format!("{} failed runs", p.failed));
                 }
-                if p.p95.mean >= bound {
-                    w.push(format!("p95 {} µs", format_value(p.p95.mean)));
+                if lat(p).mean >= bound {
+                    w.push(format!("{stat} {} µs", format_value(lat(p).mean)));
                 }
                 if p.x.mean < 0.99 * offered(p) {
                     w.push(format!("achieved {}", format_value(p.x.mean)));
@@ -342,8 +353,8 @@ impl Analyser<'_> {
             rows.push(Row::new([
                 cfg.clone(),
                 rate.unwrap_or("—".into()),
-                good.map(|p| ci_text(&p.p95)).unwrap_or("—".into()),
-                good.and_then(|p| p.p95.ci())
+                good.map(|p| ci_text(&lat(p))).unwrap_or("—".into()),
+                good.and_then(|p| lat(p).ci())
                     .map(|(_, hi)| {
                         if hi < bound {
                             "yes"
@@ -359,24 +370,24 @@ impl Analyser<'_> {
         }
         table(
             &format!(
-                "Sustained rate: largest offered rate with p95 < {} µs",
+                "Sustained rate: largest offered rate with {stat} < {} µs",
                 format_value(bound)
             ),
             &[
                 "configuration",
                 "sustained (req/s)",
-                "p95 there (µs)",
-                "p95's CI below the bound",
+                &format!("{stat} there (µs)"),
+                &format!("{stat}'s CI below the bound"),
                 "achieved there (req/s)",
                 "first failing rate",
             ],
             rows,
-            Some(
-                "A rate passes when the p95 (mean over repetitions, from the planned send time) \
-                 is below the bound, at least 99 % of the offered rate is achieved and no run \
-                 failed; the sustained rate is the last of an unbroken run of passing rates from \
-                 the lowest. Its precision is the scan's step.",
-            ),
+            Some(&format!(
+                "A rate passes when the {stat} (mean over repetitions, from the planned send \
+                 time) is below the bound, at least 99 % of the offered rate is achieved and no \
+                 run failed; the sustained rate is the last of an unbroken run of passing rates \
+                 from the lowest. Its precision is the scan's step."
+            )),
         )
     }
 

@@ -19,6 +19,7 @@ pub(super) struct FileSpec {
     pub(super) confidence: Option<f64>,
     pub(super) tolerance: Option<f64>,
     pub(super) slo_p95_us: Option<f64>,
+    pub(super) slo_mean_us: Option<f64>,
     pub(super) seed: Option<u64>,
     pub(super) corunner: Option<String>,
     #[serde(default, rename = "system")]

@@ -12,6 +12,8 @@
 
 use kvlab_bench::Protocol;
 
+use crate::generator::Generator;
+
 mod expand;
 mod file;
 mod resolve;
@@ -66,6 +68,8 @@ pub struct Part {
     pub points: Vec<Vec<(String, Level)>>,
     /// The protocol each point speaks (parallel to `points`).
     pub protocols: Vec<Protocol>,
+    /// The load generator of each point (parallel to `points`).
+    pub generators: Vec<Generator>,
     /// A command run beside each run (`sh -c`, its own process group, ended after the run):
     /// interference such as `stress-ng --cache 1 --taskset 1`; `{factor}` placeholders.
     pub corunner: Option<String>,
@@ -138,6 +142,8 @@ pub struct Experiment {
     /// A rate scan's sustained rate is the largest offered rate whose p95 stays below this
     /// (µs), with every lower rate of the scan passing too.
     pub slo_p95_us: f64,
+    /// Instead: the sustained rate's bound is on the mean latency (µs).
+    pub slo_mean_us: Option<f64>,
     /// Base seed (repetition i uses seed + i).
     pub seed: u64,
     /// Systems under test.
@@ -267,6 +273,34 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(!e.runs().is_empty(), "{name}");
         }
+    }
+
+    /// Every `experiments/*.toml` is built in (so `shipped_experiments_parse` reads it):
+    /// an experiment in `SHIPPED`, or a job file in `workflow::SHIPPED_JOBS`, with the
+    /// file's text.
+    #[test]
+    fn every_experiment_file_is_built_in() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../experiments");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|x| x != "toml") {
+                continue;
+            }
+            let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let built_in = crate::SHIPPED
+                .iter()
+                .chain(crate::workflow::SHIPPED_JOBS)
+                .find(|(name, _)| *name == stem)
+                .unwrap_or_else(|| panic!("{} is not in lib.rs' SHIPPED", path.display()));
+            assert_eq!(built_in.1, text, "{stem}");
+            n += 1;
+        }
+        assert_eq!(
+            n,
+            crate::SHIPPED.len() + crate::workflow::SHIPPED_JOBS.len()
+        );
     }
 
     #[test]
@@ -562,6 +596,25 @@ mod tests {
         // A proxy has no HTTP interface.
         let e = err(&format!("{proxy}[workload]\nprotocol = \"http\"\n"));
         assert!(e.contains("cannot serve protocol"), "{e}");
+    }
+
+    #[test]
+    fn a_mean_bound_and_fresh_systems() {
+        let e = Experiment::parse(
+            "slo_mean_us = 1000\n[[system]]\nname = \"kvlab\"\nfresh = true\n",
+            "x",
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(e.slo_mean_us, Some(1000.0));
+        assert!(e.systems[0].fresh);
+        let err = Experiment::parse(
+            "slo_mean_us = 1000\nslo_p95_us = 900\n[[system]]\nname = \"kvlab\"\n",
+            "x",
+            &Overrides::default(),
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("not both"), "{err:#}");
     }
 
     #[test]

@@ -5,6 +5,8 @@ use std::collections::BTreeSet;
 
 use anyhow::{bail, Context};
 
+use crate::generator::Invocation;
+
 use super::expand::{self, levels_of, Design, Level};
 use super::file::{FileSpec, PartSpec};
 use super::system::{placeholders_in, SystemSpec};
@@ -36,6 +38,15 @@ impl Experiment {
         let slo_p95_us = f.slo_p95_us.unwrap_or(DEFAULT_SLO_P95_US);
         if !(slo_p95_us > 0.0 && slo_p95_us.is_finite()) {
             bail!("slo_p95_us must be > 0, e.g. 1000");
+        }
+        let slo_mean_us = f.slo_mean_us;
+        if let Some(m) = slo_mean_us {
+            if !(m > 0.0 && m.is_finite()) {
+                bail!("slo_mean_us must be > 0, e.g. 1000");
+            }
+            if f.slo_p95_us.is_some() {
+                bail!("give slo_p95_us or slo_mean_us, not both: a rate scan has one bound");
+            }
         }
         if f.systems.is_empty() {
             bail!("no systems: add at least one [[system]] (e.g. name = \"kvlab\")");
@@ -123,6 +134,7 @@ impl Experiment {
             confidence,
             tolerance,
             slo_p95_us,
+            slo_mean_us,
             seed: f.seed.unwrap_or(1),
             systems: f.systems,
             parts,
@@ -190,6 +202,7 @@ fn resolve_part(f: &FileSpec, p: PartSpec, name: String) -> anyhow::Result<Part>
         design,
         points,
         protocols: Vec::new(),
+        generators: Vec::new(),
         corunner,
     };
     check_workloads(&mut part)?;
@@ -295,8 +308,9 @@ fn check_placeholders(
     Ok(())
 }
 
-/// Checks every point's workload now, not an hour into the run, and fills in the part's
-/// protocols (one per point).
+/// Checks every point's workload now, not an hour into the run (with its generator: a key
+/// an external one cannot express is an error), and fills in the part's protocols and
+/// generators (one per point).
 fn check_workloads(part: &mut Part) -> anyhow::Result<()> {
     let dummy: std::net::SocketAddr = ([127, 0, 0, 1], 1).into();
     for pt in &part.points {
@@ -308,6 +322,13 @@ fn check_workloads(part: &mut Part) -> anyhow::Result<()> {
                 false => format!("point {}", levels_text(pt)),
             })?;
         part.protocols.push(cfg.protocol);
+        Invocation::plan(w.generator, &w, part.duration, part.warmup).with_context(|| match pt
+            .is_empty()
+        {
+            true => "the workload".to_string(),
+            false => format!("point {}", levels_text(pt)),
+        })?;
+        part.generators.push(w.generator);
     }
     Ok(())
 }

@@ -93,6 +93,10 @@ pub struct SystemSpec {
     /// The CPUs every thread of the system may run on, a CPU list (`"0"`, `"0-1"`; a
     /// `{factor}` placeholder lets a factor vary it); set once it is up. Default: any.
     pub cpus: Option<String>,
+    /// Start it afresh for every run (an empty cache each time: cold-cache runs, or with
+    /// the workload's `load` a fill before every run). Default: kept while its flags stay.
+    #[serde(default)]
+    pub fresh: bool,
 }
 
 /// What a system runs with at one point, its `{factor}` placeholders filled in: a running
@@ -260,6 +264,7 @@ impl SystemSpec {
             backend: None,
             backend_args: Vec::new(),
             cpus: None,
+            fresh: false,
         }
     }
 

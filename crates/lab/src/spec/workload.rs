@@ -5,6 +5,8 @@ use kvlab_bench::load::{Load, Options};
 use kvlab_bench::Config;
 use serde::Deserialize;
 
+use crate::generator::Generator;
+
 /// The keys of the `[workload]` table.
 pub const WORKLOAD_KEYS: &[&str] = &[
     "clients",
@@ -33,15 +35,22 @@ pub const WORKLOAD_KEYS: &[&str] = &[
     "data",
     "data_key",
     "max_item_size",
+    "generator",
+    "generator_cpus",
 ];
 
 /// The workload of one run: bench's flat load keys ([`Options`]: the same keys, names and
-/// defaults as `kvlab bench`'s flags), plus the lab's `clients`. Every default is bench's
-/// ([`kvlab_bench::load::Load`]); the lab decides none.
+/// defaults as `kvlab bench`'s flags), plus the lab's `clients` and `generator`. Every
+/// default is bench's ([`kvlab_bench::load::Load`]); the lab decides none.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkloadSpec {
     /// Closed loop: total connections (sets threads × connections).
     pub clients: Option<usize>,
+    /// The program that issues the load (default kvlab bench; see [`crate::generator`]).
+    pub generator: Generator,
+    /// The CPUs the load generator runs on (kvlab bench's threads, or the external
+    /// program); none: wherever the lab may run.
+    pub generator_cpus: Option<kvlab_control::CpuSet>,
     /// Every other key.
     pub options: Options,
 }
@@ -57,10 +66,44 @@ impl<'de> Deserialize<'de> for WorkloadSpec {
                     .map_err(|e| D::Error::custom(format!("clients: {}", e.message())))?,
             ),
         };
+        let generator = match t.remove("generator") {
+            None => Generator::default(),
+            Some(v) => v.try_into::<Generator>().map_err(|e| {
+                D::Error::custom(format!(
+                    "generator: {} (one of {})",
+                    e.message(),
+                    Generator::NAMES
+                ))
+            })?,
+        };
+        let generator_cpus = match t.remove("generator_cpus") {
+            None => None,
+            Some(v) => {
+                let text = match &v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                let set = text
+                    .parse::<kvlab_control::CpuSet>()
+                    .ok()
+                    .filter(|s| !s.is_empty())
+                    .ok_or_else(|| {
+                        D::Error::custom(format!(
+                            "generator_cpus = {v}: not a CPU list such as \"1\" or \"0-1,3\""
+                        ))
+                    })?;
+                Some(set)
+            }
+        };
         let options = toml::Value::Table(t)
             .try_into::<Options>()
             .map_err(|e| D::Error::custom(e.message()))?;
-        Ok(WorkloadSpec { clients, options })
+        Ok(WorkloadSpec {
+            clients,
+            generator,
+            generator_cpus,
+            options,
+        })
     }
 }
 

@@ -4,10 +4,12 @@
 //! results/<experiment>-<date>/
 //!   meta.json            kvlab version + commit, machine, date, command, the experiment text
 //!   raw/NNNN.json        one per run: levels, system, flags, bench RunResult, latency
-//!                        histogram, the system's CPU time from /proc/<pid>/stat
+//!                        histogram (or an external generator's figures and CPU,
+//!                        `external`), the system's CPU time from /proc/<pid>/stat
 //!   logs/<system>-N.log  each started system's output (a proxy's backends':
 //!                        <system>-N.backend<i>.log; the proxy's window CSVs:
-//!                        <system>-N.windows/)
+//!                        <system>-N.windows/); an external generator's output:
+//!                        run-NNNN.<generator>.txt (.cfg, .json, .warmup.txt)
 //!   report/index.html    written by the analysis (`kvlab lab analyse DIR` rewrites it)
 //! ```
 //!
@@ -23,10 +25,15 @@ use hdrhistogram::Histogram;
 use kvlab_analysis::laws;
 use kvlab_bench::run::IntervalRow;
 use kvlab_bench::{Protocol, RunResult};
-use kvlab_process as process;
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{levels_text, Experiment, Flags, Level, Overrides, PlannedRun, SystemKind};
+mod readings;
+
+use readings::{backend_cpu, cpu_sample, machine_cpu, proxy_figures, Reader, Reading};
+pub use readings::{MachineCpu, ProxyFigures};
+
+use crate::generator::{self, ExternalRun, Generator, Invocation};
+use crate::spec::{levels_text, Experiment, Flags, Level, Overrides, PlannedRun};
 use crate::system::{self, Instance};
 
 /// The system's CPU time over a run's measured time.
@@ -47,94 +54,6 @@ pub struct CpuSample {
     /// Per interval: (seconds since the start of measurement, utilization in the interval).
     #[serde(default)]
     pub intervals: Vec<(f64, f64)>,
-}
-
-/// A proxy's own figures over a run's measured time, from its `stats` read at the same two
-/// moments as its CPU time ([`CpuSample`]: the end of the last warm-up interval, or without
-/// warm-up the end of the first interval, and the end of the last one), so the load phase
-/// and the warm-up never count. Each stage's mean is Δsum / Δcount between the two readings
-/// (`proxy_<stage>_sum_us`, `proxy_<stage>_count`); a proxy whose `stats` lacks those gives
-/// each stage's cumulative mean (`proxy_<stage>_mean_us`, 0.1 µs) times `proxy_requests`
-/// instead, an approximation (`exact` false) whose error grows with the requests the proxy
-/// served before the run. The mean queue length is Δ`proxy_queue_area_us` / Δt.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProxyFigures {
-    /// Requests the proxy finished (`proxy_requests`).
-    pub requests: u64,
-    /// Mean time of the network thread's own parse and hand-off per request, µs.
-    pub net_us: f64,
-    /// Mean time in the queue, µs.
-    pub queue_us: f64,
-    /// Mean time in the worker, µs (backend time included).
-    pub worker_us: f64,
-    /// Mean time waiting for backends (part of the worker's), µs.
-    pub backend_us: f64,
-    /// Mean time in the proxy (queue + worker), µs.
-    pub total_us: f64,
-    /// Time-averaged queue length (requests).
-    pub queue_len: f64,
-    /// Backend requests per request (`proxy_backend_requests`): replicas written, parts of a
-    /// split multi-get.
-    #[serde(default)]
-    pub backend_requests: f64,
-    /// Wall time between the two readings, s.
-    pub elapsed_s: f64,
-    /// The proxy's backends.
-    pub backends: usize,
-    /// The backends' CPU, summed (cores busy), when every backend's could be read.
-    pub backend_cpu: Option<f64>,
-    /// Whether the means come from exact sums and counts (else from rounded cumulative means).
-    pub exact: bool,
-}
-
-impl ProxyFigures {
-    /// The figures between two `stats` readings `elapsed_s` apart (`backends` and
-    /// `backend_cpu` left for the caller); `None` when a needed figure is missing or no
-    /// request finished in between.
-    pub fn between(
-        before: &[(String, String)],
-        after: &[(String, String)],
-        elapsed_s: f64,
-    ) -> Option<ProxyFigures> {
-        let get = |s: &[(String, String)], k: &str| {
-            s.iter()
-                .find(|(n, _)| n == k)
-                .and_then(|(_, v)| v.parse::<f64>().ok())
-        };
-        let delta = |k: &str| Some(get(after, k)? - get(before, k)?);
-        let requests = delta("proxy_requests")?;
-        if !(requests > 0.0 && elapsed_s > 0.0) {
-            return None;
-        }
-        let mut exact = true;
-        let mut mean = |stage: &str| -> Option<f64> {
-            let sum = delta(&format!("proxy_{stage}_sum_us"));
-            let count = delta(&format!("proxy_{stage}_count"));
-            if let (Some(sum), Some(count)) = (sum, count) {
-                return Some(if count > 0.0 { sum / count } else { 0.0 });
-            }
-            exact = false;
-            let mean_us = format!("proxy_{stage}_mean_us");
-            let sum = |s| Some(get(s, &mean_us)? * get(s, "proxy_requests")?);
-            Some(((sum(after)? - sum(before)?) / requests).max(0.0))
-        };
-        let (net_us, queue_us, worker_us) = (mean("net")?, mean("queue")?, mean("worker")?);
-        let (backend_us, total_us) = (mean("backend")?, mean("total")?);
-        Some(ProxyFigures {
-            requests: requests as u64,
-            net_us,
-            queue_us,
-            worker_us,
-            backend_us,
-            total_us,
-            queue_len: delta("proxy_queue_area_us")? / (elapsed_s * 1e6),
-            backend_requests: delta("proxy_backend_requests").unwrap_or(0.0) / requests,
-            elapsed_s,
-            backends: 0,
-            backend_cpu: None,
-            exact,
-        })
-    }
 }
 
 /// A latency histogram (ns) that serialises in HdrHistogram's interchange format.
@@ -186,14 +105,20 @@ pub struct RawRun {
     /// backend's could be read (either kind of proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_cpu: Option<f64>,
+    /// The whole machine's CPU over the measured time (`/proc/stat`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<MachineCpu>,
     /// The CPUs the system was pinned to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpus: Option<String>,
     /// The command run beside it (interference), and its CPU over the run (cores busy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub corunner: Option<(String, Option<f64>)>,
-    /// What the load generator measured.
+    /// What kvlab bench measured (none when an external generator ran).
     pub result: Option<RunResult>,
+    /// What an external generator (`generator = "memcaslap"`, …) measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<ExternalRun>,
     /// Latency from the planned send, ns, over the measured time.
     pub latency_hist: Option<Hist>,
     /// Why the run failed.
@@ -335,10 +260,11 @@ pub fn run_experiment(
     let raw_dir = out.join("raw");
     std::fs::create_dir_all(&raw_dir).with_context(|| format!("creating {}", raw_dir.display()))?;
     let available = available_systems(exp, meta, kvlab_bin)?;
+    let missing = missing_generators(exp, meta);
     let runs: Vec<PlannedRun> = exp
         .runs()
         .into_iter()
-        .filter(|r| available[r.system])
+        .filter(|r| available[r.system] && !missing.contains(&(r.part, r.point)))
         .collect();
     if runs.is_empty() {
         anyhow::bail!("no runs: every system was skipped");
@@ -401,7 +327,7 @@ pub fn run_experiment(
             fmt_secs(elapsed),
             fmt_secs(eta)
         );
-        let raw = one_run(exp, r, i, inst, tty);
+        let raw = one_run(exp, r, i, inst, tty, &out.join("logs"));
         print_outcome(&raw);
         write_json(&raw_dir.join(format!("{i:04}.json")), &raw)?;
         stored.push(raw);
@@ -441,6 +367,38 @@ fn available_systems(
     Ok(available)
 }
 
+/// The points (part, point) whose external generator is not on PATH: left out, with a note
+/// per part and generator (in `meta.skipped` too).
+fn missing_generators(exp: &Experiment, meta: &mut Meta) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (pi, part) in exp.parts.iter().enumerate() {
+        let mut notes: Vec<(Generator, usize)> = Vec::new();
+        for (k, g) in part.generators.iter().enumerate() {
+            let Some(program) = g.program() else { continue };
+            if system::which(program).is_some() {
+                continue;
+            }
+            out.push((pi, k));
+            match notes.iter_mut().find(|(n, _)| n == g) {
+                Some((_, count)) => *count += 1,
+                None => notes.push((*g, 1)),
+            }
+        }
+        for (g, n) in notes {
+            let why = format!(
+                "part {}: {n} of {} points not run: {} is not on PATH ({})",
+                part.name,
+                part.points.len(),
+                g.name(),
+                g.install_hint()
+            );
+            eprintln!("note: generator {}: {why}", g.name());
+            meta.skipped.push((format!("generator {}", g.name()), why));
+        }
+    }
+    out
+}
+
 /// The index in `running` of an instance of run `r`'s system started with `flags`: this
 /// system's instances with other flags are stopped, an exited one is replaced, and one is
 /// started if needed.
@@ -456,7 +414,7 @@ fn instance_for(
     let (system, spec, part) = (r.system, &exp.systems[r.system], &exp.parts[r.part]);
     let mut keep = Vec::new();
     for inst in running.drain(..) {
-        if inst.system == system && inst.flags != flags {
+        if inst.system == system && (inst.flags != flags || spec.fresh) {
             inst.stop();
         } else {
             keep.push(inst);
@@ -488,18 +446,30 @@ fn instance_for(
 
 /// Prints one run's outcome under its progress line.
 fn print_outcome(raw: &RawRun) {
+    let cpu = raw
+        .cpu
+        .as_ref()
+        .map(|c| format!(", server CPU {:.2} cores", c.utilization))
+        .unwrap_or_default();
+    let opt = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.1}"));
     if let Some(e) = &raw.error {
         eprintln!("        failed: {e}");
+    } else if let Some(x) = &raw.external {
+        let m = &x.measured;
+        eprintln!(
+            "        {:.0} req/s, mean {} µs, p99 {} µs ({}){cpu}, generator CPU {}",
+            m.throughput_qps,
+            opt(m.mean_us),
+            opt(m.p99_us),
+            x.generator.name(),
+            x.cpu.map_or("–".to_string(), |c| format!("{c:.2} cores"))
+        );
     } else if let Some(res) = &raw.result {
         eprintln!(
-            "        {:.0} req/s, mean {:.1} µs, p99 {:.1} µs{}{}",
+            "        {:.0} req/s, mean {:.1} µs, p99 {:.1} µs{cpu}{}",
             res.throughput_qps,
             res.latency.mean_us,
             res.latency.p99_us,
-            raw.cpu
-                .as_ref()
-                .map(|c| format!(", server CPU {:.2} cores", c.utilization))
-                .unwrap_or_default(),
             raw.proxy
                 .as_ref()
                 .map(|p| format!(
@@ -517,6 +487,7 @@ fn one_run(
     index: usize,
     inst: &mut Instance,
     tty: bool,
+    logs: &Path,
 ) -> RawRun {
     let part = &exp.parts[r.part];
     let levels = part.points[r.point].clone();
@@ -524,7 +495,7 @@ fn one_run(
         index,
         part: part.name.clone(),
         point: r.point,
-        levels: levels.clone(),
+        levels,
         system: exp.systems[r.system].name.clone(),
         protocol: part.protocols[r.point],
         repetition: r.repetition,
@@ -539,81 +510,83 @@ fn one_run(
         backends: inst.backend_commands(),
         proxy: None,
         backend_cpu: None,
+        machine: None,
         cpus: inst.flags.cpus.clone(),
         corunner: None,
         result: None,
+        external: None,
         latency_hist: None,
         error: None,
     };
-    let wl = match part.workload_of(&levels) {
-        Ok(w) => w,
-        Err(e) => {
-            raw.error = Some(format!("{e:#}"));
-            return raw;
-        }
-    };
+    if let Err(e) = measure(exp, r, inst, tty, logs, &mut raw) {
+        raw.error = Some(format!("{e:#}"));
+    }
+    raw
+}
+
+/// Loads `inst` for run `r` and fills in `raw`: kvlab bench in this process, or an external
+/// generator ([`generator`]) with the system's readings around its measured invocation.
+fn measure(
+    exp: &Experiment,
+    r: &PlannedRun,
+    inst: &mut Instance,
+    tty: bool,
+    logs: &Path,
+    raw: &mut RawRun,
+) -> anyhow::Result<()> {
+    let part = &exp.parts[r.part];
+    let levels = &raw.levels;
+    let wl = part.workload_of(levels)?;
     let seed = exp.seed.wrapping_add(r.repetition as u64);
-    let load = match wl.load(part.duration, part.warmup, seed) {
-        Ok(l) => l,
-        Err(e) => {
-            raw.error = Some(format!("{e:#}"));
-            return raw;
-        }
-    };
+    let load = wl.load(part.duration, part.warmup, seed)?;
     raw.population = if load.is_open() { 0 } else { load.population() };
     raw.think_s = load.think_us() as f64 / 1e6;
     let target = match (load.protocol, inst.http) {
         (Protocol::Memcached | Protocol::Meta, _) => inst.addr,
         (Protocol::Http, Some(h)) => h,
-        (Protocol::Http, None) => {
-            raw.error = Some("the system was started without an HTTP port".into());
-            return raw;
-        }
+        (Protocol::Http, None) => anyhow::bail!("the system was started without an HTTP port"),
     };
-    let mut cfg = match load.config(target) {
-        Ok(c) => c,
-        Err(e) => {
-            raw.error = Some(format!("{e:#}"));
-            return raw;
+    let reader = Reader::of(inst);
+    let ticks = laws::clock_ticks_per_second();
+    let corunner = part
+        .corunner_of(levels)
+        .map(|c| Corunner::start(&c))
+        .transpose()?;
+    if let Some(inv) = Invocation::plan(wl.generator, &wl, part.duration, part.warmup)? {
+        let stem = logs.join(format!("run-{:04}.{}", raw.index, inv.generator.name()));
+        let mut readings: Vec<Reading> = Vec::new();
+        let ext = generator::pinned(wl.generator_cpus.as_ref(), || {
+            generator::run(&inv, target, &stem, &mut || {
+                readings.push(reader.read(false))
+            })
+        })?;
+        raw.corunner = corunner.map(Corunner::stop);
+        let (ext, (first, last)) = ext?;
+        // The readings around the generator's activity: the first marks the start.
+        readings.truncate(last + 1);
+        readings.drain(..first);
+        if let Some(r) = readings.first_mut() {
+            r.warmup = true;
         }
-    };
+        raw.external = Some(ext);
+        raw.cpu = cpu_sample(reader.pid, ticks, &readings);
+        raw.proxy = reader
+            .proxy
+            .and_then(|n| proxy_figures(&readings, ticks, n));
+        raw.backend_cpu = backend_cpu(&readings, ticks);
+        raw.machine = machine_cpu(&readings, ticks);
+        return Ok(());
+    }
+    let mut cfg = load.config(target)?;
     let sig = wl.data_signature();
     cfg.load = cfg.load && inst.loaded.as_deref() != Some(sig.as_str());
     // CPU readings (and a proxy's `stats`) at every interval boundary the generator reports:
     // the measured window is `window`'s.
-    let pid = inst.pid;
-    let ticks = laws::clock_ticks_per_second();
-    // Only kvlab's proxy reports its stages in `stats`.
-    let proxy = inst
-        .flags
-        .backends
-        .as_ref()
-        .map(|(n, _)| *n)
-        .filter(|_| inst.kind == SystemKind::Proxy);
-    let addr = inst.addr;
-    let backend_pids = inst.backend_pids();
-    let read = || Reading {
-        warmup: false,
-        at: Instant::now(),
-        cpu: pid.and_then(|p| laws::read_proc_stat(p).ok()),
-        backend_ticks: (!backend_pids.is_empty())
-            .then(|| {
-                backend_pids
-                    .iter()
-                    .map(|&p| laws::read_proc_stat(p).ok().map(|s| s.cpu_ticks()))
-                    .sum::<Option<u64>>()
-            })
-            .flatten(),
-        stats: proxy.and_then(|_| process::stats(addr, None, STATS_TIMEOUT).ok()),
-    };
     let mut readings: Vec<Reading> = Vec::new();
     let total_s = cfg.end_ns() as f64 / 1e9;
     let mut first_ts: Option<u64> = None;
     let mut progress = |row: &IntervalRow| {
-        readings.push(Reading {
-            warmup: row.warmup,
-            ..read()
-        });
+        readings.push(reader.read(row.warmup));
         if tty {
             let first = *first_ts.get_or_insert(row.ts_start);
             let el = row.ts_end.saturating_sub(first) as f64 / 1000.0;
@@ -623,33 +596,26 @@ fn one_run(
             );
         }
     };
-    let corunner = match part.corunner_of(&levels).map(|c| Corunner::start(&c)) {
-        Some(Ok(c)) => Some(c),
-        Some(Err(e)) => {
-            raw.error = Some(format!("{e:#}"));
-            return raw;
-        }
-        None => None,
-    };
-    let result = kvlab_bench::run(&cfg, &[], &mut progress);
+    let result = generator::pinned(wl.generator_cpus.as_ref(), || {
+        kvlab_bench::run(&cfg, &[], &mut progress)
+    })?;
     raw.corunner = corunner.map(Corunner::stop);
     if tty {
         eprint!("\r\x1b[2K");
     }
-    match result {
-        Ok(mut res) => {
-            if cfg.load {
-                inst.loaded = Some(sig);
-            }
-            raw.latency_hist = res.hist.take().map(|h| Hist(h.latency));
-            raw.cpu = cpu_sample(pid, ticks, &readings);
-            raw.proxy = proxy.and_then(|n| proxy_figures(&readings, ticks, n));
-            raw.backend_cpu = backend_cpu(&readings, ticks);
-            raw.result = Some(res);
-        }
-        Err(e) => raw.error = Some(format!("{e}")),
+    let mut res = result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    if cfg.load {
+        inst.loaded = Some(sig);
     }
-    raw
+    raw.latency_hist = res.hist.take().map(|h| Hist(h.latency));
+    raw.cpu = cpu_sample(reader.pid, ticks, &readings);
+    raw.proxy = reader
+        .proxy
+        .and_then(|n| proxy_figures(&readings, ticks, n));
+    raw.backend_cpu = backend_cpu(&readings, ticks);
+    raw.machine = machine_cpu(&readings, ticks);
+    raw.result = Some(res);
+    Ok(())
 }
 
 /// A command run beside a run (interference): `sh -c` as the leader of its own process
@@ -710,87 +676,6 @@ impl Drop for Corunner {
     }
 }
 
-/// How long the runner waits for a proxy's `stats`.
-const STATS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
-
-/// What the runner reads at an interval boundary the generator reports.
-struct Reading {
-    /// The interval was warm-up.
-    warmup: bool,
-    at: Instant,
-    /// The system's CPU time.
-    cpu: Option<laws::ProcStat>,
-    /// A proxy's backends' CPU time, summed (clock ticks; none when one was unreadable).
-    backend_ticks: Option<u64>,
-    /// A proxy's `stats`.
-    stats: Option<Vec<(String, String)>>,
-}
-
-/// The readings that bracket the measured time: the end of the last warm-up interval (or,
-/// without warm-up, the end of the first interval, so the load phase never counts) and the
-/// end of the last one.
-fn window(readings: &[Reading]) -> Option<(usize, usize)> {
-    let start = match readings.iter().rposition(|r| r.warmup) {
-        Some(i) => i,
-        None if readings.len() >= 2 => 0,
-        None => return None,
-    };
-    let end = readings.len() - 1;
-    (end > start).then_some((start, end))
-}
-
-/// A proxy's figures over the measured window, with its `backends`' CPU.
-fn proxy_figures(readings: &[Reading], ticks: u64, backends: usize) -> Option<ProxyFigures> {
-    let (start, end) = window(readings)?;
-    let (a, b) = (&readings[start], &readings[end]);
-    let elapsed = (b.at - a.at).as_secs_f64();
-    let mut f = ProxyFigures::between(a.stats.as_deref()?, b.stats.as_deref()?, elapsed)?;
-    f.backends = backends;
-    f.backend_cpu = backend_cpu(readings, ticks);
-    Some(f)
-}
-
-/// A proxy's backends' CPU over the measured window, summed (cores busy).
-fn backend_cpu(readings: &[Reading], ticks: u64) -> Option<f64> {
-    let (start, end) = window(readings)?;
-    let (a, b) = (&readings[start], &readings[end]);
-    let elapsed = (b.at - a.at).as_secs_f64();
-    match (a.backend_ticks, b.backend_ticks) {
-        (Some(t0), Some(t1)) if t1 >= t0 && ticks > 0 && elapsed > 0.0 => {
-            Some((t1 - t0) as f64 / ticks as f64 / elapsed)
-        }
-        _ => None,
-    }
-}
-
-fn cpu_sample(pid: Option<u32>, ticks: u64, readings: &[Reading]) -> Option<CpuSample> {
-    let pid = pid?;
-    let (start, end) = window(readings)?;
-    let (t_start, t_end) = (readings[start].at, readings[end].at);
-    let (s_start, s_end) = (readings[start].cpu.clone(), readings[end].cpu.clone());
-    let (s_start, s_end) = (s_start?, s_end?);
-    let elapsed = (t_end - t_start).as_secs_f64();
-    let utilization = laws::cpu_utilization(&s_start, &s_end, elapsed, ticks).ok()?;
-    let mut intervals = Vec::new();
-    for w in readings[start..=end].windows(2) {
-        if let (Some(a), Some(b)) = (&w[0].cpu, &w[1].cpu) {
-            let dt = (w[1].at - w[0].at).as_secs_f64();
-            if let Ok(u) = laws::cpu_utilization(a, b, dt, ticks) {
-                intervals.push(((w[1].at - t_start).as_secs_f64(), u));
-            }
-        }
-    }
-    Some(CpuSample {
-        pid,
-        start_ticks: s_start.cpu_ticks(),
-        end_ticks: s_end.cpu_ticks(),
-        ticks_per_second: ticks,
-        elapsed_s: elapsed,
-        utilization,
-        intervals,
-    })
-}
-
 /// Writes `v` as pretty JSON.
 pub fn write_json<T: Serialize>(path: &Path, v: &T) -> anyhow::Result<()> {
     let text = serde_json::to_string_pretty(v)?;
@@ -830,71 +715,6 @@ pub fn load(dir: &Path) -> anyhow::Result<(Meta, Vec<RawRun>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn stats(pairs: &[(&str, f64)]) -> Vec<(String, String)> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
-    }
-
-    #[test]
-    fn proxy_figures_are_the_means_between_two_readings() {
-        // Exact: Δsum / Δcount per stage, Δarea / Δt.
-        let stages = ["net", "queue", "worker", "backend", "total"];
-        let reading = |requests: f64, sums: [f64; 5], area: f64| {
-            let mut out = stats(&[
-                ("proxy_requests", requests),
-                ("proxy_queue_area_us", area),
-                ("proxy_backend_requests", 3.0 * requests),
-            ]);
-            for (stage, sum) in stages.iter().zip(sums) {
-                out.push((format!("proxy_{stage}_count"), requests.to_string()));
-                out.push((format!("proxy_{stage}_sum_us"), sum.to_string()));
-            }
-            out
-        };
-        let a = reading(100.0, [100.0, 200.0, 900.0, 800.0, 1100.0], 1_000.0);
-        let b = reading(
-            1100.0,
-            [1100.0, 5200.0, 10_900.0, 8800.0, 16_100.0],
-            501_000.0,
-        );
-        let f = ProxyFigures::between(&a, &b, 0.5).unwrap();
-        assert!(f.exact);
-        assert_eq!(f.requests, 1000);
-        assert_eq!(
-            (f.net_us, f.queue_us, f.worker_us, f.backend_us, f.total_us),
-            (1.0, 5.0, 10.0, 8.0, 15.0)
-        );
-        assert_eq!((f.queue_len, f.backend_requests), (1.0, 3.0));
-        // Without sums and counts: cumulative means times proxy_requests (approximate).
-        let a = stats(&[
-            ("proxy_requests", 100.0),
-            ("proxy_queue_area_us", 0.0),
-            ("proxy_net_mean_us", 1.0),
-            ("proxy_queue_mean_us", 2.0),
-            ("proxy_worker_mean_us", 9.0),
-            ("proxy_backend_mean_us", 8.0),
-            ("proxy_total_mean_us", 11.0),
-        ]);
-        let b = stats(&[
-            ("proxy_requests", 200.0),
-            ("proxy_queue_area_us", 400.0),
-            ("proxy_net_mean_us", 1.0),
-            ("proxy_queue_mean_us", 3.0),
-            ("proxy_worker_mean_us", 9.5),
-            ("proxy_backend_mean_us", 8.0),
-            ("proxy_total_mean_us", 12.5),
-        ]);
-        let f = ProxyFigures::between(&a, &b, 0.001).unwrap();
-        assert!(!f.exact);
-        assert_eq!((f.queue_us, f.worker_us, f.total_us), (4.0, 10.0, 14.0));
-        assert!((f.queue_len - 0.4).abs() < 1e-12);
-        // No request in between, or a figure missing: nothing.
-        assert!(ProxyFigures::between(&a, &a, 1.0).is_none());
-        assert!(ProxyFigures::between(&a, &stats(&[("proxy_requests", 200.0)]), 1.0).is_none());
-    }
 
     #[test]
     fn dates() {

@@ -1,0 +1,334 @@
+//! What the runner reads about a system around a run's measured time: its CPU time from
+//! `/proc/<pid>/stat`, a proxy's backends' CPU, and kvlab proxy's `stats` — at every interval
+//! boundary kvlab bench reports, or before and after an external generator's measured run —
+//! and the figures over the measured window made from them.
+
+use std::time::Instant;
+
+use kvlab_analysis::laws;
+use kvlab_process as process;
+use serde::{Deserialize, Serialize};
+
+use super::CpuSample;
+use crate::spec::SystemKind;
+use crate::system::Instance;
+
+/// A proxy's own figures over a run's measured time, from its `stats` read at the same two
+/// moments as its CPU time ([`CpuSample`]: the end of the last warm-up interval, or without
+/// warm-up the end of the first interval, and the end of the last one), so the load phase
+/// and the warm-up never count. Each stage's mean is Δsum / Δcount between the two readings
+/// (`proxy_<stage>_sum_us`, `proxy_<stage>_count`); a proxy whose `stats` lacks those gives
+/// each stage's cumulative mean (`proxy_<stage>_mean_us`, 0.1 µs) times `proxy_requests`
+/// instead, an approximation (`exact` false) whose error grows with the requests the proxy
+/// served before the run. The mean queue length is Δ`proxy_queue_area_us` / Δt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProxyFigures {
+    /// Requests the proxy finished (`proxy_requests`).
+    pub requests: u64,
+    /// Mean time of the network thread's own parse and hand-off per request, µs.
+    pub net_us: f64,
+    /// Mean time in the queue, µs.
+    pub queue_us: f64,
+    /// Mean time in the worker, µs (backend time included).
+    pub worker_us: f64,
+    /// Mean time waiting for backends (part of the worker's), µs.
+    pub backend_us: f64,
+    /// Mean time in the proxy (queue + worker), µs.
+    pub total_us: f64,
+    /// Time-averaged queue length (requests).
+    pub queue_len: f64,
+    /// Backend requests per request (`proxy_backend_requests`): replicas written, parts of a
+    /// split multi-get.
+    #[serde(default)]
+    pub backend_requests: f64,
+    /// Wall time between the two readings, s.
+    pub elapsed_s: f64,
+    /// The proxy's backends.
+    pub backends: usize,
+    /// The backends' CPU, summed (cores busy), when every backend's could be read.
+    pub backend_cpu: Option<f64>,
+    /// Whether the means come from exact sums and counts (else from rounded cumulative means).
+    pub exact: bool,
+}
+
+impl ProxyFigures {
+    /// The figures between two `stats` readings `elapsed_s` apart (`backends` and
+    /// `backend_cpu` left for the caller); `None` when a needed figure is missing or no
+    /// request finished in between.
+    pub fn between(
+        before: &[(String, String)],
+        after: &[(String, String)],
+        elapsed_s: f64,
+    ) -> Option<ProxyFigures> {
+        let get = |s: &[(String, String)], k: &str| {
+            s.iter()
+                .find(|(n, _)| n == k)
+                .and_then(|(_, v)| v.parse::<f64>().ok())
+        };
+        let delta = |k: &str| Some(get(after, k)? - get(before, k)?);
+        let requests = delta("proxy_requests")?;
+        if !(requests > 0.0 && elapsed_s > 0.0) {
+            return None;
+        }
+        let mut exact = true;
+        let mut mean = |stage: &str| -> Option<f64> {
+            let sum = delta(&format!("proxy_{stage}_sum_us"));
+            let count = delta(&format!("proxy_{stage}_count"));
+            if let (Some(sum), Some(count)) = (sum, count) {
+                return Some(if count > 0.0 { sum / count } else { 0.0 });
+            }
+            exact = false;
+            let mean_us = format!("proxy_{stage}_mean_us");
+            let sum = |s| Some(get(s, &mean_us)? * get(s, "proxy_requests")?);
+            Some(((sum(after)? - sum(before)?) / requests).max(0.0))
+        };
+        let (net_us, queue_us, worker_us) = (mean("net")?, mean("queue")?, mean("worker")?);
+        let (backend_us, total_us) = (mean("backend")?, mean("total")?);
+        Some(ProxyFigures {
+            requests: requests as u64,
+            net_us,
+            queue_us,
+            worker_us,
+            backend_us,
+            total_us,
+            queue_len: delta("proxy_queue_area_us")? / (elapsed_s * 1e6),
+            backend_requests: delta("proxy_backend_requests").unwrap_or(0.0) / requests,
+            elapsed_s,
+            backends: 0,
+            backend_cpu: None,
+            exact,
+        })
+    }
+}
+
+/// How long the runner waits for a proxy's `stats`.
+const STATS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What the runner reads about a system at each boundary: its CPU, a proxy's backends'
+/// CPU and a proxy's `stats`.
+pub(super) struct Reader {
+    pub(super) pid: Option<u32>,
+    backend_pids: Vec<u32>,
+    /// kvlab's proxy (only it reports its stages in `stats`): its backends.
+    pub(super) proxy: Option<usize>,
+    addr: std::net::SocketAddr,
+}
+
+impl Reader {
+    pub(super) fn of(inst: &Instance) -> Reader {
+        Reader {
+            pid: inst.pid,
+            backend_pids: inst.backend_pids(),
+            proxy: inst
+                .flags
+                .backends
+                .as_ref()
+                .map(|(n, _)| *n)
+                .filter(|_| inst.kind == SystemKind::Proxy),
+            addr: inst.addr,
+        }
+    }
+
+    /// A reading now; `warmup`: the interval that ends here was warm-up.
+    pub(super) fn read(&self, warmup: bool) -> Reading {
+        let backend_ticks = (!self.backend_pids.is_empty())
+            .then(|| {
+                self.backend_pids
+                    .iter()
+                    .map(|&p| laws::read_proc_stat(p).ok().map(|s| s.cpu_ticks()))
+                    .sum::<Option<u64>>()
+            })
+            .flatten();
+        Reading {
+            warmup,
+            at: Instant::now(),
+            machine: kvlab_procfs::read_machine_ticks().ok(),
+            cpu: self.pid.and_then(|p| laws::read_proc_stat(p).ok()),
+            backend_ticks,
+            stats: self
+                .proxy
+                .and_then(|_| process::stats(self.addr, None, STATS_TIMEOUT).ok()),
+        }
+    }
+}
+
+/// What the runner reads at an interval boundary the generator reports.
+pub(super) struct Reading {
+    /// The whole machine's CPU time (`/proc/stat`).
+    machine: Option<kvlab_procfs::MachineTicks>,
+    /// The interval was warm-up.
+    pub(super) warmup: bool,
+    at: Instant,
+    /// The system's CPU time.
+    cpu: Option<laws::ProcStat>,
+    /// A proxy's backends' CPU time, summed (clock ticks; none when one was unreadable).
+    backend_ticks: Option<u64>,
+    /// A proxy's `stats`.
+    stats: Option<Vec<(String, String)>>,
+}
+
+/// The readings that bracket the measured time: the end of the last warm-up interval (or,
+/// without warm-up, the end of the first interval, so the load phase never counts) and the
+/// end of the last one.
+fn window(readings: &[Reading]) -> Option<(usize, usize)> {
+    let start = match readings.iter().rposition(|r| r.warmup) {
+        Some(i) => i,
+        None if readings.len() >= 2 => 0,
+        None => return None,
+    };
+    let end = readings.len() - 1;
+    (end > start).then_some((start, end))
+}
+
+/// A proxy's figures over the measured window, with its `backends`' CPU.
+pub(super) fn proxy_figures(
+    readings: &[Reading],
+    ticks: u64,
+    backends: usize,
+) -> Option<ProxyFigures> {
+    let (start, end) = window(readings)?;
+    let (a, b) = (&readings[start], &readings[end]);
+    let elapsed = (b.at - a.at).as_secs_f64();
+    let mut f = ProxyFigures::between(a.stats.as_deref()?, b.stats.as_deref()?, elapsed)?;
+    f.backends = backends;
+    f.backend_cpu = backend_cpu(readings, ticks);
+    Some(f)
+}
+
+/// A proxy's backends' CPU over the measured window, summed (cores busy).
+pub(super) fn backend_cpu(readings: &[Reading], ticks: u64) -> Option<f64> {
+    let (start, end) = window(readings)?;
+    let (a, b) = (&readings[start], &readings[end]);
+    let elapsed = (b.at - a.at).as_secs_f64();
+    match (a.backend_ticks, b.backend_ticks) {
+        (Some(t0), Some(t1)) if t1 >= t0 && ticks > 0 && elapsed > 0.0 => {
+            Some((t1 - t0) as f64 / ticks as f64 / elapsed)
+        }
+        _ => None,
+    }
+}
+
+/// The whole machine's CPU over a run's measured time (`/proc/stat`, every CPU summed): what
+/// a request costs everything on the box together — the kernel's loopback TCP work included —
+/// and how much of the time the hypervisor gave the CPUs to others (runs with much of it are
+/// noise).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MachineCpu {
+    /// CPUs busy (user, nice, system, irq, softirq), cores.
+    pub busy_cores: f64,
+    /// Stolen time, share of all the CPUs' time (0..1).
+    pub steal: f64,
+}
+
+/// The machine's CPU over the measured window.
+pub(super) fn machine_cpu(readings: &[Reading], ticks: u64) -> Option<MachineCpu> {
+    let (start, end) = window(readings)?;
+    let (a, b) = (readings[start].machine?, readings[end].machine?);
+    let elapsed = (readings[end].at - readings[start].at).as_secs_f64();
+    let all = b.total.checked_sub(a.total)?;
+    if !(elapsed > 0.0 && ticks > 0 && all > 0) {
+        return None;
+    }
+    Some(MachineCpu {
+        busy_cores: b.busy.checked_sub(a.busy)? as f64 / ticks as f64 / elapsed,
+        steal: b.steal.checked_sub(a.steal)? as f64 / all as f64,
+    })
+}
+
+pub(super) fn cpu_sample(pid: Option<u32>, ticks: u64, readings: &[Reading]) -> Option<CpuSample> {
+    let pid = pid?;
+    let (start, end) = window(readings)?;
+    let (t_start, t_end) = (readings[start].at, readings[end].at);
+    let (s_start, s_end) = (readings[start].cpu.clone(), readings[end].cpu.clone());
+    let (s_start, s_end) = (s_start?, s_end?);
+    let elapsed = (t_end - t_start).as_secs_f64();
+    let utilization = laws::cpu_utilization(&s_start, &s_end, elapsed, ticks).ok()?;
+    let mut intervals = Vec::new();
+    for w in readings[start..=end].windows(2) {
+        if let (Some(a), Some(b)) = (&w[0].cpu, &w[1].cpu) {
+            let dt = (w[1].at - w[0].at).as_secs_f64();
+            if let Ok(u) = laws::cpu_utilization(a, b, dt, ticks) {
+                intervals.push(((w[1].at - t_start).as_secs_f64(), u));
+            }
+        }
+    }
+    Some(CpuSample {
+        pid,
+        start_ticks: s_start.cpu_ticks(),
+        end_ticks: s_end.cpu_ticks(),
+        ticks_per_second: ticks,
+        elapsed_s: elapsed,
+        utilization,
+        intervals,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(pairs: &[(&str, f64)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn proxy_figures_are_the_means_between_two_readings() {
+        // Exact: Δsum / Δcount per stage, Δarea / Δt.
+        let stages = ["net", "queue", "worker", "backend", "total"];
+        let reading = |requests: f64, sums: [f64; 5], area: f64| {
+            let mut out = stats(&[
+                ("proxy_requests", requests),
+                ("proxy_queue_area_us", area),
+                ("proxy_backend_requests", 3.0 * requests),
+            ]);
+            for (stage, sum) in stages.iter().zip(sums) {
+                out.push((format!("proxy_{stage}_count"), requests.to_string()));
+                out.push((format!("proxy_{stage}_sum_us"), sum.to_string()));
+            }
+            out
+        };
+        let a = reading(100.0, [100.0, 200.0, 900.0, 800.0, 1100.0], 1_000.0);
+        let b = reading(
+            1100.0,
+            [1100.0, 5200.0, 10_900.0, 8800.0, 16_100.0],
+            501_000.0,
+        );
+        let f = ProxyFigures::between(&a, &b, 0.5).unwrap();
+        assert!(f.exact);
+        assert_eq!(f.requests, 1000);
+        assert_eq!(
+            (f.net_us, f.queue_us, f.worker_us, f.backend_us, f.total_us),
+            (1.0, 5.0, 10.0, 8.0, 15.0)
+        );
+        assert_eq!((f.queue_len, f.backend_requests), (1.0, 3.0));
+        // Without sums and counts: cumulative means times proxy_requests (approximate).
+        let a = stats(&[
+            ("proxy_requests", 100.0),
+            ("proxy_queue_area_us", 0.0),
+            ("proxy_net_mean_us", 1.0),
+            ("proxy_queue_mean_us", 2.0),
+            ("proxy_worker_mean_us", 9.0),
+            ("proxy_backend_mean_us", 8.0),
+            ("proxy_total_mean_us", 11.0),
+        ]);
+        let b = stats(&[
+            ("proxy_requests", 200.0),
+            ("proxy_queue_area_us", 400.0),
+            ("proxy_net_mean_us", 1.0),
+            ("proxy_queue_mean_us", 3.0),
+            ("proxy_worker_mean_us", 9.5),
+            ("proxy_backend_mean_us", 8.0),
+            ("proxy_total_mean_us", 12.5),
+        ]);
+        let f = ProxyFigures::between(&a, &b, 0.001).unwrap();
+        assert!(!f.exact);
+        assert_eq!((f.queue_us, f.worker_us, f.total_us), (4.0, 10.0, 14.0));
+        assert!((f.queue_len - 0.4).abs() < 1e-12);
+        // No request in between, or a figure missing: nothing.
+        assert!(ProxyFigures::between(&a, &a, 1.0).is_none());
+        assert!(ProxyFigures::between(&a, &stats(&[("proxy_requests", 200.0)]), 1.0).is_none());
+    }
+}
