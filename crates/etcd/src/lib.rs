@@ -56,7 +56,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Response, Status, Streaming};
 
-use kvlab_cluster::{ClusterError, FileStore, Topology, TopologyStore};
+use kvlab_cluster::{ClusterError, Topology, TopologyStore};
 
 /// Opens the store a `--cluster` argument names: `etcd://HOST:PORT[,HOST:PORT…]/NAME`,
 /// `file:PATH`, or a plain path (a [`kvlab_cluster::OpenStore`]).
@@ -64,8 +64,7 @@ pub fn open_store(spec: &str) -> Result<Box<dyn TopologyStore>, ClusterError> {
     if spec.starts_with("etcd://") {
         return Ok(Box::new(EtcdStore::open(spec)?));
     }
-    let path = spec.strip_prefix("file:").unwrap_or(spec);
-    Ok(Box::new(FileStore::new(path)))
+    kvlab_cluster::open_store(spec)
 }
 
 /// Seconds a node's liveness key outlives its last keep-alive.

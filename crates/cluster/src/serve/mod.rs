@@ -197,7 +197,7 @@ impl NodeEngine {
     /// leave keys behind the cleanup that follows it.
     fn imported(
         &mut self,
-        conn: &mut NodeConn,
+        cache: &mut Loaded,
         stream: &Import,
         req: &Request<'_>,
         out: &mut Vec<u8>,
@@ -227,14 +227,14 @@ impl NodeEngine {
                 return Flow::Done;
             }
         }
-        let flow = self.engine.apply(req, out, conn.cache.keys());
+        let flow = self.engine.apply(req, out, cache.keys());
         self.gate.end();
-        flow_after(&mut self.engine, &mut conn.cache, flow)
+        flow_after(&mut self.engine, cache, flow)
     }
 
     /// A client's request: the ownership check around [`Engine::apply`], and the copies a
     /// write (or a read of an unconfirmed key) needs.
-    fn owned(&mut self, conn: &mut NodeConn, req: &Request<'_>, out: &mut Vec<u8>) -> NodeFlow {
+    fn owned(&mut self, cache: &mut Loaded, req: &Request<'_>, out: &mut Vec<u8>) -> NodeFlow {
         let gate = &mut self.gate;
         gate.begin();
         let mut leaving = false;
@@ -265,13 +265,13 @@ impl NodeEngine {
             let unconfirmed = gate.node().unconfirmed();
             for_each_key(req, |key| unconfirmed.write_begins(key));
         }
-        let flow = self.engine.apply(req, out, conn.cache.keys());
+        let flow = self.engine.apply(req, out, cache.keys());
         let gate = &mut self.gate;
         if leaving && writes {
             for_each_key(req, |key| gate.changed(key));
         }
         gate.end();
-        let flow = flow_after(&mut self.engine, &mut conn.cache, flow);
+        let flow = flow_after(&mut self.engine, cache, flow);
         if !replicated {
             return flow;
         }
@@ -334,9 +334,9 @@ impl Service for NodeEngine {
             }
             return Flow::Done;
         }
-        match conn.import.clone() {
-            Some(stream) => self.imported(conn, &stream, req, out),
-            None => self.owned(conn, req, out),
+        match &conn.import {
+            Some(stream) => self.imported(&mut conn.cache, stream, req, out),
+            None => self.owned(&mut conn.cache, req, out),
         }
     }
 

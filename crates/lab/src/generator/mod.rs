@@ -612,19 +612,24 @@ mod tests {
         assert!(e.contains("not a CPU list"), "{e}");
     }
 
+    /// The external generator's invocation for the one point of an experiment with this
+    /// workload and these experiment-level keys.
+    fn planned(workload: &str, experiment: &str) -> Invocation {
+        let e = parse(workload, experiment).unwrap();
+        let p = &e.parts[0];
+        let wl = p.workload_of(&p.points[0]).unwrap();
+        Invocation::plan(wl.generator, &wl, p.duration, p.warmup)
+            .unwrap()
+            .unwrap()
+    }
+
     #[test]
     fn memcaslap_maps_what_it_can_express() {
-        let e = parse(
+        let inv = planned(
             "generator = \"memcaslap\"\nclients = 4\nthreads = 2\nkeys = 8000\n\
              key_size = 32\nvalue_size = \"100-200\"\nmix = \"get=3,set=1\"\nmultiget = 4",
             "warmup = 2\nduration = 3",
-        )
-        .unwrap();
-        let p = &e.parts[0];
-        let wl = p.workload_of(&p.points[0]).unwrap();
-        let inv = Invocation::plan(wl.generator, &wl, p.duration, p.warmup)
-            .unwrap()
-            .unwrap();
+        );
         assert_eq!(
             inv.args,
             ["-T", "2", "-c", "4", "-w", "2k", "-d", "4"].map(String::from)
@@ -710,17 +715,11 @@ mod tests {
 
     #[test]
     fn memtier_maps_depth_and_refuses_key_sizes() {
-        let e = parse(
+        let inv = planned(
             "generator = \"memtier_benchmark\"\nclients = 50\ndepth = 16\nkeys = 10000\n\
              mix = \"get=10,set=1\"\nvalue_size = 100",
             "warmup = 1",
-        )
-        .unwrap();
-        let p = &e.parts[0];
-        let wl = p.workload_of(&p.points[0]).unwrap();
-        let inv = Invocation::plan(wl.generator, &wl, p.duration, p.warmup)
-            .unwrap()
-            .unwrap();
+        );
         assert_eq!(
             inv.args,
             [

@@ -29,8 +29,8 @@ use serde::{Deserialize, Serialize};
 
 mod readings;
 
-use readings::{backend_cpu, cpu_sample, machine_cpu, proxy_figures, Reader, Reading};
 pub use readings::{MachineCpu, ProxyFigures};
+use readings::{Reader, Reading};
 
 use crate::generator::{self, ExternalRun, Generator, Invocation};
 use crate::spec::{levels_text, Experiment, Flags, Level, Overrides, PlannedRun};
@@ -569,12 +569,7 @@ fn measure(
             r.warmup = true;
         }
         raw.external = Some(ext);
-        raw.cpu = cpu_sample(reader.pid, ticks, &readings);
-        raw.proxy = reader
-            .proxy
-            .and_then(|n| proxy_figures(&readings, ticks, n));
-        raw.backend_cpu = backend_cpu(&readings, ticks);
-        raw.machine = machine_cpu(&readings, ticks);
+        reader.record(raw, ticks, &readings);
         return Ok(());
     }
     let mut cfg = load.config(target)?;
@@ -608,12 +603,7 @@ fn measure(
         inst.loaded = Some(sig);
     }
     raw.latency_hist = res.hist.take().map(|h| Hist(h.latency));
-    raw.cpu = cpu_sample(reader.pid, ticks, &readings);
-    raw.proxy = reader
-        .proxy
-        .and_then(|n| proxy_figures(&readings, ticks, n));
-    raw.backend_cpu = backend_cpu(&readings, ticks);
-    raw.machine = machine_cpu(&readings, ticks);
+    reader.record(raw, ticks, &readings);
     raw.result = Some(res);
     Ok(())
 }

@@ -129,6 +129,15 @@ impl Reader {
         }
     }
 
+    /// Records in `raw` what `readings` (taken by this reader, `ticks` a second) say: the
+    /// system's CPU, a proxy's stages, its backends' CPU and the machine's.
+    pub(super) fn record(&self, raw: &mut super::RawRun, ticks: u64, readings: &[Reading]) {
+        raw.cpu = cpu_sample(self.pid, ticks, readings);
+        raw.proxy = self.proxy.and_then(|n| proxy_figures(readings, ticks, n));
+        raw.backend_cpu = backend_cpu(readings, ticks);
+        raw.machine = machine_cpu(readings, ticks);
+    }
+
     /// A reading now; `warmup`: the interval that ends here was warm-up.
     pub(super) fn read(&self, warmup: bool) -> Reading {
         let backend_ticks = (!self.backend_pids.is_empty())
@@ -181,11 +190,7 @@ fn window(readings: &[Reading]) -> Option<(usize, usize)> {
 }
 
 /// A proxy's figures over the measured window, with its `backends`' CPU.
-pub(super) fn proxy_figures(
-    readings: &[Reading],
-    ticks: u64,
-    backends: usize,
-) -> Option<ProxyFigures> {
+fn proxy_figures(readings: &[Reading], ticks: u64, backends: usize) -> Option<ProxyFigures> {
     let (start, end) = window(readings)?;
     let (a, b) = (&readings[start], &readings[end]);
     let elapsed = (b.at - a.at).as_secs_f64();
@@ -196,7 +201,7 @@ pub(super) fn proxy_figures(
 }
 
 /// A proxy's backends' CPU over the measured window, summed (cores busy).
-pub(super) fn backend_cpu(readings: &[Reading], ticks: u64) -> Option<f64> {
+fn backend_cpu(readings: &[Reading], ticks: u64) -> Option<f64> {
     let (start, end) = window(readings)?;
     let (a, b) = (&readings[start], &readings[end]);
     let elapsed = (b.at - a.at).as_secs_f64();
@@ -221,7 +226,7 @@ pub struct MachineCpu {
 }
 
 /// The machine's CPU over the measured window.
-pub(super) fn machine_cpu(readings: &[Reading], ticks: u64) -> Option<MachineCpu> {
+fn machine_cpu(readings: &[Reading], ticks: u64) -> Option<MachineCpu> {
     let (start, end) = window(readings)?;
     let (a, b) = (readings[start].machine?, readings[end].machine?);
     let elapsed = (readings[end].at - readings[start].at).as_secs_f64();
@@ -235,7 +240,7 @@ pub(super) fn machine_cpu(readings: &[Reading], ticks: u64) -> Option<MachineCpu
     })
 }
 
-pub(super) fn cpu_sample(pid: Option<u32>, ticks: u64, readings: &[Reading]) -> Option<CpuSample> {
+fn cpu_sample(pid: Option<u32>, ticks: u64, readings: &[Reading]) -> Option<CpuSample> {
     let pid = pid?;
     let (start, end) = window(readings)?;
     let (t_start, t_end) = (readings[start].at, readings[end].at);

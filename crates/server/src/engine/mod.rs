@@ -27,7 +27,7 @@ use crate::stats::{ServerStats, WorkerStats, VERSION};
 mod meta;
 
 /// Defers disk work the way the session must wait for it.
-pub fn defer(work: Blocking) -> Flow {
+fn defer(work: Blocking) -> Flow {
     let order = work.order();
     Flow::Defer(work, order)
 }
@@ -75,13 +75,6 @@ impl Engine {
         }
     }
 
-    /// Applies one request and appends its reply (if any) to `out`. `loaded` lists the keys
-    /// already read through for this request. Disk work comes back as [`Flow::Defer`]: the
-    /// driver runs it inline or on a helper thread.
-    pub fn execute(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
-        self.apply(req, out, loaded)
-    }
-
     /// Whether `key` must be read through before a command that depends on its current state.
     fn must_load(&self, key: &[u8], loaded: &[Vec<u8>]) -> bool {
         self.disk.must_load(&self.store, key, loaded)
@@ -114,8 +107,10 @@ impl Engine {
         }
     }
 
-    /// Applies one request: read-through first where needed, then the request's family.
-    /// `loaded` lists the keys already read through for it ([`Loaded::keys`]).
+    /// Applies one request and appends its reply (if any) to `out`: read-through first where
+    /// needed, then the request's family. `loaded` lists the keys already read through for it
+    /// ([`Loaded::keys`]). Disk work comes back as [`Flow::Defer`]: the driver runs it inline
+    /// or on a helper thread.
     pub fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
         // Read through every key whose current state the command depends on.
         if self.disk.read_through {
