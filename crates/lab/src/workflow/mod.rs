@@ -30,6 +30,8 @@
 //! slo_window = 1.0               # the SLO is also judged per window of this many seconds
 //! cpus = "0-1"                   # shared by the server and the jobs
 //! generator_cpus = "1"           # the load generator's CPUs, the same for every policy
+//! work_dir = "/dev/shm"          # the jobs' files ({work}) go to a new directory there,
+//!                                # removed afterwards (default: the results' `work`)
 //! cpu_method = "auto"            # as kvlab control's --cpu-method / --pause-method
 //! pause_method = "auto"
 //! [workload]                     # more kvlab bench flags (keys, value_size, mix, …)
@@ -116,6 +118,9 @@ pub struct WorkflowSpec {
     slo_window: Option<f64>,
     cpus: Option<String>,
     generator_cpus: Option<String>,
+    /// Where the jobs make their inputs and write their outputs (`{work}`); default: the
+    /// results directory's `work`.
+    work_dir: Option<String>,
     cpu_method: Option<String>,
     pause_method: Option<String>,
     #[serde(default)]

@@ -69,10 +69,16 @@ pub fn run(
         Some(g) => g.clone(),
         None => cpus.to_string(),
     };
-    let work = out.join("work");
+    // The jobs' files in a directory of their own (`work_dir`, e.g. in memory: /dev/shm)
+    // are removed afterwards; by default they stay with the results.
+    let work = match &spec.work_dir {
+        Some(dir) => std::path::Path::new(dir).join(format!("kvlab-{}", std::process::id())),
+        None => out.join("work"),
+    };
     std::fs::create_dir_all(out.join("raw"))?;
     std::fs::create_dir_all(out.join("runs"))?;
     std::fs::create_dir_all(&work)?;
+    let _emptied = spec.work_dir.is_some().then(|| RemoveOnDrop(work.clone()));
     let meta = WorkflowMeta {
         workflow: true,
         text: text.to_string(),
@@ -166,6 +172,17 @@ pub fn run(
         }
     }
     analyse(out)
+}
+
+/// Removes a directory (the jobs' work directory outside the results) when dropped.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            eprintln!("cannot remove the jobs' work directory {}: {e}", self.0.display());
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
