@@ -180,7 +180,10 @@ struct RemoveOnDrop(std::path::PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            eprintln!("cannot remove the jobs' work directory {}: {e}", self.0.display());
+            eprintln!(
+                "cannot remove the jobs' work directory {}: {e}",
+                self.0.display()
+            );
         }
     }
 }
