@@ -3,8 +3,9 @@
 //! Here: the store itself (configuration, construction, time and flush generations, the
 //! figures); `read` (get, touch, meta get), `write` (the stores, arithmetic, deletes, import,
 //! and the one sequence a new item is stored by), `evict` (room made in other shards),
-//! `scan` (crawl and scan steps), `disk` (the durable store's side), `counter` (a counter's
-//! digits).
+//! `scan` (crawl and scan steps), `disk` (the durable store's side), `through` (a key's
+//! state read and removed through to the disk, and the disk's keys scanned), `counter` (a
+//! counter's digits).
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -29,7 +30,10 @@ mod disk;
 mod evict;
 mod read;
 mod scan;
+mod through;
 mod write;
+
+pub use through::DiskCursor;
 
 /// Store configuration.
 #[derive(Clone, Debug)]
@@ -46,6 +50,10 @@ pub struct Config {
     /// 2^23 items (one shard per ~0.6 GiB of limit). [`Store::config`] reports the
     /// count in use.
     pub shards: usize,
+    /// Most items the store holds at once, whatever their size (`--cache-items`); 0 =
+    /// no bound but `memory_limit`. A store of a new key beyond it evicts by the policy,
+    /// as one beyond the memory limit does; [`StoreStats::curr_items`] never exceeds it.
+    pub max_items: usize,
 }
 
 impl Default for Config {
@@ -55,6 +63,7 @@ impl Default for Config {
             item_size_max: 1 << 20,
             policy: Policy::Lru,
             shards: 0,
+            max_items: 0,
         }
     }
 }
@@ -183,7 +192,7 @@ impl Store {
             clock,
             time: TimeBase::new(epoch),
             flush: AtomicU64::new(pack(0, 0)),
-            budget: Budget::new(config.memory_limit),
+            budget: Budget::new(config.memory_limit, config.max_items),
             config,
             durable: None,
             flusher: None,
