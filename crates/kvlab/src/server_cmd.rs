@@ -65,7 +65,7 @@ pub struct ServerArgs {
     admin_token: Option<String>,
     /// Keep the items on disk in DIR (an embedded fjall database): memory becomes a
     /// write-back cache over it, bounded by -m (and --cache-items), and a restart
-    /// recovers the data.
+    /// recovers the data. A cluster node (--cluster) keeps its keys there too.
     #[arg(long = "data-dir")]
     data_dir: Option<std::path::PathBuf>,
     /// With --data-dir: none (dirty items reach disk only on eviction or clean shutdown; a
@@ -127,7 +127,7 @@ pub struct ServerArgs {
     /// Join a kvlab cluster whose topology is in this file (`file:PATH` or PATH, as
     /// `kvlab cluster up`/`create` made it): serve the keys the ring gives this node,
     /// answer `SERVER_ERROR MOVED <epoch> <node>` for others, `cluster ring` with the ring.
-    #[arg(long = "cluster", conflicts_with = "data_dir")]
+    #[arg(long = "cluster")]
     cluster: Option<String>,
     /// With --cluster: this node's name in the topology [default: the listen address]
     #[arg(long = "cluster-node", requires = "cluster")]

@@ -141,3 +141,16 @@ fn a_durable_cache_bounded_by_items_keeps_every_key_on_disk() {
         }
     }
 }
+
+#[test]
+fn a_small_bound_keeps_enough_items_per_shard() {
+    let auto = |items| store(Policy::Lru, items, 0).config().shards;
+    assert_eq!(auto(100), 1);
+    assert_eq!(auto(300), 4);
+    assert!(auto(1 << 20) >= 64.min(auto(0)));
+    assert_eq!(
+        store(Policy::Lru, 100, 8).config().shards,
+        8,
+        "an explicit count stays"
+    );
+}

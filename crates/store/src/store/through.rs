@@ -29,6 +29,8 @@ const MAX_ROUNDS: usize = 1000;
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DiskCursor {
     after: Option<Box<[u8]>>,
+    /// The write-behind queue was looked at (the pass's first step).
+    queue_seen: bool,
     done: bool,
 }
 
@@ -157,17 +159,20 @@ impl Store {
         })
     }
 
-    /// One step of a pass over a durable store's disk: reads up to `max_records` records
-    /// after `cursor` (holding no lock), and for each key `filter(hash, key)` accepts
-    /// (`hash` is [`Store::key_hash`]) appends its *current* live version to `out`, as
+    /// One step of a pass over a durable store's disk: its first step takes the keys of
+    /// the write-behind queue's puts (evicted, not yet written: in neither memory nor the
+    /// engine), each later one reads up to `max_records` records after `cursor` (holding
+    /// no lock); for each key `filter(hash, key)` accepts it
+    /// (`hash` is [`Store::key_hash`]) appends the key's *current* live version to `out`, as
     /// [`Store::peek_through`] finds it (a newer one in memory or queued wins over the
     /// record; a key deleted since is skipped). `done` once the disk's last key was read;
     /// a memory-only store is done at once.
     ///
-    /// With [`Store::scan`] it covers every key: a key live for the whole of both passes
-    /// is exported by at least one of them (a resident key also on disk by both — each
-    /// time as it is then, so a later export is never older than an earlier one). A key
-    /// stored only in memory during the disk pass is left to the memory pass.
+    /// After a [`Store::scan`] pass it covers every key: an item only moves from memory to
+    /// the queue to the engine (a load leaves it on disk too), so a key live for the whole
+    /// of both passes is exported by at least one of them — a resident key also on disk by
+    /// both, each time as it is then, so a later export is never older than an earlier
+    /// one.
     pub fn scan_disk(
         &self,
         cursor: &mut DiskCursor,
@@ -184,6 +189,31 @@ impl Store {
         };
         let max = max_records.max(1);
         let mut keys: Vec<Box<[u8]>> = Vec::new();
+        let before = out.len();
+        if !cursor.queue_seen {
+            // Keys evicted and not yet written: in neither memory nor the engine. Looked
+            // at before the engine, as items move from memory to the queue to the disk.
+            cursor.queue_seen = true;
+            for si in 0..self.shards.len() {
+                let sh = self.lock(si);
+                let Some(wb) = sh.wb.as_ref() else { continue };
+                for (k, op) in wb.pending.iter().chain(wb.inflight.iter()) {
+                    if matches!(op, Op::Put(_)) && filter(self.hash(k), k) {
+                        keys.push(k.clone());
+                    }
+                }
+            }
+            for key in &keys {
+                if let Some(item) = self.peek_through(key)? {
+                    out.push(item);
+                }
+            }
+            return Ok(ScanStep {
+                examined: keys.len(),
+                exported: out.len() - before,
+                done: false,
+            });
+        }
         let mut last: Option<Box<[u8]>> = None;
         let n = d.backend.scan(cursor.after.as_deref(), max, &mut |k, _| {
             if filter(self.hash(k), k) {
@@ -191,7 +221,6 @@ impl Store {
             }
             last = Some(k.into());
         })?;
-        let before = out.len();
         for key in &keys {
             if let Some(item) = self.peek_through(key)? {
                 out.push(item);
@@ -341,6 +370,19 @@ mod tests {
         {}
         assert!(seen >= 290, "only {seen} records seen");
         assert!(out.iter().all(|i| i.key().starts_with(b"k1")));
+    }
+
+    #[test]
+    fn keys_evicted_and_not_yet_written_are_exported_from_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path(), 4);
+        for i in 0..50 {
+            set(&s, &format!("q{i}"), &format!("v{i}"));
+        }
+        assert_eq!(s.disk_records().unwrap(), 0, "nothing committed yet");
+        let all = export_all(&s);
+        assert_eq!(all.len(), 50, "evicted keys in the queue missed");
+        assert!((0..50).all(|i| all[&format!("q{i}")] == format!("v{i}")));
     }
 
     #[test]
