@@ -211,9 +211,9 @@ fn kill_9_of_a_durable_node_loses_no_acknowledged_write() {
         let keys = 2000;
         set_all(&mut c, 0..keys, |i| format!("a{i}"));
         let want = |i: usize| -> Option<String> {
-            if i % 5 == 0 {
+            if i.is_multiple_of(5) {
                 None
-            } else if i % 3 == 0 {
+            } else if i.is_multiple_of(3) {
                 Some(format!("b{i}"))
             } else {
                 Some(format!("a{i}"))
@@ -222,7 +222,7 @@ fn kill_9_of_a_durable_node_loses_no_acknowledged_write() {
         for i in 0..keys {
             let key = format!("cold:{i}");
             let done = match want(i) {
-                Some(v) if i % 3 == 0 => c.set(key.as_bytes(), v.as_bytes()),
+                Some(v) if i.is_multiple_of(3) => c.set(key.as_bytes(), v.as_bytes()),
                 Some(_) => Ok(true),
                 None => c.delete(key.as_bytes()),
             };

@@ -225,11 +225,8 @@ impl Node {
         let topo = topology
             .load()?
             .ok_or_else(|| ClusterError::Store(format!("no cluster in {}", topology.describe())))?;
-        let named = topo.nodes.contains(&me)
-            || topo
-                .migration
-                .as_ref()
-                .is_some_and(|m| m.to.contains(&me));
+        let named =
+            topo.nodes.contains(&me) || topo.migration.as_ref().is_some_and(|m| m.to.contains(&me));
         if store.durability().is_some() && (!named || topo.replicas > 1) {
             // What a durable node kept is not trusted where it may be older than the
             // cluster's: out of the ring it may hold keys changed or deleted elsewhere
