@@ -575,16 +575,26 @@ impl Link {
         }
         let seq = sh.tick();
         let mut lines = 0;
+        let start = st.out.len();
         for key in &batch.keys {
-            match sh.store.peek(key) {
-                Some(m) => {
-                    let i = &m.item;
-                    lines += encode_store(&mut st.out, b"set ", key, i.flags, i.exptime, &i.value)
-                        as usize;
+            // A durable node's key evicted since its write is read from the write-behind
+            // queue or, rarely (committed meanwhile), from disk: absent from memory is not
+            // deleted.
+            match sh.store.peek_through(key) {
+                Ok(Some(i)) => {
+                    lines +=
+                        encode_store(&mut st.out, b"set ", key, i.flags(), i.exptime(), i.value())
+                            as usize;
                 }
-                None => {
+                Ok(None) => {
                     encode_delete(&mut st.out, key);
                     lines += 1;
+                }
+                Err(e) => {
+                    st.out.truncate(start);
+                    let why = self.not_written(&format!("reading the data directory: {e}"));
+                    answers.push((batch.reply, batch.tickets, Some(why), seq));
+                    return;
                 }
             }
         }

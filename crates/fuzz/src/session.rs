@@ -61,6 +61,7 @@ impl Setup {
             item_size_max: self.limits().item_size_max,
             policy: self.policy,
             shards: 1,
+            max_items: 0,
         };
         let store = Arc::new(Store::new(
             config,

@@ -44,6 +44,11 @@ pub struct ServerArgs {
     /// first) or none (refuse new items, like -M).
     #[arg(long = "eviction", default_value = "lru")]
     eviction: Policy,
+    /// Most items the cache holds at once, beside -m (0: -m alone bounds it); beyond it
+    /// a new key evicts by --eviction. With --data-dir it bounds the write-back cache,
+    /// not the data on disk.
+    #[arg(long = "cache-items", default_value_t = 0)]
+    cache_items: usize,
     /// I/O model: reactor (one epoll loop per worker thread), threaded (a thread per
     /// connection, blocking I/O), epoll (one event-loop thread, disk work on helper threads),
     /// signal (one event-loop thread woken by real-time signals).
@@ -59,7 +64,8 @@ pub struct ServerArgs {
     #[arg(long = "admin-token", env = "KVLAB_ADMIN_TOKEN")]
     admin_token: Option<String>,
     /// Keep the items on disk in DIR (an embedded fjall database): memory becomes a
-    /// write-back cache over it, bounded by -m, and a restart recovers the data.
+    /// write-back cache over it, bounded by -m (and --cache-items), and a restart
+    /// recovers the data. A cluster node (--cluster) keeps its keys there too.
     #[arg(long = "data-dir")]
     data_dir: Option<std::path::PathBuf>,
     /// With --data-dir: none (dirty items reach disk only on eviction or clean shutdown; a
@@ -121,7 +127,7 @@ pub struct ServerArgs {
     /// Join a kvlab cluster whose topology is in this file (`file:PATH` or PATH, as
     /// `kvlab cluster up`/`create` made it): serve the keys the ring gives this node,
     /// answer `SERVER_ERROR MOVED <epoch> <node>` for others, `cluster ring` with the ring.
-    #[arg(long = "cluster", conflicts_with = "data_dir")]
+    #[arg(long = "cluster")]
     cluster: Option<String>,
     /// With --cluster: this node's name in the topology [default: the listen address]
     #[arg(long = "cluster-node", requires = "cluster")]
@@ -374,6 +380,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         listen: SocketAddr::new(args.listen, args.port),
         threads: args.threads,
         memory_limit,
+        cache_items: args.cache_items,
         max_connections: args.conn_limit,
         backlog: args.backlog,
         item_size_max: args.item_size_max,
@@ -427,10 +434,14 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     .with_context(|| format!("starting server on {}:{}", args.listen, args.port))?;
     eprintln!(
-        "kvlab server listening on {} ({} threads, {} MiB, eviction {}, io {}{}){}",
+        "kvlab server listening on {} ({} threads, {} MiB{}, eviction {}, io {}{}){}",
         server.addr(),
         args.threads,
         args.memory_mb,
+        match args.cache_items {
+            0 => String::new(),
+            n => format!(", {n} items"),
+        },
         policy,
         args.io.name(),
         match &args.data_dir {

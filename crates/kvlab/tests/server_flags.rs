@@ -134,3 +134,96 @@ fn bad_values_are_refused_with_memcached_s_words() {
         );
     }
 }
+
+/// Sends `req` and reads until `n` replies ending in `until` arrived.
+fn exchange_n(s: &mut TcpStream, req: &[u8], until: &str, n: usize) -> String {
+    s.write_all(req).expect("write");
+    let mut got = String::new();
+    let mut buf = [0u8; 65536];
+    while got.matches(until).count() < n {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => got.push_str(&String::from_utf8_lossy(&buf[..k])),
+        }
+    }
+    got
+}
+
+fn stat(stats: &str, name: &str) -> u64 {
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("STAT {name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {stats}"))
+}
+
+/// `--cache-items N` bounds the cache by entries beside `-m`, under every eviction policy
+/// (`curr_items` in `stats`); over `--data-dir` the keys it pushes out are read back from
+/// disk.
+#[test]
+fn cache_items_bounds_the_items_under_every_policy() {
+    for (policy, durable) in [
+        ("fifo", false),
+        ("lru", false),
+        ("lfu", false),
+        ("lru", true),
+        ("fifo", true),
+    ] {
+        let port = free_port().expect("free port");
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut args = vec![
+            "server".to_string(),
+            "-p".into(),
+            port.to_string(),
+            "-l".into(),
+            "127.0.0.1".into(),
+            "-t".into(),
+            "1".into(),
+            "--cache-items".into(),
+            "100".into(),
+            "--eviction".into(),
+            policy.into(),
+        ];
+        if durable {
+            args.extend(["--data-dir".into(), dir.path().display().to_string()]);
+        }
+        let server = Spawn::new(env!("CARGO_BIN_EXE_kvlab"))
+            .args(&args)
+            .ready(Probe::Version(addr))
+            .timeout(Duration::from_secs(20))
+            .start()
+            .expect("kvlab server starts with --cache-items");
+        let mut s = TcpStream::connect(addr).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        for batch in 0..10 {
+            let mut req = Vec::new();
+            for i in batch * 100..(batch + 1) * 100 {
+                req.extend_from_slice(format!("set k{i} 0 0 5\r\nv{i:04}\r\n").as_bytes());
+            }
+            let got = exchange_n(&mut s, &req, "STORED\r\n", 100);
+            assert_eq!(got.matches("STORED\r\n").count(), 100, "{policy}: {got}");
+            let stats = exchange_n(&mut s, b"stats\r\n", "END\r\n", 1);
+            let items = stat(&stats, "curr_items");
+            assert!(
+                items <= 100,
+                "{policy}: {items} items over --cache-items 100"
+            );
+        }
+        let stats = exchange_n(&mut s, b"stats\r\n", "END\r\n", 1);
+        assert_eq!(stat(&stats, "curr_items"), 100, "{policy}");
+        assert_eq!(stat(&stats, "evictions"), 900, "{policy}");
+        if durable {
+            // Every key comes back from disk, and reading them keeps the bound.
+            for i in 0..1000 {
+                let got = exchange_n(&mut s, format!("get k{i}\r\n").as_bytes(), "END\r\n", 1);
+                assert!(got.contains(&format!("v{i:04}")), "{policy}: k{i}: {got}");
+            }
+            let stats = exchange_n(&mut s, b"stats\r\n", "END\r\n", 1);
+            let items = stat(&stats, "curr_items");
+            assert!(items <= 100, "{policy}: {items} items after reading");
+        }
+        server.stop();
+    }
+}

@@ -8,7 +8,7 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, Version};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
-use kvlab_store::{SetMode, SetRequest, SetStatus, Store};
+use kvlab_store::{ItemView, SetMode, SetRequest, SetStatus, Store};
 use serde_json::{json, Map, Value as Json};
 
 use crate::request::{
@@ -22,11 +22,19 @@ use kvlab_server::stats::StatValue;
 /// With a durable store, brings `key` into memory from disk before a command that depends
 /// on it (a miss reads through), by the rules the memcached engine follows
 /// ([`kvlab_server::cache`]). Runs on this runtime's worker thread, marked as blocking.
-fn read_through(app: &App, key: &[u8]) -> Result<(), ApiError> {
+/// Returns the item read through, if any: a get serves it should it have left memory
+/// again ([`Store::get_loaded`]).
+fn read_through(app: &App, key: &[u8]) -> Result<Option<ItemView>, ApiError> {
     let store = &app.shared.store;
     match DiskRules::of(store).load(store, key) {
-        Some(work) => run_blocking(store, &work),
-        None => Ok(()),
+        Some(work) => {
+            run_blocking(store, &work)?;
+            match work {
+                Blocking::Load(read) => Ok(read.found().cloned()),
+                _ => Ok(None),
+            }
+        }
+        None => Ok(None),
     }
 }
 
@@ -62,10 +70,16 @@ pub(super) async fn get_key(State(app): State<App>, uri: Uri, headers: HeaderMap
         Err(e) => return e.into_response(),
     };
     count(&app.shared.stats.http.cmd_get);
-    if let Err(e) = read_through(&app, &key) {
-        return e.into_response();
-    }
-    let Some(item) = app.shared.store.get(&key) else {
+    let found = match read_through(&app, &key) {
+        Ok(found) => found,
+        Err(e) => return e.into_response(),
+    };
+    let store = &app.shared.store;
+    let item = match &found {
+        Some(found) => store.get_loaded(&key, found),
+        None => store.get(&key),
+    };
+    let Some(item) = item else {
         return ApiError::new(StatusCode::NOT_FOUND, "no such key").into_response();
     };
     if wants_raw(&headers) {

@@ -6,10 +6,14 @@
 //! on a helper thread); the REST handlers run it in place, on a runtime thread marked as
 //! blocking. Both decide with the same [`DiskRules`] and do the same [`Blocking`] work.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use kvlab_net::{Completion, Order, Work};
-use kvlab_store::{Durability, Store};
+use kvlab_store::{Durability, ItemView, Store};
+
+/// Most read-throughs of one key for one request (a command other than `get`/`gets` whose
+/// key was found on disk but left memory again before the request re-ran reads it again).
+pub const MAX_LOADS: usize = 3;
 
 /// When a store's disk is touched, decided once per store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,15 +35,31 @@ impl DiskRules {
     }
 
     /// Whether `key` must be read through before a command that depends on its current
-    /// state: it is not in memory, and not already loaded for this command (`loaded`).
-    pub fn must_load(&self, store: &Store, key: &[u8], loaded: &[Vec<u8>]) -> bool {
-        self.read_through && store.peek(key).is_none() && !loaded.iter().any(|k| k == key)
+    /// state: it is not in memory, and not already loaded for this command (`loaded`) —
+    /// unless `again` (a command that needs the item in memory, not only its value) and
+    /// the last read-through found it, fewer than [`MAX_LOADS`] times: the item was evicted
+    /// again before the command ran.
+    pub fn must_load(
+        &self,
+        store: &Store,
+        key: &[u8],
+        loaded: &[ReadThrough],
+        again: bool,
+    ) -> bool {
+        if !self.read_through || store.peek(key).is_some() {
+            return false;
+        }
+        let mut reads = loaded.iter().filter(|r| r.key == key);
+        match reads.next_back() {
+            None => true,
+            Some(last) => again && last.found().is_some() && reads.count() + 1 < MAX_LOADS,
+        }
     }
 
     /// The read-through a command that depends on `key`'s current state needs first, if any.
     pub fn load(&self, store: &Store, key: &[u8]) -> Option<Blocking> {
-        self.must_load(store, key, &[])
-            .then(|| Blocking::Load(key.to_vec()))
+        self.must_load(store, key, &[], false)
+            .then(|| Blocking::Load(ReadThrough::new(key)))
     }
 
     /// The persist a successful write of `key` needs before it is acknowledged, if any.
@@ -48,12 +68,63 @@ impl DiskRules {
     }
 }
 
+/// A read-through of one key for a request, and what it found: the work fills it in (on
+/// whichever thread runs it), the request's re-run reads it. A `get` serves the item found
+/// when it has left memory again meanwhile ([`Store::get_loaded`]).
+#[derive(Clone)]
+pub struct ReadThrough {
+    /// The key read through.
+    pub key: Vec<u8>,
+    found: Arc<OnceLock<ItemView>>,
+}
+
+impl ReadThrough {
+    /// A read-through of `key`, not yet run.
+    pub fn new(key: &[u8]) -> ReadThrough {
+        ReadThrough {
+            key: key.to_vec(),
+            found: Arc::default(),
+        }
+    }
+
+    /// The item the read-through found; `None` before it ran, or if the key does not exist.
+    pub fn found(&self) -> Option<&ItemView> {
+        self.found.get()
+    }
+
+    /// Reads the key through (blocks on disk) and keeps what it found.
+    pub fn run_on(&self, store: &Store) -> std::io::Result<()> {
+        if let Some(item) = store.load_item(&self.key)? {
+            let _ = self.found.set(item);
+        }
+        Ok(())
+    }
+}
+
+impl PartialEq for ReadThrough {
+    /// The same key (what was found is not compared).
+    fn eq(&self, other: &ReadThrough) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for ReadThrough {}
+
+impl std::fmt::Debug for ReadThrough {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadThrough")
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("found", &self.found().is_some())
+            .finish()
+    }
+}
+
 /// Disk work a request waits for, run inline (within the request) or on a helper thread. A
 /// cluster node's service wraps it in work of its own (its copies of a write).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Blocking {
-    /// Read `key` through from disk into the cache; the request then runs again.
-    Load(Vec<u8>),
+    /// Read a key through from disk into the cache; the request then runs again.
+    Load(ReadThrough),
     /// Make `key`'s new state durable; the request's reply leaves only afterwards.
     Persist(Vec<u8>),
     /// The same for several keys, in one commit round (`gat` of many keys).
@@ -92,7 +163,7 @@ impl Blocking {
     /// Does the work. Blocks on disk.
     pub fn run_on(&self, store: &Store) -> std::io::Result<()> {
         match self {
-            Blocking::Load(key) => store.load(key).map(|_| ()),
+            Blocking::Load(read) => read.run_on(store),
             Blocking::Persist(key) => store.persist(key),
             Blocking::PersistKeys(keys) => store.persist_keys(keys.iter().map(Vec::as_slice)),
             Blocking::SyncAll => store.sync_all(),

@@ -76,6 +76,9 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Cache memory limit in bytes (`-m` is in MiB).
     pub memory_limit: usize,
+    /// Most items the cache holds at once (`--cache-items`; 0: only `memory_limit`
+    /// bounds it): see [`kvlab_store::Config::max_items`].
+    pub cache_items: usize,
     /// Connection limit (`-c`).
     pub max_connections: usize,
     /// Listen backlog (`-b`, memcached's default 1024): connections the kernel completes
@@ -134,6 +137,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 11211)),
             threads: 4,
             memory_limit: 64 * 1024 * 1024,
+            cache_items: 0,
             max_connections: 1024,
             backlog: 1024,
             item_size_max: 1024 * 1024,
@@ -382,6 +386,7 @@ impl Server {
             item_size_max: config.item_size_max,
             policy: config.policy,
             shards: 0,
+            max_items: config.cache_items,
         };
         let store = Arc::new(match &config.durable {
             Some(durable) => Store::open(store_config, config.clock.clone(), durable.clone())?,

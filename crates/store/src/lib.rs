@@ -43,6 +43,13 @@
 //! exceeds the limit under any interleaving. An item that cannot fit in an empty
 //! store is `OutOfMemory`.
 //!
+//! An optional entry bound ([`Config::max_items`], `--cache-items`) is kept the same
+//! way: a store of a new key takes an item slot from one atomic count with a
+//! compare-and-swap that never passes the bound — under the key's shard lock, where it
+//! is known whether the key already has an item (a replacement takes none) — and
+//! evicts by the policy until it gets one; unlinking an item returns its slot. So
+//! `curr_items` never exceeds the bound either.
+//!
 //! # Eviction
 //!
 //! A store that needs memory first evicts in its own shard (under the lock it
@@ -104,6 +111,11 @@
 //! eviction order or counters; [`Store::scan_matching`] exports a subset (by
 //! [`Store::key_hash`] or key). [`Store::import`] stores one as it was, expiring at
 //! the same moment, either keeping or replacing a live item ([`ImportMode`]).
+//! On a durable store, where most keys may live on disk only, [`Store::scan_disk`]
+//! exports the disk's keys as they are now (a chunk of records per step, no lock held
+//! while reading them), [`Store::peek_through`] reads one key wherever its current
+//! version is (memory, write-behind queue, disk) without caching it, and
+//! [`Store::delete_through`] deletes a key if unchanged, on disk too.
 //!
 //! # Durable stores
 //!
@@ -169,4 +181,4 @@ pub use request::{
     SetRequest, SetStatus,
 };
 pub use stats::{DurableStats, Figure, Kind, StoreStats};
-pub use store::{Config, CrawlCursor, CrawlStep, ScanCursor, ScanStep, Store};
+pub use store::{Config, CrawlCursor, CrawlStep, DiskCursor, ScanCursor, ScanStep, Store};

@@ -7,6 +7,13 @@
 //! (`cache_memlimit`) is being evicted down to: then no reservation succeeds until it
 //! is met.
 //!
+//! Beside the bytes, the budget counts items against an optional entry bound
+//! (`Config::max_items`, `--cache-items`) the same way: a store of a *new* key takes an
+//! item slot with a compare-and-swap that never passes the bound, under the key's shard
+//! lock and just before it links the item (a replacement takes none: it is known then
+//! whether the key has an item), and unlinking an item gives its slot back. So the
+//! number of items never exceeds the bound either.
+//!
 //! The budget also keeps the store's *charge clock*: the bytes ever charged by a
 //! store, which orders items store-wide for `lru` (see [`Budget::advance`]).
 
@@ -24,6 +31,10 @@ pub(crate) struct Budget {
     charged: AtomicU64,
     /// Charge-clock bytes per stamp unit, as a shift (see [`Budget::stamp_now`]).
     stamp_shift: u32,
+    /// Items linked (or with a slot taken and about to be linked).
+    items: AtomicUsize,
+    /// The entry bound; `usize::MAX` for none.
+    max_items: usize,
 }
 
 /// Stamp units per memory limit: a stamp's resolution is the limit / 4096 (16 KiB
@@ -31,13 +42,40 @@ pub(crate) struct Budget {
 const STAMP_UNITS_PER_LIMIT: usize = 4096;
 
 impl Budget {
-    pub(crate) fn new(limit: usize) -> Budget {
+    /// A budget of `limit` bytes and at most `max_items` items (0: no entry bound).
+    pub(crate) fn new(limit: usize, max_items: usize) -> Budget {
         Budget {
             used: AtomicUsize::new(0),
             limit: AtomicUsize::new(limit),
             charged: AtomicU64::new(0),
             stamp_shift: (limit / STAMP_UNITS_PER_LIMIT).max(1).ilog2(),
+            items: AtomicUsize::new(0),
+            max_items: if max_items == 0 {
+                usize::MAX
+            } else {
+                max_items
+            },
         }
+    }
+
+    /// Takes a slot for one more item if that keeps the count within the entry bound.
+    #[inline]
+    pub(crate) fn try_take_item(&self) -> bool {
+        if self.max_items == usize::MAX {
+            self.items.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        self.items
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_items).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back an item slot (an item unlinked, or a slot taken and not used).
+    #[inline]
+    pub(crate) fn release_item(&self) {
+        self.items.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Advances the charge clock by a store of `n` bytes and returns the store's
@@ -125,8 +163,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn item_slots_never_exceed_the_bound() {
+        let b = Budget::new(100, 2);
+        assert!(b.try_take_item());
+        assert!(b.try_take_item());
+        assert!(!b.try_take_item(), "a third item over a bound of 2");
+        b.release_item();
+        assert!(b.try_take_item());
+        let unbounded = Budget::new(100, 0);
+        assert!((0..1000).all(|_| unbounded.try_take_item()));
+    }
+
+    #[test]
     fn reserve_never_exceeds_limit() {
-        let b = Budget::new(100);
+        let b = Budget::new(100, 0);
         assert!(b.try_reserve(60));
         assert!(!b.try_reserve(41));
         assert!(b.try_reserve(40));
@@ -144,13 +194,13 @@ mod tests {
 
     #[test]
     fn stamps_count_bytes_in_units_of_the_limit() {
-        let b = Budget::new(64 << 20);
+        let b = Budget::new(64 << 20, 0);
         assert_eq!(b.stamp_shift, 14);
         assert_eq!(b.advance(200_000), 12);
         assert_eq!(b.stamp_now(), 12);
         assert_eq!(stamp_age(b.stamp_now(), 0), 12);
         assert_eq!(stamp_age(5, 7), 0, "a stamp from after now is age 0");
         assert_eq!(stamp_age(3, u16::MAX), 4, "ages wrap");
-        assert_eq!(Budget::new(100).stamp_shift, 0);
+        assert_eq!(Budget::new(100, 0).stamp_shift, 0);
     }
 }

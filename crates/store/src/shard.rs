@@ -76,6 +76,16 @@ pub(crate) struct Scanned {
     pub next: Option<u32>,
 }
 
+/// What a [`Shard::reserve`] that failed still misses: bytes, and an item slot under the
+/// entry bound. Room is then made in other shards (`Store::evict_elsewhere`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Short {
+    /// Bytes not yet reserved.
+    pub bytes: usize,
+    /// The new key's item slot was not taken (the entry bound is reached).
+    pub item: bool,
+}
+
 /// Most items one shard can hold: slab indices have 24 bits (see [`Slot`]).
 pub(crate) const MAX_SHARD_ITEMS: usize = 1 << 24;
 
@@ -579,6 +589,7 @@ impl Shard {
         if let Some(block) = slab.remove(idx) {
             budget.release(block.charge());
         }
+        budget.release_item();
         self.len -= 1;
         self.publish_largest();
         self.publish_tail();
@@ -812,8 +823,10 @@ impl Shard {
 
     /// Makes sure `reserved` plus the charge of `existing` (the item the new one will
     /// replace, if any) covers `new_charge`, reserving from the budget and evicting
-    /// from this shard (never `existing`) as needed. On failure returns the bytes
-    /// still missing; `reserved` keeps what was obtained.
+    /// from this shard (never `existing`) as needed; a new key (`existing` `None`) also
+    /// takes an item slot under the entry bound, which [`Shard::install`] then uses —
+    /// the caller installs under this same lock hold. On failure returns what is still
+    /// missing (no slot is kept); `reserved` keeps the bytes obtained.
     pub(crate) fn reserve(
         &mut self,
         new_charge: usize,
@@ -821,35 +834,46 @@ impl Shard {
         reserved: &mut usize,
         now: &Now,
         budget: &Budget,
-    ) -> Result<(), usize> {
+    ) -> Result<(), Short> {
         let old = existing.map_or(0, |i| self.slab.get(i).block().charge());
         let keep = existing.unwrap_or(NIL);
         // A new item needs a slab index below 2^24. `Store::new` picks enough shards
         // that the memory limit runs out first; this guards against skew.
         while existing.is_none() && self.len >= MAX_SHARD_ITEMS {
             if self.evict_one(now, budget, keep) == 0 {
-                return Err(new_charge.saturating_sub(*reserved));
+                return Err(Short {
+                    bytes: new_charge.saturating_sub(*reserved),
+                    item: false,
+                });
             }
         }
+        // A replacement keeps its key's slot.
+        let mut slot = existing.is_some();
         loop {
+            slot = slot || budget.try_take_item();
             let need = new_charge.saturating_sub(old + *reserved);
             if budget.try_reserve(need) {
                 *reserved += need;
-                return Ok(());
+                if slot {
+                    return Ok(());
+                }
             }
+            let short = Short {
+                bytes: new_charge.saturating_sub(old + *reserved),
+                item: !slot,
+            };
             // `largest` evicts here only while this shard holds the store-wide
             // largest item; otherwise the caller releases the lock and evicts
-            // elsewhere (`Store::evict_elsewhere`).
-            if self.policy == Policy::Largest && !self.holds_store_largest(keep) {
-                return Err(need);
-            }
-            // `lru` likewise evicts here only while this shard's coldest item is
-            // (within the slack) the store-wide coldest.
-            if self.tails.is_some() && !self.holds_store_oldest(keep, budget) {
-                return Err(need);
-            }
-            if self.evict_one(now, budget, keep) == 0 {
-                return Err(need);
+            // elsewhere (`Store::evict_elsewhere`). `lru` likewise evicts here only
+            // while this shard's coldest item is (within the slack) the store-wide
+            // coldest.
+            let elsewhere = (self.policy == Policy::Largest && !self.holds_store_largest(keep))
+                || (self.tails.is_some() && !self.holds_store_oldest(keep, budget));
+            if elsewhere || self.evict_one(now, budget, keep) == 0 {
+                if slot && existing.is_none() {
+                    budget.release_item();
+                }
+                return Err(short);
             }
         }
     }
@@ -910,7 +934,8 @@ impl Shard {
     }
 
     /// Links `block` as the item for its key — in place of `existing` if given —
-    /// after [`Shard::reserve`] succeeded for its charge. Returns surplus reservation
+    /// after [`Shard::reserve`] succeeded for its charge (and, for a new key, took its
+    /// item slot), under the same lock hold. Returns surplus reservation
     /// to the budget and leaves `reserved` at 0. Returns the item's index.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn install(

@@ -3,8 +3,9 @@
 //! Here: the store itself (configuration, construction, time and flush generations, the
 //! figures); `read` (get, touch, meta get), `write` (the stores, arithmetic, deletes, import,
 //! and the one sequence a new item is stored by), `evict` (room made in other shards),
-//! `scan` (crawl and scan steps), `disk` (the durable store's side), `counter` (a counter's
-//! digits).
+//! `scan` (crawl and scan steps), `disk` (the durable store's side), `through` (a key's
+//! state read and removed through to the disk, and the disk's keys scanned), `counter` (a
+//! counter's digits).
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -29,7 +30,10 @@ mod disk;
 mod evict;
 mod read;
 mod scan;
+mod through;
 mod write;
+
+pub use through::DiskCursor;
 
 /// Store configuration.
 #[derive(Clone, Debug)]
@@ -46,6 +50,12 @@ pub struct Config {
     /// 2^23 items (one shard per ~0.6 GiB of limit). [`Store::config`] reports the
     /// count in use.
     pub shards: usize,
+    /// Most items the store holds at once, whatever their size (`--cache-items`); 0 =
+    /// no bound but `memory_limit`. A store of a new key beyond it evicts by the policy,
+    /// as one beyond the memory limit does; [`StoreStats::curr_items`] never exceeds it.
+    /// With `shards` 0, it caps the shard count so that each shard holds about 64 items
+    /// or more.
+    pub max_items: usize,
 }
 
 impl Default for Config {
@@ -55,6 +65,7 @@ impl Default for Config {
             item_size_max: 1 << 20,
             policy: Policy::Lru,
             shards: 0,
+            max_items: 0,
         }
     }
 }
@@ -140,6 +151,11 @@ fn pack(gen: u32, due: u32) -> u64 {
     (u64::from(gen) << 32) | u64::from(due)
 }
 
+/// The largest power of two not above `n` (`n` ≥ 1).
+fn prev_power_of_two(n: usize) -> usize {
+    1 << n.ilog2()
+}
+
 fn auto_shards() -> usize {
     let cpus = std::thread::available_parallelism().map_or(4, |n| n.get());
     (cpus * 16).next_power_of_two().clamp(64, 1024)
@@ -149,15 +165,22 @@ impl Store {
     /// A store with `config`, reading time from `clock`.
     pub fn new(config: Config, clock: Arc<dyn Clock>) -> Store {
         let mut config = config;
-        let n = if config.shards == 0 {
-            auto_shards()
-        } else {
-            config.shards
+        let n = match (config.shards, config.max_items) {
+            // Under a small entry bound, few enough shards that each holds at least 64
+            // items: eviction orders items per shard (or within a slack of bytes far
+            // above such a cache), and a shard of a handful would evict the item it just
+            // loaded or stored before its request reads it.
+            (0, 1..) => auto_shards().min(prev_power_of_two((config.max_items / 64).max(1))),
+            (0, 0) => auto_shards(),
+            (n, _) => n,
         };
         // Enough shards that the limit runs out before a shard's 2^24 slab indices
         // would (with 2x headroom for uneven hashing): only matters above ~0.6 GiB
         // per shard.
-        let max_items = config.memory_limit / ITEM_OVERHEAD;
+        let mut max_items = config.memory_limit / ITEM_OVERHEAD;
+        if config.max_items > 0 {
+            max_items = max_items.min(config.max_items);
+        }
         let min_shards = (max_items / (MAX_SHARD_ITEMS / 2)).saturating_add(1);
         let n = n.max(min_shards).clamp(1, MAX_SHARDS).next_power_of_two();
         config.shards = n;
@@ -183,7 +206,7 @@ impl Store {
             clock,
             time: TimeBase::new(epoch),
             flush: AtomicU64::new(pack(0, 0)),
-            budget: Budget::new(config.memory_limit),
+            budget: Budget::new(config.memory_limit, config.max_items),
             config,
             durable: None,
             flusher: None,

@@ -58,6 +58,7 @@ fn fill(n: usize, shards: usize) -> Store {
         item_size_max: 1 << 20,
         policy: Policy::Lru,
         shards,
+        max_items: 0,
     };
     let s = Store::new(config, Arc::new(ManualClock::new(1_700_000_000)));
     let value = [b'v'; VALUE_LEN];

@@ -153,14 +153,16 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
+    /// Also with an entry bound (`--cache-items`): the item count never passes it.
     fn bytes_stay_within_limit_and_match_items(
         policy in policy(),
         shards in prop::sample::select(vec![1usize, 2, 8]),
         limit in 1_000usize..30_000,
+        max_items in prop::sample::select(vec![0usize, 1, 3, 12]),
         ops in prop::collection::vec(op(), 1..250),
     ) {
         let clock = Arc::new(ManualClock::new(T0));
-        let config = Config { memory_limit: limit, item_size_max: 8_192, policy, shards };
+        let config = Config { memory_limit: limit, item_size_max: 8_192, policy, shards, max_items };
         let s = Store::new(config, clock.clone());
         let mut cursor = CrawlCursor::default();
         for op in &ops {
@@ -171,6 +173,10 @@ proptest! {
             }
             let st = s.stats();
             prop_assert!(st.bytes as usize <= limit, "{} > {limit} after {op:?}", st.bytes);
+            prop_assert!(
+                max_items == 0 || st.curr_items as usize <= max_items,
+                "{} items > {max_items} after {op:?}", st.curr_items
+            );
         }
         s.reclaim_expired();
         let st = s.stats();
@@ -267,7 +273,7 @@ proptest! {
         ops in prop::collection::vec(lru_op(), 1..300),
     ) {
         let clock = Arc::new(ManualClock::new(T0));
-        let config = Config { memory_limit: limit, item_size_max: 1 << 20, policy: Policy::Lru, shards: 1 };
+        let config = Config { memory_limit: limit, item_size_max: 1 << 20, policy: Policy::Lru, shards: 1, max_items: 0 };
         let s = Store::new(config, clock);
         let mut model = Lru { order: VecDeque::new(), used: 0, limit };
         for op in &ops {
@@ -301,6 +307,7 @@ fn threads_never_exceed_the_limit() {
             item_size_max: 16 * 1024,
             policy,
             shards: 8,
+            max_items: 0,
         };
         let s = Arc::new(Store::new(config, Arc::new(ManualClock::new(T0))));
         let done = Arc::new(AtomicBool::new(false));

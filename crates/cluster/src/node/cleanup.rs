@@ -121,7 +121,7 @@ impl Node {
                 // Requests begun under an older view (a migration stream's last items)
                 // are applied before the scan starts, so it sees them.
                 node.grace(epoch);
-                let mut cursor = ScanCursor::default();
+                let mut pass = Pass::default();
                 let mut items = Vec::with_capacity(256);
                 let mut handover: HashMap<String, Pipe> = HashMap::new();
                 let mut failed: HashSet<String> = HashSet::new();
@@ -147,17 +147,37 @@ impl Node {
                     let r = view.replicas as usize;
                     let mut owners = Vec::with_capacity(r);
                     let mut mine = Vec::new();
-                    let step = node
-                        .store
-                        .scan_matching(&mut cursor, 256, &mut items, |_, k| {
-                            let h = kvlab_client::cluster::key_hash(k);
-                            view.serving.owners_of_hash(h, r, &mut owners);
-                            let nodes = view.serving.nodes();
-                            if r > 1 && owners.first().is_some_and(|&i| nodes[i] == me) {
-                                mine.push(k.to_vec());
-                            }
-                            !owners.iter().any(|&i| nodes[i] == me)
-                        });
+                    // Memory, then a durable node's disk: a moved key evicted to disk
+                    // must go from there too, or it would come back. The keys this node
+                    // owns come too (with copies) and are set apart from the exported
+                    // items, which are live: a dead record on disk (flushed, or dropped
+                    // at the start) must not be copied as a delete to the key's holders.
+                    let held = |k: &[u8], owners: &mut Vec<usize>| {
+                        let h = kvlab_client::cluster::key_hash(k);
+                        view.serving.owners_of_hash(h, r, owners);
+                        let nodes = view.serving.nodes();
+                        let owned = owners.first().is_some_and(|&i| nodes[i] == me);
+                        (owned, owners.iter().any(|&i| nodes[i] == me))
+                    };
+                    let step = pass.step(&node.store, 256, &mut items, |k| {
+                        let (owned, held) = held(k, &mut owners);
+                        !held || (r > 1 && owned)
+                    });
+                    items.retain(|item| {
+                        let (owned, held) = held(item.key(), &mut owners);
+                        if owned && r > 1 {
+                            mine.push(item.key().to_vec());
+                        }
+                        !held
+                    });
+                    let done = match step {
+                        Ok(done) => done,
+                        Err(e) => {
+                            tracing::warn!("clean-up after epoch {epoch}: {e}");
+                            node.progress.lock().error = Some(e.to_string());
+                            return;
+                        }
+                    };
                     // Nothing goes, and no copy is sent, under a view already replaced (keys
                     // may have moved meanwhile), nor once a newer migration's items arrive
                     // here: the scan may have found some, which this epoch's ring does not
@@ -189,15 +209,12 @@ impl Node {
                         items.retain(|item| !kept.contains(item.key()));
                     }
                     for item in &items {
-                        let opts = MetaDeleteOpts {
-                            compare_cas: Some(item.cas()),
-                            ..MetaDeleteOpts::default()
-                        };
-                        if node.store.meta_delete(item.key(), &opts) == DeleteStatus::Deleted {
+                        // Only if unchanged since looked at, in memory or on disk.
+                        if matches!(node.store.delete_through(item.key(), item.cas()), Ok(true)) {
                             node.progress.lock().cleaned += 1;
                         }
                     }
-                    if step.done {
+                    if done {
                         if !recopy.is_empty() {
                             match node.replicate_all(&view, &recopy) {
                                 Ok(()) => recopy.clear(),
@@ -210,6 +227,12 @@ impl Node {
                         p.handover_pending = kept_in_pass + recopy.len() as u64;
                         if kept_in_pass == 0 && recopy.is_empty() {
                             p.handover_epoch = p.handover_epoch.max(epoch);
+                            drop(p);
+                            // A durable node's deletions reach the disk now, not with the
+                            // next flush: a moved key must not come back after a crash.
+                            if let Err(e) = node.store.sync_all() {
+                                tracing::warn!("clean-up after epoch {epoch}: {e}");
+                            }
                             return;
                         }
                         drop(p);
@@ -217,7 +240,7 @@ impl Node {
                         failed.clear();
                         std::thread::sleep(retry);
                         retry = (retry * 2).min(Duration::from_secs(1));
-                        cursor = ScanCursor::default();
+                        pass = Pass::default();
                         kept_in_pass = 0;
                         first_pass = false;
                         continue;

@@ -178,21 +178,18 @@ impl Node {
         // Every write begun before this node took the copy view (and so not logged as a
         // change) is applied before the snapshot starts, so the snapshot sees it.
         self.grace(id);
-        // Snapshot: every key that leaves, as it is now. Per new owner, the changes sent
-        // since its last confirmed batch (sent again if its stream fails).
+        // Snapshot: every key that leaves, as it is now — in memory, then on disk (a
+        // durable node's cold keys). Per new owner, the changes sent since its last
+        // confirmed batch (sent again if its stream fails).
         let mut unconfirmed: HashMap<usize, Vec<Vec<u8>>> = HashMap::new();
-        let mut cursor = ScanCursor::default();
+        let mut pass = Pass::default();
         let mut items = Vec::with_capacity(512);
         loop {
             if self.abandoned(id) {
                 return Ok(());
             }
             items.clear();
-            let step = self
-                .store
-                .scan_matching(&mut cursor, 512, &mut items, |_, key| {
-                    target_of(key).is_some()
-                });
+            let done = pass.step(&self.store, 512, &mut items, |key| target_of(key).is_some())?;
             for item in &items {
                 let Some(i) = target_of(item.key()) else {
                     continue;
@@ -218,7 +215,7 @@ impl Node {
                 }
             }
             self.flush_streams(id, &mut pipes, &mut unconfirmed, future, &target_of)?;
-            if step.done {
+            if done {
                 break;
             }
         }
@@ -239,15 +236,25 @@ impl Node {
             let idle = keys.is_empty();
             for key in keys {
                 let Some(i) = target_of(&key) else { continue };
-                let sent = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
-                    match self.store.peek(&key) {
-                        Some(m) => {
-                            pipe.set(&key, m.item.flags, m.item.exptime, &m.item.value)?;
-                            Ok(m.item.value.len() as u64)
+                // The key's state wherever it is: a durable node may have evicted it to
+                // disk since the write (absent from memory is not deleted).
+                let now = match self.store.peek_through(&key) {
+                    Ok(now) => now,
+                    Err(e) => {
+                        self.changes.lock().insert(key);
+                        let e = format!("reading the data directory: {e}");
+                        return Err(ClusterError::Migration(e));
+                    }
+                };
+                let sent = self
+                    .pipe(&mut pipes, i, future, id)
+                    .and_then(|pipe| match &now {
+                        Some(item) => {
+                            pipe.set(&key, item.flags(), item.exptime(), item.value())?;
+                            Ok(item.value().len() as u64)
                         }
                         None => pipe.delete(&key).map(|()| 0),
-                    }
-                });
+                    });
                 match sent {
                     Ok(bytes) => {
                         let mut p = self.progress.lock();
@@ -395,15 +402,13 @@ impl Node {
             &self.me,
             next_generation(),
         )?;
-        let mut cursor = ScanCursor::default();
+        let mut pass = Pass::default();
         let mut items = Vec::with_capacity(512);
         loop {
             items.clear();
-            let step = self
-                .store
-                .scan_matching(&mut cursor, 512, &mut items, |_, key| {
-                    target_of(key) == Some(i)
-                });
+            let done = pass.step(&self.store, 512, &mut items, |key| {
+                target_of(key) == Some(i)
+            })?;
             for item in &items {
                 pipe.set(item.key(), item.flags(), item.exptime(), item.value())?;
             }
@@ -411,7 +416,7 @@ impl Node {
             if refused > 0 {
                 self.progress.lock().refused += refused;
             }
-            if step.done {
+            if done {
                 return Ok(pipe);
             }
         }

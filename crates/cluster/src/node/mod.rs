@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use kvlab_client::{Redirect, Ring};
-use kvlab_store::{DeleteStatus, MetaDeleteOpts, ScanCursor, Store};
+use kvlab_store::{ScanCursor, Store};
 use parking_lot::Mutex;
 use serde::Serialize;
 
@@ -42,8 +42,11 @@ use crate::ClusterError;
 
 mod cleanup;
 mod migrate;
+mod pass;
 mod rejoin;
 mod replicate;
+
+use pass::Pass;
 
 /// How often a node says it is alive (a store with leases, etcd).
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -222,6 +225,21 @@ impl Node {
         let topo = topology
             .load()?
             .ok_or_else(|| ClusterError::Store(format!("no cluster in {}", topology.describe())))?;
+        let named =
+            topo.nodes.contains(&me) || topo.migration.as_ref().is_some_and(|m| m.to.contains(&me));
+        if store.durability().is_some() && (!named || topo.replicas > 1) {
+            // What a durable node kept is not trusted where it may be older than the
+            // cluster's: out of the ring it may hold keys changed or deleted elsewhere
+            // since (it takes its share again when added), and with copies the holders
+            // of its keys have every acknowledged write (it re-copies them: `rejoin`).
+            // Without copies, a node the ring names is the only one that had its keys:
+            // it serves them from its disk.
+            tracing::info!("{me}: drops what its data directory held (see docs/cluster.md)");
+            store.flush_all(0);
+            store
+                .sync_all()
+                .map_err(|e| ClusterError::Store(format!("the data directory: {e}")))?;
+        }
         let node = Arc::new(Node {
             copies: Copies::new(me.clone(), store.clone()),
             me,
@@ -249,11 +267,6 @@ impl Node {
             newest_import: AtomicU64::new(0),
             streams: Mutex::new(HashMap::new()),
         });
-        let named = topo.nodes.iter().any(|n| *n == node.me)
-            || topo
-                .migration
-                .as_ref()
-                .is_some_and(|m| m.to.iter().any(|n| *n == node.me));
         if named && topo.replicas > 1 && node.store.stats().curr_items == 0 {
             // Its keys' copies may live on other nodes: serving from an empty store would
             // answer misses for acknowledged writes.
@@ -456,7 +469,17 @@ impl Node {
                     let copying = p.migration == m.id;
                     (copying, copying && p.error.take().is_some())
                 };
-                if !copying {
+                let durable = self.store.durability().is_some();
+                if !copying && durable && !self.recovering.load(Ordering::Acquire) {
+                    // Restarted since the copy began, with its keys on disk: it sends them
+                    // all again (the new owners take the newer stream), then `drained`.
+                    tracing::warn!(
+                        "migration {}: restarted in its hand-off: copying again from disk",
+                        m.id
+                    );
+                    self.progress.lock().migration = m.id;
+                    self.copy_again(m, t);
+                } else if !copying {
                     // Restarted since the copy began: it has nothing left to send, and the
                     // hand-off must not wait for it (what it held moved with its process).
                     self.hand_off_empty(m.id, &t.serving());
@@ -465,18 +488,7 @@ impl Node {
                     // migration went on to its hand-off: it copies again (see
                     // `run_copier`).
                     tracing::warn!("migration {}: in its hand-off: copying again", m.id);
-                    if let Some(old) = t.other() {
-                        let node = self.clone();
-                        let (id, new) = (m.id, t.serving());
-                        let started_ms = m.started_ms;
-                        let spawned = std::thread::Builder::new()
-                            .name("kvlab-migrate".into())
-                            .spawn(move || node.run_copier(id, &old, &new, started_ms));
-                        match spawned {
-                            Ok(h) => self.threads.lock().push(h),
-                            Err(e) => self.progress.lock().error = Some(e.to_string()),
-                        }
-                    }
+                    self.copy_again(m, t);
                 }
             }
             Some(_) => {}
@@ -489,6 +501,22 @@ impl Node {
                 self.follow_holders();
                 self.start_cleanup(t.epoch);
             }
+        }
+    }
+
+    /// In migration `m`'s hand-off (`t`): runs its copier again, from the old ring to the
+    /// new one, on a thread of its own.
+    fn copy_again(self: &Arc<Node>, m: &crate::topology::Migration, t: &Topology) {
+        let Some(old) = t.other() else { return };
+        let node = self.clone();
+        let (id, new) = (m.id, t.serving());
+        let started_ms = m.started_ms;
+        let spawned = std::thread::Builder::new()
+            .name("kvlab-migrate".into())
+            .spawn(move || node.run_copier(id, &old, &new, started_ms));
+        match spawned {
+            Ok(h) => self.threads.lock().push(h),
+            Err(e) => self.progress.lock().error = Some(e.to_string()),
         }
     }
 

@@ -147,32 +147,26 @@ impl Node {
         let view = self.view();
         let r = view.replicas as usize;
         let mut pipe = Pipe::connect(target, STREAM_TIMEOUT)?.import(RESYNC, &self.me)?;
-        let mut cursor = ScanCursor::default();
+        let mut pass = Pass::default();
         let mut items = Vec::with_capacity(512);
         let mut owners = Vec::with_capacity(r);
         loop {
             items.clear();
-            let step = self
-                .store
-                .scan_matching(&mut cursor, 512, &mut items, |h, key| {
-                    let _ = h;
-                    view.serving.owners_of_hash(
-                        kvlab_client::cluster::key_hash(key),
-                        r,
-                        &mut owners,
-                    );
-                    // Only what this node holds itself: a stray item (a key it no longer
-                    // holds, kept until its nodes confirm they have it) may be older than
-                    // the copy the key's holder sends, and `add` keeps whichever is first.
-                    let nodes = view.serving.nodes();
-                    owners.iter().any(|&i| nodes[i] == target)
-                        && owners.iter().any(|&i| nodes[i] == self.me) != strays
-                });
+            let done = pass.step(&self.store, 512, &mut items, |key| {
+                view.serving
+                    .owners_of_hash(kvlab_client::cluster::key_hash(key), r, &mut owners);
+                // Only what this node holds itself: a stray item (a key it no longer
+                // holds, kept until its nodes confirm they have it) may be older than
+                // the copy the key's holder sends, and `add` keeps whichever is first.
+                let nodes = view.serving.nodes();
+                owners.iter().any(|&i| nodes[i] == target)
+                    && owners.iter().any(|&i| nodes[i] == self.me) != strays
+            })?;
             for item in &items {
                 pipe.add(item.key(), item.flags(), item.exptime(), item.value())?;
             }
             pipe.flush()?;
-            if step.done || self.stop.load(Ordering::Relaxed) {
+            if done || self.stop.load(Ordering::Relaxed) {
                 break;
             }
         }

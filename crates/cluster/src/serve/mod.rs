@@ -278,6 +278,14 @@ impl NodeEngine {
         let unconfirmed = gate.node().unconfirmed();
         let mut keys = Vec::new();
         if writes {
+            if let Flow::Defer(NodeWork::Cache(persist), order) = &flow {
+                if !persist.reruns_request() {
+                    // Applied, and persisted before its reply (`--durability sync`): its
+                    // copies follow the persist.
+                    for_each_key(req, |key| keys.push(key.to_vec()));
+                    return Flow::Defer(NodeWork::Durable(persist.clone(), keys), *order);
+                }
+            }
             if !matches!(flow, Flow::Done) {
                 for_each_key(req, |key| unconfirmed.settle(key, true, None));
                 return flow;

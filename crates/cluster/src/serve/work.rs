@@ -20,6 +20,9 @@ use crate::node::Node;
 pub enum NodeWork {
     /// The cache's own disk work (read-through, persist).
     Cache(Blocking),
+    /// A write's persist (`--durability sync`), then its copies as [`NodeWork::Replicate`]:
+    /// its reply leaves once it is on this node's disk and every holder confirmed it.
+    Durable(Blocking, Vec<Vec<u8>>),
     /// Write these keys' new state through to the other nodes that hold their copies
     /// (`replicas` > 1); the write's reply leaves only afterwards.
     Replicate(Vec<Vec<u8>>),
@@ -122,9 +125,11 @@ fn settle(node: &Node, owed: Owed) -> Completion {
     }
 }
 
-/// The copies a round's works ask for: (ticket, keys, write?); disk work runs at once.
+/// The copies a round's works ask for: (ticket, keys, write?); disk work runs at once (a
+/// write's persist before its copies: one that fails fails the write, uncopied).
 fn copies_of(
     works: &mut Vec<(usize, NodeWork)>,
+    node: &Node,
     store: &Store,
     done: &mut dyn FnMut(usize, Completion),
 ) -> Vec<(usize, Vec<Vec<u8>>, bool)> {
@@ -134,6 +139,15 @@ fn copies_of(
             NodeWork::Replicate(keys) | NodeWork::Behind(keys) => copies.push((ticket, keys, true)),
             NodeWork::Reconfirm(keys) => copies.push((ticket, keys, false)),
             NodeWork::Cache(work) => done(ticket, work.complete_on(store)),
+            NodeWork::Durable(work, keys) => match work.complete_on(store) {
+                Completion::Release => copies.push((ticket, keys, true)),
+                failed => {
+                    for key in &keys {
+                        node.unconfirmed().settle(key, true, None);
+                    }
+                    done(ticket, failed);
+                }
+            },
         }
     }
     copies
@@ -210,7 +224,7 @@ impl Work for NodeWork {
                 in_flight.next_behind += 1;
             }
         }
-        let copies = copies_of(works, &worker.cache.store, done);
+        let copies = copies_of(works, node, &worker.cache.store, done);
         if copies.is_empty() {
             return;
         }
@@ -275,11 +289,11 @@ impl Work for NodeWork {
         done: &mut dyn FnMut(usize, Completion),
     ) {
         let mut indexed: Vec<(usize, NodeWork)> = works.drain(..).enumerate().collect();
-        let copies = copies_of(&mut indexed, &worker.cache.store, done);
+        let node = &worker.node;
+        let copies = copies_of(&mut indexed, node, &worker.cache.store, done);
         if copies.is_empty() {
             return;
         }
-        let node = &worker.node;
         let sends: Vec<(usize, Vec<Vec<u8>>)> = copies
             .iter()
             .map(|(i, keys, _)| (*i, keys.clone()))

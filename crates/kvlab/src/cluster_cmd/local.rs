@@ -59,13 +59,39 @@ pub fn check_free(nodes: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A node's own flags from the flags every local node gets: `--data-dir DIR` becomes
+/// `DIR/node-PORT`, so the nodes of one machine keep their data apart.
+fn node_args(extra: &[String], port: &str) -> Vec<String> {
+    let own = |dir: &str| {
+        Path::new(dir)
+            .join(format!("node-{port}"))
+            .display()
+            .to_string()
+    };
+    let mut out = Vec::with_capacity(extra.len());
+    let mut data_dir_next = false;
+    for a in extra {
+        if data_dir_next {
+            out.push(own(a));
+            data_dir_next = false;
+        } else if let Some(dir) = a.strip_prefix("--data-dir=") {
+            out.push(format!("--data-dir={}", own(dir)));
+        } else {
+            data_dir_next = a == "--data-dir";
+            out.push(a.clone());
+        }
+    }
+    out
+}
+
 /// Starts `kvlab server --cluster TOPOLOGY` for `node` in the background (its own process
 /// group, so it outlives this command), logging to `DIR/node-PORT.log`; its pid goes to
-/// `DIR/pids`.
+/// `DIR/pids`. A `--data-dir DIR` among `extra` is the node's `DIR/node-PORT`.
 pub fn start(dir: &Path, topology: &str, node: &str, extra: &[String]) -> anyhow::Result<Started> {
     let (host, port) = node
         .rsplit_once(':')
         .with_context(|| format!("{node}: expected HOST:PORT"))?;
+    let extra = node_args(extra, port);
     let log_path = dir.join(format!("node-{port}.log"));
     let log = std::fs::File::create(&log_path)
         .with_context(|| format!("creating {}", log_path.display()))?;
@@ -83,7 +109,7 @@ pub fn start(dir: &Path, topology: &str, node: &str, extra: &[String]) -> anyhow
             "--cluster-node",
             node,
         ])
-        .args(extra)
+        .args(&extra)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -481,6 +507,30 @@ pub fn stop_nodes(t: Option<&Topology>, topology: &str, dir: &Path) -> Stopped {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_local_node_keeps_its_data_in_a_directory_of_its_own() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            node_args(
+                &args(&["-m", "64", "--data-dir", "/d", "--durability", "sync"]),
+                "7101"
+            ),
+            args(&[
+                "-m",
+                "64",
+                "--data-dir",
+                "/d/node-7101",
+                "--durability",
+                "sync"
+            ])
+        );
+        assert_eq!(
+            node_args(&args(&["--data-dir=/d"]), "7102"),
+            args(&["--data-dir=/d/node-7102"])
+        );
+        assert_eq!(node_args(&args(&["-t", "1"]), "7103"), args(&["-t", "1"]));
+    }
 
     #[test]
     fn this_machine_is_loopback_or_a_bindable_address() {

@@ -1,5 +1,7 @@
 //! What the cluster tests share.
 
+pub mod cluster;
+
 /// A `kvlab bench --cluster --verify --json` run over a key space set before it: it did
 /// work, saw no error or timeout, and lost nothing (a miss is a lost key).
 pub fn assert_clean(run: &serde_json::Value) {

@@ -19,7 +19,7 @@ use kvlab_store::{ArithRequest, ArithStatus, SetMode, SetRequest, SetStatus, Sto
 use crate::admin::{self, Next};
 use crate::auth::AuthFile;
 use crate::cache::DiskRules;
-pub use crate::cache::{Blocking, Helper};
+pub use crate::cache::{Blocking, Helper, ReadThrough};
 use crate::conns::Registration;
 use crate::slabs;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
@@ -75,9 +75,10 @@ impl Engine {
         }
     }
 
-    /// Whether `key` must be read through before a command that depends on its current state.
-    fn must_load(&self, key: &[u8], loaded: &[Vec<u8>]) -> bool {
-        self.disk.must_load(&self.store, key, loaded)
+    /// Whether `key` must be read through before a command that depends on its current state
+    /// (`again`: once more if it was found but left memory since, [`DiskRules::must_load`]).
+    fn must_load(&self, key: &[u8], loaded: &[ReadThrough], again: bool) -> bool {
+        self.disk.must_load(&self.store, key, loaded, again)
     }
 
     /// After a successful write: persist first under `sync`.
@@ -111,15 +112,15 @@ impl Engine {
     /// needed, then the request's family. `loaded` lists the keys already read through for it
     /// ([`Loaded::keys`]). Disk work comes back as [`Flow::Defer`]: the driver runs it inline
     /// or on a helper thread.
-    pub fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[Vec<u8>]) -> Flow {
+    pub fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[ReadThrough]) -> Flow {
         // Read through every key whose current state the command depends on.
         if self.disk.read_through {
             if let Some(key) = self.needs_load(req, loaded) {
-                return defer(Blocking::Load(key));
+                return defer(Blocking::Load(ReadThrough::new(&key)));
             }
         }
         match *req {
-            Request::Get { .. } | Request::Gat { .. } => self.retrieval(req, out),
+            Request::Get { .. } | Request::Gat { .. } => self.retrieval(req, out, loaded),
             Request::Store { .. } => self.storage(req, out),
             Request::Arith { .. } | Request::Delete { .. } | Request::Touch { .. } => {
                 self.key_update(req, out)
@@ -138,14 +139,26 @@ impl Engine {
 
     /// `get`, `gets`, `gat`, `gats`: the values of the keys found.
     #[inline]
-    fn retrieval(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
+    fn retrieval(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[ReadThrough]) -> Flow {
         match *req {
             Request::Get { keys, cas } => {
+                let start = out.len();
                 let mut n = 0;
                 let detail = self.server.admin.detail.enabled();
                 for key in keys.iter() {
                     n += 1;
-                    let item = self.store.get(key);
+                    // A key read through for this get: what was found, should it have left
+                    // memory again before this re-run.
+                    let read = loaded.iter().rev().find(|r| r.key == key);
+                    let item = match read.and_then(ReadThrough::found) {
+                        Some(found) => self.store.get_loaded(key, found),
+                        None => self.store.get(key),
+                    };
+                    if item.is_none() && read.is_none() && self.disk.read_through {
+                        // In memory when `needs_load` looked, evicted since: read through.
+                        out.truncate(start);
+                        return defer(Blocking::Load(ReadThrough::new(key)));
+                    }
                     if detail {
                         self.server.admin.detail.get(key, item.is_some());
                     }
@@ -508,11 +521,15 @@ impl Engine {
         watchers.store(key, status, cmd, ttl as u32, class, len, self.cfd);
     }
 
-    /// The first key of `req` that must be read through from disk first, if any.
-    fn needs_load(&self, req: &Request<'_>, loaded: &[Vec<u8>]) -> Option<Vec<u8>> {
+    /// The first key of `req` that must be read through from disk first, if any. A `get`
+    /// reads each key through once: it serves what was found even if the item has left
+    /// memory again ([`Store::get_loaded`]); other commands need the item in memory, and read
+    /// it through again if it went ([`DiskRules::must_load`]).
+    fn needs_load(&self, req: &Request<'_>, loaded: &[ReadThrough]) -> Option<Vec<u8>> {
+        let again = !matches!(req, Request::Get { .. });
         let first = |keys: &mut dyn Iterator<Item = &[u8]>| {
             for k in keys {
-                if self.must_load(k, loaded) {
+                if self.must_load(k, loaded, again) {
                     return Some(k.to_vec());
                 }
             }
@@ -589,7 +606,7 @@ fn authenticate(
 /// (`-Z`).
 #[derive(Default)]
 pub struct Loaded {
-    keys: Vec<Vec<u8>>,
+    keys: Vec<ReadThrough>,
     /// Its socket (for `watch` lines' `cfd=`).
     fd: i32,
     /// It has authenticated (`-Y`).
@@ -602,7 +619,7 @@ pub struct Loaded {
 
 impl Loaded {
     /// The keys the running request has read through so far ([`Engine::apply`]'s `loaded`).
-    pub fn keys(&self) -> &[Vec<u8>] {
+    pub fn keys(&self) -> &[ReadThrough] {
         &self.keys
     }
 
@@ -649,9 +666,10 @@ impl Engine {
             // The connection lives on as a watcher, still listed (`take_over`).
             self.handed_off = loaded.registered.take();
         }
-        if let Flow::Defer(Blocking::Load(key), _) = flow {
-            // Runs again once `key` is in the cache: don't defer for it a second time.
-            loaded.keys.push(key.clone());
+        if let Flow::Defer(Blocking::Load(read), _) = flow {
+            // Runs again once the key is read through, with what was found: not deferred
+            // for it a second time unless the item left memory again (`needs_load`).
+            loaded.keys.push(read.clone());
         }
     }
 }
@@ -856,11 +874,111 @@ mod session_tests {
         s.process(&mut e);
         assert_eq!(take(&mut s), "");
         let (id, work) = s.take_work().expect("a read-through");
-        assert_eq!(work, Blocking::Load(b"k".to_vec()));
+        assert_eq!(work, Blocking::Load(ReadThrough::new(b"k")));
         assert!(s.take_work().is_none());
         s.complete(id, work.run(&mut e.helper.clone()));
         s.process(&mut e);
         assert_eq!(take(&mut s), "VALUE k 0 1\r\nv\r\nEND\r\n".repeat(2));
+    }
+
+    /// A durable store whose cache holds 64 items (one shard), over `dir`.
+    fn small_cache(dir: &std::path::Path) -> Arc<Store> {
+        let config = Config {
+            max_items: 64,
+            ..Config::default()
+        };
+        let clock = Arc::new(ManualClock::new(1_800_000_000));
+        let mut durable = kvlab_store::DurableConfig::new(dir);
+        // What is queued stays queued: the test commits with `sync_all`.
+        durable.flush_interval = std::time::Duration::from_secs(3600);
+        Arc::new(Store::open(config, clock, durable).expect("store opens"))
+    }
+
+    /// Stores keys `other:FROM..TO` straight into the store, as other connections would:
+    /// in a 64-item cache they evict whatever was there.
+    fn fill(store: &Store, from: usize, to: usize) {
+        for i in from..to {
+            let key = format!("other:{i}");
+            let req = SetRequest::new(SetMode::Set, key.as_bytes(), b"x");
+            assert!(matches!(store.set(&req), SetStatus::Stored { .. }));
+        }
+    }
+
+    /// Runs `req` on `e`: each read-through it defers runs, then `between` (other
+    /// connections' stores before the request re-runs). Returns the reply and the number
+    /// of read-throughs.
+    fn run_through(e: &mut Engine, req: &[u8], between: &dyn Fn(&Store)) -> (String, usize) {
+        let mut s = Session::new(Limits::default());
+        s.read_space()[..req.len()].copy_from_slice(req);
+        s.filled(req.len());
+        s.process(e);
+        let mut loads = 0;
+        while let Some((id, work)) = s.take_work() {
+            assert!(matches!(work, Blocking::Load(_)), "{work:?}");
+            loads += 1;
+            let done = work.run(&mut e.helper.clone());
+            between(&e.store);
+            s.complete(id, done);
+            s.process(e);
+        }
+        (take(&mut s), loads)
+    }
+
+    /// Under a small cache, the item a read-through brought in can be evicted again by other
+    /// stores before its request re-runs: a `get` still answers with it (what the disk held
+    /// during the request), never a miss; a command that needs the item in memory (`append`)
+    /// reads it through again.
+    #[test]
+    fn an_item_evicted_again_before_the_rerun_is_still_served() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = small_cache(dir.path());
+        let mut e = engine_over(store.clone());
+        let req = SetRequest::new(SetMode::Set, b"k", b"v");
+        assert!(matches!(store.set(&req), SetStatus::Stored { .. }));
+        fill(&store, 0, 200);
+        store.sync_all().expect("sync");
+        assert!(store.peek(b"k").is_none(), "k is on disk only");
+
+        let evict = |store: &Store| {
+            fill(store, 1000, 1200);
+            assert!(store.peek(b"k").is_none(), "k left memory again");
+        };
+        let hits = store.stats().get_hits;
+        let (reply, loads) = run_through(&mut e, b"get k\r\n", &evict);
+        assert_eq!((reply.as_str(), loads), ("VALUE k 0 1\r\nv\r\nEND\r\n", 1));
+        assert_eq!(store.stats().get_hits, hits + 1);
+        let (reply, _) = run_through(&mut e, b"gets k nothing\r\n", &evict);
+        assert!(reply.starts_with("VALUE k 0 1 "), "{reply}");
+        assert!(reply.ends_with("\r\nv\r\nEND\r\n"), "{reply}");
+
+        // Evicted once, then left in memory: the append reads k through a second time.
+        let once = std::sync::atomic::AtomicBool::new(true);
+        let evict_once = |store: &Store| {
+            if once.swap(false, Relaxed) {
+                evict(store);
+            }
+        };
+        let (reply, loads) = run_through(&mut e, b"append k 0 0 1\r\nw\r\n", &evict_once);
+        assert_eq!((reply.as_str(), loads), ("STORED\r\n", 2));
+        evict(&store);
+        let (reply, _) = run_through(&mut e, b"get k\r\n", &evict);
+        assert_eq!(reply, "VALUE k 0 2\r\nvw\r\nEND\r\n");
+
+        // Written and evicted again between the read-through and the re-run: the newer
+        // version, queued for the disk, is served; deleted, the key reads as deleted.
+        evict(&store);
+        let (reply, _) = run_through(&mut e, b"get k\r\n", &|store: &Store| {
+            let req = SetRequest::new(SetMode::Set, b"k", b"new");
+            assert!(matches!(store.set(&req), SetStatus::Stored { .. }));
+            evict(store);
+        });
+        assert_eq!(reply, "VALUE k 0 3\r\nnew\r\nEND\r\n");
+        evict(&store);
+        let (reply, _) = run_through(&mut e, b"get k\r\n", &|store: &Store| {
+            assert!(store.delete(b"k"));
+            evict(store);
+        });
+        assert_eq!(reply, "END\r\n");
     }
 
     #[test]

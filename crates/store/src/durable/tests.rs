@@ -23,6 +23,7 @@ fn cfg(memory_limit: usize) -> Config {
         item_size_max: 1 << 20,
         policy: Policy::Lru,
         shards: 1,
+        max_items: 0,
     }
 }
 

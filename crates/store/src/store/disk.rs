@@ -12,7 +12,7 @@ use crate::durable::{
     self, decode, decode_pair, DiskRec, Durability, Durable, DurableConfig, CAS_GAP, META_CAS,
     META_GEN,
 };
-use crate::item::{Block, MAX_KEY_LEN};
+use crate::item::{Block, ItemView, Value, MAX_KEY_LEN};
 use crate::shard::Lookup;
 use crate::stats::DurableStats;
 use crate::wb::{Op, Wb, WbShared};
@@ -150,11 +150,19 @@ impl Store {
     /// time, to find out whether the delete removed something (the re-executed
     /// delete then answers `DELETED`). A memory-only store just reports residency.
     pub fn load(&self, key: &[u8]) -> io::Result<bool> {
+        self.load_item(key).map(|item| item.is_some())
+    }
+
+    /// [`Store::load`], returning the item the key has now (read through, or already
+    /// resident) rather than whether it exists. The request that asked for the read-through
+    /// keeps it: if the item leaves memory again before the request runs (other stores
+    /// evicted it meanwhile), [`Store::get_loaded`] answers with it rather than a miss.
+    pub fn load_item(&self, key: &[u8]) -> io::Result<Option<ItemView>> {
         let Some(d) = &self.durable else {
-            return Ok(self.peek(key).is_some());
+            return Ok(self.peek(key).map(|m| m.item));
         };
         if key.len() > MAX_KEY_LEN {
-            return Ok(false);
+            return Ok(None);
         }
         d.shared.throttle();
         let hash = self.hash(key);
@@ -165,9 +173,9 @@ impl Store {
         for _ in 0..MAX_ATTEMPTS * 2 {
             let now = self.now();
             let mut sh = self.lock(si);
-            if let Lookup::Live(_) = sh.lookup(hash, key, &now, &self.budget) {
+            if let Lookup::Live(idx) = sh.lookup(hash, key, &now, &self.budget) {
                 self.budget.release(reserved);
-                return Ok(true);
+                return Ok(Some(sh.view(idx, self.time)));
             }
             let Some(wb) = sh.wb.as_mut() else {
                 unreachable!("durable stores have write-behind state in every shard")
@@ -195,11 +203,11 @@ impl Store {
                         .is_some_and(|r| r.visible(now.abs, gen));
                     *existed = Some(live);
                     self.budget.release(reserved);
-                    return Ok(false);
+                    return Ok(None);
                 }
                 Some(Op::Delete { .. } | Op::Purge) => {
                     self.budget.release(reserved);
-                    return Ok(false);
+                    return Ok(None);
                 }
                 None => {
                     if !valid {
@@ -217,7 +225,7 @@ impl Store {
                         // the next round, before any later op of the key.
                         wb.push(key, Op::Purge);
                         self.budget.release(reserved);
-                        return Ok(false);
+                        return Ok(None);
                     }
                     rec
                 }
@@ -225,7 +233,7 @@ impl Store {
             let gen = d.gen_base + u64::from(now.gen);
             let Some(rec) = rec.filter(|r| r.visible(now.abs, gen)) else {
                 self.budget.release(reserved);
-                return Ok(false);
+                return Ok(None);
             };
             let exptime = if rec.exptime == 0 {
                 0
@@ -238,7 +246,7 @@ impl Store {
                 || u32::try_from(rec.value.len()).is_err()
             {
                 self.budget.release(reserved);
-                return Ok(false);
+                return Ok(None);
             }
             match sh.reserve(block.charge(), None, &mut reserved, &now, &self.budget) {
                 Ok(()) => {
@@ -255,7 +263,7 @@ impl Store {
                         &self.budget,
                     );
                     sh.mark_clean(idx);
-                    return Ok(true);
+                    return Ok(Some(sh.view(idx, self.time)));
                 }
                 Err(need) => {
                     // Keep what was read: the push count tells whether it is still valid.
@@ -268,7 +276,50 @@ impl Store {
             }
         }
         self.budget.release(reserved);
-        Ok(false)
+        Ok(None)
+    }
+
+    /// `get` of a key read through for this request: `loaded` is what [`Store::load_item`]
+    /// returned for it. The same as [`Store::get`] while the item is in memory; once it has
+    /// left memory again (under a small cache, other stores may evict it between the
+    /// read-through and the request's re-run), the key's state is its queued write-behind
+    /// op if it has one (a newer version, or its deletion), else `loaded`, what the disk
+    /// held during the request — a key that exists never reads as a miss for want of room.
+    /// No disk access; counted as `get` counts.
+    pub fn get_loaded(&self, key: &[u8], loaded: &ItemView) -> Option<ItemView> {
+        let now = self.now();
+        let hash = self.hash(key);
+        let mut sh = self.lock(self.shard_index(hash));
+        let item = match sh.lookup(hash, key, &now, &self.budget) {
+            Lookup::Live(idx) => {
+                sh.bump(idx, &now, &self.budget);
+                Some(sh.view(idx, self.time))
+            }
+            Lookup::Miss => match (&self.durable, sh.wb.as_mut().and_then(|wb| wb.queued(key))) {
+                (Some(d), Some(Op::Put(r))) => r
+                    .visible(now.abs, d.gen_base + u64::from(now.gen))
+                    .then(|| ItemView {
+                        value: Value::new(r.block.clone()),
+                        flags: r.block.flags(),
+                        cas: r.cas,
+                        exptime: r.exptime,
+                    }),
+                (Some(_), None) => {
+                    (loaded.exptime == 0 || loaded.exptime > now.abs).then(|| loaded.clone())
+                }
+                _ => None,
+            },
+            dead => {
+                Self::count_dead(&mut sh, dead);
+                None
+            }
+        };
+        if item.is_some() {
+            sh.stats.get_hits += 1;
+        } else {
+            sh.stats.get_misses += 1;
+        }
+        item
     }
 
     /// Makes `key`'s current state durable — its value or its deletion — with an

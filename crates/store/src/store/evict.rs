@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
-use crate::shard::{scan_hints, scan_tails, Now, Shard};
+use crate::shard::{scan_hints, scan_tails, Now, Shard, Short};
 use crate::slab::NIL;
 
 use super::Store;
@@ -27,7 +27,9 @@ impl Store {
 
     /// After a store in shard `own` (of the key `key`, hashing to `hash`) could not
     /// reserve its memory under the shard's lock: evicts elsewhere, without that
-    /// lock, reserving what it frees until `need` more bytes are reserved. False if
+    /// lock, reserving what it frees until `need.bytes` more bytes are reserved and,
+    /// when the entry bound was reached (`need.item`), at least one item went (the
+    /// store takes the freed slot under its lock when it tries again). False if
     /// nothing could be freed (or, under contention that keeps taking the freed
     /// memory, after a bounded amount of work).
     ///
@@ -38,7 +40,7 @@ impl Store {
         &self,
         own: usize,
         (hash, key): (u64, &[u8]),
-        need: usize,
+        need: Short,
         reserved: &mut usize,
         now: &Now,
     ) -> bool {
@@ -48,20 +50,23 @@ impl Store {
         if let Some(tails) = &self.tails {
             return self.evict_oldest(tails, own, (hash, key), need, reserved, now);
         }
-        let mut need = need;
+        let (mut need, mut item) = (need.bytes, need.item);
         for _ in 0..PASSES {
-            if self.budget.try_reserve(need) {
+            if !item && self.budget.try_reserve(need) {
                 *reserved += need;
                 return true;
             }
             let mut progress = false;
             for k in 1..self.shards.len() {
                 let si = (own + k) & self.mask;
-                let freed = self.lock(si).evict_some(need, PER_VISIT, now, &self.budget);
+                // At least one item when a slot is missing.
+                let want = if item { need.max(1) } else { need };
+                let freed = self.lock(si).evict_some(want, PER_VISIT, now, &self.budget);
                 if freed == 0 {
                     continue;
                 }
                 progress = true;
+                item = false;
                 if self.take_freed(&mut need, reserved) {
                     return true;
                 }
@@ -96,7 +101,7 @@ impl Store {
         hints: &[AtomicU64],
         own: usize,
         key: (u64, &[u8]),
-        need: usize,
+        need: Short,
         reserved: &mut usize,
         now: &Now,
     ) -> bool {
@@ -131,7 +136,7 @@ impl Store {
         tails: &[AtomicU32],
         own: usize,
         key: (u64, &[u8]),
-        need: usize,
+        need: Short,
         reserved: &mut usize,
         now: &Now,
     ) -> bool {
@@ -160,17 +165,17 @@ impl Store {
         &self,
         own: usize,
         (hash, key): (u64, &[u8]),
-        need: usize,
+        need: Short,
         reserved: &mut usize,
         mut pick: impl FnMut(Option<Cap>) -> Option<(usize, Floor)>,
         mut evict: impl FnMut(&mut Shard, usize, Floor, u32) -> (usize, Cap),
     ) -> bool {
-        let mut need = need;
+        let (mut need, mut item) = (need.bytes, need.item);
         // The own shard's cap as last seen under its lock.
         let mut own_cap = None;
         let mut idle = 0;
         for _ in 0..PASSES * PER_VISIT * self.shards.len() {
-            if self.budget.try_reserve(need) {
+            if !item && self.budget.try_reserve(need) {
                 *reserved += need;
                 return true;
             }
@@ -183,7 +188,9 @@ impl Store {
             } else {
                 NIL
             };
-            let (freed, next) = evict(&mut sh, need, floor, keep);
+            // At least one item when a slot is missing.
+            let want = if item { need.max(1) } else { need };
+            let (freed, next) = evict(&mut sh, want, floor, keep);
             drop(sh);
             if si == own {
                 own_cap = Some(next);
@@ -198,6 +205,7 @@ impl Store {
                 continue;
             }
             idle = 0;
+            item = false;
             if self.take_freed(&mut need, reserved) {
                 return true;
             }

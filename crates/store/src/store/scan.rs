@@ -86,7 +86,7 @@ impl Store {
     /// A scan is read-only: it does not fetch-mark items, move them in the eviction
     /// order, or change any counter (`get_hits`, …); it does not wait for a durable
     /// store's write-behind queue. On a durable store it exports the items in memory
-    /// only, not those that are only on disk.
+    /// only, not those that are only on disk: [`Store::scan_disk`] exports those.
     ///
     /// What a pass (steps from [`ScanCursor::default`] until `done`) guarantees:
     /// every key that has a live item for the whole pass is exported exactly once —

@@ -14,6 +14,7 @@ fn store_with(policy: Policy, memory_limit: usize, shards: usize) -> (Store, Arc
         item_size_max: 1 << 20,
         policy,
         shards,
+        max_items: 0,
     };
     (Store::new(config, clock.clone()), clock)
 }
