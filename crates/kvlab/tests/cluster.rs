@@ -72,7 +72,6 @@ fn add_and_remove_via(dir: &Path, topology: &str, proxied: bool) {
     args.extend(names[..3].iter().map(String::as_str));
     cluster(topology, &args);
     let _nodes: Vec<Process> = ports.iter().map(|&p| node(topology, p)).collect();
-    let seed: SocketAddr = names[1].parse().unwrap();
 
     let proxy = proxied.then(|| {
         let port = free_ports(1).unwrap()[0];
@@ -92,77 +91,8 @@ fn add_and_remove_via(dir: &Path, topology: &str, proxied: bool) {
             .unwrap()
     });
     let target = proxy.as_ref().map(|p| p.addr().unwrap());
-
-    let json = dir.join("bench.json");
-    let bench = std::thread::spawn({
-        let json = json.clone();
-        let how = match target {
-            Some(proxy) => ["-s".to_string(), proxy.to_string()],
-            None => ["--cluster".to_string(), names[1].clone()],
-        };
-        move || {
-            Command::new(KVLAB)
-                .arg("bench")
-                .args(&how)
-                .args(["--keys", "20000", "--load", "--verify"])
-                .args([
-                    "--duration",
-                    "8",
-                    "-T",
-                    "1",
-                    "-c",
-                    "4",
-                    "--mix",
-                    "get=8,set=2",
-                ])
-                .arg("--json")
-                .arg(&json)
-                .output()
-                .unwrap()
-        }
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let check = std::thread::spawn({
-        let stop = stop.clone();
-        move || checker(seed, target, stop)
-    });
-
-    // Each change happens once the load has run a while under the ring before it.
-    let ring = &names[..3];
-    let base = served(ring);
-    until("the load to run", || served(ring) >= base + 20_000);
-    let added = cluster(topology, &["add", &names[3]]);
-    assert!(String::from_utf8_lossy(&added.stdout).contains("done"));
-    let base = served(&names);
-    until("the load to run on four nodes", || {
-        served(&names) >= base + 10_000
-    });
-    cluster(topology, &["remove", &names[0]]);
-
-    let out = bench.join().unwrap();
-    stop.store(true, Ordering::Relaxed);
-    let (writes, stale, errors, redirects) = check.join().unwrap();
-    assert!(
-        out.status.success(),
-        "bench: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    let run = &report["runs"][0];
-    common::assert_clean(run);
+    let GrowShrink { run, redirects } = grow_and_shrink_under_load(dir, topology, &names, target);
     let n = |f: &str| run["counters"][f].as_u64().unwrap();
-
-    assert!(writes > 100, "the checker wrote {writes}");
-    assert!(
-        stale.is_empty(),
-        "stale or lost: {:?}",
-        &stale[..stale.len().min(5)]
-    );
-    assert!(
-        errors.is_empty(),
-        "errors: {:?}",
-        &errors[..errors.len().min(5)]
-    );
     if let Some(addr) = target {
         // The proxy took up the new rings (one per epoch it saw).
         let stats = kvlab_process::stats(addr, None, Duration::from_secs(2)).unwrap();

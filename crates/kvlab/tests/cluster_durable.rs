@@ -14,9 +14,6 @@ use common::cluster::*;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use kvlab_client::{Client, ClusterClient};
@@ -82,57 +79,7 @@ fn a_durable_cluster_grows_and_shrinks_with_most_keys_on_disk() {
         assert!(cached <= 300, "{n} caches {cached} items");
     }
 
-    let json = dir.path().join("bench.json");
-    let bench = std::thread::spawn({
-        let json = json.clone();
-        let seed = names[1].clone();
-        move || {
-            Command::new(KVLAB)
-                .args(["bench", "--cluster", &seed])
-                .args(["--keys", "20000", "--load", "--verify"])
-                .args(["--duration", "8", "-T", "1", "-c", "4"])
-                .args(["--mix", "get=8,set=2", "--json"])
-                .arg(&json)
-                .output()
-                .unwrap()
-        }
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let check = std::thread::spawn({
-        let stop = stop.clone();
-        move || checker(seed, None, stop)
-    });
-    let ring = &names[..3];
-    let base = served(ring);
-    until("the load to run", || served(ring) >= base + 20_000);
-    cluster(&topology, &["add", &names[3]]);
-    let base = served(&names);
-    until("the load to run on four nodes", || {
-        served(&names) >= base + 10_000
-    });
-    cluster(&topology, &["remove", &names[0]]);
-
-    let out = bench.join().unwrap();
-    stop.store(true, Ordering::Relaxed);
-    let (writes, stale, errors, _) = check.join().unwrap();
-    assert!(
-        out.status.success(),
-        "bench: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    common::assert_clean(&report["runs"][0]);
-    assert!(writes > 100, "the checker wrote {writes}");
-    assert!(
-        stale.is_empty(),
-        "stale or lost: {:?}",
-        &stale[..stale.len().min(5)]
-    );
-    assert!(
-        errors.is_empty(),
-        "errors: {:?}",
-        &errors[..errors.len().min(5)]
-    );
+    grow_and_shrink_under_load(dir.path(), &topology, &names, None);
 
     // Every key written before the changes is read back from the cluster, cold or not.
     let mut lost = Vec::new();

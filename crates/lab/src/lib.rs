@@ -422,6 +422,10 @@ impl Finished {
     }
 }
 
+/// Why an experiment that starts kvlab found none ([`default_kvlab_bin`]).
+const NEEDS_KVLAB: &str = "needs the kvlab executable: set KVLAB_BIN to it (the running \
+    executable is taken only when its name is `kvlab`)";
+
 /// The kvlab executable the lab starts for `kind = "kvlab"` systems by default: `$KVLAB_BIN`,
 /// else the current executable when it is `kvlab` (the lab run from `kvlab lab`).
 pub fn default_kvlab_bin() -> Option<PathBuf> {
@@ -475,7 +479,7 @@ impl Lab {
             let bin = self
                 .kvlab_bin
                 .as_deref()
-                .context("a control experiment needs the kvlab executable ($KVLAB_BIN)")?;
+                .with_context(|| format!("a control experiment {NEEDS_KVLAB}"))?;
             let base = Path::new(&source.label)
                 .parent()
                 .filter(|p| p.exists())
@@ -535,10 +539,9 @@ impl Lab {
             None => default_out(&spec.name, std::time::SystemTime::now()),
         };
         std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-        let bin = self
-            .kvlab_bin
-            .as_deref()
-            .context("a scaling experiment starts kvlab nodes: set KVLAB_BIN")?;
+        let bin = self.kvlab_bin.as_deref().with_context(|| {
+            format!("a scaling experiment starts kvlab nodes and {NEEDS_KVLAB}")
+        })?;
         let (summary, report) = scaling::run(&spec, &source.text, &out, bin)?;
         Ok(Finished {
             dir: out,
@@ -566,7 +569,7 @@ impl Lab {
         let bin = self
             .kvlab_bin
             .as_deref()
-            .context("a faults experiment starts kvlab nodes: set KVLAB_BIN")?;
+            .with_context(|| format!("a faults experiment starts kvlab nodes and {NEEDS_KVLAB}"))?;
         let (summary, report) = faults::run(&spec, &source.text, overrides, &out, bin)?;
         Ok(Finished {
             dir: out,

@@ -191,3 +191,83 @@ impl Kv {
         })
     }
 }
+
+/// What [`grow_and_shrink_under_load`] saw: the load's run (its JSON) and the redirects
+/// the checker followed.
+pub struct GrowShrink {
+    pub run: serde_json::Value,
+    pub redirects: u64,
+}
+
+/// The cluster of `names[..3]` grows by `names[3]` and then loses `names[0]`, each change
+/// once the load has run a while on the ring before it, under `kvlab bench --load --verify`
+/// (through the proxy at `proxy`, or as a cluster-aware client) and the checker. Asserts
+/// what every such test asserts: the load ran clean, the checker wrote, and read nothing
+/// stale or lost and met no error.
+pub fn grow_and_shrink_under_load(
+    dir: &std::path::Path,
+    topology: &str,
+    names: &[String],
+    proxy: Option<SocketAddr>,
+) -> GrowShrink {
+    let seed: SocketAddr = names[1].parse().unwrap();
+    let json = dir.join("bench.json");
+    let bench = std::thread::spawn({
+        let json = json.clone();
+        let how = match proxy {
+            Some(proxy) => ["-s".to_string(), proxy.to_string()],
+            None => ["--cluster".to_string(), names[1].clone()],
+        };
+        move || {
+            Command::new(KVLAB)
+                .arg("bench")
+                .args(&how)
+                .args(["--keys", "20000", "--load", "--verify"])
+                .args(["--duration", "8", "-T", "1", "-c", "4"])
+                .args(["--mix", "get=8,set=2", "--json"])
+                .arg(&json)
+                .output()
+                .unwrap()
+        }
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let check = std::thread::spawn({
+        let stop = stop.clone();
+        move || checker(seed, proxy, stop)
+    });
+
+    let ring = &names[..3];
+    let base = served(ring);
+    until("the load to run", || served(ring) >= base + 20_000);
+    let added = cluster(topology, &["add", &names[3]]);
+    assert!(String::from_utf8_lossy(&added.stdout).contains("done"));
+    let base = served(names);
+    until("the load to run on four nodes", || {
+        served(names) >= base + 10_000
+    });
+    cluster(topology, &["remove", &names[0]]);
+
+    let out = bench.join().unwrap();
+    stop.store(true, Ordering::Relaxed);
+    let (writes, stale, errors, redirects) = check.join().unwrap();
+    assert!(
+        out.status.success(),
+        "bench: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let run = report["runs"][0].clone();
+    super::assert_clean(&run);
+    assert!(writes > 100, "the checker wrote {writes}");
+    assert!(
+        stale.is_empty(),
+        "stale or lost: {:?}",
+        &stale[..stale.len().min(5)]
+    );
+    assert!(
+        errors.is_empty(),
+        "errors: {:?}",
+        &errors[..errors.len().min(5)]
+    );
+    GrowShrink { run, redirects }
+}
