@@ -813,7 +813,6 @@ repetitions = 1
         dir.path(),
     );
     assert!(o.status.success(), "{}", text(&o));
-    println!("{}", String::from_utf8_lossy(&o.stdout));
     let res: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("ring.json")).unwrap()).unwrap();
     assert_eq!(
@@ -846,8 +845,9 @@ repetitions = 1
     let cache = res["cache"].as_array().unwrap();
     assert_eq!(cache.len(), 2, "{res}");
     for r in cache {
+        // 20 of 150 messages cached, gets uniform: most miss the cache and read the store.
         let h = r["hit_ratio"].as_f64().unwrap();
-        assert!((0.0..=1.0).contains(&h), "{r}");
+        assert!((0.0..0.6).contains(&h), "{r}");
     }
     let html = std::fs::read_to_string(out.join("report/index.html")).unwrap();
     for want in [
