@@ -57,6 +57,7 @@ pub mod dist;
 pub mod engine;
 pub mod load;
 mod local;
+pub mod maildir;
 pub mod populate;
 pub mod report;
 pub mod run;

@@ -13,8 +13,6 @@ use std::time::Duration;
 use kvlab_bench::data::wire_key;
 use kvlab_client::Client;
 use kvlab_process::{free_ports, Probe, Process, Spawn};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 
@@ -94,56 +92,9 @@ fn client(addr: SocketAddr) -> Client {
     Client::connect(addr, Duration::from_secs(5)).unwrap()
 }
 
-/// A maildir tree of `n` messages with realistic headers, bodies of 0.5 to 50 KB (seeded),
-/// over Enron-style `<user>/<folder>/<n>.` folders and a `cur/` folder of maildir names.
-/// Returns each file's path relative to the root.
+/// A maildir tree of `n` synthetic messages (seeded: the same bytes every run).
 fn write_maildir(root: &Path, n: usize) -> Vec<String> {
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let users = ["allen-p", "bass-e", "kaminski-v"];
-    let folders = ["inbox", "sent_items", "all_documents"];
-    let words = [
-        "gas", "power", "deal", "schedule", "meeting", "contract", "the", "please", "review",
-        "attached", "forecast", "trading", "desk", "Houston", "price", "curve",
-    ];
-    let mut rel = Vec::new();
-    for i in 0..n {
-        let user = users[i % users.len()];
-        let path = if i % 10 == 9 {
-            format!("{user}/cur/17000{i:05}.M{i}P42.host:2,S")
-        } else {
-            format!("{user}/{}/{}.", folders[(i / 3) % folders.len()], i + 1)
-        };
-        let body_len = (512.0 * (100f64).powf(rng.gen::<f64>())) as usize; // 0.5 .. 50 KB
-        let mut body = String::with_capacity(body_len + 80);
-        while body.len() < body_len {
-            body.push_str(words[rng.gen_range(0..words.len())]);
-            body.push(if rng.gen_ratio(1, 12) { '\n' } else { ' ' });
-        }
-        let msg = format!(
-            "Message-ID: <{id}.{i}.JavaMail.evans@thyme>\r\n\
-             Date: Mon, {day} May 2001 {h:02}:{m:02}:00 -0700 (PDT)\r\n\
-             From: {user}@enron.com\r\n\
-             To: {to}@enron.com\r\n\
-             Subject: Re: {subject}\r\n\
-             Mime-Version: 1.0\r\n\
-             Content-Type: text/plain; charset=us-ascii\r\n\
-             Content-Transfer-Encoding: 7bit\r\n\
-             X-Folder: \\{user}\\{folder}\r\n\
-             \r\n{body}",
-            id = rng.gen_range(10_000_000u64..99_999_999),
-            day = 1 + i % 28,
-            h = i % 24,
-            m = i % 60,
-            to = users[(i + 1) % users.len()],
-            subject = words[i % words.len()],
-            folder = folders[i % folders.len()],
-        );
-        let file = root.join(&path);
-        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
-        std::fs::write(&file, msg).unwrap();
-        rel.push(path);
-    }
-    rel
+    kvlab_bench::maildir::write_synthetic_maildir(root, n, 7).unwrap()
 }
 
 #[test]

@@ -765,3 +765,102 @@ fn a_faults_experiment_stores_its_runs_and_reports_their_timelines() {
     let again = std::fs::read_to_string(out.join("report/index.html")).expect("report");
     assert_eq!(html, again, "lab analyse rewrites the same report");
 }
+
+/// The storage-ring experiment, small: 150 synthetic messages on 3 durable nodes with a
+/// 40-entry cache each, one node added and one removed, every message read back after each
+/// (nothing lost); throughput the original's way and kvlab bench's on 2 servers; one
+/// node's hit ratio for two policies; the report has every table and the original's
+/// figures beside kvlab's.
+#[test]
+fn a_storage_ring_experiment_scales_durable_nodes_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ring.toml");
+    std::fs::write(
+        &file,
+        r#"kind = "storage-ring"
+messages = 150
+node_args = ["-t", "1", "-m", "64", "--cache-items", "40", "--eviction", "lru"]
+[original]
+scale_down_s = 15.6
+scale_up_s = 17.8
+get_ops_per_client = 756.0
+[scale]
+nodes = 3
+[throughput]
+servers = [2]
+clients = [2]
+ops_per_client = 50
+repetitions = 2
+bench_duration = 0.5
+[cache]
+sizes = [20]
+policies = ["lru", "fifo"]
+clients = 2
+ops_per_client = 50
+repetitions = 1
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = kvlab(
+        &[
+            "lab",
+            "run",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let res: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("ring.json")).unwrap()).unwrap();
+    assert_eq!(
+        res["notes"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        res["notes"]
+    );
+    let scale = &res["scale"];
+    assert_eq!(scale["fill_errors"], 0, "{scale}");
+    let events = scale["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2, "{scale}");
+    for e in events {
+        assert!(e["error"].is_null(), "{e}");
+        let rb = &e["read_back"];
+        assert_eq!(rb["read"], 150, "{e}");
+        for k in ["missing", "wrong", "errors"] {
+            assert_eq!(rb[k], 0, "{k}: {e}");
+        }
+        assert!(e["expected_keys"].as_u64().unwrap() > 0, "{e}");
+        assert!(e["migration"]["keys_copied"].as_u64().unwrap() > 0, "{e}");
+    }
+    let method = res["method"].as_array().unwrap();
+    assert_eq!(method.len(), 4, "2 repetitions of PUT and GET: {res}");
+    for r in method.iter().chain(res["cache"].as_array().unwrap()) {
+        assert_eq!(r["errors"], 0, "{r}");
+        assert!(r["per_client"][1].as_f64().unwrap() > 0.0, "{r}");
+    }
+    assert_eq!(res["bench"].as_array().map(Vec::len), Some(2), "{res}");
+    let cache = res["cache"].as_array().unwrap();
+    assert_eq!(cache.len(), 2, "{res}");
+    for r in cache {
+        // 20 of 150 messages cached, gets uniform: most miss the cache and read the store.
+        let h = r["hit_ratio"].as_f64().unwrap();
+        assert!((0.0..0.6).contains(&h), "{r}");
+    }
+    let html = std::fs::read_to_string(out.join("report/index.html")).unwrap();
+    for want in [
+        "The original&#39;s figures beside kvlab&#39;s",
+        "Scale up and down by one server",
+        "Throughput, the original&#39;s method",
+        "kvlab bench (closed loop)",
+        "GET throughput and hit ratio",
+        "17.8",
+        "756",
+    ] {
+        assert!(html.contains(want), "report lacks {want}");
+    }
+    let again = kvlab(&["lab", "analyse", out.to_str().unwrap()], dir.path());
+    assert!(again.status.success(), "{}", text(&again));
+}

@@ -9,6 +9,9 @@
 //!   while nodes are added, removed or killed on a schedule;
 //! - [`generator`]: external load generators (memcaslap, memtier_benchmark) for a
 //!   workload's `generator` key: its keys mapped onto their flags, their output read;
+//! - [`ring`]: `kind = "storage-ring"` experiments — durable cluster nodes (bounded caches
+//!   over their stores) loaded with real messages: throughput against servers × clients and
+//!   cache size × policy, scale up and down by one server, a published evaluation beside;
 //! - [`faults`]: `kind = "faults"` experiments — kvlab's fault-injection harness
 //!   (`kvlab_faults`) over seeds and configurations, each run's history checked, anomalies
 //!   at the top of the report and a timeline per run;
@@ -204,6 +207,7 @@
 pub mod analyse;
 pub mod faults;
 pub mod generator;
+pub mod ring;
 pub mod runner;
 pub mod scaling;
 pub mod spec;
@@ -309,6 +313,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
         include_str!("../../../experiments/cluster-failure.toml"),
     ),
     (
+        "storage-ring",
+        include_str!("../../../experiments/storage-ring.toml"),
+    ),
+    (
         "faults-quick",
         include_str!("../../../experiments/faults-quick.toml"),
     ),
@@ -327,6 +335,11 @@ pub fn shipped(name: &str) -> Option<&'static str> {
 pub fn shipped_summary(name: &str) -> String {
     if let Some(text) = shipped(name).filter(|t| scaling::is_scaling(t)) {
         return scaling::ScalingSpec::parse(text, name)
+            .map(|s| s.description)
+            .unwrap_or_default();
+    }
+    if let Some(text) = shipped(name).filter(|t| ring::is_ring(t)) {
+        return ring::RingSpec::parse(text, name)
             .map(|s| s.description)
             .unwrap_or_default();
     }
@@ -497,6 +510,9 @@ impl Lab {
         if faults::is_faults(&source.text) {
             return self.run_faults(source, overrides, out);
         }
+        if ring::is_ring(&source.text) {
+            return self.run_ring(source, out);
+        }
         let exp = Experiment::parse(&source.text, &source.stem, overrides).with_context(|| {
             if overrides.is_empty() {
                 format!("experiment {}", source.label)
@@ -552,6 +568,27 @@ impl Lab {
 }
 
 impl Lab {
+    /// A `kind = "storage-ring"` experiment (see [`ring`]): overrides do not apply.
+    fn run_ring(&self, source: &Source, out: Option<PathBuf>) -> anyhow::Result<Finished> {
+        let spec = ring::RingSpec::parse(&source.text, &source.stem)
+            .with_context(|| format!("experiment {}", source.label))?;
+        let out = match out {
+            Some(o) => o,
+            None => default_out(&spec.name, std::time::SystemTime::now()),
+        };
+        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+        let bin = self
+            .kvlab_bin
+            .as_deref()
+            .context("a storage-ring experiment starts kvlab nodes: set KVLAB_BIN")?;
+        let (summary, report) = ring::run(&spec, &source.text, &out, bin)?;
+        Ok(Finished {
+            dir: out,
+            summary,
+            report,
+        })
+    }
+
     /// A `kind = "faults"` experiment (see [`faults`]).
     fn run_faults(
         &self,
@@ -603,6 +640,14 @@ pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
     }
     if dir.join("faults.json").exists() {
         let (summary, report) = faults::analyse_dir(dir)?;
+        return Ok(Finished {
+            dir: dir.to_path_buf(),
+            summary,
+            report,
+        });
+    }
+    if dir.join("ring.json").exists() {
+        let (summary, report) = ring::analyse_dir(dir)?;
         return Ok(Finished {
             dir: dir.to_path_buf(),
             summary,

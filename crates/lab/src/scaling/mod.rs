@@ -44,7 +44,7 @@ use kvlab_cluster::coordinator::MigrationReport;
 use serde::{Deserialize, Serialize};
 
 mod report;
-mod run;
+pub(crate) mod run;
 
 use report::write;
 pub use run::run;

@@ -283,7 +283,7 @@ fn interval_points(result: &kvlab_bench::run::RunResult) -> Vec<IntervalPoint> {
 
 /// Waits (up to 20 s) until every node serves a ring of `nodes` nodes: each has taken up
 /// the topology just created.
-fn wait_for_ring(seeds: &[SocketAddr], nodes: usize) -> anyhow::Result<()> {
+pub(crate) fn wait_for_ring(seeds: &[SocketAddr], nodes: usize) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let behind: Vec<String> = seeds

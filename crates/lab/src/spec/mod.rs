@@ -269,6 +269,11 @@ mod tests {
                     .unwrap_or_else(|e| panic!("{name}: {e:#}"));
                 continue;
             }
+            if crate::ring::is_ring(text) {
+                crate::ring::RingSpec::parse(text, name)
+                    .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+                continue;
+            }
             let e = Experiment::parse(text, name, &Overrides::default())
                 .unwrap_or_else(|e| panic!("{name}: {e:#}"));
             assert!(!e.runs().is_empty(), "{name}");

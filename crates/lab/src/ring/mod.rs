@@ -1,0 +1,475 @@
+//! The storage ring evaluated: kvlab cluster nodes as bounded caches (FIFO, LRU or LFU,
+//! sized in entries) in front of their own durable stores, loaded with real documents
+//! (e-mails), measured as a storage service is: throughput against servers × clients,
+//! against cache size × policy, and the time to scale up and down by one server — with a
+//! published evaluation's figures beside kvlab's.
+//!
+//! ```text
+//! kind = "storage-ring" ─► the messages: `data` (maildir, JSON lines, CSV), or a synthetic
+//!   maildir written into the results ─► [scale]: N durable nodes, every message written,
+//!   one node added, one removed (each migration timed, keys moved against the ring's own
+//!   expectation), every message read back byte for byte after each
+//!   ─► [throughput]: for each server count, a ring of durable nodes holding every message;
+//!   for each client count, PUT then GET the original's way (each client thread sends
+//!   `ops_per_client` requests of random messages one at a time; ops/s per client,
+//!   averaged; `repetitions` times) and kvlab bench's (closed loop, percentiles), each
+//!   process's CPU read around the measured time ─► [cache]: one node for each cache size ×
+//!   policy, GETs the original's way, hit ratio from the node's `stats` ─► ring.json
+//!   ─► report: the original's figures beside kvlab's, then a table per part
+//! ```
+//!
+//! With `netns = true` every node runs in a network namespace of its own
+//! (`scripts/cluster-netns.sh`, as the fault harness uses it: needs root), so the clients —
+//! threads of this process in the root namespace — reach them across a bridge.
+//!
+//! The file (every key optional; defaults after `=`):
+//!
+//! ```toml
+//! kind = "storage-ring"       # *required*
+//! name = "<file stem>"
+//! description = ""
+//! data = ""                   # messages: a maildir (e.g. Enron's), JSON lines or CSV; empty:
+//!                             # a synthetic maildir of `messages` e-mails in the results
+//! messages = 10000            # records used: the data set's first `messages`
+//! netns = false               # each node in its own network namespace (root)
+//! node_args = ["-t", "1", "-m", "256", "--cache-items", "1000", "--eviction", "lru"]
+//!                             # every node's `kvlab server` flags; the lab adds --data-dir
+//! seed = 1                    # the clients' random choice of messages
+//!
+//! [original]                  # the original evaluation's figures, shown beside kvlab's; only
+//! scale_down_s = 15.6         # those given are compared (none: no comparison)
+//! scale_up_s = 17.8
+//! get_ops_per_client = 756.0  # GET ops/s per client, 2 servers, 5 clients
+//!
+//! [scale]
+//! nodes = 5                   # 0 skips the part
+//! [throughput]
+//! servers = [2, 8, 16]        # [] skips the part
+//! clients = [5, 12]
+//! ops_per_client = 1000
+//! repetitions = 3
+//! bench_duration = 3.0        # kvlab bench's closed loop, seconds per point (0: not run)
+//! [cache]
+//! sizes = [100, 1000, 5000]   # entries; [] skips the part
+//! policies = ["fifo", "lru", "lfu"]
+//! clients = 5
+//! ops_per_client = 1000
+//! repetitions = 3
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+mod nodes;
+mod parts;
+mod report;
+
+pub use parts::run;
+
+fn d_messages() -> usize {
+    10_000
+}
+fn d_node_args() -> Vec<String> {
+    [
+        "-t",
+        "1",
+        "-m",
+        "256",
+        "--cache-items",
+        "1000",
+        "--eviction",
+        "lru",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+fn d_seed() -> u64 {
+    1
+}
+fn d_five() -> usize {
+    5
+}
+fn d_servers() -> Vec<usize> {
+    vec![2, 8, 16]
+}
+fn d_clients() -> Vec<usize> {
+    vec![5, 12]
+}
+fn d_ops() -> usize {
+    1000
+}
+fn d_reps() -> usize {
+    3
+}
+fn d_bench_duration() -> f64 {
+    3.0
+}
+fn d_sizes() -> Vec<usize> {
+    vec![100, 1000, 5000]
+}
+fn d_policies() -> Vec<String> {
+    ["fifo", "lru", "lfu"].map(String::from).to_vec()
+}
+
+/// The original evaluation's figures (constants of the experiment file).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Original {
+    /// Seconds to scale down by one server.
+    pub scale_down_s: Option<f64>,
+    /// Seconds to scale up by one server.
+    pub scale_up_s: Option<f64>,
+    /// GET ops/s per client with 2 servers and 5 clients.
+    pub get_ops_per_client: Option<f64>,
+}
+
+/// The scale part.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScalePart {
+    /// Nodes before the add (0: skip).
+    #[serde(default = "d_five")]
+    pub nodes: usize,
+}
+
+impl Default for ScalePart {
+    fn default() -> Self {
+        ScalePart { nodes: d_five() }
+    }
+}
+
+/// The throughput part.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThroughputPart {
+    /// Server counts ([]: skip).
+    #[serde(default = "d_servers")]
+    pub servers: Vec<usize>,
+    /// Client counts.
+    #[serde(default = "d_clients")]
+    pub clients: Vec<usize>,
+    /// Requests each client sends, one at a time.
+    #[serde(default = "d_ops")]
+    pub ops_per_client: usize,
+    /// Repetitions of each point.
+    #[serde(default = "d_reps")]
+    pub repetitions: usize,
+    /// kvlab bench's closed loop: seconds per point (0: not run).
+    #[serde(default = "d_bench_duration")]
+    pub bench_duration: f64,
+}
+
+impl Default for ThroughputPart {
+    fn default() -> Self {
+        ThroughputPart {
+            servers: d_servers(),
+            clients: d_clients(),
+            ops_per_client: d_ops(),
+            repetitions: d_reps(),
+            bench_duration: d_bench_duration(),
+        }
+    }
+}
+
+/// The cache part.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CachePart {
+    /// Cache sizes, entries ([]: skip).
+    #[serde(default = "d_sizes")]
+    pub sizes: Vec<usize>,
+    /// Displacement strategies (`--eviction`).
+    #[serde(default = "d_policies")]
+    pub policies: Vec<String>,
+    /// Clients.
+    #[serde(default = "d_five")]
+    pub clients: usize,
+    /// GETs each client sends, one at a time.
+    #[serde(default = "d_ops")]
+    pub ops_per_client: usize,
+    /// Repetitions of each point.
+    #[serde(default = "d_reps")]
+    pub repetitions: usize,
+}
+
+impl Default for CachePart {
+    fn default() -> Self {
+        CachePart {
+            sizes: d_sizes(),
+            policies: d_policies(),
+            clients: d_five(),
+            ops_per_client: d_ops(),
+            repetitions: d_reps(),
+        }
+    }
+}
+
+/// A storage-ring experiment (see the module docs).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RingSpec {
+    /// Must be `"storage-ring"`.
+    pub kind: String,
+    /// Names the results directory.
+    #[serde(default)]
+    pub name: String,
+    /// Shown in the report.
+    #[serde(default)]
+    pub description: String,
+    /// The messages' data set (none: a synthetic maildir).
+    #[serde(default)]
+    pub data: Option<PathBuf>,
+    /// Records used.
+    #[serde(default = "d_messages")]
+    pub messages: usize,
+    /// Each node in its own network namespace.
+    #[serde(default)]
+    pub netns: bool,
+    /// Every node's flags (the lab adds `--data-dir`).
+    #[serde(default = "d_node_args")]
+    pub node_args: Vec<String>,
+    /// The clients' random choice of messages.
+    #[serde(default = "d_seed")]
+    pub seed: u64,
+    /// The original's figures.
+    #[serde(default)]
+    pub original: Original,
+    /// Scale up and down.
+    #[serde(default)]
+    pub scale: ScalePart,
+    /// Throughput against servers × clients.
+    #[serde(default)]
+    pub throughput: ThroughputPart,
+    /// Throughput and hit ratio against cache size × policy.
+    #[serde(default)]
+    pub cache: CachePart,
+}
+
+/// Whether `text` is a storage-ring experiment (top-level `kind = "storage-ring"`).
+pub fn is_ring(text: &str) -> bool {
+    toml::from_str::<toml::Table>(text)
+        .ok()
+        .and_then(|t| t.get("kind").and_then(|k| k.as_str().map(|k| k == KIND)))
+        .unwrap_or(false)
+}
+
+const KIND: &str = "storage-ring";
+
+impl RingSpec {
+    /// Reads and checks a storage-ring experiment file.
+    pub fn parse(text: &str, stem: &str) -> anyhow::Result<RingSpec> {
+        let mut s: RingSpec = toml::from_str(text).context("storage-ring experiment")?;
+        if s.kind != KIND {
+            bail!(
+                "kind = {:?}: this experiment says kind = \"{KIND}\"",
+                s.kind
+            );
+        }
+        if s.name.is_empty() {
+            s.name = stem.to_string();
+        }
+        if s.messages == 0 {
+            bail!("messages = 0: at least one");
+        }
+        if s.data.as_ref().is_some_and(|d| d.as_os_str().is_empty()) {
+            s.data = None;
+        }
+        let t = &s.throughput;
+        if !t.servers.is_empty()
+            && (t.clients.is_empty()
+                || t.clients.contains(&0)
+                || t.servers.contains(&0)
+                || t.ops_per_client == 0
+                || t.repetitions == 0)
+        {
+            bail!("[throughput]: servers, clients, ops_per_client and repetitions must be > 0");
+        }
+        if !(t.bench_duration >= 0.0 && t.bench_duration.is_finite()) {
+            bail!("[throughput] bench_duration = {}: >= 0", t.bench_duration);
+        }
+        let c = &s.cache;
+        if !c.sizes.is_empty() {
+            if c.sizes.contains(&0) || c.clients == 0 || c.ops_per_client == 0 || c.repetitions == 0
+            {
+                bail!("[cache]: sizes, clients, ops_per_client and repetitions must be > 0");
+            }
+            for p in &c.policies {
+                if !["fifo", "lru", "lfu"].contains(&p.as_str()) {
+                    bail!("[cache] policies: {p:?} is not fifo, lru or lfu");
+                }
+            }
+        }
+        if s.node_args.iter().any(|a| a.starts_with("--data-dir")) {
+            bail!("node_args: the lab gives each node its --data-dir");
+        }
+        Ok(s)
+    }
+}
+
+/// One scaling event.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ScaleEvent {
+    /// `add` or `remove`.
+    pub action: String,
+    /// The node.
+    pub node: String,
+    /// Nodes in the ring before it.
+    pub nodes_before: usize,
+    /// Seconds the migration took (the coordinator's add or remove, start to end).
+    pub seconds: f64,
+    /// Seconds to start the added node (not part of `seconds`).
+    pub start_s: f64,
+    /// The coordinator's figures.
+    pub migration: Option<kvlab_cluster::coordinator::MigrationReport>,
+    /// Messages whose owner the ring change moves (computed from the two rings).
+    pub expected_keys: u64,
+    /// Messages in the ring.
+    pub keys: u64,
+    /// Messages read back after it: missing, wrong bytes, and requests that failed.
+    pub read_back: ReadBack,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+}
+
+/// A read-back of every message.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct ReadBack {
+    /// Messages read.
+    pub read: u64,
+    /// Absent.
+    pub missing: u64,
+    /// Present with other bytes.
+    pub wrong: u64,
+    /// Requests that failed (errors, timeouts).
+    pub errors: u64,
+    /// Seconds the read-back took.
+    pub seconds: f64,
+}
+
+impl ReadBack {
+    /// Acknowledged writes lost: missing or wrong.
+    pub fn lost(&self) -> u64 {
+        self.missing + self.wrong
+    }
+}
+
+/// The scale part's outcome.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ScaleResult {
+    /// Nodes at the start.
+    pub nodes: usize,
+    /// Messages written before the events.
+    pub keys: u64,
+    /// Seconds the writes took, and writes that failed.
+    pub fill_s: f64,
+    /// See `fill_s`.
+    pub fill_errors: u64,
+    /// The add, then the remove.
+    pub events: Vec<ScaleEvent>,
+}
+
+/// CPU used over a measured time, cores (CPU seconds per second).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Cpu {
+    /// The client (this process: its threads send the requests).
+    pub client: f64,
+    /// All nodes together.
+    pub nodes: f64,
+    /// The busiest node.
+    pub busiest_node: f64,
+}
+
+/// One measured point the original's way (one repetition).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct MethodRun {
+    /// Servers.
+    pub servers: usize,
+    /// Client threads.
+    pub clients: usize,
+    /// `put` or `get`.
+    pub op: String,
+    /// Repetition, 1..
+    pub repetition: usize,
+    /// Each client's ops/s (its requests over its own time).
+    pub per_client: Vec<f64>,
+    /// Requests answered by all clients over the wall time, per second.
+    pub aggregate: f64,
+    /// Failed requests, and GETs that missed or returned other bytes.
+    pub errors: u64,
+    /// CPU over the measured time.
+    pub cpu: Cpu,
+    /// Cache part: gets served from the cache, as a share of all gets (from `stats`).
+    pub hit_ratio: Option<f64>,
+    /// Cache part: entries and policy.
+    pub cache: Option<(usize, String)>,
+}
+
+impl MethodRun {
+    /// The mean over clients of their ops/s: the original's figure.
+    pub fn mean_per_client(&self) -> f64 {
+        self.per_client.iter().sum::<f64>() / self.per_client.len().max(1) as f64
+    }
+}
+
+/// One kvlab bench point.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BenchPoint {
+    /// Servers.
+    pub servers: usize,
+    /// Connections (one thread).
+    pub clients: usize,
+    /// `put` or `get`.
+    pub op: String,
+    /// Replies per second.
+    pub qps: f64,
+    /// Percentiles, µs.
+    pub p50_us: f64,
+    /// See `p50_us`.
+    pub p99_us: f64,
+    /// See `p50_us`.
+    pub p999_us: f64,
+    /// Errors, timeouts, verification failures and misses.
+    pub errors: u64,
+    /// CPU over the measured time.
+    pub cpu: Cpu,
+}
+
+/// Everything a storage-ring run measured (`ring.json`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RingResult {
+    /// The experiment as run.
+    pub spec_text: String,
+    /// Its name.
+    pub name: String,
+    /// The data set used and how many messages, their mean size.
+    pub data: String,
+    /// Messages used.
+    pub messages: u64,
+    /// Mean message size, bytes.
+    pub mean_message_bytes: f64,
+    /// Whether nodes ran in namespaces of their own.
+    pub netns: bool,
+    /// CPUs of the machine.
+    pub cpus: usize,
+    /// The original's figures.
+    pub original: Original,
+    /// The scale part.
+    pub scale: Option<ScaleResult>,
+    /// The throughput part, the original's way.
+    pub method: Vec<MethodRun>,
+    /// The throughput part, kvlab bench's way.
+    pub bench: Vec<BenchPoint>,
+    /// The cache part.
+    pub cache: Vec<MethodRun>,
+    /// What the run noted.
+    pub notes: Vec<String>,
+}
+
+/// Re-renders a storage-ring results directory's report from its `ring.json`.
+pub fn analyse_dir(dir: &Path) -> anyhow::Result<(String, PathBuf)> {
+    let text = std::fs::read(dir.join("ring.json")).context("ring.json")?;
+    let res: RingResult = serde_json::from_slice(&text)?;
+    report::write(dir, &res)
+}
