@@ -577,10 +577,9 @@ impl Lab {
             None => default_out(&spec.name, std::time::SystemTime::now()),
         };
         std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-        let bin = self
-            .kvlab_bin
-            .as_deref()
-            .context("a storage-ring experiment starts kvlab nodes: set KVLAB_BIN")?;
+        let bin = self.kvlab_bin.as_deref().with_context(|| {
+            format!("a storage-ring experiment starts kvlab nodes and {NEEDS_KVLAB}")
+        })?;
         let (summary, report) = ring::run(&spec, &source.text, &out, bin)?;
         Ok(Finished {
             dir: out,

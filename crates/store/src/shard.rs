@@ -786,13 +786,17 @@ impl Shard {
     /// appends every live item among them whose key `keep` accepts to `out`. Walks
     /// the slab by index like [`Shard::crawl`], and changes nothing: dead items
     /// stay (for the crawler), and no fetched bit, access time, eviction order or
-    /// counter moves. Allocates nothing beyond `out`'s growth.
+    /// counter moves. Allocates nothing beyond `out`'s growth. `dirty_only`: only items
+    /// changed since they were last written (a durable store's; the rest are on its disk
+    /// or queued for it).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn scan(
         &self,
         from: u32,
         max: usize,
         now: &Now,
         time: TimeBase,
+        dirty_only: bool,
         mut keep: impl FnMut(&[u8]) -> bool,
         out: &mut Vec<ExportedItem>,
     ) -> Scanned {
@@ -802,7 +806,7 @@ impl Shard {
         for idx in from..end {
             let e = self.slab.get(idx);
             let Some(b) = &e.block else { continue };
-            if Self::is_dead(e, now) || !keep(b.key()) {
+            if Self::is_dead(e, now) || (dirty_only && !e.has(DIRTY)) || !keep(b.key()) {
                 continue;
             }
             let exptime = if e.exptime == 0 {

@@ -17,9 +17,10 @@ pub(crate) struct Pass {
 impl Pass {
     /// One step: appends to `items` the live items among the next `max` memory slots or
     /// disk records whose key `keep` accepts (a key on disk as it is now: a newer version
-    /// in memory wins, a deleted one is skipped); true once the pass is complete. A key
-    /// both in memory and on disk may come twice, the later one never older. Holds one
-    /// shard lock at a time, and none while it reads the disk.
+    /// in memory wins, a deleted one is skipped); true once the pass is complete. Memory
+    /// gives only what its disk lacks (items changed since written), so a key comes once
+    /// unless it changed since it was written — then twice, the later never older. Holds
+    /// one shard lock at a time, and none while it reads the disk.
     pub(crate) fn step(
         &mut self,
         store: &Store,
@@ -28,7 +29,7 @@ impl Pass {
         mut keep: impl FnMut(&[u8]) -> bool,
     ) -> Result<bool, ClusterError> {
         if !self.on_disk {
-            let step = store.scan_matching(&mut self.memory, max, items, |_, k| keep(k));
+            let step = store.scan_unwritten(&mut self.memory, max, items, |_, k| keep(k));
             self.on_disk = step.done;
             return Ok(step.done && store.durability().is_none());
         }

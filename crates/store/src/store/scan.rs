@@ -103,7 +103,7 @@ impl Store {
         max_items: usize,
         out: &mut Vec<ExportedItem>,
     ) -> ScanStep {
-        self.scan_step(cursor, max_items, out, |_| true)
+        self.scan_step(cursor, max_items, out, false, |_| true)
     }
 
     /// [`Store::scan`], exporting only the live items for which `filter(hash, key)`
@@ -118,7 +118,26 @@ impl Store {
         out: &mut Vec<ExportedItem>,
         mut filter: impl FnMut(u64, &[u8]) -> bool,
     ) -> ScanStep {
-        self.scan_step(cursor, max_items, out, |key| filter(self.hash(key), key))
+        self.scan_step(cursor, max_items, out, false, |key| {
+            filter(self.hash(key), key)
+        })
+    }
+
+    /// [`Store::scan_matching`] of what a pass must read from memory before
+    /// [`Store::scan_disk`] reads the rest: on a durable store only the items changed since
+    /// they were last written (an item identical to its disk or queued version is read
+    /// there, so it comes once), on a memory-only store every item.
+    pub fn scan_unwritten(
+        &self,
+        cursor: &mut ScanCursor,
+        max_items: usize,
+        out: &mut Vec<ExportedItem>,
+        mut filter: impl FnMut(u64, &[u8]) -> bool,
+    ) -> ScanStep {
+        let dirty_only = self.durable.is_some();
+        self.scan_step(cursor, max_items, out, dirty_only, |key| {
+            filter(self.hash(key), key)
+        })
     }
 
     fn scan_step(
@@ -126,6 +145,7 @@ impl Store {
         cursor: &mut ScanCursor,
         max_items: usize,
         out: &mut Vec<ExportedItem>,
+        dirty_only: bool,
         keep: impl FnMut(&[u8]) -> bool,
     ) -> ScanStep {
         let si = cursor.shard;
@@ -137,9 +157,15 @@ impl Store {
         }
         let now = self.now();
         let before = out.len();
-        let step = self
-            .lock(si)
-            .scan(cursor.slot, max_items.max(1), &now, self.time, keep, out);
+        let step = self.lock(si).scan(
+            cursor.slot,
+            max_items.max(1),
+            &now,
+            self.time,
+            dirty_only,
+            keep,
+            out,
+        );
         *cursor = match step.next {
             Some(slot) => ScanCursor { shard: si, slot },
             None => ScanCursor {

@@ -168,11 +168,12 @@ impl Store {
     /// record; a key deleted since is skipped). `done` once the disk's last key was read;
     /// a memory-only store is done at once.
     ///
-    /// After a [`Store::scan`] pass it covers every key: an item only moves from memory to
-    /// the queue to the engine (a load leaves it on disk too), so a key live for the whole
-    /// of both passes is exported by at least one of them — a resident key also on disk by
-    /// both, each time as it is then, so a later export is never older than an earlier
-    /// one.
+    /// After a [`Store::scan`] or [`Store::scan_unwritten`] pass it covers every key: an
+    /// item only moves from memory to the queue to the engine (a load leaves it on disk
+    /// too), and an item memory passes over as written is queued or on disk already, so a
+    /// key live for the whole of both passes is exported by at least one of them — a key
+    /// exported by both each time as it is then, so a later export is never older than an
+    /// earlier one.
     pub fn scan_disk(
         &self,
         cursor: &mut DiskCursor,
