@@ -181,11 +181,19 @@ fn scan_gives_one_row_per_step_and_warmup_is_discarded() {
             s.counters
         );
     }
-    // Nothing planned is lost at the end: the run waits for the last replies.
+    // Nothing planned is lost at the end: the run waits for the last replies — for one
+    // interval at most; what is still in flight then (at most connections × depth, on a
+    // machine too busy to answer in time) is left out, and the run says so.
     let all = r.intervals.iter().fold((0, 0), |(p, c), i| {
         (p + i.counters.planned, c + i.counters.completed)
     });
-    assert_eq!(all.0, all.1, "every planned request was answered");
+    if all.0 != all.1 {
+        assert!(
+            all.0 - all.1 <= 2 && r.notes.iter().any(|n| n.contains("unanswered")),
+            "every planned request was answered, or the run says why not: {all:?} {:?}",
+            r.notes
+        );
+    }
     let measured: u64 = r
         .intervals
         .iter()

@@ -224,11 +224,20 @@ fn a_running_store_outlives_the_death_of_any_one_member_of_three() {
         }
         // The watch is set up again on a live member and wakes a waiting node.
         quiet(&store);
+        // As a node waits: woken, it reads the topology, and waits again until it changed
+        // (a wake-up with nothing new — the watch set up again late — is allowed).
+        let epoch = t.epoch;
         let waiter = std::thread::spawn({
             let store = Arc::clone(&store);
             move || {
                 let t0 = Instant::now();
-                store.wait(Duration::from_secs(20));
+                let deadline = t0 + Duration::from_secs(20);
+                while store.load().unwrap().is_some_and(|now| now.epoch == epoch) {
+                    let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                        break;
+                    };
+                    store.wait(left);
+                }
                 t0.elapsed()
             }
         });
