@@ -550,15 +550,30 @@ impl Lab {
     fn run_scaling(&self, source: &Source, out: Option<PathBuf>) -> anyhow::Result<Finished> {
         let spec = scaling::ScalingSpec::parse(&source.text, &source.stem)
             .with_context(|| format!("experiment {}", source.label))?;
+        self.run_on_nodes(&spec.name, "a scaling", out, |out, bin| {
+            scaling::run(&spec, &source.text, out, bin)
+        })
+    }
+
+    /// An experiment that starts kvlab nodes (`what` names it in the error when there is no
+    /// kvlab to start), its results in `out` (default: a new directory for `name`).
+    fn run_on_nodes(
+        &self,
+        name: &str,
+        what: &str,
+        out: Option<PathBuf>,
+        run: impl FnOnce(&Path, &Path) -> anyhow::Result<(String, PathBuf)>,
+    ) -> anyhow::Result<Finished> {
         let out = match out {
             Some(o) => o,
-            None => default_out(&spec.name, std::time::SystemTime::now()),
+            None => default_out(name, std::time::SystemTime::now()),
         };
         std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-        let bin = self.kvlab_bin.as_deref().with_context(|| {
-            format!("a scaling experiment starts kvlab nodes and {NEEDS_KVLAB}")
-        })?;
-        let (summary, report) = scaling::run(&spec, &source.text, &out, bin)?;
+        let bin = self
+            .kvlab_bin
+            .as_deref()
+            .with_context(|| format!("{what} experiment starts kvlab nodes and {NEEDS_KVLAB}"))?;
+        let (summary, report) = run(&out, bin)?;
         Ok(Finished {
             dir: out,
             summary,
@@ -572,19 +587,8 @@ impl Lab {
     fn run_ring(&self, source: &Source, out: Option<PathBuf>) -> anyhow::Result<Finished> {
         let spec = ring::RingSpec::parse(&source.text, &source.stem)
             .with_context(|| format!("experiment {}", source.label))?;
-        let out = match out {
-            Some(o) => o,
-            None => default_out(&spec.name, std::time::SystemTime::now()),
-        };
-        std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-        let bin = self.kvlab_bin.as_deref().with_context(|| {
-            format!("a storage-ring experiment starts kvlab nodes and {NEEDS_KVLAB}")
-        })?;
-        let (summary, report) = ring::run(&spec, &source.text, &out, bin)?;
-        Ok(Finished {
-            dir: out,
-            summary,
-            report,
+        self.run_on_nodes(&spec.name, "a storage-ring", out, |out, bin| {
+            ring::run(&spec, &source.text, out, bin)
         })
     }
 

@@ -153,16 +153,7 @@ impl Nodes {
 
     /// The ring's nodes, sorted.
     pub fn ring(&self) -> Vec<String> {
-        self.store
-            .load()
-            .ok()
-            .flatten()
-            .map(|t| {
-                let mut n = t.nodes;
-                n.sort();
-                n
-            })
-            .unwrap_or_default()
+        crate::scaling::run::sorted_nodes(&*self.store)
     }
 
     /// Starts a node (timed: the seconds it took) and adds it (a migration).

@@ -48,17 +48,22 @@ impl Cluster {
     }
 
     fn ring(&self) -> Vec<String> {
-        self.store
-            .load()
-            .ok()
-            .flatten()
-            .map(|t| {
-                let mut n = t.nodes;
-                n.sort();
-                n
-            })
-            .unwrap_or_default()
+        sorted_nodes(&*self.store)
     }
+}
+
+/// The nodes of the ring `store` holds, sorted (none if it holds none or cannot be read).
+pub(crate) fn sorted_nodes(store: &dyn TopologyStore) -> Vec<String> {
+    store
+        .load()
+        .ok()
+        .flatten()
+        .map(|t| {
+            let mut n = t.nodes;
+            n.sort();
+            n
+        })
+        .unwrap_or_default()
 }
 
 /// Starts a node (`kvlab server --cluster`) on `port`, its log in `logs`, and waits until it
