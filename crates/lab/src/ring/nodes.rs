@@ -68,21 +68,8 @@ impl Nodes {
             kvlab_cluster::WritePolicy::All,
             addrs.iter().map(|a| a.to_string()).collect(),
         )?;
-        // All at once: one after the other, sixteen durable nodes take a while to start.
-        let started: Vec<anyhow::Result<Node>> = std::thread::scope(|s| {
-            let me = &nodes;
-            let handles: Vec<_> = addrs
-                .iter()
-                .map(|&a| s.spawn(move || me.spawn(a)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow::anyhow!("starting a node panicked")))
-                })
-                .collect()
-        });
+        let me = &nodes;
+        let started = crate::scaling::run::start_all(&addrs, |a| me.spawn(a));
         for node in started {
             nodes.nodes.push(node?);
         }

@@ -52,6 +52,25 @@ impl Cluster {
     }
 }
 
+/// Starts one node per address at once (one after the other, many nodes — durable ones
+/// above all — take a while to start): each's outcome, in order.
+pub(crate) fn start_all<A: Copy + Send, T: Send>(
+    addrs: &[A],
+    start: impl Fn(A) -> anyhow::Result<T> + Sync,
+) -> Vec<anyhow::Result<T>> {
+    std::thread::scope(|s| {
+        let start = &start;
+        let handles: Vec<_> = addrs.iter().map(|&a| s.spawn(move || start(a))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("starting a node panicked")))
+            })
+            .collect()
+    })
+}
+
 /// The nodes of the ring `store` holds, sorted (none if it holds none or cannot be read).
 pub(crate) fn sorted_nodes(store: &dyn TopologyStore) -> Vec<String> {
     store
@@ -164,19 +183,9 @@ fn start_cluster(
         kvlab_cluster::WritePolicy::All,
         names.clone(),
     )?;
-    let started: Vec<anyhow::Result<Process>> = std::thread::scope(|s| {
-        let c = &cluster;
-        let handles: Vec<_> = ports
-            .iter()
-            .map(|&p| s.spawn(move || spawn_node(&c.bin, &c.topology, &c.args, &c.logs, p)))
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("starting a node panicked")))
-            })
-            .collect()
+    let c = &cluster;
+    let started = start_all(&ports, |p| {
+        spawn_node(&c.bin, &c.topology, &c.args, &c.logs, p)
     });
     for (name, p) in names.iter().zip(started) {
         // Those started are stopped (dropped) if one failed.
