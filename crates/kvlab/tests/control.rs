@@ -1,6 +1,8 @@
 //! `kvlab control` (the binary) with real processes: a kvlab server under a 16 s trace
 //! that steps between a heavy and a light rate every 2 s, two small compression jobs, and the
-//! predictive policy with a capacity that the heavy rate exceeds. While it runs, the test
+//! predictive policy with a capacity that the heavy rate exceeds. The input is sized so
+//! that `xz` alone needs longer than a light phase (about 4 s on one core), so it must meet
+//! a heavy phase and be paused, wherever in the trace it starts. While it runs, the test
 //! reads the kernel's own view: the server's `Cpus_allowed_list` takes both values, a job is
 //! really stopped (`freezer.state` FROZEN under the cgroup freezer, `State: T` under
 //! signals) and continues, and every job ends with 0. Run by the cgroup methods when root
@@ -19,7 +21,7 @@ use kvlab_process::{free_port, Probe, Spawn};
 const KVLAB: &str = env!("CARGO_BIN_EXE_kvlab");
 
 const JOBS: &str = r#"
-prepare = ["head -c 6000000 /dev/urandom > {work}/in.bin"]
+prepare = ["head -c 12000000 /dev/urandom > {work}/in.bin"]
 
 [[job]]
 name = "xz"
