@@ -95,13 +95,19 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
         o.share.clone(),
         log,
     )?;
-    let window = match &o.policy {
+    let mut sensor = match &o.policy {
         PolicySpec::Reactive { slack } | PolicySpec::Predictive { slack, .. } => {
-            Duration::from_millis(slack.latency_window_ms)
+            let window = Duration::from_millis(slack.latency_window_ms);
+            let s = ServerSensor::new(o.pid, o.stats, o.live.clone(), window);
+            match slack.segment_budget {
+                Some(_) => s.count_segments(slack.slo_p95_us),
+                None => s,
+            }
         }
-        PolicySpec::Static { .. } => Duration::ZERO,
+        PolicySpec::Static { .. } => {
+            ServerSensor::new(o.pid, o.stats, o.live.clone(), Duration::ZERO)
+        }
     };
-    let mut sensor = ServerSensor::new(o.pid, o.stats, o.live.clone(), window);
     let limits = RunLimits {
         interval: o.interval,
         max: o.max,

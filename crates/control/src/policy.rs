@@ -12,6 +12,10 @@
 //!   as a guard: slack below `grow_slack` adds a core beyond the prediction, and a core is
 //!   given back only when both the prediction and the slack allow it.
 //!
+//! With a segment budget ([`Slack::segment_budget`]) the guard judges what the SLO is
+//! counted on, the load's trace segment: its slack is the budget left of the share of the
+//! segment's requests allowed over the SLO, so jobs run while the segment can afford them.
+//!
 //! The latency is the load's p95 (`kvlab bench --live`) or, without it or by choice
 //! ([`LatencySource`]), the server's own windowed p95 (kvlab's `stats latency`); with
 //! `max_queued`, connections queued for the server's event loops beyond it count as no
@@ -44,6 +48,21 @@ pub struct Signal {
     /// (kvlab's `stats latency`: the waits' sum over the sample's length).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued: Option<f64>,
+    /// The load's requests so far in its current trace segment, and how many of them were
+    /// slower than the SLO (with [`Slack::segment_budget`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment: Option<SegmentCount>,
+}
+
+/// Requests of the current trace segment so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentCount {
+    /// The segment (the load's rate step).
+    pub step: usize,
+    /// Requests completed in it so far.
+    pub requests: u64,
+    /// Of those, slower than the SLO.
+    pub slow: u64,
 }
 
 /// Which latency the slack is taken on.
@@ -120,6 +139,14 @@ pub struct Slack {
     /// burst by the share of requests it slowed, as a trace segment's p95 does.
     #[serde(default)]
     pub latency_window_ms: u64,
+    /// Judge the trace segment instead of the newest interval: keep the share of the
+    /// current segment's requests slower than the SLO below this share (a p95 SLO allows
+    /// 0.05; half of that leaves the rest for the load's own slow requests). The slack is
+    /// then `1 - share / budget`, the segment counted from the load's `--live` rows since
+    /// its step began; a failed shrink does not lengthen the hold (the budget bounds what a
+    /// probe costs). `None`: the p95 decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment_budget: Option<f64>,
 }
 
 /// PARTIES' thresholds, a 1 ms p95 and a 1 s hold at 100 ms samples; the load's p95 when
@@ -132,6 +159,7 @@ pub const DEFAULT_SLACK: Slack = Slack {
     latency: LatencySource::Auto,
     max_queued: None,
     latency_window_ms: 0,
+    segment_budget: None,
 };
 
 /// Default headroom of the predictive policy: plan for 25% more than the measured rate.
@@ -271,15 +299,14 @@ impl Policy {
     /// prediction; the minimum for the purely reactive policy): below it nothing shrinks, and
     /// a floor above `current` is granted at once.
     fn reactive(&mut self, k: &Slack, s: &Signal, current: usize, floor: usize) -> Decision {
-        let Some((p95, what)) = s.latency(k.latency) else {
+        let Some((slack, what)) = guard_slack(k, s) else {
             let cores = floor.max(current);
             return Decision {
                 cores,
                 reason: "no latency measured yet".into(),
             };
         };
-        let slack = 1.0 - p95 / k.slo_p95_us;
-        let failed_shrink = self.since_shrink.is_some();
+        let failed_shrink = self.since_shrink.is_some() && k.segment_budget.is_none();
         self.since_shrink = self.since_shrink.map(|n| n + 1).filter(|&n| n < self.hold);
         let queued = match (k.max_queued, s.queued) {
             (Some(max), Some(q)) if q > max => Some((q, max)),
@@ -294,11 +321,11 @@ impl Policy {
                 self.since_shrink = None;
             }
             let reason = match queued {
-                Some((q, max)) if slack >= k.grow_slack => format!(
-                    "{q:.1} connections queued > {max:.1} ({what} {p95:.0} µs, slack {slack:.2})"
-                ),
+                Some((q, max)) if slack >= k.grow_slack => {
+                    format!("{q:.1} connections queued > {max:.1} ({what}, slack {slack:.2})")
+                }
                 _ => format!(
-                    "slack {slack:.2} < {:.2} ({what} {p95:.0} µs, SLO {:.0} µs)",
+                    "slack {slack:.2} < {:.2} ({what}, SLO {:.0} µs)",
                     k.grow_slack, k.slo_p95_us
                 ),
             };
@@ -324,7 +351,7 @@ impl Policy {
                 return Decision {
                     cores: current - 1,
                     reason: format!(
-                        "slack {slack:.2} > {:.2} for {} samples ({what} {p95:.0} µs)",
+                        "slack {slack:.2} > {:.2} for {} samples ({what})",
                         k.shrink_slack, self.hold
                     ),
                 };
@@ -336,5 +363,109 @@ impl Policy {
             cores: current,
             reason: String::new(),
         }
+    }
+}
+
+/// The guard's slack and what it was taken on: the segment's slow share against the budget
+/// when there is one and the segment has requests, else the p95 against the SLO.
+fn guard_slack(k: &Slack, s: &Signal) -> Option<(f64, String)> {
+    if let (Some(budget), Some(seg)) = (k.segment_budget, s.segment) {
+        if seg.requests > 0 {
+            let share = seg.slow as f64 / seg.requests as f64;
+            return Some((
+                1.0 - share / budget,
+                format!(
+                    "segment {}: {} of {} requests over the SLO, {:.2}% of a {:.2}% budget",
+                    seg.step,
+                    seg.slow,
+                    seg.requests,
+                    share * 100.0,
+                    budget * 100.0
+                ),
+            ));
+        }
+    }
+    let (p95, what) = s.latency(k.latency)?;
+    Some((1.0 - p95 / k.slo_p95_us, format!("{what} {p95:.0} µs")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget_policy() -> Policy {
+        Policy::new(PolicySpec::Reactive {
+            slack: Slack {
+                segment_budget: Some(0.025),
+                hold: 3,
+                ..DEFAULT_SLACK
+            },
+        })
+    }
+
+    /// A sample whose newest interval's p95 is `p95_us` and whose segment so far has
+    /// `slow` of `requests` over the SLO.
+    fn signal(p95_us: f64, requests: u64, slow: u64) -> Signal {
+        Signal {
+            p95_us: Some(p95_us),
+            segment: Some(SegmentCount {
+                step: 1,
+                requests,
+                slow,
+            }),
+            ..Signal::default()
+        }
+    }
+
+    #[test]
+    fn a_segment_budget_judges_the_segment_not_the_newest_interval() {
+        let mut p = budget_policy();
+        // The newest 100 ms is over the SLO, but 1% of the segment is slow: within budget.
+        let d = p.decide(&signal(1800.0, 10_000, 100), 1, 1, 2);
+        assert_eq!(d.cores, 1, "{}", d.reason);
+        // 3% of the segment slow: over the 2.5% budget, whatever the newest interval says.
+        let d = p.decide(&signal(200.0, 10_000, 300), 1, 1, 2);
+        assert_eq!(d.cores, 2, "{}", d.reason);
+        assert!(d.reason.contains("300 of 10000"), "{}", d.reason);
+        // Without the budget the newest p95 decides, as before.
+        let mut plain = Policy::new(PolicySpec::Reactive {
+            slack: DEFAULT_SLACK,
+        });
+        assert_eq!(plain.decide(&signal(1800.0, 10_000, 100), 1, 1, 2).cores, 2);
+        // No segment figure yet: the p95 decides.
+        let s = Signal {
+            p95_us: Some(1800.0),
+            ..Signal::default()
+        };
+        assert_eq!(budget_policy().decide(&s, 1, 1, 2).cores, 2);
+    }
+
+    #[test]
+    fn under_a_budget_a_failed_shrink_does_not_lengthen_the_hold() {
+        let mut p = budget_policy();
+        // Calm for the hold (3 samples): one core given back.
+        let calm = signal(100.0, 10_000, 0);
+        assert_eq!(p.decide(&calm, 2, 1, 2).cores, 2);
+        assert_eq!(p.decide(&calm, 2, 1, 2).cores, 2);
+        assert_eq!(p.decide(&calm, 2, 1, 2).cores, 1);
+        // Over budget right after: the core comes back, and the hold stays 3 samples.
+        assert_eq!(p.decide(&signal(100.0, 10_000, 400), 1, 1, 2).cores, 2);
+        assert_eq!(p.hold, 3);
+        assert_eq!(p.decide(&calm, 2, 1, 2).cores, 2);
+        assert_eq!(p.decide(&calm, 2, 1, 2).cores, 2);
+        assert_eq!(p.decide(&calm, 2, 1, 2).cores, 1);
+        // The p95 guard doubles it in the same case.
+        let mut q = Policy::new(PolicySpec::Reactive {
+            slack: Slack {
+                hold: 3,
+                ..DEFAULT_SLACK
+            },
+        });
+        let fast = signal(100.0, 0, 0);
+        for _ in 0..3 {
+            q.decide(&fast, 2, 1, 2);
+        }
+        assert_eq!(q.decide(&signal(1800.0, 0, 0), 1, 1, 2).cores, 2);
+        assert_eq!(q.hold, 6);
     }
 }

@@ -14,6 +14,9 @@
 //!   over the intervals of that span, their histograms added up. An interval older than
 //!   [`STALE_MS`] is no signal.
 //!   Without a stats address the rate comes from the same lines.
+//! - with a segment count ([`ServerSensor::count_segments`]), the requests of the load's
+//!   current trace segment so far and how many were slower than the SLO, from the same
+//!   rows' histograms ([`SegmentCount`]): the figure a segment budget guards.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -28,7 +31,7 @@ use kvlab_client::measure::{new_histogram, Percentiles};
 
 use crate::controller::Sensor;
 use crate::event::unix_ms;
-use crate::policy::Signal;
+use crate::policy::{SegmentCount, Signal};
 use crate::window::{Cumulative, Differ};
 
 /// An interval that ended longer ago than this (ms) is not used.
@@ -97,6 +100,8 @@ pub struct ServerSensor {
     last_cpu: Option<(Duration, u64)>,
     last_requests: Option<(Duration, u64)>,
     latency: ServerLatency,
+    /// The load's current trace segment, when counted.
+    segment: Option<SegmentState>,
 }
 
 /// The server's `stats latency` from sample to sample.
@@ -156,7 +161,19 @@ impl ServerSensor {
             last_cpu: None,
             last_requests: None,
             latency: ServerLatency::default(),
+            segment: None,
         }
+    }
+
+    /// Also counts the load's current trace segment: its requests so far and those slower
+    /// than `slo_us` ([`Signal::segment`]).
+    pub fn count_segments(mut self, slo_us: f64) -> ServerSensor {
+        self.segment = Some(SegmentState {
+            slo_ns: (slo_us * 1000.0).round() as u64,
+            count: None,
+            unknown: None,
+        });
+        self
     }
 
     /// The p95 over the intervals in the window (`None` without a window, or when one that
@@ -180,6 +197,46 @@ impl ServerSensor {
         kvlab_procfs::read_proc_stat(self.pid)
             .ok()
             .map(|s| s.cpu_ticks())
+    }
+}
+
+/// The sensor's count of the load's current trace segment.
+#[derive(Debug, Clone, Copy)]
+struct SegmentState {
+    /// The SLO, ns.
+    slo_ns: u64,
+    count: Option<SegmentCount>,
+    /// The count of this step is unknown: a row that served requests carried no histogram
+    /// (an older `kvlab bench`).
+    unknown: Option<usize>,
+}
+
+impl SegmentState {
+    /// Adds row `r` (a new step starts a new count).
+    fn add(&mut self, r: &IntervalRow) {
+        if self.count.is_none_or(|c| c.step != r.step) {
+            self.count = Some(SegmentCount {
+                step: r.step,
+                ..SegmentCount::default()
+            });
+        }
+        let mut h = new_histogram();
+        match &r.latency_hist {
+            Some(e) if e.add_to(&mut h).is_ok() => {
+                if let Some(c) = self.count.as_mut() {
+                    let n = h.len();
+                    c.requests += n;
+                    c.slow += n - h.count_between(0, self.slo_ns).min(n);
+                }
+            }
+            _ if r.counters.completed == 0 => {}
+            _ => self.unknown = Some(r.step),
+        }
+    }
+
+    /// The count so far, unless it is unknown.
+    fn current(&self) -> Option<SegmentCount> {
+        self.count.filter(|c| self.unknown != Some(c.step))
     }
 }
 
@@ -236,6 +293,11 @@ impl Sensor for ServerSensor {
         else {
             return s;
         };
+        if let Some(seg) = &mut self.segment {
+            for r in rows.iter().filter(|r| !r.warmup) {
+                seg.add(r);
+            }
+        }
         if self.window_ms > 0 {
             self.recent.extend(rows.into_iter().filter(|r| !r.warmup));
             let from = ts_end.saturating_sub(self.window_ms);
@@ -245,6 +307,7 @@ impl Sensor for ServerSensor {
         }
         if unix_ms().saturating_sub(ts_end) <= STALE_MS {
             s.p95_us = Some(self.window_p95().unwrap_or(p95_us));
+            s.segment = self.segment.and_then(|seg| seg.current());
             if self.stats.is_none() {
                 s.qps = Some(qps);
             }
@@ -323,6 +386,11 @@ mod tests {
     /// A row of the load as `kvlab bench --live` writes it, ending at `end` (ms since the
     /// epoch): 100 requests over 100 ms, `slow` of them at 2 ms, the rest at 200 µs.
     fn live_row(end: u64, slow: u64) -> String {
+        step_row(end, slow, 0)
+    }
+
+    /// [`live_row`] of trace segment `step`.
+    fn step_row(end: u64, slow: u64, step: usize) -> String {
         use kvlab_client::measure::{record, EncodedHistogram};
         let mut h = new_histogram();
         for k in 0..100 {
@@ -332,7 +400,7 @@ mod tests {
             ts_start: end - 100,
             ts_end: end,
             warmup: false,
-            step: 0,
+            step,
             target_qps: None,
             achieved_qps: 1000.0,
             counters: Default::default(),
@@ -342,6 +410,35 @@ mod tests {
         };
         r.counters.completed = 100;
         kvlab_client::measure::interval_json(&r) + "\n"
+    }
+
+    #[test]
+    fn the_segment_count_adds_its_rows_and_starts_again_with_the_next_step() {
+        // Segment 3: three rows, 5 + 0 + 7 slow of 300. Then segment 4 begins: 2 of 100.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("live.jsonl");
+        let now = unix_ms();
+        let rows = [
+            step_row(now - 300, 5, 3),
+            step_row(now - 200, 0, 3),
+            step_row(now - 100, 7, 3),
+        ];
+        std::fs::write(&path, rows.concat()).unwrap();
+        let mut s = ServerSensor::new(std::process::id(), None, Some(path.clone()), Duration::ZERO)
+            .count_segments(1000.0);
+        let seg = s.sample(Duration::ZERO).segment.unwrap();
+        assert_eq!((seg.step, seg.requests, seg.slow), (3, 300, 12));
+        // Read in pieces: the next poll adds only what is new.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(&mut f, step_row(now, 2, 4).as_bytes()).unwrap();
+        let seg = s.sample(Duration::from_millis(100)).segment.unwrap();
+        assert_eq!((seg.step, seg.requests, seg.slow), (4, 100, 2));
+        // Without counting segments there is no figure.
+        let mut plain = ServerSensor::new(std::process::id(), None, Some(path), Duration::ZERO);
+        assert!(plain.sample(Duration::ZERO).segment.is_none());
     }
 
     #[test]

@@ -136,6 +136,7 @@ const SLACK: Slack = Slack {
     latency: crate::policy::LatencySource::Auto,
     max_queued: None,
     latency_window_ms: 0,
+    segment_budget: None,
 };
 
 fn reactive() -> PolicySpec {
@@ -217,6 +218,7 @@ fn drive_seen(
             // of an M/M/1 at that load.
             server_p95_us: (view == View::Server).then_some(p95 - 50.0),
             queued: (view == View::Server).then_some(rho * rho / (1.0 - rho)),
+            segment: None,
         };
         c.step(&s).unwrap();
         assert_eq!(c.machine.server.len(), c.server_cores());

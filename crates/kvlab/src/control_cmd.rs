@@ -78,6 +78,12 @@ pub struct ControlArgs {
     /// by the share of requests it slowed, as in a trace segment's p95.
     #[arg(long, value_name = "SECONDS", default_value_t = 0.0)]
     latency_window: f64,
+    /// Judge the load's trace segment rather than its newest interval: keep the share of
+    /// the current segment's requests slower than the SLO under this share (a p95 SLO
+    /// allows 0.05; e.g. 0.025 leaves half for the load's own slow requests). Needs --live
+    /// rows from kvlab bench (their step and histogram).
+    #[arg(long, value_name = "SHARE")]
+    segment_budget: Option<f64>,
     /// predictive: requests/s the server sustains within the SLO with 1, 2, … cores
     /// (comma-separated; from the characterisation experiment).
     #[arg(long, value_name = "QPS,QPS,…")]
@@ -140,7 +146,11 @@ fn policy(a: &ControlArgs) -> anyhow::Result<PolicySpec> {
             .map_err(|e: String| anyhow::anyhow!("--latency: {e}"))?,
         max_queued: a.max_queued,
         latency_window_ms: (a.latency_window * 1000.0).round() as u64,
+        segment_budget: a.segment_budget,
     };
+    if a.segment_budget.is_some_and(|b| !(b > 0.0 && b <= 1.0)) {
+        bail!("--segment-budget: a share of the segment's requests, above 0 and at most 1");
+    }
     if !(a.latency_window >= 0.0 && a.latency_window <= 3600.0) {
         bail!("--latency-window: 0 to 3600 seconds");
     }

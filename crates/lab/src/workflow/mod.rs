@@ -45,6 +45,8 @@
 //! cores = 1                      # headroom (predictive); grow_slack, shrink_slack, hold,
 //!                                # latency ("auto" | "client" | "server"), max_queued,
 //!                                # latency_window (s: the load's p95 over that span);
+//!                                # segment_budget (share of the trace segment's
+//!                                # requests the guard lets go over the SLO);
 //!                                # idle_jobs = true: jobs also on the server's CPUs at
 //!                                # SCHED_IDLE (kvlab control --idle-jobs)
 //! ```
@@ -96,6 +98,7 @@ struct PolicyEntry {
     latency: Option<String>,
     max_queued: Option<f64>,
     latency_window: Option<f64>,
+    segment_budget: Option<f64>,
     #[serde(default)]
     idle_jobs: bool,
 }
@@ -233,6 +236,11 @@ impl WorkflowSpec {
                 Some(w) if (0.0..=3600.0).contains(&w) => (w * 1000.0).round() as u64,
                 Some(w) => bail!("[[policy]] latency_window {w}: 0 to 3600 seconds"),
                 None => 0,
+            },
+            segment_budget: match p.segment_budget {
+                Some(b) if b > 0.0 && b <= 1.0 => Some(b),
+                Some(b) => bail!("[[policy]] segment_budget {b}: a share above 0, at most 1"),
+                None => None,
             },
         };
         let spec = match p.policy.as_str() {
