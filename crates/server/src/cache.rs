@@ -13,7 +13,23 @@ use kvlab_store::{Durability, ItemView, Store};
 
 /// Most read-throughs of one key for one request (a command other than `get`/`gets` whose
 /// key was found on disk but left memory again before the request re-ran reads it again).
+/// Past it the command answers `SERVER_ERROR out of memory` ([`Need::Unloadable`]) rather
+/// than run on a key it cannot see.
 pub const MAX_LOADS: usize = 3;
+
+/// What a command that depends on a key's current state needs before it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// Nothing: the key is in memory, not durable, or read through already.
+    Ready,
+    /// A read-through of the key from disk.
+    Load,
+    /// The key exists on disk but other stores evicted it [`MAX_LOADS`] times before the
+    /// command could run: the cache has no room to hold it for the command, which must fail
+    /// (running it on a key it cannot see would answer wrongly: an `add` would overwrite
+    /// the stored value).
+    Unloadable,
+}
 
 /// When a store's disk is touched, decided once per store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,31 +50,27 @@ impl DiskRules {
         }
     }
 
-    /// Whether `key` must be read through before a command that depends on its current
-    /// state: it is not in memory, and not already loaded for this command (`loaded`) —
-    /// unless `again` (a command that needs the item in memory, not only its value) and
-    /// the last read-through found it, fewer than [`MAX_LOADS`] times: the item was evicted
-    /// again before the command ran.
-    pub fn must_load(
-        &self,
-        store: &Store,
-        key: &[u8],
-        loaded: &[ReadThrough],
-        again: bool,
-    ) -> bool {
+    /// What a command that depends on `key`'s current state needs: a read-through when the
+    /// key is not in memory and not already loaded for this command (`loaded`) — or, when
+    /// `again` (a command that needs the item in memory, not only its value), when the last
+    /// read-through found it but it was evicted again before the command ran, fewer than
+    /// [`MAX_LOADS`] times; after that the key is [`Need::Unloadable`].
+    pub fn need(&self, store: &Store, key: &[u8], loaded: &[ReadThrough], again: bool) -> Need {
         if !self.read_through || store.peek(key).is_some() {
-            return false;
+            return Need::Ready;
         }
         let mut reads = loaded.iter().filter(|r| r.key == key);
         match reads.next_back() {
-            None => true,
-            Some(last) => again && last.found().is_some() && reads.count() + 1 < MAX_LOADS,
+            None => Need::Load,
+            Some(last) if !again || last.found().is_none() => Need::Ready,
+            Some(_) if reads.count() + 1 < MAX_LOADS => Need::Load,
+            Some(_) => Need::Unloadable,
         }
     }
 
     /// The read-through a command that depends on `key`'s current state needs first, if any.
     pub fn load(&self, store: &Store, key: &[u8]) -> Option<Blocking> {
-        self.must_load(store, key, &[], false)
+        (self.need(store, key, &[], false) == Need::Load)
             .then(|| Blocking::Load(ReadThrough::new(key)))
     }
 

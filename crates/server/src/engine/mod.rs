@@ -19,7 +19,7 @@ use kvlab_store::{ArithRequest, ArithStatus, SetMode, SetRequest, SetStatus, Sto
 use crate::admin::{self, Next};
 use crate::auth::AuthFile;
 use crate::cache::DiskRules;
-pub use crate::cache::{Blocking, Helper, ReadThrough};
+pub use crate::cache::{Blocking, Helper, Need, ReadThrough};
 use crate::conns::Registration;
 use crate::slabs;
 use crate::stats::{ServerStats, WorkerStats, VERSION};
@@ -75,10 +75,10 @@ impl Engine {
         }
     }
 
-    /// Whether `key` must be read through before a command that depends on its current state
-    /// (`again`: once more if it was found but left memory since, [`DiskRules::must_load`]).
-    fn must_load(&self, key: &[u8], loaded: &[ReadThrough], again: bool) -> bool {
-        self.disk.must_load(&self.store, key, loaded, again)
+    /// What a command that depends on `key`'s current state needs first (`again`: a
+    /// read-through once more if it was found but left memory since, [`DiskRules::need`]).
+    fn need(&self, key: &[u8], loaded: &[ReadThrough], again: bool) -> Need {
+        self.disk.need(&self.store, key, loaded, again)
     }
 
     /// After a successful write: persist first under `sync`.
@@ -115,8 +115,12 @@ impl Engine {
     pub fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[ReadThrough]) -> Flow {
         // Read through every key whose current state the command depends on.
         if self.disk.read_through {
-            if let Some(key) = self.needs_load(req, loaded) {
-                return defer(Blocking::Load(ReadThrough::new(&key)));
+            match self.needs_load(req, loaded) {
+                Some((key, Need::Load)) => {
+                    return defer(Blocking::Load(ReadThrough::new(&key)));
+                }
+                Some((_, _)) => return unloadable(req, out),
+                None => {}
             }
         }
         match *req {
@@ -521,16 +525,18 @@ impl Engine {
         watchers.store(key, status, cmd, ttl as u32, class, len, self.cfd);
     }
 
-    /// The first key of `req` that must be read through from disk first, if any. A `get`
-    /// reads each key through once: it serves what was found even if the item has left
-    /// memory again ([`Store::get_loaded`]); other commands need the item in memory, and read
-    /// it through again if it went ([`DiskRules::must_load`]).
-    fn needs_load(&self, req: &Request<'_>, loaded: &[ReadThrough]) -> Option<Vec<u8>> {
+    /// The first key of `req` that must be read through from disk first, or that cannot be
+    /// ([`Need::Unloadable`]), if any. A `get` reads each key through once: it serves what
+    /// was found even if the item has left memory again ([`Store::get_loaded`]); other
+    /// commands need the item in memory, and read it through again if it went
+    /// ([`DiskRules::need`]).
+    fn needs_load(&self, req: &Request<'_>, loaded: &[ReadThrough]) -> Option<(Vec<u8>, Need)> {
         let again = !matches!(req, Request::Get { .. });
         let first = |keys: &mut dyn Iterator<Item = &[u8]>| {
             for k in keys {
-                if self.must_load(k, loaded, again) {
-                    return Some(k.to_vec());
+                match self.need(k, loaded, again) {
+                    Need::Ready => {}
+                    need => return Some((k.to_vec(), need)),
                 }
             }
             None
@@ -567,6 +573,18 @@ impl Engine {
 }
 
 const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
+
+/// The reply of a command whose key the cache could not hold long enough to run it on
+/// ([`Need::Unloadable`]): memcached's out-of-memory errors — a storage command's, else
+/// `SERVER_ERROR out of memory` — silenced by `noreply` as the command's other replies are.
+fn unloadable(req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
+    match *req {
+        _ if req.noreply() => {}
+        Request::Store { .. } => out.extend_from_slice(r::OUT_OF_MEMORY),
+        _ => out.extend_from_slice(r::ARITH_OUT_OF_MEMORY),
+    }
+    Flow::Done
+}
 
 /// A request on a connection that has not authenticated (`-Y`): only a `set` whose data is
 /// `user password` is taken, as memcached's ASCII auth; returns whether it authenticated.
@@ -789,6 +807,7 @@ mod session_tests {
     use kvlab_store::{Config, ManualClock};
 
     use super::*;
+    use crate::cache::MAX_LOADS;
     use crate::Session;
 
     fn engine() -> Engine {
@@ -979,6 +998,51 @@ mod session_tests {
             evict(store);
         });
         assert_eq!(reply, "END\r\n");
+    }
+
+    /// A command that needs its item in memory, whose item other stores evict after every
+    /// read-through, fails with memcached's out-of-memory error after the last allowed one
+    /// rather than run on a key it cannot see: an `add` must not overwrite the stored value,
+    /// an `incr` or a `delete` must not answer `NOT_FOUND` for a key that exists.
+    #[test]
+    fn a_command_whose_item_never_stays_in_memory_fails_and_changes_nothing() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = small_cache(dir.path());
+        let mut e = engine_over(store.clone());
+        let req = SetRequest::new(SetMode::Set, b"k", b"7");
+        assert!(matches!(store.set(&req), SetStatus::Stored { .. }));
+        fill(&store, 0, 200);
+        store.sync_all().expect("sync");
+        let evict = |store: &Store| {
+            fill(store, 1000, 1200);
+            assert!(store.peek(b"k").is_none(), "k left memory again");
+        };
+        let cases: [(&[u8], &str); 6] = [
+            (
+                b"add k 0 0 1\r\nz\r\n",
+                "SERVER_ERROR out of memory storing object\r\n",
+            ),
+            (
+                b"append k 0 0 1\r\nz\r\n",
+                "SERVER_ERROR out of memory storing object\r\n",
+            ),
+            (b"incr k 1\r\n", "SERVER_ERROR out of memory\r\n"),
+            (b"delete k\r\n", "SERVER_ERROR out of memory\r\n"),
+            (b"touch k 100\r\n", "SERVER_ERROR out of memory\r\n"),
+            (b"add k 0 0 1 noreply\r\nz\r\n", ""),
+        ];
+        for (req, want) in cases {
+            let (reply, loads) = run_through(&mut e, req, &evict);
+            let cmd = String::from_utf8_lossy(req);
+            assert_eq!((reply.as_str(), loads), (want, MAX_LOADS), "{cmd}");
+            // The stored value is untouched.
+            let (reply, _) = run_through(&mut e, b"get k\r\n", &|_: &Store| {});
+            assert_eq!(reply, "VALUE k 0 1\r\n7\r\nEND\r\n", "after {cmd}");
+            evict(&store);
+        }
+        // Given room, the same commands run.
+        let (reply, _) = run_through(&mut e, b"incr k 1\r\n", &|_: &Store| {});
+        assert_eq!(reply, "8\r\n");
     }
 
     #[test]
