@@ -723,12 +723,14 @@ fn concurrent_writers_leave_two_copies(policy: &str) {
 /// Two nodes with two copies of every key, one worker loop each (`-t 1`), and a
 /// connection to the first with a key it owns stored (so its copy stream is open).
 fn two_copies_on_one_loop() -> (tempfile::TempDir, Vec<Process>, TcpStream, String) {
-    two_copies_on_one_loop_with("all")
+    two_copies_on_one_loop_with("all", false)
 }
 
-/// [`two_copies_on_one_loop`] under write policy `policy`.
+/// [`two_copies_on_one_loop`] under write policy `policy`; `durable`: each node over a
+/// data directory of its own with `--durability sync`.
 fn two_copies_on_one_loop_with(
     policy: &str,
+    durable: bool,
 ) -> (tempfile::TempDir, Vec<Process>, TcpStream, String) {
     use std::io::Write;
     let dir = tempfile::tempdir().unwrap();
@@ -755,6 +757,17 @@ fn two_copies_on_one_loop_with(
                 .args(["-p".to_string(), port.to_string()])
                 .args(["--cluster".to_string(), topology.clone()])
                 .args(["--cluster-node".to_string(), format!("127.0.0.1:{port}")])
+                .args(if durable {
+                    let data = dir.path().join(format!("node-{port}"));
+                    vec![
+                        "--data-dir".to_string(),
+                        data.display().to_string(),
+                        "--durability".to_string(),
+                        "sync".to_string(),
+                    ]
+                } else {
+                    Vec::new()
+                })
                 .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
                 .start()
                 .unwrap()
@@ -887,8 +900,19 @@ fn a_value_whose_copy_failed_is_read_only_once_its_holder_has_it() {
 /// while the holder is paused), and returns the value once the holder has it.
 #[test]
 fn under_write_policy_owner_a_write_is_acknowledged_before_its_copy() {
+    owner_acknowledges_before_the_copy(false);
+}
+
+/// The same with durable nodes under `--durability sync`: the write is acknowledged once it
+/// is on its owner's disk, not held until its copy holder confirms it.
+#[test]
+fn under_write_policy_owner_a_synced_write_is_acknowledged_before_its_copy() {
+    owner_acknowledges_before_the_copy(true);
+}
+
+fn owner_acknowledges_before_the_copy(durable: bool) {
     use std::io::Write;
-    let (_dir, nodes, mut writer, key) = two_copies_on_one_loop_with("owner");
+    let (_dir, nodes, mut writer, key) = two_copies_on_one_loop_with("owner", durable);
     signal(&nodes[1], libc::SIGSTOP);
     let t = Instant::now();
     writer

@@ -281,9 +281,10 @@ impl NodeEngine {
             if let Flow::Defer(NodeWork::Cache(persist), order) = &flow {
                 if !persist.reruns_request() {
                     // Applied, and persisted before its reply (`--durability sync`): its
-                    // copies follow the persist.
+                    // copies follow the persist (and the reply, under write policy `owner`).
                     for_each_key(req, |key| keys.push(key.to_vec()));
-                    return Flow::Defer(NodeWork::Durable(persist.clone(), keys), *order);
+                    let behind = gate.copies_behind();
+                    return Flow::Defer(NodeWork::Durable(persist.clone(), keys, behind), *order);
                 }
             }
             if !matches!(flow, Flow::Done) {

@@ -21,8 +21,10 @@ pub enum NodeWork {
     /// The cache's own disk work (read-through, persist).
     Cache(Blocking),
     /// A write's persist (`--durability sync`), then its copies as [`NodeWork::Replicate`]:
-    /// its reply leaves once it is on this node's disk and every holder confirmed it.
-    Durable(Blocking, Vec<Vec<u8>>),
+    /// its reply leaves once it is on this node's disk and every holder confirmed it — or,
+    /// with `behind` (write policy `owner`), once it is on this node's disk, its copies
+    /// following as [`NodeWork::Behind`].
+    Durable(Blocking, Vec<Vec<u8>>, bool),
     /// Write these keys' new state through to the other nodes that hold their copies
     /// (`replicas` > 1); the write's reply leaves only afterwards.
     Replicate(Vec<Vec<u8>>),
@@ -139,7 +141,7 @@ fn copies_of(
             NodeWork::Replicate(keys) | NodeWork::Behind(keys) => copies.push((ticket, keys, true)),
             NodeWork::Reconfirm(keys) => copies.push((ticket, keys, false)),
             NodeWork::Cache(work) => done(ticket, work.complete_on(store)),
-            NodeWork::Durable(work, keys) => match work.complete_on(store) {
+            NodeWork::Durable(work, keys, _) => match work.complete_on(store) {
                 Completion::Release => copies.push((ticket, keys, true)),
                 failed => {
                     for key in &keys {
@@ -215,6 +217,26 @@ impl Work for NodeWork {
             Self::run_batch(&mut batch, worker, &mut |i, c| done(tickets[i], c));
             return;
         };
+        // A durable write acknowledged before its copies: persisted first (one that fails
+        // fails the write, uncopied), then as below.
+        works.retain_mut(|(ticket, work)| {
+            let NodeWork::Durable(persist, keys, true) = work else {
+                return true;
+            };
+            match persist.complete_on(&worker.cache.store) {
+                Completion::Release => {
+                    *work = NodeWork::Behind(std::mem::take(keys));
+                    true
+                }
+                failed => {
+                    for key in keys.iter() {
+                        node.unconfirmed().settle(key, true, None);
+                    }
+                    done(*ticket, failed);
+                    false
+                }
+            }
+        });
         // A write acknowledged before its copies: its reply leaves now, and its copies go
         // on under a ticket of their own.
         for (ticket, work) in works.iter_mut() {
