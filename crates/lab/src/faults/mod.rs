@@ -32,13 +32,18 @@
 //! etcd_members = 1            # etcd: 1, or 3 (a quorum survives one member's death)
 //! netns = false               # nodes, etcd and proxy in network namespaces of their own
 //!                             # (root): the nemesis may then partition and delay them
+//! durable = false             # durable nodes: a data directory each (the run's data/),
+//!                             # --durability sync, restarted over it after kill -9; with
+//!                             # a file topology kill is then drawn with one copy too
+//! cache_items = 64            # durable: the entries each node's write-back cache holds
 //! client = "cluster"          # cluster (cluster-aware) | proxy (plain clients through
 //!                             # `kvlab proxy --cluster`), or a list
 //! faults = <default>          # the kinds the nemesis draws, e.g. ["pause", "add", "remove"]
 //!                             # (kill, pause, add, remove, add-two, remove-two,
 //!                             # coordinator-kill, etcd-kill, flush). Default: what each
 //!                             # configuration is expected to survive (kill only with 2
-//!                             # copies, etcd-kill only with etcd, never flush)
+//!                             # copies or durable nodes on a file, etcd-kill only with
+//!                             # etcd, never flush)
 //! clients = 4                 # client threads
 //! keys = 200                  # keys they share
 //! rate = 250                  # operations a second per client, at most
