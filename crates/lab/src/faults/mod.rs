@@ -245,6 +245,31 @@ mod tests {
         assert!(e.contains("file, 1 copy"), "{e}");
     }
 
+    #[test]
+    fn durable_nodes_reach_the_harness_and_draw_kills_with_one_copy() {
+        let text = "kind = \"faults\"\ndurable = true\ncache_items = 32";
+        let s = FaultsSpec::parse(text, "d", &Overrides::default()).unwrap();
+        let c = &s.configurations()[0];
+        let never = Arc::new(AtomicBool::new(false));
+        let cfg = s
+            .run_config(c, 1, PathBuf::from("r"), Path::new("kvlab"), &never)
+            .unwrap();
+        assert_eq!(cfg.durable, Some(kvlab_faults::Durable { cache_items: 32 }));
+        let mix = kvlab_faults::Mix::default_for(cfg.capabilities());
+        assert!(mix.kinds().contains(&kvlab_faults::FaultKind::Kill));
+        let plain = FaultsSpec::parse(QUICK, "q", &Overrides::default()).unwrap();
+        let cfg = plain
+            .run_config(c, 1, PathBuf::from("r"), Path::new("kvlab"), &never)
+            .unwrap();
+        assert_eq!(cfg.durable, None);
+        let pool = "kind = \"faults\"\ndurable = true\nclient = \"pool\"";
+        let e = format!(
+            "{:#}",
+            FaultsSpec::parse(pool, "p", &Overrides::default()).unwrap_err()
+        );
+        assert!(e.contains("durable"), "{e}");
+    }
+
     fn op(client: u32, kind: OpKind, value: &str, ms: (u64, u64), outcome: Outcome) -> Op {
         Op {
             client,
