@@ -13,7 +13,8 @@
 //!   cluster-aware or through `kvlab proxy --cluster`, recording every operation.
 //! - [`system`]: the system under test — nodes, topology store (file or etcd), proxy,
 //!   coordinators — started through the kvlab binary, controlled by signals, always
-//!   stopped; on loopback, or each in a network namespace of its own ([`netns`]).
+//!   stopped; on loopback, or each in a network namespace of its own ([`netns`]); nodes
+//!   memory-only, or durable (a data directory each, kept across `kill -9`).
 //! - [`netns`]: a run's network of namespaces (`scripts/cluster-netns.sh`, built in):
 //!   partitions and delays between any two of its hosts.
 //! - [`nemesis`]: carries out a schedule on the system, and heals it afterwards.
@@ -40,7 +41,7 @@ pub use checker::{check, Anomaly, AnomalyKind, Report};
 pub use history::{Clock, History, NemesisEvent, Op, OpKind, Outcome, Record};
 pub use runner::{run, ClientKind, RunConfig, RunSummary};
 pub use schedule::{Capabilities, Fault, FaultKind, Mix, RingBounds, Schedule};
-pub use system::TopologyKind;
+pub use system::{Durable, TopologyKind};
 
 /// What can go wrong in the harness itself (not in the system under test: that is what
 /// the checker reports).

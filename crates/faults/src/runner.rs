@@ -32,7 +32,7 @@ use crate::clients::{self, Target, Workload, IN_FLIGHT};
 use crate::history::{Clock, History, Op};
 use crate::nemesis::Nemesis;
 use crate::schedule::{Capabilities, Mix, RingBounds, Schedule};
-use crate::system::{System, SystemConfig, TopologyKind};
+use crate::system::{Durable, System, SystemConfig, TopologyKind};
 
 /// How clients reach the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +78,9 @@ pub struct RunConfig {
     /// Run every node, etcd member and the proxy in a network namespace of its own (root;
     /// see [`crate::netns`]), which lets the nemesis partition and delay them.
     pub netns: bool,
+    /// Durable nodes ([`Durable`]): each keeps its keys in a data directory of its own
+    /// under `dir/data/`, opened again when it is restarted after `kill -9`.
+    pub durable: Option<Durable>,
     /// Set to end the run early (a signal): clients and nemesis stop, the heal and the
     /// final reads are skipped, what was recorded is checked, everything is stopped.
     pub interrupt: Arc<AtomicBool>,
@@ -91,7 +94,24 @@ impl RunConfig {
             etcd: matches!(self.topology, TopologyKind::Etcd { .. }),
             netns: self.netns,
             pool: self.client == ClientKind::Pool,
+            durable: self.durable.is_some() && self.durability_sync(),
         }
+    }
+
+    /// Whether durable nodes run under `--durability sync` (the harness's choice, unless
+    /// the server flags say otherwise): only then is a killed node's disk expected to hold
+    /// every acknowledged write.
+    fn durability_sync(&self) -> bool {
+        let args = &self.server_args;
+        let mut said = None;
+        for (i, a) in args.iter().enumerate() {
+            if a == "--durability" {
+                said = args.get(i + 1).map(String::as_str);
+            } else if let Some(v) = a.strip_prefix("--durability=") {
+                said = Some(v);
+            }
+        }
+        said.is_none_or(|d| d == "sync")
     }
 }
 
@@ -303,6 +323,7 @@ pub fn run(cfg: &RunConfig) -> RunSummary {
             pool: cfg.client == ClientKind::Pool,
             server_args: cfg.server_args.clone(),
             netns: cfg.netns,
+            durable: cfg.durable,
         });
         match started {
             Err(e) if e.contains(crate::system::ADDRESS_TAKEN) && attempts < 3 => continue,
@@ -483,6 +504,25 @@ fn new_nemesis(cfg: &RunConfig, sys: &Arc<System>, clock: Clock, end: Instant) -
         ring.min,
         ring.max,
     ));
+    if let Some(d) = cfg.durable {
+        nemesis.record(
+            0,
+            "durable",
+            "",
+            true,
+            format!(
+                "every node keeps its keys in data/node-ADDRESS ({}, a cache of {} items \
+                 unless the server flags say otherwise); kill -9 restarts a node over its \
+                 directory",
+                if cfg.durability_sync() {
+                    "--durability sync"
+                } else {
+                    "--durability as the server flags say"
+                },
+                d.cache_items
+            ),
+        );
+    }
     if let Some(net) = sys.net() {
         nemesis.record(
             0,

@@ -7,9 +7,12 @@
 //! depends on the state the cluster is in — as in any run against a live system.
 //!
 //! Which kinds a schedule may draw is its [`Mix`]. A cluster with one copy of every key
-//! cannot survive `kill -9` of a node (its keys are gone), so its default mix pauses, adds,
-//! removes and kills coordinators; with two copies it also kills one node at a time and
-//! restarts it. Faults that need the topology in etcd (killing an etcd member) or nodes in
+//! of memory-only nodes cannot survive `kill -9` of a node (its keys are gone), so its
+//! default mix pauses, adds, removes and kills coordinators; with two copies it also kills
+//! one node at a time and restarts it — and so it does with one copy of durable nodes
+//! (`--durability sync`) whose topology is a file: a restarted node serves its keys from
+//! its disk. (On etcd a dead node's lease lapses and it is taken out of the ring, its keys
+//! with it when it holds their only copy.) Faults that need the topology in etcd (killing an etcd member) or nodes in
 //! network namespaces (partitions, delays) are drawn only where the run has them.
 
 use std::collections::BTreeMap;
@@ -255,18 +258,33 @@ pub struct Capabilities {
     /// A plain pool behind the proxy, not a cluster: no membership changes, and no
     /// `kill -9` (a plain server restarts empty, and nothing gives it back its keys).
     pub pool: bool,
+    /// Durable nodes under `--durability sync`: a node killed and restarted while the
+    /// ring names it serves every acknowledged write from its disk.
+    pub durable: bool,
+}
+
+impl Capabilities {
+    /// Whether the cluster is expected to survive `kill -9` and restart of one node at a
+    /// time: with two copies or more (a restarted node catches up from the holders), or
+    /// with durable nodes whose topology is a file (one copy: the restarted node serves
+    /// its own disk; on etcd the dead node's lease lapses and the ring drops it and its
+    /// keys).
+    pub fn survives_kill(&self) -> bool {
+        !self.pool && (self.replicas >= 2 || (self.durable && !self.etcd))
+    }
 }
 
 impl Mix {
     /// The kinds a cluster with these capabilities is expected to survive: pause, add,
-    /// remove (one and two at once), coordinator kill; with two copies or more also
-    /// `kill -9`; with etcd also etcd member kills; with namespaces partitions and delays.
+    /// remove (one and two at once), coordinator kill; `kill -9` where
+    /// [`Capabilities::survives_kill`]; with etcd also etcd member kills; with namespaces
+    /// partitions and delays.
     /// A plain pool: pauses, and with namespaces partitions and delays.
     pub fn default_for(c: Capabilities) -> Mix {
         let kinds = FaultKind::ALL
             .into_iter()
             .filter(|k| *k != FaultKind::Flush)
-            .filter(|k| *k != FaultKind::Kill || (c.replicas >= 2 && !c.pool))
+            .filter(|k| *k != FaultKind::Kill || c.survives_kill())
             .filter(|k| !k.needs_etcd() || c.etcd)
             .filter(|k| !k.needs_netns() || c.netns)
             .filter(|k| !k.needs_cluster() || !c.pool)
@@ -486,6 +504,7 @@ mod tests {
         etcd: false,
         netns: false,
         pool: false,
+        durable: false,
     };
 
     #[test]
@@ -574,9 +593,25 @@ mod tests {
             etcd: true,
             netns: false,
             pool: false,
+            durable: false,
         });
         assert!(two.kinds().contains(&FaultKind::Kill));
         assert!(two.kinds().contains(&FaultKind::EtcdKill));
+        // One copy of durable nodes survives a kill when the ring keeps naming the dead
+        // node (a file topology), not on etcd, whose lease takes it out.
+        let durable = Capabilities {
+            durable: true,
+            ..ONE_COPY
+        };
+        assert!(Mix::default_for(durable).kinds().contains(&FaultKind::Kill));
+        let on_etcd = Capabilities {
+            etcd: true,
+            ..durable
+        };
+        assert!(!Mix::default_for(on_etcd).kinds().contains(&FaultKind::Kill));
+        assert!(!Mix::default_for(durable)
+            .kinds()
+            .contains(&FaultKind::Flush));
         assert!(Mix::parse("etcd-kill", ONE_COPY).is_err());
         assert!(Mix::parse("partition", ONE_COPY).is_err());
         assert!(Mix::parse("pause,bogus", ONE_COPY).is_err());

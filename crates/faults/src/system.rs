@@ -10,8 +10,12 @@
 //! port 11211 (etcd 2379) of its own address, where the nemesis can partition and delay
 //! them; coordinators and clients stay in the root namespace and cross the bridge.
 //!
+//! With [`SystemConfig::durable`] every node keeps its keys on disk ([`Durable`]), and a
+//! node killed with `kill -9` is restarted over the same data directory.
+//!
 //! ```text
-//!  System ── nodes: name → slot (address, host, process, Up │ Paused │ Down │ Stopped, busy)
+//!  System ── nodes: name → slot (address, host, process, Up │ Paused │ Down │ Stopped, busy,
+//!         │        data directory: durable nodes, kept across a restart)
 //!         ├─ etcd members (process, address, host, data dir) ┐ the nemesis's lanes act on
 //!         ├─ coordinators running (id → child process)       │ these through &System;
 //!         ├─ proxy                                           ┘ each behind its own lock
@@ -71,6 +75,44 @@ pub struct SystemConfig {
     pub server_args: Vec<String>,
     /// Each node, etcd member and the proxy in a network namespace of its own.
     pub netns: bool,
+    /// Durable nodes (a cluster's, not a plain pool's): each keeps its keys in a data
+    /// directory of its own.
+    pub durable: Option<Durable>,
+}
+
+/// Durable nodes: each node keeps its keys under the run's `data/` in a directory of its
+/// own (`data/node-127.0.0.1-PORT`), with `--durability sync` (every acknowledged write and
+/// delete is on its disk before the reply) and a write-back cache of `cache_items` entries,
+/// so most keys live on disk only. A node killed and restarted opens the same directory
+/// again; a node started fresh (added, or its address used again) gets a new, empty one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Durable {
+    /// The write-back cache's bound, in entries (`--cache-items`).
+    pub cache_items: usize,
+}
+
+impl Durable {
+    /// The cache bound a run uses unless told otherwise: small beside the 200 keys the
+    /// clients share, so most reads and writes of old keys go to the disk.
+    pub const CACHE_ITEMS: usize = 64;
+
+    /// `kvlab server` flags for a node over `dir`, beside `server_args` (which may set
+    /// `--durability` or `--cache-items` themselves: theirs are kept).
+    pub fn server_flags(&self, dir: &Path, server_args: &[String]) -> Vec<String> {
+        let given = |flag: &str| {
+            server_args
+                .iter()
+                .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
+        };
+        let mut flags = vec!["--data-dir".to_string(), dir.display().to_string()];
+        if !given("--durability") {
+            flags.extend(["--durability".to_string(), "sync".to_string()]);
+        }
+        if !given("--cache-items") {
+            flags.extend(["--cache-items".to_string(), self.cache_items.to_string()]);
+        }
+        flags
+    }
 }
 
 /// A node's state as the harness left it.
@@ -96,6 +138,8 @@ struct NodeSlot {
     busy: bool,
     /// Times started (names its log files).
     starts: u32,
+    /// Its data directory (durable nodes): kept across restarts, new for a fresh start.
+    data: Option<PathBuf>,
 }
 
 struct Member {
@@ -253,7 +297,7 @@ impl System {
         )
         .map_err(|e| format!("creating the cluster: {e}"))?;
         for &(addr, host) in &places {
-            sys.launch(addr, host)?;
+            sys.launch(addr, host, true)?;
         }
         if let Some(addr) = sys.proxy_addr {
             let routing: Vec<String> = if sys.cfg.pool {
@@ -363,11 +407,12 @@ impl System {
             .count()
     }
 
-    /// Starts the node of `addr` (first start, or restart; in host `host`'s namespace if
-    /// it has one) and records it `Up`.
-    fn launch(&self, addr: SocketAddr, host: Option<u32>) -> Result<(), String> {
+    /// Starts the node of `addr` (a `fresh` start, or a restart; in host `host`'s namespace
+    /// if it has one) and records it `Up`. A durable node started fresh gets a new data
+    /// directory; restarted, it opens the one it had.
+    fn launch(&self, addr: SocketAddr, host: Option<u32>, fresh: bool) -> Result<(), String> {
         let name = addr.to_string();
-        let starts = {
+        let (starts, data) = {
             let mut nodes = self.nodes.lock();
             let slot = nodes.entry(name.clone()).or_insert(NodeSlot {
                 addr,
@@ -376,9 +421,17 @@ impl System {
                 state: NodeState::Down,
                 busy: false,
                 starts: 0,
+                data: None,
             });
             slot.starts += 1;
-            slot.starts
+            if self.cfg.durable.is_some() && (fresh || slot.data.is_none()) {
+                slot.data = Some(self.new_data_dir(&name)?);
+            }
+            (slot.starts, slot.data.clone())
+        };
+        let durable_flags = match (&self.cfg.durable, &data) {
+            (Some(d), Some(dir)) => d.server_flags(dir, &self.cfg.server_args),
+            _ => Vec::new(),
         };
         let log = format!("node-{}.{starts}.log", name.replace(':', "-"));
         let log_path = self.cfg.dir.join("nodes").join(&log);
@@ -396,6 +449,7 @@ impl System {
                 vec!["--cluster", &self.spec, "--cluster-node", &name]
             })
             .args(&self.cfg.server_args)
+            .args(durable_flags)
             .output(Output::File(self.cfg.dir.join("nodes").join(log)))
             .grace(Duration::from_secs(2))
             .timeout(START_TIMEOUT)
@@ -428,6 +482,28 @@ impl System {
         Ok(())
     }
 
+    /// A new, empty data directory for node `name` under the run's `data/`: named after
+    /// the node, with `.2`, `.3`, … when a node of that name (its address used again) had
+    /// one before.
+    fn new_data_dir(&self, name: &str) -> Result<PathBuf, String> {
+        let base = format!("node-{}", name.replace(':', "-"));
+        let root = self.cfg.dir.join("data");
+        let dir = (1..)
+            .map(|i| match i {
+                1 => root.join(&base),
+                i => root.join(format!("{base}.{i}")),
+            })
+            .find(|d| !d.exists())
+            .ok_or("no free data directory name")?;
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        Ok(dir)
+    }
+
+    /// Node `name`'s data directory now (durable nodes).
+    pub fn data_dir(&self, name: &str) -> Option<PathBuf> {
+        self.nodes.lock().get(name).and_then(|s| s.data.clone())
+    }
+
     /// Starts a new node on a free port, or in a new namespace (not in the ring yet);
     /// returns its name.
     pub fn start_node(&self) -> Result<String, String> {
@@ -441,7 +517,7 @@ impl System {
                 (addr_in(net.ip(h), NETNS_PORT), Some(h))
             }
         };
-        self.launch(addr, host)?;
+        self.launch(addr, host, true)?;
         Ok(addr.to_string())
     }
 
@@ -535,7 +611,7 @@ impl System {
             }
             (slot.addr, slot.host)
         };
-        self.launch(addr, host)
+        self.launch(addr, host, false)
     }
 
     /// Stops a node for good (SIGCONT first if paused, then SIGTERM, SIGKILL after 2 s).

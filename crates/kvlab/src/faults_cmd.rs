@@ -20,7 +20,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use kvlab_faults::clients::Workload;
 use kvlab_faults::runner::WritePolicy;
-use kvlab_faults::{ClientKind, Mix, RunConfig, RunSummary, TopologyKind};
+use kvlab_faults::{ClientKind, Durable, Mix, RunConfig, RunSummary, TopologyKind};
 
 #[derive(Debug, Args)]
 pub struct FaultsArgs {
@@ -118,6 +118,17 @@ struct RunOpts {
     /// everything) and delays nodes. Everything made is removed at the end.
     #[arg(long)]
     netns: bool,
+    /// Durable nodes: each keeps its keys in a data directory of its own
+    /// (OUT/seed-SEED/data/node-ADDRESS) with `--durability sync` and a small write-back
+    /// cache (--cache-items), and a node killed with `kill -9` is restarted over its
+    /// directory. With a file topology the nemesis then kills nodes with one copy too:
+    /// every acknowledged write must come back from the killed node's disk.
+    #[arg(long)]
+    durable: bool,
+    /// With --durable: the entries each node's write-back cache holds; the other keys are
+    /// on its disk only (`--cache-items` after `--` wins).
+    #[arg(long, default_value_t = Durable::CACHE_ITEMS, requires = "durable")]
+    cache_items: usize,
     /// Client threads.
     #[arg(long, default_value_t = 4)]
     clients: u32,
@@ -154,6 +165,9 @@ impl RunOpts {
         if matches!(self.client, ClientArg::Pool) && matches!(self.topology, TopologyArg::Etcd) {
             bail!("--client pool has no topology: leave --topology at file");
         }
+        if self.durable && matches!(self.client, ClientArg::Pool) {
+            bail!("--durable runs a cluster's nodes: not with --client pool");
+        }
         let topology = match self.topology {
             TopologyArg::File => TopologyKind::File,
             TopologyArg::Etcd => TopologyKind::Etcd {
@@ -189,6 +203,9 @@ impl RunOpts {
                 self.server_args.clone()
             },
             netns: self.netns,
+            durable: self.durable.then_some(Durable {
+                cache_items: self.cache_items,
+            }),
         };
         if let Some(list) = &self.faults {
             cfg.mix = Some(Mix::parse(list, cfg.capabilities()).map_err(anyhow::Error::msg)?);

@@ -32,13 +32,18 @@
 //! etcd_members = 1            # etcd: 1, or 3 (a quorum survives one member's death)
 //! netns = false               # nodes, etcd and proxy in network namespaces of their own
 //!                             # (root): the nemesis may then partition and delay them
+//! durable = false             # durable nodes: a data directory each (the run's data/),
+//!                             # --durability sync, restarted over it after kill -9; with
+//!                             # a file topology kill is then drawn with one copy too
+//! cache_items = 64            # durable: the entries each node's write-back cache holds
 //! client = "cluster"          # cluster (cluster-aware) | proxy (plain clients through
 //!                             # `kvlab proxy --cluster`), or a list
 //! faults = <default>          # the kinds the nemesis draws, e.g. ["pause", "add", "remove"]
 //!                             # (kill, pause, add, remove, add-two, remove-two,
 //!                             # coordinator-kill, etcd-kill, flush). Default: what each
 //!                             # configuration is expected to survive (kill only with 2
-//!                             # copies, etcd-kill only with etcd, never flush)
+//!                             # copies or durable nodes on a file, etcd-kill only with
+//!                             # etcd, never flush)
 //! clients = 4                 # client threads
 //! keys = 200                  # keys they share
 //! rate = 250                  # operations a second per client, at most
@@ -238,6 +243,31 @@ mod tests {
             FaultsSpec::parse(text, "x", &Overrides::default()).unwrap_err()
         );
         assert!(e.contains("file, 1 copy"), "{e}");
+    }
+
+    #[test]
+    fn durable_nodes_reach_the_harness_and_draw_kills_with_one_copy() {
+        let text = "kind = \"faults\"\ndurable = true\ncache_items = 32";
+        let s = FaultsSpec::parse(text, "d", &Overrides::default()).unwrap();
+        let c = &s.configurations()[0];
+        let never = Arc::new(AtomicBool::new(false));
+        let cfg = s
+            .run_config(c, 1, PathBuf::from("r"), Path::new("kvlab"), &never)
+            .unwrap();
+        assert_eq!(cfg.durable, Some(kvlab_faults::Durable { cache_items: 32 }));
+        let mix = kvlab_faults::Mix::default_for(cfg.capabilities());
+        assert!(mix.kinds().contains(&kvlab_faults::FaultKind::Kill));
+        let plain = FaultsSpec::parse(QUICK, "q", &Overrides::default()).unwrap();
+        let cfg = plain
+            .run_config(c, 1, PathBuf::from("r"), Path::new("kvlab"), &never)
+            .unwrap();
+        assert_eq!(cfg.durable, None);
+        let pool = "kind = \"faults\"\ndurable = true\nclient = \"pool\"";
+        let e = format!(
+            "{:#}",
+            FaultsSpec::parse(pool, "p", &Overrides::default()).unwrap_err()
+        );
+        assert!(e.contains("durable"), "{e}");
     }
 
     fn op(client: u32, kind: OpKind, value: &str, ms: (u64, u64), outcome: Outcome) -> Op {

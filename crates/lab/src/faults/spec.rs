@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use kvlab_faults::clients::Workload;
-use kvlab_faults::{Capabilities, ClientKind, Mix, RunConfig, TopologyKind};
+use kvlab_faults::{Capabilities, ClientKind, Durable, Mix, RunConfig, TopologyKind};
 use serde::{Deserialize, Serialize};
 
 use crate::spec::Overrides;
@@ -101,6 +101,9 @@ fn d_node_args() -> Vec<String> {
 fn d_interval() -> f64 {
     0.5
 }
+fn d_cache_items() -> usize {
+    Durable::CACHE_ITEMS
+}
 
 /// A fault-injection experiment (see the module docs).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -135,6 +138,12 @@ pub struct FaultsSpec {
     /// Every node, etcd member and the proxy in a network namespace of its own (root).
     #[serde(default)]
     pub netns: bool,
+    /// Durable nodes: a data directory each, `--durability sync`, kept across `kill -9`.
+    #[serde(default)]
+    pub durable: bool,
+    /// With `durable`: the entries each node's write-back cache holds.
+    #[serde(default = "d_cache_items")]
+    pub cache_items: usize,
     /// `cluster` or `proxy`.
     #[serde(default = "d_client")]
     pub client: OneOrMany<String>,
@@ -318,6 +327,9 @@ impl FaultsSpec {
             if c.client == "pool" && c.topology != "file" {
                 bail!("client = \"pool\" has no topology: topology = \"file\"");
             }
+            if c.client == "pool" && self.durable {
+                bail!("durable = true runs a cluster's nodes: not with client = \"pool\"");
+            }
             if c.replicas == 0 || c.replicas as usize > self.nodes {
                 bail!("replicas = {}: 1 to the nodes ({})", c.replicas, self.nodes);
             }
@@ -360,6 +372,7 @@ impl FaultsSpec {
             etcd: matches!(self.topology_kind(c), TopologyKind::Etcd { .. }),
             netns: false,
             pool: c.client == "pool",
+            durable: self.durable,
         };
         match &self.faults {
             None => Ok(None),
@@ -403,6 +416,9 @@ impl FaultsSpec {
             exe: exe.to_path_buf(),
             dir,
             server_args: self.node_args.clone(),
+            durable: self.durable.then_some(Durable {
+                cache_items: self.cache_items,
+            }),
             interrupt: Arc::clone(interrupt),
         })
     }
