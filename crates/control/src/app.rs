@@ -95,19 +95,17 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
         o.share.clone(),
         log,
     )?;
-    let mut sensor = match &o.policy {
-        PolicySpec::Reactive { slack } | PolicySpec::Predictive { slack, .. } => {
-            let window = Duration::from_millis(slack.latency_window_ms);
-            let s = ServerSensor::new(o.pid, o.stats, o.live.clone(), window);
-            match slack.segment_budget {
-                Some(_) => s.count_segments(slack.slo_p95_us),
-                None => s,
-            }
-        }
-        PolicySpec::Static { .. } => {
-            ServerSensor::new(o.pid, o.stats, o.live.clone(), Duration::ZERO)
-        }
+    let slack = match &o.policy {
+        PolicySpec::Reactive { slack } | PolicySpec::Predictive { slack, .. } => Some(slack),
+        PolicySpec::Static { .. } => None,
     };
+    let window = slack.map_or(Duration::ZERO, |s| {
+        Duration::from_millis(s.latency_window_ms)
+    });
+    let mut sensor = ServerSensor::new(o.pid, o.stats, o.live.clone(), window);
+    if let Some(s) = slack.filter(|s| s.segment_budget.is_some()) {
+        sensor = sensor.count_segments(s.slo_p95_us);
+    }
     let limits = RunLimits {
         interval: o.interval,
         max: o.max,

@@ -94,24 +94,8 @@ impl RunConfig {
             etcd: matches!(self.topology, TopologyKind::Etcd { .. }),
             netns: self.netns,
             pool: self.client == ClientKind::Pool,
-            durable: self.durable.is_some() && self.durability_sync(),
+            durable: self.durable.is_some() && Durable::syncs(&self.server_args),
         }
-    }
-
-    /// Whether durable nodes run under `--durability sync` (the harness's choice, unless
-    /// the server flags say otherwise): only then is a killed node's disk expected to hold
-    /// every acknowledged write.
-    fn durability_sync(&self) -> bool {
-        let args = &self.server_args;
-        let mut said = None;
-        for (i, a) in args.iter().enumerate() {
-            if a == "--durability" {
-                said = args.get(i + 1).map(String::as_str);
-            } else if let Some(v) = a.strip_prefix("--durability=") {
-                said = Some(v);
-            }
-        }
-        said.is_none_or(|d| d == "sync")
     }
 }
 
@@ -514,7 +498,7 @@ fn new_nemesis(cfg: &RunConfig, sys: &Arc<System>, clock: Clock, end: Instant) -
                 "every node keeps its keys in data/node-ADDRESS ({}, a cache of {} items \
                  unless the server flags say otherwise); kill -9 restarts a node over its \
                  directory",
-                if cfg.durability_sync() {
+                if Durable::syncs(&cfg.server_args) {
                     "--durability sync"
                 } else {
                     "--durability as the server flags say"

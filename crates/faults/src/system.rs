@@ -99,20 +99,35 @@ impl Durable {
     /// `kvlab server` flags for a node over `dir`, beside `server_args` (which may set
     /// `--durability` or `--cache-items` themselves: theirs are kept).
     pub fn server_flags(&self, dir: &Path, server_args: &[String]) -> Vec<String> {
-        let given = |flag: &str| {
-            server_args
-                .iter()
-                .any(|a| a == flag || a.starts_with(&format!("{flag}=")))
-        };
         let mut flags = vec!["--data-dir".to_string(), dir.display().to_string()];
-        if !given("--durability") {
+        if flag_value(server_args, "--durability").is_none() {
             flags.extend(["--durability".to_string(), "sync".to_string()]);
         }
-        if !given("--cache-items") {
+        if flag_value(server_args, "--cache-items").is_none() {
             flags.extend(["--cache-items".to_string(), self.cache_items.to_string()]);
         }
         flags
     }
+
+    /// Whether durable nodes started with `server_args` run under `--durability sync` (the
+    /// harness's choice unless the flags say otherwise): only then is a killed node's disk
+    /// expected to hold every acknowledged write.
+    pub fn syncs(server_args: &[String]) -> bool {
+        flag_value(server_args, "--durability").is_none_or(|d| d == "sync")
+    }
+}
+
+/// The value the last `FLAG VALUE` or `FLAG=VALUE` in `args` gives, if any.
+fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    let mut said = None;
+    for (i, a) in args.iter().enumerate() {
+        if a == flag {
+            said = args.get(i + 1).map(String::as_str);
+        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
+            said = Some(v);
+        }
+    }
+    said
 }
 
 /// A node's state as the harness left it.

@@ -372,7 +372,7 @@ impl FaultsSpec {
             etcd: matches!(self.topology_kind(c), TopologyKind::Etcd { .. }),
             netns: false,
             pool: c.client == "pool",
-            durable: self.durable,
+            durable: self.durable && Durable::syncs(&self.node_args),
         };
         match &self.faults {
             None => Ok(None),
