@@ -36,7 +36,13 @@ alone=$(burn)
 echo "alone: $alone bogo-ops/s on $n CPU(s) ($CPUS)"
 taskset -c "$CPUS" "$KVLAB" server -p "$PORT" -t 2 -m 256 >/dev/null 2>&1 &
 server=$!
-sleep 1
+# Ready when it answers `version` (bounded: 10 s, or at once if it exited, e.g. port in use).
+for _ in $(seq 100); do
+  kill -0 "$server" 2>/dev/null || { echo "kvlab server on port $PORT exited" >&2; exit 1; }
+  printf 'version\r\n' | timeout 1 bash -c "exec 3<>/dev/tcp/127.0.0.1/$PORT; cat >&3; head -c 7 <&3" \
+    >/dev/null 2>&1 && break
+  sleep 0.1
+done
 printf '%8s %10s %11s %s\n' "req/s" "achieved" "idle cores" "load p95 (µs)"
 for q in "${rates[@]}"; do
   json=$(mktemp)
@@ -49,7 +55,7 @@ for q in "${rates[@]}"; do
   wait "$bench"
   read -r achieved p95 < <(python3 -c 'import json,sys
 r=json.load(open(sys.argv[1]))["runs"][0]
-print(round(r["throughput_qps"]), round(r["latency"]["p95_us"]))' "$json" 2>/dev/null || echo "? ?")
+print(round(r["throughput_qps"]), round(r["latency"]["p95_us"]))' "$json")
   rm -f "$json"
   awk -v q="$q" -v a="$alone" -v g="$got" -v n="$n" -v ach="$achieved" -v p="$p95" \
     'BEGIN { printf "%8d %10s %11.2f %s\n", q, ach, g / a * n, p }'
