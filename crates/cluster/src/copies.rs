@@ -55,10 +55,19 @@ pub const REPLICA_TIMEOUT: Duration = Duration::from_millis(1000);
 pub const REPLICA_BACKOFF: Duration = Duration::from_millis(500);
 
 /// Tickets from this one up are writes already acknowledged (write policy `owner`): their
-/// copies need not go out at once. A batch of only such tickets waits while an earlier
-/// batch to its holder is unanswered, and goes with every batch queued behind it when that
-/// answer is read — one message for many writes under load, at once when the link is idle.
+/// copies need not go out at once. A batch of only such tickets is held in its link's
+/// queue for up to [`COPY_LINGER`] (or until [`HOLD_BYTES`] are queued, or a batch a reply
+/// waits for goes out), and goes with every batch queued behind it — one message for many
+/// writes.
 pub const BEHIND: usize = 1 << 48;
+
+/// How long the copies of acknowledged writes ([`BEHIND`]) may be held to go out together.
+/// A write acknowledged less than this (plus a round trip) before its owner dies may be
+/// lost; a read of such a key sends its state at once and waits for it to be confirmed.
+pub const COPY_LINGER: Duration = Duration::from_millis(1);
+
+/// Held copies go out once this many bytes are queued on their link.
+pub const HOLD_BYTES: usize = 32 * 1024;
 
 /// One ticket's outcome at one holder: `None` when the holder confirmed every key of the
 /// ticket, else why not (`copy to NODE not written: …`).
@@ -276,6 +285,8 @@ struct Shared {
     clock: AtomicU64,
     /// The event loops that offered to read links' replies.
     loops: Mutex<Vec<Arc<Register>>>,
+    /// Links holding copies of acknowledged writes ([`COPY_LINGER`]).
+    held: AtomicUsize,
     /// Connected links by the id their socket is watched as (never reused; 0 is none).
     by_id: Mutex<HashMap<usize, Arc<Link>>>,
     next_id: AtomicUsize,
@@ -313,6 +324,7 @@ impl Copies {
                 errors: AtomicU64::new(0),
                 clock: AtomicU64::new(1),
                 loops: Mutex::new(Vec::new()),
+                held: AtomicUsize::new(0),
                 by_id: Mutex::new(HashMap::new()),
                 next_id: AtomicUsize::new(1),
             }),
@@ -341,6 +353,36 @@ impl Copies {
     /// are never 0).
     pub fn attach(&self, register: Register) {
         self.shared.loops.lock().push(Arc::new(register));
+    }
+
+    /// When held copies ([`COPY_LINGER`]) must go out, if any link holds some: an event
+    /// loop waits no longer, and then calls [`Copies::release_held`].
+    pub fn held_deadline(&self) -> Option<Instant> {
+        if self.shared.held.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let links: Vec<Arc<Link>> = self.links.lock().values().cloned().collect();
+        links
+            .iter()
+            .filter_map(|l| l.state.lock().held_since)
+            .min()
+            .map(|since| since + COPY_LINGER)
+    }
+
+    /// Sends the copies held since [`COPY_LINGER`] before `now` or longer.
+    pub fn release_held(&self, now: Instant) {
+        if self.shared.held.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let links: Vec<Arc<Link>> = self.links.lock().values().cloned().collect();
+        let mut answers = Vec::new();
+        for link in links {
+            let mut st = link.state.lock();
+            if st.held_since.is_some_and(|t| now >= t + COPY_LINGER) {
+                link.release(&self.shared, &mut st, &mut answers);
+            }
+        }
+        answer(answers);
     }
 
     /// The link watched as `id` is ready: its queued copies go out and its replies are
@@ -449,6 +491,9 @@ struct LinkState {
     watched: bool,
     /// Bytes the socket has not taken yet.
     out: Vec<u8>,
+    /// Since when `out` holds copies of acknowledged writes on purpose ([`COPY_LINGER`]);
+    /// `None`: whatever `out` holds waits only for the socket.
+    held_since: Option<Instant>,
     /// Replies not read to their end yet.
     inb: Vec<u8>,
     /// Batches written, in order, with their replies owed.
@@ -487,6 +532,21 @@ impl LinkState {
         }
         self.out.drain(..done);
         Ok(())
+    }
+
+    /// Starts holding `out` (it was empty, or holds already).
+    fn hold(&mut self, sh: &Shared) {
+        if self.held_since.is_none() {
+            self.held_since = Some(Instant::now());
+            sh.held.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `out` holds nothing on purpose any more (flushed, or cleared).
+    fn unhold(&mut self, sh: &Shared) {
+        if self.held_since.take().is_some() {
+            sh.held.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Reads every reply the socket holds and answers the batches they complete.
@@ -602,9 +662,13 @@ impl Link {
             answers.push((batch.reply, batch.tickets, None, seq));
             return;
         }
-        // An acknowledged write's copies wait in `out` while an earlier batch is
-        // unanswered (a loop watches the stream and flushes it as the answer arrives).
-        let wait = batch.behind && st.watched && !st.sent.is_empty();
+        // An acknowledged write's copies are held in `out` for more to join them
+        // ([`COPY_LINGER`]): the loops watching the stream send them when they are due.
+        // Bytes left over from a full socket are not held: they go when it is writable.
+        let hold = batch.behind
+            && st.watched
+            && (st.held_since.is_some() || start == 0)
+            && st.out.len() < HOLD_BYTES;
         st.sent.push_back(Sent {
             lines,
             refused: 0,
@@ -618,10 +682,18 @@ impl Link {
             self.wake.notify_one();
             return;
         }
-        if !wait {
-            if let Err(why) = st.flush() {
-                self.failed(sh, &mut st, &why, answers);
-            }
+        if hold {
+            st.hold(sh);
+        } else {
+            self.release(sh, &mut st, answers);
+        }
+    }
+
+    /// Sends what `st` holds (and whatever else is queued); a failure fails the stream.
+    fn release(&self, sh: &Shared, st: &mut LinkState, answers: &mut Answers) {
+        st.unhold(sh);
+        if let Err(why) = st.flush() {
+            self.failed(sh, st, &why, answers);
         }
     }
 
@@ -631,7 +703,12 @@ impl Link {
         if st.id != id || st.stream.is_none() {
             return;
         }
-        let served = st.flush().and_then(|_| st.read(sh, &self.holder, answers));
+        // Held copies wait for their time ([`Copies::release_held`]), not for readiness.
+        let flushed = match st.held_since {
+            Some(_) => Ok(()),
+            None => st.flush(),
+        };
+        let served = flushed.and_then(|_| st.read(sh, &self.holder, answers));
         if let Err(why) = served {
             self.failed(sh, &mut st, &why, answers);
         }
@@ -640,6 +717,7 @@ impl Link {
     /// The stream failed: it closes, its batches fail, and the holder is not tried again
     /// for [`REPLICA_BACKOFF`].
     fn failed(&self, sh: &Shared, st: &mut LinkState, why: &str, answers: &mut Answers) {
+        st.unhold(sh);
         st.stream = None;
         if st.id != 0 {
             sh.by_id.lock().remove(&st.id);
@@ -830,6 +908,93 @@ mod tests {
             failure: Some("copy to h not written: down".into()),
             seq,
         }
+    }
+
+    /// Copies with a link to a stand-in holder (a listener that only reads), watched as by
+    /// an event loop: the copies, the link, and the holder's end of the stream.
+    fn watched_link() -> (Copies, Arc<Link>, TcpStream) {
+        use kvlab_store::{Config, SetMode, SetRequest, SystemClock};
+        let store = Arc::new(Store::new(Config::default(), Arc::new(SystemClock)));
+        for key in ["a", "b"] {
+            store.set(&SetRequest::new(SetMode::Set, key.as_bytes(), b"v"));
+        }
+        let copies = Copies::new("me".into(), store);
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        stream.set_nonblocking(true).unwrap();
+        let (holder, _) = listener.accept().unwrap();
+        holder.set_nonblocking(true).unwrap();
+        let link = Arc::new(Link {
+            holder: "h".into(),
+            state: Mutex::new(LinkState {
+                stream: Some(stream),
+                id: 1,
+                watched: true,
+                ..LinkState::default()
+            }),
+            wake: Condvar::new(),
+        });
+        copies.links.lock().insert("h".into(), link.clone());
+        (copies, link, holder)
+    }
+
+    fn batch(key: &str, ticket: usize) -> Batch {
+        let (tx, _) = mpsc::channel();
+        Batch {
+            keys: vec![key.as_bytes().to_vec()],
+            tickets: vec![ticket],
+            reply: Reply::new(tx, None),
+            behind: ticket >= BEHIND,
+        }
+    }
+
+    /// What the holder has received so far.
+    fn received(holder: &mut TcpStream) -> String {
+        let mut buf = vec![0u8; 4096];
+        match holder.read(&mut buf) {
+            Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => String::new(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// An acknowledged write's copy (write policy `owner`) is held on an idle link until
+    /// it is due, and then goes with every copy queued behind it, in one write.
+    #[test]
+    fn an_acknowledged_writes_copy_is_held_until_due() {
+        let (copies, link, mut holder) = watched_link();
+        let mut answers = Vec::new();
+        link.send(&copies.shared, batch("a", BEHIND), &mut answers);
+        link.send(&copies.shared, batch("b", BEHIND + 1), &mut answers);
+        assert!(answers.is_empty());
+        assert_eq!(received(&mut holder), "", "held, not sent");
+        let due = copies
+            .held_deadline()
+            .expect("a deadline while copies are held");
+        copies.release_held(due - Duration::from_micros(1));
+        assert_eq!(received(&mut holder), "", "not due yet");
+        copies.release_held(due);
+        assert_eq!(
+            received(&mut holder),
+            "set a 0 0 1\r\nv\r\nset b 0 0 1\r\nv\r\n"
+        );
+        assert_eq!(copies.held_deadline(), None, "nothing held any more");
+    }
+
+    /// A copy a reply waits for (write policy `all`, or a read of an unconfirmed key) goes
+    /// at once, and takes the held copies ahead of it along, in write order.
+    #[test]
+    fn a_copy_a_reply_waits_for_takes_the_held_ones_along() {
+        let (copies, link, mut holder) = watched_link();
+        let mut answers = Vec::new();
+        link.send(&copies.shared, batch("a", BEHIND), &mut answers);
+        assert_eq!(received(&mut holder), "");
+        link.send(&copies.shared, batch("b", 7), &mut answers);
+        assert_eq!(
+            received(&mut holder),
+            "set a 0 0 1\r\nv\r\nset b 0 0 1\r\nv\r\n"
+        );
+        assert_eq!(copies.held_deadline(), None);
     }
 
     /// A write's key stays unconfirmed until its copies are answered; a failed copy keeps

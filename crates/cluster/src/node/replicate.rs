@@ -142,6 +142,17 @@ impl Node {
         self.copies.ready(id, local);
     }
 
+    /// When the copies held to go out together are due, if any are held
+    /// ([`crate::copies::COPY_LINGER`]).
+    pub fn held_copies_due(&self) -> Option<Instant> {
+        self.copies.held_deadline()
+    }
+
+    /// Sends the held copies that are due at `now`.
+    pub fn release_held_copies(&self, now: Instant) {
+        self.copies.release_held(now);
+    }
+
     /// The keys whose copies are not all confirmed ([`crate::copies::Unconfirmed`]).
     pub fn unconfirmed(&self) -> &Unconfirmed {
         &self.copies.unconfirmed

@@ -7,6 +7,7 @@ use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{mpsc, Arc};
+use std::time::Instant;
 
 use kvlab_net::{Completion, Watch, Work};
 use kvlab_server::engine::{Blocking, Helper};
@@ -303,6 +304,18 @@ impl Work for NodeWork {
                 done(ticket, completion);
             }
         }
+    }
+
+    /// Copies held to go out together ([`crate::copies::COPY_LINGER`]) leave when due.
+    fn tick(worker: &mut NodeWorker, now: Instant, _done: &mut dyn FnMut(usize, Completion)) {
+        if worker.in_flight.is_some() {
+            worker.node.release_held_copies(now);
+        }
+    }
+
+    fn deadline(worker: &NodeWorker) -> Option<Instant> {
+        worker.in_flight.as_ref()?;
+        worker.node.held_copies_due()
     }
 
     fn run_batch(
