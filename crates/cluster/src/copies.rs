@@ -4,7 +4,9 @@
 //! ```text
 //!  worker loop: a round's writes ──► per holder: Batch(keys, tickets) ──► Link::send:
 //!     under the link's lock, read each key's state from the store, append it to the
-//!     stream, write what the socket takes (no thread in between)
+//!     stream, write what the socket takes (no thread in between); under write policy
+//!     `owner` the copies of acknowledged writes are held instead, and a loop's tick
+//!     writes them when due (COPY_LINGER) unless a copy a reply waits for went first
 //!  holder: its worker loop serves the stream like a client's connection (one reply a key)
 //!  event loop watching the stream (the link's home loop): reads the replies ──►
 //!     Confirm(ticket, failure?) per ticket ──► the batch's Reply (its loop's channel; a
@@ -261,8 +263,7 @@ pub struct Batch {
     pub tickets: Vec<usize>,
     /// Where the outcome goes.
     pub reply: Reply,
-    /// Every ticket is [`BEHIND`]: the batch may wait for the holder's answer to an
-    /// earlier one.
+    /// Every ticket is [`BEHIND`]: the batch may be held ([`COPY_LINGER`]).
     pub behind: bool,
 }
 
