@@ -362,9 +362,10 @@ impl Copies {
         if self.shared.held.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let links: Vec<Arc<Link>> = self.links.lock().values().cloned().collect();
+        // Lock order: the links' map, then a link's state (as `follow` and `stop` take them).
+        let links = self.links.lock();
         links
-            .iter()
+            .values()
             .filter_map(|l| l.state.lock().held_since)
             .min()
             .map(|since| since + COPY_LINGER)
@@ -375,14 +376,14 @@ impl Copies {
         if self.shared.held.load(Ordering::Relaxed) == 0 {
             return;
         }
-        let links: Vec<Arc<Link>> = self.links.lock().values().cloned().collect();
         let mut answers = Vec::new();
-        for link in links {
+        for link in self.links.lock().values() {
             let mut st = link.state.lock();
             if st.held_since.is_some_and(|t| now >= t + COPY_LINGER) {
                 link.release(&self.shared, &mut st, &mut answers);
             }
         }
+        // Failures are answered with no lock held (a reply's channel may wake a loop).
         answer(answers);
     }
 
