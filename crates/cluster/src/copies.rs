@@ -925,7 +925,6 @@ mod tests {
         let stream = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         stream.set_nonblocking(true).unwrap();
         let (holder, _) = listener.accept().unwrap();
-        holder.set_nonblocking(true).unwrap();
         let link = Arc::new(Link {
             holder: "h".into(),
             state: Mutex::new(LinkState {
@@ -950,15 +949,23 @@ mod tests {
         }
     }
 
-    /// What the holder has received so far.
-    fn received(holder: &mut TcpStream) -> String {
-        let mut buf = vec![0u8; 4096];
-        match holder.read(&mut buf) {
-            Ok(n) => String::from_utf8_lossy(&buf[..n]).into_owned(),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => String::new(),
-            Err(e) => panic!("{e}"),
-        }
+    /// Bytes queued on the link and not yet written to its socket.
+    fn queued(link: &Link) -> usize {
+        link.state.lock().out.len()
     }
+
+    /// Reads what the holder is sent until it has `want` bytes (bounded: 5 s).
+    fn receive(holder: &mut TcpStream, want: usize) -> String {
+        holder.set_nonblocking(false).unwrap();
+        holder
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut got = vec![0u8; want];
+        holder.read_exact(&mut got).unwrap();
+        String::from_utf8(got).unwrap()
+    }
+
+    const TWO_COPIES: &str = "set a 0 0 1\r\nv\r\nset b 0 0 1\r\nv\r\n";
 
     /// An acknowledged write's copy (write policy `owner`) is held on an idle link until
     /// it is due, and then goes with every copy queued behind it, in one write.
@@ -969,17 +976,15 @@ mod tests {
         link.send(&copies.shared, batch("a", BEHIND), &mut answers);
         link.send(&copies.shared, batch("b", BEHIND + 1), &mut answers);
         assert!(answers.is_empty());
-        assert_eq!(received(&mut holder), "", "held, not sent");
+        assert_eq!(queued(&link), TWO_COPIES.len(), "held, not written");
         let due = copies
             .held_deadline()
             .expect("a deadline while copies are held");
         copies.release_held(due - Duration::from_micros(1));
-        assert_eq!(received(&mut holder), "", "not due yet");
+        assert_eq!(queued(&link), TWO_COPIES.len(), "not due yet");
         copies.release_held(due);
-        assert_eq!(
-            received(&mut holder),
-            "set a 0 0 1\r\nv\r\nset b 0 0 1\r\nv\r\n"
-        );
+        assert_eq!(queued(&link), 0, "written once due");
+        assert_eq!(receive(&mut holder, TWO_COPIES.len()), TWO_COPIES);
         assert_eq!(copies.held_deadline(), None, "nothing held any more");
     }
 
@@ -990,12 +995,10 @@ mod tests {
         let (copies, link, mut holder) = watched_link();
         let mut answers = Vec::new();
         link.send(&copies.shared, batch("a", BEHIND), &mut answers);
-        assert_eq!(received(&mut holder), "");
+        assert!(queued(&link) > 0, "held, not written");
         link.send(&copies.shared, batch("b", 7), &mut answers);
-        assert_eq!(
-            received(&mut holder),
-            "set a 0 0 1\r\nv\r\nset b 0 0 1\r\nv\r\n"
-        );
+        assert_eq!(queued(&link), 0);
+        assert_eq!(receive(&mut holder, TWO_COPIES.len()), TWO_COPIES);
         assert_eq!(copies.held_deadline(), None);
     }
 
