@@ -364,11 +364,7 @@ impl Copies {
         }
         // Lock order: the links' map, then a link's state (as `follow` and `stop` take them).
         let links = self.links.lock();
-        links
-            .values()
-            .filter_map(|l| l.state.lock().held_since)
-            .min()
-            .map(|since| since + COPY_LINGER)
+        links.values().filter_map(|l| l.state.lock().due()).min()
     }
 
     /// Sends the copies held since [`COPY_LINGER`] before `now` or longer.
@@ -379,7 +375,7 @@ impl Copies {
         let mut answers = Vec::new();
         for link in self.links.lock().values() {
             let mut st = link.state.lock();
-            if st.held_since.is_some_and(|t| now >= t + COPY_LINGER) {
+            if st.due().is_some_and(|due| now >= due) {
                 link.release(&self.shared, &mut st, &mut answers);
             }
         }
@@ -542,6 +538,11 @@ impl LinkState {
             self.held_since = Some(Instant::now());
             sh.held.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// When what `out` holds on purpose must go out, if it holds any.
+    fn due(&self) -> Option<Instant> {
+        self.held_since.map(|since| since + COPY_LINGER)
     }
 
     /// `out` holds nothing on purpose any more (flushed, or cleared).
