@@ -136,6 +136,20 @@ impl Header {
         )
     }
 
+    /// Where the key of a `SET`/`SETQ` refused as too large lies in its packet (from the
+    /// packet's start), when it has one: memcached reads extras and key before it refuses
+    /// the value, and removes that key's old value so that no stale value stays readable.
+    /// Other commands (and a key longer than any key may be) remove nothing.
+    pub fn too_large_drops(&self) -> Option<std::ops::Range<usize>> {
+        let start = HEADER_LEN + self.extras_len as usize;
+        let end = start + self.key_len as usize;
+        (matches!(self.opcode, op::SET | op::SETQ)
+            && self.key_len > 0
+            && self.key_len as usize <= MAX_KEY_LEN
+            && end <= HEADER_LEN + self.body_len as usize)
+            .then_some(start..end)
+    }
+
     /// Whether a value (not only extras and key) may follow: the body may be as long as
     /// an item.
     pub fn stores(&self) -> bool {

@@ -131,8 +131,9 @@ pub struct MetaKey<'a> {
 }
 
 impl<'a> MetaKey<'a> {
-    /// A plain (not base64) key already validated by the parser.
-    pub(crate) fn plain(raw: &'a [u8]) -> Self {
+    /// A plain (not base64) key, already validated (by the parser, or a binary header's
+    /// length checks).
+    pub fn plain(raw: &'a [u8]) -> Self {
         MetaKey { raw, base64: false }
     }
 

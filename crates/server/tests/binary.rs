@@ -146,6 +146,8 @@ fn closed(s: &mut TcpStream) -> bool {
 /// The cases: each runs on a fresh connection after a binary flush.
 fn cases() -> Vec<(&'static str, Vec<Vec<u8>>)> {
     let big = vec![b'x'; 1024 * 1024 + 1];
+    // Past the item limit by more than a key and extras: refused from the header alone.
+    let huge = vec![b'x'; 2 * 1024 * 1024];
     vec![
         (
             "get family",
@@ -271,6 +273,34 @@ fn cases() -> Vec<(&'static str, Vec<Vec<u8>>)> {
         (
             "too large, swallowed",
             vec![store(SET, b"big", &big, 0, 0, 0), op(GET, b"big")],
+        ),
+        (
+            // memcached removes the old value of a set refused as too large (found by memjs).
+            "a set too large drops the old value",
+            vec![
+                store(SET, b"old", b"v1", 0, 0, 0),
+                store(SET, b"old", &big, 0, 0, 0),
+                op(GET, b"old"),
+                store(SET, b"older", b"v1", 0, 0, 0),
+                store(SET, b"older", &huge, 0, 0, 0),
+                op(GET, b"older"),
+                store(SET, b"oldq", b"v1", 0, 0, 0),
+                store(SETQ, b"oldq", &huge, 0, 0, 0),
+                op(GET, b"oldq"),
+            ],
+        ),
+        (
+            "add, replace and append too large keep the old value",
+            vec![
+                store(SET, b"kept", b"v1", 0, 0, 0),
+                store(ADD, b"kept", &big, 0, 0, 0),
+                store(REPLACE, b"kept", &big, 0, 0, 0),
+                packet(APPEND, &[], b"kept", &big, 0),
+                store(ADD, b"kept", &huge, 0, 0, 0),
+                store(REPLACE, b"kept", &huge, 0, 0, 0),
+                packet(APPEND, &[], b"kept", &huge, 0),
+                op(GET, b"kept"),
+            ],
         ),
     ]
 }

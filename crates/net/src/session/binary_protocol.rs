@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use kvlab_protocol::{binary, ProtocolError};
+use kvlab_protocol::{binary, MetaKey, ProtocolError};
 
 use super::{server_error, Session, OUTPUT_HIGH_WATER};
 use crate::service::{Completion, Flow, Order, Service, Work};
@@ -38,6 +38,10 @@ impl<S: Service> Session<S> {
                     break;
                 }
                 binary::Frame::TooLarge(header) => {
+                    let drops = header.too_large_drops();
+                    if drops.as_ref().is_some_and(|key| input.len() < key.end) {
+                        break; // memcached reads the key before it refuses the value
+                    }
                     let reply = if header.stores() {
                         binary::status::E2BIG
                     } else {
@@ -46,6 +50,16 @@ impl<S: Service> Session<S> {
                     };
                     binary::error(&mut self.output, &header, reply);
                     service.protocol_error(ProtocolError::TooLarge);
+                    if let Some(key) = drops {
+                        let key = MetaKey::plain(&input[key]);
+                        if let Some(work) = service.drop_stale(&mut self.conn, key) {
+                            // Inline, as every binary request's work: the old value is gone
+                            // (on disk too under `sync`) before the next request is read.
+                            if let Completion::Reply(bytes) = work.run(service.worker()) {
+                                service.recycle(bytes);
+                            }
+                        }
+                    }
                     let body = header.body_len as usize;
                     let buffered = (input.len() - binary::HEADER_LEN).min(body);
                     self.start += binary::HEADER_LEN + buffered;
