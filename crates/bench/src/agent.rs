@@ -18,13 +18,14 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{mono_ns, wall_ns};
-use crate::config::Config;
+use crate::config::{Config, Stop};
 use crate::engine::{Msg, Phase};
 use crate::local::{spawn_threads, wait_ready};
 use crate::BenchError;
@@ -41,6 +42,8 @@ enum ToAgent {
     Start {
         start_unix_ns: u64,
     },
+    /// End the run early (the master was interrupted): as [`crate::config::Stop`].
+    Stop,
 }
 
 /// Agent → master.
@@ -114,7 +117,11 @@ fn serve_master(stream: TcpStream) -> Result<(), BenchError> {
         return Err(e);
     }
     let (tx, rx) = channel();
+    // Set when the session's run is over, however it ends: the watcher of the master
+    // then returns, and the scope can end.
+    let finished = &AtomicBool::new(false);
     std::thread::scope(|s| -> Result<(), BenchError> {
+        let _finish = SetOnDrop(finished);
         let starts = match spawn_threads(s, &cfg, participant, participants, Phase::Run, &tx)
             .and_then(|st| wait_ready(&rx, cfg.threads).map(|_| st))
         {
@@ -137,7 +144,7 @@ fn serve_master(stream: TcpStream) -> Result<(), BenchError> {
                 let (wall, mono) = (wall_ns(), mono_ns());
                 mono.saturating_add(start_unix_ns.saturating_sub(wall))
             }
-            ToAgent::Prepare { .. } => {
+            ToAgent::Prepare { .. } | ToAgent::Stop => {
                 for st in &starts {
                     let _ = st.send(None);
                 }
@@ -147,6 +154,10 @@ fn serve_master(stream: TcpStream) -> Result<(), BenchError> {
         for st in &starts {
             let _ = st.send(Some(start));
         }
+        // The master may end the run early; a master that went away (its connection
+        // closed) ends it too, so that an agent never runs on for no one.
+        let stop = cfg.stop.clone();
+        s.spawn(move || watch_master(r, &stop, finished));
         let mut done = 0;
         while done < cfg.threads {
             let Ok(msg) = rx.recv() else { break };
@@ -158,6 +169,52 @@ fn serve_master(stream: TcpStream) -> Result<(), BenchError> {
         }
         send_line(&mut w, &FromAgent::Finished)
     })
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Reads the master's messages during a run: `stop`, or the connection's end, raises
+/// `stop`. Returns once the run has `finished` (looked at every second).
+fn watch_master(mut r: BufReader<TcpStream>, stop: &Stop, finished: &AtomicBool) {
+    let _ = r.get_ref().set_read_timeout(Some(Duration::from_secs(1)));
+    while !finished.load(Ordering::Relaxed) {
+        match read_line::<ToAgent>(&mut r) {
+            Ok(ToAgent::Stop) => stop.raise(),
+            Ok(_) => {}
+            Err(BenchError::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => {
+                stop.raise();
+                return;
+            }
+        }
+    }
+}
+
+/// The master's way to end an agent's run early ([`ToAgent::Stop`]).
+pub struct AgentStop {
+    addr: SocketAddr,
+    w: TcpStream,
+}
+
+impl AgentStop {
+    /// Tells the agent to end its run now (best effort: an agent that cannot be told is
+    /// gone, and its link reports that).
+    pub fn stop(&mut self) {
+        if let Err(e) = send_line(&mut self.w, &ToAgent::Stop) {
+            eprintln!("kvlab bench: cannot tell agent {} to stop: {e}", self.addr);
+        }
+    }
 }
 
 /// The master's link to one agent.
@@ -207,8 +264,12 @@ impl AgentLink {
         start_unix_ns: u64,
         tx: Sender<Msg>,
         s: &'s std::thread::Scope<'s, 'e>,
-    ) -> Result<(), BenchError> {
+    ) -> Result<AgentStop, BenchError> {
         send_line(&mut self.w, &ToAgent::Start { start_unix_ns })?;
+        let stop = AgentStop {
+            addr: self.addr,
+            w: self.w.try_clone()?,
+        };
         // An agent reports at every interval boundary; one silent for the longest interval
         // (warm-up or interval) plus a minute has failed, and the read error ends the run.
         let limit = Duration::from_nanos(self.run_ns) + Duration::from_secs(60);
@@ -232,6 +293,6 @@ impl AgentLink {
                 }
             }
         });
-        Ok(())
+        Ok(stop)
     }
 }

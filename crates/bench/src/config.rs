@@ -5,6 +5,8 @@
 //! [`Config::validate`] re-checks what an agent receives.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -93,6 +95,39 @@ pub struct Config {
     pub seed: u64,
     /// Set every key once before the run.
     pub load: bool,
+    /// Raised to end the run early (Ctrl-C): not a setting, never sent to an agent.
+    #[serde(skip)]
+    pub stop: Stop,
+}
+
+/// A run's stop signal, shared by its generator threads: once raised (the CLI raises it on
+/// SIGINT), each thread stops sending, waits for the replies in flight as at a run's end,
+/// reports its partial last interval, and the run's result is what was measured so far.
+#[derive(Debug, Clone, Default)]
+pub struct Stop(Arc<AtomicBool>);
+
+impl Stop {
+    /// Ends the run early.
+    pub fn raise(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the run was told to end.
+    pub fn raised(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    /// The flag itself, for a signal handler to set (`signal_hook::flag::register`).
+    pub fn flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.0)
+    }
+}
+
+/// Two runs' settings are equal whatever their stop signals.
+impl PartialEq for Stop {
+    fn eq(&self, _: &Stop) -> bool {
+        true
+    }
 }
 
 /// Base64 keys are a meta protocol option, and their encoding must fit memcached's 250-byte

@@ -386,6 +386,7 @@ impl Load {
             workload: self.workload_read()?,
             seed: self.seed,
             load: self.fills(),
+            stop: Default::default(),
         };
         cfg.validate()?;
         Ok(cfg)

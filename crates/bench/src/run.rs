@@ -16,11 +16,11 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::agent::AgentLink;
+use crate::agent::{AgentLink, AgentStop};
 use crate::clock::{mono_ns, wall_ns};
 use crate::config::Config;
 use crate::engine::{Msg, Phase, ThreadDone};
@@ -30,6 +30,9 @@ use crate::stats::{
     OpPercentiles, Percentiles,
 };
 use crate::BenchError;
+
+/// How often the collector looks at a run's stop signal while it waits for reports.
+const STOP_SLICE: Duration = Duration::from_millis(100);
 
 pub use kvlab_client::measure::IntervalRow;
 
@@ -156,11 +159,12 @@ pub fn run(
         for st in &starts {
             let _ = st.send(Some(start));
         }
+        let mut stops = Vec::new();
         for link in links {
-            link.start(start_wall, tx.clone(), s)?;
+            stops.push(link.start(start_wall, tx.clone(), s)?);
         }
         drop(tx);
-        collect(cfg, &rx, participants, start_wall, progress)
+        collect(cfg, &rx, participants, start_wall, &mut stops, progress)
     })?;
     result.load = load;
     Ok(result)
@@ -188,6 +192,12 @@ pub fn load_phase(cfg: &Config) -> Result<Counters, BenchError> {
                 Err(_) => return Err(BenchError::Run("load phase: no progress for 120 s".into())),
             }
         }
+        if cfg.stop.raised() {
+            return Err(BenchError::Run(format!(
+                "interrupted in the load phase ({} of {} keys set)",
+                total.completed, cfg.workload.keys
+            )));
+        }
         if total.completed < cfg.workload.keys || total.errors + total.timeouts > 0 {
             return Err(BenchError::Run(format!(
                 "load phase set {} of {} keys ({} errors, {} timeouts)",
@@ -208,6 +218,7 @@ fn collect(
     rx: &Receiver<Msg>,
     participants: usize,
     start_wall_ns: u64,
+    agents: &mut [AgentStop],
     progress: &mut dyn FnMut(&IntervalRow),
 ) -> Result<RunResult, BenchError> {
     let total_threads = participants * cfg.threads;
@@ -216,12 +227,25 @@ fn collect(
     let mut done: Vec<ThreadDone> = Vec::new();
     // Generous: the run's end, plus the request timeout, plus slack for a slow machine.
     let patience = Duration::from_millis(cfg.timeout_ms) + Duration::from_secs(30);
+    let patience = if cfg.requests.is_some() {
+        patience * 4
+    } else {
+        patience + Duration::from_nanos(cfg.end_ns())
+    };
+    let mut silent_since = Instant::now();
+    let mut agents_stopped = false;
     while done.len() < total_threads {
-        match rx.recv_timeout(if cfg.requests.is_some() {
-            patience * 4
-        } else {
-            patience + Duration::from_nanos(cfg.end_ns())
-        }) {
+        // Waits in slices, to pass a raised stop on to the agents.
+        if cfg.stop.raised() && !agents_stopped {
+            agents.iter_mut().for_each(AgentStop::stop);
+            agents_stopped = true;
+        }
+        let msg = match rx.recv_timeout(STOP_SLICE) {
+            Err(RecvTimeoutError::Timeout) if silent_since.elapsed() < patience => continue,
+            m => m,
+        };
+        silent_since = Instant::now();
+        match msg {
             Ok(Msg::Interval(r)) => {
                 let start = r.start_ns;
                 let p = pending.entry(start).or_insert_with(|| Pending {
@@ -543,6 +567,7 @@ mod tests {
             workload: Default::default(),
             seed: 1,
             load: false,
+            stop: Default::default(),
         }
     }
 

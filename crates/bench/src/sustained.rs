@@ -482,6 +482,11 @@ pub fn find_sustained_with(
             crate::run::load_phase(base)?;
         }
         let r = run_step(&search.step_config(base, qps)?)?;
+        if base.stop.raised() {
+            // A step cut short measured less than its plan: not recorded.
+            search.stop("interrupted");
+            break;
+        }
         search.record(qps, &r);
         if let Some(s) = search.steps().last() {
             on_step(s);
@@ -671,6 +676,7 @@ mod tests {
             workload: Default::default(),
             seed: 1,
             load: false,
+            stop: Default::default(),
         }
     }
 

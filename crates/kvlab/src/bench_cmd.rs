@@ -441,13 +441,21 @@ impl RunArgs {
 }
 
 /// `--find-sustained`: one search per target (and round).
-fn run_search(r: &RunArgs, agents: &[SocketAddr]) -> anyhow::Result<()> {
+fn run_search(
+    r: &RunArgs,
+    agents: &[SocketAddr],
+    stop: &kvlab_bench::config::Stop,
+) -> anyhow::Result<()> {
     let spec = r.search_spec()?;
     let configs = r.configs_of(&r.search_load(&spec)?)?;
     let mut results = Vec::new();
     for round in 0..r.repeat {
         for cfg in &configs {
+            if stop.raised() {
+                break;
+            }
             let mut cfg = cfg.clone();
+            cfg.stop = stop.clone();
             // Fill each target once, before its first search.
             cfg.load = cfg.load && round == 0;
             if !r.quiet {
@@ -485,7 +493,7 @@ fn run_search(r: &RunArgs, agents: &[SocketAddr]) -> anyhow::Result<()> {
         std::fs::write(p, sustained::to_csv(&results))
             .with_context(|| format!("writing {}", p.display()))?;
     }
-    Ok(())
+    interrupted(stop)
 }
 
 /// Runs `kvlab bench`.
@@ -506,10 +514,21 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         .iter()
         .map(|a| resolve(a))
         .collect::<Result<_, _>>()?;
-    if r.find_sustained {
-        return run_search(&r, &agents);
+    // Ctrl-C (or SIGTERM) ends the run in progress with what it measured so far; a
+    // second one ends the program at once.
+    let stop = kvlab_bench::config::Stop::default();
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(sig, 130, stop.flag())
+            .and_then(|_| signal_hook::flag::register(sig, stop.flag()))
+            .context("installing signal handlers")?;
     }
-    let configs = r.configs_of(&r.load()?)?;
+    if r.find_sustained {
+        return run_search(&r, &agents, &stop);
+    }
+    let mut configs = r.configs_of(&r.load()?)?;
+    for cfg in &mut configs {
+        cfg.stop = stop.clone();
+    }
     let show_progress = !r.quiet && std::io::stderr().is_terminal();
     let mut live = match &r.live {
         Some(p) => {
@@ -559,6 +578,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
             print!("{}", report::summary(&result));
             runs.push(result);
+            if stop.raised() {
+                break;
+            }
+        }
+        if stop.raised() {
+            break;
         }
     }
     let comparison = report::compare(&runs);
@@ -573,6 +598,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(p) = &r.csv {
         std::fs::write(p, report::to_csv(&runs))
             .with_context(|| format!("writing {}", p.display()))?;
+    }
+    interrupted(&stop)
+}
+
+/// After an interrupted run's partial result was printed and written: says so and exits
+/// 130 (as a shell reports a command ended by Ctrl-C).
+fn interrupted(stop: &kvlab_bench::config::Stop) -> anyhow::Result<()> {
+    if stop.raised() {
+        eprintln!("interrupted: the result above is partial (up to the interrupt)");
+        std::process::exit(130);
     }
     Ok(())
 }

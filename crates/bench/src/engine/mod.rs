@@ -59,6 +59,8 @@ const SPIN_NS: u64 = 5_000;
 /// Open loop: planned requests one connection may hold back while its pipeline is full; past
 /// this (a server that stopped answering), further planned requests count as timeouts.
 const BACKLOG_MAX: usize = 1 << 16;
+/// The longest a generator thread waits in one poll, ns: how late it may see a raised stop.
+const STOP_CHECK_NS: u64 = 100_000_000;
 
 /// Who a generator thread is among all threads of all participants.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
@@ -385,6 +387,7 @@ impl<'c> Engine<'c> {
             }
         }
         let mut ended = false;
+        let mut stopped = false;
         loop {
             // Fresh time for the sends: handling the last batch of events took a while.
             now = mono_ns();
@@ -412,13 +415,21 @@ impl<'c> Engine<'c> {
             if ended || self.all_done() {
                 break;
             }
+            if self.cfg.stop.raised() {
+                // Nothing new is sent from here on.
+                self.end = now;
+                stopped = true;
+                break;
+            }
             self.flush_dirty();
             if now >= self.next_timeout_check {
                 self.check_timeouts(now);
             }
+            // Woken at least every STOP_CHECK_NS to see a raised stop.
             let mut deadline = (self.start + self.cur.end_ns)
                 .min(self.end)
-                .min(self.next_timeout_check);
+                .min(self.next_timeout_check)
+                .min(now + STOP_CHECK_NS);
             if let Some(&Reverse((t, _))) = self.heap.peek() {
                 deadline = deadline.min(t);
             }
@@ -426,6 +437,19 @@ impl<'c> Engine<'c> {
         }
         if ended {
             self.drain()?;
+            self.roll_over();
+        } else if stopped {
+            // Told to end early: the replies in flight are waited for as at the end, and
+            // what was measured so far is reported.
+            self.drain()?;
+            let at = mono_ns().saturating_sub(self.start);
+            note(
+                &mut self.notes,
+                format!("stopped early, {:.2} s after the start", at as f64 / 1e9),
+            );
+            if self.cur.end_ns > at {
+                self.cur.end_ns = at.max(self.cur.start_ns + 1);
+            }
             self.roll_over();
         } else if self.phase == Phase::Load
             || self.cur.counters.completed > 0

@@ -120,13 +120,7 @@ impl Engine<'_> {
         }
         match r {
             Ok(0) => {}
-            Ok(_) => {
-                if self.open_loop() {
-                    self.drain_backlog(c, now);
-                } else {
-                    self.top_up(c, now);
-                }
-            }
+            Ok(_) => self.resume(c, now),
             Err(e) => self.reset(c, n, Some(e)),
         }
     }
@@ -149,6 +143,14 @@ impl Engine<'_> {
             }
         }
         self.next_timeout_check = next;
+        // A slot with nothing in flight waits for no reply that would make it send again;
+        // resumed here, a run's budget is always spent (a request-count run ends) even if
+        // some path dropped a request without resuming its slot.
+        for c in 0..self.slots.len() {
+            if self.slots[c].in_flight() == 0 {
+                self.resume(c, now);
+            }
+        }
     }
 
     /// Drops connection `c` after an error (`None`: a timeout), counts its pending requests,
@@ -177,6 +179,10 @@ impl Engine<'_> {
                 }
             }
             self.resend(c);
+            // What the node had not answered may all have failed again (its keys still
+            // map to it): the slot must not be left with nothing in flight and nothing
+            // to wake it.
+            self.resume(c, mono_ns());
             return;
         }
         let lost = conn.drain_pending().count() as u64;
@@ -208,10 +214,14 @@ impl Engine<'_> {
             }
             Err(e) => note(&mut self.notes, format!("reconnect {c}: {e}")),
         }
-        if self.slots[c].conns[n].is_none() {
-            return;
-        }
-        let now = mono_ns();
+        // A cluster's other nodes still serve the slot; a single target's slot without its
+        // connection is dead, and resuming it sends nothing.
+        self.resume(c, mono_ns());
+    }
+
+    /// Sends what slot `c` may send now: held-back planned requests (open loop), else
+    /// requests up to the pipeline's depth (closed loop).
+    pub(super) fn resume(&mut self, c: usize, now: u64) {
         if self.open_loop() {
             self.drain_backlog(c, now);
         } else {

@@ -18,6 +18,9 @@ pub(super) struct Router {
     names: Vec<String>,
     /// When the ring was last fetched because a node could not be reached (mono ns).
     pub(super) refreshed_ns: u64,
+    /// Per node (as `addrs`), until when it is not connected to again after it refused a
+    /// connection (mono ns).
+    down_until: Vec<u64>,
 }
 
 impl Router {
@@ -28,6 +31,7 @@ impl Router {
             addrs: Vec::new(),
             names: Vec::new(),
             refreshed_ns: 0,
+            down_until: Vec::new(),
         };
         r.refresh(seed)?;
         if r.ring.nodes().is_empty() {
@@ -92,6 +96,19 @@ impl Router {
             }
         }
         Err(last)
+    }
+
+    /// Whether node `n` may be connected to at `now` (mono ns).
+    pub(super) fn reachable(&self, n: usize, now: u64) -> bool {
+        self.down_until.get(n).is_none_or(|&t| now >= t)
+    }
+
+    /// Node `n` refused a connection: not tried again before `until` (mono ns).
+    pub(super) fn unreachable(&mut self, n: usize, until: u64) {
+        if self.down_until.len() <= n {
+            self.down_until.resize(n + 1, 0);
+        }
+        self.down_until[n] = until;
     }
 
     pub(super) fn node_of(&self, key: &[u8]) -> usize {

@@ -10,6 +10,10 @@ use rand::Rng;
 
 use super::router::request_key;
 use super::{connect, note, Engine, Meta, Phase, BACKLOG_MAX, STRIDE};
+
+/// `--cluster`: how often a ring is fetched again, or a node that refused a connection
+/// tried again, ns.
+const RETRY_NS: u64 = 100_000_000;
 use crate::clock::mono_ns;
 use crate::workload::Op;
 
@@ -172,11 +176,12 @@ impl Engine<'_> {
             return;
         };
         let mut n = router.node_of(request_key(&self.scratch));
+        let mut now = 0;
         if self.slots[c].conns.get(n).is_none_or(Option::is_none) {
             // About to connect: to a node that may have left the ring since; a refresh at
             // most every 100 ms keeps a dead node from costing one per request.
-            let now = mono_ns();
-            if now.saturating_sub(router.refreshed_ns) > 100_000_000 {
+            now = mono_ns();
+            if now.saturating_sub(router.refreshed_ns) > RETRY_NS {
                 router.refreshed_ns = now;
                 let first = router.addrs[n];
                 if router.refresh_any(first).is_ok() {
@@ -189,7 +194,9 @@ impl Engine<'_> {
         if slot.conns.len() <= n {
             slot.conns.resize_with(n + 1, || None);
         }
-        if slot.conns[n].is_none() {
+        // A node that refused a connection (killed, still in the ring) is not tried again
+        // for RETRY_NS: its requests fail at once instead of each waiting on a connect.
+        if slot.conns[n].is_none() && router.reachable(n, now) {
             match connect(addr, self.cfg.protocol.wire()) {
                 Ok(mut conn) => {
                     if conn
@@ -199,7 +206,10 @@ impl Engine<'_> {
                         slot.conns[n] = Some(conn);
                     }
                 }
-                Err(e) => note(&mut self.notes, format!("connect {addr}: {e}")),
+                Err(e) => {
+                    router.unreachable(n, mono_ns() + RETRY_NS);
+                    note(&mut self.notes, format!("connect {addr}: {e}"));
+                }
             }
         }
         let Some(conn) = slot.conns[n].as_mut() else {

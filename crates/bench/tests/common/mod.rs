@@ -321,6 +321,7 @@ pub fn closed(target: SocketAddr, requests: u64) -> Config {
         },
         seed: 7,
         load: false,
+        stop: Default::default(),
     }
 }
 
