@@ -109,6 +109,17 @@ impl Report {
             + self.linearizability.not_linearizable.len() as u64
     }
 
+    /// The verdict as an exit status: 1 when anomalies were found; else 2 when keys with an
+    /// acknowledged write were never read back (a loss there would go unseen, so the
+    /// history proves nothing about them); else 0.
+    pub fn exit_code(&self) -> i32 {
+        verdict_code(
+            self.anomaly_count(),
+            self.unverified_keys.len() as u64,
+            false,
+        )
+    }
+
     fn add(&mut self, a: Anomaly) {
         let n = match a.kind {
             AnomalyKind::LostWrite => &mut self.lost_writes,
@@ -251,6 +262,26 @@ impl<'a> KeyIndex<'a> {
         let i = self.by_complete.partition_point(|w| w.complete_ns < t);
         i.checked_sub(1).map(|i| self.by_complete[i])
     }
+}
+
+/// What a history's check gives as an exit status: anomalies found: 1; a run that did not
+/// go as planned, or keys it could not verify: 2; else 0.
+pub fn verdict_code(anomalies: u64, unverified_keys: u64, failed: bool) -> i32 {
+    if anomalies > 0 {
+        1
+    } else if failed || unverified_keys > 0 {
+        2
+    } else {
+        0
+    }
+}
+
+/// The line that says a check could not verify keys.
+pub fn unverified_line(keys: u64) -> String {
+    format!(
+        "could not verify {keys} keys: written (acknowledged), never read back — a loss there \
+         would go unseen"
+    )
 }
 
 fn check_key(key: &str, ops: &[&Op], r: &mut Report) {

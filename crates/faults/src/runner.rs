@@ -151,6 +151,12 @@ impl RunSummary {
         self.anomalies == 0 && self.error.is_none() && self.unverified_keys == 0
     }
 
+    /// The run's verdict as an exit status ([`crate::checker::verdict_code`]): a run whose
+    /// final reads did not cover every key it wrote fails, as one that went wrong does.
+    pub fn exit_code(&self) -> i32 {
+        crate::checker::verdict_code(self.anomalies, self.unverified_keys, self.error.is_some())
+    }
+
     /// One line for a human.
     pub fn line(&self) -> String {
         let mut s = format!(
@@ -173,7 +179,11 @@ impl RunSummary {
             self.not_linearizable
         );
         if self.unverified_keys > 0 {
-            let _ = write!(s, "; {} keys unverified", self.unverified_keys);
+            let _ = write!(
+                s,
+                "; {}",
+                crate::checker::unverified_line(self.unverified_keys)
+            );
         }
         if self.search_skipped > 0 {
             let _ = write!(s, "; {} keys too large to search", self.search_skipped);
@@ -193,6 +203,14 @@ impl RunSummary {
     }
 }
 
+/// Several runs' verdict as one exit status: 1 when any run found anomalies; else 2 when
+/// any went wrong or could not verify keys; else 0.
+pub fn exit_code(runs: &[RunSummary]) -> i32 {
+    runs.iter()
+        .map(RunSummary::exit_code)
+        .fold(0, |a, c| if a == 1 || c == 1 { 1 } else { a.max(c) })
+}
+
 /// A soak's table: one row per seed, then the totals.
 pub fn table(runs: &[RunSummary]) -> String {
     let failed_runs = runs.iter().filter(|r| r.error.is_some()).count();
@@ -206,7 +224,7 @@ pub fn table(runs: &[RunSummary]) -> String {
         .unwrap_or(0);
     let row = |seed: &str, mix: &str, r: &RunSummary, error: &str| {
         format!(
-            "{seed:>6}  {mix:<w$}  {:>8} {:>7} {:>7} {:>5} {:>5} {:>5} {:>6} {:>9}  {error}\n",
+            "{seed:>6}  {mix:<w$}  {:>8} {:>7} {:>7} {:>5} {:>5} {:>5} {:>6} {:>9} {:>10}  {error}\n",
             r.ops,
             r.failed,
             r.unknown,
@@ -215,10 +233,11 @@ pub fn table(runs: &[RunSummary]) -> String {
             r.never_written,
             r.not_linearizable,
             r.anomalies,
+            r.unverified_keys,
         )
     };
     let mut out = format!(
-        "{:>6}  {:<w$}  {:>8} {:>7} {:>7} {:>5} {:>5} {:>5} {:>6} {:>9}  {}\n",
+        "{:>6}  {:<w$}  {:>8} {:>7} {:>7} {:>5} {:>5} {:>5} {:>6} {:>9} {:>10}  {}\n",
         "seed",
         "faults",
         "ops",
@@ -229,6 +248,7 @@ pub fn table(runs: &[RunSummary]) -> String {
         "never",
         "nonlin",
         "anomalies",
+        "unverified",
         "error"
     );
     let mut total = RunSummary::default();
@@ -247,6 +267,7 @@ pub fn table(runs: &[RunSummary]) -> String {
         total.never_written += r.never_written;
         total.not_linearizable += r.not_linearizable;
         total.anomalies += r.anomalies;
+        total.unverified_keys += r.unverified_keys;
     }
     let failed = if failed_runs > 0 {
         format!("{failed_runs} runs failed")

@@ -7,8 +7,9 @@
 //!
 //! SIGINT or SIGTERM ends a run early, stopping what it started (namespaces included).
 //! Exit status: 0 when nothing was found, 1 when the checker found anomalies, 2 when a run
-//! could not go as planned (it still checks what it has) or could not start at all (no
-//! namespaces without root, for one).
+//! could not go as planned (it still checks what it has), could not start at all (no
+//! namespaces without root, for one), or could not verify every key it wrote (an
+//! acknowledged write never read back: its loss would go unseen).
 
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
@@ -235,17 +236,18 @@ fn seeds(text: &str) -> anyhow::Result<RangeInclusive<u64>> {
     }
 }
 
+/// The runs' verdict: anomalies in any run, 1; else a run that went wrong or could not
+/// verify keys, 2 (saying how many keys); else 0.
 fn status(runs: &[RunSummary]) -> i32 {
-    if runs.iter().any(|r| r.error.is_some()) {
-        2
-    } else if runs
-        .iter()
-        .any(|r| r.anomalies > 0 || r.unverified_keys > 0)
-    {
-        1
-    } else {
-        0
+    let code = kvlab_faults::runner::exit_code(runs);
+    let unverified: u64 = runs.iter().map(|r| r.unverified_keys).sum();
+    if code == 2 && unverified > 0 {
+        eprintln!(
+            "kvlab faults: {}",
+            kvlab_faults::checker::unverified_line(unverified)
+        );
     }
+    code
 }
 
 pub fn run(args: FaultsArgs) -> anyhow::Result<()> {
@@ -325,7 +327,13 @@ pub fn run(args: FaultsArgs) -> anyhow::Result<()> {
                     println!("  {:?} {}: {}", a.kind, a.key, a.why);
                 }
             }
-            i32::from(r.anomaly_count() > 0)
+            if !r.unverified_keys.is_empty() {
+                eprintln!(
+                    "kvlab faults: {}",
+                    kvlab_faults::checker::unverified_line(r.unverified_keys.len() as u64)
+                );
+            }
+            r.exit_code()
         }
     };
     std::process::exit(code);

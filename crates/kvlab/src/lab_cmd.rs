@@ -92,7 +92,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             let done = kvlab_lab::analyse_dir(&dir)?;
             print!("{}", done.summary);
             println!("report: {}", done.report.display());
-            Ok(())
+            verdict(&done)
         }
         Some(LabCommand::List) => {
             for (name, _) in SHIPPED {
@@ -124,5 +124,18 @@ fn run_source(source: &Source, out: Option<PathBuf>, overrides: Overrides) -> an
         println!("results: {}", done.dir.display());
     }
     println!("report: {}", done.report.display());
+    verdict(&done)
+}
+
+/// A checked experiment that did not pass (anomalies, a run gone wrong, keys it could not
+/// verify) ends the command with its exit status, after its report is written.
+fn verdict(done: &kvlab_lab::Finished) -> anyhow::Result<()> {
+    if done.exit_code != 0 {
+        eprintln!(
+            "kvlab lab: the check did not pass (exit status {}; see the summary above)",
+            done.exit_code
+        );
+        std::process::exit(done.exit_code);
+    }
     Ok(())
 }

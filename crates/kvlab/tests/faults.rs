@@ -321,3 +321,44 @@ fn partitions_and_delays_in_network_namespaces() {
     let links = String::from_utf8_lossy(&links.stdout);
     assert!(!links.contains(&format!("{net}-")), "links left: {links}");
 }
+
+/// The checker may not shrug: a key written (acknowledged) whose final read did not answer
+/// could have lost its write unseen, so `kvlab faults check` fails with exit status 2 and
+/// says how many keys it could not verify; the same history with the read answered passes.
+#[test]
+fn a_key_never_read_back_fails_the_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let op = |key: &str, kind: &str, value: &str, at: u64, outcome: &str, last: bool| {
+        format!(
+            r#"{{"type":"op","client":0,"key":"{key}","kind":"{kind}","value":{value},"invoke_ns":{at},"complete_ns":{},"outcome":"{outcome}","final_read":{last}}}"#,
+            at + 1000
+        )
+    };
+    let check = |lines: &[String]| {
+        let path = dir.path().join("history.jsonl");
+        std::fs::write(&path, lines.join("\n")).unwrap();
+        let out = Command::new(KVLAB)
+            .args(["faults", "check"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let mut lines = vec![
+        op("a", "write", "\"v1\"", 1_000, "ok", false),
+        op("b", "write", "\"w1\"", 2_000, "ok", false),
+        op("a", "read", "\"v1\"", 10_000, "ok", true),
+        op("b", "read", "\"w1\"", 11_000, "ok", true),
+    ];
+    let (code, said) = check(&lines);
+    assert_eq!(code, Some(0), "{said}");
+    // b's final read failed: its write may be lost, and nothing in the history says.
+    lines[3] = op("b", "read", "null", 11_000, "failed", true);
+    let (code, said) = check(&lines);
+    assert_eq!(code, Some(2), "{said}");
+    assert!(said.contains("could not verify 1 keys"), "{said}");
+}

@@ -426,6 +426,10 @@ pub struct Finished {
     pub summary: String,
     /// The report's `index.html`.
     pub report: PathBuf,
+    /// The verdict as an exit status: 0 for a measurement; a checked experiment (`faults`)
+    /// gives 1 when it found anomalies and 2 when a run went wrong or keys it wrote could
+    /// not be verified.
+    pub exit_code: i32,
 }
 
 impl Finished {
@@ -499,6 +503,7 @@ impl Lab {
                 .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
             let report = workflow::run(&source.text, &base, &out, bin, overrides)?;
             return Ok(Finished {
+                exit_code: 0,
                 summary: workflow::summary_text(&out)?,
                 dir: out,
                 report,
@@ -538,6 +543,7 @@ impl Lab {
         speedup::add_stored(&out, &mut a)?;
         let report = analyse::write(&out, &a)?;
         Ok(Finished {
+            exit_code: 0,
             dir: out,
             summary: a.summary,
             report,
@@ -575,6 +581,7 @@ impl Lab {
             .with_context(|| format!("{what} experiment starts kvlab nodes and {NEEDS_KVLAB}"))?;
         let (summary, report) = run(&out, bin)?;
         Ok(Finished {
+            exit_code: 0,
             dir: out,
             summary,
             report,
@@ -610,8 +617,9 @@ impl Lab {
             .kvlab_bin
             .as_deref()
             .with_context(|| format!("a faults experiment starts kvlab nodes and {NEEDS_KVLAB}"))?;
-        let (summary, report) = faults::run(&spec, &source.text, overrides, &out, bin)?;
+        let (summary, report, exit_code) = faults::run(&spec, &source.text, overrides, &out, bin)?;
         Ok(Finished {
+            exit_code,
             dir: out,
             summary,
             report,
@@ -636,14 +644,16 @@ pub fn default_out(name: &str, now: std::time::SystemTime) -> PathBuf {
 pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
     if workflow::is_workflow_dir(dir) {
         return Ok(Finished {
+            exit_code: 0,
             report: workflow::analyse(dir)?,
             summary: workflow::summary_text(dir)?,
             dir: dir.to_path_buf(),
         });
     }
     if dir.join("faults.json").exists() {
-        let (summary, report) = faults::analyse_dir(dir)?;
+        let (summary, report, exit_code) = faults::analyse_dir(dir)?;
         return Ok(Finished {
+            exit_code,
             dir: dir.to_path_buf(),
             summary,
             report,
@@ -652,6 +662,7 @@ pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
     if dir.join("ring.json").exists() {
         let (summary, report) = ring::analyse_dir(dir)?;
         return Ok(Finished {
+            exit_code: 0,
             dir: dir.to_path_buf(),
             summary,
             report,
@@ -660,6 +671,7 @@ pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
     if dir.join("scaling.json").exists() {
         let (summary, report) = scaling::analyse_dir(dir)?;
         return Ok(Finished {
+            exit_code: 0,
             dir: dir.to_path_buf(),
             summary,
             report,
@@ -672,6 +684,7 @@ pub fn analyse_dir(dir: &Path) -> anyhow::Result<Finished> {
     speedup::add_stored(dir, &mut a)?;
     let report = analyse::write(dir, &a)?;
     Ok(Finished {
+        exit_code: 0,
         dir: dir.to_path_buf(),
         summary: a.summary,
         report,

@@ -122,7 +122,7 @@ pub fn run(
     overrides: &Overrides,
     out: &Path,
     bin: &Path,
-) -> anyhow::Result<(String, PathBuf)> {
+) -> anyhow::Result<(String, PathBuf, i32)> {
     // SIGINT or SIGTERM ends the run in progress early but cleanly (the harness stops every
     // process it started and checks what was recorded) and then the experiment.
     let interrupt = Arc::new(AtomicBool::new(false));
@@ -168,14 +168,22 @@ pub fn run(
     }
     res.interrupted |= interrupt.load(Ordering::Relaxed) && res.runs.len() < total;
     crate::runner::write_json(&out.join("faults.json"), &res)?;
-    write(out, &res)
+    finish(out, &res)
+}
+
+/// The report written, and the verdict as an exit status
+/// ([`kvlab_faults::runner::exit_code`]).
+fn finish(dir: &Path, res: &FaultsResult) -> anyhow::Result<(String, PathBuf, i32)> {
+    let (summary, report) = write(dir, res)?;
+    let runs: Vec<RunSummary> = res.runs.iter().map(|r| r.summary.clone()).collect();
+    Ok((summary, report, kvlab_faults::runner::exit_code(&runs)))
 }
 
 /// Re-renders a faults results directory's report from `faults.json` and its runs' files.
-pub fn analyse_dir(dir: &Path) -> anyhow::Result<(String, PathBuf)> {
+pub fn analyse_dir(dir: &Path) -> anyhow::Result<(String, PathBuf, i32)> {
     let text = std::fs::read(dir.join("faults.json")).context("faults.json")?;
     let res: FaultsResult = serde_json::from_slice(&text).context("faults.json")?;
-    write(dir, &res)
+    finish(dir, &res)
 }
 
 #[cfg(test)]
