@@ -246,22 +246,6 @@ pub enum Request<'a> {
     },
 }
 
-impl Request<'_> {
-    /// Whether the client asked for no reply on success (`noreply`).
-    pub fn noreply(&self) -> bool {
-        match *self {
-            Request::Store { noreply, .. }
-            | Request::Arith { noreply, .. }
-            | Request::Delete { noreply, .. }
-            | Request::Touch { noreply, .. }
-            | Request::FlushAll { noreply, .. }
-            | Request::Verbosity { noreply, .. }
-            | Request::Admin(Admin::CacheMemlimit { noreply, .. }) => noreply,
-            _ => false,
-        }
-    }
-}
-
 /// What was wrong with a request; [`ProtocolError::reply`] is memcached's answer to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProtocolError {

@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvlab_protocol::{binary, parse, Binding, Limits, Parsed, Request};
+use kvlab_protocol::{binary, parse, Binding, Family, Limits, Parsed};
 
 use crate::buffers::{Buffer, BufferBudget};
 use crate::service::{Completion, Flow, Order, Service, Work};
@@ -382,7 +382,7 @@ impl<S: Service> Session<S> {
                     timed = service.timed(&request);
                     let hold = self.output.len();
                     let deferred = self.pending.len();
-                    let get_family = matches!(request, Request::Get { .. } | Request::Gat { .. });
+                    let get_family = request.family() == Family::Retrieval;
                     let rerun = std::mem::take(&mut self.rerun);
                     match service.call(&mut self.conn, &request, &mut self.output, rerun) {
                         Flow::Done => {}

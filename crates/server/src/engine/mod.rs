@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use kvlab_protocol::response as r;
-use kvlab_protocol::{Admin, MetaCommand, Request, StoreCommand, Watch};
+use kvlab_protocol::{Admin, Family, Request, StoreCommand, Watch};
 use kvlab_store::{ArithRequest, ArithStatus, SetMode, SetRequest, SetStatus, Store};
 
 use crate::admin::{self, Next};
@@ -531,44 +531,15 @@ impl Engine {
     /// commands need the item in memory, and read it through again if it went
     /// ([`DiskRules::need`]).
     fn needs_load(&self, req: &Request<'_>, loaded: &[ReadThrough]) -> Option<(Vec<u8>, Need)> {
-        let again = !matches!(req, Request::Get { .. });
-        let first = |keys: &mut dyn Iterator<Item = &[u8]>| {
-            for k in keys {
-                match self.need(k, loaded, again) {
-                    Need::Ready => {}
-                    need => return Some((k.to_vec(), need)),
-                }
-            }
-            None
-        };
-        match *req {
-            Request::Get { keys, .. } | Request::Gat { keys, .. } => first(&mut keys.iter()),
-            // A plain set overwrites whatever is on disk: no need to read it first.
-            Request::Store {
-                command: StoreCommand::Set,
-                ..
-            } => None,
-            Request::Store { key, .. }
-            | Request::Arith { key, .. }
-            | Request::Delete { key, .. }
-            | Request::Touch { key, .. } => first(&mut std::iter::once(key)),
-            Request::Meta {
-                command: MetaCommand::Noop,
-                ..
-            } => None,
-            Request::Meta {
-                command: MetaCommand::Set,
-                ref flags,
-                ..
-            } if matches!(flags.mode, None | Some(b'S'))
-                && flags.compare_cas.is_none()
-                && !flags.invalidate =>
-            {
-                None
-            }
-            Request::Meta { key, .. } => key.with(|k| first(&mut std::iter::once(k))),
-            _ => None,
+        // An overwrite (a plain `set`) replaces whatever is on disk: no need to read it first.
+        if !req.effect().reads_current() {
+            return None;
         }
+        let again = !matches!(req, Request::Get { .. });
+        req.keys().find_map(|k| match self.need(k, loaded, again) {
+            Need::Ready => None,
+            need => Some((k.to_vec(), need)),
+        })
     }
 }
 
@@ -578,10 +549,15 @@ const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
 /// ([`Need::Unloadable`]): memcached's out-of-memory errors — a storage command's, else
 /// `SERVER_ERROR out of memory` — silenced by `noreply` as the command's other replies are.
 fn unloadable(req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
-    match *req {
-        _ if req.noreply() => {}
-        Request::Store { .. } => out.extend_from_slice(r::OUT_OF_MEMORY),
-        _ => out.extend_from_slice(r::ARITH_OUT_OF_MEMORY),
+    if !req.noreply() {
+        out.extend_from_slice(match req.family() {
+            Family::Storage => r::OUT_OF_MEMORY,
+            Family::Retrieval
+            | Family::Arithmetic
+            | Family::KeyUpdate
+            | Family::Meta
+            | Family::Admin => r::ARITH_OUT_OF_MEMORY,
+        });
     }
     Flow::Done
 }
