@@ -20,8 +20,10 @@
 pub mod admin;
 pub mod binary;
 pub mod client;
+mod error;
 pub mod facts;
 mod lex;
+mod limits;
 pub mod meta;
 pub mod request;
 pub mod response;

@@ -175,15 +175,22 @@ fn every_keyed_commands_keys_reach_the_gate() {
         let template = sample(v);
         let slots = template.matches("{}").count();
         // All keys this node's, then the last one another node's.
-        let fill = |last: &str| {
-            let mut line = template.to_string();
-            for i in 0..slots {
-                let key = if i + 1 == slots { last } else { &mine[i] };
-                line = line.replacen("{}", key, 1);
+        let keys_with = |last: &str| -> Vec<String> {
+            let mut keys: Vec<String> =
+                mine.iter().take(slots.saturating_sub(1)).cloned().collect();
+            if slots > 0 {
+                keys.push(last.to_string());
             }
-            line
+            keys
         };
-        let (served, moved) = (fill(&mine[slots.saturating_sub(1)]), fill(&theirs[0]));
+        let fill = |keys: &[String]| {
+            keys.iter().fold(template.to_string(), |line, key| {
+                line.replacen("{}", key, 1)
+            })
+        };
+        let expected = keys_with(&theirs[0]);
+        let served = fill(&keys_with(&mine[slots.saturating_sub(1)]));
+        let moved = fill(&expected);
         let Parsed::Request { request, .. } = parse(moved.as_bytes(), &Limits::default()) else {
             panic!("{moved:?} does not parse")
         };
@@ -201,15 +208,6 @@ fn every_keyed_commands_keys_reach_the_gate() {
         request
             .keys()
             .for_each(|k| keys.push(String::from_utf8_lossy(k).into_owned()));
-        let expected: Vec<String> = (0..slots)
-            .map(|i| {
-                if i + 1 == slots {
-                    theirs[0].clone()
-                } else {
-                    mine[i].clone()
-                }
-            })
-            .collect();
         assert_eq!(keys, expected, "{moved:?}: the keys it names");
     }
     node.stop();
