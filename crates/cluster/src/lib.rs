@@ -12,12 +12,14 @@
 //!   a node.
 //! - [`copies`]: a node's write-through copies (`replicas` > 1): a sender thread per copy
 //!   holder, so that no worker waits on another node.
+//! - [`command_line`]: the command line that starts a node as a process.
 //! - [`coordinator`]: what `kvlab cluster` does: create, add, remove, resume, abort, status.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod clock;
+pub mod command_line;
 pub mod coordinator;
 pub mod copies;
 pub mod node;
@@ -25,6 +27,7 @@ mod pipe;
 pub mod serve;
 pub mod topology;
 
+pub use command_line::NodeCommand;
 pub use kvlab_client::Redirect;
 pub use node::{Gate, Import, Node, Verdict};
 pub use serve::{serve, ClusterConfig, NodeApp, NodeEngine};

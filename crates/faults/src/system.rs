@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use kvlab_client::Client;
 use kvlab_cluster::coordinator::node_status;
-use kvlab_cluster::{Topology, TopologyStore};
+use kvlab_cluster::{NodeCommand, Topology, TopologyStore};
 use kvlab_etcd::open_store;
 use kvlab_process::{free_port, free_ports, wait_ready, Output, Probe, Process, Spawn};
 use parking_lot::Mutex;
@@ -452,19 +452,16 @@ impl System {
         let log_path = self.cfg.dir.join("nodes").join(&log);
         let p = self
             .spawn(host, &self.cfg.exe)
-            .args([
-                "server".to_string(),
-                "-l".to_string(),
-                addr.ip().to_string(),
-            ])
-            .args(["-p".to_string(), addr.port().to_string()])
-            .args(if self.cfg.pool {
-                Vec::new()
-            } else {
-                vec!["--cluster", &self.spec, "--cluster-node", &name]
-            })
-            .args(&self.cfg.server_args)
-            .args(durable_flags)
+            .args(
+                if self.cfg.pool {
+                    NodeCommand::server(addr.ip(), addr.port())
+                } else {
+                    NodeCommand::node(addr.ip(), addr.port(), &self.spec, &name)
+                }
+                .args(&self.cfg.server_args)
+                .args(durable_flags)
+                .to_args(),
+            )
             .output(Output::File(self.cfg.dir.join("nodes").join(log)))
             .grace(Duration::from_secs(2))
             .timeout(START_TIMEOUT)

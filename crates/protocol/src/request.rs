@@ -17,60 +17,9 @@ use crate::admin::{self, Admin};
 use crate::lex::{parse_i64, parse_u64, valid_key_token, Tokens};
 use crate::meta::{MetaCommand, MetaError, MetaFlags, MetaKey};
 
+pub use crate::error::ProtocolError;
 pub use crate::lex::{valid_key, MAX_KEY_LEN};
-
-/// Bounds the parser enforces so that a connection's memory stays bounded.
-#[derive(Clone, Copy, Debug)]
-pub struct Limits {
-    /// Largest value accepted by storage commands (memcached `-I`); larger ones are
-    /// answered `SERVER_ERROR object too large for cache` and their data is swallowed.
-    pub item_size_max: usize,
-    /// Most bytes of a command line (except a retrieval's) buffered before its newline:
-    /// memcached closes a connection, silently, whose input passes 2048 bytes without a
-    /// newline. A complete line that arrived whole is parsed whatever its length (up to
-    /// [`Limits::max_get_line`]), as memcached does.
-    pub max_line: usize,
-    /// Longest retrieval line (`get`, `gets`, `gat`, `gats` with many keys).
-    pub max_get_line: usize,
-    /// Which protocol a connection may speak (memcached's `-B`).
-    pub binding: Binding,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            item_size_max: 1024 * 1024,
-            max_line: 2048,
-            max_get_line: 256 * 1024,
-            binding: Binding::Auto,
-        }
-    }
-}
-
-/// memcached's `-B`: the protocol every connection speaks.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Binding {
-    /// Decided by a connection's first byte: the binary protocol's magic (0x80), else
-    /// the text protocol (memcached's default, `auto`).
-    #[default]
-    Auto,
-    /// The text (and meta) protocol only: binary requests are read as text lines.
-    Ascii,
-    /// The binary protocol only: a connection whose first request does not start with
-    /// the magic byte is closed without a reply, once a whole header (24 bytes) is in.
-    Binary,
-}
-
-impl std::fmt::Display for Binding {
-    /// As memcached's `stats settings` shows it (`binding_protocol`).
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Binding::Auto => "auto-negotiate",
-            Binding::Ascii => "ascii",
-            Binding::Binary => "binary",
-        })
-    }
-}
+pub use crate::limits::{Binding, Limits};
 
 /// The five storage commands of the text protocol, plus `cas`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -244,84 +193,6 @@ pub enum Request<'a> {
         /// The data block of `ms`, without its `\r\n` (empty for the others).
         data: &'a [u8],
     },
-}
-
-impl Request<'_> {
-    /// Whether the client asked for no reply on success (`noreply`).
-    pub fn noreply(&self) -> bool {
-        match *self {
-            Request::Store { noreply, .. }
-            | Request::Arith { noreply, .. }
-            | Request::Delete { noreply, .. }
-            | Request::Touch { noreply, .. }
-            | Request::FlushAll { noreply, .. }
-            | Request::Verbosity { noreply, .. }
-            | Request::Admin(Admin::CacheMemlimit { noreply, .. }) => noreply,
-            _ => false,
-        }
-    }
-}
-
-/// What was wrong with a request; [`ProtocolError::reply`] is memcached's answer to it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolError {
-    /// Unknown command or wrong number of arguments (see [`ProtocolError::reply`]).
-    #[error("unknown command or wrong number of arguments")]
-    UnknownCommand,
-    /// Bad command line format (see [`ProtocolError::reply`]).
-    #[error("bad command line format")]
-    BadFormat,
-    /// Bad data chunk (see [`ProtocolError::reply`]).
-    #[error("bad data chunk")]
-    BadDataChunk,
-    /// Object too large for cache (see [`ProtocolError::reply`]).
-    #[error("object too large for cache")]
-    TooLarge,
-    /// Invalid exptime argument (see [`ProtocolError::reply`]).
-    #[error("invalid exptime argument")]
-    InvalidExptime,
-    /// Invalid numeric delta argument (see [`ProtocolError::reply`]).
-    #[error("invalid numeric delta argument")]
-    InvalidDelta,
-    /// Bad delete usage (see [`ProtocolError::reply`]).
-    #[error("bad delete usage")]
-    DeleteUsage,
-    /// Line too long (see [`ProtocolError::reply`]).
-    #[error("line too long")]
-    LineTooLong,
-    /// An unknown command whose last token starts with `HTTP/`: an HTTP client on the
-    /// memcached port. memcached closes the connection without a reply.
-    #[error("an HTTP request on the memcached port")]
-    Http,
-    /// A meta command's key or flags were bad.
-    #[error("meta: {0}")]
-    Meta(MetaError),
-}
-
-impl ProtocolError {
-    /// The reply line, with its `\r\n`, exactly as memcached 1.6 writes it.
-    pub fn reply(&self) -> &'static [u8] {
-        match self {
-            ProtocolError::UnknownCommand => b"ERROR\r\n",
-            ProtocolError::BadFormat => b"CLIENT_ERROR bad command line format\r\n",
-            ProtocolError::BadDataChunk => b"CLIENT_ERROR bad data chunk\r\n",
-            ProtocolError::TooLarge => b"SERVER_ERROR object too large for cache\r\n",
-            ProtocolError::InvalidExptime => b"CLIENT_ERROR invalid exptime argument\r\n",
-            ProtocolError::InvalidDelta => b"CLIENT_ERROR invalid numeric delta argument\r\n",
-            ProtocolError::DeleteUsage => {
-                b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"
-            }
-            // memcached closes without a word.
-            ProtocolError::LineTooLong => b"",
-            ProtocolError::Http => b"",
-            ProtocolError::Meta(e) => e.reply(),
-        }
-    }
-
-    /// Whether the connection is closed after the reply (the input can't be resynchronised).
-    pub fn closes(&self) -> bool {
-        matches!(self, ProtocolError::LineTooLong | ProtocolError::Http)
-    }
 }
 
 /// The outcome of looking at the front of an input buffer.

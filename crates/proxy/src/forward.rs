@@ -304,41 +304,36 @@ mod tests {
         let Parsed::Request { request, .. } = parse(bytes, &Limits::default()) else {
             panic!("{bytes:?} does not parse again")
         };
-        let one = |key: &[u8]| vec![key.to_vec()];
-        match request {
-            Request::Get { keys, cas } => (
-                Kind::Get { cas, exptime: None },
-                keys.iter().map(<[u8]>::to_vec).collect(),
-            ),
-            Request::Gat { exptime, keys, cas } => (
-                Kind::Get {
-                    cas,
-                    exptime: Some(exptime),
-                },
-                keys.iter().map(<[u8]>::to_vec).collect(),
-            ),
-            Request::Store { command, key, .. } => (
-                Kind::Write {
-                    cas: command == StoreCommand::Cas,
-                },
-                one(key),
-            ),
-            Request::Arith { key, .. }
-            | Request::Delete { key, .. }
-            | Request::Touch { key, .. } => (Kind::Write { cas: false }, one(key)),
-            Request::FlushAll { .. } => (Kind::FlushAll, vec![]),
-            Request::SlabsAutomove { .. } => (Kind::Setting, vec![]),
+        let mut keys = Vec::new();
+        request.keys().for_each(|k| keys.push(k.to_vec()));
+        let kind = match request {
+            Request::Get { cas, .. } => Kind::Get { cas, exptime: None },
+            Request::Gat { exptime, cas, .. } => Kind::Get {
+                cas,
+                exptime: Some(exptime),
+            },
+            Request::Store { command, .. } => Kind::Write {
+                cas: command == StoreCommand::Cas,
+            },
+            Request::Arith { .. } | Request::Delete { .. } | Request::Touch { .. } => {
+                Kind::Write { cas: false }
+            }
+            Request::FlushAll { .. } => Kind::FlushAll,
+            Request::SlabsAutomove { .. } => Kind::Setting,
             Request::Meta {
                 command,
                 key,
                 flags,
                 ..
-            } => (
-                Kind::Meta(MetaShape::of(command, &key, &flags)),
-                key.with(one),
-            ),
-            _ => (Kind::Other, vec![]),
-        }
+            } => Kind::Meta(MetaShape::of(command, &key, &flags)),
+            Request::Verbosity { .. }
+            | Request::Cluster { .. }
+            | Request::Version
+            | Request::Quit
+            | Request::Stats { .. }
+            | Request::Admin(_) => Kind::Other,
+        };
+        (kind, keys)
     }
 
     #[test]

@@ -135,7 +135,18 @@ impl Service for ProxyService {
                 out.extend_from_slice(b"MN\r\n");
                 Flow::Done
             }
-            _ => Flow::Defer(self.forward(*conn, req), Order::Pipelined),
+            // Every request that names a key, and the settings every backend takes.
+            Request::Get { .. }
+            | Request::Gat { .. }
+            | Request::Store { .. }
+            | Request::Arith { .. }
+            | Request::Delete { .. }
+            | Request::Touch { .. }
+            | Request::Meta { .. }
+            | Request::FlushAll { .. }
+            | Request::SlabsAutomove { .. } => {
+                Flow::Defer(self.forward(*conn, req), Order::Pipelined)
+            }
         }
     }
 

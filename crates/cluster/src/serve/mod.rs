@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use kvlab_net::{Flow, Order, Service};
 use kvlab_protocol::response as r;
-use kvlab_protocol::{MetaCommand, Request};
+use kvlab_protocol::Request;
 use kvlab_server::engine::{Blocking, Engine, Loaded};
 use kvlab_server::stats::WorkerStats;
 use kvlab_server::{Server, ServerConfig, Shared};
@@ -216,7 +216,7 @@ impl NodeEngine {
             // (its view is ahead of the sender's, which still took itself for the owner)
             // holds the newer state.
             let mut owned = false;
-            for_each_key(req, |key| {
+            req.keys().for_each(|key| {
                 owned |= matches!(gate.check(key), Verdict::Serve { .. });
             });
             if owned {
@@ -235,17 +235,18 @@ impl NodeEngine {
     /// A client's request: the ownership check around [`Engine::apply`], and the copies a
     /// write (or a read of an unconfirmed key) needs.
     fn owned(&mut self, cache: &mut Loaded, req: &Request<'_>, out: &mut Vec<u8>) -> NodeFlow {
+        let writes = req.effect().may_change_items();
         let gate = &mut self.gate;
         gate.begin();
         let mut leaving = false;
         let mut redirect = None;
-        for_each_key(req, |key| match gate.check(key) {
+        req.keys().for_each(|key| match gate.check(key) {
             Verdict::Serve { leaving: l } => leaving |= l,
             Verdict::Redirect(r) => {
                 redirect.get_or_insert(r);
             }
         });
-        if redirect.is_none() && !gate.may_write() && changes_data(req) {
+        if redirect.is_none() && !gate.may_write() && writes {
             // Cut off from the topology store for longer than its lease: the others may
             // have taken this node's keys over; a write here could be lost.
             redirect = Some(crate::Redirect::TryAgain {
@@ -259,16 +260,15 @@ impl NodeEngine {
             return Flow::Done;
         }
         let replicated = gate.replicated();
-        let writes = changes_data(req);
         if replicated && writes {
             // Unconfirmed from before it is applied: a read meanwhile waits for its copies.
             let unconfirmed = gate.node().unconfirmed();
-            for_each_key(req, |key| unconfirmed.write_begins(key));
+            req.keys().for_each(|key| unconfirmed.write_begins(key));
         }
         let flow = self.engine.apply(req, out, cache.keys());
         let gate = &mut self.gate;
         if leaving && writes {
-            for_each_key(req, |key| gate.changed(key));
+            req.keys().for_each(|key| gate.changed(key));
         }
         gate.end();
         let flow = flow_after(&mut self.engine, cache, flow);
@@ -282,19 +282,20 @@ impl NodeEngine {
                 if !persist.reruns_request() {
                     // Applied, and persisted before its reply (`--durability sync`): its
                     // copies follow the persist (and the reply, under write policy `owner`).
-                    for_each_key(req, |key| keys.push(key.to_vec()));
+                    req.keys().for_each(|key| keys.push(key.to_vec()));
                     let behind = gate.copies_behind();
                     return Flow::Defer(NodeWork::Durable(persist.clone(), keys, behind), *order);
                 }
             }
             if !matches!(flow, Flow::Done) {
-                for_each_key(req, |key| unconfirmed.settle(key, true, None));
+                req.keys()
+                    .for_each(|key| unconfirmed.settle(key, true, None));
                 return flow;
             }
             // The reply leaves once every copy holder confirmed the write (a batch of the
             // loop's writes at a time), or as `SERVER_ERROR` if one did not; under write
             // policy `owner` at once, its copies following.
-            for_each_key(req, |key| keys.push(key.to_vec()));
+            req.keys().for_each(|key| keys.push(key.to_vec()));
             return defer(if gate.copies_behind() {
                 NodeWork::Behind(keys)
             } else {
@@ -303,7 +304,7 @@ impl NodeEngine {
         }
         // A read of a key whose copies are unconfirmed: its reply leaves once the holders
         // have what it read.
-        for_each_key(req, |key| {
+        req.keys().for_each(|key| {
             if unconfirmed.contains(key) {
                 keys.push(key.to_vec());
             }
@@ -416,33 +417,6 @@ impl Service for NodeEngine {
     }
 }
 
-/// Calls `f` with every key `req` names.
-fn for_each_key(req: &Request<'_>, mut f: impl FnMut(&[u8])) {
-    match *req {
-        Request::Get { keys, .. } | Request::Gat { keys, .. } => keys.iter().for_each(f),
-        Request::Store { key, .. }
-        | Request::Arith { key, .. }
-        | Request::Delete { key, .. }
-        | Request::Touch { key, .. } => f(key),
-        Request::Meta { command, key, .. } if command != MetaCommand::Noop => key.with(f),
-        _ => {}
-    }
-}
-
-/// Whether `req` may change the item of a key it names (a touch counts: it changes the
-/// expiry that a migration must carry).
-fn changes_data(req: &Request<'_>) -> bool {
-    match *req {
-        Request::Get { .. } => false,
-        Request::Meta { command, flags, .. } => match command {
-            MetaCommand::Get => flags.has(b'T') || flags.has(b'N') || flags.has(b'E'),
-            MetaCommand::Debug | MetaCommand::Noop => false,
-            _ => true,
-        },
-        _ => true,
-    }
-}
-
 /// `cluster ring|status|import ID NODE [GEN]|drained ID NODE`. `Some(stream)`: the
 /// connection is an import stream from now on (to be handed to a thread of its own).
 fn cluster_command(
@@ -494,3 +468,6 @@ fn cluster_command(
     }
     None
 }
+
+#[cfg(test)]
+mod gate_tests;

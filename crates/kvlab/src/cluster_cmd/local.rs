@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use kvlab_client::cluster::resolve;
 use kvlab_cluster::coordinator::node_status;
-use kvlab_cluster::{ClusterError, Topology};
+use kvlab_cluster::{ClusterError, NodeCommand, Topology};
 
 /// How long a started node may take to answer `cluster status`.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -98,18 +98,11 @@ pub fn start(dir: &Path, topology: &str, node: &str, extra: &[String]) -> anyhow
     let exe = std::env::current_exe().context("finding the kvlab binary")?;
     use std::os::unix::process::CommandExt;
     let child = Command::new(exe)
-        .args([
-            "server",
-            "-l",
-            host,
-            "-p",
-            port,
-            "--cluster",
-            topology,
-            "--cluster-node",
-            node,
-        ])
-        .args(&extra)
+        .args(
+            NodeCommand::node(host, port, topology, node)
+                .args(&extra)
+                .to_args(),
+        )
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)

@@ -2,6 +2,7 @@
 //! `kvlab server --cluster` process with its own `--data-dir`, on loopback or in a network
 //! namespace of its own; started, added, removed, stopped, and its CPU read.
 
+use std::ffi::OsStr;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kvlab_cluster::coordinator::{self, MigrationReport};
-use kvlab_cluster::TopologyStore;
+use kvlab_cluster::{NodeCommand, TopologyStore};
 use kvlab_etcd::open_store;
 use kvlab_faults::netns::Net;
 use kvlab_process::{free_ports, Output, Probe, Process, Spawn};
@@ -110,17 +111,12 @@ impl Nodes {
             .output(Output::File(
                 self.dir.join("logs").join(format!("node-{tag}.log")),
             ))
-            .args([
-                "server".to_string(),
-                "-l".to_string(),
-                addr.ip().to_string(),
-            ])
-            .args(["-p".to_string(), addr.port().to_string()])
-            .args(["--cluster".to_string(), self.topology.clone()])
-            .args(["--cluster-node".to_string(), name.clone()])
-            .arg("--data-dir")
-            .arg(data.as_os_str())
-            .args(self.args.iter().cloned())
+            .args(
+                NodeCommand::node(addr.ip(), addr.port(), &self.topology, &name)
+                    .args([OsStr::new("--data-dir"), data.as_os_str()])
+                    .args(&self.args)
+                    .to_args(),
+            )
             .ready(Probe::Version(addr))
             .timeout(Duration::from_secs(30));
         let process = cmd

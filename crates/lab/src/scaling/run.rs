@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use kvlab_client::cluster::{fetch_ring, key_hash};
 use kvlab_client::ClusterClient;
 use kvlab_cluster::coordinator::{self, node_status};
-use kvlab_cluster::TopologyStore;
+use kvlab_cluster::{NodeCommand, TopologyStore};
 use kvlab_etcd::open_store;
 use kvlab_process::Etcd;
 use kvlab_process::{free_ports, Output, Probe, Process, Spawn};
@@ -97,11 +97,11 @@ fn spawn_node(
     let name = format!("127.0.0.1:{port}");
     Spawn::new(bin.as_os_str())
         .output(Output::File(logs.join(format!("node-{port}.log"))))
-        .args(["server", "-l", "127.0.0.1"])
-        .args(["-p".to_string(), port.to_string()])
-        .args(["--cluster".to_string(), topology.to_string()])
-        .args(["--cluster-node".to_string(), name.clone()])
-        .args(args.iter().cloned())
+        .args(
+            NodeCommand::node("127.0.0.1", port, topology, &name)
+                .args(args)
+                .to_args(),
+        )
         .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
         .start()
         .with_context(|| format!("starting node {name}"))

@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvlab_protocol::{binary, parse, Binding, Limits, Parsed, Request};
+use kvlab_protocol::{binary, parse, Binding, Family, Limits, Parsed};
 
 use crate::buffers::{Buffer, BufferBudget};
 use crate::service::{Completion, Flow, Order, Service, Work};
@@ -109,6 +109,34 @@ pub struct Session<S: Service> {
 
 /// memcached's reply to a multi-get whose reply it has no memory for.
 const OOM_GET: &[u8] = b"SERVER_ERROR out of memory writing get response\r\n";
+
+/// Where a turn goes after a request's call ([`Session::follow`]).
+enum Next {
+    /// Its reply is composed or held in a slot: on to the next request.
+    Answered,
+    /// Its work ran inline and it runs again now ([`Order::Rerun`]).
+    RunAgain,
+    /// It runs again once its deferred work completes: the turn stops.
+    Waits,
+}
+
+/// A bad request: counted, and answered with memcached's error unless the service has its
+/// own reply or `noreply` silences it.
+fn refuse<S: Service>(
+    service: &mut S,
+    conn: &mut S::Conn,
+    output: &mut Vec<u8>,
+    error: kvlab_protocol::ProtocolError,
+    noreply: bool,
+) {
+    service.protocol_error(error);
+    tracing::debug!(%error, "bad request");
+    match service.error_reply(conn, error) {
+        Some(reply) if !error.closes() => output.extend_from_slice(reply),
+        _ if noreply => {}
+        _ => output.extend_from_slice(error.reply()),
+    }
+}
 
 /// The protocol of a connection: `Limits::binding`, or under `-B auto` (the default) its
 /// first byte.
@@ -337,37 +365,15 @@ impl<S: Service> Session<S> {
         self.run(service, true);
     }
 
+    /// One turn: the connection's protocol first, then every request buffered, in order,
+    /// until a pending reply, the output's high water or [`Session::per_turn`] stops it.
     fn run(&mut self, service: &mut S, inline: bool) {
-        if self.speaks != Speaks::Text {
-            if self.start == self.end {
-                return;
-            }
-            if self.speaks == Speaks::Unknown {
-                self.speaks = match self.limits.binding {
-                    Binding::Auto if self.input[self.start] == binary::REQUEST_MAGIC => {
-                        Speaks::Binary
-                    }
-                    Binding::Auto | Binding::Ascii => Speaks::Text,
-                    // A first byte other than the magic closes the connection, as in
-                    // memcached, once a whole header is in (`run_binary`).
-                    Binding::Binary => Speaks::Binary,
-                };
-            }
-            if self.speaks == Speaks::Binary {
-                self.run_binary(service);
-                // Binary replies are charged, not refused (memcached's binary `get` is
-                // one key a request).
-                self.settle();
-                return;
-            }
+        if self.speaks != Speaks::Text && self.ran_binary(service) {
+            return;
         }
         let mut clock = Instant::now();
         let mut answered = 0u32;
-        while !self.closing
-            && !self.held_up()
-            && self.start < self.end
-            && self.pending_output() < OUTPUT_HIGH_WATER
-        {
+        while self.may_go_on() {
             let parsed = parse(&self.input[self.start..self.end], &self.limits);
             let mut timed = true;
             match parsed {
@@ -381,60 +387,16 @@ impl<S: Service> Session<S> {
                     answered += 1;
                     timed = service.timed(&request);
                     let hold = self.output.len();
-                    let deferred = self.pending.len();
-                    let get_family = matches!(request, Request::Get { .. } | Request::Gat { .. });
+                    let get_family = request.family() == Family::Retrieval;
                     let rerun = std::mem::take(&mut self.rerun);
-                    match service.call(&mut self.conn, &request, &mut self.output, rerun) {
-                        Flow::Done => {}
-                        Flow::Close => self.closing = true,
-                        Flow::HandOff => {
-                            self.closing = true;
-                            self.hand_off = true;
-                        }
-                        Flow::Defer(work, order) if inline => {
-                            match (work.run(service.worker()), order) {
-                                (Completion::Failed(reason), _) => {
-                                    // A request waiting to run again is dropped with the error.
-                                    self.output.truncate(hold);
-                                    server_error(&mut self.output, &reason);
-                                }
-                                (_, Order::Rerun) => {
-                                    // Run it again now, within the same service-time sample.
-                                    self.output.truncate(hold);
-                                    self.rerun = true;
-                                    continue;
-                                }
-                                (Completion::Reply(bytes), _) => {
-                                    self.output.extend_from_slice(&bytes);
-                                    service.recycle(bytes);
-                                }
-                                (Completion::Rerun | Completion::Release, _) => {}
-                            }
-                        }
-                        Flow::Defer(work, order) => {
-                            let id = self.next_id;
-                            self.next_id += 1;
-                            if order == Order::Rerun {
-                                self.output.truncate(hold);
-                            }
-                            self.pending.push_back(Pending {
-                                id,
-                                at: hold,
-                                len: self.output.len() - hold,
-                                order,
-                            });
-                            self.work.push_back((id, work));
-                            if order == Order::Rerun {
-                                // It runs again once its work completes: it stays unconsumed.
-                                break;
-                            }
-                        }
+                    let flow = service.call(&mut self.conn, &request, &mut self.output, rerun);
+                    match self.follow(service, flow, hold, get_family, inline) {
+                        Next::Answered => self.start += consumed,
+                        // Again now, within the same service-time sample.
+                        Next::RunAgain => continue,
+                        // It stays unconsumed until its work completes.
+                        Next::Waits => break,
                     }
-                    // A reply composed now (not held back for work) that grew the buffer.
-                    if self.output.capacity() > self.charged_out && self.pending.len() == deferred {
-                        self.charge_reply(hold, get_family);
-                    }
-                    self.start += consumed;
                 }
                 Parsed::Incomplete => break,
                 Parsed::Error {
@@ -444,43 +406,14 @@ impl<S: Service> Session<S> {
                     noreply,
                     drops,
                 } => {
-                    service.protocol_error(error);
-                    tracing::debug!(%error, "bad request");
                     let hold = self.output.len();
-                    match service.error_reply(&mut self.conn, error) {
-                        Some(reply) if !error.closes() => self.output.extend_from_slice(reply),
-                        _ if noreply => {}
-                        _ => self.output.extend_from_slice(error.reply()),
+                    refuse(service, &mut self.conn, &mut self.output, error, noreply);
+                    if let Some(work) =
+                        drops.and_then(|key| service.drop_stale(&mut self.conn, key))
+                    {
+                        self.stale_dropped(service, work, hold, inline);
                     }
-                    if let Some(key) = drops {
-                        match service.drop_stale(&mut self.conn, key) {
-                            Some(work) if inline => {
-                                if let Completion::Reply(bytes) = work.run(service.worker()) {
-                                    self.output.extend_from_slice(&bytes);
-                                    service.recycle(bytes);
-                                }
-                            }
-                            Some(work) => {
-                                let id = self.next_id;
-                                self.next_id += 1;
-                                self.pending.push_back(Pending {
-                                    id,
-                                    at: hold,
-                                    len: self.output.len() - hold,
-                                    order: Order::Pipelined,
-                                });
-                                self.work.push_back((id, work));
-                            }
-                            None => {}
-                        }
-                    }
-                    self.start += consumed;
-                    let buffered = (self.end - self.start).min(swallow);
-                    self.start += buffered;
-                    self.swallow = swallow - buffered;
-                    if error.closes() {
-                        self.closing = true;
-                    }
+                    self.skip(consumed, swallow, error.closes());
                 }
             }
             let now = Instant::now();
@@ -490,6 +423,138 @@ impl<S: Service> Session<S> {
             }
             clock = now;
         }
+        self.end_turn(service);
+    }
+
+    /// The protocol of a connection that has not shown it yet (`-B`, or its first byte);
+    /// a binary connection's turn is run here. Whether the turn is over.
+    fn ran_binary(&mut self, service: &mut S) -> bool {
+        if self.start == self.end {
+            return true;
+        }
+        if self.speaks == Speaks::Unknown {
+            self.speaks = match self.limits.binding {
+                Binding::Auto if self.input[self.start] == binary::REQUEST_MAGIC => Speaks::Binary,
+                Binding::Auto | Binding::Ascii => Speaks::Text,
+                // A first byte other than the magic closes the connection, as in
+                // memcached, once a whole header is in (`run_binary`).
+                Binding::Binary => Speaks::Binary,
+            };
+        }
+        if self.speaks != Speaks::Binary {
+            return false;
+        }
+        self.run_binary(service);
+        // Binary replies are charged, not refused (memcached's binary `get` is
+        // one key a request).
+        self.settle();
+        true
+    }
+
+    /// Whether another request may be answered this turn.
+    #[inline]
+    fn may_go_on(&self) -> bool {
+        !self.closing
+            && !self.held_up()
+            && self.start < self.end
+            && self.pending_output() < OUTPUT_HIGH_WATER
+    }
+
+    /// What follows a request's call, given its flow: closing, its deferred work run now
+    /// (`inline`) or held in a reply slot, and the reply's growth of the output charged.
+    /// `hold` is where its reply starts.
+    #[inline]
+    fn follow(
+        &mut self,
+        service: &mut S,
+        flow: Flow<S::Work>,
+        hold: usize,
+        get_family: bool,
+        inline: bool,
+    ) -> Next {
+        let deferred = self.pending.len();
+        match flow {
+            Flow::Done => {}
+            Flow::Close => self.closing = true,
+            Flow::HandOff => {
+                self.closing = true;
+                self.hand_off = true;
+            }
+            Flow::Defer(work, order) if inline => match (work.run(service.worker()), order) {
+                (Completion::Failed(reason), _) => {
+                    // A request waiting to run again is dropped with the error.
+                    self.output.truncate(hold);
+                    server_error(&mut self.output, &reason);
+                }
+                (_, Order::Rerun) => {
+                    self.output.truncate(hold);
+                    self.rerun = true;
+                    return Next::RunAgain;
+                }
+                (Completion::Reply(bytes), _) => {
+                    self.output.extend_from_slice(&bytes);
+                    service.recycle(bytes);
+                }
+                (Completion::Rerun | Completion::Release, _) => {}
+            },
+            Flow::Defer(work, order) => {
+                if order == Order::Rerun {
+                    self.output.truncate(hold);
+                }
+                self.hold_slot(work, hold, order);
+                if order == Order::Rerun {
+                    return Next::Waits;
+                }
+            }
+        }
+        // A reply composed now (not held back for work) that grew the buffer.
+        if self.output.capacity() > self.charged_out && self.pending.len() == deferred {
+            self.charge_reply(hold, get_family);
+        }
+        Next::Answered
+    }
+
+    /// A reply slot from `hold` to the end of the output, held back until `work` completes.
+    fn hold_slot(&mut self, work: S::Work, hold: usize, order: Order) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.pending.push_back(Pending {
+            id,
+            at: hold,
+            len: self.output.len() - hold,
+            order,
+        });
+        self.work.push_back((id, work));
+    }
+
+    /// The work of dropping a refused `set`'s old value (its error reply from `hold`): run
+    /// now (`inline`), or the reply held back until it completes.
+    fn stale_dropped(&mut self, service: &mut S, work: S::Work, hold: usize, inline: bool) {
+        if !inline {
+            self.hold_slot(work, hold, Order::Pipelined);
+            return;
+        }
+        if let Completion::Reply(bytes) = work.run(service.worker()) {
+            self.output.extend_from_slice(&bytes);
+            service.recycle(bytes);
+        }
+    }
+
+    /// Past a bad request: its `consumed` bytes, and `swallow` bytes of its refused data as
+    /// they arrive; `closes`: the connection closes after the replies before.
+    fn skip(&mut self, consumed: usize, swallow: usize, closes: bool) {
+        self.start += consumed;
+        let buffered = (self.end - self.start).min(swallow);
+        self.start += buffered;
+        self.swallow = swallow - buffered;
+        if closes {
+            self.closing = true;
+        }
+    }
+
+    /// The end of a turn: the input rewound if all of it was used, the service times
+    /// reported, the buffers' charges settled.
+    fn end_turn(&mut self, service: &mut S) {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;

@@ -1,7 +1,7 @@
 //! The meta commands (`mn`, `mg`, `ms`, `md`, `ma`, `me`): flags in, flags echoed back.
 
 use kvlab_protocol::response::{self as r, push_i64, push_u64};
-use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey, Request};
+use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey};
 use kvlab_store::{
     ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
     SetStatus,
@@ -13,20 +13,17 @@ impl Engine {
     /// A meta command (`mn`, `mg`, `ms`, `md`, `ma`, `me`), its key persisted under `sync` when
     /// it changed.
     #[inline]
-    pub(super) fn meta_request(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
-        match *req {
-            Request::Meta {
-                command,
-                key,
-                flags,
-                data,
-            } => {
-                WorkerStats::add(&self.worker.cmd_meta, 1);
-                if self.meta(command, key, &flags, data, out) {
-                    return key.with(|k| self.persisted(k));
-                }
-            }
-            _ => unreachable!("Engine::apply sends only this family's requests here"),
+    pub(super) fn meta_request(
+        &mut self,
+        command: MetaCommand,
+        key: MetaKey<'_>,
+        flags: &MetaFlags<'_>,
+        data: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Flow {
+        WorkerStats::add(&self.worker.cmd_meta, 1);
+        if self.meta(command, key, flags, data, out) {
+            return key.with(|k| self.persisted(k));
         }
         Flow::Done
     }

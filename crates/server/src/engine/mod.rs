@@ -3,28 +3,35 @@
 //! One `Engine` belongs to one worker thread (it holds that worker's counters), so nothing
 //! here takes a lock except the store's own shard locks.
 //!
-//! Here: the engine, `Engine::apply` dispatching each request to its family (retrieval,
-//! storage, one key's update, meta commands, administration and stats), the connection's
-//! state and the [`kvlab_net::Service`] over it; `meta` (the meta commands). A cluster
-//! node's service (`kvlab_cluster::NodeEngine`) wraps this one: its ownership check runs
-//! between [`Engine::begin`] and [`Engine::apply`], its copies as work of its own.
+//! Here: the engine, [`Engine::apply`] (the read-through step, then one arm per command, each
+//! a method in its family's file), the connection's state and the [`kvlab_net::Service`] over
+//! it. The families: `retrieval` (`get gets gat gats`), `storage` (`set add replace append
+//! prepend cas`), `arithmetic` (`incr decr`), `key_update` (`delete touch`), `meta` (`mg ms
+//! md ma mn me`), `admin` (`flush_all verbosity slabs automove stats version cluster quit`
+//! and the administration commands); `watch_log` what they tell `watch`. What a request is
+//! (its keys, its effect) the protocol crate says ([`Request::keys`], [`Request::effect`]).
+//! A cluster node's service (`kvlab_cluster::NodeEngine`) wraps this one: its ownership
+//! check runs between [`Engine::begin`] and [`Engine::apply`], its copies as work of its own.
 
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use kvlab_protocol::response as r;
-use kvlab_protocol::{Admin, MetaCommand, Request, StoreCommand, Watch};
-use kvlab_store::{ArithRequest, ArithStatus, SetMode, SetRequest, SetStatus, Store};
+use kvlab_protocol::{Family, Request, StoreCommand};
+use kvlab_store::Store;
 
-use crate::admin::{self, Next};
 use crate::auth::AuthFile;
 use crate::cache::DiskRules;
 pub use crate::cache::{Blocking, Helper, Need, ReadThrough};
 use crate::conns::Registration;
-use crate::slabs;
-use crate::stats::{ServerStats, WorkerStats, VERSION};
+use crate::stats::{ServerStats, WorkerStats};
 
+mod admin;
+mod arithmetic;
+mod key_update;
 mod meta;
+mod retrieval;
+mod storage;
+mod watch_log;
 
 /// Defers disk work the way the session must wait for it.
 fn defer(work: Blocking) -> Flow {
@@ -109,118 +116,16 @@ impl Engine {
     }
 
     /// Applies one request and appends its reply (if any) to `out`: read-through first where
-    /// needed, then the request's family. `loaded` lists the keys already read through for it
-    /// ([`Loaded::keys`]). Disk work comes back as [`Flow::Defer`]: the driver runs it inline
-    /// or on a helper thread.
+    /// needed ([`Engine::read_through`]), then the command, in its family's file. `loaded`
+    /// lists the keys already read through for it ([`Loaded::keys`]). Disk work comes back as
+    /// [`Flow::Defer`]: the driver runs it inline or on a helper thread.
     pub fn apply(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[ReadThrough]) -> Flow {
-        // Read through every key whose current state the command depends on.
-        if self.disk.read_through {
-            match self.needs_load(req, loaded) {
-                Some((key, Need::Load)) => {
-                    return defer(Blocking::Load(ReadThrough::new(&key)));
-                }
-                Some((_, _)) => return unloadable(req, out),
-                None => {}
-            }
+        if let Some(flow) = self.read_through(req, out, loaded) {
+            return flow;
         }
         match *req {
-            Request::Get { .. } | Request::Gat { .. } => self.retrieval(req, out, loaded),
-            Request::Store { .. } => self.storage(req, out),
-            Request::Arith { .. } | Request::Delete { .. } | Request::Touch { .. } => {
-                self.key_update(req, out)
-            }
-            Request::Meta { .. } => self.meta_request(req, out),
-            Request::FlushAll { .. }
-            | Request::Verbosity { .. }
-            | Request::SlabsAutomove { .. }
-            | Request::Admin(_)
-            | Request::Version
-            | Request::Cluster { .. }
-            | Request::Quit
-            | Request::Stats { .. } => self.administration(req, out),
-        }
-    }
-
-    /// `get`, `gets`, `gat`, `gats`: the values of the keys found.
-    #[inline]
-    fn retrieval(&mut self, req: &Request<'_>, out: &mut Vec<u8>, loaded: &[ReadThrough]) -> Flow {
-        match *req {
-            Request::Get { keys, cas } => {
-                let start = out.len();
-                let mut n = 0;
-                let detail = self.server.admin.detail.enabled();
-                for key in keys.iter() {
-                    n += 1;
-                    // A key read through for this get: what was found, should it have left
-                    // memory again before this re-run.
-                    let read = loaded.iter().rev().find(|r| r.key == key);
-                    let item = match read.and_then(ReadThrough::found) {
-                        Some(found) => self.store.get_loaded(key, found),
-                        None => self.store.get(key),
-                    };
-                    if item.is_none() && read.is_none() && self.disk.read_through {
-                        // In memory when `needs_load` looked, evicted since: read through.
-                        out.truncate(start);
-                        return defer(Blocking::Load(ReadThrough::new(key)));
-                    }
-                    if detail {
-                        self.server.admin.detail.get(key, item.is_some());
-                    }
-                    self.log_fetch(key, item.as_ref().map(|i| (i.value.len(), i.flags)));
-                    if let Some(item) = item {
-                        r::value(
-                            out,
-                            key,
-                            item.flags,
-                            &item.value,
-                            cas.then(|| self.shown(item.cas)),
-                        );
-                    }
-                }
-                WorkerStats::add(&self.worker.cmd_get, n);
-                out.extend_from_slice(r::END);
-            }
-            Request::Gat { exptime, keys, cas } => {
-                let mut n = 0;
-                // Under `sync` a new TTL is a write: the touched keys are persisted.
-                let mut touched = Vec::new();
-                let detail = self.server.admin.detail.enabled();
-                for key in keys.iter() {
-                    n += 1;
-                    let item = self.store.get_and_touch(key, exptime);
-                    if detail {
-                        self.server.admin.detail.get(key, item.is_some());
-                    }
-                    self.log_fetch(key, item.as_ref().map(|i| (i.value.len(), i.flags)));
-                    if let Some(item) = item {
-                        r::value(
-                            out,
-                            key,
-                            item.flags,
-                            &item.value,
-                            cas.then(|| self.shown(item.cas)),
-                        );
-                        if self.disk.sync {
-                            touched.push(key.to_vec());
-                        }
-                    }
-                }
-                WorkerStats::add(&self.worker.cmd_get, n);
-                WorkerStats::add(&self.worker.cmd_touch, n);
-                out.extend_from_slice(r::END);
-                if !touched.is_empty() {
-                    return defer(Blocking::PersistKeys(touched));
-                }
-            }
-            _ => unreachable!("Engine::apply sends only this family's requests here"),
-        }
-        Flow::Done
-    }
-
-    /// `set`, `add`, `replace`, `append`, `prepend`, `cas`.
-    #[inline]
-    fn storage(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
-        match *req {
+            Request::Get { keys, cas } => self.get(keys, cas, out, loaded),
+            Request::Gat { exptime, keys, cas } => self.gat(exptime, keys, cas, out),
             Request::Store {
                 command,
                 key,
@@ -229,300 +134,53 @@ impl Engine {
                 data,
                 cas_unique,
                 noreply,
-            } => {
-                WorkerStats::add(&self.worker.cmd_set, 1);
-                if self.server.admin.detail.enabled() {
-                    self.server.admin.detail.set(key);
-                }
-                let (mode, compare_cas) = match command {
-                    StoreCommand::Set => (SetMode::Set, None),
-                    StoreCommand::Add => (SetMode::Add, None),
-                    StoreCommand::Replace => (SetMode::Replace, None),
-                    StoreCommand::Append => (SetMode::Append, None),
-                    StoreCommand::Prepend => (SetMode::Prepend, None),
-                    StoreCommand::Cas => (SetMode::Set, Some(self.compared(cas_unique))),
-                };
-                if self.server.admin.watchers.watching(Watch::FETCHERS) {
-                    // memcached's store looks the key up first, and logs that lookup.
-                    let old = self.store.peek(key);
-                    self.log_fetch(key, old.map(|m| (m.item.value.len(), m.item.flags)));
-                }
-                let status = self.store.set(&SetRequest {
-                    mode,
-                    key,
-                    value: data,
-                    flags,
-                    exptime,
-                    compare_cas,
-                    new_cas: None,
-                    invalidate: false,
-                });
-                self.log_store(key, status, command.name(), exptime, data.len(), flags);
-                let reply = match status {
-                    SetStatus::Stored { .. } => r::STORED,
-                    SetStatus::NotStored => r::NOT_STORED,
-                    SetStatus::Exists => r::EXISTS,
-                    SetStatus::NotFound => r::NOT_FOUND,
-                    SetStatus::TooLarge => r::TOO_LARGE,
-                    SetStatus::OutOfMemory => r::OUT_OF_MEMORY,
-                };
-                // memcached's `noreply` silences every reply of a text storage command,
-                // its errors included.
-                if !noreply {
-                    out.extend_from_slice(reply);
-                }
-                if let SetStatus::Stored { .. } = status {
-                    return self.persisted(key);
-                }
-            }
-            _ => unreachable!("Engine::apply sends only this family's requests here"),
-        }
-        Flow::Done
-    }
-
-    /// `incr`, `decr`, `delete`, `touch`: a change to one existing key.
-    #[inline]
-    fn key_update(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
-        match *req {
+            } => self.storage(command, key, flags, exptime, data, cas_unique, noreply, out),
             Request::Arith {
                 incr,
                 key,
                 delta,
                 noreply,
-            } => {
-                let req = ArithRequest {
-                    incr,
-                    delta,
-                    compare_cas: None,
-                    new_cas: None,
-                    vivify: None,
-                    touch: None,
-                };
-                match self.store.arith(key, &req) {
-                    ArithStatus::Ok { value, .. } => {
-                        if !noreply {
-                            r::number(out, value);
-                        }
-                        return self.persisted(key);
-                    }
-                    // As memcached: `noreply` silences the errors too (a client that
-                    // asked for no reply would read one as the reply to its next call).
-                    _ if noreply => {}
-                    ArithStatus::NotFound | ArithStatus::Exists => {
-                        out.extend_from_slice(r::NOT_FOUND)
-                    }
-                    ArithStatus::NonNumeric => out.extend_from_slice(r::NON_NUMERIC),
-                    ArithStatus::OutOfMemory => out.extend_from_slice(r::ARITH_OUT_OF_MEMORY),
-                }
-            }
-            Request::Delete { key, noreply } => {
-                if self.server.admin.detail.enabled() {
-                    self.server.admin.detail.delete(key);
-                }
-                let deleted = self.store.delete(key);
-                if !noreply {
-                    out.extend_from_slice(if deleted { r::DELETED } else { r::NOT_FOUND });
-                }
-                if deleted {
-                    return self.persisted(key);
-                }
-            }
+            } => self.arith(incr, key, delta, noreply, out),
+            Request::Delete { key, noreply } => self.delete(key, noreply, out),
             Request::Touch {
                 key,
                 exptime,
                 noreply,
-            } => {
-                WorkerStats::add(&self.worker.cmd_touch, 1);
-                let touched = self.store.touch(key, exptime);
-                if !noreply {
-                    out.extend_from_slice(if touched { r::TOUCHED } else { r::NOT_FOUND });
-                }
-                if touched {
-                    return self.persisted(key);
-                }
-            }
-            _ => unreachable!("Engine::apply sends only this family's requests here"),
+            } => self.touch(key, exptime, noreply, out),
+            Request::Meta {
+                command,
+                key,
+                ref flags,
+                data,
+            } => self.meta_request(command, key, flags, data, out),
+            Request::FlushAll { delay, noreply } => self.flush_all(delay, noreply, out),
+            Request::Verbosity { level, noreply } => self.verbosity(level, noreply, out),
+            Request::SlabsAutomove { mode } => self.slabs_automove(mode, out),
+            Request::Admin(cmd) => self.admin(cmd, out),
+            Request::Version => self.version(out),
+            Request::Cluster { .. } => self.not_a_cluster(out),
+            Request::Quit => Flow::Close,
+            Request::Stats { group } => self.stats_command(group, out),
         }
-        Flow::Done
     }
 
-    /// `flush_all`, `verbosity`, `slabs automove`, `watch` and the other administration
-    /// commands, `version`, `cluster` (outside a cluster), `quit`, `stats`.
+    /// The step before a command on a durable cache: every key whose current item the
+    /// command depends on ([`Request::effect`]) is read through from disk first (`Some`: the
+    /// request waits for it, or fails if the cache cannot hold the item).
     #[inline]
-    fn administration(&mut self, req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
-        match *req {
-            Request::FlushAll { delay, noreply } => {
-                WorkerStats::add(&self.worker.cmd_flush, 1);
-                if !self.server.admin.flush_enabled {
-                    // `-F`: counted, refused, as memcached does.
-                    if !noreply {
-                        out.extend_from_slice(b"CLIENT_ERROR flush_all not allowed\r\n");
-                    }
-                    return Flow::Done;
-                }
-                self.store.flush_all(delay);
-                if !noreply {
-                    out.extend_from_slice(r::OK);
-                }
-                if self.disk.sync {
-                    return defer(Blocking::SyncAll);
-                }
-            }
-            Request::Verbosity { level, noreply } => {
-                self.server.verbosity.store(u64::from(level), Relaxed);
-                if !noreply {
-                    out.extend_from_slice(r::OK);
-                }
-            }
-            Request::SlabsAutomove { mode } => {
-                self.server.slab_automove.store(u64::from(mode), Relaxed);
-                out.extend_from_slice(r::OK);
-            }
-            Request::Admin(Admin::Watch { streams }) => {
-                let Some(streams) = streams else {
-                    out.extend_from_slice(r::ERROR);
-                    return Flow::Done;
-                };
-                // Replies composed before it leave first (memcached refuses a `watch`
-                // behind unsent replies); input after it is not read.
-                // A TLS connection's bytes are rustls's: the log thread cannot write to
-                // its socket.
-                if self.over_tls {
-                    out.extend_from_slice(b"WATCHER_FAILED failed to add log watcher\r\n");
-                    return Flow::Done;
-                }
-                if self.server.admin.watchers.check_room().is_err() {
-                    out.extend_from_slice(b"WATCHER_TOO_MANY log watcher limit reached\r\n");
-                    return Flow::Done;
-                }
-                out.extend_from_slice(r::OK);
-                self.watch = streams;
-                return Flow::HandOff;
-            }
-            Request::Admin(cmd) => {
-                if admin::execute(&self.server.admin, &self.store, cmd, out) == Next::Close {
-                    return Flow::Close;
-                }
-            }
-            Request::Version => r::version(out, VERSION),
-            // Only a cluster node knows `cluster` (see `call`); memcached's answer otherwise.
-            Request::Cluster { .. } => out.extend_from_slice(r::ERROR),
-            Request::Quit => return Flow::Close,
-            Request::Stats { group } => self.stats(group, out),
-            _ => unreachable!("Engine::apply sends only this family's requests here"),
-        }
-        Flow::Done
-    }
-
-    fn stats(&mut self, group: Option<&[u8]>, out: &mut Vec<u8>) {
-        match group {
-            None => {
-                for stat in self.server.snapshot(&self.store).fields {
-                    r::stat(out, stat.name, stat.value);
-                }
-            }
-            Some(b"settings") => {
-                for (name, value) in self.server.settings(&self.store) {
-                    r::stat(out, name, value);
-                }
-            }
-            // memcached's per-size histogram is off unless `stats sizes_enable`; kvlab has none.
-            Some(b"sizes") => r::stat(out, "sizes_status", "disabled"),
-            Some(b"items") => {
-                let now = self.store.now_unix();
-                return slabs::stats_items(&self.store, &self.server.admin.evictions, now, out);
-            }
-            Some(b"slabs") => {
-                let now = self.store.now_unix();
-                let classes = &self.server.admin.classes;
-                return slabs::stats_slabs(&self.store, classes, now, out);
-            }
-            Some(b"kvlab") => {
-                for stat in self.server.snapshot(&self.store).kvlab {
-                    r::stat(out, stat.name, stat.value);
-                }
-            }
-            Some(b"latency") => {
-                for (name, value) in self.server.latency() {
-                    r::stat(out, &name, value);
-                }
-            }
-            Some(b"conns") => {
-                let uptime = self.server.started.elapsed().as_secs();
-                let listener = self.server.listen_fd.map(|fd| (fd, uptime));
-                let lines = self.server.admin.conns.lines(listener, self.cfd);
-                for (name, value) in lines {
-                    r::stat(out, &name, value);
-                }
-            }
-            Some(b"reset") => {
-                self.server.reset(&self.store);
-                self.server.admin.detail.clear();
-                out.extend_from_slice(r::RESET);
-                return;
-            }
-            Some(_) => {
-                out.extend_from_slice(r::ERROR);
-                return;
-            }
-        }
-        out.extend_from_slice(r::END);
-    }
-
-    /// `watch fetchers`: a lookup of `key` found an item of `(value bytes, flags)` or none.
-    fn log_fetch(&self, key: &[u8], found: Option<(usize, u32)>) {
-        let watchers = &self.server.admin.watchers;
-        if !watchers.watching(Watch::FETCHERS) {
-            return;
-        }
-        let (class, size) = match found {
-            Some((len, flags)) => (
-                self.server
-                    .admin
-                    .classes
-                    .class_of_item(key.len(), len, flags),
-                len,
-            ),
-            None => (0, 0),
-        };
-        watchers.fetch(key, found.is_some(), class, size, self.cfd);
-    }
-
-    /// `watch mutations`: a store command's outcome.
-    fn log_store(
+    fn read_through(
         &self,
-        key: &[u8],
-        status: SetStatus,
-        cmd: &[u8],
-        exptime: i64,
-        len: usize,
-        flags: u32,
-    ) {
-        let watchers = &self.server.admin.watchers;
-        if !watchers.watching(Watch::MUTATIONS) {
-            return;
+        req: &Request<'_>,
+        out: &mut Vec<u8>,
+        loaded: &[ReadThrough],
+    ) -> Option<Flow> {
+        if !self.disk.read_through {
+            return None;
         }
-        let status = match status {
-            SetStatus::Stored { .. } => "stored",
-            SetStatus::NotStored => "not_stored",
-            SetStatus::Exists => "exists",
-            SetStatus::NotFound => "not_found",
-            SetStatus::TooLarge => "too_large",
-            SetStatus::OutOfMemory => "no_memory",
-        };
-        // Seconds from now, as memcached prints the item's expiry (0: none).
-        let ttl = match exptime {
-            t if t <= 0 => 0,
-            t if t <= kvlab_store::REALTIME_MAXDELTA => t,
-            t => t.saturating_sub(self.store.now_unix() as i64).max(0),
-        };
-        let class = self
-            .server
-            .admin
-            .classes
-            .class_of_item(key.len(), len, flags);
-        let cmd = std::str::from_utf8(cmd).unwrap_or("na");
-        watchers.store(key, status, cmd, ttl as u32, class, len, self.cfd);
+        match self.needs_load(req, loaded)? {
+            (key, Need::Load) => Some(defer(Blocking::Load(ReadThrough::new(&key)))),
+            (_, _) => Some(unloadable(req, out)),
+        }
     }
 
     /// The first key of `req` that must be read through from disk first, or that cannot be
@@ -531,44 +189,15 @@ impl Engine {
     /// commands need the item in memory, and read it through again if it went
     /// ([`DiskRules::need`]).
     fn needs_load(&self, req: &Request<'_>, loaded: &[ReadThrough]) -> Option<(Vec<u8>, Need)> {
-        let again = !matches!(req, Request::Get { .. });
-        let first = |keys: &mut dyn Iterator<Item = &[u8]>| {
-            for k in keys {
-                match self.need(k, loaded, again) {
-                    Need::Ready => {}
-                    need => return Some((k.to_vec(), need)),
-                }
-            }
-            None
-        };
-        match *req {
-            Request::Get { keys, .. } | Request::Gat { keys, .. } => first(&mut keys.iter()),
-            // A plain set overwrites whatever is on disk: no need to read it first.
-            Request::Store {
-                command: StoreCommand::Set,
-                ..
-            } => None,
-            Request::Store { key, .. }
-            | Request::Arith { key, .. }
-            | Request::Delete { key, .. }
-            | Request::Touch { key, .. } => first(&mut std::iter::once(key)),
-            Request::Meta {
-                command: MetaCommand::Noop,
-                ..
-            } => None,
-            Request::Meta {
-                command: MetaCommand::Set,
-                ref flags,
-                ..
-            } if matches!(flags.mode, None | Some(b'S'))
-                && flags.compare_cas.is_none()
-                && !flags.invalidate =>
-            {
-                None
-            }
-            Request::Meta { key, .. } => key.with(|k| first(&mut std::iter::once(k))),
-            _ => None,
+        // An overwrite (a plain `set`) replaces whatever is on disk: no need to read it first.
+        if !req.effect().reads_current() {
+            return None;
         }
+        let again = !matches!(req, Request::Get { .. });
+        req.keys().find_map(|k| match self.need(k, loaded, again) {
+            Need::Ready => None,
+            need => Some((k.to_vec(), need)),
+        })
     }
 }
 
@@ -578,10 +207,15 @@ const UNAUTHENTICATED: &[u8] = b"CLIENT_ERROR unauthenticated\r\n";
 /// ([`Need::Unloadable`]): memcached's out-of-memory errors — a storage command's, else
 /// `SERVER_ERROR out of memory` — silenced by `noreply` as the command's other replies are.
 fn unloadable(req: &Request<'_>, out: &mut Vec<u8>) -> Flow {
-    match *req {
-        _ if req.noreply() => {}
-        Request::Store { .. } => out.extend_from_slice(r::OUT_OF_MEMORY),
-        _ => out.extend_from_slice(r::ARITH_OUT_OF_MEMORY),
+    if !req.noreply() {
+        out.extend_from_slice(match req.family() {
+            Family::Storage => r::OUT_OF_MEMORY,
+            Family::Retrieval
+            | Family::Arithmetic
+            | Family::KeyUpdate
+            | Family::Meta
+            | Family::Admin => r::ARITH_OUT_OF_MEMORY,
+        });
     }
     Flow::Done
 }
@@ -799,260 +433,4 @@ impl kvlab_net::Service for Engine {
 }
 
 #[cfg(test)]
-mod session_tests {
-    //! The cache engine under the sans-IO session.
-
-    use kvlab_net::Work;
-    use kvlab_protocol::Limits;
-    use kvlab_store::{Config, ManualClock};
-
-    use super::*;
-    use crate::cache::MAX_LOADS;
-    use crate::Session;
-
-    fn engine() -> Engine {
-        let store = Arc::new(Store::new(
-            Config::default(),
-            Arc::new(ManualClock::new(1_800_000_000)),
-        ));
-        engine_over(store)
-    }
-
-    fn engine_over(store: Arc<Store>) -> Engine {
-        let worker = Arc::new(WorkerStats::default());
-        let server = Arc::new(ServerStats::for_tests(vec![worker.clone()]));
-        Engine::new(store, server, worker)
-    }
-
-    fn feed(s: &mut Session, e: &mut Engine, bytes: &[u8], chunk: usize) {
-        let mut at = 0;
-        while at < bytes.len() && s.wants_read() {
-            let space = s.read_space();
-            let n = space.len().min(chunk).min(bytes.len() - at);
-            space[..n].copy_from_slice(&bytes[at..at + n]);
-            s.filled(n);
-            at += n;
-            s.process_inline(e);
-        }
-    }
-
-    #[test]
-    fn pipelined_replies_keep_request_order() {
-        let (mut s, mut e) = (Session::new(Limits::default()), engine());
-        let req = b"set a 0 0 1\r\n1\r\nget a\r\ndelete a\r\nget a\r\nbogus\r\nversion\r\n";
-        // Byte by byte: every split point of a pipeline gives the same replies.
-        feed(&mut s, &mut e, req, 1);
-        let out = s.output().to_vec();
-        s.wrote(out.len());
-        let want = format!(
-            "STORED\r\nVALUE a 0 1\r\n1\r\nEND\r\nDELETED\r\nEND\r\nERROR\r\nVERSION {VERSION}\r\n"
-        );
-        assert_eq!(String::from_utf8_lossy(&out), want);
-    }
-
-    fn sync_store(dir: &std::path::Path) -> Arc<Store> {
-        let mut durable = kvlab_store::DurableConfig::new(dir);
-        durable.durability = kvlab_store::Durability::Sync;
-        let clock = Arc::new(ManualClock::new(1_800_000_000));
-        Arc::new(Store::open(Config::default(), clock, durable).expect("store opens"))
-    }
-
-    fn take(s: &mut Session) -> String {
-        let out = s.output().to_vec();
-        s.wrote(out.len());
-        String::from_utf8_lossy(&out).into_owned()
-    }
-
-    /// On a loop with helper threads, the durable cache's disk work is a barrier: a persist
-    /// holds its reply back, a read-through re-runs its request, and nothing after either
-    /// runs until it completes.
-    #[test]
-    fn disk_work_is_a_barrier_on_a_loop_with_helpers() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let mut e = engine_over(sync_store(dir.path()));
-        let mut s = Session::new(Limits::default());
-        let req = b"set k 0 0 1\r\nv\r\nversion\r\n";
-        s.read_space()[..req.len()].copy_from_slice(req);
-        s.filled(req.len());
-        s.process(&mut e);
-        assert_eq!(take(&mut s), "", "STORED waits for the persist");
-        let (id, work) = s.take_work().expect("a persist");
-        assert_eq!(work, Blocking::Persist(b"k".to_vec()));
-        assert!(s.take_work().is_none(), "version waits behind the barrier");
-        s.complete(id, work.run(&mut e.helper.clone()));
-        s.process(&mut e);
-        assert_eq!(take(&mut s), format!("STORED\r\nVERSION {VERSION}\r\n"));
-
-        // Reopened, the key is on disk only: a get reads it through, then runs again.
-        drop((s, e));
-        let mut e = engine_over(sync_store(dir.path()));
-        let mut s = Session::new(Limits::default());
-        let req = b"get k\r\nget k\r\n";
-        s.read_space()[..req.len()].copy_from_slice(req);
-        s.filled(req.len());
-        s.process(&mut e);
-        assert_eq!(take(&mut s), "");
-        let (id, work) = s.take_work().expect("a read-through");
-        assert_eq!(work, Blocking::Load(ReadThrough::new(b"k")));
-        assert!(s.take_work().is_none());
-        s.complete(id, work.run(&mut e.helper.clone()));
-        s.process(&mut e);
-        assert_eq!(take(&mut s), "VALUE k 0 1\r\nv\r\nEND\r\n".repeat(2));
-    }
-
-    /// A durable store whose cache holds 64 items (one shard), over `dir`.
-    fn small_cache(dir: &std::path::Path) -> Arc<Store> {
-        let config = Config {
-            max_items: 64,
-            ..Config::default()
-        };
-        let clock = Arc::new(ManualClock::new(1_800_000_000));
-        let mut durable = kvlab_store::DurableConfig::new(dir);
-        // What is queued stays queued: the test commits with `sync_all`.
-        durable.flush_interval = std::time::Duration::from_secs(3600);
-        Arc::new(Store::open(config, clock, durable).expect("store opens"))
-    }
-
-    /// Stores keys `other:FROM..TO` straight into the store, as other connections would:
-    /// in a 64-item cache they evict whatever was there.
-    fn fill(store: &Store, from: usize, to: usize) {
-        for i in from..to {
-            let key = format!("other:{i}");
-            let req = SetRequest::new(SetMode::Set, key.as_bytes(), b"x");
-            assert!(matches!(store.set(&req), SetStatus::Stored { .. }));
-        }
-    }
-
-    /// Runs `req` on `e`: each read-through it defers runs, then `between` (other
-    /// connections' stores before the request re-runs). Returns the reply and the number
-    /// of read-throughs.
-    fn run_through(e: &mut Engine, req: &[u8], between: &dyn Fn(&Store)) -> (String, usize) {
-        let mut s = Session::new(Limits::default());
-        s.read_space()[..req.len()].copy_from_slice(req);
-        s.filled(req.len());
-        s.process(e);
-        let mut loads = 0;
-        while let Some((id, work)) = s.take_work() {
-            assert!(matches!(work, Blocking::Load(_)), "{work:?}");
-            loads += 1;
-            let done = work.run(&mut e.helper.clone());
-            between(&e.store);
-            s.complete(id, done);
-            s.process(e);
-        }
-        (take(&mut s), loads)
-    }
-
-    /// Under a small cache, the item a read-through brought in can be evicted again by other
-    /// stores before its request re-runs: a `get` still answers with it (what the disk held
-    /// during the request), never a miss; a command that needs the item in memory (`append`)
-    /// reads it through again.
-    #[test]
-    fn an_item_evicted_again_before_the_rerun_is_still_served() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = small_cache(dir.path());
-        let mut e = engine_over(store.clone());
-        let req = SetRequest::new(SetMode::Set, b"k", b"v");
-        assert!(matches!(store.set(&req), SetStatus::Stored { .. }));
-        fill(&store, 0, 200);
-        store.sync_all().expect("sync");
-        assert!(store.peek(b"k").is_none(), "k is on disk only");
-
-        let evict = |store: &Store| {
-            fill(store, 1000, 1200);
-            assert!(store.peek(b"k").is_none(), "k left memory again");
-        };
-        let hits = store.stats().get_hits;
-        let (reply, loads) = run_through(&mut e, b"get k\r\n", &evict);
-        assert_eq!((reply.as_str(), loads), ("VALUE k 0 1\r\nv\r\nEND\r\n", 1));
-        assert_eq!(store.stats().get_hits, hits + 1);
-        let (reply, _) = run_through(&mut e, b"gets k nothing\r\n", &evict);
-        assert!(reply.starts_with("VALUE k 0 1 "), "{reply}");
-        assert!(reply.ends_with("\r\nv\r\nEND\r\n"), "{reply}");
-
-        // Evicted once, then left in memory: the append reads k through a second time.
-        let once = std::sync::atomic::AtomicBool::new(true);
-        let evict_once = |store: &Store| {
-            if once.swap(false, Relaxed) {
-                evict(store);
-            }
-        };
-        let (reply, loads) = run_through(&mut e, b"append k 0 0 1\r\nw\r\n", &evict_once);
-        assert_eq!((reply.as_str(), loads), ("STORED\r\n", 2));
-        evict(&store);
-        let (reply, _) = run_through(&mut e, b"get k\r\n", &evict);
-        assert_eq!(reply, "VALUE k 0 2\r\nvw\r\nEND\r\n");
-
-        // Written and evicted again between the read-through and the re-run: the newer
-        // version, queued for the disk, is served; deleted, the key reads as deleted.
-        evict(&store);
-        let (reply, _) = run_through(&mut e, b"get k\r\n", &|store: &Store| {
-            let req = SetRequest::new(SetMode::Set, b"k", b"new");
-            assert!(matches!(store.set(&req), SetStatus::Stored { .. }));
-            evict(store);
-        });
-        assert_eq!(reply, "VALUE k 0 3\r\nnew\r\nEND\r\n");
-        evict(&store);
-        let (reply, _) = run_through(&mut e, b"get k\r\n", &|store: &Store| {
-            assert!(store.delete(b"k"));
-            evict(store);
-        });
-        assert_eq!(reply, "END\r\n");
-    }
-
-    /// A command that needs its item in memory, whose item other stores evict after every
-    /// read-through, fails with memcached's out-of-memory error after the last allowed one
-    /// rather than run on a key it cannot see: an `add` must not overwrite the stored value,
-    /// an `incr` or a `delete` must not answer `NOT_FOUND` for a key that exists.
-    #[test]
-    fn a_command_whose_item_never_stays_in_memory_fails_and_changes_nothing() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = small_cache(dir.path());
-        let mut e = engine_over(store.clone());
-        let req = SetRequest::new(SetMode::Set, b"k", b"7");
-        assert!(matches!(store.set(&req), SetStatus::Stored { .. }));
-        fill(&store, 0, 200);
-        store.sync_all().expect("sync");
-        let evict = |store: &Store| {
-            fill(store, 1000, 1200);
-            assert!(store.peek(b"k").is_none(), "k left memory again");
-        };
-        let cases: [(&[u8], &str); 6] = [
-            (
-                b"add k 0 0 1\r\nz\r\n",
-                "SERVER_ERROR out of memory storing object\r\n",
-            ),
-            (
-                b"append k 0 0 1\r\nz\r\n",
-                "SERVER_ERROR out of memory storing object\r\n",
-            ),
-            (b"incr k 1\r\n", "SERVER_ERROR out of memory\r\n"),
-            (b"delete k\r\n", "SERVER_ERROR out of memory\r\n"),
-            (b"touch k 100\r\n", "SERVER_ERROR out of memory\r\n"),
-            (b"add k 0 0 1 noreply\r\nz\r\n", ""),
-        ];
-        for (req, want) in cases {
-            let (reply, loads) = run_through(&mut e, req, &evict);
-            let cmd = String::from_utf8_lossy(req);
-            assert_eq!((reply.as_str(), loads), (want, MAX_LOADS), "{cmd}");
-            // The stored value is untouched.
-            let (reply, _) = run_through(&mut e, b"get k\r\n", &|_: &Store| {});
-            assert_eq!(reply, "VALUE k 0 1\r\n7\r\nEND\r\n", "after {cmd}");
-            evict(&store);
-        }
-        // Given room, the same commands run.
-        let (reply, _) = run_through(&mut e, b"incr k 1\r\n", &|_: &Store| {});
-        assert_eq!(reply, "8\r\n");
-    }
-
-    #[test]
-    fn protocol_errors_and_too_large_values_are_counted() {
-        let (mut s, mut e) = (Session::new(Limits::default()), engine());
-        let mut req = b"bogus\r\nset k 0 0 5000000\r\n".to_vec();
-        req.extend(std::iter::repeat_n(b'x', 5_000_000));
-        req.extend_from_slice(b"\r\n");
-        feed(&mut s, &mut e, &req, 64 * 1024);
-        assert_eq!(e.worker.protocol_errors.load(Relaxed), 2);
-        assert_eq!(e.store.stats().store_too_large, 1);
-    }
-}
+mod tests;

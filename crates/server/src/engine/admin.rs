@@ -1,0 +1,153 @@
+//! The administration family: `flush_all`, `verbosity`, `slabs automove`, `watch` and the
+//! other administration commands, `version`, `cluster` (outside a cluster), `stats`.
+
+use std::sync::atomic::Ordering::Relaxed;
+
+use kvlab_protocol::response as r;
+use kvlab_protocol::Admin;
+
+use super::{defer, Blocking, Engine, Flow, WorkerStats};
+use crate::admin::{self, Next};
+use crate::slabs;
+use crate::stats::VERSION;
+
+impl Engine {
+    /// `flush_all [delay]`.
+    pub(super) fn flush_all(&mut self, delay: i64, noreply: bool, out: &mut Vec<u8>) -> Flow {
+        WorkerStats::add(&self.worker.cmd_flush, 1);
+        if !self.server.admin.flush_enabled {
+            // `-F`: counted, refused, as memcached does.
+            if !noreply {
+                out.extend_from_slice(b"CLIENT_ERROR flush_all not allowed\r\n");
+            }
+            return Flow::Done;
+        }
+        self.store.flush_all(delay);
+        if !noreply {
+            out.extend_from_slice(r::OK);
+        }
+        if self.disk.sync {
+            return defer(Blocking::SyncAll);
+        }
+        Flow::Done
+    }
+
+    /// `verbosity <level>`.
+    pub(super) fn verbosity(&mut self, level: u32, noreply: bool, out: &mut Vec<u8>) -> Flow {
+        self.server.verbosity.store(u64::from(level), Relaxed);
+        if !noreply {
+            out.extend_from_slice(r::OK);
+        }
+        Flow::Done
+    }
+
+    /// `slabs automove <mode>`.
+    pub(super) fn slabs_automove(&mut self, mode: u8, out: &mut Vec<u8>) -> Flow {
+        self.server.slab_automove.store(u64::from(mode), Relaxed);
+        out.extend_from_slice(r::OK);
+        Flow::Done
+    }
+
+    /// `version`.
+    pub(super) fn version(&mut self, out: &mut Vec<u8>) -> Flow {
+        r::version(out, VERSION);
+        Flow::Done
+    }
+
+    /// `cluster …` outside a cluster: only a cluster node knows it (its service answers it
+    /// before the engine); memcached's answer otherwise.
+    pub(super) fn not_a_cluster(&mut self, out: &mut Vec<u8>) -> Flow {
+        out.extend_from_slice(r::ERROR);
+        Flow::Done
+    }
+
+    /// An administration command; `watch` hands the connection over to the log thread.
+    pub(super) fn admin(&mut self, cmd: Admin<'_>, out: &mut Vec<u8>) -> Flow {
+        let Admin::Watch { streams } = cmd else {
+            if admin::execute(&self.server.admin, &self.store, cmd, out) == Next::Close {
+                return Flow::Close;
+            }
+            return Flow::Done;
+        };
+        let Some(streams) = streams else {
+            out.extend_from_slice(r::ERROR);
+            return Flow::Done;
+        };
+        // Replies composed before it leave first (memcached refuses a `watch`
+        // behind unsent replies); input after it is not read.
+        // A TLS connection's bytes are rustls's: the log thread cannot write to
+        // its socket.
+        if self.over_tls {
+            out.extend_from_slice(b"WATCHER_FAILED failed to add log watcher\r\n");
+            return Flow::Done;
+        }
+        if self.server.admin.watchers.check_room().is_err() {
+            out.extend_from_slice(b"WATCHER_TOO_MANY log watcher limit reached\r\n");
+            return Flow::Done;
+        }
+        out.extend_from_slice(r::OK);
+        self.watch = streams;
+        Flow::HandOff
+    }
+
+    /// `stats [group]`.
+    pub(super) fn stats_command(&mut self, group: Option<&[u8]>, out: &mut Vec<u8>) -> Flow {
+        self.stats(group, out);
+        Flow::Done
+    }
+
+    fn stats(&mut self, group: Option<&[u8]>, out: &mut Vec<u8>) {
+        match group {
+            None => {
+                for stat in self.server.snapshot(&self.store).fields {
+                    r::stat(out, stat.name, stat.value);
+                }
+            }
+            Some(b"settings") => {
+                for (name, value) in self.server.settings(&self.store) {
+                    r::stat(out, name, value);
+                }
+            }
+            // memcached's per-size histogram is off unless `stats sizes_enable`; kvlab has none.
+            Some(b"sizes") => r::stat(out, "sizes_status", "disabled"),
+            Some(b"items") => {
+                let now = self.store.now_unix();
+                return slabs::stats_items(&self.store, &self.server.admin.evictions, now, out);
+            }
+            Some(b"slabs") => {
+                let now = self.store.now_unix();
+                let classes = &self.server.admin.classes;
+                return slabs::stats_slabs(&self.store, classes, now, out);
+            }
+            Some(b"kvlab") => {
+                for stat in self.server.snapshot(&self.store).kvlab {
+                    r::stat(out, stat.name, stat.value);
+                }
+            }
+            Some(b"latency") => {
+                for (name, value) in self.server.latency() {
+                    r::stat(out, &name, value);
+                }
+            }
+            Some(b"conns") => {
+                let uptime = self.server.started.elapsed().as_secs();
+                let listener = self.server.listen_fd.map(|fd| (fd, uptime));
+                let lines = self.server.admin.conns.lines(listener, self.cfd);
+                for (name, value) in lines {
+                    r::stat(out, &name, value);
+                }
+            }
+            Some(b"reset") => {
+                self.server.reset(&self.store);
+                self.server.admin.detail.clear();
+                out.extend_from_slice(r::RESET);
+                return;
+            }
+            Some(_) => {
+                out.extend_from_slice(r::ERROR);
+                return;
+            }
+        }
+        out.extend_from_slice(r::END);
+    }
+}

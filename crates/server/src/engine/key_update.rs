@@ -1,0 +1,43 @@
+//! One existing key removed or given a new expiry: `delete`, `touch`.
+
+use kvlab_protocol::response as r;
+
+use super::{Engine, Flow, WorkerStats};
+
+impl Engine {
+    /// `delete`.
+    #[inline]
+    pub(super) fn delete(&mut self, key: &[u8], noreply: bool, out: &mut Vec<u8>) -> Flow {
+        if self.server.admin.detail.enabled() {
+            self.server.admin.detail.delete(key);
+        }
+        let deleted = self.store.delete(key);
+        if !noreply {
+            out.extend_from_slice(if deleted { r::DELETED } else { r::NOT_FOUND });
+        }
+        if deleted {
+            return self.persisted(key);
+        }
+        Flow::Done
+    }
+
+    /// `touch`: a new expiry.
+    #[inline]
+    pub(super) fn touch(
+        &mut self,
+        key: &[u8],
+        exptime: i64,
+        noreply: bool,
+        out: &mut Vec<u8>,
+    ) -> Flow {
+        WorkerStats::add(&self.worker.cmd_touch, 1);
+        let touched = self.store.touch(key, exptime);
+        if !noreply {
+            out.extend_from_slice(if touched { r::TOUCHED } else { r::NOT_FOUND });
+        }
+        if touched {
+            return self.persisted(key);
+        }
+        Flow::Done
+    }
+}
