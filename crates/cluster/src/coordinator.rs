@@ -190,7 +190,10 @@ pub fn remove(
 ) -> Result<MigrationReport, ClusterError> {
     let t = load(store)?;
     if !t.nodes.iter().any(|n| n == node) {
-        return Err(ClusterError::Invalid(format!("{node} is not a node")));
+        return Err(ClusterError::Invalid(format!(
+            "{node} is not a member of the ring (members: {})",
+            t.nodes.join(" ")
+        )));
     }
     if t.nodes.len() == 1 {
         return Err(ClusterError::Invalid("cannot remove the last node".into()));

@@ -24,6 +24,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::ClusterError;
 
+/// `path` made absolute for a message (as it is when that fails): a path relative to
+/// where the command ran says little once it is read elsewhere.
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 /// How often a node reads a topology file.
 pub const POLL: Duration = Duration::from_millis(20);
 
@@ -234,9 +240,14 @@ impl FileStore {
 impl TopologyStore for FileStore {
     fn load(&self) -> Result<Option<Topology>, ClusterError> {
         match fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes)
-                .map(Some)
-                .map_err(|e| ClusterError::Store(format!("{}: {e}", self.path.display()))),
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+                ClusterError::Store(format!(
+                    "{} is not a kvlab cluster topology ({e}); one is the JSON that `kvlab \
+                     cluster up` or `create` writes, e.g. {{\"epoch\": 1, \"vnodes\": 1024, \
+                     \"nodes\": [\"127.0.0.1:7101\", \"127.0.0.1:7102\"]}}",
+                    absolute(&self.path).display()
+                ))
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(ClusterError::Store(format!("{}: {e}", self.path.display()))),
         }
@@ -259,7 +270,7 @@ impl TopologyStore for FileStore {
     }
 
     fn describe(&self) -> String {
-        format!("file {}", self.path.display())
+        format!("file {}", absolute(&self.path).display())
     }
 
     fn clear(&self) -> Result<(), ClusterError> {

@@ -81,6 +81,13 @@ enum ClusterCommand {
         #[arg(last = true)]
         server_args: Vec<String>,
     },
+    /// Start a stopped member again (crashed, killed, or stopped by hand) on this machine,
+    /// with the flags `up` or `add --start` first gave it: over its own data directory
+    /// (`--data-dir D` became `D/node-PORT`), so a durable node comes back with its keys.
+    Start {
+        /// The member, HOST:PORT.
+        node: String,
+    },
     /// Move a node's keys to the others and take it out of the ring (it keeps running;
     /// stop it afterwards).
     Remove {
@@ -206,6 +213,39 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
                     bail!("{e}\nundone: stopped the node it started{}", lines(&killed))
                 }
             }
+        }
+        ClusterCommand::Start { node } => {
+            let Some(t) = store.load()? else {
+                bail!("no cluster in {}", store.describe());
+            };
+            let mut members = t.nodes.clone();
+            members.extend(t.migration.iter().flat_map(|m| m.to.iter().cloned()));
+            if !members.contains(&node) {
+                bail!(
+                    "{node} is not a member of the ring (members: {}); `kvlab cluster add \
+                     --start {node}` adds a new one",
+                    t.nodes.join(" ")
+                );
+            }
+            if let Ok(status) = coordinator::node_status(&node) {
+                bail!(
+                    "{node} is running already (pid {})",
+                    status["pid"]
+                        .as_u64()
+                        .map_or("unknown".into(), |p| p.to_string())
+                );
+            }
+            local::check_free(std::slice::from_ref(&node))?;
+            let mut s = local::restart(&dir, &args.topology, &node)?;
+            if let Err(e) = local::wait(&mut s) {
+                let killed = local::stop_started(vec![s], &dir);
+                bail!(
+                    "{e:#}\nundone: stopped the node it started{}",
+                    lines(&killed)
+                );
+            }
+            println!("{node} started again (pid {}) with its own flags", s.pid());
+            Ok(())
         }
         ClusterCommand::Remove { node } => {
             let r = coordinator::remove(store.as_ref(), &node, &mut show_progress())?;

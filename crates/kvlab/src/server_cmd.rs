@@ -338,6 +338,38 @@ pub fn init_logging(verbose: u8) {
         .try_init();
 }
 
+/// Refuses a `--data-dir` that holds cluster nodes' directories (`node-PORT`, as `kvlab
+/// cluster up -- --data-dir D` lays them out) instead of a store: a node started over it
+/// would start empty and join the ring, and its keys would read as misses.
+fn not_a_parent_of_nodes(dir: &std::path::Path, port: &str) -> anyhow::Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(()); // a new directory
+    };
+    let mut nodes: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| {
+            n.strip_prefix("node-")
+                .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect();
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    nodes.sort();
+    let own = dir.join(format!("node-{port}"));
+    anyhow::bail!(
+        "--data-dir {} holds the data directories of cluster nodes ({}), not a store of its \
+         own: this node's is {}{} (`kvlab cluster start HOST:PORT` restarts a member over its \
+         own directory with the flags it was started with)",
+        dir.display(),
+        nodes.join(", "),
+        own.display(),
+        if own.is_dir() { "" } else { " (not there yet)" }
+    )
+}
+
 /// Runs `kvlab server` until SIGINT or SIGTERM.
 pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     init_logging(args.verbose);
@@ -364,6 +396,14 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         anyhow::bail!("Number of requests per event must be greater than 0");
     }
     let ext = extended(args.crawler_interval_ms, &args.extended)?;
+    if let Some(dir) = &args.data_dir {
+        let port = args
+            .cluster_node
+            .as_deref()
+            .and_then(|n| n.rsplit_once(':'))
+            .map_or_else(|| args.port.to_string(), |(_, p)| p.to_string());
+        not_a_parent_of_nodes(dir, &port)?;
+    }
     // As memcached: privileges go before any socket or file is opened.
     if let Some(user) = &args.user {
         drop_privileges(user)?;

@@ -973,23 +973,6 @@ fn cluster_fails(topology: &str, args: &[&str]) -> String {
     said
 }
 
-/// The first of `n` consecutive free 127.0.0.1 ports (for `up --base-port`).
-fn consecutive_free_ports(n: u16) -> u16 {
-    for _ in 0..100 {
-        let first = free_ports(1).unwrap()[0];
-        let Some(end) = first.checked_add(n) else {
-            continue;
-        };
-        let held: Result<Vec<TcpListener>, _> = (first..end)
-            .map(|p| TcpListener::bind(("127.0.0.1", p)))
-            .collect();
-        if held.is_ok() {
-            return first;
-        }
-    }
-    panic!("no {n} consecutive free ports");
-}
-
 /// Whether process `pid` still runs (a zombie has exited).
 fn running(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -1200,4 +1183,137 @@ fn down_of_an_etcd_cluster_from_another_directory_stops_its_nodes() {
     }
     assert!(!listening(base) && !listening(base + 1), "{said}");
     assert_eq!(open_store(&topology).unwrap().load().unwrap(), None);
+}
+
+/// Restarting a durable member: `up -- --data-dir D` gives each node `D/node-PORT`. A node
+/// killed with -9 and started by hand over `D` would come back empty and lose a third of
+/// the keys: it refuses, naming the directory it should use; `kvlab cluster start ADDR`
+/// restarts it with its own flags over its own directory, and every key reads back.
+#[test]
+fn a_killed_durable_member_is_started_again_over_its_own_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("topology.json");
+    let topology = path.display().to_string();
+    let data = dir.path().join("D");
+    let _reap = Reap(dir.path().join("pids"));
+    let base = consecutive_free_ports(3);
+    let names: Vec<String> = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect();
+    cluster(
+        &topology,
+        &[
+            "up",
+            "--nodes",
+            "3",
+            "--base-port",
+            &base.to_string(),
+            "--",
+            "-m",
+            "64",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--durability",
+            "sync",
+        ],
+    );
+    let keys = "3000";
+    let bench = |args: &[&str]| {
+        let out = Command::new(KVLAB)
+            .args([
+                "bench",
+                "--cluster",
+                &names[0],
+                "--keys",
+                keys,
+                "-T",
+                "1",
+                "-c",
+                "2",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        said
+    };
+    bench(&["--load", "--requests", "1"]);
+    let pid = node_status(&names[1]).unwrap()["pid"].as_u64().unwrap() as i32;
+    // SAFETY: kill(2) of the node this test's `up` started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    until("the node to die", || !running(pid));
+    // By hand over the cluster's directory: refused, with the node's own path.
+    let port = (base + 1).to_string();
+    let out = Command::new(KVLAB)
+        .args(["server", "-l", "127.0.0.1", "-p", &port, "--data-dir"])
+        .arg(&data)
+        .args(["--cluster", &topology, "--cluster-node", &names[1]])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    let own = data.join(format!("node-{port}"));
+    assert!(said.contains(&own.display().to_string()), "{said}");
+    // Started again by the cluster: with its own directory, so nothing reads as a miss.
+    let out = cluster(&topology, &["start", &names[1]]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("started again"),
+        "{out:?}"
+    );
+    let said = cluster_fails(&topology, &["start", &names[1]]);
+    assert!(said.contains("running already"), "{said}");
+    let report = bench(&[
+        "--mix",
+        "get=1",
+        "--key-dist",
+        "sequential",
+        "--requests",
+        keys,
+        "--verify",
+    ]);
+    assert!(
+        report.contains("misses 0)") && report.contains("errors 0 (verification 0)"),
+        "{report}"
+    );
+    cluster(&topology, &["down"]);
+}
+
+/// An operator's mistakes get messages that name the cause: a file that is not a topology
+/// (and what one looks like), a member to remove or start that is not one (and the
+/// members), a `down` with no cluster (the absolute path it looked at).
+#[test]
+fn an_operators_mistakes_name_their_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{not json").unwrap();
+    let said = cluster_fails(bad.to_str().unwrap(), &["status"]);
+    assert!(
+        said.contains("is not a kvlab cluster topology") && said.contains("\"nodes\""),
+        "{said}"
+    );
+    let (dir2, names, _nodes) = two_of_three();
+    let topology = dir2.path().join("topology.json").display().to_string();
+    let said = cluster_fails(&topology, &["remove", &names[2]]);
+    let members = format!(
+        "not a member of the ring (members: {} {})",
+        names[0], names[1]
+    );
+    assert!(said.contains(&members), "{said}");
+    let said = cluster_fails(&topology, &["start", &names[2]]);
+    assert!(said.contains(&members), "{said}");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(KVLAB)
+        .args(["cluster", "down"])
+        .current_dir(elsewhere.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    let looked = elsewhere.path().join("kvlab-cluster").join("topology.json");
+    assert!(
+        !out.status.success() && said.contains(&looked.display().to_string()),
+        "{said}"
+    );
 }

@@ -33,6 +33,8 @@ pub struct Started {
     pub node: String,
     child: Child,
     log: PathBuf,
+    /// Where this start's lines begin in the log (a restarted node's log goes on).
+    log_from: u64,
 }
 
 impl Started {
@@ -60,13 +62,12 @@ pub fn check_free(nodes: &[String]) -> anyhow::Result<()> {
 }
 
 /// A node's own flags from the flags every local node gets: `--data-dir DIR` becomes
-/// `DIR/node-PORT`, so the nodes of one machine keep their data apart.
+/// `DIR/node-PORT` (absolute, so that `cluster start` finds it from any directory), so the
+/// nodes of one machine keep their data apart.
 fn node_args(extra: &[String], port: &str) -> Vec<String> {
     let own = |dir: &str| {
-        Path::new(dir)
-            .join(format!("node-{port}"))
-            .display()
-            .to_string()
+        let dir = std::path::absolute(dir).unwrap_or_else(|_| PathBuf::from(dir));
+        dir.join(format!("node-{port}")).display().to_string()
     };
     let mut out = Vec::with_capacity(extra.len());
     let mut data_dir_next = false;
@@ -86,21 +87,73 @@ fn node_args(extra: &[String], port: &str) -> Vec<String> {
 
 /// Starts `kvlab server --cluster TOPOLOGY` for `node` in the background (its own process
 /// group, so it outlives this command), logging to `DIR/node-PORT.log`; its pid goes to
-/// `DIR/pids`. A `--data-dir DIR` among `extra` is the node's `DIR/node-PORT`.
+/// `DIR/pids`, and its own flags to `DIR/node-PORT.args` (for [`restart`]). A `--data-dir
+/// DIR` among `extra` is the node's `DIR/node-PORT`.
 pub fn start(dir: &Path, topology: &str, node: &str, extra: &[String]) -> anyhow::Result<Started> {
-    let (host, port) = node
-        .rsplit_once(':')
-        .with_context(|| format!("{node}: expected HOST:PORT"))?;
-    let extra = node_args(extra, port);
+    let (_, port) = split(node)?;
+    let own = node_args(extra, port);
+    let args_path = args_file(dir, port);
+    let text = serde_json::to_string(&own).context("the node's flags")?;
+    std::fs::write(&args_path, text + "\n")
+        .with_context(|| format!("recording node {node}'s flags in {}", args_path.display()))?;
+    spawn(dir, topology, node, &own, false)
+}
+
+/// Starts `node` again, a member that stopped (crashed, killed, or stopped by hand), with
+/// the flags it was first started with (`DIR/node-PORT.args`): over its own data directory.
+pub fn restart(dir: &Path, topology: &str, node: &str) -> anyhow::Result<Started> {
+    let (_, port) = split(node)?;
+    let args_path = args_file(dir, port);
+    let text = match std::fs::read_to_string(&args_path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "{node} was not started by `kvlab cluster up` or `add --start` of this topology \
+             (no {}): start it by hand as it was started before (`kvlab server … --cluster \
+             TOPOLOGY --cluster-node {node}`, with its own --data-dir)",
+            args_path.display()
+        ),
+        Err(e) => bail!("reading {}: {e}", args_path.display()),
+    };
+    let own: Vec<String> = serde_json::from_str(&text)
+        .with_context(|| format!("{}: not a list of flags", args_path.display()))?;
+    // Its log goes on after what it said before it stopped.
+    spawn(dir, topology, node, &own, true)
+}
+
+fn split(node: &str) -> anyhow::Result<(&str, &str)> {
+    node.rsplit_once(':')
+        .with_context(|| format!("{node}: expected HOST:PORT"))
+}
+
+/// Where a local node's own flags are kept: `DIR/node-PORT.args` (a JSON list).
+fn args_file(dir: &Path, port: &str) -> PathBuf {
+    dir.join(format!("node-{port}.args"))
+}
+
+/// Spawns the node with its own flags `own` (see [`start`]), its log new or `appended`.
+fn spawn(
+    dir: &Path,
+    topology: &str,
+    node: &str,
+    own: &[String],
+    appended: bool,
+) -> anyhow::Result<Started> {
+    let (host, port) = split(node)?;
     let log_path = dir.join(format!("node-{port}.log"));
-    let log = std::fs::File::create(&log_path)
-        .with_context(|| format!("creating {}", log_path.display()))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(appended)
+        .truncate(!appended)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    let log_from = log.metadata().map_or(0, |m| m.len());
     let exe = std::env::current_exe().context("finding the kvlab binary")?;
     use std::os::unix::process::CommandExt;
     let child = Command::new(exe)
         .args(
             NodeCommand::node(host, port, topology, node)
-                .args(&extra)
+                .args(own)
                 .to_args(),
         )
         .stdin(Stdio::null())
@@ -113,6 +166,7 @@ pub fn start(dir: &Path, topology: &str, node: &str, extra: &[String]) -> anyhow
         node: node.to_string(),
         child,
         log: log_path,
+        log_from,
     };
     let pids_path = dir.join("pids");
     let recorded = std::fs::OpenOptions::new()
@@ -141,7 +195,7 @@ pub fn wait(s: &mut Started) -> anyhow::Result<()> {
                 "node {} exited ({status}) before it answered; its log {} says: {}",
                 s.node,
                 s.log.display(),
-                log_error(&s.log)
+                log_error(&s.log, s.log_from)
             );
         }
         match node_status(&s.node) {
@@ -175,8 +229,9 @@ pub fn wait(s: &mut Started) -> anyhow::Result<()> {
 
 /// What a node's log says about why it stopped: its `Error:` line with the causes under it
 /// (`Caused by:`), or a command-line `error:`; else its last line.
-fn log_error(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
+fn log_error(log: &Path, from: u64) -> String {
+    let text = std::fs::read(log).unwrap_or_default();
+    let text = String::from_utf8_lossy(text.get(from as usize..).unwrap_or_default());
     let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
     let Some(at) = lines
         .iter()
@@ -589,7 +644,7 @@ mod tests {
             "error: unexpected argument '--x' found\n\nUsage: kvlab server [OPTIONS]\n",
         )
         .unwrap();
-        assert_eq!(log_error(&log), "error: unexpected argument '--x' found");
+        assert_eq!(log_error(&log, 0), "error: unexpected argument '--x' found");
         std::fs::write(
             &log,
             "Error: starting server on 127.0.0.1:7101\n\nCaused by:\n    Address already in use \
@@ -597,12 +652,12 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            log_error(&log),
+            log_error(&log, 0),
             "Error: starting server on 127.0.0.1:7101: Address already in use (os error 98)"
         );
         std::fs::write(&log, "Error: a\n\nCaused by:\n    0: b\n    1: c\n").unwrap();
-        assert_eq!(log_error(&log), "Error: a: b: c");
+        assert_eq!(log_error(&log, 0), "Error: a: b: c");
         std::fs::write(&log, "listening\nshutting down\n").unwrap();
-        assert_eq!(log_error(&log), "shutting down");
+        assert_eq!(log_error(&log, 0), "shutting down");
     }
 }
