@@ -9,6 +9,8 @@ use clap::Args;
 use kvlab_server::{CrawlerConfig, IoModel, Server, ServerConfig};
 use kvlab_store::{Durability, DurableConfig, Policy};
 
+mod process;
+
 /// Flags of `kvlab server`.
 #[derive(Debug, Args)]
 pub struct ServerArgs {
@@ -92,7 +94,10 @@ pub struct ServerArgs {
     /// default), no_slab_reassign, idle_timeout=SECONDS, modern (the default: nothing to
     /// change), no_modern (memcached 1.4's defaults that kvlab has: no crawler, no slab
     /// reassign), read_buf_mem_limit=MB (the most all connections' buffers may grow by,
-    /// as memcached's), lru_maintainer and no_lru_maintainer (accepted: kvlab keeps its LRU as it
+    /// as memcached's); hashpower=N, slab_automove[=N], temporary_ttl=N, maxconns_fast and
+    /// track_sizes are accepted with no effect (kvlab's table grows by itself, it has no
+    /// slabs to move, no temporary items, and refuses excess connections as memcached's
+    /// maxconns_fast does), each said in one line at start; lru_maintainer and no_lru_maintainer (accepted: kvlab keeps its LRU as it
     /// serves, with no maintainer thread), slab_chunk_max=BYTES (accepted: kvlab has no
     /// slab chunks, an item is charged its own size), watcher_logbuf_size=BYTES (accepted:
     /// a watcher's backlog is bounded by kvlab's own limit) and the ssl_* options of -Z.
@@ -161,6 +166,31 @@ pub struct ServerArgs {
     /// Verbose: -v logs errors and warnings and connection events, -vv each bad request.
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Run as a daemon (memcached's -d): the command returns once the server listens (or
+    /// fails, with its error and exit status 1), and the server goes on detached in a
+    /// session of its own, its standard streams on /dev/null (unless -v). Unlike
+    /// memcached it keeps its working directory, so relative paths keep their meaning.
+    #[arg(short = 'd', long = "daemon")]
+    daemonize: bool,
+    /// Write the server's pid to this file once it listens; removed when it shuts down
+    /// (memcached's -P).
+    #[arg(short = 'P', long = "pidfile")]
+    pid_file: Option<std::path::PathBuf>,
+    /// Lock all of the server's memory, current and future (mlockall, memcached's -k): a
+    /// warning when the limit (ulimit -l) does not allow it, as memcached warns.
+    #[arg(short = 'k', long = "lock-memory")]
+    lock_memory: bool,
+    /// Raise the core file size limit to its maximum (memcached's -r).
+    #[arg(short = 'r', long = "enable-coredumps")]
+    enable_coredumps: bool,
+    /// memcached's large memory pages (-L): accepted, no effect (kvlab's items come from
+    /// the system allocator, which uses transparent huge pages where the kernel does).
+    #[arg(short = 'L', long = "enable-largepages")]
+    large_pages: bool,
+    /// memcached's memory file for restarts (-e PATH): accepted, no effect; kvlab keeps
+    /// its items across restarts with --data-dir.
+    #[arg(short = 'e', long = "memory-file")]
+    memory_file: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
@@ -192,6 +222,8 @@ struct Extended {
     slab_reassign: bool,
     idle_timeout: Option<std::time::Duration>,
     tls: kvlab_server::tls::TlsSettings,
+    /// memcached options accepted with no effect (one line each on stderr at start).
+    ignored: Vec<String>,
 }
 
 /// The `-o` options (and `--crawler-interval-ms`, which `-o lru_crawler` must agree
@@ -221,6 +253,16 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
             // help): accepted so that scripts written for memcached start kvlab.
             ("lru_maintainer", None) => out.lru_maintainer = true,
             ("no_lru_maintainer", None) => out.lru_maintainer = false,
+            // memcached's tuning of parts kvlab does not have: accepted, with one line
+            // saying so (see the flag's help).
+            ("hashpower" | "slab_automove" | "temporary_ttl", Some(v)) => {
+                v.parse::<u64>()
+                    .with_context(|| format!("-o {name}={v}: not a number"))?;
+                out.ignored.push(format!("-o {name}={v}"));
+            }
+            ("maxconns_fast" | "no_maxconns_fast" | "track_sizes" | "slab_automove", None) => {
+                out.ignored.push(format!("-o {name}"));
+            }
             ("slab_chunk_max" | "watcher_logbuf_size", Some(v)) => {
                 v.parse::<u64>()
                     .with_context(|| format!("-o {name}={v}: not a number of bytes"))?;
@@ -257,7 +299,8 @@ fn extended(interval_ms: u64, extended: &[String]) -> anyhow::Result<Extended> {
                  slab_reassign, no_slab_reassign, idle_timeout=N, modern, no_modern, \
                  read_buf_mem_limit=MB, lru_maintainer, no_lru_maintainer, \
                  slab_chunk_max=N, watcher_logbuf_size=N, ssl_chain_cert=, ssl_key=, ssl_ca_cert=, \
-                 ssl_verify_mode=)"
+                 ssl_verify_mode=; hashpower=N, slab_automove[=N], temporary_ttl=N, \
+                 maxconns_fast and track_sizes are accepted with no effect)"
             ),
         }
     }
@@ -395,7 +438,17 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     if args.reqs_per_event == Some(0) {
         anyhow::bail!("Number of requests per event must be greater than 0");
     }
+    // memcached's own refusals, in its words.
+    if args.item_size_max > args.memory_mb.saturating_mul(1024 * 1024) / 2 {
+        anyhow::bail!("Cannot set item size limit higher than 1/2 of memory max.");
+    }
+    if args.conn_limit == 0 {
+        anyhow::bail!("Maximum connections must be greater than 0");
+    }
     let ext = extended(args.crawler_interval_ms, &args.extended)?;
+    for what in accepted_without_effect(&args, &ext) {
+        eprintln!("kvlab server: {what}");
+    }
     if let Some(dir) = &args.data_dir {
         let port = args
             .cluster_node
@@ -463,6 +516,13 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
             node: args.cluster_node.clone(),
             open: kvlab_etcd::open_store,
         });
+    // Before any thread starts (the signal thread, the server's): fork is safe only then.
+    let daemon = if args.daemonize {
+        Some(process::daemonize()?)
+    } else {
+        None
+    };
+    process::limits(args.lock_memory, args.enable_coredumps);
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
@@ -495,6 +555,13 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
                 .map(|a| format!(", REST on http://{a}/"))
                 .unwrap_or_default()
     );
+    let pid_file = args
+        .pid_file
+        .as_deref()
+        .and_then(process::PidFile::write);
+    if let Some(d) = daemon {
+        d.ready(args.verbose > 0);
+    }
     let stop = server.stop_handle();
     std::thread::Builder::new()
         .name("kvlab-signals".into())
@@ -506,7 +573,32 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         })?;
     server.wait();
     server.shutdown();
+    drop(pid_file);
     Ok(())
+}
+
+/// The memcached flags given that kvlab accepts with no effect, each with why.
+fn accepted_without_effect(args: &ServerArgs, ext: &Extended) -> Vec<String> {
+    let mut out = Vec::new();
+    if args.large_pages {
+        out.push(
+            "-L accepted, no effect: items come from the system allocator (transparent huge \
+             pages where the kernel uses them)"
+                .to_string(),
+        );
+    }
+    if let Some(p) = &args.memory_file {
+        out.push(format!(
+            "-e {} accepted, no effect: kvlab keeps items across restarts with --data-dir",
+            p.display()
+        ));
+    }
+    for o in &ext.ignored {
+        out.push(format!(
+            "{o} accepted, no effect: kvlab has no such part to tune (docs/server.md)"
+        ));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -123,6 +123,12 @@ fn bad_values_are_refused_with_memcached_s_words() {
         "Number of requests per event must be greater than 0",
     );
     refuse(&["-B", "bogus"], "bogus");
+    // A server that could store nothing, or serve no one, is refused as memcached does.
+    refuse(
+        &["-m", "0"],
+        "Cannot set item size limit higher than 1/2 of memory max.",
+    );
+    refuse(&["-c", "0"], "Maximum connections must be greater than 0");
     refuse(
         &["-o", "read_buf_mem_limit=x"],
         "could not parse argument to read_buf_mem_limit",
@@ -225,5 +231,95 @@ fn cache_items_bounds_the_items_under_every_policy() {
             assert!(items <= 100, "{policy}: {items} items after reading");
         }
         server.stop();
+    }
+}
+
+/// Waits (bounded) until `f` holds.
+fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !f() {
+        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `-d -P FILE`: the command returns once the server listens, the server goes on in a
+/// session of its own with its pid in FILE, and the file goes when the server stops. A
+/// daemon that cannot listen fails the command.
+#[test]
+fn a_daemon_detaches_answers_and_takes_its_pidfile_with_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pid_file = dir.path().join("kvlab.pid");
+    let port = free_port().expect("free port");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let out = Command::new("timeout")
+        .args(["30", env!("CARGO_BIN_EXE_kvlab"), "server", "-d", "-t", "1"])
+        .args(["-p", &port.to_string(), "-P"])
+        .arg(&pid_file)
+        .output()
+        .expect("kvlab runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .expect("the pid file is written once the server listens")
+        .trim()
+        .parse()
+        .expect("a pid");
+    // Detached: a session of its own, and it answers.
+    // SAFETY: getsid only reads a process's session id.
+    assert_eq!(unsafe { libc::getsid(pid) }, pid, "its own session");
+    assert!(exchange(addr, b"version\r\n", b"\r\n").starts_with("VERSION "));
+    // A second daemon on the same port fails, and says so.
+    let again = Command::new("timeout")
+        .args(["30", env!("CARGO_BIN_EXE_kvlab"), "server", "-d"])
+        .args(["-p", &port.to_string()])
+        .output()
+        .expect("kvlab runs");
+    assert_eq!(again.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("Address already in use"));
+    // SAFETY: kill(2) of the daemon this test started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    until("the pid file to go", || !pid_file.exists());
+}
+
+/// memcached's flags for parts kvlab does not have start the server, each said in one
+/// line; -k and -r are applied (a refused mlockall is a warning, as in memcached).
+#[test]
+fn memcached_flags_without_a_counterpart_are_accepted_and_said() {
+    let port = free_port().expect("free port");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+        .args(["server", "-t", "1", "-p", &port.to_string()])
+        .args(["-L", "-k", "-r", "-e", "/tmp/kvlab-no-memory-file"])
+        .args(["-o", "hashpower=20,maxconns_fast,track_sizes,slab_automove=1,temporary_ttl=10"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kvlab runs");
+    until("the server to answer", || {
+        TcpStream::connect(addr).is_ok_and(|mut s| {
+            s.set_read_timeout(Some(Duration::from_secs(2))).is_ok()
+                && s.write_all(b"version\r\n").is_ok()
+                && s.read(&mut [0u8; 64]).is_ok_and(|n| n > 0)
+        })
+    });
+    // SAFETY: kill(2) of the server this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut said = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut said)
+        .expect("read stderr");
+    child.wait().expect("wait");
+    for flag in [
+        "-L accepted",
+        "-e /tmp/kvlab-no-memory-file accepted",
+        "-o hashpower=20 accepted",
+        "-o maxconns_fast accepted",
+        "-o track_sizes accepted",
+        "-o slab_automove=1 accepted",
+        "-o temporary_ttl=10 accepted",
+    ] {
+        assert!(said.contains(flag), "{flag:?} not said in\n{said}");
     }
 }
