@@ -166,6 +166,13 @@ pub struct ServerArgs {
     /// Verbose: -v logs errors and warnings and connection events, -vv each bad request.
     #[arg(short = 'v', action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Listen on this unix-domain socket instead of TCP (memcached's -s): clients on the
+    /// same host, no network. A socket left at PATH by a server that died is replaced.
+    #[arg(short = 's', long = "unix-socket")]
+    unix_socket: Option<std::path::PathBuf>,
+    /// The unix socket's permissions, octal (memcached's -a; default 0700).
+    #[arg(short = 'a', long = "unix-mask", default_value = "0700", value_parser = parse_mask)]
+    unix_mask: u32,
     /// Run as a daemon (memcached's -d): the command returns once the server listens (or
     /// fails, with its error and exit status 1), and the server goes on detached in a
     /// session of its own, its standard streams on /dev/null (unless -v). Unlike
@@ -191,6 +198,13 @@ pub struct ServerArgs {
     /// its items across restarts with --data-dir.
     #[arg(short = 'e', long = "memory-file")]
     memory_file: Option<std::path::PathBuf>,
+}
+
+fn parse_mask(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s.trim_start_matches("0o"), 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal permission mask (e.g. 0700, 0766)"))
 }
 
 pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
@@ -471,6 +485,13 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         .context("memory limit too large")?;
     let config = ServerConfig {
         listen: SocketAddr::new(args.listen, args.port),
+        unix_socket: args
+            .unix_socket
+            .clone()
+            .map(|path| kvlab_server::UnixSocket {
+                path,
+                mask: args.unix_mask,
+            }),
         threads: args.threads,
         memory_limit,
         cache_items: args.cache_items,
@@ -532,10 +553,16 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         Some(cluster) => kvlab_cluster::serve(config, cluster),
         None => Server::start(config),
     }
-    .with_context(|| format!("starting server on {}:{}", args.listen, args.port))?;
+    .with_context(|| match &args.unix_socket {
+        Some(p) => format!("starting server on unix socket {}", p.display()),
+        None => format!("starting server on {}:{}", args.listen, args.port),
+    })?;
     eprintln!(
         "kvlab server listening on {} ({} threads, {} MiB{}, eviction {}, io {}{}){}",
-        server.addr(),
+        match &args.unix_socket {
+            Some(p) => format!("unix:{}", p.display()),
+            None => server.addr().to_string(),
+        },
         args.threads,
         args.memory_mb,
         match args.cache_items {
@@ -555,10 +582,7 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
                 .map(|a| format!(", REST on http://{a}/"))
                 .unwrap_or_default()
     );
-    let pid_file = args
-        .pid_file
-        .as_deref()
-        .and_then(process::PidFile::write);
+    let pid_file = args.pid_file.as_deref().and_then(process::PidFile::write);
     if let Some(d) = daemon {
         d.ready(args.verbose > 0);
     }
@@ -573,6 +597,9 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         })?;
     server.wait();
     server.shutdown();
+    if let Some(p) = &args.unix_socket {
+        let _ = std::fs::remove_file(p);
+    }
     drop(pid_file);
     Ok(())
 }

@@ -258,7 +258,11 @@ fn a_daemon_detaches_answers_and_takes_its_pidfile_with_it() {
         .arg(&pid_file)
         .output()
         .expect("kvlab runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let pid: i32 = std::fs::read_to_string(&pid_file)
         .expect("the pid file is written once the server listens")
         .trim()
@@ -290,7 +294,10 @@ fn memcached_flags_without_a_counterpart_are_accepted_and_said() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
         .args(["server", "-t", "1", "-p", &port.to_string()])
         .args(["-L", "-k", "-r", "-e", "/tmp/kvlab-no-memory-file"])
-        .args(["-o", "hashpower=20,maxconns_fast,track_sizes,slab_automove=1,temporary_ttl=10"])
+        .args([
+            "-o",
+            "hashpower=20,maxconns_fast,track_sizes,slab_automove=1,temporary_ttl=10",
+        ])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("kvlab runs");
@@ -322,4 +329,34 @@ fn memcached_flags_without_a_counterpart_are_accepted_and_said() {
     ] {
         assert!(said.contains(flag), "{flag:?} not said in\n{said}");
     }
+}
+
+/// `-s PATH -a MASK`: the server listens on a unix socket with those permissions (no TCP
+/// port), serves it, and removes it when it stops.
+#[test]
+fn a_unix_socket_is_served_with_its_mask() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("kvlab.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+        .args(["server", "-t", "1", "-a", "0760", "-s"])
+        .arg(&path)
+        .spawn()
+        .expect("kvlab runs");
+    let connect = || std::os::unix::net::UnixStream::connect(&path);
+    until("the socket to answer", || connect().is_ok());
+    let mode = std::fs::metadata(&path)
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o760);
+    let mut s = connect().expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let got = kvlab_testkit::wire::exchange(&mut s, b"set k 0 0 2\r\nhi\r\nget k\r\n", b"END\r\n");
+    assert_eq!(got, b"STORED\r\nVALUE k 0 2\r\nhi\r\nEND\r\n");
+    // SAFETY: kill(2) of the server this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().expect("wait");
+    assert!(!path.exists(), "the socket is removed at shutdown");
 }

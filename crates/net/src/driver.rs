@@ -301,8 +301,12 @@ pub fn accept_one<A: App>(
     listener: &TcpListener,
     app: &A,
 ) -> Option<(TcpStream, std::net::SocketAddr)> {
+    use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
     loop {
-        match listener.accept() {
+        // SAFETY: the descriptor is the new connection's, owned by nothing else.
+        match accept_fd(listener.as_raw_fd())
+            .map(|(fd, peer)| (unsafe { TcpStream::from_raw_fd(fd.into_raw_fd()) }, peer))
+        {
             Ok((mut stream, peer)) => {
                 if !admit(app, &mut stream, peer) {
                     continue;
@@ -319,4 +323,59 @@ pub fn accept_one<A: App>(
             }
         }
     }
+}
+
+/// Accepts a connection on listening socket `listener`, non-blocking and close-on-exec,
+/// with its peer's address. A TCP listener's peer is its address; a unix-domain
+/// listener's (`kvlab server -s PATH`) has none, and is `0.0.0.0:0`. The drivers treat
+/// either connection alike: reads, writes and shutdown are the same system calls (a unix
+/// socket refuses TCP_NODELAY, which the drivers ask for best effort).
+pub fn accept_fd(
+    listener: std::os::fd::RawFd,
+) -> io::Result<(std::os::fd::OwnedFd, std::net::SocketAddr)> {
+    use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+    use std::os::fd::FromRawFd;
+    // SAFETY: an all-zero sockaddr_storage is valid; accept4 writes at most `len` bytes
+    // into it and returns a new descriptor or -1.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let fd = unsafe {
+        libc::accept4(
+            listener,
+            (&mut storage as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+            libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: accept4 returned a new descriptor that nothing else owns.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+    let peer = match i32::from(storage.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let a = unsafe {
+                &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            ))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let a = unsafe {
+                &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            ))
+        }
+        _ => SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+    };
+    Ok((fd, peer))
 }

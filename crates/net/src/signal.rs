@@ -332,7 +332,9 @@ impl<A: App> Loop<A> {
 
     fn accept(&mut self) {
         loop {
-            match self.listener.accept() {
+            match driver::accept_fd(self.listener.as_raw_fd())
+                .map(|(fd, peer)| (TcpStream::from(fd), peer))
+            {
                 Ok((mut stream, peer)) => {
                     if !driver::admit(&*self.app, &mut stream, peer) {
                         continue;

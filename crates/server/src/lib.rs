@@ -72,6 +72,9 @@ pub const TOO_MANY_CONNECTIONS: &[u8] = kvlab_protocol::response::TOO_MANY_CONNE
 pub struct ServerConfig {
     /// Address to listen on (`-l`, `-p`); port 0 picks a free one.
     pub listen: SocketAddr,
+    /// A unix-domain socket to listen on instead of `listen` (memcached's `-s PATH`, with
+    /// `-a MASK` its permissions): clients on the same host, no TCP.
+    pub unix_socket: Option<UnixSocket>,
     /// Worker threads (`-t`).
     pub threads: usize,
     /// Cache memory limit in bytes (`-m` is in MiB).
@@ -137,6 +140,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 11211)),
             threads: 4,
             memory_limit: 64 * 1024 * 1024,
+            unix_socket: None,
             cache_items: 0,
             max_connections: 1024,
             backlog: 1024,
@@ -338,6 +342,44 @@ fn reserve_descriptors(config: &ServerConfig) {
 
 /// Sets a listening socket's backlog: std binds with 128; `listen` again on a listening
 /// socket only changes its backlog (Linux).
+/// `-s PATH -a MASK`: a unix-domain socket to listen on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnixSocket {
+    /// The socket's path; a socket already there (left by a server that died) is replaced,
+    /// anything else is an error.
+    pub path: std::path::PathBuf,
+    /// Its permission bits (memcached's `-a`, default 0700).
+    pub mask: u32,
+}
+
+impl UnixSocket {
+    /// Binds the socket with its permissions. The drivers serve it as they serve TCP: they
+    /// take a listening descriptor and accept with [`kvlab_net::driver::accept_fd`], which
+    /// knows either kind, so the listener travels as a `TcpListener` holding it.
+    fn bind(&self) -> io::Result<std::net::TcpListener> {
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        if let Ok(meta) = std::fs::symlink_metadata(&self.path) {
+            if !meta.file_type().is_socket() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("{} exists and is not a socket", self.path.display()),
+                ));
+            }
+            std::fs::remove_file(&self.path)?;
+        }
+        let l = std::os::unix::net::UnixListener::bind(&self.path)?;
+        std::fs::set_permissions(
+            &self.path,
+            std::fs::Permissions::from_mode(self.mask & 0o777),
+        )?;
+        // SAFETY: the descriptor moves from the unix listener, which gives it up, to the
+        // listener type the drivers take; only descriptor-level calls are made on it
+        // (listen, epoll registration, accept4 by `accept_fd`, close).
+        Ok(unsafe { std::net::TcpListener::from_raw_fd(l.into_raw_fd()) })
+    }
+}
+
 fn set_backlog(listener: &std::net::TcpListener, backlog: u32) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let backlog = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
@@ -378,9 +420,15 @@ impl Server {
         };
         limit_malloc_arenas();
         reserve_descriptors(&config);
-        let listener = std::net::TcpListener::bind(config.listen)?;
+        let (listener, addr) = match &config.unix_socket {
+            Some(unix) => (unix.bind()?, SocketAddr::from(([0, 0, 0, 0], 0))),
+            None => {
+                let l = std::net::TcpListener::bind(config.listen)?;
+                let addr = l.local_addr()?;
+                (l, addr)
+            }
+        };
         set_backlog(&listener, config.backlog)?;
-        let addr = listener.local_addr()?;
         let store_config = StoreConfig {
             memory_limit: config.memory_limit,
             item_size_max: config.item_size_max,

@@ -34,6 +34,29 @@ fn table_passes_under_every_io_model() {
     }
 }
 
+/// The same table over a unix-domain socket (`-s PATH`), under every I/O model.
+#[test]
+fn table_passes_over_a_unix_socket_under_every_io_model() {
+    for &io in IoModel::ALL {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("kvlab.sock");
+        let (_server, _clock) = start(io, |c| {
+            with_crawler(c);
+            c.unix_socket = Some(kvlab_server::UnixSocket {
+                path: path.clone(),
+                mask: 0o700,
+            });
+        });
+        let failures = kvlab_testkit::wire::run_table_unix(&path, false);
+        assert!(
+            failures.is_empty(),
+            "io model {} (unix socket):\n{}",
+            io.name(),
+            failures.join("\n")
+        );
+    }
+}
+
 /// The same table over a durable store with `--durability sync`: every miss reads through
 /// from disk and every write is fsynced before its reply, on helper threads in the
 /// event-loop models, inline in the others. Replies must not change.

@@ -357,12 +357,32 @@ pub fn run_table_proxied(addr: SocketAddr, only_same: bool) -> Vec<String> {
 /// connection after a `flush_all` and followed by [`SYNC`]; returns a description of each
 /// mismatch.
 pub fn run_cases(addr: SocketAddr, cases: Vec<Case>, only_same: bool) -> Vec<String> {
+    run_cases_on(|| connect(addr), cases, only_same)
+}
+
+/// [`run_table`] over a unix-domain socket (`kvlab server -s PATH`).
+pub fn run_table_unix(path: &std::path::Path, only_same: bool) -> Vec<String> {
+    let connect = || {
+        let s = std::os::unix::net::UnixStream::connect(path).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        s
+    };
+    run_cases_on(connect, table(), only_same)
+}
+
+/// [`run_cases`] on connections that `connect` opens.
+fn run_cases_on<S: Read + Write>(
+    connect: impl Fn() -> S,
+    cases: Vec<Case>,
+    only_same: bool,
+) -> Vec<String> {
     let mut failures = Vec::new();
     for c in cases
         .into_iter()
         .filter(|c| c.same_as_memcached || !only_same)
     {
-        let mut s = connect(addr);
+        let mut s = connect();
         // Flushed in its own exchange: memcached drops replies pipelined before a `get` with
         // a too-long key, which is not what the table is about.
         assert_eq!(exchange(&mut s, b"flush_all\r\n", b"\r\n"), b"OK\r\n");
@@ -393,13 +413,13 @@ pub fn connect(addr: SocketAddr) -> TcpStream {
 }
 
 /// Sends `req`, then reads until the reply ends with `until` (or EOF, or 5 s).
-pub fn exchange(s: &mut TcpStream, req: &[u8], until: &[u8]) -> Vec<u8> {
+pub fn exchange<S: Read + Write>(s: &mut S, req: &[u8], until: &[u8]) -> Vec<u8> {
     s.write_all(req).expect("write");
     read_until(s, until)
 }
 
 /// Reads until the bytes end with `until`; EOF appends `<EOF>`, a reset `<RESET>`.
-pub fn read_until(s: &mut TcpStream, until: &[u8]) -> Vec<u8> {
+pub fn read_until<S: Read>(s: &mut S, until: &[u8]) -> Vec<u8> {
     let mut got = Vec::new();
     let mut buf = vec![0u8; 64 * 1024];
     while !got.ends_with(until) {
