@@ -22,6 +22,7 @@
 //! grow and shrink, and is refused growth past its limit (memcached's
 //! `read_buf_mem_limit`, see [`crate::buffers`]).
 
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -49,6 +50,18 @@ const SHRINK_ABOVE: usize = 256 * 1024;
 /// Most replies of one connection pending at a time ([`Order::Pipelined`]): a proxy's
 /// pipelining depth towards its backends.
 pub const MAX_IN_FLIGHT: usize = 16;
+
+thread_local! {
+    /// The thread's spare input buffer ([`INPUT_INITIAL`] bytes), lent to a session of this
+    /// thread that holds none, for one turn: read into, parsed, and given back when the
+    /// turn used every byte, as memcached reads into a thread's buffer. So a connection
+    /// between requests holds no input buffer, and a request costs no allocation (two swaps
+    /// of a thread-local cell). A session left with part of a request keeps the buffer as
+    /// its own (charged to its budget), until it goes idle ([`Session::shrink`]).
+    static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    /// The thread's list of a turn's service times ([`Session::turn`]).
+    static SAMPLES: Cell<Vec<u64>> = const { Cell::new(Vec::new()) };
+}
 
 /// Names a pending reply slot of one session (increasing per session).
 pub type SlotId = u64;
@@ -102,6 +115,8 @@ pub struct Session<S: Service> {
     yielded: bool,
     /// Where the buffers' bytes are charged (`None`: nowhere, no limit).
     budget: Option<Arc<BufferBudget>>,
+    /// `input` is the thread's spare buffer, lent for this turn (not charged).
+    lent: bool,
     /// Bytes of the input and output buffers' allocations charged to `budget`.
     charged_in: usize,
     charged_out: usize,
@@ -155,7 +170,9 @@ impl<S: Service> Session<S> {
     /// A session for a new connection, parsing under `limits`.
     pub fn new(limits: Limits) -> Self {
         Session {
-            input: vec![0; INPUT_INITIAL],
+            // Allocated when the first bytes arrive ([`Session::read_space`]): a connection
+            // that sends nothing, or went idle ([`Session::shrink`]), holds no buffer.
+            input: Vec::new(),
             filled_all: false,
             start: 0,
             end: 0,
@@ -177,6 +194,7 @@ impl<S: Service> Session<S> {
             per_turn: 0,
             yielded: false,
             budget: None,
+            lent: false,
             charged_in: 0,
             charged_out: 0,
         }
@@ -187,8 +205,7 @@ impl<S: Service> Session<S> {
     pub fn with_budget(limits: Limits, budget: Option<&Arc<BufferBudget>>) -> Self {
         let mut s = Session::new(limits);
         if let Some(b) = budget {
-            s.charged_in = s.input.capacity();
-            b.open(s.charged_in);
+            b.open(0);
             s.budget = Some(b.clone());
         }
         s
@@ -220,6 +237,15 @@ impl<S: Service> Session<S> {
 
     /// Free space to read into, made by compacting and, if a request needs it, growing.
     pub fn read_space(&mut self) -> &mut [u8] {
+        if self.input.is_empty() {
+            let spare = SPARE.take();
+            self.input = if spare.len() == INPUT_INITIAL {
+                spare
+            } else {
+                vec![0; INPUT_INITIAL]
+            };
+            self.lent = true;
+        }
         let burst = std::mem::take(&mut self.filled_all) && self.input.len() < INPUT_BURST;
         if self.end == self.input.len() || burst {
             if self.start > 0 {
@@ -240,6 +266,7 @@ impl<S: Service> Session<S> {
                         .as_deref()
                         .is_none_or(|b| b.try_grow(Buffer::Input, more, INPUT_INITIAL));
                 if allowed {
+                    self.adopt();
                     if !full {
                         self.charged_in += more;
                     }
@@ -257,7 +284,7 @@ impl<S: Service> Session<S> {
     #[inline]
     fn settle(&mut self) {
         let same =
-            self.input.capacity() == self.charged_in && self.output.capacity() == self.charged_out;
+            self.input_held() == self.charged_in && self.output.capacity() == self.charged_out;
         if !same && self.budget.is_some() {
             self.settle_changed();
         }
@@ -270,7 +297,7 @@ impl<S: Service> Session<S> {
             return;
         };
         for (which, held, charged) in [
-            (Buffer::Input, self.input.capacity(), &mut self.charged_in),
+            (Buffer::Input, self.input_held(), &mut self.charged_in),
             (
                 Buffer::Output,
                 self.output.capacity(),
@@ -283,6 +310,40 @@ impl<S: Service> Session<S> {
                 b.shrink(which, *charged - held);
             }
             *charged = held;
+        }
+    }
+
+    /// The input buffer's bytes this session holds as its own (a lent one is the thread's).
+    #[inline]
+    fn input_held(&self) -> usize {
+        if self.lent {
+            0
+        } else {
+            self.input.capacity()
+        }
+    }
+
+    /// The lent input buffer becomes this session's own (it keeps bytes, or grows).
+    fn adopt(&mut self) {
+        if self.lent {
+            self.lent = false;
+            self.settle();
+        }
+    }
+
+    /// At the end of a turn: a lent input buffer goes back to the thread if the turn used
+    /// every byte read, else the session keeps it.
+    fn give_back_input(&mut self) {
+        if !self.lent {
+            return;
+        }
+        if self.start == self.end && self.input.len() == INPUT_INITIAL {
+            self.start = 0;
+            self.end = 0;
+            self.lent = false;
+            SPARE.set(std::mem::take(&mut self.input));
+        } else {
+            self.adopt();
         }
     }
 
@@ -312,20 +373,27 @@ impl<S: Service> Session<S> {
         self.settle();
     }
 
-    /// Gives back buffer memory a connection no longer uses (its input and output empty):
-    /// the input buffer returns to its initial size and the output buffer is freed. The
-    /// drivers call it for connections idle a while, so a busy one keeps its buffers.
+    /// Gives back the buffer memory of a connection with nothing buffered (no input, no
+    /// output, no reply pending): every buffer is freed, as memcached returns an idle
+    /// connection's read buffer, and the next bytes allocate the input buffer again. The
+    /// drivers call it for connections idle a while (a second), so a busy one keeps its
+    /// buffers and no request pays for an allocation.
     pub fn shrink(&mut self) {
-        if self.start == self.end && self.pending_output() == 0 && self.pending.is_empty() {
-            if self.input.len() > INPUT_INITIAL {
-                self.start = 0;
-                self.end = 0;
-                self.input.truncate(INPUT_INITIAL);
-                self.input.shrink_to_fit();
-            }
+        if self.start == self.end
+            && self.pending_output() == 0
+            && self.pending.is_empty()
+            && self.work.is_empty()
+            && self.swallow == 0
+        {
+            self.start = 0;
+            self.end = 0;
+            self.input = Vec::new();
             self.output = Vec::new();
             self.written = 0;
             self.samples = Vec::new();
+            self.pending = VecDeque::new();
+            self.work = VecDeque::new();
+            self.binary = None;
             self.settle();
         }
     }
@@ -355,14 +423,24 @@ impl<S: Service> Session<S> {
     /// pending reply holds processing up. Deferred work waits in the session for the driver
     /// ([`Session::take_work`]).
     pub fn process(&mut self, service: &mut S) {
-        self.run(service, false);
+        self.turn(service, false);
     }
 
     /// Like [`Session::process`], but deferred work runs at once, inline on the service's own
     /// worker, as part of its request (its time counts in the request's service time): for
     /// drivers without helper threads. No reply slot is ever pending afterwards.
     pub fn process_inline(&mut self, service: &mut S) {
-        self.run(service, true);
+        self.turn(service, true);
+    }
+
+    /// [`Session::run`] with the thread's buffers: its list of service times for the turn
+    /// (reported and emptied at the turn's end), and its spare input buffer if this session
+    /// read into it. A connection between requests holds neither.
+    fn turn(&mut self, service: &mut S, inline: bool) {
+        self.samples = SAMPLES.take();
+        self.run(service, inline);
+        SAMPLES.set(std::mem::take(&mut self.samples));
+        self.give_back_input();
     }
 
     /// One turn: the connection's protocol first, then every request buffered, in order,
@@ -816,7 +894,7 @@ mod tests {
         let budget = Arc::new(BufferBudget::new(100_000));
         let mut s: Session<Toy> = Session::with_budget(Limits::default(), Some(&budget));
         let mut e = Toy::default();
-        assert_eq!(budget.input_bytes(), INPUT_INITIAL);
+        assert_eq!(budget.input_bytes(), 0, "no buffer before the first bytes");
         let value = "v".repeat(20_000);
         for k in ["a", "c", "d", "e", "f"] {
             e.map
@@ -858,17 +936,20 @@ mod tests {
         assert_eq!((budget.input_bytes(), budget.output_bytes()), (0, 0));
     }
 
-    /// A connection starts with a small input buffer and no output buffer; reads that fill
-    /// the input double it (up to a burst size); once idle, `shrink` gives it all back.
+    /// A connection starts with no buffer; its first bytes allocate a small input buffer,
+    /// reads that fill it double it (up to a burst size); once idle, `shrink` gives it all
+    /// back — and not while half a command is buffered.
     #[test]
     fn buffers_start_small_grow_with_bursts_and_shrink_when_idle() {
         let (mut s, mut e) = new();
-        assert_eq!(s.input_capacity(), INPUT_INITIAL);
+        assert_eq!(s.input_capacity(), 0);
         assert_eq!(s.output.capacity(), 0);
         // Half a command: nothing grows.
         let mut cap = 0;
         feed(&mut s, &mut e, b"get k", 64 * 1024, &mut cap);
         assert_eq!(cap, INPUT_INITIAL);
+        s.shrink();
+        assert_eq!(s.input_capacity(), INPUT_INITIAL, "half a command is kept");
         // A burst of pipelined requests arriving in reads that fill the buffer.
         let burst = b"\r\n"
             .iter()
@@ -881,7 +962,7 @@ mod tests {
         assert_eq!(out, b"END\r\n".repeat(20_001));
         assert!(s.output.capacity() > 0);
         s.shrink();
-        assert_eq!(s.input_capacity(), INPUT_INITIAL);
+        assert_eq!(s.input_capacity(), 0);
         assert_eq!(s.output.capacity(), 0);
         // Still serves after shrinking.
         feed(&mut s, &mut e, b"get k\r\n", 64 * 1024, &mut cap);
