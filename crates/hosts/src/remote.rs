@@ -306,6 +306,12 @@ impl Remote {
             .clone()
     }
 
+    /// Forgets everything this host started without stopping it (a lost host's processes,
+    /// once reported); returns them.
+    pub fn abandon(&self) -> Vec<Started> {
+        std::mem::take(&mut *self.started.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
     /// Whether `p` still runs (the same process: pid and start time; a zombie does not run).
     pub fn running(&self, p: &Started) -> Result<bool> {
         let script = format!(

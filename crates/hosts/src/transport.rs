@@ -67,6 +67,8 @@ pub struct Ssh {
     options: Vec<String>,
     master: Mutex<Option<Child>>,
     log: PathBuf,
+    /// Why the master ended, once it has: what every later call reports.
+    lost: Mutex<Option<String>>,
 }
 
 impl Ssh {
@@ -141,6 +143,7 @@ impl Ssh {
             options,
             master: Mutex::new(Some(child)),
             log,
+            lost: Mutex::new(None),
         };
         let limit = settings.connect_timeout + Duration::from_secs(3);
         let deadline = Instant::now() + limit;
@@ -195,7 +198,9 @@ impl Ssh {
         let tail: Vec<&str> = text.lines().rev().take(3).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
         if tail.is_empty() {
-            "the control connection closed".into()
+            "the control connection ended (the host stopped answering its keep-alive probes, \
+             or closed it)"
+                .into()
         } else {
             tail.join(" | ")
         }
@@ -215,13 +220,18 @@ impl Transport for Ssh {
 
     fn check(&self) -> std::result::Result<(), String> {
         let mut master = self.master.lock().unwrap_or_else(|e| e.into_inner());
+        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = lost.as_ref() {
+            return Err(why.clone());
+        }
         match master.as_mut().map(Child::try_wait) {
             None => Err("the control connection was closed".into()),
             Some(Ok(None)) => Ok(()),
             Some(Ok(Some(status))) => {
                 *master = None;
-                drop(master);
-                Err(format!("ssh exited ({status}): {}", self.log_tail()))
+                let why = format!("ssh exited ({status}): {}", self.log_tail());
+                *lost = Some(why.clone());
+                Err(why)
             }
             Some(Err(e)) => Err(format!("ssh: {e}")),
         }
@@ -232,6 +242,8 @@ impl Transport for Ssh {
     }
 
     fn close(&self) {
+        // A master that died on its own keeps its reason for later calls.
+        let _ = self.check();
         let child = self.master.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut child) = child {
             if matches!(child.try_wait(), Ok(None)) {

@@ -179,13 +179,14 @@ impl NetnsHosts {
             .unwrap_or_default()
     }
 
-    /// The processes in host `i`'s namespace that are not its sshd or an ssh session's
-    /// server side, with their command names: what a test started there and left running.
+    /// The processes in host `i`'s namespace that are not the host's own — its sshd, an
+    /// ssh session's server side, the link's delayer (`nfqueue-delay.py`, on a kernel
+    /// without netem) — with their command names: what a test started there and left.
     pub fn others(&self, i: usize) -> Vec<(u32, String)> {
         self.pids(i)
             .into_iter()
             .filter_map(|p| Some((p, comm(p)?)))
-            .filter(|(_, c)| !c.starts_with("sshd"))
+            .filter(|(p, c)| !c.starts_with("sshd") && !is_delayer(*p))
             .collect()
     }
 
@@ -237,6 +238,35 @@ impl NetnsHosts {
         }
     }
 
+    /// Cuts host `i` off without a word: iptables drops everything in and out of its link
+    /// (connections to it go silent, as when a machine or its switch dies). The hosts'
+    /// `down` removes the rules with the namespace.
+    pub fn cut_off(&self, i: usize) -> Result<(), String> {
+        for rule in [["INPUT", "-i"], ["OUTPUT", "-o"]] {
+            let out = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &self.hosts[i].name,
+                    "iptables",
+                    "-I",
+                    rule[0],
+                    "1",
+                ])
+                .args([rule[1], "eth0", "-j", "DROP"])
+                .output()
+                .map_err(|e| format!("iptables: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "iptables in {}: {}",
+                    self.hosts[i].name,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Takes the hosts down now (as dropping them does), saying what failed.
     pub fn down(mut self) -> Result<(), String> {
         self.down = true;
@@ -282,6 +312,12 @@ impl Drop for NetnsHosts {
             }
         }
     }
+}
+
+/// Whether `pid` is cluster-netns.sh's NFQUEUE delayer.
+fn is_delayer(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|c| String::from_utf8_lossy(&c).contains("nfqueue-delay"))
 }
 
 /// A process's command name (`/proc/PID/comm`), if it still exists.
