@@ -244,7 +244,9 @@ impl Drop for Fleet {
 
 fn teardown(inner: &Inner) -> Result<Vec<(Started, Stopped)>> {
     let mut done_flag = inner.teardown.lock().unwrap_or_else(|e| e.into_inner());
-    let results: Vec<(Vec<Started>, Result<Vec<(Started, Stopped)>>)> = std::thread::scope(|s| {
+    // Per host: what it had started, and how stopping it went.
+    type Outcome = (Vec<Started>, Result<Vec<(Started, Stopped)>>);
+    let results: Vec<Outcome> = std::thread::scope(|s| {
         let handles: Vec<_> = inner
             .remotes
             .iter()
