@@ -24,6 +24,12 @@ impl Node {
         }
     }
 
+    /// Writes and fsyncs everything this node holds (what a migration's stream brought,
+    /// before its `drained` is acknowledged).
+    pub(crate) fn sync_store(&self) -> std::io::Result<()> {
+        self.store.sync_all()
+    }
+
     /// A new owner hears that `source` sent it everything for migration `id`.
     pub fn drained_from(&self, id: u64, source: &str) {
         {
@@ -283,7 +289,14 @@ impl Node {
                 for i in (0..future.nodes().len()).filter(|&i| future.nodes()[i] != me) {
                     let said = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
                         pipe.line(format!("cluster drained {id} {me}\r\n").as_bytes())?;
-                        pipe.flush()
+                        // Refused: the new owner could not make what it was sent durable;
+                        // the stream goes again, as one that failed.
+                        match pipe.flush()? {
+                            0 => Ok(()),
+                            _ => Err(ClusterError::Migration(
+                                "the new owner could not sync what it was sent".into(),
+                            )),
+                        }
                     });
                     if let Err(e) = said {
                         told = false;
