@@ -24,7 +24,7 @@
 # only the test computes — a pid file, a socket path, a UDP port) run as memcached's
 # own `make test` runs them: the test library starts each server itself, through the
 # build directory's memcached-debug (here: the binary under test) and timedrun (here: a
-# stub that runs its command). The library adds `-o relaxed_privileges` (a switch of
+# stub that runs its command, stopped after the seconds it is given). The library adds `-o relaxed_privileges` (a switch of
 # memcached-debug's sandbox, refused by release builds) and `-U <port>` to every
 # server: memcached-debug drops the first, and for kvlab the second too (kvlab serves
 # no UDP: udp.t's UDP assertions fail on their own). Such a file's line says
@@ -89,8 +89,9 @@ done
 exec $exe "\${args[@]}"
 EOF
     chmod +x "$d/memcached-debug"
-    # memcached's timedrun (a build product): here it runs its command as is.
-    printf '#!/bin/sh\nshift\nexec "$@"\n' >"$d/timedrun"
+    # memcached's timedrun (a build product): runs its command, stopped (SIGINT, then
+    # SIGKILL) after the given seconds, so that a server the file never stops ends.
+    printf '#!/bin/sh\nsecs=$1\nshift\nexec timeout -s INT -k 5 "$secs" "$@"\n' >"$d/timedrun"
     chmod +x "$d/timedrun"
     echo "$d"
 }
