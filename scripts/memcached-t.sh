@@ -19,6 +19,16 @@
 # (or stops or restarts its server) gets the first one. Logs: $LOG_DIR (default
 # /tmp/memcached-t). MEMCACHED names the reference binary (default: memcached on PATH;
 # MEMCACHED=none skips it).
+#
+# The files of SPAWN (below: those that start several servers, or give a server flags
+# only the test computes — a pid file, a socket path, a UDP port) run as memcached's
+# own `make test` runs them: the test library starts each server itself, through the
+# build directory's memcached-debug (here: the binary under test) and timedrun (here: a
+# stub that runs its command, stopped after the seconds it is given). The library adds `-o relaxed_privileges` (a switch of
+# memcached-debug's sandbox, refused by release builds) and `-U <port>` to every
+# server: memcached-debug drops the first, and for kvlab the second too (kvlab serves
+# no UDP: udp.t's UDP assertions fail on their own). Such a file's line says
+# `[spawned]`.
 set -u
 
 SRC=${1:?usage: $0 SRC_DIR [KVLAB] [-- FILE.t ...]}
@@ -39,6 +49,8 @@ declare -A NOT_RUNNABLE=(
     [flush-all.t]="starts two more servers, new_memcached('-F') and new_memcached('-C'); a daemon keeps its first flags (tests 25-27)"
     [expirations.t]="moves the server's clock with debugtime, a command of memcached-debug builds only (tests 3, 8, 16, 17, 36)"
 )
+declare -A SPAWN=([daemonize.t]=1 [udp.t]=1 [stats-conns.t]=1 [lru-maintainer.t]=1
+    [00-startup.t]=1 [item_size_max.t]=1 [issue_67.t]=1 [restart.t]=1)
 MEMCACHED=${MEMCACHED:-$(command -v memcached || echo none)}
 LOG_DIR=${LOG_DIR:-/tmp/memcached-t}
 TIMEOUT=${TIMEOUT:-300}
@@ -57,12 +69,30 @@ setup_dir() { # kind
     local d=$LOG_DIR/$1.build
     mkdir -p "$d"
     ln -sfn "$SRC/t" "$d/t"
-    if [ "$1" = kvlab ]; then
-        printf '#!/bin/sh\nexec %q server "$@"\n' "$KVLAB" >"$d/memcached-debug"
-        chmod +x "$d/memcached-debug"
-    else
-        ln -sfn "$MEMCACHED" "$d/memcached-debug"
-    fi
+    # The binary under test as the library's memcached-debug: -o relaxed_privileges
+    # (memcached-debug's sandbox switch, which release builds refuse) is dropped, and
+    # for kvlab -U (UDP) too; the rest is passed as given.
+    local exe drop_udp=0
+    exe=$(printf %q "$MEMCACHED")
+    [ "$1" = kvlab ] && exe="$(printf %q "$KVLAB") server" && drop_udp=1
+    cat >"$d/memcached-debug" <<EOF
+#!/usr/bin/env bash
+args=()
+while [ \$# -gt 0 ]; do
+    case "\$1" in
+    -o) if [ "\${2:-}" = relaxed_privileges ]; then shift 2; continue; fi ;;
+    -U) if [ $drop_udp = 1 ]; then shift 2; continue; fi ;;
+    esac
+    args+=("\$1")
+    shift
+done
+exec $exe "\${args[@]}"
+EOF
+    chmod +x "$d/memcached-debug"
+    # memcached's timedrun (a build product): runs its command, stopped (SIGINT, then
+    # SIGKILL) after the given seconds, so that a server the file never stops ends.
+    printf '#!/bin/sh\nsecs=$1\nshift\nexec timeout -s INT -k 5 "$secs" "$@"\n' >"$d/timedrun"
+    chmod +x "$d/timedrun"
     echo "$d"
 }
 
@@ -104,6 +134,8 @@ start_daemon() {
             if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
             sleep 0.05
         done
+        # Not answering on the port (a daemon on a unix socket only): stop it.
+        kill "$PID" 2>/dev/null
         wait "$PID" 2>/dev/null
         PID=
         # kvlab refuses a -o option it does not know: drop it and try again.
@@ -145,6 +177,22 @@ run_one() {
     local kind=$1 f=$2 dir port args log
     dir=$(setup_dir "$kind")
     log=$LOG_DIR/$kind.${f%.t}.log
+    if [ -n "${SPAWN[$f]:-}" ]; then
+        DROPPED=
+        # The library starts (and stops) the servers; SIGINT ignored as below.
+        (
+            cd "$dir" || exit 1
+            trap '' INT
+            exec setsid timeout "$TIMEOUT" prove -v "t/$f"
+        ) >"$log" 2>&1 </dev/null
+        local rc=$?
+        if [ $rc -eq 0 ]; then
+            if grep -q "^t/$f \.* skipped" "$log"; then RESULT=skip; else RESULT=pass; fi
+        else
+            RESULT=fail
+        fi
+        return
+    fi
     # The flags are words, as new_memcached splits them.
     read -r -a args <<<"$(file_args "$SRC/t/$f")"
     port=$(free_port)
@@ -187,6 +235,7 @@ for f in "${FILES[@]}"; do
     KR[$f]=$RESULT
     note=
     [ -n "${NOT_RUNNABLE[$f]:-}" ] && note=" [not runnable against a daemon]"
+    [ -n "${SPAWN[$f]:-}" ] && note=" [spawned]"
     printf '%-20s memcached: %-6s kvlab: %-6s%s%s\n' "$f" "${MR[$f]}" "${KR[$f]}" \
         "${DROPPED:+ kvlab dropped:$DROPPED}" "$note"
 done

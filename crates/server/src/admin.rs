@@ -14,7 +14,7 @@ use std::sync::Arc;
 use kvlab_protocol::admin::uri_encode;
 use kvlab_protocol::response as r;
 use kvlab_protocol::{Admin, Cachedump, LruCrawler, ShutdownMode};
-use kvlab_store::{ScanCursor, SizeClasses, Store, MAX_CLASSES};
+use kvlab_store::{ExportedItem, ScanCursor, SizeClasses, Store, MAX_CLASSES};
 use parking_lot::{Condvar, Mutex};
 
 use crate::auth::AuthFile;
@@ -307,14 +307,19 @@ fn lru_crawler(state: &AdminState, store: &Store, cmd: LruCrawler<'_>, out: &mut
 }
 
 /// `stats cachedump <class> <limit>`: memcached's `ITEM <key> [<value bytes> b; <exptime>
-/// s]` line (exptime as unix time, 0 for none) per live item of the class, at most `limit`
-/// of them (0: all), then `END`; `CLIENT_ERROR Illegal slab id` for a class past
-/// memcached's 63. memcached lists its class's cold LRU, most recent first; kvlab has no
-/// LRU segments (`stats items` counts every item cold) and lists the class's items in
-/// the store's slot order. Like memcached's (which stops at 2 MB), the listing is
-/// bounded: at most 2 MB of lines.
+/// s]` line (exptime as unix time, 0 for none) per live item of the class, newest first,
+/// at most `limit` of them (0: all), then `END`; `CLIENT_ERROR Illegal slab id` for a
+/// class past memcached's 63. memcached lists its class's cold LRU from its head: the
+/// items most recently stored (or bumped) first. kvlab keeps one LRU and no store-wide
+/// order of writes it can export, so "newest" is the item's last store or read, to the
+/// second, and within one second the newer CAS of its shard (exact for items of one
+/// shard; items of different shards stored in the same second may be listed in either
+/// order). Like memcached's (which stops at 2 MB), the listing is bounded: at most 2 MB
+/// of lines.
 fn cachedump(state: &AdminState, store: &Store, dump: Cachedump, out: &mut Vec<u8>) {
     const MAX_BYTES: usize = 2 * 1024 * 1024;
+    // The shortest line, `ITEM k [0 b; 0 s]\r\n`: no more lines fit in MAX_BYTES.
+    const MAX_LINES: usize = MAX_BYTES / 19;
     let (class, limit) = match dump {
         Cachedump::Usage => return out.extend_from_slice(b"CLIENT_ERROR bad command line\r\n"),
         Cachedump::BadFormat => {
@@ -325,35 +330,55 @@ fn cachedump(state: &AdminState, store: &Store, dump: Cachedump, out: &mut Vec<u
     if class >= u64::from(MAX_CLASSES) {
         return out.extend_from_slice(b"CLIENT_ERROR Illegal slab id\r\n");
     }
-    let start = out.len();
-    let mut listed = 0u64;
+    let keep = match usize::try_from(limit) {
+        Ok(0) | Err(_) => MAX_LINES,
+        Ok(n) => n.min(MAX_LINES),
+    };
+    // A CAS is a shard's sequence number above the shard's index bits.
+    let shard_bits = store.config().shards.max(1).trailing_zeros();
+    let newest =
+        |item: &ExportedItem| std::cmp::Reverse((item.last_access(), item.cas() >> shard_bits));
+    let mut found: Vec<ExportedItem> = Vec::new();
     let mut cursor = ScanCursor::default();
     let mut batch = Vec::new();
-    let mut n = itoa::Buffer::new();
-    'scan: loop {
+    loop {
         batch.clear();
         let step = store.scan(&mut cursor, 1024, &mut batch);
-        for item in &batch {
-            let (key, value) = (item.key(), item.value().len());
-            let size = SizeClasses::item_size(key.len(), value, item.flags());
-            if u64::from(state.classes.class_of(size)) != class {
-                continue;
+        for item in batch.drain(..) {
+            let size = SizeClasses::item_size(item.key().len(), item.value().len(), item.flags());
+            if u64::from(state.classes.class_of(size)) == class {
+                found.push(item);
             }
-            if (limit != 0 && listed >= limit) || out.len() - start >= MAX_BYTES {
-                break 'scan;
-            }
-            out.extend_from_slice(b"ITEM ");
-            out.extend_from_slice(key);
-            out.extend_from_slice(b" [");
-            out.extend_from_slice(n.format(value).as_bytes());
-            out.extend_from_slice(b" b; ");
-            out.extend_from_slice(n.format(item.exptime()).as_bytes());
-            out.extend_from_slice(b" s]\r\n");
-            listed += 1;
+        }
+        // Only the newest `keep` can be listed: bound what is held while scanning.
+        if found.len() >= 2 * keep.max(1024) {
+            found.select_nth_unstable_by_key(keep - 1, newest);
+            found.truncate(keep);
         }
         if step.done {
             break;
         }
+    }
+    found.sort_unstable_by_key(newest);
+    found.truncate(keep);
+    let mut written = 0;
+    let mut line = Vec::new();
+    let mut n = itoa::Buffer::new();
+    for item in &found {
+        line.clear();
+        line.extend_from_slice(b"ITEM ");
+        line.extend_from_slice(item.key());
+        line.extend_from_slice(b" [");
+        line.extend_from_slice(n.format(item.value().len()).as_bytes());
+        line.extend_from_slice(b" b; ");
+        line.extend_from_slice(n.format(item.exptime()).as_bytes());
+        line.extend_from_slice(b" s]\r\n");
+        // memcached's bound: the lines and its `END\r\n\0` within 2 MB.
+        if written + line.len() + 6 > MAX_BYTES {
+            break;
+        }
+        out.extend_from_slice(&line);
+        written += line.len();
     }
     out.extend_from_slice(r::END);
 }

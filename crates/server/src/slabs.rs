@@ -7,15 +7,24 @@
 //! `evicted_nonzero`, `evicted_time`, `evicted_unfetched`, `reclaimed`,
 //! `expired_unfetched` and `crawler_reclaimed` are counted per class as the store evicts
 //! and reclaims ([`ClassEvictions`], the store's eviction observer, which also feeds
-//! `watch evictions`). `stats slabs` gives each class's chunk size and chunks per page,
-//! and the pages and chunks memcached would need for the items counted (kvlab keeps no
-//! free chunks); `total_malloced` is those pages' bytes, as memcached counts the slab
-//! pages it has allocated (t/issue_14), not the bytes kvlab charges for items. Figures
-//! memcached keeps per class that kvlab keeps only server-wide (hits, reclaims, LRU
-//! segment moves) are not listed per class: they are in `stats`.
+//! `watch evictions`); the commands' hits, sets and out-of-memory refusals are counted
+//! per class by each worker ([`ClassCounters`]: `stats slabs`' `get_hits` … `touch_hits`,
+//! `stats items`' `outofmemory` and `hits_to_cold`). `stats slabs` gives each class's
+//! chunk size and chunks per page, and the pages and chunks memcached would need for the
+//! items counted (kvlab keeps no free chunks); `total_malloced` is those pages' bytes, as
+//! memcached counts the slab pages it has allocated (t/issue_14), not the bytes kvlab
+//! charges for items.
+//!
+//! kvlab keeps one LRU, no hot/warm/cold segments, so `stats items` reports every item
+//! cold (as memcached does without its LRU maintainer: "only COLD in compat-mode"), its
+//! hits as `hits_to_cold`; the fields of mechanisms kvlab does not have (segment moves,
+//! tail repairs, locked tails, reclaims by a worker short of a free chunk) stay 0, as an
+//! idle memcached shows them. docs/server.md (stats items) lists them.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
+
+use crate::stats::WorkerStats;
 
 use kvlab_protocol::response as r;
 use kvlab_store::{Evicted, EvictionObserver, ScanCursor, SizeClasses, Store, MAX_CLASSES};
@@ -33,6 +42,10 @@ pub struct ClassEvictions {
     reclaimed: [AtomicU64; MAX_CLASSES as usize],
     expired_unfetched: [AtomicU64; MAX_CLASSES as usize],
     crawler_reclaimed: [AtomicU64; MAX_CLASSES as usize],
+    /// The class was given an item (`cmd_set`): memcached would have allocated it a
+    /// slab page, and keeps it (`stats slabs` lists the class, a page at least) when
+    /// its items are gone. Not zeroed by `stats reset`, as memcached's pages stay.
+    held: [AtomicBool; MAX_CLASSES as usize],
     watchers: Arc<Watchers>,
 }
 
@@ -48,12 +61,24 @@ impl ClassEvictions {
             reclaimed: std::array::from_fn(|_| AtomicU64::new(0)),
             expired_unfetched: std::array::from_fn(|_| AtomicU64::new(0)),
             crawler_reclaimed: std::array::from_fn(|_| AtomicU64::new(0)),
+            held: std::array::from_fn(|_| AtomicBool::new(false)),
             watchers,
         }
     }
 }
 
 impl ClassEvictions {
+    /// The class was given an item: memcached would hold a page for it from now on.
+    /// (A load first: the line is written once, then only read by the workers.)
+    #[inline]
+    pub fn mark_held(&self, class: u32) {
+        if let Some(h) = self.held.get(class as usize) {
+            if class != 0 && !h.load(Relaxed) {
+                h.store(true, Relaxed);
+            }
+        }
+    }
+
     /// `stats reset`: memcached zeroes its per-class item counters.
     pub fn reset(&self) {
         for counters in [
@@ -111,6 +136,96 @@ impl EvictionObserver for ClassEvictions {
     }
 }
 
+/// What memcached counts per class for the commands (its `slab_stats` and
+/// `lru_hits`, and `itemstats`' `outofmemory`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClassOp {
+    /// A `get`/`gets`/`mg` (without `T`)/binary get hit: `get_hits`, `hits_to_cold`.
+    GetHit,
+    /// A storage command whose item was made (not refused as too large or for want of
+    /// memory), counted in the class of the item the request carries: `cmd_set`.
+    Set,
+    /// `delete`/`md` removed the item: `delete_hits`.
+    DeleteHit,
+    /// `incr`/`ma` hit: `incr_hits`.
+    IncrHit,
+    /// `decr`/`ma MD` hit: `decr_hits`.
+    DecrHit,
+    /// A `cas`/`ms C` compare matched: `cas_hits` (the class of the item replaced).
+    CasHit,
+    /// A `cas`/`ms C` compare did not match: `cas_badval` (the class of the item kept).
+    CasBadval,
+    /// `touch`/`gat`/`gats`/`mg T` hit: `touch_hits`.
+    TouchHit,
+    /// A store refused for want of memory: `stats items`' `outofmemory`.
+    OutOfMemory,
+}
+
+const OPS: usize = 9;
+
+/// `stats slabs`' per-class command counters in memcached's order.
+const SLAB_COUNTERS: [(&str, ClassOp); 8] = [
+    ("get_hits", ClassOp::GetHit),
+    ("cmd_set", ClassOp::Set),
+    ("delete_hits", ClassOp::DeleteHit),
+    ("incr_hits", ClassOp::IncrHit),
+    ("decr_hits", ClassOp::DecrHit),
+    ("cas_hits", ClassOp::CasHit),
+    ("cas_badval", ClassOp::CasBadval),
+    ("touch_hits", ClassOp::TouchHit),
+];
+
+/// One worker's per-class command counters (written by its thread only, relaxed; summed
+/// over the workers by `stats items` and `stats slabs`, zeroed by `stats reset` as
+/// memcached zeroes its threads' `slab_stats`).
+pub struct ClassCounters {
+    counts: [[AtomicU64; MAX_CLASSES as usize]; OPS],
+}
+
+impl Default for ClassCounters {
+    fn default() -> Self {
+        ClassCounters {
+            counts: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+        }
+    }
+}
+
+impl ClassCounters {
+    /// Counts one `op` in `class` (class 0, an item over `-I`, is no class: not counted).
+    #[inline]
+    pub fn add(&self, op: ClassOp, class: u32) {
+        if class == 0 {
+            return;
+        }
+        if let Some(c) = self.counts[op as usize].get(class as usize) {
+            c.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Zeroes every counter.
+    pub fn reset(&self) {
+        for op in &self.counts {
+            for c in op {
+                c.store(0, Relaxed);
+            }
+        }
+    }
+
+    fn get(&self, op: ClassOp, class: usize) -> u64 {
+        self.counts[op as usize][class].load(Relaxed)
+    }
+}
+
+/// The workers' per-class counters, summed when `stats items`/`stats slabs` is asked.
+#[derive(Clone, Copy)]
+pub struct Workers<'w>(pub &'w [&'w WorkerStats]);
+
+impl Workers<'_> {
+    fn sum(&self, op: ClassOp, class: usize) -> u64 {
+        self.0.iter().map(|w| w.classes.get(op, class)).sum()
+    }
+}
+
 /// What a walk over the store finds per class.
 #[derive(Clone, Copy, Default)]
 struct Found {
@@ -140,55 +255,101 @@ fn walk(store: &Store, classes: &SizeClasses, now: u64) -> Vec<Found> {
     }
 }
 
-/// `stats items`: for each class holding items or having evicted some, memcached's
-/// `items:<class>:<name>` lines that kvlab keeps per class.
-pub fn stats_items(store: &Store, ev: &ClassEvictions, now: u64, out: &mut Vec<u8>) {
+/// `stats items`: for each class holding items (as memcached, which skips a class whose
+/// LRUs are empty), memcached 1.6's `items:<class>:<name>` lines in its order: 28 a
+/// class with the LRU maintainer (`lru_maintainer`, memcached's default), 14 without
+/// (its segment counts and moves, `evicted_active` and `hits_to_*` are then not listed).
+pub fn stats_items(
+    store: &Store,
+    ev: &ClassEvictions,
+    workers: Workers<'_>,
+    lru_maintainer: bool,
+    now: u64,
+    out: &mut Vec<u8>,
+) {
     let found = walk(store, &ev.classes, now);
     for class in 1..=ev.classes.largest() {
         let i = class as usize;
         let f = found[i];
-        let evicted = ev.evicted[i].load(Relaxed);
-        let reclaimed = ev.reclaimed[i].load(Relaxed);
-        if f.number == 0 && evicted == 0 && reclaimed == 0 {
+        if f.number == 0 {
             continue;
         }
         let mut line = |name: &str, v: u64| {
             r::stat(out, &format!("items:{class}:{name}"), v);
         };
         line("number", f.number);
-        line("number_hot", 0);
-        line("number_warm", 0);
-        line("number_cold", f.number);
-        line("age_hot", 0);
-        line("age_warm", 0);
+        if lru_maintainer {
+            // One LRU, reported as memcached's cold one.
+            line("number_hot", 0);
+            line("number_warm", 0);
+            line("number_cold", f.number);
+            line("age_hot", 0);
+            line("age_warm", 0);
+        }
         line("age", f.age);
         line("mem_requested", f.mem_requested);
-        line("evicted", evicted);
+        line("evicted", ev.evicted[i].load(Relaxed));
         line("evicted_nonzero", ev.nonzero[i].load(Relaxed));
         line("evicted_time", ev.time[i].load(Relaxed));
-        line("reclaimed", reclaimed);
+        line("outofmemory", workers.sum(ClassOp::OutOfMemory, i));
+        // memcached repairs an item whose reference leaked at its LRU's tail; kvlab
+        // counts no references at a tail.
+        line("tailrepairs", 0);
+        line("reclaimed", ev.reclaimed[i].load(Relaxed));
         line("expired_unfetched", ev.expired_unfetched[i].load(Relaxed));
         line("evicted_unfetched", ev.unfetched[i].load(Relaxed));
+        if lru_maintainer {
+            // Evicted although active (would have moved to warm): no segments.
+            line("evicted_active", 0);
+        }
         line("crawler_reclaimed", ev.crawler_reclaimed[i].load(Relaxed));
+        // The store's crawl step counts the items it checks server-wide (`stats`'
+        // `crawler_items_checked`), not by class.
+        line("crawler_items_checked", 0);
+        // No item is locked at a tail: the store evicts under its shard lock.
+        line("lrutail_reflocked", 0);
+        if lru_maintainer {
+            line("moves_to_cold", 0);
+            line("moves_to_warm", 0);
+            line("moves_within_lru", 0);
+            // Reported server-wide in `stats` as 0 too: a store makes room as part of
+            // the write, never as a worker's fallback after a failed chunk allocation.
+            line("direct_reclaims", 0);
+            line("hits_to_hot", 0);
+            line("hits_to_warm", 0);
+            line("hits_to_cold", workers.sum(ClassOp::GetHit, i));
+            line("hits_to_temp", 0);
+        }
     }
     out.extend_from_slice(r::END);
 }
 
-/// `stats slabs`: each class with items, its chunk size and chunks per page, and the
-/// pages and chunks memcached would hold for them; then `active_slabs` and
-/// `total_malloced`: those pages in bytes (memcached's allocated slab pages).
-pub fn stats_slabs(store: &Store, classes: &SizeClasses, now: u64, out: &mut Vec<u8>) {
+/// `stats slabs`: each class memcached would hold a page for — one with items, or one
+/// given an item before (memcached keeps a class's pages when its items are gone) —
+/// its chunk size and chunks per page, the pages and chunks memcached would need for
+/// the items it holds (one page at least), and memcached's per-class command counters;
+/// then `active_slabs` and `total_malloced`: those pages in bytes (memcached's
+/// allocated slab pages).
+pub fn stats_slabs(
+    store: &Store,
+    ev: &ClassEvictions,
+    workers: Workers<'_>,
+    now: u64,
+    out: &mut Vec<u8>,
+) {
+    let classes = &ev.classes;
     let found = walk(store, classes, now);
     let mut active = 0;
     let mut total_pages = 0;
     for class in 1..=classes.largest() {
-        let f = found[class as usize];
-        if f.number == 0 {
+        let i = class as usize;
+        let f = found[i];
+        if f.number == 0 && !ev.held[i].load(Relaxed) {
             continue;
         }
         active += 1;
         let per_page = u64::from(classes.per_page(class)).max(1);
-        let pages = f.number.div_ceil(per_page);
+        let pages = f.number.div_ceil(per_page).max(1);
         total_pages += pages;
         let mut line = |name: &str, v: u64| {
             r::stat(out, &format!("{class}:{name}"), v);
@@ -200,7 +361,9 @@ pub fn stats_slabs(store: &Store, classes: &SizeClasses, now: u64, out: &mut Vec
         line("used_chunks", f.number);
         line("free_chunks", pages * per_page - f.number);
         line("free_chunks_end", 0);
-        line("mem_requested", f.mem_requested);
+        for (name, op) in SLAB_COUNTERS {
+            line(name, workers.sum(op, i));
+        }
     }
     r::stat(out, "active_slabs", active);
     r::stat(

@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 
 use crate::admin::AdminState;
 use crate::crawler::{CrawlerConfig, CrawlerStats};
+use crate::slabs::ClassCounters;
 
 /// Declares [`WorkerStats`]: each per-worker counter is one line of the table, which makes
 /// the field, its `stats` name (the field's name) and its sum over the workers.
@@ -33,6 +34,8 @@ macro_rules! worker_counters {
             pub service_buckets: LatencyBuckets,
             /// How long ready connections waited for this worker's event loop.
             pub wait_buckets: LatencyBuckets,
+            /// memcached's per-class command counters (`stats slabs`, `stats items`).
+            pub classes: ClassCounters,
         }
 
         impl WorkerStats {
@@ -102,6 +105,7 @@ impl WorkerStats {
 
     fn reset(&self) {
         self.reset_counters();
+        self.classes.reset();
         *self.service_ns.lock() = None;
         self.service_buckets.reset();
         self.wait_buckets.reset();
@@ -873,6 +877,15 @@ impl ServerStats {
                     .to_string(),
             ),
         ]
+    }
+
+    /// Every worker's counters, the REST front end's included.
+    pub fn all_workers(&self) -> Vec<&WorkerStats> {
+        self.workers
+            .iter()
+            .chain([&self.http])
+            .map(Arc::as_ref)
+            .collect()
     }
 
     /// `stats reset`, as memcached's: zero every counter — the workers' (`cmd_*`, bytes),

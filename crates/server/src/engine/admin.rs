@@ -112,12 +112,27 @@ impl Engine {
             Some(b"sizes") => r::stat(out, "sizes_status", "disabled"),
             Some(b"items") => {
                 let now = self.store.now_unix();
-                return slabs::stats_items(&self.store, &self.server.admin.evictions, now, out);
+                let workers = self.server.all_workers();
+                let admin = &self.server.admin;
+                return slabs::stats_items(
+                    &self.store,
+                    &admin.evictions,
+                    slabs::Workers(&workers),
+                    admin.accepted.lru_maintainer,
+                    now,
+                    out,
+                );
             }
             Some(b"slabs") => {
                 let now = self.store.now_unix();
-                let classes = &self.server.admin.classes;
-                return slabs::stats_slabs(&self.store, classes, now, out);
+                let workers = self.server.all_workers();
+                return slabs::stats_slabs(
+                    &self.store,
+                    &self.server.admin.evictions,
+                    slabs::Workers(&workers),
+                    now,
+                    out,
+                );
             }
             Some(b"kvlab") => {
                 for stat in self.server.snapshot(&self.store).kvlab {

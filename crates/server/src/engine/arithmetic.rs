@@ -3,7 +3,19 @@
 use kvlab_protocol::response as r;
 use kvlab_store::{ArithRequest, ArithStatus};
 
-use super::{Engine, Flow};
+use super::{ClassOp, Engine, Flow};
+use crate::slabs::ClassCounters;
+
+/// `incr_hits` or `decr_hits` in the class of the item found (`class`, 0 for none: an
+/// item made by `ma N` is no hit), or `outofmemory` there.
+pub(super) fn count_arith(classes: &ClassCounters, status: ArithStatus, incr: bool, class: u32) {
+    match status {
+        ArithStatus::Ok { .. } if incr => classes.add(ClassOp::IncrHit, class),
+        ArithStatus::Ok { .. } => classes.add(ClassOp::DecrHit, class),
+        ArithStatus::OutOfMemory => classes.add(ClassOp::OutOfMemory, class),
+        _ => {}
+    }
+}
 
 impl Engine {
     /// `incr` (`incr`) or `decr` of `key` by `delta`.
@@ -24,7 +36,10 @@ impl Engine {
             vivify: None,
             touch: None,
         };
-        match self.store.arith(key, &req) {
+        let class = self.class_now(key);
+        let status = self.store.arith(key, &req);
+        count_arith(&self.worker.classes, status, incr, class);
+        match status {
             ArithStatus::Ok { value, .. } => {
                 if !noreply {
                     r::number(out, value);

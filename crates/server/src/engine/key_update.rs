@@ -2,7 +2,7 @@
 
 use kvlab_protocol::response as r;
 
-use super::{Engine, Flow, WorkerStats};
+use super::{ClassOp, Engine, Flow, WorkerStats};
 
 impl Engine {
     /// `delete`.
@@ -11,7 +11,11 @@ impl Engine {
         if self.server.admin.detail.enabled() {
             self.server.admin.detail.delete(key);
         }
+        let class = self.class_now(key);
         let deleted = self.store.delete(key);
+        if deleted {
+            self.worker.classes.add(ClassOp::DeleteHit, class);
+        }
         if !noreply {
             out.extend_from_slice(if deleted { r::DELETED } else { r::NOT_FOUND });
         }
@@ -31,7 +35,12 @@ impl Engine {
         out: &mut Vec<u8>,
     ) -> Flow {
         WorkerStats::add(&self.worker.cmd_touch, 1);
+        // Looked up before: a touch into the past leaves nothing to look at after.
+        let class = self.class_now(key);
         let touched = self.store.touch(key, exptime);
+        if touched {
+            self.worker.classes.add(ClassOp::TouchHit, class);
+        }
         if !noreply {
             out.extend_from_slice(if touched { r::TOUCHED } else { r::NOT_FOUND });
         }

@@ -4,10 +4,10 @@ use kvlab_protocol::response::{self as r, push_i64, push_u64};
 use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey};
 use kvlab_store::{
     ArithRequest, ArithStatus, DeleteStatus, MetaDeleteOpts, MetaGetOpts, SetMode, SetRequest,
-    SetStatus,
+    SetStatus, SizeClasses,
 };
 
-use super::{Engine, Flow, WorkerStats};
+use super::{ClassOp, Engine, Flow, WorkerStats};
 
 impl Engine {
     /// A meta command (`mn`, `mg`, `ms`, `md`, `ma`, `me`), its key persisted under `sync` when
@@ -71,6 +71,13 @@ impl Engine {
             }
             return false;
         };
+        let op = if flags.ttl.is_some() {
+            ClassOp::TouchHit
+        } else {
+            ClassOp::GetHit
+        };
+        let key_len = key.with(<[u8]>::len);
+        self.count_class(op, key_len, hit.item.value.len(), hit.item.flags);
         let value = &hit.item.value;
         if flags.has(b'v') {
             out.extend_from_slice(b"VA ");
@@ -129,6 +136,7 @@ impl Engine {
             _ => SetMode::Replace,
         };
         let status = key.with(|k| {
+            let old_class = flags.compare_cas.map_or(0, |_| self.class_now(k));
             let mut req = SetRequest {
                 mode,
                 key: k,
@@ -149,6 +157,7 @@ impl Engine {
                 (SetMode::Prepend, _) => b"prepend",
             };
             self.log_store(k, status, cmd, req.exptime, data.len(), req.flags);
+            self.count_store(status, k, data.len(), req.flags, old_class);
             // `N` with append/prepend: create the item when it is missing (autovivify).
             if status == SetStatus::NotStored
                 && matches!(mode, SetMode::Append | SetMode::Prepend)
@@ -189,7 +198,16 @@ impl Engine {
             invalidate: flags.invalidate,
             ttl: flags.ttl,
         };
-        let code: &[u8] = match key.with(|k| self.store.meta_delete(k, &opts)) {
+        let status = key.with(|k| {
+            let class = self.class_now(k);
+            let status = self.store.meta_delete(k, &opts);
+            // `I` marks the item stale instead of removing it: no delete hit (memcached).
+            if status == DeleteStatus::Deleted && !flags.invalidate {
+                self.worker.classes.add(ClassOp::DeleteHit, class);
+            }
+            status
+        });
+        let code: &[u8] = match status {
             DeleteStatus::Deleted if flags.quiet => return true,
             DeleteStatus::Deleted => b"HD",
             DeleteStatus::NotFound => b"NF",
@@ -210,7 +228,13 @@ impl Engine {
             vivify: flags.vivify.map(|ttl| (flags.initial.unwrap_or(0), ttl)),
             touch: flags.ttl,
         };
-        let (value, cas, ttl) = match key.with(|k| self.store.arith(k, &req)) {
+        let status = key.with(|k| {
+            let class = self.class_now(k);
+            let status = self.store.arith(k, &req);
+            super::arithmetic::count_arith(&self.worker.classes, status, req.incr, class);
+            status
+        });
+        let (value, cas, ttl) = match status {
             ArithStatus::Ok { value, cas, ttl } => (value, cas, ttl),
             status @ (ArithStatus::NotFound | ArithStatus::Exists) => {
                 let code: &[u8] = if status == ArithStatus::Exists {
@@ -261,6 +285,10 @@ impl Engine {
         true
     }
 
+    /// `me`: memcached's debug line, `ME <key> exp= la= cas= fetch= cls= size=`: `exp` the
+    /// seconds left (-1: none; memcached 1.6.18 prints their negation, later releases
+    /// the seconds left), `size` memcached's whole item (`ITEM_ntotal`: header, key,
+    /// suffix, value) and `cls` its class.
     fn meta_debug(&mut self, key: MetaKey<'_>, out: &mut Vec<u8>) {
         let Some(hit) = key.with(|k| self.store.peek(k)) else {
             return out.extend_from_slice(b"EN\r\n");
@@ -278,8 +306,13 @@ impl Engine {
         } else {
             b" fetch=no"
         });
-        out.extend_from_slice(b" cls=1 size=");
-        push_u64(out, (key.raw().len() + hit.item.value.len()) as u64);
+        // memcached's ITEM_ntotal: header, key, suffix and value, and its class.
+        let size =
+            SizeClasses::item_size(key.with(<[u8]>::len), hit.item.value.len(), hit.item.flags);
+        out.extend_from_slice(b" cls=");
+        push_u64(out, u64::from(self.server.admin.classes.class_of(size)));
+        out.extend_from_slice(b" size=");
+        push_u64(out, size as u64);
         out.extend_from_slice(b"\r\n");
     }
 }

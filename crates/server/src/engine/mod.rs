@@ -17,12 +17,13 @@ use std::sync::Arc;
 
 use kvlab_protocol::response as r;
 use kvlab_protocol::{Family, Request, StoreCommand};
-use kvlab_store::Store;
+use kvlab_store::{SetStatus, Store};
 
 use crate::auth::AuthFile;
 use crate::cache::DiskRules;
 pub use crate::cache::{Blocking, Helper, Need, ReadThrough};
 use crate::conns::Registration;
+use crate::slabs::ClassOp;
 use crate::stats::{ServerStats, WorkerStats};
 
 mod admin;
@@ -93,6 +94,57 @@ impl Engine {
         match self.disk.persist(key) {
             Some(work) => defer(work),
             None => Flow::Done,
+        }
+    }
+
+    /// Counts `op` in the class memcached would store this item in (`stats slabs`'
+    /// per-class counters, `stats items`' `outofmemory` and `hits_to_cold`).
+    #[inline]
+    fn count_class(&self, op: ClassOp, key_len: usize, value_len: usize, flags: u32) {
+        let class = self
+            .server
+            .admin
+            .classes
+            .class_of_item(key_len, value_len, flags);
+        self.worker.classes.add(op, class);
+    }
+
+    /// The class of the item `key` holds now (0 for none), for a command whose outcome
+    /// does not carry the item (`delete`, `incr`, a `cas` compare): memcached counts
+    /// those in the class of the item they find. One more lookup, taken only by these
+    /// commands; a write racing between it and the command's own only moves the count
+    /// to the class the item had a moment before.
+    fn class_now(&self, key: &[u8]) -> u32 {
+        self.store.peek(key).map_or(0, |m| {
+            self.server
+                .admin
+                .classes
+                .class_of_item(key.len(), m.item.value.len(), m.item.flags)
+        })
+    }
+
+    /// After a storage command: `cmd_set` in the class of the item it carried (memcached
+    /// counts every item it made, stored or not), or `outofmemory` when there was no
+    /// room; a compare (`old_class`: the class of the item found) counts `cas_hits` or
+    /// `cas_badval` in the class of the item it found.
+    fn count_store(&self, status: SetStatus, key: &[u8], len: usize, flags: u32, old_class: u32) {
+        match status {
+            SetStatus::TooLarge => {}
+            SetStatus::OutOfMemory => self.count_class(ClassOp::OutOfMemory, key.len(), len, flags),
+            SetStatus::Stored { .. }
+            | SetStatus::NotStored
+            | SetStatus::Exists
+            | SetStatus::NotFound => {
+                let admin = &self.server.admin;
+                let class = admin.classes.class_of_item(key.len(), len, flags);
+                self.worker.classes.add(ClassOp::Set, class);
+                admin.evictions.mark_held(class);
+            }
+        }
+        match status {
+            SetStatus::Stored { .. } => self.worker.classes.add(ClassOp::CasHit, old_class),
+            SetStatus::Exists => self.worker.classes.add(ClassOp::CasBadval, old_class),
+            _ => {}
         }
     }
 

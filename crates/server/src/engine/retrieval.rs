@@ -4,7 +4,7 @@
 use kvlab_protocol::response as r;
 use kvlab_protocol::Keys;
 
-use super::{defer, Blocking, Engine, Flow, ReadThrough, WorkerStats};
+use super::{defer, Blocking, ClassOp, Engine, Flow, ReadThrough, WorkerStats};
 
 impl Engine {
     /// `get`, `gets` (`cas`). `loaded` lists the keys read through for it so far.
@@ -38,6 +38,7 @@ impl Engine {
             }
             self.log_fetch(key, item.as_ref().map(|i| (i.value.len(), i.flags)));
             if let Some(item) = item {
+                self.count_class(ClassOp::GetHit, key.len(), item.value.len(), item.flags);
                 r::value(
                     out,
                     key,
@@ -73,6 +74,7 @@ impl Engine {
             }
             self.log_fetch(key, item.as_ref().map(|i| (i.value.len(), i.flags)));
             if let Some(item) = item {
+                self.count_class(ClassOp::TouchHit, key.len(), item.value.len(), item.flags);
                 r::value(
                     out,
                     key,

@@ -39,6 +39,7 @@ impl Engine {
             let old = self.store.peek(key);
             self.log_fetch(key, old.map(|m| (m.item.value.len(), m.item.flags)));
         }
+        let old_class = compare_cas.map_or(0, |_| self.class_now(key));
         let status = self.store.set(&SetRequest {
             mode,
             key,
@@ -50,6 +51,7 @@ impl Engine {
             invalidate: false,
         });
         self.log_store(key, status, command.name(), exptime, data.len(), flags);
+        self.count_store(status, key, data.len(), flags, old_class);
         let reply = match status {
             SetStatus::Stored { .. } => r::STORED,
             SetStatus::NotStored => r::NOT_STORED,
