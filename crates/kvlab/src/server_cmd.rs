@@ -173,6 +173,13 @@ pub struct ServerArgs {
     /// The unix socket's permissions, octal (memcached's -a; default 0700).
     #[arg(short = 'a', long = "unix-mask", default_value = "0700", value_parser = parse_mask)]
     unix_mask: u32,
+    /// Refuse the dump commands, `stats cachedump` and `lru_crawler metadump` (memcached's
+    /// -X), as memcached refuses them.
+    #[arg(short = 'X', long = "disable-dumping")]
+    disable_dumping: bool,
+    /// Refuse `watch` (memcached's -W), as memcached refuses it.
+    #[arg(short = 'W', long = "disable-watch")]
+    disable_watch: bool,
     /// Run as a daemon (memcached's -d): the command returns once the server listens (or
     /// fails, with its error and exit status 1), and the server goes on detached in a
     /// session of its own, its standard streams on /dev/null (unless -v). Unlike
@@ -517,6 +524,8 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         prefix_delimiter,
         cas_enabled: !args.disable_cas,
         flush_enabled: !args.disable_flush_all,
+        dumps_enabled: !args.disable_dumping,
+        watch_enabled: !args.disable_watch,
         accepted: kvlab_server::admin::AcceptedSettings {
             reqs_per_event: args.reqs_per_event,
             binding_protocol: match args.protocol.as_str() {

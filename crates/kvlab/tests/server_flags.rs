@@ -360,3 +360,41 @@ fn a_unix_socket_is_served_with_its_mask() {
     child.wait().expect("wait");
     assert!(!path.exists(), "the socket is removed at shutdown");
 }
+
+/// `-X` and `-W` refuse the dump commands and `watch` in memcached's words (checked against
+/// memcached 1.6.18 started with the same flags), and `stats settings` says so.
+#[test]
+fn dumps_and_watch_are_refused_as_memcached_refuses_them() {
+    let port = free_port().expect("free port");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let server = Spawn::new(env!("CARGO_BIN_EXE_kvlab"))
+        .args(["server", "-p", &port.to_string(), "-t", "1", "-X", "-W"])
+        .ready(Probe::Version(addr))
+        .timeout(Duration::from_secs(20))
+        .start()
+        .expect("kvlab server starts with -X -W");
+    let want = [
+        (
+            &b"stats cachedump 1 10\r\n"[..],
+            "CLIENT_ERROR stats cachedump not allowed\r\n",
+        ),
+        (
+            b"lru_crawler metadump all\r\n",
+            "ERROR metadump not allowed\r\n",
+        ),
+        (b"watch\r\n", "CLIENT_ERROR watch commands not allowed\r\n"),
+    ];
+    let mut got = Vec::new();
+    for (req, _) in want {
+        got.push(exchange(addr, req, b"\r\n"));
+    }
+    let mc = kvlab_testkit::Memcached::start_with(&["-X", "-W"])
+        .unwrap_or_else(|e| panic!("{e} (.ci/run installs Debian's memcached)"));
+    for ((req, words), kvlab) in want.iter().zip(&got) {
+        assert_eq!(kvlab, words, "kvlab, {:?}", String::from_utf8_lossy(req));
+        assert_eq!(&exchange(mc.addr, req, b"\r\n"), words, "memcached");
+    }
+    let settings = exchange(addr, b"stats settings\r\n", b"END\r\n");
+    assert!(settings.contains("STAT dump_enabled no\r\n"), "{settings}");
+    server.stop();
+}

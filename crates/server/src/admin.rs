@@ -90,6 +90,11 @@ pub struct AdminState {
     pub cas_enabled: bool,
     /// `flush_all` is served (memcached's default; `-F` refuses it).
     pub flush_enabled: bool,
+    /// `stats cachedump` and `lru_crawler metadump` are served (memcached's default; `-X`
+    /// refuses them).
+    pub dumps_enabled: bool,
+    /// `watch` is served (memcached's default; `-W` refuses it).
+    pub watch_enabled: bool,
     /// memcached's `-R`, `-B`, `-o read_buf_mem_limit`, `-o lru_maintainer` as given
     /// (see [`AcceptedSettings`]).
     pub accepted: AcceptedSettings,
@@ -139,6 +144,8 @@ impl AdminState {
             slab_reassign: true,
             cas_enabled: true,
             flush_enabled: true,
+            dumps_enabled: true,
+            watch_enabled: true,
             accepted: AcceptedSettings::default(),
             classes: SizeClasses::default(),
             detail: Detail::new(b':', false),
@@ -206,6 +213,9 @@ pub fn execute(state: &AdminState, store: &Store, cmd: Admin<'_>, out: &mut Vec<
             b"dump" => state.detail.dump(out),
             _ => out.extend_from_slice(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n"),
         },
+        Admin::StatsCachedump(_) if !state.dumps_enabled => {
+            out.extend_from_slice(b"CLIENT_ERROR stats cachedump not allowed\r\n")
+        }
         Admin::StatsCachedump(dump) => cachedump(state, store, dump, out),
         Admin::LruCrawler(c) => lru_crawler(state, store, c, out),
         // The log streams are served by the session (see `crate::watch`); the engine
@@ -277,6 +287,9 @@ fn lru_crawler(state: &AdminState, store: &Store, cmd: LruCrawler<'_>, out: &mut
             // for is harmless.
             state.crawler.kick();
             out.extend_from_slice(r::OK);
+        }
+        LruCrawler::Metadump(_) if !state.dumps_enabled => {
+            out.extend_from_slice(b"ERROR metadump not allowed\r\n")
         }
         LruCrawler::Metadump(arg) => {
             if !state.crawler.enabled() {

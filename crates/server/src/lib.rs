@@ -116,6 +116,11 @@ pub struct ServerConfig {
     /// `flush_all` served (memcached's default); `-F` answers it `CLIENT_ERROR flush_all
     /// not allowed`.
     pub flush_enabled: bool,
+    /// `stats cachedump` and `lru_crawler metadump` served (memcached's default); `-X`
+    /// refuses them as memcached does.
+    pub dumps_enabled: bool,
+    /// `watch` served (memcached's default); `-W` refuses it as memcached does.
+    pub watch_enabled: bool,
     /// memcached's `-R`, `-B`, `-o read_buf_mem_limit`, `-o lru_maintainer`: reported in
     /// `stats settings`; what each does is on [`admin::AcceptedSettings`].
     pub accepted: admin::AcceptedSettings,
@@ -155,6 +160,8 @@ impl Default for ServerConfig {
             slab_reassign: true,
             cas_enabled: true,
             flush_enabled: true,
+            dumps_enabled: true,
+            watch_enabled: true,
             accepted: admin::AcceptedSettings::default(),
             growth_factor: 1.25,
             chunk_size: 48,
@@ -445,6 +452,8 @@ impl Server {
         admin.slab_reassign = config.slab_reassign;
         admin.cas_enabled = config.cas_enabled;
         admin.flush_enabled = config.flush_enabled;
+        admin.dumps_enabled = config.dumps_enabled;
+        admin.watch_enabled = config.watch_enabled;
         admin.accepted = config.accepted;
         admin.auth = config.auth.clone();
         admin.tls = config.tls.clone();

@@ -679,6 +679,15 @@ impl ServerStats {
                 yes_no(self.admin.accepted.lru_maintainer).to_string(),
             ),
         );
+        // `-X` as given, in memcached's place for it.
+        let at = all
+            .iter()
+            .position(|(name, _)| *name == "hash_algorithm")
+            .unwrap_or(all.len());
+        all.insert(
+            at,
+            ("dump_enabled", yes_no(self.admin.dumps_enabled).to_string()),
+        );
         all.extend(self.admin_settings());
         all.extend(self.tls_settings());
         all.extend(self.idle_and_crawler_settings());
@@ -688,12 +697,11 @@ impl ServerStats {
     /// memcached's defaults for what kvlab has no use for (no slab pages to move, no segmented
     /// LRU, no logger buffers), shown as memcached shows them: `slab_automove_ratio` …
     /// `slab_automove_freeratio` (`lru_maintainer_thread`, as given, is put in its place).
-    const MEMCACHED_DEFAULTS: [(&'static str, &'static str); 18] = [
+    const MEMCACHED_DEFAULTS: [(&'static str, &'static str); 17] = [
         ("slab_automove_ratio", "0.80"),
         ("slab_automove_window", "30"),
         ("slab_chunk_max", "524288"),
         ("tail_repair_time", "0"),
-        ("dump_enabled", "yes"),
         // kvlab's shards hash keys with hashbrown's default hasher.
         ("hash_algorithm", "foldhash"),
         ("lru_segmented", "no"),

@@ -69,6 +69,10 @@ impl Engine {
             }
             return Flow::Done;
         };
+        if !self.server.admin.watch_enabled {
+            out.extend_from_slice(b"CLIENT_ERROR watch commands not allowed\r\n");
+            return Flow::Done;
+        }
         let Some(streams) = streams else {
             out.extend_from_slice(r::ERROR);
             return Flow::Done;
