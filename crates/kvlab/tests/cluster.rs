@@ -578,29 +578,7 @@ fn a_node_that_dies_during_the_copy_rolls_the_migration_back() {
     let topology = path.display().to_string();
     let topology = topology.as_str();
     let keys = "100000";
-    let bench = |args: &[&str]| {
-        let out = Command::new(KVLAB)
-            .args([
-                "bench",
-                "--cluster",
-                &names[0],
-                "--keys",
-                keys,
-                "-T",
-                "1",
-                "-c",
-                "4",
-            ])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let bench = |args: &[&str]| bench_cluster(&names[0], keys, 4, args);
     bench(&["--load", "--requests", "1"]);
     // The coordinator runs in the background; the new node dies once its copy is arriving.
     let add = std::thread::spawn({
@@ -1216,30 +1194,7 @@ fn a_killed_durable_member_is_started_again_over_its_own_directory() {
         ],
     );
     let keys = "3000";
-    let bench = |args: &[&str]| {
-        let out = Command::new(KVLAB)
-            .args([
-                "bench",
-                "--cluster",
-                &names[0],
-                "--keys",
-                keys,
-                "-T",
-                "1",
-                "-c",
-                "2",
-            ])
-            .args(args)
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "{said}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        said
-    };
+    let bench = |args: &[&str]| bench_cluster(&names[0], keys, 2, args);
     bench(&["--load", "--requests", "1"]);
     let pid = node_status(&names[1]).unwrap()["pid"].as_u64().unwrap() as i32;
     // SAFETY: kill(2) of the node this test's `up` started.
@@ -1316,4 +1271,22 @@ fn an_operators_mistakes_name_their_cause() {
         !out.status.success() && said.contains(&looked.display().to_string()),
         "{said}"
     );
+}
+
+/// `kvlab bench --cluster SEED --keys KEYS -T 1 -c CONNS ARGS`, which must succeed; its
+/// report.
+fn bench_cluster(seed: &str, keys: &str, conns: u32, args: &[&str]) -> String {
+    let out = Command::new(KVLAB)
+        .args(["bench", "--cluster", seed, "--keys", keys, "-T", "1"])
+        .args(["-c", &conns.to_string()])
+        .args(args)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    said
 }
