@@ -59,8 +59,6 @@ thread_local! {
     /// of a thread-local cell). A session left with part of a request keeps the buffer as
     /// its own (charged to its budget), until it goes idle ([`Session::shrink`]).
     static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
-    /// The thread's list of a turn's service times ([`Session::turn`]).
-    static SAMPLES: Cell<Vec<u64>> = const { Cell::new(Vec::new()) };
 }
 
 /// Names a pending reply slot of one session (increasing per session).
@@ -433,13 +431,10 @@ impl<S: Service> Session<S> {
         self.turn(service, true);
     }
 
-    /// [`Session::run`] with the thread's buffers: its list of service times for the turn
-    /// (reported and emptied at the turn's end), and its spare input buffer if this session
-    /// read into it. A connection between requests holds neither.
+    /// [`Session::run`], then the thread's spare input buffer given back if this session
+    /// read into it and used every byte.
     fn turn(&mut self, service: &mut S, inline: bool) {
-        self.samples = SAMPLES.take();
         self.run(service, inline);
-        SAMPLES.set(std::mem::take(&mut self.samples));
         self.give_back_input();
     }
 
