@@ -652,8 +652,16 @@ mod tests {
         assert_eq!(on(500, &["lru_crawler"]).unwrap(), Some(500));
         assert_eq!(on(500, &["no_lru_crawler"]).unwrap(), None);
         assert!(on(0, &["lru_crawler"]).is_err());
-        let err = on(500, &["slab_automove=2"]).unwrap_err().to_string();
-        assert!(err.contains("slab_automove"), "{err}");
+        let err = on(500, &["no_such_option=2"]).unwrap_err().to_string();
+        assert!(err.contains("no_such_option"), "{err}");
+        // memcached's options for parts kvlab does not have: accepted, and said.
+        let o: Vec<String> = vec!["slab_automove=2".into(), "track_sizes".into()];
+        assert_eq!(
+            extended(500, &o).unwrap().ignored,
+            ["-o slab_automove=2", "-o track_sizes"]
+        );
+        let o: Vec<String> = vec!["hashpower=x".into()];
+        assert!(extended(500, &o).is_err(), "a number is still checked");
         let o = |o: &[&str]| {
             let o: Vec<String> = o.iter().map(|s| s.to_string()).collect();
             extended(2000, &o)
