@@ -343,7 +343,7 @@ emulation_clear() {
   if [ -n "$p" ] && kill -0 "$p" 2>/dev/null; then
     kill "$p" 2>/dev/null || true
     local deadline=$((SECONDS + 3))
-    while kill -0 "$p" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.05; done
+    while alive "$p" && ((SECONDS < deadline)); do sleep 0.05; done
   fi
   rm -f "$DIR/delay-$k.pid"
 }
@@ -445,9 +445,18 @@ cmd_heal() {
   say "$(host_name "$k") healed"
 }
 
+# A process that has exited but is not yet reaped (a zombie: its parent, often init, reaps
+# it later, up to seconds later in some containers) counts as gone.
+alive() {
+  local s
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  s=${s##*) }
+  [ "${s%% *}" != Z ]
+}
+
 any_alive() {
   local p
-  for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done
+  for p in "$@"; do alive "$p" && return 0; done
   return 1
 }
 

@@ -183,9 +183,18 @@ cmd_up() {
   cat "$DIR/hosts"
 }
 
+# A process that has exited but is not yet reaped (a zombie: its parent, often init, reaps
+# it later, up to seconds later in some containers) counts as gone.
+alive() {
+  local s
+  s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  s=${s##*) }
+  [ "${s%% *}" != Z ]
+}
+
 any_alive() {
   local p
-  for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done
+  for p in "$@"; do alive "$p" && return 0; done
   return 1
 }
 
