@@ -11,27 +11,30 @@ use common::cluster::*;
 
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvlab_process::{free_ports, Process};
 use kvlab_testkit::Memcached;
 
-/// Waits for `child` at most `limit`; kills it and fails the test past that.
-fn wait_bounded(mut child: Child, limit: Duration, what: &str) -> Output {
-    let deadline = Instant::now() + limit;
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().unwrap();
+/// Waits for `child` at most `limit` (on a thread blocked in its wait); kills it and fails
+/// the test past that.
+fn wait_bounded(child: Child, limit: Duration, what: &str) -> Output {
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // SAFETY: kill(2) of the child this test started, still unreaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let out = rx.recv().unwrap().unwrap();
             panic!(
                 "{what} still running after {limit:?} (a hang): {}{}",
                 String::from_utf8_lossy(&out.stdout),
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
-    child.wait_with_output().unwrap()
 }
 
 fn counters(json: &Path) -> serde_json::Value {

@@ -235,11 +235,56 @@ fn cache_items_bounds_the_items_under_every_policy() {
 }
 
 /// Waits (bounded) until `f` holds.
-fn until(what: &str, mut f: impl FnMut() -> bool) {
+/// Reads `child`'s stderr on a thread of its own (so the server never blocks on a full
+/// pipe) and returns its lines as they come.
+fn stderr_lines(child: &mut std::process::Child) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().expect("stderr piped");
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(err)) {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The lines `lines` gives until one says the server listens (at most 15 s), that line
+/// included.
+fn until_listening(lines: &std::sync::mpsc::Receiver<String>) -> String {
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while !f() {
-        assert!(std::time::Instant::now() < deadline, "timed out: {what}");
-        std::thread::sleep(Duration::from_millis(20));
+    let mut said = String::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("no \"listening on\" in 15 s ({e}); said:\n{said}"));
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains(" listening on ") {
+            return said;
+        }
+    }
+}
+
+/// Waits (a pidfd, at most 15 s) for the process `pid`, not a child of this one, to exit.
+fn until_gone(pid: i32) {
+    // SAFETY: pidfd_open(2) and poll(2) on a descriptor this function owns and closes.
+    unsafe {
+        let fd = libc::syscall(libc::SYS_pidfd_open, pid, 0) as i32;
+        if fd < 0 {
+            return; // gone already
+        }
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ready = libc::poll(&mut p, 1, 15_000);
+        libc::close(fd);
+        assert_eq!(ready, 1, "process {pid} still running 15 s after SIGTERM");
     }
 }
 
@@ -282,7 +327,8 @@ fn a_daemon_detaches_answers_and_takes_its_pidfile_with_it() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("Address already in use"));
     // SAFETY: kill(2) of the daemon this test started.
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    until("the pid file to go", || !pid_file.exists());
+    until_gone(pid);
+    assert!(!pid_file.exists(), "the pid file is removed at shutdown");
 }
 
 /// memcached's flags for parts kvlab does not have start the server, each said in one
@@ -301,23 +347,13 @@ fn memcached_flags_without_a_counterpart_are_accepted_and_said() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("kvlab runs");
-    until("the server to answer", || {
-        TcpStream::connect(addr).is_ok_and(|mut s| {
-            s.set_read_timeout(Some(Duration::from_secs(2))).is_ok()
-                && s.write_all(b"version\r\n").is_ok()
-                && s.read(&mut [0u8; 64]).is_ok_and(|n| n > 0)
-        })
-    });
+    let lines = stderr_lines(&mut child);
+    let mut said = until_listening(&lines);
+    assert!(exchange(addr, b"version\r\n", b"\r\n").starts_with("VERSION "));
     // SAFETY: kill(2) of the server this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let mut said = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut said)
-        .expect("read stderr");
     child.wait().expect("wait");
+    said.extend(lines.iter().map(|l| l + "\n"));
     for flag in [
         "-L accepted",
         "-e /tmp/kvlab-no-memory-file accepted",
@@ -341,10 +377,12 @@ fn a_unix_socket_is_served_with_its_mask() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
         .args(["server", "-t", "1", "-a", "0760", "-s"])
         .arg(&path)
+        .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("kvlab runs");
+    let lines = stderr_lines(&mut child);
+    until_listening(&lines);
     let connect = || std::os::unix::net::UnixStream::connect(&path);
-    until("the socket to answer", || connect().is_ok());
     let mode = std::fs::metadata(&path)
         .expect("socket")
         .permissions()
