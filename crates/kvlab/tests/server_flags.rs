@@ -393,6 +393,19 @@ fn a_unix_socket_is_served_with_its_mask() {
         .expect("timeout");
     let got = kvlab_testkit::wire::exchange(&mut s, b"set k 0 0 2\r\nhi\r\nget k\r\n", b"END\r\n");
     assert_eq!(got, b"STORED\r\nVALUE k 0 2\r\nhi\r\nEND\r\n");
+    // `stats conns` names the socket as memcached does (its t/stats-conns.t): the listener's
+    // addr and each connection's listen_addr are unix:PATH.
+    let got = kvlab_testkit::wire::exchange(&mut s, b"stats conns\r\n", b"END\r\n");
+    let stats = String::from_utf8_lossy(&got);
+    let unix = format!("unix:{}", path.display());
+    assert!(
+        stats.lines().any(|l| l.ends_with(&format!(":addr {unix}"))),
+        "{stats}"
+    );
+    assert!(
+        stats.lines().any(|l| l.ends_with(&format!(":listen_addr {unix}"))),
+        "{stats}"
+    );
     // SAFETY: kill(2) of the server this test started.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     child.wait().expect("wait");

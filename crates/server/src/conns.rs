@@ -37,7 +37,7 @@ struct Entry {
     watching: AtomicBool,
     /// A watcher's addresses (peer, local), read from its own socket when it was handed
     /// over: its connection's descriptor is no longer its socket.
-    handed_over: OnceLock<(Option<SocketAddr>, Option<SocketAddr>)>,
+    handed_over: OnceLock<(String, String)>,
 }
 
 /// A connection's place in the registry: dropping it takes the connection out.
@@ -83,7 +83,7 @@ impl Conns {
                 listener = None;
             }
             let (peer, local) = match entry.handed_over.get() {
-                Some(&addrs) => addrs,
+                Some(addrs) => addrs.clone(),
                 None => (address(fd, true), address(fd, false)),
             };
             let state = if entry.watching.load(Relaxed) {
@@ -96,8 +96,8 @@ impl Conns {
             listed(
                 fd,
                 &[
-                    ("addr", text(peer)),
-                    ("listen_addr", text(local)),
+                    ("addr", peer),
+                    ("listen_addr", local),
                     ("state", state.to_string()),
                     (
                         "secs_since_last_cmd",
@@ -116,24 +116,17 @@ impl Conns {
 /// The listening socket's lines, as memcached's: its own address, no `listen_addr`.
 fn listening(fd: RawFd, secs: u64) -> [(&'static str, String); 3] {
     [
-        ("addr", text(address(fd, false))),
+        ("addr", address(fd, false)),
         ("state", "conn_listening".to_string()),
         ("secs_since_last_cmd", secs.to_string()),
     ]
 }
 
-/// An address as memcached writes it: `tcp:1.2.3.4:5`, `tcp6:[::1]:5`.
-fn text(addr: Option<SocketAddr>) -> String {
-    match addr {
-        Some(a @ SocketAddr::V4(_)) => format!("tcp:{a}"),
-        Some(a @ SocketAddr::V6(_)) => format!("tcp6:{a}"),
-        None => "<closed>".to_string(),
-    }
-}
-
-/// The peer's (`peer`) or the local (`!peer`) address of socket `fd`. A descriptor closed
-/// meanwhile, or reused by something else than a socket, just has none.
-fn address(fd: RawFd, peer: bool) -> Option<SocketAddr> {
+/// The peer's (`peer`) or the local (`!peer`) address of socket `fd`, as memcached writes
+/// it: `tcp:1.2.3.4:5`, `tcp6:[::1]:5`, `unix:/path` (a unix socket's client is unnamed:
+/// `unix:`). A descriptor closed meanwhile, or reused by something else than a socket, is
+/// `<closed>`.
+fn address(fd: RawFd, peer: bool) -> String {
     // SAFETY: a zeroed sockaddr_storage is a valid value; getpeername and getsockname
     // write at most `len` bytes into it, and fail harmlessly on any descriptor.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
@@ -148,22 +141,36 @@ fn address(fd: RawFd, peer: bool) -> Option<SocketAddr> {
         }
     };
     if rc != 0 {
-        return None;
+        return "<closed>".to_string();
     }
     match libc::c_int::from(ss.ss_family) {
         libc::AF_INET => {
             // SAFETY: the family says the storage holds a sockaddr_in.
             let a: libc::sockaddr_in = unsafe { std::ptr::read(std::ptr::addr_of!(ss).cast()) };
             let ip = std::net::Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
-            Some(SocketAddr::from((ip, u16::from_be(a.sin_port))))
+            format!("tcp:{}", SocketAddr::from((ip, u16::from_be(a.sin_port))))
         }
         libc::AF_INET6 => {
             // SAFETY: the family says the storage holds a sockaddr_in6.
             let a: libc::sockaddr_in6 = unsafe { std::ptr::read(std::ptr::addr_of!(ss).cast()) };
             let ip = std::net::Ipv6Addr::from(a.sin6_addr.s6_addr);
-            Some(SocketAddr::from((ip, u16::from_be(a.sin6_port))))
+            format!("tcp6:{}", SocketAddr::from((ip, u16::from_be(a.sin6_port))))
         }
-        _ => None,
+        libc::AF_UNIX => {
+            // SAFETY: the family says the storage holds a sockaddr_un.
+            let a: libc::sockaddr_un = unsafe { std::ptr::read(std::ptr::addr_of!(ss).cast()) };
+            // The path's bytes: what `len` covers past the family, up to a NUL.
+            let n = (len as usize)
+                .saturating_sub(std::mem::size_of::<libc::sa_family_t>())
+                .min(a.sun_path.len());
+            let path: Vec<u8> = a.sun_path[..n]
+                .iter()
+                .take_while(|&&c| c != 0)
+                .map(|&c| c as u8)
+                .collect();
+            format!("unix:{}", String::from_utf8_lossy(&path))
+        }
+        _ => "<closed>".to_string(),
     }
 }
 
