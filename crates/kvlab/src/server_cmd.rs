@@ -14,8 +14,10 @@ mod process;
 /// Flags of `kvlab server`.
 #[derive(Debug, Args)]
 pub struct ServerArgs {
-    /// TCP port to listen on (0 picks a free port and prints it).
-    #[arg(short = 'p', long = "port", default_value_t = 11211)]
+    /// TCP port to listen on (0 or memcached's -1 pick a free port and print it; with
+    /// MEMCACHED_PORT_FILENAME set, the port is written to that file as memcached writes it).
+    #[arg(short = 'p', long = "port", default_value_t = 11211, allow_negative_numbers = true,
+          value_parser = parse_port)]
     port: u16,
     /// Interface to listen on.
     #[arg(short = 'l', long = "listen", default_value = "127.0.0.1")]
@@ -591,6 +593,11 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
                 .map(|a| format!(", REST on http://{a}/"))
                 .unwrap_or_default()
     );
+    if args.unix_socket.is_none() {
+        if let Some(path) = std::env::var_os("MEMCACHED_PORT_FILENAME") {
+            process::write_port_file(std::path::Path::new(&path), server.addr());
+        }
+    }
     let pid_file = args.pid_file.as_deref().and_then(process::PidFile::write);
     if let Some(d) = daemon {
         d.ready(args.verbose > 0);
@@ -611,6 +618,16 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
     }
     drop(pid_file);
     Ok(())
+}
+
+/// `-p`: a TCP port, or memcached's -1 for one the kernel picks (kvlab's 0 too; memcached's
+/// `-p 0`, no TCP at all, has no counterpart: kvlab always serves TCP or a unix socket).
+fn parse_port(s: &str) -> Result<u16, String> {
+    if s == "-1" {
+        return Ok(0);
+    }
+    s.parse()
+        .map_err(|_| format!("{s:?} is not a port (0-65535, or -1 for any free port)"))
 }
 
 /// The memcached flags given that kvlab accepts with no effect, each with why.

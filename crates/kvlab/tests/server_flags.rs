@@ -403,7 +403,9 @@ fn a_unix_socket_is_served_with_its_mask() {
         "{stats}"
     );
     assert!(
-        stats.lines().any(|l| l.ends_with(&format!(":listen_addr {unix}"))),
+        stats
+            .lines()
+            .any(|l| l.ends_with(&format!(":listen_addr {unix}"))),
         "{stats}"
     );
     // SAFETY: kill(2) of the server this test started.
@@ -448,4 +450,32 @@ fn dumps_and_watch_are_refused_as_memcached_refuses_them() {
     let settings = exchange(addr, b"stats settings\r\n", b"END\r\n");
     assert!(settings.contains("STAT dump_enabled no\r\n"), "{settings}");
     server.stop();
+}
+
+/// `-p -1` listens on a port the kernel picks and, with `MEMCACHED_PORT_FILENAME` set,
+/// writes it there as memcached does (`TCP INET: <port>`, its t/issue_67.t's reading).
+#[test]
+fn an_ephemeral_port_is_written_to_memcacheds_port_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ports = dir.path().join("ports");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvlab"))
+        .args(["server", "-t", "1", "-p", "-1"])
+        .env("MEMCACHED_PORT_FILENAME", &ports)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kvlab runs");
+    let lines = stderr_lines(&mut child);
+    let said = until_listening(&lines);
+    let text = std::fs::read_to_string(&ports).expect("the port file is written");
+    let port: u16 = text
+        .strip_prefix("TCP INET: ")
+        .and_then(|p| p.trim_end().parse().ok())
+        .unwrap_or_else(|| panic!("not memcached's format: {text:?}"));
+    assert_ne!(port, 0);
+    assert!(said.contains(&format!("127.0.0.1:{port} ")), "{said}");
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    assert!(exchange(addr, b"version\r\n", b"\r\n").starts_with("VERSION "));
+    // SAFETY: kill(2) of the server this test started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    child.wait().expect("wait");
 }

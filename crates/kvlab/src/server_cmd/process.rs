@@ -93,6 +93,25 @@ impl Drop for PidFile {
     }
 }
 
+/// memcached's port file (`MEMCACHED_PORT_FILENAME`): the TCP port the server listens on,
+/// as `TCP INET: <port>` (`TCP INET6` on IPv6), written to a temporary file beside it and
+/// renamed, so a reader that sees the file sees all of it. Left in place at exit, as
+/// memcached leaves it; a file that cannot be written is a warning.
+pub fn write_port_file(path: &Path, addr: std::net::SocketAddr) {
+    let family = if addr.is_ipv4() { "INET" } else { "INET6" };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".lck");
+    let tmp = PathBuf::from(tmp);
+    let written = std::fs::write(&tmp, format!("TCP {family}: {}\n", addr.port()))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = written {
+        eprintln!(
+            "kvlab server: could not write the port file {}: {e}",
+            path.display()
+        );
+    }
+}
+
 /// `-k` and `-r`: lock memory, raise the core file limit; what fails is a warning, as in
 /// memcached.
 pub fn limits(lock_memory: bool, core_dumps: bool) {
