@@ -431,9 +431,10 @@ pub fn run(
             parse_memcaslap(&text)
         }
         _ => {
-            let text = std::fs::read_to_string(&json)
+            let json_text = std::fs::read_to_string(&json)
                 .with_context(|| format!("reading memtier's {}", json.display()))?;
-            parse_memtier(&text, inv.duration_s as f64)
+            let printed = std::fs::read_to_string(with("txt"))?;
+            parse_memtier(&json_text, &printed, inv.duration_s as f64)
         }
     }
     .with_context(|| {
