@@ -61,6 +61,13 @@ thread_local! {
     static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
+/// A new input buffer of [`INPUT_INITIAL`] bytes (a thread's first, or one to replace the
+/// spare a session kept).
+#[cold]
+fn fresh_input() -> Vec<u8> {
+    vec![0; INPUT_INITIAL]
+}
+
 /// Names a pending reply slot of one session (increasing per session).
 pub type SlotId = u64;
 
@@ -236,13 +243,7 @@ impl<S: Service> Session<S> {
     /// Free space to read into, made by compacting and, if a request needs it, growing.
     pub fn read_space(&mut self) -> &mut [u8] {
         if self.input.is_empty() {
-            let spare = SPARE.take();
-            self.input = if spare.len() == INPUT_INITIAL {
-                spare
-            } else {
-                vec![0; INPUT_INITIAL]
-            };
-            self.lent = true;
+            self.borrow_spare();
         }
         let burst = std::mem::take(&mut self.filled_all) && self.input.len() < INPUT_BURST;
         if self.end == self.input.len() || burst {
@@ -321,7 +322,22 @@ impl<S: Service> Session<S> {
         }
     }
 
+    /// Reads into the thread's spare buffer for this turn (a fresh one if another session
+    /// kept it). Inline, as is [`Session::give_back_input`]: the pair runs once a request
+    /// and costs a few dozen instructions as calls.
+    #[inline]
+    fn borrow_spare(&mut self) {
+        let spare = SPARE.take();
+        self.input = if spare.len() == INPUT_INITIAL {
+            spare
+        } else {
+            fresh_input()
+        };
+        self.lent = true;
+    }
+
     /// The lent input buffer becomes this session's own (it keeps bytes, or grows).
+    #[cold]
     fn adopt(&mut self) {
         if self.lent {
             self.lent = false;
@@ -331,17 +347,17 @@ impl<S: Service> Session<S> {
 
     /// At the end of a turn: a lent input buffer goes back to the thread if the turn used
     /// every byte read, else the session keeps it.
+    #[inline]
     fn give_back_input(&mut self) {
-        if !self.lent {
-            return;
-        }
-        if self.start == self.end && self.input.len() == INPUT_INITIAL {
-            self.start = 0;
-            self.end = 0;
-            self.lent = false;
-            SPARE.set(std::mem::take(&mut self.input));
-        } else {
-            self.adopt();
+        if self.lent {
+            if self.start == self.end && self.input.len() == INPUT_INITIAL {
+                self.start = 0;
+                self.end = 0;
+                self.lent = false;
+                SPARE.set(std::mem::take(&mut self.input));
+            } else {
+                self.adopt();
+            }
         }
     }
 
