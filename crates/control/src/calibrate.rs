@@ -273,9 +273,17 @@ pub fn calibrate(
         .map(|s| s.sustained_qps.unwrap_or(0.0))
         .collect();
     if capacity.iter().all(|&c| c <= 0.0) {
+        let why: Vec<String> = scans
+            .iter()
+            .map(|s| format!("{} core(s): {}", s.cores, s.ended))
+            .collect();
         return Err(ControlError::Spec(format!(
-            "calibration: no rate kept the p95 under {} µs at any core count",
-            spec.slo_p95_us
+            "calibration: no rate kept the p95 under {} µs at any core count ({}; load \
+             average {} before, {} after): the machine does not meet this SLO now",
+            spec.slo_p95_us,
+            why.join("; "),
+            before.0,
+            loadavg()
         )));
     }
     Ok(Calibration {
