@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 use kvlab_client::measure::IntervalRow;
 use serde::{Deserialize, Serialize};
 
+use crate::calibrate::Calibration;
 use crate::controller::{self, Controller, RunLimits, Share};
 use crate::event::{read_log, EventLog, What};
 use crate::jobs::JobFile;
 use crate::machine::{CpuMethod, PauseMethod, System};
 use crate::policy::{Policy, PolicySpec};
 use crate::sensor::{LiveFile, ServerSensor, STALE_MS};
-use crate::summary::{job_span, summarise, RunSummary};
+use crate::summary::{cost, job_span, segments, summarise, Cost, RunSummary};
 use crate::ControlError;
 
 /// The default time between samples.
@@ -56,6 +57,12 @@ pub struct Options {
     pub log: PathBuf,
     /// The SLO the summary counts violations against, µs.
     pub slo_p95_us: f64,
+    /// The capacity calibration the predictive policy's figures come from (kept with the
+    /// outcome); `None`: given (`--capacity`), or not predictive.
+    pub calibration: Option<Calibration>,
+    /// The load's intervals of the same trace and seed with no jobs (a `--live` file): the
+    /// baseline the jobs' cost is counted against.
+    pub baseline: Option<PathBuf>,
 }
 
 /// What a run did.
@@ -74,12 +81,48 @@ pub struct Outcome {
     /// Whether the jobs also ran on the server's CPUs at idle priority (`--idle-jobs`).
     #[serde(default)]
     pub idle_jobs: bool,
+    /// The predictive policy's capacity per core count, requests/s, and where it came
+    /// from (`calibrated here` or `given`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<(Vec<f64>, String)>,
+    /// The calibration that measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<Calibration>,
     /// The figures.
     pub summary: RunSummary,
+    /// What the jobs cost against the baseline (with `Options::baseline`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+}
+
+/// The predictive policy's capacity and where it came from, for the outcome and the
+/// command's output.
+pub fn capacity_used(
+    policy: &PolicySpec,
+    calibration: Option<&Calibration>,
+) -> Option<(Vec<f64>, String)> {
+    match policy {
+        PolicySpec::Predictive { capacity, .. } => Some((
+            capacity.clone(),
+            match calibration {
+                Some(c) if &c.capacity == capacity => "calibrated here".into(),
+                _ => "given".into(),
+            },
+        )),
+        _ => None,
+    }
 }
 
 /// Runs the loop around the server until the jobs end, `max` passes or `stop` says so.
 pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlError> {
+    if let PolicySpec::Predictive { capacity, .. } = &o.policy {
+        if capacity.is_empty() || capacity.iter().any(|c| !c.is_finite() || *c < 0.0) {
+            return Err(ControlError::Spec(
+                "the predictive policy needs a capacity per core count: calibrate or give it"
+                    .into(),
+            ));
+        }
+    }
     std::fs::create_dir_all(&o.work)
         .map_err(|e| ControlError::io(format!("creating {}", o.work.display()), e))?;
     if o.prepare {
@@ -102,7 +145,8 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
     let window = slack.map_or(Duration::ZERO, |s| {
         Duration::from_millis(s.latency_window_ms)
     });
-    let mut sensor = ServerSensor::new(o.pid, o.stats, o.live.clone(), window);
+    let mut sensor =
+        ServerSensor::new(o.pid, o.stats, o.live.clone(), window).idle_of(&o.share.cpus);
     if let Some(s) = slack.filter(|s| s.segment_budget.is_some()) {
         sensor = sensor.count_segments(s.slo_p95_us);
     }
@@ -137,6 +181,19 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
         }
         None => Vec::new(),
     };
+    let summary = summarise(&events, &rows, o.slo_p95_us);
+    let cost = match &o.baseline {
+        Some(p) => {
+            let base = segments(&LiveFile::new(p.clone()).poll()).ok_or_else(|| {
+                ControlError::Spec(format!(
+                    "the baseline {}: rows without histograms (an older kvlab bench)",
+                    p.display()
+                ))
+            })?;
+            Some(cost(&summary.segments, &base, o.slo_p95_us))
+        }
+        None => None,
+    };
     Ok(Outcome {
         policy: o.policy.name().into(),
         method,
@@ -144,7 +201,10 @@ pub fn control(o: &Options, stop: &dyn Fn() -> bool) -> Result<Outcome, ControlE
         jobs: o.jobs.jobs.len(),
         server_cores_max,
         idle_jobs: o.share.idle_jobs,
-        summary: summarise(&events, &rows, o.slo_p95_us),
+        capacity: capacity_used(&o.policy, o.calibration.as_ref()),
+        calibration: o.calibration.clone(),
+        summary,
+        cost,
     })
 }
 

@@ -8,9 +8,52 @@ use std::str::FromStr;
 
 use crate::ControlError;
 
-/// A set of CPU numbers.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+/// Runs `f` with the calling thread's CPU mask set to `cpus` (the threads it starts and the
+/// programs it spawns inherit the mask), then gives the thread its mask back. `None`: `f` as
+/// it is. What pins a load generator that runs in this process.
+pub fn pinned<T>(cpus: Option<&CpuSet>, f: impl FnOnce() -> T) -> Result<T, ControlError> {
+    let Some(cpus) = cpus else { return Ok(f()) };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: cpu_set_t is plain data; zeroed is the empty set; pid 0 is the calling thread.
+    let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if unsafe { libc::sched_getaffinity(0, size, &mut old) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(ControlError::io("reading this thread's CPU mask", e));
+    }
+    // SAFETY: as above.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for c in cpus.iter().filter(|&c| c < MAX_CPU) {
+        // SAFETY: c is below the set's size.
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    // SAFETY: as above.
+    if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(ControlError::io(format!("pinning to CPUs {cpus}"), e));
+    }
+    let out = f();
+    // SAFETY: as above; the mask read before.
+    unsafe { libc::sched_setaffinity(0, size, &old) };
+    Ok(out)
+}
+
+/// A set of CPU numbers (in serde, its list form: `"0-3,6"`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub struct CpuSet(BTreeSet<usize>);
+
+impl From<CpuSet> for String {
+    fn from(c: CpuSet) -> String {
+        c.to_string()
+    }
+}
+
+impl TryFrom<String> for CpuSet {
+    type Error = ControlError;
+    fn try_from(s: String) -> Result<CpuSet, ControlError> {
+        s.parse()
+    }
+}
 
 /// The most CPUs a set may name (the size of `libc::cpu_set_t`).
 pub const MAX_CPU: usize = 1024;

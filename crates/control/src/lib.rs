@@ -14,7 +14,8 @@
 //!         └─ event::EventLog (JSON lines: samples, cores, start, pause, resume, end)
 //! ```
 //!
-//! Modules: [`app`] (one controlled run, start to figures), [`cpus`] (CPU lists, the split), [`jobs`] (the job file), [`queue`] (which job
+//! Modules: [`app`] (one controlled run, start to figures), [`calibrate`] (the server's
+//! capacity per core count, measured where it runs), [`cpus`] (CPU lists, the split), [`jobs`] (the job file), [`queue`] (which job
 //! runs), [`policy`] (how many cores the server gets), [`controller`] (one step per sample,
 //! the loop), [`sensor`] (what a sample reads), [`machine`] (cgroups, affinity, signals),
 //! [`event`] (the log), [`speedup`] (each job alone at each core count), [`summary`] (runtimes and SLO violations from a log and the load's
@@ -25,6 +26,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod app;
+pub mod calibrate;
 pub mod controller;
 pub mod cpus;
 pub mod event;

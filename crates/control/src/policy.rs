@@ -52,6 +52,10 @@ pub struct Signal {
     /// slower than the SLO (with [`Slack::segment_budget`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub segment: Option<SegmentCount>,
+    /// Cores of the managed CPUs left idle over the last sample (`/proc/stat`: idle and
+    /// iowait), whoever kept the others busy: what idle-priority work could still get.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_cores: Option<f64>,
 }
 
 /// Requests of the current trace segment so far.

@@ -102,6 +102,9 @@ pub struct ServerSensor {
     latency: ServerLatency,
     /// The load's current trace segment, when counted.
     segment: Option<SegmentState>,
+    /// The managed CPUs whose idle time is read, and the last reading.
+    idle_of: Vec<usize>,
+    last_idle: Option<(Duration, u64)>,
 }
 
 /// The server's `stats latency` from sample to sample.
@@ -162,7 +165,15 @@ impl ServerSensor {
             last_requests: None,
             latency: ServerLatency::default(),
             segment: None,
+            idle_of: Vec::new(),
+            last_idle: None,
         }
+    }
+
+    /// Also reads how many of `cpus` were idle over each sample ([`Signal::idle_cores`]).
+    pub fn idle_of(mut self, cpus: &crate::CpuSet) -> ServerSensor {
+        self.idle_of = cpus.iter().collect();
+        self
     }
 
     /// Also counts the load's current trace segment: its requests so far and those slower
@@ -258,6 +269,11 @@ impl Sensor for ServerSensor {
         };
         if let Some(ticks) = self.cpu_ticks() {
             s.cpu = rate(&mut self.last_cpu, t, ticks).map(|r| r / self.ticks_per_s);
+        }
+        if !self.idle_of.is_empty() {
+            if let Ok(idle) = kvlab_procfs::read_cpus_idle(&self.idle_of) {
+                s.idle_cores = rate(&mut self.last_idle, t, idle).map(|r| r / self.ticks_per_s);
+            }
         }
         if let Some(addr) = self.stats {
             if let Ok(st) = kvlab_process::stats(addr, None, STATS_TIMEOUT) {

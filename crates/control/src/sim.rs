@@ -219,6 +219,7 @@ fn drive_seen(
             server_p95_us: (view == View::Server).then_some(p95 - 50.0),
             queued: (view == View::Server).then_some(rho * rho / (1.0 - rho)),
             segment: None,
+            idle_cores: None,
         };
         c.step(&s).unwrap();
         assert_eq!(c.machine.server.len(), c.server_cores());

@@ -248,6 +248,122 @@ pub fn windows(
     Some((n, bad))
 }
 
+/// What the jobs cost in violated trace segments: a controlled run's segments beside the
+/// same segments (the same trace and seed: a segment's `step` is its rate) of a run with
+/// no jobs on the same machine — the baseline. The machine's own violations are in both;
+/// the difference is the jobs'.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    /// The controlled run's judged segments that the baseline measured too.
+    pub segments: usize,
+    /// Of those, violated with the jobs.
+    pub with_jobs: usize,
+    /// The same segments violated without jobs (the baseline).
+    pub without_jobs: usize,
+    /// `with_jobs - without_jobs`: the jobs' cost in segments (negative when the baseline
+    /// violated more).
+    pub difference: i64,
+    /// `difference / segments`: the headline (`None` without segments).
+    pub ratio: Option<f64>,
+    /// The controlled run's segments the baseline did not reach (left out above).
+    pub unmatched: usize,
+}
+
+/// The jobs' cost of a run whose judged segments are `run` against `baseline`'s segments
+/// (all of a no-jobs run's, [`segments`]); a segment violates above `slo_p95_us`.
+pub fn cost(run: &[Segment], baseline: &[Segment], slo_p95_us: f64) -> Cost {
+    let (mut segments, mut with_jobs, mut without_jobs, mut unmatched) = (0, 0, 0, 0);
+    for s in run {
+        let Some(b) = baseline.iter().find(|b| b.step == s.step) else {
+            unmatched += 1;
+            continue;
+        };
+        segments += 1;
+        with_jobs += usize::from(s.p95_us > slo_p95_us);
+        without_jobs += usize::from(b.p95_us > slo_p95_us);
+    }
+    let difference = with_jobs as i64 - without_jobs as i64;
+    Cost {
+        segments,
+        with_jobs,
+        without_jobs,
+        difference,
+        ratio: (segments > 0).then(|| difference as f64 / segments as f64),
+        unmatched,
+    }
+}
+
+/// The idle-capacity bound of a job set: the shortest time in which work that scales
+/// perfectly and keeps no cache could do the jobs' work on the cores the load leaves idle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdleBound {
+    /// The jobs' work: each alone on one core, s (core-seconds).
+    pub work_core_s: f64,
+    /// The idle cores over the bound's span, mean.
+    pub idle_cores: f64,
+    /// The bound, s: from the jobs' start in the trace until the idle cores the load left
+    /// (in the no-jobs run) add up to the work.
+    pub bound_s: f64,
+    /// The no-jobs run ended before; the rest at its mean idle cores.
+    pub extrapolated: bool,
+}
+
+/// The trace's start: the first measured row's, ms since the Unix epoch.
+pub fn trace_start(rows: &[IntervalRow]) -> Option<u64> {
+    rows.iter().filter(|r| !r.warmup).map(|r| r.ts_start).min()
+}
+
+/// The idle cores of a run's samples as `(trace time at the sample's end, its length,
+/// idle cores)`, s, with the trace starting at `trace_start_ms`.
+pub fn idle_samples(events: &[Event], trace_start_ms: u64) -> Vec<(f64, f64, f64)> {
+    let mut out = Vec::new();
+    let mut last: Option<f64> = None;
+    for e in events
+        .iter()
+        .filter(|e| matches!(e.what, What::Sample { .. }))
+    {
+        let t = (e.unix_ms as f64 - trace_start_ms as f64) / 1000.0;
+        if let (Some(t0), Some(idle)) = (last, e.signal.as_ref().and_then(|s| s.idle_cores)) {
+            if t > t0 {
+                out.push((t, t - t0, idle));
+            }
+        }
+        last = Some(t);
+    }
+    out
+}
+
+/// [`IdleBound`] for `work_core_s` of work starting at trace time `from_s`, over the
+/// no-jobs run's `idle` samples ([`idle_samples`]). `None` when it has no sample after
+/// `from_s` with idle cores.
+pub fn idle_bound(work_core_s: f64, idle: &[(f64, f64, f64)], from_s: f64) -> Option<IdleBound> {
+    let after: Vec<&(f64, f64, f64)> = idle.iter().filter(|(t, _, _)| *t > from_s).collect();
+    let (mut done, mut span) = (0.0, 0.0);
+    for &&(t, dt, cores) in &after {
+        let dt = dt.min(t - from_s);
+        if done + cores * dt >= work_core_s && cores > 0.0 {
+            let part = (work_core_s - done) / cores;
+            span += part;
+            return Some(IdleBound {
+                work_core_s,
+                idle_cores: work_core_s / span,
+                bound_s: span,
+                extrapolated: false,
+            });
+        }
+        done += cores * dt;
+        span += dt;
+    }
+    let mean = (span > 0.0).then(|| done / span).filter(|m| *m > 0.0)?;
+    let bound_s = span + (work_core_s - done) / mean;
+    Some(IdleBound {
+        work_core_s,
+        idle_cores: work_core_s / bound_s,
+        bound_s,
+        extrapolated: true,
+    })
+}
+
 /// The figures of a run: its log's events and the load's intervals; `slo_p95_us` in µs.
 pub fn summarise(events: &[Event], intervals: &[IntervalRow], slo_p95_us: f64) -> RunSummary {
     let mut jobs = Vec::new();
@@ -521,6 +637,58 @@ mod tests {
         assert_eq!(windows(&rows, 11_500, 13_000, 1000, 1000.0), Some((2, 1)));
         // With 500 ms windows the one with interval 4 is above too (6% slow).
         assert_eq!(windows(&rows, 10_000, 13_000, 500, 1000.0), Some((6, 3)));
+    }
+
+    fn seg(step: usize, p95_us: f64) -> Segment {
+        Segment {
+            step,
+            ts_start: 0,
+            ts_end: 0,
+            target_qps: None,
+            requests: 1,
+            p95_us,
+        }
+    }
+
+    #[test]
+    fn the_jobs_cost_is_the_same_segments_violated_with_them_less_without() {
+        // Steps 3..7 judged in the run; the baseline violated step 4 too, and has no step 7.
+        let run: Vec<Segment> = [
+            (3, 500.0),
+            (4, 1500.0),
+            (5, 1200.0),
+            (6, 900.0),
+            (7, 2000.0),
+        ]
+        .map(|(s, p)| seg(s, p))
+        .to_vec();
+        let base: Vec<Segment> = (0..7)
+            .map(|s| seg(s, if s == 4 { 1100.0 } else { 300.0 }))
+            .collect();
+        let c = cost(&run, &base, 1000.0);
+        assert_eq!((c.segments, c.with_jobs, c.without_jobs), (4, 2, 1));
+        assert_eq!((c.difference, c.unmatched), (1, 1));
+        assert_eq!(c.ratio, Some(0.25));
+        // The machine alone worse than with the jobs: a negative cost, not hidden.
+        let all_bad: Vec<Segment> = (0..8).map(|s| seg(s, 5000.0)).collect();
+        assert_eq!(cost(&run, &all_bad, 1000.0).difference, -2);
+        assert_eq!(cost(&[], &base, 1000.0).ratio, None);
+    }
+
+    #[test]
+    fn the_idle_bound_adds_up_the_idle_cores_from_the_jobs_start() {
+        // 1 s samples: 0.5 idle cores for 10 s, then 1.5.
+        let idle: Vec<(f64, f64, f64)> = (1..=20)
+            .map(|t| (t as f64, 1.0, if t <= 10 { 0.5 } else { 1.5 }))
+            .collect();
+        // From t = 8: 2 s at 0.5 (1 core-s), then 2 core-s more at 1.5 (1.33 s).
+        let b = idle_bound(3.0, &idle, 8.0).unwrap();
+        assert!((b.bound_s - (2.0 + 2.0 / 1.5)).abs() < 1e-9, "{b:?}");
+        assert!(!b.extrapolated && (b.idle_cores - 3.0 / b.bound_s).abs() < 1e-12);
+        // Past the samples: the rest at their mean (from t = 10: 15 core-s in 10 s).
+        let b = idle_bound(30.0, &idle, 10.0).unwrap();
+        assert!(b.extrapolated && (b.bound_s - 20.0).abs() < 1e-9, "{b:?}");
+        assert!(idle_bound(1.0, &idle, 25.0).is_none());
     }
 
     #[test]

@@ -12,6 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Args;
 use kvlab_control::app::{self, Options, Outcome, DEFAULT_INTERVAL};
+use kvlab_control::calibrate::{calibrate, load_of_pairs, CalibrateSpec};
 use kvlab_control::machine::{CpuMethod, PauseMethod};
 use kvlab_control::{CpuSet, JobFile, PolicySpec, Share, Slack, DEFAULT_HEADROOM, DEFAULT_SLACK};
 use kvlab_process::{Output, Probe, Process, Spawn};
@@ -85,9 +86,31 @@ pub struct ControlArgs {
     #[arg(long, value_name = "SHARE")]
     segment_budget: Option<f64>,
     /// predictive: requests/s the server sustains within the SLO with 1, 2, … cores
-    /// (comma-separated; from the characterisation experiment).
+    /// (comma-separated) [default: calibrated here before the jobs start: a sustained-rate
+    /// search per core count against --slo-p95-us, with the server to itself].
     #[arg(long, value_name = "QPS,QPS,…")]
     capacity: Option<String>,
+    /// The calibration's workload, as kvlab bench keys (repeatable), e.g. `--calibrate-load
+    /// keys=50000 --calibrate-load value_size=100 --calibrate-load mix=get=9,set=1`: the
+    /// real load's, so that its capacity is measured [default: kvlab bench's defaults].
+    #[arg(long, value_name = "KEY=VALUE")]
+    calibrate_load: Vec<String>,
+    /// The CPUs the calibration's generator runs on (the real load's) [default: those this
+    /// process may use].
+    #[arg(long, value_name = "LIST")]
+    generator_cpus: Option<String>,
+    /// The longest one core count's calibration may take, s.
+    #[arg(long, default_value_t = 30.0)]
+    calibrate_time: f64,
+    /// Calibrate (the server started or attached, no jobs), print the capacity per core
+    /// count, write it with --summary, and exit.
+    #[arg(long)]
+    calibrate_only: bool,
+    /// The load's intervals (a kvlab bench --live file) of the same trace and seed run with
+    /// no jobs on this machine: the summary then gives the violated segments with the jobs,
+    /// without them, and the difference (the jobs' cost).
+    #[arg(long, value_name = "FILE")]
+    baseline: Option<PathBuf>,
     /// predictive: plan for this fraction more than the measured rate.
     #[arg(long, default_value_t = DEFAULT_HEADROOM)]
     headroom: f64,
@@ -168,17 +191,17 @@ fn policy(a: &ControlArgs) -> anyhow::Result<PolicySpec> {
         },
         "reactive" => PolicySpec::Reactive { slack },
         "predictive" => {
-            let text = a
-                .capacity
-                .as_deref()
-                .context("--policy predictive needs --capacity QPS,QPS,… (1, 2, … cores)")?;
-            let capacity = text
-                .split(',')
-                .map(|v| v.trim().parse::<f64>())
-                .collect::<Result<Vec<_>, _>>()
-                .with_context(|| format!("--capacity {text:?}: numbers, comma-separated"))?;
-            if capacity.is_empty() || capacity.iter().any(|c| c.is_nan() || *c <= 0.0) {
-                bail!("--capacity {text:?}: positive requests/s per core count");
+            // Without --capacity: empty until the calibration fills it in.
+            let mut capacity = Vec::new();
+            if let Some(text) = a.capacity.as_deref() {
+                capacity = text
+                    .split(',')
+                    .map(|v| v.trim().parse::<f64>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .with_context(|| format!("--capacity {text:?}: numbers, comma-separated"))?;
+                if capacity.is_empty() || capacity.iter().any(|c| c.is_nan() || *c <= 0.0) {
+                    bail!("--capacity {text:?}: positive requests/s per core count");
+                }
             }
             if a.headroom.is_nan() || a.headroom < 0.0 {
                 bail!("--headroom must be >= 0");
@@ -225,10 +248,79 @@ pub fn run(a: ControlArgs) -> anyhow::Result<()> {
         return run_speedup(&a, &jobs, &cpus, &work);
     }
     let stats = a.addr.as_deref().map(resolve).transpose()?;
+    let calibrating = a.calibrate_only
+        || matches!(&spec, PolicySpec::Predictive { capacity, .. } if capacity.is_empty());
+    let calibrate_spec = calibrating.then(|| calibrate_spec(&a)).transpose()?;
     let (pid, started) = start_or_attach(&a, stats, &work)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.clone()).context("installing signal handlers")?;
+    }
+    let calibration = match &calibrate_spec {
+        Some(c) => {
+            let addr = stats.context("calibrating needs --addr (the load's target)")?;
+            eprintln!(
+                "kvlab control: calibrating the capacity per core count on CPUs {cpus} (p95 < {} µs, at most {} s a core count)",
+                c.slo_p95_us, c.max_time_s
+            );
+            let r = calibrate(pid, addr, &cpus, c, &|| stop.load(Ordering::Relaxed));
+            match r {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    if let Some(p) = started {
+                        p.stop();
+                    }
+                    return Err(e.into());
+                }
+            }
+        }
+        None => None,
+    };
+    if let Some(c) = &calibration {
+        println!(
+            "capacity calibrated here: {} (p95 < {} µs from the planned send; load average {} before, {} after{})",
+            c.text(),
+            c.spec.slo_p95_us,
+            c.loadavg[0],
+            c.loadavg[1],
+            c.steal_pct.map_or(String::new(), |s| format!(", steal {s:.1} %"))
+        );
+    }
+    if a.calibrate_only {
+        if let Some(p) = started {
+            p.stop();
+        }
+        if let (Some(p), Some(c)) = (&a.summary, &calibration) {
+            std::fs::write(p, serde_json::to_string_pretty(c)?)
+                .with_context(|| format!("writing {}", p.display()))?;
+        }
+        return Ok(());
+    }
+    let spec = match (spec, &calibration) {
+        (
+            PolicySpec::Predictive {
+                slack, headroom, ..
+            },
+            Some(c),
+        ) => PolicySpec::Predictive {
+            slack,
+            capacity: c.capacity.clone(),
+            headroom,
+        },
+        (s, _) => s,
+    };
+    if let PolicySpec::Predictive { capacity, .. } = &spec {
+        if calibration.is_none() {
+            println!(
+                "capacity given (--capacity): {}",
+                capacity
+                    .iter()
+                    .enumerate()
+                    .map(|(i, q)| format!("{} core(s) {q:.0} req/s", i + 1))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
     }
     let options = Options {
         pid,
@@ -250,6 +342,8 @@ pub fn run(a: ControlArgs) -> anyhow::Result<()> {
         max: Duration::from_secs_f64(a.duration.max(0.0)),
         until_jobs_done: !a.keep_running,
         slo_p95_us: a.slo_p95_us,
+        calibration,
+        baseline: a.baseline.clone(),
     };
     eprintln!(
         "kvlab control: server pid {pid}, CPUs {}, policy {}, log {}",
@@ -271,6 +365,17 @@ pub fn run(a: ControlArgs) -> anyhow::Result<()> {
         bail!("a job did not exit with 0 (see its log in the work directory)");
     }
     Ok(())
+}
+
+/// The calibration as the flags ask for it.
+fn calibrate_spec(a: &ControlArgs) -> anyhow::Result<CalibrateSpec> {
+    let mut c = CalibrateSpec::new(a.slo_p95_us, load_of_pairs(&a.calibrate_load)?);
+    c.generator_cpus = a.generator_cpus.as_deref().map(str::parse).transpose()?;
+    if !(a.calibrate_time > 0.0 && a.calibrate_time.is_finite()) {
+        bail!("--calibrate-time: seconds, above 0");
+    }
+    c.max_time_s = a.calibrate_time;
+    Ok(c)
 }
 
 /// `--speedup`: runs every job alone at each core count `cpus` can give it, then prints (and
@@ -375,6 +480,21 @@ fn print_outcome(a: &ControlArgs, outcome: &Outcome) {
         s.intervals,
         s.violation_ratio * 100.0
     );
+    if let Some(c) = &outcome.cost {
+        println!(
+            "the jobs' cost against the baseline: {} of {} segments violated with the jobs, {} without, difference {} ({}){}",
+            c.with_jobs,
+            c.segments,
+            c.without_jobs,
+            c.difference,
+            c.ratio.map_or("-".into(), |r| format!("{:.2}%", r * 100.0)),
+            if c.unmatched > 0 {
+                format!("; {} segment(s) beyond the baseline left out", c.unmatched)
+            } else {
+                String::new()
+            }
+        );
+    }
 }
 
 #[cfg(test)]
@@ -417,10 +537,17 @@ mod tests {
     }
 
     #[test]
+    fn predictive_without_capacity_is_calibrated() {
+        match spec(&["--policy", "predictive"]).unwrap() {
+            PolicySpec::Predictive { capacity, .. } => assert!(capacity.is_empty()),
+            p => panic!("{p:?}"),
+        }
+    }
+
+    #[test]
     fn bad_flags_are_refused() {
         for argv in [
             &["--policy", "static"][..],
-            &["--policy", "predictive"],
             &["--policy", "predictive", "--capacity", "a,b"],
             &["--policy", "fast"],
             &["--grow-slack", "0.5", "--shrink-slack", "0.1"],

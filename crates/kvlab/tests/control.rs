@@ -468,24 +468,61 @@ idle_jobs = true
         .map(|e| e.unwrap().path())
         .collect();
     raws.sort();
-    assert_eq!(raws.len(), 3, "{context}");
+    // The three policies, then their baseline: the same trace and seed with no jobs.
+    assert_eq!(raws.len(), 4, "{context}");
     for (f, policy) in raws
         .iter()
-        .zip(["static-2", "static-2-idle", "reactive-idle"])
+        .zip(["static-2", "static-2-idle", "reactive-idle", "no jobs"])
     {
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
         assert_eq!(v["policy"], policy);
         assert!(v["error"].is_null(), "{policy}: {}\n{context}", v["error"]);
+        assert_eq!(v["baseline"], policy == "no jobs", "{v}");
         let jobs = v["outcome"]["summary"]["jobs"].as_array().unwrap();
-        if policy == "static-2" {
-            // No core for the jobs: the trace alone.
+        if policy == "static-2" || policy == "no jobs" {
+            // No core for the jobs, or no jobs: the trace alone.
             assert!(jobs.is_empty(), "{v}");
         } else {
             // On the server's idle time the job ran and ended with 0.
             assert_eq!(jobs.len(), 1, "{policy}: {v}");
             assert_eq!(jobs[0]["exit"], 0, "{policy}: {v}");
+            // Its segments beside the baseline's same segments, and its idle bound.
+            let c = &v["cost"];
+            let n = v["outcome"]["summary"]["segments"]
+                .as_array()
+                .unwrap()
+                .len() as u64;
+            assert_eq!(
+                c["segments"].as_u64().unwrap() + c["unmatched"].as_u64().unwrap(),
+                n,
+                "{v}"
+            );
+            assert_eq!(
+                c["difference"].as_i64().unwrap(),
+                c["with_jobs"].as_i64().unwrap() - c["without_jobs"].as_i64().unwrap()
+            );
+            // The bound needs idle cores in the baseline, which a machine busy with other
+            // work may not have left; when there is one it is a time.
+            if !v["idle_bound"].is_null() {
+                assert!(v["idle_bound"]["bound_s"].as_f64().unwrap() > 0.0, "{v}");
+            }
         }
     }
+    // The baseline read the idle cores the load left on every sample.
+    let base: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&raws[3]).unwrap()).unwrap();
+    let log = out.join(base["control_log"].as_str().unwrap());
+    assert!(
+        samples(&log)
+            .iter()
+            .skip(1)
+            .all(|s| s["signal"]["idle_cores"].is_number()),
+        "{context}"
+    );
+    let alone: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("jobs-alone.json")).unwrap())
+            .unwrap();
+    assert_eq!(alone[0]["exit"], 0, "{alone}");
     assert!(out.join("report").join("index.html").is_file());
 }

@@ -253,6 +253,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
         include_str!("../../../experiments/control-workflow-idle.toml"),
     ),
     (
+        "control-workflow-calibrated",
+        include_str!("../../../experiments/control-workflow-calibrated.toml"),
+    ),
+    (
         "factorial-2k",
         include_str!("../../../experiments/factorial-2k.toml"),
     ),

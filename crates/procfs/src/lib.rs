@@ -196,6 +196,38 @@ pub fn read_machine_ticks() -> Result<MachineTicks> {
     parse_machine_stat(&text)
 }
 
+/// Idle time (idle + iowait) of the CPUs `cpus` from their `cpuN` lines of `/proc/stat`
+/// (`text`: the whole file), in clock ticks summed over them: what those CPUs left unused.
+pub fn parse_cpus_idle(text: &str, cpus: &[usize]) -> Result<u64> {
+    let mut idle = 0;
+    for &c in cpus {
+        let name = format!("cpu{c}");
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name.as_str()))
+            .ok_or_else(|| ProcfsError::Parse(format!("no `{name}` line in /proc/stat")))?;
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(5)
+            .map(|v| v.parse::<u64>())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| ProcfsError::Parse(format!("/proc/stat {line:?}: {e}")))?;
+        // user nice system idle iowait
+        idle += f.get(3).copied().unwrap_or(0) + f.get(4).copied().unwrap_or(0);
+    }
+    Ok(idle)
+}
+
+/// [`parse_cpus_idle`] of `/proc/stat` now.
+pub fn read_cpus_idle(cpus: &[usize]) -> Result<u64> {
+    let text = fs::read_to_string("/proc/stat").map_err(|source| ProcfsError::Read {
+        path: "/proc/stat".into(),
+        source,
+    })?;
+    parse_cpus_idle(&text, cpus)
+}
+
 /// The process ids whose process group is `pgid` (from `/proc/*/stat`).
 pub fn processes_in_group(pgid: i32) -> Vec<u32> {
     let Ok(dir) = fs::read_dir("/proc") else {
@@ -262,6 +294,16 @@ mod tests {
     }
 
     use super::*;
+
+    #[test]
+    fn idle_of_some_cpus_is_their_idle_and_iowait() {
+        let text =
+            "cpu  10 0 10 100 5 0 0 0 0 0\ncpu0 4 0 6 60 1 0 0 0 0 0\ncpu1 6 0 4 40 4 0 0 0 0 0\n";
+        assert_eq!(parse_cpus_idle(text, &[0]).unwrap(), 61);
+        assert_eq!(parse_cpus_idle(text, &[1]).unwrap(), 44);
+        assert_eq!(parse_cpus_idle(text, &[0, 1]).unwrap(), 105);
+        assert!(parse_cpus_idle(text, &[2]).is_err());
+    }
 
     // A real line (from a memcached process), fields 1..52.
     const LINE: &str = "4242 (memcached) S 1 4242 4242 0 -1 4194560 3101 0 0 0 \

@@ -465,36 +465,9 @@ pub fn run(
     ))
 }
 
-/// Runs `f` with the calling thread's CPU mask set to `cpus` (the threads it starts and the
-/// programs it spawns inherit the mask), then gives the thread its mask back. `None`: `f` as
-/// it is.
+/// Runs `f` with the calling thread's CPU mask set to `cpus` ([`kvlab_control::cpus::pinned`]).
 pub fn pinned<T>(cpus: Option<&kvlab_control::CpuSet>, f: impl FnOnce() -> T) -> anyhow::Result<T> {
-    let Some(cpus) = cpus else { return Ok(f()) };
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: cpu_set_t is plain data; zeroed is the empty set; pid 0 is the calling thread.
-    let mut old: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    if unsafe { libc::sched_getaffinity(0, size, &mut old) } != 0 {
-        bail!(
-            "reading the lab's CPU mask: {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for c in cpus.iter().filter(|&c| c < kvlab_control::cpus::MAX_CPU) {
-        // SAFETY: c is below the set's size.
-        unsafe { libc::CPU_SET(c, &mut set) };
-    }
-    // SAFETY: as above.
-    if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
-        bail!(
-            "generator_cpus = \"{cpus}\": {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    let out = f();
-    // SAFETY: as above; the mask read before.
-    unsafe { libc::sched_setaffinity(0, size, &old) };
-    Ok(out)
+    kvlab_control::cpus::pinned(cpus, f).map_err(|e| anyhow::anyhow!("generator_cpus: {e}"))
 }
 
 /// How often the lab samples the system and the generator while an external generator runs.

@@ -78,6 +78,9 @@ pub fn analyse(dir: &Path) -> anyhow::Result<PathBuf> {
     let mut report = report_head(&spec, &meta);
     let window = spec.window_ms() as f64 / 1000.0;
     report.sections.push(policies_section(&runs, window));
+    if let Some(sec) = calibration_section(dir, &spec) {
+        report.sections.push(sec);
+    }
     for r in &runs {
         report.sections.push(run_section(dir, r, spec.slo()));
     }
@@ -144,7 +147,13 @@ fn policies_section(runs: &[WorkflowRun], window: f64) -> Section {
              it; a segment partly inside the span counts) — the headline; the load's \
              100 ms intervals, each judged on its own p95, which is stricter (a burst \
              that a segment's p95 absorbs still counts); and windows, each on the p95 of \
-             all its requests. Each job's runtime excludes its paused time."
+             all its requests. Each job's runtime excludes its paused time. Every run set \
+             (system × trace interval × seed) ends with a baseline: the same trace with no \
+             jobs; the jobs' cost is a run's violated segments less the baseline's among the \
+             same segments (summed over the seeds). The idle-capacity bound is the time from \
+             the jobs' first start until the idle cores the load left in the baseline \
+             (/proc/stat's idle time of the shared CPUs) add up to the jobs' work alone on \
+             one core (jobs-alone.json)."
                 .into(),
         ],
         items: Vec::new(),
@@ -189,6 +198,10 @@ fn policies_section(runs: &[WorkflowRun], window: f64) -> Section {
             "highest segment p95 (µs)",
             "violations (% of 100 ms intervals)",
             window_column.as_str(),
+            "violated segments with jobs / without (baseline) / jobs' cost",
+            "jobs' cost (% of segments)",
+            "idle-capacity bound (s)",
+            "jobs' total / idle bound",
             "core changes",
             "pauses",
             "server CPU (cores)",
@@ -274,6 +287,38 @@ fn policy_row(
         .filter(|r| r.outcome.is_some() && r.slo_windows > 0)
         .map(|r| r.slo_window_violations as f64 / r.slo_windows as f64 * 100.0)
         .collect();
+    let costs: Vec<&kvlab_control::summary::Cost> =
+        of.iter().filter_map(|r| r.cost.as_ref()).collect();
+    let sum = |f: fn(&kvlab_control::summary::Cost) -> i64| costs.iter().map(|c| f(c)).sum::<i64>();
+    let (with, without, diff, n) = (
+        sum(|c| c.with_jobs as i64),
+        sum(|c| c.without_jobs as i64),
+        sum(|c| c.difference),
+        sum(|c| c.segments as i64),
+    );
+    let cost_text = if costs.is_empty() {
+        ("-".to_string(), "-".to_string())
+    } else {
+        (
+            format!("{with} / {without} / {diff} of {n}"),
+            if n > 0 {
+                format!("{:.2}", diff as f64 / n as f64 * 100.0)
+            } else {
+                "-".into()
+            },
+        )
+    };
+    let bounds: Vec<f64> = of
+        .iter()
+        .filter_map(|r| r.idle_bound.as_ref().map(|b| b.bound_s))
+        .collect();
+    let over_bound: Vec<f64> = of
+        .iter()
+        .filter_map(|r| {
+            let t = r.outcome.as_ref()?.summary.total_s?;
+            Some(t / r.idle_bound.as_ref()?.bound_s)
+        })
+        .collect();
     let changes: Vec<f64> = ok.iter().map(|o| o.summary.core_changes as f64).collect();
     let pauses: Vec<f64> = ok.iter().map(|o| o.summary.pauses as f64).collect();
     let regime = |f: fn(&kvlab_control::summary::Regime) -> Option<f64>| -> Vec<f64> {
@@ -290,6 +335,10 @@ fn policy_row(
         pm(&worst, 0),
         pm(&viol, 2),
         pm(&wviol, 2),
+        cost_text.0,
+        cost_text.1,
+        pm(&bounds, 1),
+        pm(&over_bound, 2),
         pm(&changes, 0),
         pm(&pauses, 0),
         pm(&regime(|g| g.server_cpu), 2),
@@ -334,6 +383,66 @@ fn job_runtime_rows(
         ]));
     }
     job_rows
+}
+
+/// "Capacity calibrated here": each system's calibration of the run set (its
+/// `calibration-<system>.json`), if any.
+fn calibration_section(dir: &Path, spec: &WorkflowSpec) -> Option<Section> {
+    let mut rows = Vec::new();
+    for sys in &spec.systems {
+        let Ok(text) = std::fs::read_to_string(dir.join(format!("calibration-{}.json", sys.name)))
+        else {
+            continue;
+        };
+        let Ok(c) = serde_json::from_str::<kvlab_control::calibrate::Calibration>(&text) else {
+            continue;
+        };
+        for s in &c.scans {
+            rows.push(Row::new([
+                sys.name.clone(),
+                s.cores.to_string(),
+                s.server_cpus.clone(),
+                s.sustained_qps.map_or("-".into(), |q| format!("{q:.0}")),
+                s.first_bad_qps.map_or("-".into(), |q| format!("{q:.0}")),
+                s.p95_us.map_or("-".into(), |p| format!("{p:.0}")),
+                s.steps.to_string(),
+                format!("{:.1}", s.took_s),
+                format!("{} → {}", c.loadavg[0], c.loadavg[1]),
+            ]));
+        }
+    }
+    if rows.is_empty() {
+        return None;
+    }
+    Some(Section {
+        title: "Capacity calibrated here".into(),
+        text: vec![format!(
+            "Before the runs, on this machine: the server's capacity per core count — a \
+             sustained-rate search (open loop, the experiment's workload, the generator on \
+             its CPUs) with the server's threads confined to the lowest-numbered CPUs; the \
+             largest rate whose p95 from the planned send stayed under {} µs with 99 % \
+             answered. The predictive policies without a capacity of their own took these.",
+            spec.slo()
+        )],
+        items: vec![Item::Table(Table {
+            title: "Capacity per core count".into(),
+            columns: [
+                "system",
+                "cores",
+                "server CPUs",
+                "capacity (req/s)",
+                "first failing rate (req/s)",
+                "p95 at capacity (µs)",
+                "rates measured",
+                "took (s)",
+                "load average before → after",
+            ]
+            .map(String::from)
+            .to_vec(),
+            rows,
+            caption: None,
+        })],
+    })
 }
 
 /// One run's section: its latency against the SLO and its server's cores over time, both

@@ -61,6 +61,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use kvlab_control::app::Outcome;
+use kvlab_control::summary::{Cost, IdleBound};
 use kvlab_control::{JobFile, PolicySpec, Slack, DEFAULT_HEADROOM, DEFAULT_SLACK};
 use serde::{Deserialize, Serialize};
 
@@ -126,6 +127,11 @@ pub struct WorkflowSpec {
     work_dir: Option<String>,
     cpu_method: Option<String>,
     pause_method: Option<String>,
+    /// Every controlled run gets a baseline: the same trace and seed with no jobs, after
+    /// the run set's controlled runs (default: true).
+    baseline: Option<bool>,
+    /// The longest one core count's capacity calibration may take, s (default 30).
+    calibrate_time: Option<f64>,
     #[serde(default)]
     workload: toml::Table,
     #[serde(rename = "system")]
@@ -210,6 +216,10 @@ impl WorkflowSpec {
         self.description.clone()
     }
 
+    fn baseline(&self) -> bool {
+        self.baseline.unwrap_or(true)
+    }
+
     fn slo(&self) -> f64 {
         self.slo_p95_us.unwrap_or(DEFAULT_SLACK.slo_p95_us)
     }
@@ -248,12 +258,10 @@ impl WorkflowSpec {
                 cores: p.cores.context("a static [[policy]] needs cores")?,
             },
             "reactive" => PolicySpec::Reactive { slack },
+            // Without capacity: empty until the run set's calibration fills it in.
             "predictive" => PolicySpec::Predictive {
                 slack,
-                capacity: p
-                    .capacity
-                    .clone()
-                    .context("a predictive [[policy]] needs capacity = [req/s per core count]")?,
+                capacity: p.capacity.clone().unwrap_or_default(),
                 headroom: p.headroom.unwrap_or(DEFAULT_HEADROOM),
             },
             o => bail!("policy {o:?}: static, reactive or predictive"),
@@ -336,6 +344,16 @@ pub struct WorkflowRun {
     /// Of those, windows whose p95 over all their requests is above the SLO.
     #[serde(default)]
     pub slo_window_violations: usize,
+    /// The baseline of its run set: the same trace and seed with no jobs.
+    #[serde(default)]
+    pub baseline: bool,
+    /// What the jobs cost: its violated segments beside the baseline's same segments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<Cost>,
+    /// The jobs' idle-capacity bound: from their start, the time the idle cores the load
+    /// left in the baseline take to add up to the jobs' work alone on one core.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_bound: Option<IdleBound>,
     /// The run's files, relative to the results directory.
     pub control_log: String,
     /// The load's intervals (JSON lines).
@@ -374,7 +392,8 @@ pub fn summary_text(dir: &Path) -> anyhow::Result<String> {
     files.sort();
     out.push_str(
         "run  system     policy           interval  seed  jobs' total s  viol. % (segments)  \
-         viol. % (100 ms)  viol. % (windows)\n",
+         viol. % (100 ms)  viol. % (windows)  segments with/without jobs  jobs' cost  \
+         idle bound s  total/bound\n",
     );
     for f in files {
         let r: WorkflowRun = serde_json::from_str(&std::fs::read_to_string(&f)?)?;
@@ -404,9 +423,28 @@ pub fn summary_text(dir: &Path) -> anyhow::Result<String> {
         } else {
             "-".into()
         };
+        let (pair, cost) = r.cost.as_ref().map_or(("-".into(), "-".into()), |c| {
+            (
+                format!("{}/{} of {}", c.with_jobs, c.without_jobs, c.segments),
+                format!(
+                    "{} ({})",
+                    c.difference,
+                    c.ratio.map_or("-".into(), |x| format!("{:.2}%", x * 100.0))
+                ),
+            )
+        });
+        let (bound, ratio) = match (
+            &r.idle_bound,
+            r.outcome.as_ref().and_then(|o| o.summary.total_s),
+        ) {
+            (Some(b), Some(t)) => (format!("{:.1}", b.bound_s), format!("{:.2}", t / b.bound_s)),
+            (Some(b), None) => (format!("{:.1}", b.bound_s), "-".into()),
+            _ => ("-".into(), "-".into()),
+        };
         out.push_str(&format!(
-            "{:<4} {:<10} {:<16} {:>8} {:>5} {:>14} {:>19} {:>17} {:>18}\n",
-            r.index, r.system, r.policy, r.qps_interval, r.seed, total, seg, viol, w
+            "{:<4} {:<10} {:<16} {:>8} {:>5} {:>14} {:>19} {:>17} {:>18} {:>27} {:>11} {:>13} {:>12}\n",
+            r.index, r.system, r.policy, r.qps_interval, r.seed, total, seg, viol, w, pair, cost,
+            bound, ratio
         ));
     }
     Ok(out)

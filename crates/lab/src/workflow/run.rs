@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use kvlab_control::app;
+use kvlab_control::calibrate::{calibrate, load_of, CalibrateSpec, Calibration};
 use kvlab_control::event::read_log;
 use kvlab_control::sensor::LiveFile;
 use kvlab_control::summary;
@@ -78,6 +79,8 @@ pub fn run(
     std::fs::create_dir_all(out.join("raw"))?;
     std::fs::create_dir_all(out.join("runs"))?;
     std::fs::create_dir_all(&work)?;
+    // Absolute: the jobs run in it and name it ({work}).
+    let work = work.canonicalize()?;
     let _emptied = spec.work_dir.is_some().then(|| RemoveOnDrop(work.clone()));
     let meta = WorkflowMeta {
         workflow: true,
@@ -120,17 +123,44 @@ pub fn run(
                 spec.systems
                     .iter()
                     .map(|s| {
-                        policies
+                        let n = policies
                             .iter()
                             .filter(|p| spec.runs(&s.name, &p.0, i))
-                            .count()
+                            .count();
+                        n + usize::from(n > 0 && spec.baseline())
                     })
                     .sum::<usize>()
             })
             .sum::<usize>();
+    let ctx = Ctx {
+        spec: &spec,
+        cpus: &cpus,
+        generator: &generator,
+        work: &work,
+        out,
+        kvlab_bin,
+        stop: &stopped,
+    };
+    // The predictive policies without capacity: calibrated once per system, here.
+    let calibrations = calibrate_systems(&ctx, &policies)?;
+    // The jobs' work alone on one core: what the idle-capacity bound divides.
+    let work_core_s = if spec.baseline() && !jobs.jobs.is_empty() {
+        eprintln!("the jobs alone on one core (their work for the idle-capacity bound)");
+        let mut one = jobs.clone();
+        for j in &mut one.jobs {
+            j.cores = vec![1];
+        }
+        let rows = kvlab_control::speedup::speedup(&one, &cpus, &work)?;
+        crate::runner::write_json(&out.join("jobs-alone.json"), &rows)?;
+        Some(rows.iter().map(|r| r.wall_s).sum::<f64>())
+    } else {
+        None
+    };
+    let no_jobs = JobFile::default();
     'all: for &seed in &spec.seeds {
         for &interval in &spec.qps_intervals {
             for (si, sys) in spec.systems.iter().enumerate() {
+                let mut group: Vec<WorkflowRun> = Vec::new();
                 for (pname, policy, idle_jobs) in &policies {
                     if !spec.runs(&sys.name, pname, interval) {
                         continue;
@@ -144,29 +174,105 @@ pub fn run(
                         "[{index}/{total}] {} {pname} interval {interval} s seed {seed}",
                         sys.name
                     );
-                    let run = one(
-                        &spec, index, si, sys, pname, policy, *idle_jobs, interval, seed, &jobs,
-                        &cpus, &generator, &work, out, kvlab_bin, &stopped,
-                    );
-                    match (&run.error, &run.outcome) {
-                        (Some(e), _) => eprintln!("        failed: {e}"),
-                        (None, Some(o)) => eprintln!(
-                            "        jobs' total {} s, violations {}/{} trace segments, \
-                             {}/{} 100 ms intervals, {}/{} windows",
-                            o.summary.total_s.map_or("-".into(), |t| format!("{t:.1}")),
-                            o.summary.segment_violations,
-                            o.summary.segments.len(),
-                            o.summary.violations,
-                            o.summary.intervals,
-                            run.slo_window_violations,
-                            run.slo_windows
-                        ),
-                        _ => {}
+                    let calibration = calibrations
+                        .iter()
+                        .find(|(n, _)| *n == sys.name)
+                        .map(|(_, c)| c);
+                    let policy = match (policy, calibration) {
+                        (
+                            PolicySpec::Predictive {
+                                slack,
+                                capacity,
+                                headroom,
+                            },
+                            Some(c),
+                        ) if capacity.is_empty() => PolicySpec::Predictive {
+                            slack: *slack,
+                            capacity: c.capacity.clone(),
+                            headroom: *headroom,
+                        },
+                        (p, _) => p.clone(),
+                    };
+                    let calibration = match &policy {
+                        PolicySpec::Predictive { capacity, .. }
+                            if calibration.is_some_and(|c| &c.capacity == capacity) =>
+                        {
+                            calibration.cloned()
+                        }
+                        _ => None,
+                    };
+                    let point = Point {
+                        index,
+                        si,
+                        sys,
+                        name: pname,
+                        policy: &policy,
+                        idle_jobs: *idle_jobs,
+                        interval,
+                        seed,
+                        jobs: &jobs,
+                        calibration,
+                        limit: None,
+                    };
+                    let run = one(&ctx, &point);
+                    report_run(&run);
+                    crate::runner::write_json(&raw_path(out, index), &run)?;
+                    group.push(run);
+                }
+                if group.is_empty() || !spec.baseline() {
+                    continue;
+                }
+                let Some(limit) = baseline_length(out, &group, interval) else {
+                    eprintln!("        no baseline: no controlled run of this set measured");
+                    continue;
+                };
+                if stopped() {
+                    eprintln!("stopped by a signal");
+                    break 'all;
+                }
+                index += 1;
+                eprintln!(
+                    "[{index}/{total}] {} no jobs (the baseline) interval {interval} s seed {seed}, {limit:.0} s",
+                    sys.name
+                );
+                let policy = PolicySpec::Static { cores: cpus.len() };
+                let point = Point {
+                    index,
+                    si,
+                    sys,
+                    name: BASELINE,
+                    policy: &policy,
+                    idle_jobs: false,
+                    interval,
+                    seed,
+                    jobs: &no_jobs,
+                    calibration: None,
+                    limit: Some(limit),
+                };
+                let mut base = one(&ctx, &point);
+                base.baseline = true;
+                report_run(&base);
+                crate::runner::write_json(&raw_path(out, index), &base)?;
+                if base.outcome.is_some() {
+                    for r in &mut group {
+                        pair(out, r, &base, work_core_s, spec.slo());
+                        if let Some(c) = &r.cost {
+                            eprintln!(
+                                "        run {} ({}): {} of {} segments violated with the jobs, {} without: the jobs' cost {}{}",
+                                r.index,
+                                r.policy,
+                                c.with_jobs,
+                                c.segments,
+                                c.without_jobs,
+                                c.difference,
+                                r.idle_bound.as_ref().map_or(String::new(), |b| format!(
+                                    "; idle-capacity bound {:.1} s",
+                                    b.bound_s
+                                ))
+                            );
+                        }
+                        crate::runner::write_json(&raw_path(out, r.index), &*r)?;
                     }
-                    crate::runner::write_json(
-                        &out.join("raw").join(format!("{index:04}.json")),
-                        &run,
-                    )?;
                 }
             }
         }
@@ -188,79 +294,194 @@ impl Drop for RemoveOnDrop {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn one(
-    spec: &WorkflowSpec,
+/// The name of the baseline runs (no jobs) in the raw files and the report.
+pub const BASELINE: &str = "no jobs";
+
+fn raw_path(out: &Path, index: usize) -> PathBuf {
+    out.join("raw").join(format!("{index:04}.json"))
+}
+
+fn report_run(run: &WorkflowRun) {
+    match (&run.error, &run.outcome) {
+        (Some(e), _) => eprintln!("        failed: {e}"),
+        (None, Some(o)) => eprintln!(
+            "        jobs' total {} s, violations {}/{} trace segments, \
+             {}/{} 100 ms intervals, {}/{} windows",
+            o.summary.total_s.map_or("-".into(), |t| format!("{t:.1}")),
+            o.summary.segment_violations,
+            o.summary.segments.len(),
+            o.summary.violations,
+            o.summary.intervals,
+            run.slo_window_violations,
+            run.slo_windows
+        ),
+        _ => {}
+    }
+}
+
+/// What every run of the experiment shares.
+struct Ctx<'a> {
+    spec: &'a WorkflowSpec,
+    cpus: &'a CpuSet,
+    generator: &'a str,
+    work: &'a Path,
+    out: &'a Path,
+    kvlab_bin: &'a Path,
+    stop: &'a dyn Fn() -> bool,
+}
+
+/// One run: which system, policy, trace.
+struct Point<'a> {
     index: usize,
     si: usize,
-    sys: &SystemSpec,
-    pname: &str,
-    policy: &PolicySpec,
+    sys: &'a SystemSpec,
+    name: &'a str,
+    policy: &'a PolicySpec,
     idle_jobs: bool,
     interval: f64,
     seed: u64,
-    jobs: &JobFile,
-    cpus: &CpuSet,
-    generator: &str,
-    work: &Path,
-    out: &Path,
-    kvlab_bin: &Path,
-    stop: &dyn Fn() -> bool,
-) -> WorkflowRun {
-    let dir = format!("runs/{index:04}");
+    jobs: &'a JobFile,
+    calibration: Option<Calibration>,
+    /// The run's length, s, instead of the trace's and its grace (the baseline's).
+    limit: Option<f64>,
+}
+
+/// Starts `sys` alone pinned to the shared CPUs (`log` its output).
+fn start_system(ctx: &Ctx, si: usize, sys: &SystemSpec, log: &Path) -> anyhow::Result<Instance> {
+    let flags = Flags {
+        args: sys.render_args(&[]),
+        backends: None,
+        cpus: Some(ctx.cpus.to_string()),
+    };
+    Instance::start(si, sys, flags, false, log, Some(ctx.kvlab_bin))
+}
+
+/// Calibrates each system that runs a predictive policy without capacity, once, on this
+/// machine: its capacity per core count under the experiment's workload, the generator
+/// on its CPUs; kept in `calibration-<system>.json` and each such run's raw file.
+fn calibrate_systems(
+    ctx: &Ctx,
+    policies: &[(String, PolicySpec, bool)],
+) -> anyhow::Result<Vec<(String, Calibration)>> {
+    let spec = ctx.spec;
+    let mut out = Vec::new();
+    for (si, sys) in spec.systems.iter().enumerate() {
+        let needs = policies.iter().any(|(n, p, _)| {
+            matches!(p, PolicySpec::Predictive { capacity, .. } if capacity.is_empty())
+                && spec
+                    .qps_intervals
+                    .iter()
+                    .any(|&i| spec.runs(&sys.name, n, i))
+        });
+        if !needs {
+            continue;
+        }
+        let mut c = CalibrateSpec::new(spec.slo(), load_of(spec.workload.clone())?);
+        c.generator_cpus = Some(ctx.generator.parse()?);
+        c.max_time_s = spec.calibrate_time.unwrap_or(c.max_time_s);
+        eprintln!(
+            "calibrating {} on CPUs {} (generator on {}): capacity per core count, p95 < {} µs",
+            sys.name, ctx.cpus, ctx.generator, c.slo_p95_us
+        );
+        let log = ctx.out.join(format!("calibration-{}.log", sys.name));
+        let inst = start_system(ctx, si, sys, &log)?;
+        let pid = inst
+            .pid
+            .context("the server's pid is not known (an external system?)")?;
+        let r = calibrate(pid, inst.addr, ctx.cpus, &c, ctx.stop);
+        inst.stop();
+        let cal = r.with_context(|| format!("calibrating {}", sys.name))?;
+        eprintln!(
+            "        capacity calibrated here: {} (load average {} before, {} after)",
+            cal.text(),
+            cal.loadavg[0],
+            cal.loadavg[1]
+        );
+        crate::runner::write_json(
+            &ctx.out.join(format!("calibration-{}.json", sys.name)),
+            &cal,
+        )?;
+        out.push((sys.name.clone(), cal));
+    }
+    Ok(out)
+}
+
+/// How long the baseline of `group` runs, s: until the last trace segment any of its
+/// runs judged has ended, and one interval more. `None` when none was measured.
+fn baseline_length(out: &Path, group: &[WorkflowRun], interval: f64) -> Option<f64> {
+    group
+        .iter()
+        .filter_map(|r| {
+            let o = r.outcome.as_ref()?;
+            let rows = LiveFile::new(out.join(&r.live)).poll();
+            let start = summary::trace_start(&rows)?;
+            let end = o.summary.segments.iter().map(|s| s.ts_end).max()?;
+            Some(end.saturating_sub(start) as f64 / 1000.0)
+        })
+        .max_by(f64::total_cmp)
+        .map(|s| s + interval.max(1.0) + 2.0)
+}
+
+/// Sets `run`'s jobs' cost and idle-capacity bound from the baseline `base` of its set.
+fn pair(out: &Path, run: &mut WorkflowRun, base: &WorkflowRun, work: Option<f64>, slo: f64) {
+    let Some(o) = &run.outcome else { return };
+    let base_rows = LiveFile::new(out.join(&base.live)).poll();
+    if let Some(b) = summary::segments(&base_rows) {
+        run.cost = Some(summary::cost(&o.summary.segments, &b, slo));
+    }
+    let (Some(work), Some(b0)) = (work, summary::trace_start(&base_rows)) else {
+        return;
+    };
+    let idle = summary::idle_samples(
+        &read_log(&out.join(&base.control_log)).unwrap_or_default(),
+        b0,
+    );
+    let rows = LiveFile::new(out.join(&run.live)).poll();
+    let events = read_log(&out.join(&run.control_log)).unwrap_or_default();
+    let (first, _) = summary::job_span(&events);
+    if let (Some(r0), true) = (summary::trace_start(&rows), first > 0) {
+        let from_s = (first as f64 - r0 as f64) / 1000.0;
+        run.idle_bound = summary::idle_bound(work, &idle, from_s);
+    }
+}
+
+fn one(ctx: &Ctx, p: &Point) -> WorkflowRun {
+    let dir = format!("runs/{:04}", p.index);
     let mut run = WorkflowRun {
-        index,
-        system: sys.name.clone(),
-        policy: pname.to_string(),
-        qps_interval: interval,
-        seed,
+        index: p.index,
+        system: p.sys.name.clone(),
+        policy: p.name.to_string(),
+        qps_interval: p.interval,
+        seed: p.seed,
         outcome: None,
         slo_windows: 0,
         slo_window_violations: 0,
+        baseline: false,
+        cost: None,
+        idle_bound: None,
         control_log: format!("{dir}/control.jsonl"),
         live: format!("{dir}/live.jsonl"),
         error: None,
     };
-    if let Err(e) = one_inner(
-        spec, &mut run, si, sys, policy, idle_jobs, jobs, cpus, generator, work, out, kvlab_bin,
-        stop,
-    ) {
+    if let Err(e) = one_inner(ctx, p, &mut run) {
         run.error = Some(format!("{e:#}"));
     }
     run
 }
 
-#[allow(clippy::too_many_arguments)]
-fn one_inner(
-    spec: &WorkflowSpec,
-    run: &mut WorkflowRun,
-    si: usize,
-    sys: &SystemSpec,
-    policy: &PolicySpec,
-    idle_jobs: bool,
-    jobs: &JobFile,
-    cpus: &CpuSet,
-    generator: &str,
-    work: &Path,
-    out: &Path,
-    kvlab_bin: &Path,
-    stop: &dyn Fn() -> bool,
-) -> anyhow::Result<()> {
+fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> {
+    let Ctx {
+        spec,
+        cpus,
+        generator,
+        work,
+        out,
+        kvlab_bin,
+        stop,
+    } = *ctx;
     let rdir = out.join(format!("runs/{:04}", run.index));
     std::fs::create_dir_all(&rdir)?;
-    let flags = Flags {
-        args: sys.render_args(&[]),
-        backends: None,
-        cpus: Some(cpus.to_string()),
-    };
-    let inst = Instance::start(
-        si,
-        sys,
-        flags,
-        false,
-        &rdir.join("server.log"),
-        Some(kvlab_bin),
-    )?;
+    let inst = start_system(ctx, p.si, p.sys, &rdir.join("server.log"))?;
     let pid = inst
         .pid
         .context("the server's pid is not known (an external system?)")?;
@@ -303,11 +524,12 @@ fn one_inner(
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    let (policy, idle_jobs) = (p.policy, p.idle_jobs);
     let options = app::Options {
         pid,
         stats: Some(inst.addr),
         live: Some(live.clone()),
-        jobs: jobs.clone(),
+        jobs: p.jobs.clone(),
         work: work.to_path_buf(),
         prepare: false,
         policy: policy.clone(),
@@ -320,13 +542,18 @@ fn one_inner(
         pause_method: spec.pause_method.as_deref().unwrap_or("auto").parse()?,
         interval: app::DEFAULT_INTERVAL,
         // A static split that leaves the jobs no core runs the trace alone: no grace.
-        max: Duration::from_secs_f64(match policy {
-            PolicySpec::Static { cores } if *cores >= cpus.len() && !idle_jobs => spec.duration,
+        max: Duration::from_secs_f64(match (p.limit, policy) {
+            (Some(l), _) => l.min(spec.duration),
+            (None, PolicySpec::Static { cores }) if *cores >= cpus.len() && !idle_jobs => {
+                spec.duration
+            }
             _ => spec.duration + spec.grace.unwrap_or(60.0),
         }),
         until_jobs_done: true,
         log: out.join(&run.control_log),
         slo_p95_us: spec.slo(),
+        calibration: p.calibration.clone(),
+        baseline: None,
     };
     let outcome = app::control(&options, stop);
     end(child);
