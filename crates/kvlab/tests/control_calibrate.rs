@@ -179,12 +179,21 @@ fn cpus() -> &'static str {
 /// The separate scan: the server's threads pinned to `server_cpus`, `kvlab bench
 /// --find-sustained` with the calibration's steps and workload; its sustained rate.
 fn bench_scan(pid: u32, addr: SocketAddr, server_cpus: &str, generator: &str) -> f64 {
-    let st = Command::new("taskset")
-        .args(["-a", "-p", "-c", server_cpus, &pid.to_string()])
-        .stdout(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(st.success());
+    // `taskset -a` sets each thread's mask in turn and fails on a thread that ended
+    // meanwhile (the server's connection threads come and go): tried again, a few times.
+    let pinned = (0..10).any(|_| {
+        Command::new("taskset")
+            .args(["-a", "-p", "-c", server_cpus, &pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap()
+            .success()
+    });
+    assert!(
+        pinned,
+        "taskset -a -p -c {server_cpus} {pid} failed 10 times"
+    );
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("scan.json");
     let out = Command::new("taskset")
@@ -312,7 +321,20 @@ fn calibrated_capacity_matches_a_separate_rate_scan_at_each_core_count() {
     );
     for (k, &cal) in calibrated.iter().enumerate() {
         let server_cpus = if k == 0 { "0" } else { cpus };
-        let scan = bench_scan(pid, addr, server_cpus, generator);
+        // The separate scan is itself a bisection over 1 s steps, and one step that misses
+        // the SLO on a busy machine halves it: out of the band, it is scanned twice more
+        // and the median of the three is the reference.
+        let mut scan = bench_scan(pid, addr, server_cpus, generator);
+        if !(0.85..=1.15).contains(&(cal / scan)) {
+            let mut three = [
+                scan,
+                bench_scan(pid, addr, server_cpus, generator),
+                bench_scan(pid, addr, server_cpus, generator),
+            ];
+            three.sort_by(f64::total_cmp);
+            eprintln!("{} core(s): separate scans {three:.0?}", k + 1);
+            scan = three[1];
+        }
         let ratio = cal / scan;
         eprintln!("{} core(s): calibrated {cal:.0} req/s, separate scan {scan:.0} req/s, ratio {ratio:.3}", k + 1);
         assert!(
