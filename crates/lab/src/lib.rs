@@ -207,6 +207,7 @@
 pub mod analyse;
 pub mod faults;
 pub mod generator;
+pub mod placement;
 pub mod ring;
 pub mod runner;
 pub mod scaling;

@@ -177,14 +177,14 @@ pub struct SpeedupSpec {
 }
 
 impl Experiment {
-    /// The host named `name`, when it is reached over ssh (a `local` host, or none, is this
-    /// machine: the role runs as it would without a host).
-    pub fn remote_host(&self, name: &str) -> Option<&kvlab_hosts::Host> {
-        self.hosts.iter().find(|h| h.name == name && !h.is_local())
+    /// The host named `name`.
+    pub fn host(&self, name: &str) -> Option<&kvlab_hosts::Host> {
+        self.hosts.iter().find(|h| h.name == name)
     }
 
-    /// The ssh hosts some role of the experiment runs on, in table order.
-    pub fn used_remote_hosts(&self) -> Vec<kvlab_hosts::Host> {
+    /// The hosts some role of the experiment names, in table order (a role placed on a
+    /// `local` host runs here, through the same engine as on an ssh one).
+    pub fn used_hosts(&self) -> Vec<kvlab_hosts::Host> {
         let mut used: Vec<String> = Vec::new();
         for s in &self.systems {
             used.extend(s.hosts());
@@ -195,7 +195,7 @@ impl Experiment {
         }
         self.hosts
             .iter()
-            .filter(|h| !h.is_local() && used.contains(&h.name))
+            .filter(|h| used.contains(&h.name))
             .cloned()
             .collect()
     }
@@ -682,13 +682,13 @@ mod tests {
         .unwrap();
         assert_eq!(e.parts[0].agents, ["c1", "c2"]);
         assert_eq!(e.systems[0].hosts(), ["s1"]);
-        assert!(e.remote_host("s1").is_some() && e.remote_host("here").is_none());
-        let used: Vec<String> = e.used_remote_hosts().into_iter().map(|h| h.name).collect();
+        assert!(e.host("s1").is_some() && e.host("here").unwrap().is_local());
+        let used: Vec<String> = e.used_hosts().into_iter().map(|h| h.name).collect();
         assert_eq!(used, ["s1", "c1", "c2"]);
         // Without hosts, nothing changes: every role runs here.
         let e = Experiment::parse("[[system]]\nname = \"kvlab\"\n", "x", &Overrides::default())
             .unwrap();
-        assert!(e.hosts.is_empty() && e.used_remote_hosts().is_empty());
+        assert!(e.hosts.is_empty() && e.used_hosts().is_empty());
 
         let err = |text: &str| {
             let e = Experiment::parse(text, "x", &Overrides::default()).unwrap_err();
@@ -738,8 +738,8 @@ mod tests {
             ..Overrides::default()
         };
         let e = Experiment::parse(&format!("agents = [\"c1\", \"c2\"]\n{base}"), "x", &ov).unwrap();
-        assert_eq!(e.remote_host("s1").unwrap().address(), "node1.example");
-        assert!(e.remote_host("c2").is_none());
+        assert_eq!(e.host("s1").unwrap().address(), "node1.example");
+        assert!(e.host("c2").unwrap().is_local());
         assert_eq!(e.ssh.identity.as_deref(), Some(std::path::Path::new("/k")));
         assert_eq!(ov.flags(), "--hosts lab.toml");
     }
