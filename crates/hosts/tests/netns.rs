@@ -11,7 +11,7 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+
 use std::time::{Duration, Instant};
 
 use kvlab_hosts::{Fleet, Host, HostError, Settings, Stopped};
