@@ -550,19 +550,24 @@ fn not_ready(
     if let Some(d) = data_dir {
         let _ = std::fs::remove_dir_all(d);
     }
-    let tail = std::fs::read_to_string(log).unwrap_or_default();
-    let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-    let tail: Vec<&str> = tail.into_iter().rev().collect();
     anyhow::anyhow!(
         "system {:?} ({}) did not become ready: {e:#}{}",
         spec.name,
         command.join(" "),
-        if tail.is_empty() {
-            String::new()
-        } else {
-            format!("; its output: {}", tail.join(" | "))
-        }
+        output_tail(log)
     )
+}
+
+/// `; its output: …` with the last lines of `log` (its file here), or nothing.
+fn output_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let tail: Vec<&str> = text.lines().rev().take(5).collect();
+    let tail: Vec<&str> = tail.into_iter().rev().collect();
+    if tail.is_empty() {
+        String::new()
+    } else {
+        format!("; its output: {}", tail.join(" | "))
+    }
 }
 
 impl Instance {
@@ -721,18 +726,11 @@ impl OnHost<'_> {
             Ok(()) => Ok(inst),
             Err(e) => {
                 drop(inst);
-                let tail = std::fs::read_to_string(self.log).unwrap_or_default();
-                let tail: Vec<&str> = tail.lines().rev().take(5).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
                 Err(anyhow::anyhow!(
                     "system {:?} on host {host} ({}) did not become ready: {e:#}{}",
                     spec.name,
                     argv.join(" "),
-                    if tail.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; its output: {}", tail.join(" | "))
-                    }
+                    output_tail(self.log)
                 ))
             }
         }

@@ -669,24 +669,13 @@ fn measure(
     // CPU readings (and a proxy's `stats`) at every interval boundary the generator reports:
     // the measured window is `window`'s.
     let mut readings: Vec<Reading> = Vec::new();
-    let total_s = cfg.end_ns() as f64 / 1e9;
-    let mut first_ts: Option<u64> = None;
-    let mut progress = |row: &IntervalRow| {
-        readings.push(reader.read(row.warmup));
-        if tty {
-            let first = *first_ts.get_or_insert(row.ts_start);
-            let el = row.ts_end.saturating_sub(first) as f64 / 1000.0;
-            eprint!(
-                "\r        {}",
-                kvlab_bench::report::progress_line(row, el, total_s)
-            );
-        }
-    };
+    let mut progress = progress(&reader, &mut readings, tty, &cfg);
     let before = reader.read_hosts();
     let result = generator::pinned(wl.generator_cpus.as_ref(), || {
         kvlab_bench::run(&cfg, &[], &mut progress)
     })?;
     let after = reader.read_hosts();
+    drop(progress);
     raw.corunner = corunner.map(Corunner::stop);
     if tty {
         eprint!("\r\x1b[2K");
@@ -746,23 +735,12 @@ fn measure_on_agents(
         .extend(agent_procs.iter().map(|p| pl.described(p)));
     let reader = Reader::of(inst, agent_procs);
     let mut readings: Vec<Reading> = Vec::new();
-    let total_s = cfg.end_ns() as f64 / 1e9;
-    let mut first_ts: Option<u64> = None;
-    let mut progress = |row: &IntervalRow| {
-        readings.push(reader.read(row.warmup));
-        if tty {
-            let first = *first_ts.get_or_insert(row.ts_start);
-            let el = row.ts_end.saturating_sub(first) as f64 / 1000.0;
-            eprint!(
-                "\r        {}",
-                kvlab_bench::report::progress_line(row, el, total_s)
-            );
-        }
-    };
+    let mut progress = progress(&reader, &mut readings, tty, &cfg);
     let spread: Vec<kvlab_bench::run::Agent> = agents.iter().map(|(_, a)| *a).collect();
     let before = reader.read_hosts();
     let result = kvlab_bench::run::run_from(&cfg, false, &spread, &mut progress);
     let after = reader.read_hosts();
+    drop(progress);
     if tty {
         eprint!("\r\x1b[2K");
     }
@@ -787,6 +765,29 @@ fn measure_on_agents(
     reader.record_hosts(raw, ticks, before, after);
     raw.result = Some(res);
     Ok(())
+}
+
+/// What kvlab bench calls at every interval: a reading of the system (pushed onto
+/// `readings`), and on a terminal the progress line.
+fn progress<'a>(
+    reader: &'a Reader,
+    readings: &'a mut Vec<Reading>,
+    tty: bool,
+    cfg: &kvlab_bench::Config,
+) -> impl FnMut(&IntervalRow) + 'a {
+    let total_s = cfg.end_ns() as f64 / 1e9;
+    let mut first_ts: Option<u64> = None;
+    move |row: &IntervalRow| {
+        readings.push(reader.read(row.warmup));
+        if tty {
+            let first = *first_ts.get_or_insert(row.ts_start);
+            let el = row.ts_end.saturating_sub(first) as f64 / 1000.0;
+            eprint!(
+                "\r        {}",
+                kvlab_bench::report::progress_line(row, el, total_s)
+            );
+        }
+    }
 }
 
 /// A command run beside a run (interference): `sh -c` as the leader of its own process
