@@ -18,6 +18,7 @@ use std::net::SocketAddr;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentLink, AgentStop};
@@ -124,6 +125,43 @@ pub struct RunResult {
     /// Merged histograms (not serialised; for comparisons).
     #[serde(skip)]
     pub hist: Option<Box<IntervalReport>>,
+    /// Each participant's own share of the measured time (0 = the master's threads when
+    /// they generated load, then the agents in order): what the merged figures are the sum
+    /// of.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub by_participant: Vec<ParticipantTotals>,
+}
+
+/// One participant's measured time: its counts, rate and latency.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ParticipantTotals {
+    /// 0 = the master, 1.. = agents (agents from 0 when the master generated none).
+    pub participant: u32,
+    /// Measured time, s (its intervals' span).
+    pub duration_s: f64,
+    /// Totals over the measured time.
+    pub counters: Counters,
+    /// Replies per second over the measured time.
+    pub throughput_qps: f64,
+    /// Latency from the planned send time, µs.
+    pub latency: Percentiles,
+    /// Its latency histogram, ns (not serialised; the merged one is the sum of these).
+    #[serde(skip)]
+    pub hist: Option<Histogram<u64>>,
+}
+
+impl ParticipantTotals {
+    fn of(participant: u32, r: IntervalReport) -> ParticipantTotals {
+        let duration_s = secs(&r);
+        ParticipantTotals {
+            participant,
+            duration_s,
+            counters: r.counters,
+            throughput_qps: r.counters.completed as f64 / duration_s.max(1e-9),
+            latency: Percentiles::of(&r.latency),
+            hist: Some(r.latency),
+        }
+    }
 }
 
 /// Runs `cfg`: the load phase (if asked), then the measured run on local threads and on
@@ -133,26 +171,78 @@ pub fn run(
     agents: &[SocketAddr],
     progress: &mut dyn FnMut(&IntervalRow),
 ) -> Result<RunResult, BenchError> {
+    let agents: Vec<Agent> = agents.iter().map(|&addr| Agent::at(addr)).collect();
+    run_from(cfg, true, &agents, progress)
+}
+
+/// One agent of a run, as the master sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agent {
+    /// Where `kvlab bench agent` listens.
+    pub addr: SocketAddr,
+    /// The server this agent loads, when not the configuration's target (several instances
+    /// of one system, e.g. two proxies in front of the same servers, each loaded by its
+    /// own agents).
+    pub target: Option<SocketAddr>,
+    /// The agent's clock minus the master's, ns (measured by whoever placed it): the start
+    /// instant it is sent is shifted by it, so that every participant starts together and
+    /// their intervals line up.
+    pub clock_offset_ns: i64,
+}
+
+impl Agent {
+    /// An agent at `addr`, loading the configuration's target, its clock taken as ours.
+    pub fn at(addr: SocketAddr) -> Agent {
+        Agent {
+            addr,
+            target: None,
+            clock_offset_ns: 0,
+        }
+    }
+}
+
+/// Runs `cfg` as [`run`] does, with the master's own threads generating load only when
+/// `local` (otherwise the load comes from `agents` alone, participants 0.., and the master
+/// only collects — the load phase still runs here).
+pub fn run_from(
+    cfg: &Config,
+    local: bool,
+    agents: &[Agent],
+    progress: &mut dyn FnMut(&IntervalRow),
+) -> Result<RunResult, BenchError> {
     cfg.validate()?;
+    if !local && agents.is_empty() {
+        return Err(BenchError::Run(
+            "no participants: no local threads and no agents".into(),
+        ));
+    }
     let load = if cfg.load {
         Some(load_phase(cfg)?)
     } else {
         None
     };
-    let participants = 1 + agents.len();
+    let first = u32::from(local);
+    let participants = first as usize + agents.len();
     let mut links = Vec::new();
     for (i, a) in agents.iter().enumerate() {
-        links.push(AgentLink::prepare(
-            *a,
-            cfg,
-            (i + 1) as u32,
-            participants as u32,
-        )?);
+        let mut own = cfg.clone();
+        if let Some(t) = a.target {
+            own.target = t;
+        }
+        links.push((
+            AgentLink::prepare(a.addr, &own, first + i as u32, participants as u32)?,
+            a.clock_offset_ns,
+        ));
     }
     let (tx, rx) = channel();
     let mut result = std::thread::scope(|s| -> Result<RunResult, BenchError> {
-        let starts = spawn_threads(s, cfg, 0, participants as u32, Phase::Run, &tx)?;
-        wait_ready(&rx, cfg.threads)?;
+        let starts = if local {
+            let starts = spawn_threads(s, cfg, 0, participants as u32, Phase::Run, &tx)?;
+            wait_ready(&rx, cfg.threads)?;
+            starts
+        } else {
+            Vec::new()
+        };
         let lead = 100_000_000;
         let start = mono_ns() + lead;
         let start_wall = wall_ns() + lead;
@@ -160,8 +250,8 @@ pub fn run(
             let _ = st.send(Some(start));
         }
         let mut stops = Vec::new();
-        for link in links {
-            stops.push(link.start(start_wall, tx.clone(), s)?);
+        for (link, offset) in links {
+            stops.push(link.start(start_wall.saturating_add_signed(offset), tx.clone(), s)?);
         }
         drop(tx);
         collect(cfg, &rx, participants, start_wall, &mut stops, progress)
@@ -234,6 +324,7 @@ fn collect(
     };
     let mut silent_since = Instant::now();
     let mut agents_stopped = false;
+    let mut by_participant: BTreeMap<u32, IntervalReport> = BTreeMap::new();
     while done.len() < total_threads {
         // Waits in slices, to pass a raised stop on to the agents.
         if cfg.stop.raised() && !agents_stopped {
@@ -247,6 +338,12 @@ fn collect(
         silent_since = Instant::now();
         match msg {
             Ok(Msg::Interval(r)) => {
+                if r.start_ns >= cfg.warmup_ns() {
+                    by_participant
+                        .entry(r.participant)
+                        .or_insert_with(|| IntervalReport::new(0, r.start_ns, r.end_ns))
+                        .merge(&r)?;
+                }
                 let start = r.start_ns;
                 let p = pending.entry(start).or_insert_with(|| Pending {
                     report: IntervalReport::new(r.index, r.start_ns, r.end_ns),
@@ -280,7 +377,12 @@ fn collect(
     for (_, p) in std::mem::take(&mut pending) {
         progress(folded.add(cfg, start_wall_ns, &p.report));
     }
-    Ok(summarise(cfg, participants, start_wall_ns, folded, &done))
+    let mut result = summarise(cfg, participants, start_wall_ns, folded, &done);
+    result.by_participant = by_participant
+        .into_iter()
+        .map(|(participant, r)| ParticipantTotals::of(participant, r))
+        .collect();
+    Ok(result)
 }
 
 /// The run folded interval by interval as the reports come in: each interval is kept as
@@ -427,6 +529,7 @@ fn summarise(
         warnings,
         notes,
         hist: Some(Box::new(total)),
+        by_participant: Vec::new(),
     }
 }
 

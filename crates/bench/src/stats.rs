@@ -178,6 +178,10 @@ impl OpPercentiles {
 pub struct IntervalReport {
     /// Interval number (0 = the first after the start, warm-up included).
     pub index: u64,
+    /// The participant whose thread measured it (0 = the master, 1.. = agents; in a merged
+    /// report, the first merged in's).
+    #[serde(default)]
+    pub participant: u32,
     /// Start, nanoseconds after the run's start.
     pub start_ns: u64,
     /// End, nanoseconds after the run's start.
@@ -200,6 +204,7 @@ impl IntervalReport {
     pub fn new(index: u64, start_ns: u64, end_ns: u64) -> Self {
         IntervalReport {
             index,
+            participant: 0,
             start_ns,
             end_ns,
             counters: Counters::default(),

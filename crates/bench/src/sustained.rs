@@ -654,6 +654,7 @@ mod tests {
             warnings: Vec::new(),
             notes: Vec::new(),
             hist: None,
+            by_participant: Vec::new(),
         }
     }
 

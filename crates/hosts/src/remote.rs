@@ -426,13 +426,24 @@ impl Remote {
 
     /// The host's CPU time (busy, steal) and load, in one round trip.
     pub fn machine(&self) -> Result<MachineReading> {
+        Ok(self.snapshot(&[])?.0)
+    }
+
+    /// The host's machine ([`Remote::machine`]) and the CPU seconds of each of `procs`
+    /// (none for one that no longer runs), in one round trip: readings that bracket a
+    /// short interval stay close to its ends.
+    pub fn snapshot(&self, procs: &[Started]) -> Result<(MachineReading, Vec<Option<f64>>)> {
         let clk_tck = self.clk_tck()?;
-        let out = self.run(
-            "reading /proc/stat and /proc/loadavg",
-            "head -n 1 /proc/stat && cat /proc/loadavg",
-        )?;
-        let parse = || -> Option<MachineReading> {
-            let mut lines = out.lines();
+        let mut script = String::from("head -n 1 /proc/stat && cat /proc/loadavg");
+        for p in procs {
+            script.push_str(&format!(
+                "\n(cat /proc/{}/stat 2>/dev/null || echo gone)",
+                p.pid
+            ));
+        }
+        let out = self.run("reading /proc/stat, /proc/loadavg and processes", &script)?;
+        let mut lines = out.lines();
+        let parse = |lines: &mut std::str::Lines<'_>| -> Option<MachineReading> {
             let ticks = kvlab_procfs::parse_machine_stat(lines.next()?).ok()?;
             let mut load = [0.0; 3];
             let mut words = lines.next()?.split_whitespace();
@@ -445,11 +456,22 @@ impl Remote {
                 clk_tck,
             })
         };
-        parse().ok_or_else(|| HostError::Parse {
+        let machine = parse(&mut lines).ok_or_else(|| HostError::Parse {
             host: self.name().to_string(),
             what: "/proc/stat and /proc/loadavg".into(),
             text: out.clone(),
-        })
+        })?;
+        let cpu = procs
+            .iter()
+            .map(|p| {
+                let line = lines.next()?;
+                // The same process: its pid and its start time.
+                (pid_and_start(line).map(|(_, s)| s) == Some(p.start_time)).then_some(())?;
+                let stat = kvlab_procfs::parse_proc_stat(line.trim()).ok()?;
+                Some(stat.cpu_ticks() as f64 / clk_tck as f64)
+            })
+            .collect();
+        Ok((machine, cpu))
     }
 
     /// Copies the host's file `remote` to `local` (over the control connection: `cat`);

@@ -11,33 +11,14 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+
 use std::time::{Duration, Instant};
 
 use kvlab_hosts::{Fleet, Host, HostError, Settings, Stopped};
 use kvlab_process::Probe;
 use kvlab_testkit::hosts::NetnsHosts;
 
-/// The kvlab executable the hosts get.
-fn kvlab_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("KVLAB_BIN").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    // This test runs as target/<profile>/deps/netns-HASH; the binary is built beside deps/.
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let mut build = Command::new(env!("CARGO"));
-    build
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "--quiet", "-p", "kvlab", "--bin", "kvlab"]);
-    if profile_dir.file_name().is_some_and(|n| n == "release") {
-        build.arg("--release");
-    }
-    let status = build.status().unwrap();
-    assert!(status.success(), "cargo build -p kvlab failed: {status}");
-    profile_dir.join("kvlab")
-}
+use kvlab_testkit::kvlab_bin;
 
 /// The namespace hosts as the engine sees them: `h1`, `h2`, … over ssh, each with a
 /// directory of its own (they share one filesystem).

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use clap::{Args, Subcommand};
+use kvlab_lab::spec::HostTable;
 use kvlab_lab::{Lab, Overrides, Source, SHIPPED};
 
 /// Flags of `kvlab lab`.
@@ -66,28 +67,35 @@ struct OverrideArgs {
     /// read as TOML (4096, 0.5, true, [1, 2], "text") or else taken as text (get=9,set=1).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// A host table ([[host]]s and an optional [ssh]) in place of the experiment's: the same
+    /// experiment on other machines (see docs/lab.md, Hosts).
+    #[arg(long, value_name = "FILE")]
+    hosts: Option<String>,
 }
 
-impl From<OverrideArgs> for Overrides {
-    fn from(a: OverrideArgs) -> Overrides {
-        Overrides {
+impl TryFrom<OverrideArgs> for Overrides {
+    type Error = anyhow::Error;
+
+    fn try_from(a: OverrideArgs) -> anyhow::Result<Overrides> {
+        Ok(Overrides {
             repetitions: a.repetitions,
             duration: a.duration,
             warmup: a.warmup,
             set: a.set,
-        }
+            hosts: a.hosts.as_deref().map(HostTable::read).transpose()?,
+        })
     }
 }
 
 /// Runs `kvlab lab`.
 pub fn run(args: LabArgs) -> anyhow::Result<()> {
     match args.command {
-        None => run_source(&Source::quick(), args.out, args.overrides.into()),
+        None => run_source(&Source::quick(), args.out, args.overrides.try_into()?),
         Some(LabCommand::Run {
             file,
             out,
             overrides,
-        }) => run_source(&Source::open(&file)?, out, overrides.into()),
+        }) => run_source(&Source::open(&file)?, out, overrides.try_into()?),
         Some(LabCommand::Analyse { dir }) => {
             let done = kvlab_lab::analyse_dir(&dir)?;
             print!("{}", done.summary);

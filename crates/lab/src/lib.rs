@@ -17,6 +17,8 @@
 //!   at the top of the report and a timeline per run;
 //! - [`workflow`]: the control workflow — a server under a random rate trace, batch jobs,
 //!   and `kvlab control` moving cores between them, per seed × interval × policy × system;
+//! - [`placement`]: an experiment's processes on its `[[host]]`s over ssh (through
+//!   `kvlab_hosts`): started, read, stopped and their logs brought back;
 //! - [`speedup`]: the batch jobs' runtime against their core count, for a
 //!   characterisation report's `[speedup]` table.
 //!
@@ -88,6 +90,17 @@
 //!                             # group, killed after the run; "{factor}" allowed), e.g.
 //!                             # "stress-ng --{stressor} 1 --taskset 0": interference; the
 //!                             # raw run keeps it and its CPU (cores busy)
+//! agents = []                 # hosts whose kvlab bench agents generate the load (per part
+//!                             # too): clients split evenly, histograms merged
+//!
+//! [[host]]                    # the hosts roles name (docs/lab.md, Hosts); or from
+//! name = <required>           # `--hosts FILE`
+//! ssh = <none>                # "user@address[:port]"; without it the host is this machine
+//! local = <true without ssh>  # (not both)
+//! dir = "/tmp/kvlab-hosts"    # its directory (shipped binary, run directories)
+//! clock = "date +%s%N"        # the command that prints its time, ns
+//!
+//! [ssh]                       # identity, known_hosts, options = [], connect_timeout = 5
 //!
 //! [[system]]                  # one or more; *required*
 //! name = "kvlab"              # *required*, unique
@@ -118,6 +131,10 @@
 //!                             # does a point it cannot serve (HTTP on memcached), with a note
 //! start_timeout = 10.0        # seconds to wait for an answer to `version` (and to `GET /`
 //!                             # on the HTTP port)
+//! host = <here>               # a [[host]] name, or a list (an instance on each); the lab
+//!                             # starts it there, listening on the host's address
+//! backend_hosts = []          # proxy: backend i on backend_hosts[i % len] (default: the
+//!                             # proxy's first host)
 //! fresh = false               # start it afresh for every run: an empty cache each time
 //!                             # (cold-cache runs; with load = true a fill before every run)
 //! cpus = <any>                # a CPU list ("0", "0-1,3"; "{factor}" allowed): every
@@ -207,6 +224,7 @@
 pub mod analyse;
 pub mod faults;
 pub mod generator;
+pub mod placement;
 pub mod ring;
 pub mod runner;
 pub mod scaling;
@@ -283,6 +301,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
     (
         "proxy-2k",
         include_str!("../../../experiments/proxy-2k.toml"),
+    ),
+    (
+        "middleware-hosts",
+        include_str!("../../../experiments/middleware-hosts.toml"),
     ),
     (
         "proxy-vs-twemproxy",

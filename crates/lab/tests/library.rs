@@ -11,32 +11,10 @@
 #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use kvlab_lab::{analyse_dir, Lab, Overrides, Source};
 
-/// The kvlab executable the lab starts.
-fn kvlab_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("KVLAB_BIN").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    // This test runs as target/<profile>/deps/library-HASH; the binary is built beside deps/.
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().and_then(Path::parent).unwrap().to_path_buf();
-    let release = profile_dir.file_name().is_some_and(|n| n == "release");
-    let mut build = Command::new(env!("CARGO"));
-    build
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["build", "--quiet", "-p", "kvlab", "--bin", "kvlab"]);
-    if release {
-        build.arg("--release");
-    }
-    let status = build.status().unwrap();
-    assert!(status.success(), "cargo build -p kvlab failed: {status}");
-    let bin = profile_dir.join("kvlab");
-    assert!(bin.is_file(), "no kvlab at {}", bin.display());
-    bin
-}
+use kvlab_testkit::kvlab_bin;
 
 const TINY: &str = r#"
 name = "tiny"

@@ -9,6 +9,8 @@ pub mod wire;
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use kvlab_process::{Output, Probe, Process, Spawn, SpawnError};
 
@@ -61,4 +63,32 @@ impl Memcached {
             .start()?;
         Ok(Memcached { process, addr })
     }
+}
+
+/// The kvlab executable for a test that runs it: `$KVLAB_BIN`, else `target/<profile>/kvlab`,
+/// built by cargo (a no-op when it is fresh). The calling test binary runs as
+/// `target/<profile>/deps/NAME-HASH`; the executable is built beside `deps/`, in the same
+/// profile.
+pub fn kvlab_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("KVLAB_BIN").filter(|p| !p.is_empty()) {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("the test's own path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("a test binary under target/<profile>/deps")
+        .to_path_buf();
+    let mut build = Command::new(env!("CARGO"));
+    build
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["build", "--quiet", "-p", "kvlab", "--bin", "kvlab"]);
+    if profile_dir.file_name().is_some_and(|n| n == "release") {
+        build.arg("--release");
+    }
+    let status = build.status().expect("running cargo build");
+    assert!(status.success(), "cargo build -p kvlab failed: {status}");
+    let bin = profile_dir.join("kvlab");
+    assert!(bin.is_file(), "no kvlab at {}", bin.display());
+    bin
 }

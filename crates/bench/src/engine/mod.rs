@@ -562,7 +562,8 @@ impl<'c> Engine<'c> {
             Phase::Load => u64::MAX - self.start,
         };
         let next = IntervalReport::new(self.cur.index + 1, start, next_end.max(start + 1));
-        let done = std::mem::replace(&mut self.cur, next);
+        let mut done = std::mem::replace(&mut self.cur, next);
+        done.participant = self.ctx.participant;
         let _ = self.tx.send(Msg::Interval(Box::new(done)));
     }
 }

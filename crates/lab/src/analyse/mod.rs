@@ -19,6 +19,7 @@ use kvlab_report::{Estimate, Item, Note, Report};
 use crate::runner::{Meta, RawRun};
 use crate::spec::Experiment;
 
+mod hosts;
 mod models;
 mod part;
 mod points;
@@ -121,6 +122,12 @@ pub fn analyse(exp: &Experiment, meta: &Meta, raws: &[RawRun]) -> anyhow::Result
     overview.extend(caveats(exp, meta, &ci));
     let mut all = vec![overview_section(exp, meta, raws.len(), &ci, overview)];
     all.extend(sections);
+    all.extend(hosts::hosts_section(
+        meta,
+        raws,
+        exp.tolerance,
+        &mut summary,
+    ));
     let report = Report {
         title: format!("kvlab lab: {}", exp.name),
         subtitle: exp.description.clone(),

@@ -33,6 +33,7 @@ pub use readings::{MachineCpu, ProxyFigures};
 use readings::{Reader, Reading};
 
 use crate::generator::{self, ExternalRun, Generator, Invocation};
+use crate::placement::{HostCpu, HostMeta, PlacedProcess, Placement};
 use crate::spec::{levels_text, Experiment, Flags, Level, Overrides, PlannedRun};
 use crate::system::{self, Instance};
 
@@ -123,6 +124,36 @@ pub struct RawRun {
     pub latency_hist: Option<Hist>,
     /// Why the run failed.
     pub error: Option<String>,
+    /// The processes of the run placed on hosts (the system's, its backends', the agents'),
+    /// with their pids there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placed: Vec<PlacedProcess>,
+    /// Each host's machine and the lab's processes on it over the measured time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostCpu>,
+    /// Each agent's share of the load (the run's figures are their sum, the histogram
+    /// their merge).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agents: Vec<AgentShare>,
+}
+
+/// One agent's part of a run: where it ran, what it loaded, what it measured.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AgentShare {
+    /// Its host.
+    pub host: String,
+    /// The system instance it loaded.
+    pub target: String,
+    /// Its clients (closed loop: connections × depth; 0 in open loop).
+    pub population: usize,
+    /// Replies over the measured time.
+    pub completed: u64,
+    /// Replies per second.
+    pub throughput_qps: f64,
+    /// Mean latency from the planned send, µs.
+    pub mean_us: f64,
+    /// Its latency histogram, ns.
+    pub latency_hist: Option<Hist>,
 }
 
 /// Facts about the experiment and the machine, `meta.json`.
@@ -159,6 +190,9 @@ pub struct Meta {
     pub skipped: Vec<(String, String)>,
     /// Runs planned.
     pub runs: usize,
+    /// The hosts roles ran on, with their clocks at the start and the end.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostMeta>,
 }
 
 /// The commit kvlab was built from (build.rs), or "unknown".
@@ -209,6 +243,7 @@ impl Meta {
             overrides: overrides.clone(),
             skipped: Vec::new(),
             runs: 0,
+            hosts: Vec::new(),
         }
     }
 }
@@ -270,6 +305,25 @@ pub fn run_experiment(
         anyhow::bail!("no runs: every system was skipped");
     }
     meta.runs = runs.len();
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let run_name: String = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let placement = Placement::open(exp, kvlab_bin, &run_name, &logs)?;
+    if let Some(pl) = &placement {
+        meta.hosts = pl.meta(&Default::default());
+    }
     write_json(&out.join("meta.json"), meta)?;
     let planned_total: f64 = runs.iter().map(|r| exp.planned_seconds(r)).sum();
     eprintln!(
@@ -306,7 +360,16 @@ pub fn run_experiment(
         let flags = spec
             .render(&levels)
             .with_context(|| format!("part {:?}", part.name))?;
-        let inst_index = instance_for(&mut running, exp, r, flags, &mut starts, out, kvlab_bin)?;
+        let inst_index = instance_for(
+            &mut running,
+            exp,
+            r,
+            flags,
+            &mut starts,
+            out,
+            kvlab_bin,
+            placement.as_ref(),
+        )?;
         let inst = &mut running[inst_index];
         let desc = levels_text(&levels);
         let elapsed = t0.elapsed().as_secs_f64();
@@ -327,14 +390,23 @@ pub fn run_experiment(
             fmt_secs(elapsed),
             fmt_secs(eta)
         );
-        let raw = one_run(exp, r, i, inst, tty, &out.join("logs"));
+        let raw = one_run(exp, r, i, inst, tty, &logs, placement.as_deref());
         print_outcome(&raw);
         write_json(&raw_dir.join(format!("{i:04}.json")), &raw)?;
+        let failed = raw.error.is_some();
         stored.push(raw);
         planned_done += exp.planned_seconds(r);
+        if let (true, Some(pl)) = (failed, &placement) {
+            // A run that failed may have lost a host: that ends the experiment, by name.
+            pl.check().context("after a failed run")?;
+        }
     }
     for inst in running.drain(..) {
         inst.stop();
+    }
+    if let Some(pl) = placement {
+        let end = pl.finish()?;
+        meta.hosts = pl.meta(&end);
     }
     meta.elapsed_s = t0.elapsed().as_secs_f64();
     write_json(&out.join("meta.json"), meta)?;
@@ -350,6 +422,10 @@ fn available_systems(
 ) -> anyhow::Result<Vec<bool>> {
     let mut available = vec![true; exp.systems.len()];
     for (i, s) in exp.systems.iter().enumerate() {
+        if !s.hosts().is_empty() {
+            // Its program is on its hosts: checked there (`Placement::open`).
+            continue;
+        }
         if let Err(e) = system::program(s, kvlab_bin) {
             if s.optional {
                 eprintln!("note: skipping system {:?}: {e:#}", s.name);
@@ -402,6 +478,7 @@ fn missing_generators(exp: &Experiment, meta: &mut Meta) -> Vec<(usize, usize)> 
 /// The index in `running` of an instance of run `r`'s system started with `flags`: this
 /// system's instances with other flags are stopped, an exited one is replaced, and one is
 /// started if needed.
+#[allow(clippy::too_many_arguments)] // the run's context, passed down
 fn instance_for(
     running: &mut Vec<Instance>,
     exp: &Experiment,
@@ -410,6 +487,7 @@ fn instance_for(
     starts: &mut usize,
     out: &Path,
     kvlab_bin: Option<&Path>,
+    placement: Option<&std::sync::Arc<Placement>>,
 ) -> anyhow::Result<usize> {
     let (system, spec, part) = (r.system, &exp.systems[r.system], &exp.parts[r.part]);
     let mut keep = Vec::new();
@@ -437,7 +515,7 @@ fn instance_for(
                 .join("logs")
                 .join(format!("{}-{}.log", spec.name, *starts));
             let http = part.uses_http(spec);
-            let inst = Instance::start(system, spec, flags, http, &log, kvlab_bin)?;
+            let inst = Instance::start_in(system, spec, flags, http, &log, kvlab_bin, placement)?;
             running.push(inst);
             running.len() - 1
         }
@@ -488,6 +566,7 @@ fn one_run(
     inst: &mut Instance,
     tty: bool,
     logs: &Path,
+    placement: Option<&Placement>,
 ) -> RawRun {
     let part = &exp.parts[r.part];
     let levels = part.points[r.point].clone();
@@ -517,8 +596,11 @@ fn one_run(
         external: None,
         latency_hist: None,
         error: None,
+        placed: inst.placed_list(),
+        hosts: Vec::new(),
+        agents: Vec::new(),
     };
-    if let Err(e) = measure(exp, r, inst, tty, logs, &mut raw) {
+    if let Err(e) = measure(exp, r, inst, tty, logs, placement, &mut raw) {
         raw.error = Some(format!("{e:#}"));
     }
     raw
@@ -532,11 +614,20 @@ fn measure(
     inst: &mut Instance,
     tty: bool,
     logs: &Path,
+    placement: Option<&Placement>,
     raw: &mut RawRun,
 ) -> anyhow::Result<()> {
     let part = &exp.parts[r.part];
-    let levels = &raw.levels;
-    let wl = part.workload_of(levels)?;
+    let levels = raw.levels.clone();
+    let levels = &levels;
+    let mut wl = part.workload_of(levels)?;
+    if !part.agents.is_empty() {
+        // The part's clients, split evenly over its agents (checked when it was read).
+        let participants = part.agents.len() * inst.addrs().len();
+        wl.clients = wl.clients.map(|c| c / participants);
+        let pl = placement.context("agents need the experiment's hosts")?;
+        return measure_on_agents(exp, r, inst, tty, pl, &wl, raw);
+    }
     let seed = exp.seed.wrapping_add(r.repetition as u64);
     let load = wl.load(part.duration, part.warmup, seed)?;
     raw.population = if load.is_open() { 0 } else { load.population() };
@@ -546,7 +637,7 @@ fn measure(
         (Protocol::Http, Some(h)) => h,
         (Protocol::Http, None) => anyhow::bail!("the system was started without an HTTP port"),
     };
-    let reader = Reader::of(inst);
+    let reader = Reader::of(inst, Vec::new());
     let ticks = laws::clock_ticks_per_second();
     let corunner = part
         .corunner_of(levels)
@@ -578,22 +669,13 @@ fn measure(
     // CPU readings (and a proxy's `stats`) at every interval boundary the generator reports:
     // the measured window is `window`'s.
     let mut readings: Vec<Reading> = Vec::new();
-    let total_s = cfg.end_ns() as f64 / 1e9;
-    let mut first_ts: Option<u64> = None;
-    let mut progress = |row: &IntervalRow| {
-        readings.push(reader.read(row.warmup));
-        if tty {
-            let first = *first_ts.get_or_insert(row.ts_start);
-            let el = row.ts_end.saturating_sub(first) as f64 / 1000.0;
-            eprint!(
-                "\r        {}",
-                kvlab_bench::report::progress_line(row, el, total_s)
-            );
-        }
-    };
+    let mut progress = progress(&reader, &mut readings, tty, &cfg);
+    let before = reader.read_hosts();
     let result = generator::pinned(wl.generator_cpus.as_ref(), || {
         kvlab_bench::run(&cfg, &[], &mut progress)
     })?;
+    let after = reader.read_hosts();
+    drop(progress);
     raw.corunner = corunner.map(Corunner::stop);
     if tty {
         eprint!("\r\x1b[2K");
@@ -604,8 +686,108 @@ fn measure(
     }
     raw.latency_hist = res.hist.take().map(|h| Hist(h.latency));
     reader.record(raw, ticks, &readings);
+    reader.record_hosts(raw, ticks, before, after);
     raw.result = Some(res);
     Ok(())
+}
+
+/// Loads `inst` for run `r` from the part's agents on their hosts (the lab's process only
+/// collects): each system instance filled first when the workload loads, then every agent
+/// host running one agent per instance, its clock offset applied to the common start; each
+/// agent's share and histogram stored beside the merged figures.
+fn measure_on_agents(
+    exp: &Experiment,
+    r: &PlannedRun,
+    inst: &mut Instance,
+    tty: bool,
+    pl: &Placement,
+    wl: &crate::spec::WorkloadSpec,
+    raw: &mut RawRun,
+) -> anyhow::Result<()> {
+    let part = &exp.parts[r.part];
+    let seed = exp.seed.wrapping_add(r.repetition as u64);
+    let load = wl.load(part.duration, part.warmup, seed)?;
+    if load.protocol == Protocol::Http {
+        anyhow::bail!("agents load over the memcached protocol (not http)");
+    }
+    let targets = inst.addrs();
+    let mut cfg = load.config(targets[0])?;
+    let agents = pl.agents(
+        &part.agents,
+        &targets,
+        std::time::Duration::from_nanos(cfg.interval_ns()),
+    )?;
+    let per = if load.is_open() { 0 } else { load.population() };
+    raw.population = per * agents.len();
+    raw.think_s = load.think_us() as f64 / 1e6;
+    let sig = wl.data_signature();
+    if cfg.load && inst.loaded.as_deref() != Some(sig.as_str()) {
+        for &t in &targets {
+            let mut one = cfg.clone();
+            one.target = t;
+            kvlab_bench::run::load_phase(&one).map_err(|e| anyhow::anyhow!("filling {t}: {e}"))?;
+        }
+        inst.loaded = Some(sig);
+    }
+    cfg.load = false;
+    let agent_procs = pl.agent_processes();
+    raw.placed
+        .extend(agent_procs.iter().map(|p| pl.described(p)));
+    let reader = Reader::of(inst, agent_procs);
+    let mut readings: Vec<Reading> = Vec::new();
+    let mut progress = progress(&reader, &mut readings, tty, &cfg);
+    let spread: Vec<kvlab_bench::run::Agent> = agents.iter().map(|(_, a)| *a).collect();
+    let before = reader.read_hosts();
+    let result = kvlab_bench::run::run_from(&cfg, false, &spread, &mut progress);
+    let after = reader.read_hosts();
+    drop(progress);
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
+    let mut res = result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    raw.latency_hist = res.hist.take().map(|h| Hist(h.latency));
+    for p in &mut res.by_participant {
+        let Some((host, a)) = agents.get(p.participant as usize) else {
+            continue;
+        };
+        raw.agents.push(AgentShare {
+            host: host.clone(),
+            target: a.target.map_or_else(String::new, |t| t.to_string()),
+            population: per,
+            completed: p.counters.completed,
+            throughput_qps: p.throughput_qps,
+            mean_us: p.latency.mean_us,
+            latency_hist: p.hist.take().map(Hist),
+        });
+    }
+    let ticks = laws::clock_ticks_per_second();
+    reader.record(raw, ticks, &readings);
+    reader.record_hosts(raw, ticks, before, after);
+    raw.result = Some(res);
+    Ok(())
+}
+
+/// What kvlab bench calls at every interval: a reading of the system (pushed onto
+/// `readings`), and on a terminal the progress line.
+fn progress<'a>(
+    reader: &'a Reader,
+    readings: &'a mut Vec<Reading>,
+    tty: bool,
+    cfg: &kvlab_bench::Config,
+) -> impl FnMut(&IntervalRow) + 'a {
+    let total_s = cfg.end_ns() as f64 / 1e9;
+    let mut first_ts: Option<u64> = None;
+    move |row: &IntervalRow| {
+        readings.push(reader.read(row.warmup));
+        if tty {
+            let first = *first_ts.get_or_insert(row.ts_start);
+            let el = row.ts_end.saturating_sub(first) as f64 / 1000.0;
+            eprint!(
+                "\r        {}",
+                kvlab_bench::report::progress_line(row, el, total_s)
+            );
+        }
+    }
 }
 
 /// A command run beside a run (interference): `sh -c` as the leader of its own process

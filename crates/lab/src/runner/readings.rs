@@ -9,7 +9,10 @@ use kvlab_analysis::laws;
 use kvlab_process as process;
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
 use super::CpuSample;
+use crate::placement::{host_cpu, HostsReading, Placement};
 use crate::spec::SystemKind;
 use crate::system::Instance;
 
@@ -112,12 +115,35 @@ pub(super) struct Reader {
     /// kvlab's proxy (only it reports its stages in `stats`): its backends.
     pub(super) proxy: Option<usize>,
     addr: std::net::SocketAddr,
+    /// A system on hosts: its placement and the processes read there — the system's
+    /// instances, its backends, then the agents.
+    placed: Option<Placed>,
+}
+
+struct Placed {
+    placement: Arc<Placement>,
+    procs: Vec<kvlab_hosts::Started>,
+    /// How many of `procs` are the system's own, and how many its backends'.
+    own: usize,
+    backends: usize,
 }
 
 impl Reader {
-    pub(super) fn of(inst: &Instance) -> Reader {
+    pub(super) fn of(inst: &Instance, agents: Vec<kvlab_hosts::Started>) -> Reader {
+        let placed = inst.placement().map(|placement| {
+            let (own, backends) = inst.placed_processes();
+            let (n_own, n_backends) = (own.len(), backends.len());
+            Placed {
+                placement,
+                procs: own.into_iter().chain(backends).chain(agents).collect(),
+                own: n_own,
+                backends: n_backends,
+            }
+        });
         Reader {
-            pid: inst.pid,
+            // A placed system's pid is its host's: read there, not here.
+            pid: inst.pid.filter(|_| placed.is_none()),
+            placed,
             backend_pids: inst.backend_pids(),
             proxy: inst
                 .flags
@@ -136,6 +162,53 @@ impl Reader {
         raw.proxy = self.proxy.and_then(|n| proxy_figures(readings, ticks, n));
         raw.backend_cpu = backend_cpu(readings, ticks);
         raw.machine = machine_cpu(readings, ticks);
+    }
+
+    /// The hosts read now, for a system on hosts (its processes, its backends', the
+    /// agents'); none otherwise.
+    pub(super) fn read_hosts(&self) -> Option<HostsReading> {
+        self.placed.as_ref().map(|p| p.placement.read(&p.procs))
+    }
+
+    /// Records in `raw` what two host readings around a run say: each host's machine and
+    /// the lab's processes on it, the system's CPU (its instances' summed) and its
+    /// backends'. Over the whole run, warm-up included: a reading over ssh can take longer
+    /// than an interval on a loaded machine, too long to mark an interval's boundary.
+    pub(super) fn record_hosts(
+        &self,
+        raw: &mut super::RawRun,
+        ticks: u64,
+        a: Option<HostsReading>,
+        b: Option<HostsReading>,
+    ) {
+        let (Some(p), Some(a), Some(b)) = (&self.placed, a, b) else {
+            return;
+        };
+        raw.hosts = host_cpu(&a, &b, &p.procs);
+        let elapsed = (b.at - a.at).as_secs_f64();
+        let secs = |r: &HostsReading, range: std::ops::Range<usize>| -> Option<f64> {
+            r.cpu[range].iter().copied().sum::<Option<f64>>()
+        };
+        let cores = |range: std::ops::Range<usize>| -> Option<f64> {
+            let d = secs(&b, range.clone())? - secs(&a, range)?;
+            (elapsed > 0.0).then(|| d.max(0.0) / elapsed)
+        };
+        if let (Some(u), Some(s0), Some(s1)) =
+            (cores(0..p.own), secs(&a, 0..p.own), secs(&b, 0..p.own))
+        {
+            raw.cpu = Some(CpuSample {
+                pid: p.procs.first().map_or(0, |s| s.pid),
+                start_ticks: (s0 * ticks as f64).round() as u64,
+                end_ticks: (s1 * ticks as f64).round() as u64,
+                ticks_per_second: ticks,
+                elapsed_s: elapsed,
+                utilization: u,
+                intervals: Vec::new(),
+            });
+        }
+        if p.backends > 0 {
+            raw.backend_cpu = cores(p.own..p.own + p.backends).or(raw.backend_cpu);
+        }
     }
 
     /// A reading now; `warmup`: the interval that ends here was warm-up.

@@ -4,6 +4,7 @@
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+use super::hosts::{HostFile, HostTable, SshSpec};
 use super::system::SystemSpec;
 use super::workload::check_workload_key;
 
@@ -34,6 +35,10 @@ pub(super) struct FileSpec {
     #[serde(default, rename = "part")]
     pub(super) parts: Vec<PartSpec>,
     pub(super) speedup: Option<SpeedupFile>,
+    #[serde(default, rename = "host")]
+    pub(super) hosts: Vec<HostFile>,
+    pub(super) ssh: Option<SshSpec>,
+    pub(super) agents: Option<Vec<String>>,
 }
 
 /// A `[speedup]` table as written.
@@ -56,6 +61,7 @@ pub(super) struct PartSpec {
     pub(super) duration: Option<f64>,
     pub(super) warmup: Option<f64>,
     pub(super) corunner: Option<String>,
+    pub(super) agents: Option<Vec<String>>,
     #[serde(default)]
     pub(super) workload: toml::Table,
     #[serde(default)]
@@ -84,6 +90,10 @@ pub struct Overrides {
     /// read as TOML (4096, 0.5, true, [1, 2], "text") or else taken as text (get=9,set=1).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub set: Vec<String>,
+    /// A host table in place of the file's (`--hosts FILE`): the same experiment on other
+    /// machines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosts: Option<HostTable>,
 }
 
 impl Overrides {
@@ -105,6 +115,9 @@ impl Overrides {
             out.push(format!("--warmup {s}"));
         }
         out.extend(self.set.iter().map(|kv| format!("--set {kv}")));
+        if let Some(h) = &self.hosts {
+            out.push(format!("--hosts {}", h.file));
+        }
         out.join(" ")
     }
 

@@ -16,12 +16,14 @@ use crate::generator::Generator;
 
 mod expand;
 mod file;
+mod hosts;
 mod resolve;
 mod system;
 mod workload;
 
 pub use expand::{Design, Level};
 pub use file::Overrides;
+pub use hosts::{HostNames, HostTable, SshSpec};
 pub use system::{BackendCount, BackendKind, Flags, SystemKind, SystemSpec, MAX_BACKENDS};
 pub use workload::{WorkloadSpec, WORKLOAD_KEYS};
 
@@ -73,6 +75,9 @@ pub struct Part {
     /// A command run beside each run (`sh -c`, its own process group, ended after the run):
     /// interference such as `stress-ng --cache 1 --taskset 1`; `{factor}` placeholders.
     pub corunner: Option<String>,
+    /// The hosts whose `kvlab bench agent`s generate the load (empty: kvlab bench in the
+    /// lab's process): the load split evenly over them, their histograms merged exactly.
+    pub agents: Vec<String>,
 }
 
 impl Part {
@@ -152,6 +157,10 @@ pub struct Experiment {
     pub parts: Vec<Part>,
     /// The batch jobs' speed-up runs after the parts, if any.
     pub speedup: Option<SpeedupSpec>,
+    /// The host table (`[[host]]`, or `--hosts FILE`'s).
+    pub hosts: Vec<kvlab_hosts::Host>,
+    /// How ssh hosts are reached (`[ssh]`).
+    pub ssh: SshSpec,
 }
 
 /// An experiment's `[speedup]`: each batch job of a job file alone at each of its core
@@ -168,6 +177,29 @@ pub struct SpeedupSpec {
 }
 
 impl Experiment {
+    /// The host named `name`.
+    pub fn host(&self, name: &str) -> Option<&kvlab_hosts::Host> {
+        self.hosts.iter().find(|h| h.name == name)
+    }
+
+    /// The hosts some role of the experiment names, in table order (a role placed on a
+    /// `local` host runs here, through the same engine as on an ssh one).
+    pub fn used_hosts(&self) -> Vec<kvlab_hosts::Host> {
+        let mut used: Vec<String> = Vec::new();
+        for s in &self.systems {
+            used.extend(s.hosts());
+            used.extend(s.backend_hosts.iter().cloned());
+        }
+        for p in &self.parts {
+            used.extend(p.agents.iter().cloned());
+        }
+        self.hosts
+            .iter()
+            .filter(|h| used.contains(&h.name))
+            .cloned()
+            .collect()
+    }
+
     /// Runs in the order they are measured.
     pub fn runs(&self) -> Vec<PlannedRun> {
         let mut out = Vec::new();
@@ -620,6 +652,96 @@ mod tests {
         )
         .unwrap_err();
         assert!(format!("{err:#}").contains("not both"), "{err:#}");
+    }
+
+    #[test]
+    fn hosts_are_a_table_that_roles_name() {
+        let base = r#"
+            [[host]]
+            name = "s1"
+            ssh = "root@10.0.0.1"
+            [[host]]
+            name = "c1"
+            ssh = "lab@10.0.0.2:2222"
+            [[host]]
+            name = "c2"
+            ssh = "lab@10.0.0.3"
+            [[host]]
+            name = "here"
+            [[system]]
+            name = "kvlab"
+            host = "s1"
+            [workload]
+            clients = 4
+            "#;
+        let e = Experiment::parse(
+            &format!("agents = [\"c1\", \"c2\"]\n{base}"),
+            "x",
+            &Overrides::default(),
+        )
+        .unwrap();
+        assert_eq!(e.parts[0].agents, ["c1", "c2"]);
+        assert_eq!(e.systems[0].hosts(), ["s1"]);
+        assert!(e.host("s1").is_some() && e.host("here").unwrap().is_local());
+        let used: Vec<String> = e.used_hosts().into_iter().map(|h| h.name).collect();
+        assert_eq!(used, ["s1", "c1", "c2"]);
+        // Without hosts, nothing changes: every role runs here.
+        let e = Experiment::parse("[[system]]\nname = \"kvlab\"\n", "x", &Overrides::default())
+            .unwrap();
+        assert!(e.hosts.is_empty() && e.used_hosts().is_empty());
+
+        let err = |text: &str| {
+            let e = Experiment::parse(text, "x", &Overrides::default()).unwrap_err();
+            format!("{e:#}")
+        };
+        let e = err("[[system]]\nname = \"kvlab\"\nhost = \"nowhere\"\n");
+        assert!(
+            e.contains("system \"kvlab\": host \"nowhere\" is not defined (the experiment has no [[host]] table)"),
+            "{e}"
+        );
+        let e = err(&format!("agents = [\"c9\"]\n{base}"));
+        assert!(
+            e.contains("agents: host \"c9\" is not defined ([[host]] names: s1, c1, c2, here)"),
+            "{e}"
+        );
+        let e = err("[[host]]\nname = \"a\"\nssh = \"root@h\"\nlocal = true\n[[system]]\nname = \"kvlab\"\n");
+        assert!(e.contains("local = true and ssh = \"…\" both set"), "{e}");
+        let e = err("[[host]]\nname = \"a\"\nssh = \"root@\"\n[[system]]\nname = \"kvlab\"\n");
+        assert!(e.contains("host a: ssh = "), "{e}");
+        let e = err(&format!(
+            "agents = [\"c1\", \"c2\"]\n{}",
+            base.replace("clients = 4", "clients = 3")
+        ));
+        assert!(
+            e.contains("clients = 3 at point  cannot be split evenly over 2 agents"),
+            "{e}"
+        );
+        let e = err(&base.replace("host = \"s1\"", "host = [\"s1\", \"c1\"]"));
+        assert!(e.contains("runs on 2 hosts: give the part agents"), "{e}");
+        let e = err("[[system]]\nname = \"e\"\nkind = \"external\"\naddress = \"127.0.0.1:1\"\nhost = \"x\"\n");
+        assert!(
+            e.contains("an external system is reached at its address"),
+            "{e}"
+        );
+        let e = err("[[system]]\nname = \"kvlab\"\nbackend_hosts = [\"s1\"]\n");
+        assert!(e.contains("backend_hosts is only for kind"), "{e}");
+
+        // A host table from a file of its own replaces the experiment's.
+        let table = HostTable {
+            file: "lab.toml".into(),
+            text: "[ssh]\nidentity = \"/k\"\n[[host]]\nname = \"s1\"\nssh = \"me@node1.example\"\n\
+                   [[host]]\nname = \"c1\"\nssh = \"me@node2\"\n[[host]]\nname = \"c2\"\nlocal = true\n"
+                .into(),
+        };
+        let ov = Overrides {
+            hosts: Some(table),
+            ..Overrides::default()
+        };
+        let e = Experiment::parse(&format!("agents = [\"c1\", \"c2\"]\n{base}"), "x", &ov).unwrap();
+        assert_eq!(e.host("s1").unwrap().address(), "node1.example");
+        assert!(e.host("c2").unwrap().is_local());
+        assert_eq!(e.ssh.identity.as_deref(), Some(std::path::Path::new("/k")));
+        assert_eq!(ov.flags(), "--hosts lab.toml");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use kvlab_bench::Protocol;
 use serde::{Deserialize, Serialize};
 
 use super::expand::Level;
+use super::hosts::HostNames;
 
 /// How a system under test is started.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,6 +98,13 @@ pub struct SystemSpec {
     /// the workload's `load` a fill before every run). Default: kept while its flags stay.
     #[serde(default)]
     pub fresh: bool,
+    /// The host it runs on (a `[[host]]` name), or several: an instance on each (loaded by
+    /// the part's agents, spread over them). Default: this machine.
+    pub host: Option<HostNames>,
+    /// A proxy's backends' hosts: backend i runs on `backend_hosts[i % len]`. Default: the
+    /// proxy's (first) host.
+    #[serde(default)]
+    pub backend_hosts: Vec<String>,
 }
 
 /// What a system runs with at one point, its `{factor}` placeholders filled in: a running
@@ -251,6 +259,10 @@ impl SystemSpec {
     /// its own: what the lab starts for it.
     pub fn backend_spec(&self, i: usize, backend_args: Vec<String>) -> SystemSpec {
         let kind = self.backend.unwrap_or_default().system_kind();
+        let host = match self.backend_hosts.len() {
+            0 => self.hosts().into_iter().next().map(HostNames::One),
+            n => Some(HostNames::One(self.backend_hosts[i % n].clone())),
+        };
         SystemSpec {
             name: format!("{}-backend{i}", self.name),
             kind: Some(kind),
@@ -265,7 +277,14 @@ impl SystemSpec {
             backend_args: Vec::new(),
             cpus: None,
             fresh: false,
+            host,
+            backend_hosts: Vec::new(),
         }
+    }
+
+    /// The hosts it runs on (empty: this machine).
+    pub fn hosts(&self) -> Vec<String> {
+        self.host.as_ref().map(HostNames::names).unwrap_or_default()
     }
 
     /// Checks what the file says of one system, before any point is resolved.
@@ -289,11 +308,21 @@ impl SystemSpec {
             }
             _ => {}
         }
+        if kind == SystemKind::External && self.host.is_some() {
+            bail!(
+                "system {name:?}: an external system is reached at its address; host is for \
+                 the systems the lab starts"
+            );
+        }
+        if self.host.as_ref().is_some_and(|h| h.names().is_empty()) {
+            bail!("system {name:?}: host = []: name a host, or leave host out (this machine)");
+        }
         if !kind.has_backends() {
             let given: Vec<&str> = [
                 ("backends", self.backends.is_some()),
                 ("backend", self.backend.is_some()),
                 ("backend_args", !self.backend_args.is_empty()),
+                ("backend_hosts", !self.backend_hosts.is_empty()),
             ]
             .into_iter()
             .filter_map(|(k, set)| set.then_some(k))

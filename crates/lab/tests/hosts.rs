@@ -1,0 +1,284 @@
+//! The lab across hosts, over real ssh to network namespaces with an sshd each
+//! (`kvlab_testkit::hosts`; root only — skipped, saying why, elsewhere): a two-part
+//! experiment with its servers on two hosts and its load from agents on two others — every
+//! process in its host's namespace, the merged histogram the sum of the agents', each host's
+//! CPU read, the clocks in the report, nothing left on any host afterwards; and the refusals
+//! before any run: a host that lacks a program, a host whose sshd is stopped.
+
+#![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use kvlab_lab::runner::RawRun;
+use kvlab_lab::{Lab, Overrides, Source};
+use kvlab_testkit::hosts::NetnsHosts;
+use kvlab_testkit::kvlab_bin;
+
+/// The `[[host]]` table and `[ssh]` of namespace hosts `h1`…: each with a directory of its
+/// own (they share one filesystem).
+fn host_table(net: &NetnsHosts) -> String {
+    let mut t = format!(
+        "[ssh]\nidentity = {:?}\nknown_hosts = {:?}\nconnect_timeout = 3\n",
+        net.identity().display().to_string(),
+        net.known_hosts().display().to_string()
+    );
+    for i in 0..net.hosts().len() {
+        t.push_str(&format!(
+            "[[host]]\nname = \"h{n}\"\nssh = \"{}\"\ndir = \"{}\"\n",
+            net.ssh_target(i),
+            net.scratch().join(format!("h{}", i + 1)).display(),
+            n = i + 1
+        ));
+    }
+    t
+}
+
+fn source(text: String) -> Source {
+    Source {
+        label: "hosts-test.toml".into(),
+        text,
+        stem: "hosts-test".into(),
+    }
+}
+
+/// Files under `dir` (recursively), as paths relative to it.
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push(p.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    out
+}
+
+const TWO_PARTS: &str = r#"
+name = "hosts-test"
+repetitions = 1
+duration = 1.0
+warmup = 0.5
+agents = ["h3", "h4"]
+
+[[system]]
+name = "near"
+kind = "kvlab"
+host = "h1"
+args = ["-t", "1", "-m", "16"]
+
+[[system]]
+name = "far"
+kind = "kvlab"
+host = "h2"
+args = ["-t", "1", "-m", "16"]
+
+[workload]
+keys = 1000
+value_size = 64
+threads = 1
+
+[[part]]
+name = "one"
+systems = ["near"]
+[part.factors]
+clients = [2, 4]
+
+[[part]]
+name = "two"
+systems = ["far"]
+[part.workload]
+clients = 4
+"#;
+
+#[test]
+fn a_two_part_experiment_runs_on_its_hosts_and_leaves_nothing() {
+    let Some(net) = NetnsHosts::for_test("lab_on_hosts", 4) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let out = net.scratch().join("results");
+    let done = Lab::with_kvlab_bin(kvlab_bin())
+        .run(
+            &source(format!("{TWO_PARTS}\n{}", host_table(&net))),
+            &Overrides::default(),
+            Some(out.clone()),
+        )
+        .unwrap();
+    let took = t0.elapsed();
+    let (meta, raws) = kvlab_lab::runner::load(&done.dir).unwrap();
+    assert_eq!(raws.len(), 3, "two points of part one, one of part two");
+    let inode = |host: &str| {
+        let i: usize = host.trim_start_matches('h').parse().unwrap();
+        net.netns_inode(i - 1).unwrap()
+    };
+    for raw in &raws {
+        assert!(raw.error.is_none(), "run {}: {:?}", raw.index, raw.error);
+        // Every process in its host's namespace: the server where the system says, one
+        // agent on each agent host.
+        let server_host = if raw.part == "one" { "h1" } else { "h2" };
+        let placed: Vec<(&str, &str)> = raw
+            .placed
+            .iter()
+            .map(|p| (p.name.as_str(), p.host.as_str()))
+            .collect();
+        assert_eq!(placed.len(), 3, "{placed:?}");
+        assert_eq!(placed[0].1, server_host, "{placed:?}");
+        assert!(placed[1..].iter().any(|(_, h)| *h == "h3"), "{placed:?}");
+        assert!(placed[1..].iter().any(|(_, h)| *h == "h4"), "{placed:?}");
+        for p in &raw.placed {
+            assert_eq!(
+                p.netns,
+                Some(inode(&p.host)),
+                "{p:?} is not in its host's namespace"
+            );
+        }
+        // The merged histogram is the sum of the agents'.
+        check_merge(raw);
+        // Each host's CPU read, the agents' and the server's busy.
+        let hosts: Vec<&str> = raw.hosts.iter().map(|h| h.host.as_str()).collect();
+        assert_eq!(hosts, ["h1", "h2", "h3", "h4"], "{:?}", raw.hosts);
+        for h in &raw.hosts {
+            assert!(
+                h.busy_cores >= 0.0 && h.steal >= 0.0 && h.load1 >= 0.0,
+                "{h:?}"
+            );
+            if h.host == server_host || h.host == "h3" || h.host == "h4" {
+                assert_eq!(h.processes.len(), 1, "{h:?}");
+                assert!(h.processes[0].1 > 0.0, "{h:?}: its process used no CPU");
+            }
+        }
+        assert!(raw.cpu.as_ref().unwrap().utilization > 0.0);
+    }
+    // The population is the part's clients, split over the agents.
+    assert_eq!(raws[1].population, 4);
+    assert_eq!(
+        raws[1].agents.iter().map(|a| a.population).sum::<usize>(),
+        4
+    );
+    // Clocks at the start and the end, in meta.json and the report.
+    assert_eq!(meta.hosts.len(), 4);
+    for h in &meta.hosts {
+        let (s, e) = (h.clock_start.unwrap(), h.clock_end.unwrap());
+        // One machine: one clock; the estimate is within its bound of the truth (0).
+        assert!(s.offset_ns.unsigned_abs() <= s.bound_ns, "{h:?}");
+        assert!(e.offset_ns.unsigned_abs() <= e.bound_ns, "{h:?}");
+    }
+    let report = std::fs::read_to_string(&done.report).unwrap();
+    assert!(
+        report.contains("Hosts") && report.contains("± "),
+        "no hosts table"
+    );
+    assert!(done.summary.contains("h3"), "{}", done.summary);
+    // Logs brought back.
+    let logs = files_under(&done.dir.join("logs"));
+    assert!(logs.iter().any(|l| l.starts_with("near-")), "{logs:?}");
+    assert!(logs.iter().any(|l| l.starts_with("agent-h3-0")), "{logs:?}");
+    // Nothing left: no process but sshd, no port but 22, no file outside the binary and
+    // the run directory.
+    let run = out.file_name().unwrap().to_string_lossy().into_owned();
+    for i in 0..4 {
+        net.wait_quiet(i, Duration::from_secs(10))
+            .unwrap_or_else(|left| panic!("left on h{}: {left:?}", i + 1));
+        assert_eq!(net.listening(i), vec![22], "h{} still listens", i + 1);
+        let dir = net.scratch().join(format!("h{}", i + 1));
+        for f in files_under(&dir) {
+            assert!(
+                f.starts_with("bin/kvlab-") || f.starts_with(&format!("runs/{run}/")),
+                "h{}: {f} is outside the run directory",
+                i + 1
+            );
+        }
+    }
+    eprintln!("{} runs on 4 hosts in {took:?}", raws.len());
+}
+
+/// The run's histogram equals its agents' added up, and its count is theirs.
+fn check_merge(raw: &RawRun) {
+    assert_eq!(raw.agents.len(), 2, "{:?}", raw.agents);
+    let mut sum: Histogram<u64> = Histogram::new_from(&raw.latency_hist.as_ref().unwrap().0);
+    for a in &raw.agents {
+        sum.add(&a.latency_hist.as_ref().unwrap().0).unwrap();
+    }
+    let merged = &raw.latency_hist.as_ref().unwrap().0;
+    assert_eq!(&sum, merged, "run {}: merged != the agents' sum", raw.index);
+    let completed: u64 = raw.agents.iter().map(|a| a.completed).sum();
+    assert_eq!(
+        completed,
+        raw.result.as_ref().unwrap().counters.completed,
+        "run {}",
+        raw.index
+    );
+    assert!(
+        raw.agents.iter().all(|a| a.completed > 0),
+        "{:?}",
+        raw.agents
+    );
+}
+
+#[test]
+fn hosts_that_cannot_serve_are_refused_before_any_run() {
+    let Some(net) = NetnsHosts::for_test("lab_refusals", 3) else {
+        return;
+    };
+    let lab = Lab::with_kvlab_bin(kvlab_bin());
+    let run = |text: &str| {
+        let t0 = Instant::now();
+        let e = lab
+            .run(
+                &source(format!("{text}\n{}", host_table(&net))),
+                &Overrides::default(),
+                Some(
+                    net.scratch()
+                        .join(format!("results-{}", t0.elapsed().as_nanos())),
+                ),
+            )
+            .unwrap_err();
+        (format!("{e:#}"), t0.elapsed())
+    };
+    // The namespaces share one filesystem: a memcached binary that none has stands for a
+    // host without memcached.
+    let (e, took) = run(r#"
+        agents = ["h1"]
+        [[system]]
+        name = "memcached"
+        host = "h2"
+        binary = "memcached-absent-on-h2"
+        [[system]]
+        name = "kvlab"
+        host = "h3"
+        "#);
+    assert!(
+        e.contains("missing on hosts: host h2 lacks memcached-absent-on-h2"),
+        "{e}"
+    );
+    for i in 0..3 {
+        assert!(net.others(i).is_empty(), "h{}: {:?}", i + 1, net.others(i));
+    }
+    eprintln!("missing tool refused in {took:?}: {e}");
+    // A host whose sshd is stopped: named, and nothing started on the others.
+    net.kill_sshd(2);
+    let (e, took) = run(r#"
+        agents = ["h1"]
+        [[system]]
+        name = "kvlab"
+        host = "h2"
+        [[system]]
+        name = "other"
+        kind = "kvlab"
+        host = "h3"
+        "#);
+    assert!(e.contains("host h3: unreachable"), "{e}");
+    assert!(!e.contains("host h1") && !e.contains("host h2"), "{e}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    for i in 0..3 {
+        assert!(net.others(i).is_empty(), "h{}: {:?}", i + 1, net.others(i));
+    }
+    eprintln!("unreachable host refused in {took:?}: {e}");
+}
