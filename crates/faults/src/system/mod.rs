@@ -25,18 +25,25 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::process::Child;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
-use kvlab_client::Client;
 use kvlab_cluster::coordinator::node_status;
-use kvlab_cluster::{NodeCommand, Topology, TopologyStore};
+use kvlab_cluster::{Topology, TopologyStore};
 use kvlab_etcd::open_store;
-use kvlab_process::{free_port, free_ports, wait_ready, Output, Probe, Process, Spawn};
+use kvlab_process::{free_ports, Output, Probe, Process, Spawn};
 use parking_lot::Mutex;
 
-use crate::netns::{Net, ETCD_HOST, PROXY_HOST};
+use crate::netns::{Net, PROXY_HOST};
+
+mod coordinators;
+mod durable;
+mod etcd;
+mod nodes;
+
+pub use coordinators::COORDINATOR_TIMEOUT;
+pub use durable::Durable;
 
 /// Where the topology lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,56 +87,6 @@ pub struct SystemConfig {
     pub durable: Option<Durable>,
 }
 
-/// Durable nodes: each node keeps its keys under the run's `data/` in a directory of its
-/// own (`data/node-127.0.0.1-PORT`), with `--durability sync` (every acknowledged write and
-/// delete is on its disk before the reply) and a write-back cache of `cache_items` entries,
-/// so most keys live on disk only. A node killed and restarted opens the same directory
-/// again; a node started fresh (added, or its address used again) gets a new, empty one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Durable {
-    /// The write-back cache's bound, in entries (`--cache-items`).
-    pub cache_items: usize,
-}
-
-impl Durable {
-    /// The cache bound a run uses unless told otherwise: small beside the 200 keys the
-    /// clients share, so most reads and writes of old keys go to the disk.
-    pub const CACHE_ITEMS: usize = 64;
-
-    /// `kvlab server` flags for a node over `dir`, beside `server_args` (which may set
-    /// `--durability` or `--cache-items` themselves: theirs are kept).
-    pub fn server_flags(&self, dir: &Path, server_args: &[String]) -> Vec<String> {
-        let mut flags = vec!["--data-dir".to_string(), dir.display().to_string()];
-        if flag_value(server_args, "--durability").is_none() {
-            flags.extend(["--durability".to_string(), "sync".to_string()]);
-        }
-        if flag_value(server_args, "--cache-items").is_none() {
-            flags.extend(["--cache-items".to_string(), self.cache_items.to_string()]);
-        }
-        flags
-    }
-
-    /// Whether durable nodes started with `server_args` run under `--durability sync` (the
-    /// harness's choice unless the flags say otherwise): only then is a killed node's disk
-    /// expected to hold every acknowledged write.
-    pub fn syncs(server_args: &[String]) -> bool {
-        flag_value(server_args, "--durability").is_none_or(|d| d == "sync")
-    }
-}
-
-/// The value the last `FLAG VALUE` or `FLAG=VALUE` in `args` gives, if any.
-fn flag_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
-    let mut said = None;
-    for (i, a) in args.iter().enumerate() {
-        if a == flag {
-            said = args.get(i + 1).map(String::as_str);
-        } else if let Some(v) = a.strip_prefix(flag).and_then(|r| r.strip_prefix('=')) {
-            said = Some(v);
-        }
-    }
-    said
-}
-
 /// A node's state as the harness left it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeState {
@@ -166,10 +123,6 @@ struct Member {
     process: Option<Process>,
     starts: u32,
 }
-
-/// How long a coordinator may run before it is killed and reported stuck (a migration
-/// that makes no progress for 60 s fails by itself).
-pub const COORDINATOR_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// What a start error says when a port chosen free was taken before the node bound it
 /// (another program on the machine): the run starts again on other ports.
@@ -228,21 +181,6 @@ fn make_net(dir: &Path) -> Result<Net, String> {
     Err(format!("making the network: {}", tried.join("; ")))
 }
 
-/// What a coordinator said, on one line: its output up to a backtrace, the last `n`
-/// characters of it.
-fn said(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let text = text.split("Stack backtrace:").next().unwrap_or_default();
-    let text = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join(" | ");
-    let start = text.char_indices().rev().nth(n).map_or(0, |(i, _)| i);
-    text[start..].to_string()
-}
-
 impl System {
     /// Starts the topology store, creates the cluster, starts its nodes (and the proxy),
     /// and returns once every one answers. What was started is stopped on failure.
@@ -285,7 +223,7 @@ impl System {
                 let dir = cfg.dir.join("etcd");
                 std::fs::create_dir_all(&dir)
                     .map_err(|e| format!("creating {}: {e}", dir.display()))?;
-                start_etcd(&dir, members, net.as_ref())?
+                etcd::start_etcd(&dir, members, net.as_ref())?
             }
         };
         let mut sys = System {
@@ -420,379 +358,6 @@ impl System {
             .values()
             .filter(|s| s.state != NodeState::Stopped)
             .count()
-    }
-
-    /// Starts the node of `addr` (a `fresh` start, or a restart; in host `host`'s namespace
-    /// if it has one) and records it `Up`. A durable node started fresh gets a new data
-    /// directory; restarted, it opens the one it had.
-    fn launch(&self, addr: SocketAddr, host: Option<u32>, fresh: bool) -> Result<(), String> {
-        let name = addr.to_string();
-        let (starts, data) = {
-            let mut nodes = self.nodes.lock();
-            let slot = nodes.entry(name.clone()).or_insert(NodeSlot {
-                addr,
-                host,
-                process: None,
-                state: NodeState::Down,
-                busy: false,
-                starts: 0,
-                data: None,
-            });
-            slot.starts += 1;
-            if self.cfg.durable.is_some() && (fresh || slot.data.is_none()) {
-                slot.data = Some(self.new_data_dir(&name)?);
-            }
-            (slot.starts, slot.data.clone())
-        };
-        let durable_flags = match (&self.cfg.durable, &data) {
-            (Some(d), Some(dir)) => d.server_flags(dir, &self.cfg.server_args),
-            _ => Vec::new(),
-        };
-        let log = format!("node-{}.{starts}.log", name.replace(':', "-"));
-        let log_path = self.cfg.dir.join("nodes").join(&log);
-        let p = self
-            .spawn(host, &self.cfg.exe)
-            .args(
-                if self.cfg.pool {
-                    NodeCommand::server(addr.ip(), addr.port())
-                } else {
-                    NodeCommand::node(addr.ip(), addr.port(), &self.spec, &name)
-                }
-                .args(&self.cfg.server_args)
-                .args(durable_flags)
-                .to_args(),
-            )
-            .output(Output::File(self.cfg.dir.join("nodes").join(log)))
-            .grace(Duration::from_secs(2))
-            .timeout(START_TIMEOUT)
-            .ready(Probe::Version(addr))
-            .start();
-        let p = match p {
-            Ok(p) => p,
-            Err(e) => {
-                // A node that never ran is given up (a killed one stays down, to be
-                // started again by the heal).
-                if starts == 1 {
-                    if let Some(slot) = self.nodes.lock().get_mut(&name) {
-                        slot.state = NodeState::Stopped;
-                    }
-                }
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                let taken = if log.contains("Address already in use") {
-                    format!(" ({ADDRESS_TAKEN})")
-                } else {
-                    String::new()
-                };
-                return Err(format!("starting {name}: {e}{taken}"));
-            }
-        };
-        let mut nodes = self.nodes.lock();
-        if let Some(slot) = nodes.get_mut(&name) {
-            slot.process = Some(p);
-            slot.state = NodeState::Up;
-        }
-        Ok(())
-    }
-
-    /// A new, empty data directory for node `name` under the run's `data/`: named after
-    /// the node, with `.2`, `.3`, … when a node of that name (its address used again) had
-    /// one before.
-    fn new_data_dir(&self, name: &str) -> Result<PathBuf, String> {
-        let base = format!("node-{}", name.replace(':', "-"));
-        let root = self.cfg.dir.join("data");
-        let dir = (1..)
-            .map(|i| match i {
-                1 => root.join(&base),
-                i => root.join(format!("{base}.{i}")),
-            })
-            .find(|d| !d.exists())
-            .ok_or("no free data directory name")?;
-        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        Ok(dir)
-    }
-
-    /// Node `name`'s data directory now (durable nodes).
-    pub fn data_dir(&self, name: &str) -> Option<PathBuf> {
-        self.nodes.lock().get(name).and_then(|s| s.data.clone())
-    }
-
-    /// Starts a new node on a free port, or in a new namespace (not in the ring yet);
-    /// returns its name.
-    pub fn start_node(&self) -> Result<String, String> {
-        let (addr, host) = match &self.net {
-            None => (
-                addr_of(free_port().map_err(|e| format!("a free port: {e}"))?),
-                None,
-            ),
-            Some(net) => {
-                let h = net.new_node_host()?;
-                (addr_in(net.ip(h), NETNS_PORT), Some(h))
-            }
-        };
-        self.launch(addr, host, true)?;
-        Ok(addr.to_string())
-    }
-
-    /// Chooses `pick % n` among the nodes in `among` whose state is one of `states` and
-    /// that nothing else is acting on, and marks it busy (until [`System::release`]).
-    pub fn claim(&self, pick: u32, among: &[String], states: &[NodeState]) -> Option<String> {
-        let mut nodes = self.nodes.lock();
-        let fit: Vec<&String> = among
-            .iter()
-            .filter(|n| {
-                nodes
-                    .get(*n)
-                    .is_some_and(|s| !s.busy && states.contains(&s.state))
-            })
-            .collect();
-        if fit.is_empty() {
-            return None;
-        }
-        let name = fit[pick as usize % fit.len()].clone();
-        if let Some(s) = nodes.get_mut(&name) {
-            s.busy = true;
-        }
-        Some(name)
-    }
-
-    /// Marks a node free again.
-    pub fn release(&self, name: &str) {
-        if let Some(s) = self.nodes.lock().get_mut(name) {
-            s.busy = false;
-        }
-    }
-
-    fn signal(&self, name: &str, sig: i32, want: NodeState, next: NodeState) -> Result<(), String> {
-        let mut nodes = self.nodes.lock();
-        let slot = nodes
-            .get_mut(name)
-            .ok_or_else(|| format!("no node {name}"))?;
-        if slot.state != want {
-            return Err(format!("{name} is {:?}", slot.state));
-        }
-        let pid = slot.process.as_ref().map_or(0, Process::pid);
-        let pid = i32::try_from(pid).ok().filter(|p| *p > 0);
-        let pid = pid.ok_or_else(|| format!("{name} has no process"))?;
-        // SAFETY: kill(2) has no memory-safety preconditions; `pid` is our own child, not
-        // yet reaped (its `Process` holds it), so the id cannot have been reused.
-        if unsafe { libc::kill(pid, sig) } != 0 {
-            return Err(format!(
-                "signal {sig} to {name}: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
-        slot.state = next;
-        Ok(())
-    }
-
-    /// SIGSTOP.
-    pub fn pause(&self, name: &str) -> Result<(), String> {
-        self.signal(name, libc::SIGSTOP, NodeState::Up, NodeState::Paused)
-    }
-
-    /// SIGCONT.
-    pub fn resume(&self, name: &str) -> Result<(), String> {
-        self.signal(name, libc::SIGCONT, NodeState::Paused, NodeState::Up)
-    }
-
-    /// `kill -9` (and reap).
-    pub fn kill(&self, name: &str) -> Result<(), String> {
-        let mut p = {
-            let mut nodes = self.nodes.lock();
-            let slot = nodes
-                .get_mut(name)
-                .ok_or_else(|| format!("no node {name}"))?;
-            let p = slot
-                .process
-                .take()
-                .ok_or_else(|| format!("{name} has no process"))?;
-            slot.state = NodeState::Down;
-            p
-        };
-        p.kill();
-        Ok(())
-    }
-
-    /// Starts a killed node again on its address.
-    pub fn restart(&self, name: &str) -> Result<(), String> {
-        let (addr, host) = {
-            let nodes = self.nodes.lock();
-            let slot = nodes.get(name).ok_or_else(|| format!("no node {name}"))?;
-            if slot.state != NodeState::Down {
-                return Err(format!("{name} is {:?}", slot.state));
-            }
-            (slot.addr, slot.host)
-        };
-        self.launch(addr, host, false)
-    }
-
-    /// Stops a node for good (SIGCONT first if paused, then SIGTERM, SIGKILL after 2 s).
-    pub fn stop(&self, name: &str) {
-        let p = {
-            let mut nodes = self.nodes.lock();
-            let Some(slot) = nodes.get_mut(name) else {
-                return;
-            };
-            if slot.state == NodeState::Paused {
-                if let Some(pid) = slot
-                    .process
-                    .as_ref()
-                    .and_then(|p| i32::try_from(p.pid()).ok())
-                {
-                    // SAFETY: as in `signal`: our own unreaped child.
-                    unsafe {
-                        libc::kill(pid, libc::SIGCONT);
-                    }
-                }
-            }
-            slot.state = NodeState::Stopped;
-            slot.busy = false;
-            slot.process.take()
-        };
-        if let Some(p) = p {
-            p.stop();
-        }
-    }
-
-    /// `flush_all` on a node: it drops every item and keeps running.
-    pub fn flush(&self, name: &str) -> Result<(), String> {
-        let addr = self
-            .nodes
-            .lock()
-            .get(name)
-            .map(|s| s.addr)
-            .ok_or_else(|| format!("no node {name}"))?;
-        let mut c = Client::connect(addr, Duration::from_secs(2)).map_err(|e| e.to_string())?;
-        match c.call(b"flush_all\r\n").map_err(|e| e.to_string())? {
-            kvlab_client::Answer::Line(l) if l == b"OK" => Ok(()),
-            other => Err(format!("flush_all: {other:?}")),
-        }
-    }
-
-    /// `kill -9` etcd member `i`.
-    pub fn etcd_kill(&self, i: usize) -> Result<String, String> {
-        let mut etcd = self.etcd.lock();
-        let n = etcd.len();
-        let m = etcd.get_mut(i % n.max(1)).ok_or("no etcd")?;
-        let mut p = m
-            .process
-            .take()
-            .ok_or_else(|| format!("{} is not running", m.name))?;
-        p.kill();
-        Ok(m.name.clone())
-    }
-
-    /// Starts every etcd member that is not running, and waits until each answers.
-    pub fn etcd_restart(&self) -> Result<(), String> {
-        let mut etcd = self.etcd.lock();
-        let dir = self.cfg.dir.join("etcd");
-        let mut started = Vec::new();
-        for m in etcd.iter_mut().filter(|m| m.process.is_none()) {
-            m.starts += 1;
-            m.process = Some(spawn_member(&dir, m, self.net.as_ref())?);
-            started.push(m.client);
-        }
-        drop(etcd);
-        for addr in started {
-            wait_ready(&Probe::HttpGetPath(addr, "/health"), START_TIMEOUT)
-                .map_err(|e| format!("etcd {addr}: {e}"))?;
-        }
-        Ok(())
-    }
-
-    /// Starts `kvlab cluster --topology SPEC <args>` in the background; its output goes to
-    /// a log of its own. Returns its id.
-    pub fn coordinator_start(&self, args: &[&str]) -> Result<u64, String> {
-        let id = self.next_coordinator.fetch_add(1, Ordering::Relaxed);
-        let log = self.coordinator_log(id, args);
-        let f = std::fs::File::create(&log).map_err(|e| format!("{}: {e}", log.display()))?;
-        let g = f.try_clone().map_err(|e| e.to_string())?;
-        let child = Command::new(&self.cfg.exe)
-            .args(["cluster", "--topology", &self.spec])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(f)
-            .stderr(g)
-            .spawn()
-            .map_err(|e| format!("starting kvlab cluster {}: {e}", args.join(" ")))?;
-        self.coordinators.lock().insert(id, child);
-        Ok(id)
-    }
-
-    fn coordinator_log(&self, id: u64, args: &[&str]) -> PathBuf {
-        let what: String = args
-            .iter()
-            .map(|a| a.replace([':', '.'], "_"))
-            .collect::<Vec<_>>()
-            .join("-");
-        self.cfg
-            .dir
-            .join("coordinators")
-            .join(format!("{id:03}-{what}.log"))
-    }
-
-    /// Whether coordinator `id` has ended; `Some((success, what it said last))` once it has.
-    pub fn coordinator_poll(&self, id: u64, args: &[&str]) -> Option<(bool, String)> {
-        let mut running = self.coordinators.lock();
-        let child = running.get_mut(&id)?;
-        match child.try_wait() {
-            Ok(None) => None,
-            Ok(Some(status)) => {
-                running.remove(&id);
-                Some((status.success(), said(&self.coordinator_log(id, args), 300)))
-            }
-            Err(e) => {
-                running.remove(&id);
-                Some((false, e.to_string()))
-            }
-        }
-    }
-
-    /// `kill -9` coordinator `id` (and reap it): `None` if it was killed, its result if it
-    /// had already ended.
-    pub fn coordinator_kill(&self, id: u64, args: &[&str]) -> Option<(bool, String)> {
-        let mut child = self.coordinators.lock().remove(&id)?;
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some((status.success(), said(&self.coordinator_log(id, args), 300)));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        None
-    }
-
-    /// Waits for coordinator `id` (at most [`COORDINATOR_TIMEOUT`]; then kills it).
-    pub fn coordinator_wait(&self, id: u64, args: &[&str]) -> (bool, String) {
-        let deadline = Instant::now() + COORDINATOR_TIMEOUT;
-        let mut pause = Duration::from_millis(1);
-        loop {
-            if let Some(r) = self.coordinator_poll(id, args) {
-                return r;
-            }
-            if Instant::now() >= deadline {
-                if let Some(r) = self.coordinator_kill(id, args) {
-                    return r;
-                }
-                return (
-                    false,
-                    format!(
-                        "no end within {} s (killed): {}",
-                        COORDINATOR_TIMEOUT.as_secs(),
-                        said(&self.coordinator_log(id, args), 300)
-                    ),
-                );
-            }
-            // Polling a child's exit: a bounded back-off.
-            std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(50));
-        }
-    }
-
-    /// Runs a coordinator to its end: `(success, what it said last)`.
-    pub fn coordinator(&self, args: &[&str]) -> (bool, String) {
-        match self.coordinator_start(args) {
-            Ok(id) => self.coordinator_wait(id, args),
-            Err(e) => (false, e),
-        }
     }
 
     /// Continues paused nodes, restarts killed nodes and etcd members. Returns what could
@@ -932,82 +497,6 @@ impl Drop for System {
     }
 }
 
-/// Starts an etcd of `members` members (on free ports, or each in a namespace of its own
-/// with `net`) with data under `dir`; returns them and the `etcd://…/faults` topology spec
-/// once every member answers `/health`.
-fn start_etcd(
-    dir: &Path,
-    members: usize,
-    net: Option<&Net>,
-) -> Result<(Vec<Member>, String), String> {
-    let members = members.max(1);
-    // Each member's client and peer address, and host.
-    let mut places = Vec::new();
-    match net {
-        None => {
-            let ports = free_ports(members * 2).map_err(|e| format!("free ports: {e}"))?;
-            for i in 0..members {
-                places.push((addr_of(ports[2 * i]), addr_of(ports[2 * i + 1]), None));
-            }
-        }
-        Some(net) => {
-            for i in 0..members as u32 {
-                let ip = net.host(ETCD_HOST + i)?;
-                let (client, peer) = NETNS_ETCD_PORTS;
-                places.push((addr_in(ip, client), addr_in(ip, peer), Some(ETCD_HOST + i)));
-            }
-        }
-    }
-    let peers: Vec<String> = places
-        .iter()
-        .enumerate()
-        .map(|(i, (_, peer, _))| format!("m{i}=http://{peer}"))
-        .collect();
-    let mut out = Vec::new();
-    for (i, &(client, peer, host)) in places.iter().enumerate() {
-        let peer = format!("http://{peer}");
-        let name = format!("m{i}");
-        let args = vec![
-            "--name".to_string(),
-            name.clone(),
-            "--data-dir".to_string(),
-            dir.join(&name).display().to_string(),
-            "--listen-client-urls".to_string(),
-            format!("http://{client}"),
-            "--advertise-client-urls".to_string(),
-            format!("http://{client}"),
-            "--listen-peer-urls".to_string(),
-            peer.clone(),
-            "--initial-advertise-peer-urls".to_string(),
-            peer,
-            "--initial-cluster".to_string(),
-            peers.join(","),
-            "--initial-cluster-token".to_string(),
-            "kvlab-faults".to_string(),
-            "--log-level".to_string(),
-            "warn".to_string(),
-        ];
-        let mut m = Member {
-            name,
-            client,
-            host,
-            args,
-            process: None,
-            starts: 1,
-        };
-        // Members start together: one alone has no quorum and never becomes healthy.
-        m.process = Some(spawn_member(dir, &m, net)?);
-        out.push(m);
-    }
-    for m in &out {
-        wait_ready(&Probe::HttpGetPath(m.client, "/health"), START_TIMEOUT)
-            .map_err(|e| format!("etcd {}: {e}", m.name))?;
-    }
-    let hosts: Vec<String> = out.iter().map(|m| m.client.to_string()).collect();
-    let spec = format!("etcd://{}/faults", hosts.join(","));
-    Ok((out, spec))
-}
-
 /// A [`Spawn`] of `program`, inside host `host`'s namespace of `net` if it has one.
 fn spawn_in(net: Option<&Net>, host: Option<u32>, program: &Path) -> Spawn {
     match (net, host) {
@@ -1016,16 +505,4 @@ fn spawn_in(net: Option<&Net>, host: Option<u32>, program: &Path) -> Spawn {
             .arg(program.as_os_str()),
         _ => Spawn::new(program.as_os_str()),
     }
-}
-
-fn spawn_member(dir: &Path, m: &Member, net: Option<&Net>) -> Result<Process, String> {
-    let program = PathBuf::from(std::env::var("ETCD").unwrap_or_else(|_| "etcd".into()));
-    spawn_in(net, m.host, &program)
-        .args(&m.args)
-        .output(Output::File(
-            dir.join(format!("{}.{}.log", m.name, m.starts)),
-        ))
-        .grace(Duration::from_secs(2))
-        .start()
-        .map_err(|e| format!("starting etcd {}: {e}", m.name))
 }
