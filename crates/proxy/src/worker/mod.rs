@@ -46,7 +46,7 @@ use crate::config::WritePolicy;
 use crate::forward::Shape;
 use crate::route::Routing;
 use crate::stats::Sample;
-use crate::Shared;
+use crate::ProxyState;
 
 mod decide;
 mod dispatch;
@@ -295,7 +295,7 @@ impl Job {
 /// A worker's state: its connections (one per backend), the requests in flight (slabs of
 /// jobs, their works and their parts) and scratch space, all reused.
 pub struct Worker {
-    shared: Arc<Shared>,
+    shared: Arc<ProxyState>,
     index: usize,
     routing: Arc<Routing>,
     version: u64,
@@ -349,7 +349,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Worker {
+    pub(crate) fn new(shared: Arc<ProxyState>, index: usize) -> Worker {
         let (routing, version) = shared.routing();
         let conns = routing
             .backends
