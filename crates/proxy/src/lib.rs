@@ -54,7 +54,7 @@ use kvlab_net::{Driver, IoModel};
 use kvlab_protocol::Limits;
 use parking_lot::{Mutex, RwLock};
 
-pub use config::{MultiGet, Pool, ProxyConfig, ReadPolicy, WritePolicy};
+pub use config::{MultiGet, Pool, ProxyConfig, ReadPolicy, ReplicaWritePolicy};
 pub use ring::{key_hash, Backend, Distribution, Ring, RingError, KETAMA_POINTS_PER_BACKEND};
 pub use route::Routing;
 

@@ -69,7 +69,7 @@ pub struct SystemConfig {
     /// Copies of every key.
     pub replicas: u32,
     /// When a write with copies is acknowledged.
-    pub write_policy: kvlab_cluster::WritePolicy,
+    pub write_policy: kvlab_cluster::CopyWritePolicy,
     /// Where the topology lives.
     pub topology: TopologyKind,
     /// Start `kvlab proxy --cluster` in front.

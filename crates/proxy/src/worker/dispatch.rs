@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use kvlab_protocol::{parse, MetaCommand, Parsed, Request, StoreCommand};
 
 use crate::backend::{Change, Frame};
-use crate::config::{MultiGet, WritePolicy};
+use crate::config::{MultiGet, ReplicaWritePolicy};
 use crate::forward::{Kind, Shape};
 
 use super::{Class, Fail, Part, ProxyWork, State, Worker, NONE};
@@ -91,7 +91,7 @@ impl Worker {
                 self.put_job(
                     i,
                     Class::Write {
-                        policy: WritePolicy::All,
+                        policy: ReplicaWritePolicy::All,
                     },
                 );
                 self.replicas.clear();
@@ -103,7 +103,7 @@ impl Worker {
                 self.put_job(
                     i,
                     Class::Write {
-                        policy: WritePolicy::All,
+                        policy: ReplicaWritePolicy::All,
                     },
                 );
             }

@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use kvlab_net::{Completion, Watch, Work};
 
 use crate::backend::{Conn, Frame, ValueAt};
-use crate::config::WritePolicy;
+use crate::config::ReplicaWritePolicy;
 use crate::forward::Shape;
 use crate::route::Routing;
 use crate::stats::Sample;
@@ -226,7 +226,7 @@ enum Class {
     /// A one-key read sent as is (`mg`, `me`).
     ReadAsIs { frame: Frame },
     /// Every replica; answered under the policy.
-    Write { policy: WritePolicy },
+    Write { policy: ReplicaWritePolicy },
     /// A read that changes the item or reports its access history (`mg` with `N T R h l`):
     /// every replica, so that they stay alike; answered with the first replica's reply.
     ReadAll,
