@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::ring::{Backend, Distribution, Ring, RingError};
+use crate::ring::{Backend, Distribution, PoolRing, RingError};
 
 /// Workers when the configuration leaves them to the proxy (`workers = 0`, the default):
 /// under `--io epoll`, whose helper threads wait on the backends, this many; under
@@ -320,7 +320,7 @@ impl ProxyConfig {
                 ));
             }
             if pool.cluster.is_none() {
-                Ring::new(&pool.backends, pool.distribution).map_err(|source| {
+                PoolRing::new(&pool.backends, pool.distribution).map_err(|source| {
                     ConfigError::Ring {
                         pool: pool.name.clone(),
                         source,

@@ -55,7 +55,7 @@ use kvlab_protocol::Limits;
 use parking_lot::{Mutex, RwLock};
 
 pub use config::{MultiGet, Pool, ProxyConfig, ReadPolicy, ReplicaWritePolicy};
-pub use ring::{key_hash, Backend, Distribution, Ring, RingError, KETAMA_POINTS_PER_BACKEND};
+pub use ring::{key_hash, Backend, Distribution, PoolRing, RingError, KETAMA_POINTS_PER_BACKEND};
 pub use route::Routing;
 
 /// What `version` answers.
