@@ -477,7 +477,20 @@ impl Worker {
                 });
                 (&[][..], Frame::Meta)
             }
-            _ => {
+            // Only a storage or meta command compares; no other is followed up.
+            Request::Get { .. }
+            | Request::Gat { .. }
+            | Request::Arith { .. }
+            | Request::Delete { .. }
+            | Request::Touch { .. }
+            | Request::FlushAll { .. }
+            | Request::Verbosity { .. }
+            | Request::SlabsAutomove { .. }
+            | Request::Cluster { .. }
+            | Request::Version
+            | Request::Quit
+            | Request::Stats { .. }
+            | Request::Admin(_) => {
                 self.assembled = follow;
                 self.follow_key = meta_key_bytes;
                 return;
