@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::{mono_ns, wall_ns};
 use crate::config::{Config, Stop};
-use crate::engine::{Msg, Phase};
+use crate::generator::{Msg, Phase};
 use crate::local::{spawn_threads, wait_ready};
 use crate::BenchError;
 

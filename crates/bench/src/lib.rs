@@ -10,7 +10,7 @@
 //!  flags / [workload] ──► load::Options ──► load::Load ──► config::Config ──► run::run
 //!                          (flat keys)      (description,   (one run; JSON     │
 //!                                            defaults)       to agents)        │
-//!   run ─┬─ local: generator threads ×T, each an engine (mio loop, many pipelined
+//!   run ─┬─ local: generator threads ×T, each a mio loop (generator: many pipelined
 //!        │         connections; schedule plans open-loop sends; workload composes)
 //!        ├─ agent: the same threads on other machines, reporting over JSON lines
 //!        └─ collector: stats (HdrHistograms per interval) merged ─► RunResult ─► report
@@ -33,7 +33,7 @@
 //! - [`config`]: one run's complete settings, derived from a [`load::Load`] (serde: agents
 //!   receive it);
 //! - [`clock`]: monotonic and thread-CPU clocks, the nanosecond timer of the event loop;
-//! - [`engine`]: one generator thread: a mio event loop over many pipelined connections;
+//! - [`generator`]: one generator thread: a mio event loop over many pipelined connections;
 //! - `local` (private): one participant's generator threads: spawn, wait until connected;
 //! - [`stats`]: counters, HdrHistograms per thread and interval, percentiles, KS statistics;
 //! - [`run`](mod@run): starts local threads and agents together, merges their reports, self-checks;
@@ -44,7 +44,7 @@
 //! - [`report`]: terminal summary, JSON, CSV, and side-by-side comparison of targets.
 //!
 //! Imports go one way: `load` → `config` → `schedule`/`workload` → `dist`/`data`; `run` → `local`/
-//! `agent` → `engine`; no two modules import each other.
+//! `agent` → `generator`; no two modules import each other.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -54,7 +54,7 @@ pub mod clock;
 pub mod config;
 pub mod data;
 pub mod dist;
-pub mod engine;
+pub mod generator;
 pub mod load;
 mod local;
 pub mod maildir;

@@ -1,4 +1,4 @@
-//! One participant's generator threads: spawn them (each an [`crate::engine`] event loop)
+//! One participant's generator threads: spawn them (each an [`crate::generator`] event loop)
 //! and wait until all have connected. The master (`run`) and an agent (`agent`) both start
 //! their threads here, so neither imports the other for it.
 
@@ -6,7 +6,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::engine::{thread_main, Msg, Phase, ThreadCtx};
+use crate::generator::{thread_main, Msg, Phase, ThreadCtx};
 use crate::BenchError;
 
 /// Spawns `cfg.threads` generator threads of participant `participant`; returns their

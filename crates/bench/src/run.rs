@@ -2,7 +2,7 @@
 //! agents started together, and the collector that merges what they measure.
 //!
 //! ```text
-//!   run() ── spawns ──► generator thread ×T (engine.rs) ──┐
+//!   run() ── spawns ──► generator thread ×T (generator/) ──┐
 //!     │                                                    │ mpsc<Msg>
 //!     ├── per agent: link thread ◄── JSON lines ◄── agent ─┤ (relayed)
 //!     │                                                    ▼
@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use crate::agent::{AgentLink, AgentStop};
 use crate::clock::{mono_ns, wall_ns};
 use crate::config::Config;
-use crate::engine::{Msg, Phase, ThreadDone};
+use crate::generator::{Msg, Phase, ThreadDone};
 use crate::local::{spawn_threads, wait_ready};
 use crate::stats::{
     ks_critical_001, ks_statistic, Counters, EncodedHistogram, GapStats, IntervalReport,

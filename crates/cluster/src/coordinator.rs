@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::clock::now_ms;
-use crate::topology::{Migration, Phase, Topology, TopologyStore, WritePolicy};
+use crate::topology::{CopyWritePolicy, Migration, Phase, Topology, TopologyStore};
 use crate::ClusterError;
 
 /// How long a migration may go without any node making progress before the coordinator
@@ -133,7 +133,7 @@ pub fn create(
     store: &dyn TopologyStore,
     vnodes: u32,
     replicas: u32,
-    write_policy: WritePolicy,
+    write_policy: CopyWritePolicy,
     nodes: Vec<String>,
 ) -> Result<Topology, ClusterError> {
     if nodes.is_empty() {

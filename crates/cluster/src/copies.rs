@@ -275,7 +275,7 @@ pub type Register = Box<dyn Fn(RawFd, usize) -> std::io::Result<()> + Send + Syn
 type Answers = Vec<(Reply, Vec<usize>, Option<Arc<str>>, u64)>;
 
 /// What a node's links share.
-struct Shared {
+struct LinkCommon {
     me: String,
     store: Arc<Store>,
     /// Holders that failed lately: when, and why.
@@ -293,7 +293,7 @@ struct Shared {
     next_id: AtomicUsize,
 }
 
-impl Shared {
+impl LinkCommon {
     fn tick(&self) -> u64 {
         self.clock.fetch_add(1, Ordering::SeqCst)
     }
@@ -308,7 +308,7 @@ impl Shared {
 
 /// The copy links of a node, one per holder.
 pub struct Copies {
-    shared: Arc<Shared>,
+    shared: Arc<LinkCommon>,
     links: Mutex<HashMap<String, Arc<Link>>>,
     /// Keys whose copies are not all confirmed.
     pub unconfirmed: Unconfirmed,
@@ -318,7 +318,7 @@ impl Copies {
     /// No links yet; `me` is the node's name as its holders know it.
     pub fn new(me: String, store: Arc<Store>) -> Copies {
         Copies {
-            shared: Arc::new(Shared {
+            shared: Arc::new(LinkCommon {
                 me,
                 store,
                 down: Mutex::new(HashMap::new()),
@@ -533,7 +533,7 @@ impl LinkState {
     }
 
     /// Starts holding `out` (it was empty, or holds already).
-    fn hold(&mut self, sh: &Shared) {
+    fn hold(&mut self, sh: &LinkCommon) {
         if self.held_since.is_none() {
             self.held_since = Some(Instant::now());
             sh.held.fetch_add(1, Ordering::Relaxed);
@@ -546,14 +546,14 @@ impl LinkState {
     }
 
     /// `out` holds nothing on purpose any more (flushed, or cleared).
-    fn unhold(&mut self, sh: &Shared) {
+    fn unhold(&mut self, sh: &LinkCommon) {
         if self.held_since.take().is_some() {
             sh.held.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// Reads every reply the socket holds and answers the batches they complete.
-    fn read(&mut self, sh: &Shared, holder: &str, answers: &mut Answers) -> Result<(), String> {
+    fn read(&mut self, sh: &LinkCommon, holder: &str, answers: &mut Answers) -> Result<(), String> {
         let Some(stream) = &self.stream else {
             return Ok(());
         };
@@ -618,7 +618,7 @@ impl Link {
 
     /// Writes `batch`'s keys, each as the store holds it now, to the stream (or queues
     /// them for the stream being opened).
-    fn send(&self, sh: &Shared, batch: Batch, answers: &mut Answers) {
+    fn send(&self, sh: &LinkCommon, batch: Batch, answers: &mut Answers) {
         let mut st = self.state.lock();
         let refused = if st.stopped {
             Some("it left the ring".to_string())
@@ -693,7 +693,7 @@ impl Link {
     }
 
     /// Sends what `st` holds (and whatever else is queued); a failure fails the stream.
-    fn release(&self, sh: &Shared, st: &mut LinkState, answers: &mut Answers) {
+    fn release(&self, sh: &LinkCommon, st: &mut LinkState, answers: &mut Answers) {
         st.unhold(sh);
         if let Err(why) = st.flush() {
             self.failed(sh, st, &why, answers);
@@ -701,7 +701,7 @@ impl Link {
     }
 
     /// The stream watched as `id` is ready.
-    fn serve(&self, sh: &Shared, id: usize, answers: &mut Answers) {
+    fn serve(&self, sh: &LinkCommon, id: usize, answers: &mut Answers) {
         let mut st = self.state.lock();
         if st.id != id || st.stream.is_none() {
             return;
@@ -719,7 +719,7 @@ impl Link {
 
     /// The stream failed: it closes, its batches fail, and the holder is not tried again
     /// for [`REPLICA_BACKOFF`].
-    fn failed(&self, sh: &Shared, st: &mut LinkState, why: &str, answers: &mut Answers) {
+    fn failed(&self, sh: &LinkCommon, st: &mut LinkState, why: &str, answers: &mut Answers) {
         st.unhold(sh);
         st.stream = None;
         if st.id != 0 {
@@ -746,7 +746,7 @@ impl Link {
     }
 
     /// Every batch written to the stream fails, for `why`.
-    fn fail_sent(&self, sh: &Shared, st: &mut LinkState, why: &str, answers: &mut Answers) {
+    fn fail_sent(&self, sh: &LinkCommon, st: &mut LinkState, why: &str, answers: &mut Answers) {
         let why = self.not_written(why);
         let seq = sh.tick();
         for s in st.sent.drain(..) {
@@ -758,7 +758,7 @@ impl Link {
     /// once the back-off is over), fails it when its oldest batch waits longer than
     /// [`REPLICA_TIMEOUT`], reads its replies while no loop does, and closes it when the
     /// link stops.
-    fn run(self: Arc<Link>, sh: &Shared) {
+    fn run(self: Arc<Link>, sh: &LinkCommon) {
         loop {
             let mut answers = Vec::new();
             let mut st = self.state.lock();
@@ -833,7 +833,7 @@ impl Link {
     }
 
     /// Gives the open stream to an event loop to read, if one offered: whether one took it.
-    fn watch(&self, sh: &Shared, st: &mut LinkState) -> bool {
+    fn watch(&self, sh: &LinkCommon, st: &mut LinkState) -> bool {
         let Some(fd) = st.stream.as_ref().map(|s| s.as_raw_fd()) else {
             return false;
         };

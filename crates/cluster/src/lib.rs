@@ -31,7 +31,7 @@ pub use command_line::NodeCommand;
 pub use kvlab_client::Redirect;
 pub use node::{Gate, Import, Node, Verdict};
 pub use serve::{serve, ClusterConfig, NodeApp, NodeEngine};
-pub use topology::{FileStore, Migration, Phase, Topology, TopologyStore, WritePolicy};
+pub use topology::{CopyWritePolicy, FileStore, Migration, Phase, Topology, TopologyStore};
 
 /// What can go wrong in a cluster operation.
 #[derive(Debug, thiserror::Error)]

@@ -46,9 +46,9 @@ pub struct Topology {
     /// ring, written through by the owner before it answers.
     #[serde(default = "one")]
     pub replicas: u32,
-    /// When a write with copies is acknowledged (see [`WritePolicy`]).
-    #[serde(default, skip_serializing_if = "WritePolicy::is_all")]
-    pub write_policy: WritePolicy,
+    /// When a write with copies is acknowledged (see [`CopyWritePolicy`]).
+    #[serde(default, skip_serializing_if = "CopyWritePolicy::is_all")]
+    pub write_policy: CopyWritePolicy,
     /// The migration under way, if any.
     #[serde(default)]
     pub migration: Option<Migration>,
@@ -66,7 +66,7 @@ fn one() -> u32 {
 /// When the owner of a key with copies (`replicas` > 1) acknowledges a write.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum WritePolicy {
+pub enum CopyWritePolicy {
     /// Once every copy holder confirmed it: an acknowledged write is on `replicas` nodes.
     #[default]
     All,
@@ -77,29 +77,29 @@ pub enum WritePolicy {
     Owner,
 }
 
-impl WritePolicy {
+impl CopyWritePolicy {
     fn is_all(&self) -> bool {
-        *self == WritePolicy::All
+        *self == CopyWritePolicy::All
     }
 }
 
-impl std::str::FromStr for WritePolicy {
+impl std::str::FromStr for CopyWritePolicy {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
-            "all" => Ok(WritePolicy::All),
-            "owner" => Ok(WritePolicy::Owner),
+            "all" => Ok(CopyWritePolicy::All),
+            "owner" => Ok(CopyWritePolicy::Owner),
             _ => Err(format!("write policy {s:?}: expected all or owner")),
         }
     }
 }
 
-impl std::fmt::Display for WritePolicy {
+impl std::fmt::Display for CopyWritePolicy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            WritePolicy::All => "all",
-            WritePolicy::Owner => "owner",
+            CopyWritePolicy::All => "all",
+            CopyWritePolicy::Owner => "owner",
         })
     }
 }
@@ -135,7 +135,7 @@ impl Topology {
             vnodes,
             nodes,
             replicas: 1,
-            write_policy: WritePolicy::All,
+            write_policy: CopyWritePolicy::All,
             migration: None,
             leaving: Vec::new(),
         }
@@ -293,18 +293,21 @@ mod tests {
     fn the_write_policy_defaults_to_all_and_round_trips() {
         let old = r#"{"epoch":3,"vnodes":16,"nodes":["a:1","b:2"],"replicas":2}"#;
         let t: Topology = serde_json::from_str(old).unwrap();
-        assert_eq!(t.write_policy, WritePolicy::All);
+        assert_eq!(t.write_policy, CopyWritePolicy::All);
         assert!(!serde_json::to_string(&t).unwrap().contains("write_policy"));
         let owner = Topology {
-            write_policy: WritePolicy::Owner,
+            write_policy: CopyWritePolicy::Owner,
             ..t
         };
         let json = serde_json::to_string(&owner).unwrap();
         assert!(json.contains(r#""write_policy":"owner""#), "{json}");
         assert_eq!(serde_json::from_str::<Topology>(&json).unwrap(), owner);
-        assert_eq!("owner".parse::<WritePolicy>(), Ok(WritePolicy::Owner));
+        assert_eq!(
+            "owner".parse::<CopyWritePolicy>(),
+            Ok(CopyWritePolicy::Owner)
+        );
         assert!("some"
-            .parse::<WritePolicy>()
+            .parse::<CopyWritePolicy>()
             .unwrap_err()
             .contains("all or owner"));
     }

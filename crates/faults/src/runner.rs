@@ -23,7 +23,7 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use kvlab_cluster::WritePolicy;
+pub use kvlab_cluster::CopyWritePolicy;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -60,7 +60,7 @@ pub struct RunConfig {
     pub replicas: u32,
     /// When the cluster acknowledges a write with copies; under `owner` the checker sets
     /// aside the acknowledged writes nobody read ([`checker::owner_view`]).
-    pub write_policy: WritePolicy,
+    pub write_policy: CopyWritePolicy,
     /// Where the topology lives.
     pub topology: TopologyKind,
     /// How clients reach the cluster.
@@ -625,7 +625,10 @@ fn write_outputs(dir: &Path, history: &History, report: &Report) -> Result<(), S
 }
 
 /// Re-checks a history file (`history.jsonl`) of a cluster under `write_policy`.
-pub fn check_file(path: &Path, write_policy: WritePolicy) -> Result<Report, crate::FaultsError> {
+pub fn check_file(
+    path: &Path,
+    write_policy: CopyWritePolicy,
+) -> Result<Report, crate::FaultsError> {
     let f = std::fs::File::open(path).map_err(|source| crate::FaultsError::Io {
         what: path.display().to_string(),
         source,
@@ -636,10 +639,10 @@ pub fn check_file(path: &Path, write_policy: WritePolicy) -> Result<Report, crat
 
 /// Checks `ops` as `policy` promises: everything under `all`; under `owner`, without the
 /// acknowledged writes nobody read.
-fn check_as(ops: &[Op], policy: WritePolicy) -> Report {
+fn check_as(ops: &[Op], policy: CopyWritePolicy) -> Report {
     match policy {
-        WritePolicy::All => checker::check(ops),
-        WritePolicy::Owner => {
+        CopyWritePolicy::All => checker::check(ops),
+        CopyWritePolicy::Owner => {
             let (view, set_aside) = checker::owner_view(ops);
             Report {
                 set_aside,

@@ -12,7 +12,7 @@ use kvlab_rest::rest_router;
 use kvlab_server::admin::AdminState;
 use kvlab_server::auth::AuthFile;
 use kvlab_server::stats::{ServerStats, WorkerStats};
-use kvlab_server::Shared;
+use kvlab_server::ServerState;
 use kvlab_store::{Config, ManualClock, Store};
 use tower::ServiceExt as _;
 
@@ -157,7 +157,7 @@ fn line(data: &[u8]) -> (&[u8], &[u8]) {
     }
 }
 
-fn shared(auth: bool) -> Arc<Shared> {
+fn shared(auth: bool) -> Arc<ServerState> {
     let config = Config {
         memory_limit: 4 << 20,
         item_size_max: 64 * 1024,
@@ -174,7 +174,7 @@ fn shared(auth: bool) -> Arc<Shared> {
         admin.auth = AuthFile::parse(b"user:secret\n").ok();
         stats.admin = Arc::new(admin);
     }
-    Arc::new(Shared {
+    Arc::new(ServerState {
         store,
         stats: Arc::new(stats),
         limits: Limits {

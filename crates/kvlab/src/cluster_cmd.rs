@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use kvlab_client::cluster::DEFAULT_VNODES;
 use kvlab_cluster::coordinator::{self, MigrationReport};
-use kvlab_cluster::{ClusterError, TopologyStore, WritePolicy};
+use kvlab_cluster::{ClusterError, CopyWritePolicy, TopologyStore};
 use kvlab_etcd::open_store;
 
 mod local;
@@ -47,8 +47,8 @@ enum ClusterCommand {
         /// acknowledged write is on `--replicas` nodes); `owner` once the owner applied it,
         /// its copies following (faster; a write acknowledged just before its owner dies
         /// may be lost, a value read never is).
-        #[arg(long, default_value_t = WritePolicy::All)]
-        write_policy: WritePolicy,
+        #[arg(long, default_value_t = CopyWritePolicy::All)]
+        write_policy: CopyWritePolicy,
         /// Flags for every node's `kvlab server` (e.g. `-m 1024 -t 2`), after `--`.
         #[arg(last = true)]
         server_args: Vec<String>,
@@ -62,8 +62,8 @@ enum ClusterCommand {
         #[arg(long, default_value_t = 1)]
         replicas: u32,
         /// When a write with copies is acknowledged (see `up --write-policy`).
-        #[arg(long, default_value_t = WritePolicy::All)]
-        write_policy: WritePolicy,
+        #[arg(long, default_value_t = CopyWritePolicy::All)]
+        write_policy: CopyWritePolicy,
         /// The nodes, HOST:PORT.
         #[arg(required = true)]
         nodes: Vec<String>,

@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand, ValueEnum};
 use kvlab_faults::clients::Workload;
-use kvlab_faults::runner::WritePolicy;
+use kvlab_faults::runner::CopyWritePolicy;
 use kvlab_faults::{ClientKind, Durable, Mix, RunConfig, RunSummary, TopologyKind};
 
 #[derive(Debug, Args)]
@@ -54,8 +54,8 @@ enum FaultsCommand {
         history: PathBuf,
         /// The write policy the cluster ran with (`owner`: acknowledged writes nobody read
         /// are set aside).
-        #[arg(long, default_value_t = WritePolicy::All)]
-        write_policy: WritePolicy,
+        #[arg(long, default_value_t = CopyWritePolicy::All)]
+        write_policy: CopyWritePolicy,
         /// The whole report as JSON.
         #[arg(long)]
         json: bool,
@@ -99,8 +99,8 @@ struct RunOpts {
     /// With copies, when a write is acknowledged (`kvlab cluster create --write-policy`):
     /// under `owner` the checker sets aside the acknowledged writes nobody read (the policy
     /// may lose those) and checks that no value read is ever undone.
-    #[arg(long, default_value_t = WritePolicy::All)]
-    write_policy: WritePolicy,
+    #[arg(long, default_value_t = CopyWritePolicy::All)]
+    write_policy: CopyWritePolicy,
     /// How clients reach the cluster.
     #[arg(long, value_enum, default_value = "cluster")]
     client: ClientArg,
@@ -158,7 +158,7 @@ impl RunOpts {
         if self.replicas == 0 || self.replicas as usize > self.nodes {
             bail!("--replicas must be 1..={} (the nodes)", self.nodes);
         }
-        if self.write_policy == WritePolicy::Owner
+        if self.write_policy == CopyWritePolicy::Owner
             && (self.replicas < 2 || matches!(self.client, ClientArg::Pool))
         {
             bail!("--write-policy owner is a cluster's with --replicas 2 or more");

@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use kvlab_proxy::config::{parse_backend, parse_distribution};
-use kvlab_proxy::{MultiGet, Proxy, ProxyConfig, ProxyOptions, ReadPolicy, WritePolicy};
+use kvlab_proxy::{MultiGet, Proxy, ProxyConfig, ProxyOptions, ReadPolicy, ReplicaWritePolicy};
 
 /// Flags of `kvlab proxy`.
 #[derive(Debug, Args)]
@@ -53,7 +53,7 @@ pub struct ProxyArgs {
     replicas: Option<usize>,
     /// When a replicated write is answered: all (every replica stored it) or majority.
     #[arg(long = "write-policy")]
-    write_policy: Option<WritePolicy>,
+    write_policy: Option<ReplicaWritePolicy>,
     /// Which replica serves a read: round-robin or least-outstanding.
     #[arg(long = "read-policy")]
     read_policy: Option<ReadPolicy>,

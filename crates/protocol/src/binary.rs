@@ -241,152 +241,207 @@ pub fn closes(header: &Header) -> bool {
 
 /// Translates request `header` with `body` (its extras, key and value) into the request
 /// the service serves, writing meta flag text into `scratch` (reused: no allocation once
-/// it has grown).
+/// it has grown): the body taken apart ([`Body`]), then one step per family of opcodes.
 pub fn translate<'a>(header: &Header, body: &'a [u8], scratch: &'a mut Vec<u8>) -> Translated<'a> {
-    let ext = header.extras_len as usize;
-    let klen = header.key_len as usize;
-    if ext + klen > body.len() || klen > MAX_KEY_LEN {
+    let Some(body) = Body::split(header, body) else {
         return Translated::Invalid;
-    }
-    let extras = &body[..ext];
-    let key = &body[ext..ext + klen];
-    let value = &body[ext + klen..];
-    let be32 = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
-    let be64 = |b: &[u8]| (u64::from(be32(b)) << 32) | u64::from(be32(&b[4..]));
-    // The shape memcached checks: extras length, a key or none, a value or none.
-    let shape = |e: usize, needs_key: bool, has_value: bool| {
-        ext == e && (klen > 0) == needs_key && (has_value || value.is_empty())
     };
     scratch.clear();
-    let meta = |command: MetaCommand, scratch: &'a mut Vec<u8>| -> Translated<'a> {
-        let scratch: &'a Vec<u8> = scratch;
+    match header.opcode {
+        op::GET
+        | op::GETQ
+        | op::GETK
+        | op::GETKQ
+        | op::TOUCH
+        | op::GAT
+        | op::GATQ
+        | op::GATK
+        | op::GATKQ => retrieval(header, &body, scratch),
+        op::SET
+        | op::SETQ
+        | op::ADD
+        | op::ADDQ
+        | op::REPLACE
+        | op::REPLACEQ
+        | op::APPEND
+        | op::APPENDQ
+        | op::PREPEND
+        | op::PREPENDQ => storage(header, &body, scratch),
+        op::DELETE | op::DELETEQ => delete(header, &body, scratch),
+        op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
+            arithmetic(header, &body, scratch)
+        }
+        op::QUIT | op::QUITQ | op::NOOP | op::VERSION | op::FLUSH | op::FLUSHQ | op::STAT => {
+            server(header, &body)
+        }
+        _ => Translated::Unknown,
+    }
+}
+
+/// A binary request's body taken apart: extras, key, value.
+struct Body<'a> {
+    extras: &'a [u8],
+    key: &'a [u8],
+    value: &'a [u8],
+}
+
+impl<'a> Body<'a> {
+    /// The parts of `body` as `header` lays them out; `None` if they do not fit in it, or
+    /// the key is too long.
+    fn split(header: &Header, body: &'a [u8]) -> Option<Body<'a>> {
+        let ext = header.extras_len as usize;
+        let klen = header.key_len as usize;
+        if ext + klen > body.len() || klen > MAX_KEY_LEN {
+            return None;
+        }
+        Some(Body {
+            extras: &body[..ext],
+            key: &body[ext..ext + klen],
+            value: &body[ext + klen..],
+        })
+    }
+
+    /// The shape memcached checks: `extras` bytes of extras, a key or none, a value or none.
+    fn shaped(&self, extras: usize, needs_key: bool, has_value: bool) -> bool {
+        self.extras.len() == extras
+            && self.key.is_empty() != needs_key
+            && (has_value || self.value.is_empty())
+    }
+
+    /// The 32-bit big-endian number at `at` in the extras (the caller checked their length).
+    fn be32(&self, at: usize) -> u32 {
+        let b = &self.extras[at..at + 4];
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]])
+    }
+
+    /// The 64-bit big-endian number at `at` in the extras.
+    fn be64(&self, at: usize) -> u64 {
+        (u64::from(self.be32(at)) << 32) | u64::from(self.be32(at + 4))
+    }
+
+    /// Meta command `command` on the key with the flags written in `scratch` (an `ms`
+    /// carries the value).
+    fn meta(&self, command: MetaCommand, scratch: &'a [u8]) -> Translated<'a> {
         match MetaFlags::parse(command, scratch) {
             Ok(flags) => Translated::Call(Request::Meta {
                 command,
-                key: MetaKey::plain(key),
+                key: MetaKey::plain(self.key),
                 flags,
                 data: if command == MetaCommand::Set {
-                    value
+                    self.value
                 } else {
                     &[]
                 },
             }),
             Err(_) => Translated::Invalid,
         }
+    }
+}
+
+/// `get` (`v f c`), `touch` (`T`), `gat` (`T v f c`) and their quiet and key forms as `mg`.
+fn retrieval<'a>(header: &Header, body: &Body<'a>, scratch: &'a mut Vec<u8>) -> Translated<'a> {
+    if matches!(header.opcode, op::GET | op::GETQ | op::GETK | op::GETKQ) {
+        if !body.shaped(0, true, false) {
+            return Translated::Invalid;
+        }
+        scratch.extend_from_slice(b"v f c");
+        return body.meta(MetaCommand::Get, scratch);
+    }
+    if !body.shaped(4, true, false) {
+        return Translated::Invalid;
+    }
+    let _ = write!(scratch, "T{}", body.be32(0));
+    if header.opcode != op::TOUCH {
+        scratch.extend_from_slice(b" v");
+    }
+    scratch.extend_from_slice(b" f c");
+    body.meta(MetaCommand::Get, scratch)
+}
+
+/// `set add replace` (flags and expiry in the extras) and `append prepend` (none) as `ms`
+/// in the matching mode, a non-zero CAS as `C`.
+fn storage<'a>(header: &Header, body: &Body<'a>, scratch: &'a mut Vec<u8>) -> Translated<'a> {
+    let mode = match header.opcode {
+        op::SET | op::SETQ => 'S',
+        op::ADD | op::ADDQ => 'E',
+        op::REPLACE | op::REPLACEQ => 'R',
+        op::APPEND | op::APPENDQ => 'A',
+        _ => 'P',
     };
-    let cas = header.cas;
+    if matches!(mode, 'A' | 'P') {
+        if !body.shaped(0, true, true) {
+            return Translated::Invalid;
+        }
+        let _ = write!(scratch, "M{mode} c");
+    } else {
+        if !body.shaped(8, true, true) {
+            return Translated::Invalid;
+        }
+        let _ = write!(scratch, "F{} T{} M{mode} c", body.be32(0), body.be32(4));
+    }
+    if header.cas != 0 {
+        let _ = write!(scratch, " C{}", header.cas);
+    }
+    body.meta(MetaCommand::Set, scratch)
+}
+
+/// `delete` as `md`, a non-zero CAS as `C`.
+fn delete<'a>(header: &Header, body: &Body<'a>, scratch: &'a mut Vec<u8>) -> Translated<'a> {
+    if !body.shaped(0, true, false) {
+        return Translated::Invalid;
+    }
+    if header.cas != 0 {
+        let _ = write!(scratch, "C{}", header.cas);
+    }
+    body.meta(MetaCommand::Delete, scratch)
+}
+
+/// `increment decrement` as `ma`: delta, and unless the expiry is `0xffffffff` the item
+/// created with the initial value on a miss.
+fn arithmetic<'a>(header: &Header, body: &Body<'a>, scratch: &'a mut Vec<u8>) -> Translated<'a> {
+    if !body.shaped(20, true, false) {
+        return Translated::Invalid;
+    }
+    let incr = matches!(header.opcode, op::INCREMENT | op::INCREMENTQ);
+    let (delta, initial, exptime) = (body.be64(0), body.be64(8), body.be32(16));
+    let _ = write!(scratch, "D{delta} M{} v c", if incr { 'I' } else { 'D' });
+    // 0xffffffff: fail on a miss; else create the item with the initial value.
+    if exptime != u32::MAX {
+        let _ = write!(scratch, " N{exptime} J{initial}");
+    }
+    if header.cas != 0 {
+        let _ = write!(scratch, " C{}", header.cas);
+    }
+    body.meta(MetaCommand::Arith, scratch)
+}
+
+/// `quit noop` (answered here), `version`, `flush` (an optional delay), `stat` (an optional
+/// group as the key).
+fn server<'a>(header: &Header, body: &Body<'a>) -> Translated<'a> {
     match header.opcode {
-        op::GET | op::GETQ | op::GETK | op::GETKQ => {
-            if !shape(0, true, false) {
-                return Translated::Invalid;
-            }
-            scratch.extend_from_slice(b"v f c");
-            meta(MetaCommand::Get, scratch)
-        }
-        op::TOUCH | op::GAT | op::GATQ | op::GATK | op::GATKQ => {
-            if !shape(4, true, false) {
-                return Translated::Invalid;
-            }
-            let _ = write!(scratch, "T{}", be32(extras));
-            if header.opcode != op::TOUCH {
-                scratch.extend_from_slice(b" v");
-            }
-            scratch.extend_from_slice(b" f c");
-            meta(MetaCommand::Get, scratch)
-        }
-        op::SET | op::SETQ | op::ADD | op::ADDQ | op::REPLACE | op::REPLACEQ => {
-            if !shape(8, true, true) {
-                return Translated::Invalid;
-            }
-            let mode = match header.opcode {
-                op::SET | op::SETQ => 'S',
-                op::ADD | op::ADDQ => 'E',
-                _ => 'R',
+        op::QUIT | op::QUITQ | op::NOOP if body.shaped(0, false, false) => Translated::Direct,
+        op::VERSION if body.shaped(0, false, false) => Translated::Call(Request::Version),
+        op::FLUSH | op::FLUSHQ
+            if matches!(body.extras.len(), 0 | 4)
+                && body.key.is_empty()
+                && body.value.is_empty() =>
+        {
+            let delay = if body.extras.len() == 4 {
+                i64::from(body.be32(0))
+            } else {
+                0
             };
-            let _ = write!(
-                scratch,
-                "F{} T{} M{mode} c",
-                be32(extras),
-                be32(&extras[4..])
-            );
-            if cas != 0 {
-                let _ = write!(scratch, " C{cas}");
-            }
-            meta(MetaCommand::Set, scratch)
-        }
-        op::APPEND | op::APPENDQ | op::PREPEND | op::PREPENDQ => {
-            if !shape(0, true, true) {
-                return Translated::Invalid;
-            }
-            let mode = if matches!(header.opcode, op::APPEND | op::APPENDQ) {
-                'A'
-            } else {
-                'P'
-            };
-            let _ = write!(scratch, "M{mode} c");
-            if cas != 0 {
-                let _ = write!(scratch, " C{cas}");
-            }
-            meta(MetaCommand::Set, scratch)
-        }
-        op::DELETE | op::DELETEQ => {
-            if !shape(0, true, false) {
-                return Translated::Invalid;
-            }
-            if cas != 0 {
-                let _ = write!(scratch, "C{cas}");
-            }
-            meta(MetaCommand::Delete, scratch)
-        }
-        op::INCREMENT | op::INCREMENTQ | op::DECREMENT | op::DECREMENTQ => {
-            if !shape(20, true, false) {
-                return Translated::Invalid;
-            }
-            let incr = matches!(header.opcode, op::INCREMENT | op::INCREMENTQ);
-            let (delta, initial, exptime) = (be64(extras), be64(&extras[8..]), be32(&extras[16..]));
-            let _ = write!(scratch, "D{delta} M{} v c", if incr { 'I' } else { 'D' });
-            // 0xffffffff: fail on a miss; else create the item with the initial value.
-            if exptime != u32::MAX {
-                let _ = write!(scratch, " N{exptime} J{initial}");
-            }
-            if cas != 0 {
-                let _ = write!(scratch, " C{cas}");
-            }
-            meta(MetaCommand::Arith, scratch)
-        }
-        op::QUIT | op::QUITQ | op::NOOP => {
-            if shape(0, false, false) {
-                Translated::Direct
-            } else {
-                Translated::Invalid
-            }
-        }
-        op::VERSION => {
-            if shape(0, false, false) {
-                Translated::Call(Request::Version)
-            } else {
-                Translated::Invalid
-            }
-        }
-        op::FLUSH | op::FLUSHQ => {
-            if !(ext == 0 || ext == 4) || klen != 0 || !value.is_empty() {
-                return Translated::Invalid;
-            }
-            let delay = if ext == 4 { i64::from(be32(extras)) } else { 0 };
             Translated::Call(Request::FlushAll {
                 delay,
                 noreply: false,
             })
         }
-        op::STAT => {
-            if !shape(0, klen > 0, false) {
-                return Translated::Invalid;
-            }
+        op::STAT if body.shaped(0, !body.key.is_empty(), false) => {
             Translated::Call(Request::Stats {
-                group: (klen > 0).then_some(key),
+                group: (!body.key.is_empty()).then_some(body.key),
             })
         }
-        _ => Translated::Unknown,
+        _ => Translated::Invalid,
     }
 }
 

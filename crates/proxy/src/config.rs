@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::ring::{Backend, Distribution, Ring, RingError};
+use crate::ring::{Backend, Distribution, PoolRing, RingError};
 
 /// Workers when the configuration leaves them to the proxy (`workers = 0`, the default):
 /// under `--io epoll`, whose helper threads wait on the backends, this many; under
@@ -42,7 +42,7 @@ pub const MAX_REPLICAS: usize = 16;
 /// When a replicated write is answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum WritePolicy {
+pub enum ReplicaWritePolicy {
     /// Success only when every replica succeeded; else the first failure.
     All,
     /// Success as soon as a majority of replicas succeeded.
@@ -80,7 +80,7 @@ macro_rules! from_str_via_serde {
         }
     )*};
 }
-from_str_via_serde!(WritePolicy: "write policy", ReadPolicy: "read policy", MultiGet: "multi-get mode");
+from_str_via_serde!(ReplicaWritePolicy: "write policy", ReadPolicy: "read policy", MultiGet: "multi-get mode");
 
 /// One pool: backends sharing a key space.
 #[derive(Clone, Debug)]
@@ -99,7 +99,7 @@ pub struct Pool {
     /// Copies of every key (1 ..= backends).
     pub replicas: usize,
     /// When a replicated write is answered.
-    pub write_policy: WritePolicy,
+    pub write_policy: ReplicaWritePolicy,
     /// Which replica serves a read.
     pub read_policy: ReadPolicy,
     /// How a multi-key get is sent.
@@ -116,7 +116,7 @@ impl Pool {
             backends,
             distribution: Distribution::Ketama,
             replicas: 1,
-            write_policy: WritePolicy::All,
+            write_policy: ReplicaWritePolicy::All,
             read_policy: ReadPolicy::RoundRobin,
             multiget: MultiGet::Sharded,
         }
@@ -189,7 +189,7 @@ struct FilePool {
     backends: Vec<String>,
     distribution: Option<String>,
     replicas: Option<usize>,
-    write_policy: Option<WritePolicy>,
+    write_policy: Option<ReplicaWritePolicy>,
     read_policy: Option<ReadPolicy>,
     multiget: Option<MultiGet>,
 }
@@ -267,7 +267,7 @@ impl ProxyConfig {
                 pool.distribution = parse_distribution(&d)?;
             }
             pool.replicas = p.replicas.unwrap_or(1);
-            pool.write_policy = p.write_policy.unwrap_or(WritePolicy::All);
+            pool.write_policy = p.write_policy.unwrap_or(ReplicaWritePolicy::All);
             pool.read_policy = p.read_policy.unwrap_or(ReadPolicy::RoundRobin);
             pool.multiget = p.multiget.unwrap_or(MultiGet::Sharded);
             config.pools.push(pool);
@@ -320,7 +320,7 @@ impl ProxyConfig {
                 ));
             }
             if pool.cluster.is_none() {
-                Ring::new(&pool.backends, pool.distribution).map_err(|source| {
+                PoolRing::new(&pool.backends, pool.distribution).map_err(|source| {
                     ConfigError::Ring {
                         pool: pool.name.clone(),
                         source,
@@ -443,11 +443,11 @@ mod tests {
         assert_eq!((p.name.as_str(), p.prefix.as_str()), ("users", "user:"));
         assert_eq!(p.backends[1].weight, 3);
         assert_eq!(p.distribution, Distribution::Modula);
-        assert_eq!(p.write_policy, WritePolicy::Majority);
+        assert_eq!(p.write_policy, ReplicaWritePolicy::Majority);
         assert_eq!(p.read_policy, ReadPolicy::LeastOutstanding);
         assert_eq!(p.multiget, MultiGet::Single);
         let d = &c.pools[1];
-        assert_eq!((d.replicas, d.write_policy), (1, WritePolicy::All));
+        assert_eq!((d.replicas, d.write_policy), (1, ReplicaWritePolicy::All));
         assert_eq!(d.distribution, Distribution::Ketama);
     }
 
@@ -491,7 +491,10 @@ mod tests {
 
     #[test]
     fn policies_parse_from_flags() {
-        assert_eq!("majority".parse::<WritePolicy>(), Ok(WritePolicy::Majority));
+        assert_eq!(
+            "majority".parse::<ReplicaWritePolicy>(),
+            Ok(ReplicaWritePolicy::Majority)
+        );
         assert_eq!(
             "least-outstanding".parse::<ReadPolicy>(),
             Ok(ReadPolicy::LeastOutstanding)

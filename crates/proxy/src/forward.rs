@@ -5,7 +5,7 @@
 //! Used by the network stage (what it queues) and by the workers (a `cas` followed up on the
 //! other replicas as a `set`).
 
-use kvlab_protocol::request::StoreCommand;
+use kvlab_protocol::request::{Keys, StoreCommand};
 use kvlab_protocol::{MetaCommand, MetaFlags, MetaKey, Request};
 
 /// What a worker needs of a request as forwarded: its kind and where its key (a retrieval's
@@ -120,28 +120,14 @@ impl Shape {
 }
 
 /// Writes `req` as it is forwarded, its own wire form minus `noreply`, and returns its shape
-/// (offsets into `out`).
+/// (offsets into `out`): one step per family of commands, each writing the command line
+/// (and a storage command's data) and noting the shape; the line's end is written here.
 pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) -> Shape {
     let mut num = itoa::Buffer::new();
-    let mut shape = Shape {
-        keys: 1,
-        ..Shape::OTHER
-    };
-    match *req {
-        Request::Get { keys, cas } => {
-            out.extend_from_slice(if cas { b"gets " } else { b"get " });
-            shape.kind = Kind::Get { cas, exptime: None };
-            (shape.key_at, shape.key_end) = put(out, keys.text());
-            shape.keys = keys.iter().count() as u32;
-        }
+    let shape = match *req {
+        Request::Get { keys, cas } => compose_retrieval(b"get", cas, None, keys, out, &mut num),
         Request::Gat { exptime, keys, cas } => {
-            out.extend_from_slice(if cas { b"gats " } else { b"gat " });
-            out.extend_from_slice(num.format(exptime).as_bytes());
-            out.push(b' ');
-            let exptime = Some(exptime);
-            shape.kind = Kind::Get { cas, exptime };
-            (shape.key_at, shape.key_end) = put(out, keys.text());
-            shape.keys = keys.iter().count() as u32;
+            compose_retrieval(b"gat", cas, Some(exptime), keys, out, &mut num)
         }
         Request::Store {
             command,
@@ -152,90 +138,179 @@ pub fn compose(req: &Request<'_>, out: &mut Vec<u8>) -> Shape {
             cas_unique,
             ..
         } => {
-            let cas = command == StoreCommand::Cas;
-            out.extend_from_slice(command.name());
-            out.push(b' ');
-            shape.kind = Kind::Write { cas };
-            (shape.key_at, shape.key_end) = put(out, key);
-            out.push(b' ');
-            out.extend_from_slice(num.format(flags).as_bytes());
-            out.push(b' ');
-            out.extend_from_slice(num.format(exptime).as_bytes());
-            out.push(b' ');
-            out.extend_from_slice(num.format(data.len()).as_bytes());
-            if cas {
-                out.push(b' ');
-                out.extend_from_slice(num.format(cas_unique).as_bytes());
-            }
-            out.extend_from_slice(b"\r\n");
-            out.extend_from_slice(data);
+            let cas = (command == StoreCommand::Cas).then_some(cas_unique);
+            compose_storage(command, key, (flags, exptime, cas), data, out, &mut num)
         }
         Request::Arith {
             incr, key, delta, ..
         } => {
-            out.extend_from_slice(if incr { b"incr " } else { b"decr " });
-            shape.kind = Kind::Write { cas: false };
-            (shape.key_at, shape.key_end) = put(out, key);
-            out.push(b' ');
-            out.extend_from_slice(num.format(delta).as_bytes());
+            let name: &[u8] = if incr { b"incr" } else { b"decr" };
+            compose_key_command(name, key, Some(delta), out, &mut num)
         }
         Request::Delete { key, .. } => {
-            out.extend_from_slice(b"delete ");
-            shape.kind = Kind::Write { cas: false };
-            (shape.key_at, shape.key_end) = put(out, key);
+            compose_key_command(b"delete", key, None::<u64>, out, &mut num)
         }
         Request::Touch { key, exptime, .. } => {
-            out.extend_from_slice(b"touch ");
-            shape.kind = Kind::Write { cas: false };
-            (shape.key_at, shape.key_end) = put(out, key);
-            out.push(b' ');
-            out.extend_from_slice(num.format(exptime).as_bytes());
+            compose_key_command(b"touch", key, Some(exptime), out, &mut num)
         }
-        Request::SlabsAutomove { mode } => {
-            shape.kind = Kind::Setting;
-            shape.keys = 0;
-            out.extend_from_slice(b"slabs automove ");
-            out.extend_from_slice(num.format(mode).as_bytes());
-        }
+        Request::SlabsAutomove { mode } => compose_server(
+            Kind::Setting,
+            b"slabs automove ",
+            i64::from(mode),
+            out,
+            &mut num,
+        ),
         Request::FlushAll { delay, .. } => {
-            shape.kind = Kind::FlushAll;
-            shape.keys = 0;
-            out.extend_from_slice(b"flush_all ");
-            out.extend_from_slice(num.format(delay).as_bytes());
+            compose_server(Kind::FlushAll, b"flush_all ", delay, out, &mut num)
         }
         Request::Meta {
             command,
             key,
             flags,
             data,
-        } => {
-            let meta = MetaShape::of(command, &key, &flags);
-            out.extend_from_slice(command.name());
-            out.push(b' ');
-            shape.kind = Kind::Meta(meta);
-            (shape.key_at, shape.key_end) = put(out, key.raw());
-            if command == MetaCommand::Set {
-                out.push(b' ');
-                out.extend_from_slice(num.format(data.len()).as_bytes());
-            }
-            if !flags.text().is_empty() {
-                out.push(b' ');
-                out.extend_from_slice(flags.text());
-            }
-            if command == MetaCommand::Set {
-                out.extend_from_slice(b"\r\n");
-                out.extend_from_slice(data);
-            }
-        }
+        } => compose_meta(command, key, &flags, data, out, &mut num),
         Request::Verbosity { .. }
         | Request::Version
         | Request::Quit
         | Request::Stats { .. }
         | Request::Admin(_)
-        | Request::Cluster { .. } => shape.keys = 0,
-    }
+        | Request::Cluster { .. } => Shape::OTHER,
+    };
     out.extend_from_slice(b"\r\n");
     shape
+}
+
+/// `get`/`gets KEYS`, `gat`/`gats EXPTIME KEYS` (`name` the form without `s`).
+fn compose_retrieval(
+    name: &[u8],
+    cas: bool,
+    exptime: Option<i64>,
+    keys: Keys<'_>,
+    out: &mut Vec<u8>,
+    num: &mut itoa::Buffer,
+) -> Shape {
+    out.extend_from_slice(name);
+    if cas {
+        out.push(b's');
+    }
+    out.push(b' ');
+    if let Some(exptime) = exptime {
+        out.extend_from_slice(num.format(exptime).as_bytes());
+        out.push(b' ');
+    }
+    let (key_at, key_end) = put(out, keys.text());
+    Shape {
+        kind: Kind::Get { cas, exptime },
+        key_at,
+        key_end,
+        keys: keys.iter().count() as u32,
+    }
+}
+
+/// A storage command: `COMMAND KEY FLAGS EXPTIME BYTES [CAS]`, then its data (the tuple:
+/// the flags, the expiry and a `cas`'s compare value).
+fn compose_storage(
+    command: StoreCommand,
+    key: &[u8],
+    (flags, exptime, cas): (u32, i64, Option<u64>),
+    data: &[u8],
+    out: &mut Vec<u8>,
+    num: &mut itoa::Buffer,
+) -> Shape {
+    out.extend_from_slice(command.name());
+    out.push(b' ');
+    let (key_at, key_end) = put(out, key);
+    out.push(b' ');
+    out.extend_from_slice(num.format(flags).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(num.format(exptime).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(num.format(data.len()).as_bytes());
+    if let Some(cas) = cas {
+        out.push(b' ');
+        out.extend_from_slice(num.format(cas).as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    Shape {
+        kind: Kind::Write { cas: cas.is_some() },
+        key_at,
+        key_end,
+        keys: 1,
+    }
+}
+
+/// A write of one key by name: `incr`/`decr KEY DELTA`, `delete KEY`, `touch KEY EXPTIME`
+/// (`arg`: the number after the key, if any).
+fn compose_key_command(
+    name: &[u8],
+    key: &[u8],
+    arg: Option<impl itoa::Integer>,
+    out: &mut Vec<u8>,
+    num: &mut itoa::Buffer,
+) -> Shape {
+    out.extend_from_slice(name);
+    out.push(b' ');
+    let (key_at, key_end) = put(out, key);
+    if let Some(arg) = arg {
+        out.push(b' ');
+        out.extend_from_slice(num.format(arg).as_bytes());
+    }
+    Shape {
+        kind: Kind::Write { cas: false },
+        key_at,
+        key_end,
+        keys: 1,
+    }
+}
+
+/// A server-wide command every backend takes: `head` (its name, a space), then `arg`.
+fn compose_server(
+    kind: Kind,
+    head: &[u8],
+    arg: i64,
+    out: &mut Vec<u8>,
+    num: &mut itoa::Buffer,
+) -> Shape {
+    out.extend_from_slice(head);
+    out.extend_from_slice(num.format(arg).as_bytes());
+    Shape {
+        kind,
+        keys: 0,
+        ..Shape::OTHER
+    }
+}
+
+/// A meta command: `COMMAND KEY [BYTES] FLAGS`, then an `ms`'s data.
+fn compose_meta(
+    command: MetaCommand,
+    key: MetaKey<'_>,
+    flags: &MetaFlags<'_>,
+    data: &[u8],
+    out: &mut Vec<u8>,
+    num: &mut itoa::Buffer,
+) -> Shape {
+    out.extend_from_slice(command.name());
+    out.push(b' ');
+    let (key_at, key_end) = put(out, key.raw());
+    if command == MetaCommand::Set {
+        out.push(b' ');
+        out.extend_from_slice(num.format(data.len()).as_bytes());
+    }
+    if !flags.text().is_empty() {
+        out.push(b' ');
+        out.extend_from_slice(flags.text());
+    }
+    if command == MetaCommand::Set {
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(data);
+    }
+    Shape {
+        kind: Kind::Meta(MetaShape::of(command, &key, flags)),
+        key_at,
+        key_end,
+        keys: 1,
+    }
 }
 
 /// Appends `key` to `out`; returns where it lies.

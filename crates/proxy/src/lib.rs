@@ -54,8 +54,8 @@ use kvlab_net::{Driver, IoModel};
 use kvlab_protocol::Limits;
 use parking_lot::{Mutex, RwLock};
 
-pub use config::{MultiGet, Pool, ProxyConfig, ReadPolicy, WritePolicy};
-pub use ring::{key_hash, Backend, Distribution, Ring, RingError, KETAMA_POINTS_PER_BACKEND};
+pub use config::{MultiGet, Pool, ProxyConfig, ReadPolicy, ReplicaWritePolicy};
+pub use ring::{key_hash, Backend, Distribution, PoolRing, RingError, KETAMA_POINTS_PER_BACKEND};
 pub use route::Routing;
 
 /// What `version` answers.
@@ -149,7 +149,7 @@ impl NetStage {
 }
 
 /// What the network thread, the workers, the prober and the logger share.
-pub struct Shared {
+pub struct ProxyState {
     routing: RwLock<(Arc<Routing>, u64)>,
     /// Bumped by every reload; workers compare it at each batch.
     pub version: AtomicU64,
@@ -199,7 +199,7 @@ pub struct Shared {
     pub stopping: AtomicBool,
 }
 
-impl Shared {
+impl ProxyState {
     /// The current routing table and its version.
     pub fn routing(&self) -> (Arc<Routing>, u64) {
         let r = self.routing.read();
@@ -299,7 +299,7 @@ impl Shared {
 /// A running proxy.
 pub struct Proxy {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<ProxyState>,
     driver: Option<Driver>,
     threads: Vec<std::thread::JoinHandle<()>>,
     metrics: Option<kvlab_net::http::HttpServer>,
@@ -327,7 +327,7 @@ impl Proxy {
         let epoch_unix = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0.0, |d| d.as_secs_f64());
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(ProxyState {
             routing: RwLock::new((Arc::new(routing), 0)),
             version: AtomicU64::new(0),
             queue: stats::QueueLength::new(epoch),
@@ -419,7 +419,7 @@ impl Proxy {
     }
 
     /// What the threads share (figures, reload).
-    pub fn shared(&self) -> &Arc<Shared> {
+    pub fn shared(&self) -> &Arc<ProxyState> {
         &self.shared
     }
 
@@ -455,7 +455,7 @@ const CLUSTER_POLL: Duration = Duration::from_millis(200);
 /// ([`rejoin::rejoin`]: in a replicated pool, once the keys whose writes it missed are
 /// repaired from their peers). Also reloads the configuration file on SIGHUP or when it
 /// changes, and follows a kvlab cluster's ring.
-fn prober(shared: &Shared) {
+fn prober(shared: &ProxyState) {
     let mut next = Instant::now();
     let modified = |path: &PathBuf| std::fs::metadata(path).and_then(|m| m.modified()).ok();
     let mut seen = shared.config_file.as_ref().and_then(modified);

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use crate::render::stages;
 use crate::stats::{Recorder, Stage};
-use crate::{ProxyOptions, Shared};
+use crate::{ProxyOptions, ProxyState};
 
 /// How often the logger looks at the clock.
 const TICK: Duration = Duration::from_millis(5);
@@ -39,14 +39,14 @@ struct Files {
 
 /// Writes the window logs.
 pub struct Logger {
-    shared: Arc<Shared>,
+    shared: Arc<ProxyState>,
     interval: Duration,
     files: Option<Files>,
 }
 
 impl Logger {
     /// Creates the files under `options.log_dir` (nothing without one).
-    pub fn new(shared: Arc<Shared>, options: &ProxyOptions) -> io::Result<Logger> {
+    pub fn new(shared: Arc<ProxyState>, options: &ProxyOptions) -> io::Result<Logger> {
         let files = match &options.log_dir {
             Some(dir) => {
                 std::fs::create_dir_all(dir)?;

@@ -38,7 +38,7 @@ use kvlab_protocol::client::{parse_reply, ParsedReply, Reply};
 #[cfg(doc)]
 use crate::backend::Health;
 use crate::backend::{self, frame, Frame};
-use crate::config::WritePolicy;
+use crate::config::ReplicaWritePolicy;
 use crate::route::Routing;
 
 /// Puts backend `b` (ejected, answering again) back in service, repairing it first in a
@@ -167,8 +167,8 @@ impl Repair<'_> {
                 // `majority` it may have missed an acknowledged write that the others
                 // applied before they missed a later one: wait for one of them to serve.
                 return match routing.pools[pool].pool.write_policy {
-                    WritePolicy::All => Ok(()),
-                    WritePolicy::Majority => Err(format!(
+                    ReplicaWritePolicy::All => Ok(()),
+                    ReplicaWritePolicy::Majority => Err(format!(
                         "every replica of {} missed a write of it: waiting for one to serve",
                         String::from_utf8_lossy(key)
                     )),

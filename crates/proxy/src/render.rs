@@ -10,7 +10,7 @@ use std::sync::Arc;
 use kvlab_net::http::{HttpLimits, HttpServer};
 
 use crate::stats::{Recorder, Stage};
-use crate::Shared;
+use crate::ProxyState;
 
 /// Percentiles shown for each stage.
 const QUANTILES: [(&str, f64); 3] = [("p50", 0.5), ("p95", 0.95), ("p99", 0.99)];
@@ -37,7 +37,7 @@ pub fn stages<'a>(r: &'a Recorder, net: &'a Stage) -> [(&'static str, &'a Stage)
 
 /// Writes `stats [group]`; false for a group the proxy does not know (memcached answers
 /// `ERROR`).
-pub fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) -> bool {
+pub fn stats(shared: &ProxyState, group: Option<&[u8]>, out: &mut Vec<u8>) -> bool {
     match group {
         None => general(shared, out),
         Some(b"backends") => backends(shared, out),
@@ -50,7 +50,7 @@ pub fn stats(shared: &Shared, group: Option<&[u8]>, out: &mut Vec<u8>) -> bool {
     true
 }
 
-fn general(shared: &Shared, out: &mut Vec<u8>) {
+fn general(shared: &ProxyState, out: &mut Vec<u8>) {
     let r = shared.totals();
     let net = shared.net.lock().stage.clone();
     let (routing, _) = shared.routing();
@@ -126,7 +126,7 @@ fn general(shared: &Shared, out: &mut Vec<u8>) {
     }
 }
 
-fn backends(shared: &Shared, out: &mut Vec<u8>) {
+fn backends(shared: &ProxyState, out: &mut Vec<u8>) {
     let r = shared.totals();
     let (routing, _) = shared.routing();
     let mut i = 0;
@@ -194,7 +194,7 @@ fn backends(shared: &Shared, out: &mut Vec<u8>) {
     }
 }
 
-fn settings(shared: &Shared, out: &mut Vec<u8>) {
+fn settings(shared: &ProxyState, out: &mut Vec<u8>) {
     let (routing, version) = shared.routing();
     let c = &routing.config;
     line(out, "workers", c.workers);
@@ -233,7 +233,7 @@ fn settings(shared: &Shared, out: &mut Vec<u8>) {
 }
 
 /// Prometheus text: counters, gauges, and a histogram per stage and per backend.
-pub fn prometheus(shared: &Shared) -> String {
+pub fn prometheus(shared: &ProxyState) -> String {
     let r = shared.totals();
     let net = shared.net.lock().stage.clone();
     let (routing, _) = shared.routing();
@@ -334,7 +334,7 @@ fn histogram(out: &mut String, name: &str, label: &str, s: &Stage) {
 }
 
 /// Serves `/metrics` on `at` (axum, its own thread) until stopped.
-pub fn serve_metrics(at: SocketAddr, shared: Arc<Shared>) -> io::Result<HttpServer> {
+pub fn serve_metrics(at: SocketAddr, shared: Arc<ProxyState>) -> io::Result<HttpServer> {
     kvlab_net::http::serve_metrics(
         at,
         "kvlab-proxy-metrics",

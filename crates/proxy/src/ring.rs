@@ -90,7 +90,7 @@ pub enum RingError {
 
 /// The key → backend map of one pool.
 #[derive(Clone, Debug)]
-pub struct Ring {
+pub struct PoolRing {
     distribution: Distribution,
     /// Ketama: points sorted by value; modula: one entry per unit of weight (value unused).
     points: Vec<Point>,
@@ -104,10 +104,10 @@ struct Point {
     backend: u32,
 }
 
-impl Ring {
-    /// Builds the map for `backends` (indices into this slice are what [`Ring::backend_of`]
+impl PoolRing {
+    /// Builds the map for `backends` (indices into this slice are what [`PoolRing::backend_of`]
     /// returns).
-    pub fn new(backends: &[Backend], distribution: Distribution) -> Result<Ring, RingError> {
+    pub fn new(backends: &[Backend], distribution: Distribution) -> Result<PoolRing, RingError> {
         if backends.is_empty() {
             return Err(RingError::Empty);
         }
@@ -125,7 +125,7 @@ impl Ring {
             Distribution::Ketama => ketama_points(backends),
             Distribution::Modula => modula_table(backends),
         };
-        Ok(Ring {
+        Ok(PoolRing {
             distribution,
             points,
             cluster: None,
@@ -133,8 +133,8 @@ impl Ring {
     }
 
     /// A kvlab cluster's ring: backend `i` is its node `i`.
-    pub fn of_cluster(ring: Arc<kvlab_client::Ring>) -> Ring {
-        Ring {
+    pub fn of_cluster(ring: Arc<kvlab_client::Ring>) -> PoolRing {
+        PoolRing {
             distribution: Distribution::Ketama,
             points: Vec::new(),
             cluster: Some(ring),
@@ -168,7 +168,7 @@ impl Ring {
     }
 
     /// The `r` distinct backends that hold `key` when it is replicated, primary first
-    /// ([`Ring::backend_of`]), then the next distinct backends along the ring (ketama) or the
+    /// ([`PoolRing::backend_of`]), then the next distinct backends along the ring (ketama) or the
     /// table (modula). Fewer when the ring has fewer backends.
     pub fn replicas(&self, key: &[u8], r: usize, out: &mut Vec<usize>) {
         out.clear();
@@ -195,7 +195,7 @@ impl Ring {
         self.points.len()
     }
 
-    /// Whether the ring has no points (never true for a ring built by [`Ring::new`]).
+    /// Whether the ring has no points (never true for a ring built by [`PoolRing::new`]).
     pub fn is_empty(&self) -> bool {
         self.points.is_empty() && self.cluster.is_none()
     }
@@ -274,7 +274,7 @@ mod tests {
 
     #[test]
     fn equal_weights_give_160_points_each_and_an_even_share() {
-        let ring = Ring::new(&pool(&[1, 1, 1]), Distribution::Ketama).unwrap();
+        let ring = PoolRing::new(&pool(&[1, 1, 1]), Distribution::Ketama).unwrap();
         assert_eq!(ring.len(), 3 * 160);
         let mut count = [0usize; 3];
         for k in 0..30_000 {
@@ -287,17 +287,17 @@ mod tests {
 
     #[test]
     fn weights_share_points_in_proportion() {
-        let ring = Ring::new(&pool(&[1, 3]), Distribution::Ketama).unwrap();
+        let ring = PoolRing::new(&pool(&[1, 3]), Distribution::Ketama).unwrap();
         // 0.25 * 40 * 2 = 20 hashes = 80 points; 0.75 * 40 * 2 = 60 hashes = 240 points
         assert_eq!(ring.len(), 80 + 240);
-        let modula = Ring::new(&pool(&[1, 3]), Distribution::Modula).unwrap();
+        let modula = PoolRing::new(&pool(&[1, 3]), Distribution::Modula).unwrap();
         assert_eq!(modula.len(), 4);
     }
 
     #[test]
     fn adding_a_backend_moves_only_keys_to_it() {
-        let three = Ring::new(&pool(&[1, 1, 1]), Distribution::Ketama).unwrap();
-        let four = Ring::new(&pool(&[1, 1, 1, 1]), Distribution::Ketama).unwrap();
+        let three = PoolRing::new(&pool(&[1, 1, 1]), Distribution::Ketama).unwrap();
+        let four = PoolRing::new(&pool(&[1, 1, 1, 1]), Distribution::Ketama).unwrap();
         let mut moved = 0;
         for k in 0..10_000 {
             let key = format!("key:{k}");
@@ -316,7 +316,7 @@ mod tests {
     #[test]
     fn replicas_are_distinct_and_start_with_the_primary() {
         for distribution in [Distribution::Ketama, Distribution::Modula] {
-            let ring = Ring::new(&pool(&[1, 2, 1, 1]), distribution).unwrap();
+            let ring = PoolRing::new(&pool(&[1, 2, 1, 1]), distribution).unwrap();
             let mut out = Vec::new();
             let mut second = [0usize; 4];
             for k in 0..2_000 {
@@ -350,13 +350,13 @@ mod tests {
     #[test]
     fn bad_pools_are_refused() {
         assert_eq!(
-            Ring::new(&[], Distribution::Ketama).unwrap_err(),
+            PoolRing::new(&[], Distribution::Ketama).unwrap_err(),
             RingError::Empty
         );
         let mut p = pool(&[1]);
         p[0].weight = 0;
         assert!(matches!(
-            Ring::new(&p, Distribution::Modula),
+            PoolRing::new(&p, Distribution::Modula),
             Err(RingError::ZeroWeight(_))
         ));
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::backend::Health;
 use crate::config::{Pool, ProxyConfig, ReadPolicy};
-use crate::ring::Ring;
+use crate::ring::PoolRing;
 
 /// One pool as routed: its settings, its ring, and where its backends start in the global
 /// list.
@@ -16,7 +16,7 @@ pub struct PoolRoute {
     /// The pool's settings.
     pub pool: Pool,
     /// Its key → backend map (indices local to the pool).
-    pub ring: Ring,
+    pub ring: PoolRing,
     /// Global index of its first backend.
     pub base: usize,
 }
@@ -46,8 +46,10 @@ impl Routing {
         let mut repair = Vec::new();
         for pool in &config.pools {
             let ring = match &pool.cluster {
-                Some(c) => Ring::of_cluster(c.clone()),
-                None => Ring::new(&pool.backends, pool.distribution).map_err(|e| e.to_string())?,
+                Some(c) => PoolRing::of_cluster(c.clone()),
+                None => {
+                    PoolRing::new(&pool.backends, pool.distribution).map_err(|e| e.to_string())?
+                }
             };
             let base = backends.len();
             for b in &pool.backends {

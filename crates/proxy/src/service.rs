@@ -19,7 +19,7 @@ use kvlab_protocol::{MetaCommand, MetaKey, ProtocolError, Request};
 
 use crate::forward::Shape;
 use crate::worker::{ProxyWork, Worker};
-use crate::Shared;
+use crate::ProxyState;
 
 /// Most spare request buffers the network thread keeps.
 const SPARE_BUFFERS: usize = 4096;
@@ -28,7 +28,7 @@ const SPARE_MAX: usize = 64 * 1024;
 
 /// The network thread's service.
 pub struct ProxyService {
-    shared: Arc<Shared>,
+    shared: Arc<ProxyState>,
     /// Which serving thread it is (its recorder, in the reactor model).
     index: usize,
     spare: Vec<Vec<u8>>,
@@ -40,7 +40,7 @@ pub struct ProxyService {
 }
 
 impl ProxyService {
-    pub(crate) fn new(shared: Arc<Shared>, index: usize) -> ProxyService {
+    pub(crate) fn new(shared: Arc<ProxyState>, index: usize) -> ProxyService {
         ProxyService {
             shared,
             index,
@@ -202,7 +202,7 @@ impl Service for ProxyService {
 
 /// What the epoll driver serves: one network service, `workers` worker states.
 pub struct ProxyApp {
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<ProxyState>,
 }
 
 impl App for ProxyApp {

@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use kvlab_proxy::config::parse_backend;
-use kvlab_proxy::{Proxy, ProxyConfig, ProxyIo, ProxyOptions, WritePolicy};
+use kvlab_proxy::{Proxy, ProxyConfig, ProxyIo, ProxyOptions, ReplicaWritePolicy};
 use kvlab_server::{Server, ServerConfig};
 use kvlab_testkit::wire::{connect, exchange, run_closing, run_table_proxied};
 use kvlab_testkit::Memcached;
@@ -208,7 +208,7 @@ fn replicated_writes_follow_the_write_policy_and_reads_still_hit() {
     let mut all = config(&addrs);
     all.pools[0].replicas = 3;
     let mut majority = all.clone();
-    majority.pools[0].write_policy = WritePolicy::Majority;
+    majority.pools[0].write_policy = ReplicaWritePolicy::Majority;
     let (all, majority) = (proxy_io(all, ProxyIo::Epoll), proxy(majority));
 
     // R = 3: a set lands on all three.
@@ -289,7 +289,7 @@ fn a_returning_replica_is_repaired_before_it_serves_again() {
         .collect();
     let mut c = config(&addrs);
     c.pools[0].replicas = 3;
-    c.pools[0].write_policy = WritePolicy::Majority;
+    c.pools[0].write_policy = ReplicaWritePolicy::Majority;
     c.failure_limit = 1;
     c.timeout = Duration::from_millis(200);
     let p = proxy(c);
@@ -391,7 +391,7 @@ fn a_hung_backend_times_out_and_no_client_hangs() {
     let m = memcached();
     let mut c = config(&[silent.local_addr().unwrap(), m.addr]);
     c.pools[0].replicas = 2;
-    c.pools[0].write_policy = WritePolicy::Majority;
+    c.pools[0].write_policy = ReplicaWritePolicy::Majority;
     c.timeout = Duration::from_millis(200);
     let p = proxy(c);
     let started = Instant::now();

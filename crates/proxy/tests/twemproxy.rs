@@ -1,6 +1,6 @@
 //! kvlab's distributions against twemproxy's: for 10,000 keys and pools of 3 and 5 backends,
 //! equal and unequal weights, ketama and modula, each key set through Debian's `nutcracker`
-//! lands on the backend that `Ring::backend_of` names, and set through a `kvlab proxy` on
+//! lands on the backend that `PoolRing::backend_of` names, and set through a `kvlab proxy` on
 //! the same backend as through nutcracker. The backends are real memcached
 //! processes; which one holds a key is read back from each of them.
 
@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use kvlab_process::{free_port, free_ports, Probe, Process, Spawn};
-use kvlab_proxy::{Backend, Distribution, Proxy, ProxyConfig, ProxyOptions, Ring};
+use kvlab_proxy::{Backend, Distribution, PoolRing, Proxy, ProxyConfig, ProxyOptions};
 
 const KEYS: usize = 10_000;
 
@@ -173,7 +173,7 @@ fn every_key_lands_where_twemproxy_puts_it() {
         }
         let (_proxy, at) = nutcracker(dir.path(), &backends, dist);
         set_all(at, &keys);
-        let ring = Ring::new(&backends, dist).expect("ring");
+        let ring = PoolRing::new(&backends, dist).expect("ring");
         if with_names {
             // The names matter: without them the same servers place keys otherwise.
             let unnamed: Vec<Backend> = backends
@@ -183,7 +183,7 @@ fn every_key_lands_where_twemproxy_puts_it() {
                     ..b.clone()
                 })
                 .collect();
-            let plain = Ring::new(&unnamed, dist).expect("ring");
+            let plain = PoolRing::new(&unnamed, dist).expect("ring");
             assert!(
                 keys.iter()
                     .any(|k| plain.backend_of(k.as_bytes()) != ring.backend_of(k.as_bytes())),

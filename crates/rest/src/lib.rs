@@ -64,7 +64,7 @@
 //!   `limit_maxbytes`), and for a key `Value-Length`. A key's HEAD does not count as a get.
 //! - **POST /shutdown** needs the server's admin token (`--admin-token`) as
 //!   `Authorization: Bearer <token>`; without a configured token, or with a wrong or missing
-//!   one, it is 403. It replies, then asks the server's owner to stop ([`Shared::request_stop`]).
+//!   one, it is 403. It replies, then asks the server's owner to stop ([`ServerState::request_stop`]).
 
 use std::io;
 use std::net::SocketAddr;
@@ -83,7 +83,7 @@ use serde_json::{json, Value as Json};
 
 use handlers::{delete_key, get_key, head_key, metrics, put_body, put_path, root, shutdown, stats};
 use kvlab_server::stats::WorkerStats;
-use kvlab_server::{FrontEnd, RunningFrontEnd, Server, Shared};
+use kvlab_server::{FrontEnd, RunningFrontEnd, Server, ServerState};
 use request::missing_key;
 
 pub use kvlab_net::http::{HttpLimits, HttpServer};
@@ -169,7 +169,7 @@ impl FrontEnd for Rest {
         self.limits.max_connections
     }
 
-    fn start(&self, shared: Arc<Shared>) -> io::Result<Box<dyn RunningFrontEnd>> {
+    fn start(&self, shared: Arc<ServerState>) -> io::Result<Box<dyn RunningFrontEnd>> {
         let router = rest_router(shared, self.admin_token.clone());
         let server = HttpServer::serve_with(self.at, router, "kvlab-http", self.limits)?;
         Ok(Box::new(Running(server)))
@@ -187,7 +187,7 @@ impl FrontEnd for Metrics {
 
     /// Served on its own thread and runtime, so scraping never takes time from the cache's
     /// worker threads beyond summing their counters.
-    fn start(&self, shared: Arc<Shared>) -> io::Result<Box<dyn RunningFrontEnd>> {
+    fn start(&self, shared: Arc<ServerState>) -> io::Result<Box<dyn RunningFrontEnd>> {
         let server = kvlab_net::http::serve_metrics(self.at, "kvlab-metrics", self.limits, {
             move || kvlab_server::stats::prometheus(&shared.stats.snapshot(&shared.store))
         })?;
@@ -208,13 +208,13 @@ pub fn metrics_addr(server: &Server) -> Option<SocketAddr> {
 /// What every handler sees.
 #[derive(Clone)]
 struct App {
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     admin_token: Option<Arc<str>>,
 }
 
 /// The REST interface's routes over `shared`, as [`Rest`] serves them, for
 /// callers that drive it in-process (the fuzz targets).
-pub fn rest_router(shared: Arc<Shared>, admin_token: Option<String>) -> Router {
+pub fn rest_router(shared: Arc<ServerState>, admin_token: Option<String>) -> Router {
     router(App {
         shared,
         admin_token: admin_token.map(Arc::from),

@@ -174,7 +174,7 @@ impl Default for ServerConfig {
 }
 
 /// State every thread of a running server shares.
-pub struct Shared {
+pub struct ServerState {
     /// The cache.
     pub store: Arc<Store>,
     /// Server-wide figures.
@@ -185,7 +185,7 @@ pub struct Shared {
     pub shutdown: AtomicBool,
 }
 
-impl Shared {
+impl ServerState {
     /// Asks the owner of the [`Server`] to shut it down; returns at once.
     pub fn request_stop(&self) {
         self.stats.admin.stop.request();
@@ -194,7 +194,7 @@ impl Shared {
 
 /// The cache as the network front end serves it: one [`Engine`] per serving thread, the
 /// store as every disk helper's state, the `-c` limit and the shutdown flag.
-impl kvlab_net::App for Shared {
+impl kvlab_net::App for ServerState {
     type Service = Engine;
 
     fn service(&self, index: usize) -> Engine {
@@ -236,7 +236,7 @@ impl kvlab_net::App for Shared {
 
 /// A cloneable handle that asks a running server to stop (for signal handlers).
 #[derive(Clone)]
-pub struct StopHandle(Arc<Shared>);
+pub struct StopHandle(Arc<ServerState>);
 
 impl StopHandle {
     /// Asks the server to stop (what `shutdown` and SIGTERM do); `Server::wait` returns.
@@ -245,7 +245,7 @@ impl StopHandle {
     }
 }
 
-/// A front end that serves the cache beside the memcached port over the same [`Shared`]
+/// A front end that serves the cache beside the memcached port over the same [`ServerState`]
 /// state (`kvlab-rest`'s REST interface and `/metrics`): started by [`Server::start`] once
 /// the store is up, stopped with the server.
 pub trait FrontEnd: Send + Sync {
@@ -254,7 +254,7 @@ pub trait FrontEnd: Send + Sync {
     /// The most descriptors it holds at once (its connection limit): reserved beside `-c`.
     fn descriptors(&self) -> usize;
     /// Binds its listener and starts serving `shared`.
-    fn start(&self, shared: Arc<Shared>) -> io::Result<Box<dyn RunningFrontEnd>>;
+    fn start(&self, shared: Arc<ServerState>) -> io::Result<Box<dyn RunningFrontEnd>>;
 }
 
 /// A started [`FrontEnd`].
@@ -268,7 +268,7 @@ pub trait RunningFrontEnd: Send {
 /// A running server.
 pub struct Server {
     addr: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     driver: Option<kvlab_net::Driver>,
     front_ends: Vec<(&'static str, Box<dyn RunningFrontEnd>)>,
     crawler: Option<crawler::Crawler>,
@@ -410,7 +410,7 @@ impl Server {
     /// cluster node's, `kvlab_cluster::serve`).
     pub fn start_with<A: kvlab_net::App>(
         config: ServerConfig,
-        app: impl FnOnce(&Arc<Shared>, SocketAddr) -> io::Result<Arc<A>>,
+        app: impl FnOnce(&Arc<ServerState>, SocketAddr) -> io::Result<Arc<A>>,
     ) -> io::Result<Server> {
         if config.threads == 0 {
             return Err(io::Error::new(
@@ -509,7 +509,7 @@ impl Server {
             ..Limits::default()
         };
         store.observe_evictions(stats.admin.evictions.clone());
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(ServerState {
             store,
             stats,
             limits,
@@ -566,7 +566,7 @@ impl Server {
     }
 
     /// The state the front ends share (store, stats, limits).
-    pub fn shared(&self) -> &Arc<Shared> {
+    pub fn shared(&self) -> &Arc<ServerState> {
         &self.shared
     }
 

@@ -32,7 +32,7 @@ pub struct Faults {
     pub slow_sets: Option<Duration>,
 }
 
-struct Shared {
+struct FakeServer {
     data: Mutex<HashMap<Vec<u8>, Vec<u8>>>,
     /// Held by the stalling handler; every handler passes through it per request.
     gate: Mutex<()>,
@@ -41,9 +41,9 @@ struct Shared {
     faults: Faults,
 }
 
-impl Shared {
-    fn new(faults: Faults) -> Arc<Shared> {
-        Arc::new(Shared {
+impl FakeServer {
+    fn new(faults: Faults) -> Arc<FakeServer> {
+        Arc::new(FakeServer {
             data: Mutex::new(HashMap::new()),
             gate: Mutex::new(()),
             requests: AtomicU64::new(0),
@@ -88,7 +88,7 @@ impl Shared {
 pub fn test_server(faults: Faults) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
-    let shared = Shared::new(faults);
+    let shared = FakeServer::new(faults);
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(s) = s else { return };
@@ -108,7 +108,7 @@ pub fn test_server(faults: Faults) -> SocketAddr {
 pub fn http_test_server(faults: Faults) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
-    let shared = Shared::new(faults);
+    let shared = FakeServer::new(faults);
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(s) = s else { return };
@@ -138,7 +138,7 @@ fn percent_decode(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-fn handle_http(s: TcpStream, sh: &Shared) -> std::io::Result<()> {
+fn handle_http(s: TcpStream, sh: &FakeServer) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     let mut r = BufReader::new(s.try_clone()?);
     let mut w = BufWriter::new(s);
@@ -229,7 +229,7 @@ fn handle_http(s: TcpStream, sh: &Shared) -> std::io::Result<()> {
     }
 }
 
-fn handle(s: TcpStream, sh: &Shared) -> std::io::Result<()> {
+fn handle(s: TcpStream, sh: &FakeServer) -> std::io::Result<()> {
     s.set_nodelay(true)?;
     let mut r = BufReader::new(s.try_clone()?);
     let mut w = BufWriter::new(s);

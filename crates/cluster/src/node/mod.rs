@@ -37,7 +37,7 @@ use crate::clock::now_ms;
 use crate::copies::{Batch, Copies, Outcome, Reply, Unconfirmed, BEHIND};
 pub use crate::copies::{REPLICA_BACKOFF, REPLICA_TIMEOUT};
 use crate::pipe::Pipe;
-use crate::topology::{Phase, Topology, TopologyStore, WritePolicy};
+use crate::topology::{CopyWritePolicy, Phase, Topology, TopologyStore};
 use crate::ClusterError;
 
 mod cleanup;
@@ -81,7 +81,7 @@ pub struct View {
     /// Copies of every key (the topology's `replicas`).
     pub replicas: u32,
     /// When a write with copies is acknowledged (the topology's `write_policy`).
-    pub write_policy: WritePolicy,
+    pub write_policy: CopyWritePolicy,
     /// The migration under way.
     pub migration: Option<MigrationView>,
 }
@@ -249,7 +249,7 @@ impl Node {
                 epoch: 0,
                 serving: Ring::new(0, 1, &[]),
                 replicas: 1,
-                write_policy: WritePolicy::All,
+                write_policy: CopyWritePolicy::All,
                 migration: None,
             }),
             missing: Mutex::new(HashMap::new()),
@@ -356,7 +356,7 @@ impl Node {
         &self,
         epoch: u64,
         serving: &Ring,
-        copies: (u32, WritePolicy),
+        copies: (u32, CopyWritePolicy),
         phase: Phase,
         other: &Ring,
         id: u64,
@@ -723,7 +723,7 @@ impl Gate {
     /// Whether a write is acknowledged before its copies are confirmed (write policy
     /// `owner`): they follow it ([`crate::copies::BEHIND`]).
     pub fn copies_behind(&self) -> bool {
-        self.view.write_policy == WritePolicy::Owner
+        self.view.write_policy == CopyWritePolicy::Owner
     }
 
     /// Whether this node may take writes now (its liveness in the store has not lapsed).

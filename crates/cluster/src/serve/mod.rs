@@ -25,7 +25,7 @@ use kvlab_protocol::response as r;
 use kvlab_protocol::Request;
 use kvlab_server::engine::{Blocking, Engine, Loaded};
 use kvlab_server::stats::WorkerStats;
-use kvlab_server::{Server, ServerConfig, Shared};
+use kvlab_server::{Server, ServerConfig, ServerState};
 
 use crate::node::{Gate, Import, Node, Verdict};
 use crate::OpenStore;
@@ -72,7 +72,7 @@ pub fn serve(config: ServerConfig, cluster: ClusterConfig) -> io::Result<Server>
 /// What a cluster node's driver serves: the cache server's state, each engine wrapped in
 /// the node's gate.
 pub struct NodeApp {
-    shared: Arc<Shared>,
+    shared: Arc<ServerState>,
     node: Arc<Node>,
 }
 

@@ -397,7 +397,7 @@ impl FaultsSpec {
             duration: Duration::from_secs_f64(self.duration),
             nodes: self.nodes,
             replicas: c.replicas,
-            write_policy: kvlab_faults::runner::WritePolicy::All,
+            write_policy: kvlab_faults::runner::CopyWritePolicy::All,
             topology: self.topology_kind(c),
             client: match c.client.as_str() {
                 "proxy" => ClientKind::Proxy,

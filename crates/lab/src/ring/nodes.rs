@@ -66,7 +66,7 @@ impl Nodes {
             nodes.store.as_ref(),
             kvlab_client::cluster::DEFAULT_VNODES,
             1,
-            kvlab_cluster::WritePolicy::All,
+            kvlab_cluster::CopyWritePolicy::All,
             addrs.iter().map(|a| a.to_string()).collect(),
         )?;
         let me = &nodes;

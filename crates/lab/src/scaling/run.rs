@@ -180,7 +180,7 @@ fn start_cluster(
         cluster.store.as_ref(),
         kvlab_client::cluster::DEFAULT_VNODES,
         spec.replicas,
-        kvlab_cluster::WritePolicy::All,
+        kvlab_cluster::CopyWritePolicy::All,
         names.clone(),
     )?;
     let c = &cluster;

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use kvlab_net::Completion;
 
-use crate::config::WritePolicy;
+use crate::config::ReplicaWritePolicy;
 use crate::forward::Kind;
 use crate::stats::Sample;
 
@@ -78,8 +78,8 @@ impl Worker {
                         job.failed += 1;
                     }
                     let need = match policy {
-                        WritePolicy::All => job.parts,
-                        WritePolicy::Majority => job.parts / 2 + 1,
+                        ReplicaWritePolicy::All => job.parts,
+                        ReplicaWritePolicy::Majority => job.parts / 2 + 1,
                     };
                     // A write a replica missed waits for the others: it is recorded again once
                     // they have applied it (see `decide`).
@@ -280,11 +280,11 @@ impl Worker {
 
     /// A write to every replica, answered under `policy`: a success once enough replicas
     /// applied it, otherwise the first reply that says why not.
-    fn compose_write(&mut self, i: usize, policy: WritePolicy) -> Composed {
+    fn compose_write(&mut self, i: usize, policy: ReplicaWritePolicy) -> Composed {
         let job = &self.jobs[i];
         let need = match policy {
-            WritePolicy::All => job.parts,
-            WritePolicy::Majority => job.parts / 2 + 1,
+            ReplicaWritePolicy::All => job.parts,
+            ReplicaWritePolicy::Majority => job.parts / 2 + 1,
         };
         let mut error = false;
         let p = if job.ok >= need {

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use kvlab_protocol::{parse, MetaCommand, Parsed, Request, StoreCommand};
 
 use crate::backend::{Change, Frame};
-use crate::config::{MultiGet, WritePolicy};
+use crate::config::{MultiGet, ReplicaWritePolicy};
 use crate::forward::{Kind, Shape};
 
 use super::{Class, Fail, Part, ProxyWork, State, Worker, NONE};
@@ -91,7 +91,7 @@ impl Worker {
                 self.put_job(
                     i,
                     Class::Write {
-                        policy: WritePolicy::All,
+                        policy: ReplicaWritePolicy::All,
                     },
                 );
                 self.replicas.clear();
@@ -103,7 +103,7 @@ impl Worker {
                 self.put_job(
                     i,
                     Class::Write {
-                        policy: WritePolicy::All,
+                        policy: ReplicaWritePolicy::All,
                     },
                 );
             }
@@ -477,7 +477,20 @@ impl Worker {
                 });
                 (&[][..], Frame::Meta)
             }
-            _ => {
+            // Only a storage or meta command compares; no other is followed up.
+            Request::Get { .. }
+            | Request::Gat { .. }
+            | Request::Arith { .. }
+            | Request::Delete { .. }
+            | Request::Touch { .. }
+            | Request::FlushAll { .. }
+            | Request::Verbosity { .. }
+            | Request::SlabsAutomove { .. }
+            | Request::Cluster { .. }
+            | Request::Version
+            | Request::Quit
+            | Request::Stats { .. }
+            | Request::Admin(_) => {
                 self.assembled = follow;
                 self.follow_key = meta_key_bytes;
                 return;

@@ -42,11 +42,11 @@ use std::time::{Duration, Instant};
 use kvlab_net::{Completion, Watch, Work};
 
 use crate::backend::{Conn, Frame, ValueAt};
-use crate::config::WritePolicy;
+use crate::config::ReplicaWritePolicy;
 use crate::forward::Shape;
 use crate::route::Routing;
 use crate::stats::Sample;
-use crate::Shared;
+use crate::ProxyState;
 
 mod decide;
 mod dispatch;
@@ -226,7 +226,7 @@ enum Class {
     /// A one-key read sent as is (`mg`, `me`).
     ReadAsIs { frame: Frame },
     /// Every replica; answered under the policy.
-    Write { policy: WritePolicy },
+    Write { policy: ReplicaWritePolicy },
     /// A read that changes the item or reports its access history (`mg` with `N T R h l`):
     /// every replica, so that they stay alike; answered with the first replica's reply.
     ReadAll,
@@ -295,7 +295,7 @@ impl Job {
 /// A worker's state: its connections (one per backend), the requests in flight (slabs of
 /// jobs, their works and their parts) and scratch space, all reused.
 pub struct Worker {
-    shared: Arc<Shared>,
+    shared: Arc<ProxyState>,
     index: usize,
     routing: Arc<Routing>,
     version: u64,
@@ -349,7 +349,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub(crate) fn new(shared: Arc<Shared>, index: usize) -> Worker {
+    pub(crate) fn new(shared: Arc<ProxyState>, index: usize) -> Worker {
         let (routing, version) = shared.routing();
         let conns = routing
             .backends

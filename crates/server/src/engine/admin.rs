@@ -6,76 +6,74 @@ use std::sync::atomic::Ordering::Relaxed;
 use kvlab_protocol::response as r;
 use kvlab_protocol::Admin;
 
-use super::{defer, Blocking, Engine, Flow, WorkerStats};
+use super::{Done, Engine, Flow, WorkerStats};
 use crate::admin::{self, Next};
 use crate::slabs;
 use crate::stats::VERSION;
 
 impl Engine {
     /// `flush_all [delay]`.
-    pub(super) fn flush_all(&mut self, delay: i64, noreply: bool, out: &mut Vec<u8>) -> Flow {
+    pub(super) fn flush_all(&mut self, delay: i64, noreply: bool, out: &mut Vec<u8>) -> Done {
         WorkerStats::add(&self.worker.cmd_flush, 1);
         if !self.server.admin.flush_enabled {
             // `-F`: counted, refused, as memcached does.
             if !noreply {
                 out.extend_from_slice(b"CLIENT_ERROR flush_all not allowed\r\n");
             }
-            return Flow::Done;
+            return Done::Unchanged;
         }
         self.store.flush_all(delay);
         if !noreply {
             out.extend_from_slice(r::OK);
         }
-        if self.disk.sync {
-            return defer(Blocking::SyncAll);
-        }
-        Flow::Done
+        // Items changed wholesale: made durable all at once under `sync`.
+        Done::Changed
     }
 
     /// `verbosity <level>`.
-    pub(super) fn verbosity(&mut self, level: u32, noreply: bool, out: &mut Vec<u8>) -> Flow {
+    pub(super) fn verbosity(&mut self, level: u32, noreply: bool, out: &mut Vec<u8>) -> Done {
         self.server.verbosity.store(u64::from(level), Relaxed);
         if !noreply {
             out.extend_from_slice(r::OK);
         }
-        Flow::Done
+        Done::Unchanged
     }
 
     /// `slabs automove <mode>`.
-    pub(super) fn slabs_automove(&mut self, mode: u8, out: &mut Vec<u8>) -> Flow {
+    pub(super) fn slabs_automove(&mut self, mode: u8, out: &mut Vec<u8>) -> Done {
         self.server.slab_automove.store(u64::from(mode), Relaxed);
         out.extend_from_slice(r::OK);
-        Flow::Done
+        Done::Unchanged
     }
 
     /// `version`.
-    pub(super) fn version(&mut self, out: &mut Vec<u8>) -> Flow {
+    pub(super) fn version(&mut self, out: &mut Vec<u8>) -> Done {
         r::version(out, VERSION);
-        Flow::Done
+        Done::Unchanged
     }
 
     /// `cluster …` outside a cluster: only a cluster node knows it (its service answers it
     /// before the engine); memcached's answer otherwise.
-    pub(super) fn not_a_cluster(&mut self, out: &mut Vec<u8>) -> Flow {
+    pub(super) fn not_a_cluster(&mut self, out: &mut Vec<u8>) -> Done {
         out.extend_from_slice(r::ERROR);
-        Flow::Done
+        Done::Unchanged
     }
 
     /// An administration command; `watch` hands the connection over to the log thread.
-    pub(super) fn admin(&mut self, cmd: Admin<'_>, out: &mut Vec<u8>) -> Flow {
+    pub(super) fn admin(&mut self, cmd: Admin<'_>, out: &mut Vec<u8>) -> Done {
         let Admin::Watch { streams } = cmd else {
             if admin::execute(&self.server.admin, &self.store, cmd, out) == Next::Close {
-                return Flow::Close;
+                return Done::Flow(Flow::Close);
             }
-            return Flow::Done;
+            return Done::Unchanged;
         };
         if !self.server.admin.watch_enabled {
             out.extend_from_slice(b"CLIENT_ERROR watch commands not allowed\r\n");
-            return Flow::Done;
+            return Done::Unchanged;
         }
         let Some(streams) = streams else {
             out.extend_from_slice(r::ERROR);
-            return Flow::Done;
+            return Done::Unchanged;
         };
         // Replies composed before it leave first (memcached refuses a `watch`
         // behind unsent replies); input after it is not read.
@@ -83,21 +81,21 @@ impl Engine {
         // its socket.
         if self.over_tls {
             out.extend_from_slice(b"WATCHER_FAILED failed to add log watcher\r\n");
-            return Flow::Done;
+            return Done::Unchanged;
         }
         if self.server.admin.watchers.check_room().is_err() {
             out.extend_from_slice(b"WATCHER_TOO_MANY log watcher limit reached\r\n");
-            return Flow::Done;
+            return Done::Unchanged;
         }
         out.extend_from_slice(r::OK);
         self.watch = streams;
-        Flow::HandOff
+        Done::Flow(Flow::HandOff)
     }
 
     /// `stats [group]`.
-    pub(super) fn stats_command(&mut self, group: Option<&[u8]>, out: &mut Vec<u8>) -> Flow {
+    pub(super) fn stats_command(&mut self, group: Option<&[u8]>, out: &mut Vec<u8>) -> Done {
         self.stats(group, out);
-        Flow::Done
+        Done::Unchanged
     }
 
     fn stats(&mut self, group: Option<&[u8]>, out: &mut Vec<u8>) {

@@ -3,7 +3,7 @@
 use kvlab_protocol::response as r;
 use kvlab_store::{ArithRequest, ArithStatus};
 
-use super::{ClassOp, Engine, Flow};
+use super::{ClassOp, Done, Engine};
 use crate::slabs::ClassCounters;
 
 /// `incr_hits` or `decr_hits` in the class of the item found (`class`, 0 for none: an
@@ -27,7 +27,7 @@ impl Engine {
         delta: u64,
         noreply: bool,
         out: &mut Vec<u8>,
-    ) -> Flow {
+    ) -> Done {
         let req = ArithRequest {
             incr,
             delta,
@@ -44,7 +44,7 @@ impl Engine {
                 if !noreply {
                     r::number(out, value);
                 }
-                return self.persisted(key);
+                return Done::Changed;
             }
             // As memcached: `noreply` silences the errors too (a client that
             // asked for no reply would read one as the reply to its next call).
@@ -53,6 +53,6 @@ impl Engine {
             ArithStatus::NonNumeric => out.extend_from_slice(r::NON_NUMERIC),
             ArithStatus::OutOfMemory => out.extend_from_slice(r::ARITH_OUT_OF_MEMORY),
         }
-        Flow::Done
+        Done::Unchanged
     }
 }

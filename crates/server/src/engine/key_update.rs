@@ -2,12 +2,12 @@
 
 use kvlab_protocol::response as r;
 
-use super::{ClassOp, Engine, Flow, WorkerStats};
+use super::{ClassOp, Done, Engine, WorkerStats};
 
 impl Engine {
     /// `delete`.
     #[inline]
-    pub(super) fn delete(&mut self, key: &[u8], noreply: bool, out: &mut Vec<u8>) -> Flow {
+    pub(super) fn delete(&mut self, key: &[u8], noreply: bool, out: &mut Vec<u8>) -> Done {
         if self.server.admin.detail.enabled() {
             self.server.admin.detail.delete(key);
         }
@@ -19,10 +19,7 @@ impl Engine {
         if !noreply {
             out.extend_from_slice(if deleted { r::DELETED } else { r::NOT_FOUND });
         }
-        if deleted {
-            return self.persisted(key);
-        }
-        Flow::Done
+        Done::changed_if(deleted)
     }
 
     /// `touch`: a new expiry.
@@ -33,7 +30,7 @@ impl Engine {
         exptime: i64,
         noreply: bool,
         out: &mut Vec<u8>,
-    ) -> Flow {
+    ) -> Done {
         WorkerStats::add(&self.worker.cmd_touch, 1);
         // Looked up before: a touch into the past leaves nothing to look at after.
         let class = self.class_now(key);
@@ -44,9 +41,6 @@ impl Engine {
         if !noreply {
             out.extend_from_slice(if touched { r::TOUCHED } else { r::NOT_FOUND });
         }
-        if touched {
-            return self.persisted(key);
-        }
-        Flow::Done
+        Done::changed_if(touched)
     }
 }

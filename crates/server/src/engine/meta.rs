@@ -7,11 +7,10 @@ use kvlab_store::{
     SetStatus, SizeClasses,
 };
 
-use super::{ClassOp, Engine, Flow, WorkerStats};
+use super::{ClassOp, Done, Engine, WorkerStats};
 
 impl Engine {
-    /// A meta command (`mn`, `mg`, `ms`, `md`, `ma`, `me`), its key persisted under `sync` when
-    /// it changed.
+    /// A meta command (`mn`, `mg`, `ms`, `md`, `ma`, `me`): whether it changed its key.
     #[inline]
     pub(super) fn meta_request(
         &mut self,
@@ -20,15 +19,12 @@ impl Engine {
         flags: &MetaFlags<'_>,
         data: &[u8],
         out: &mut Vec<u8>,
-    ) -> Flow {
+    ) -> Done {
         WorkerStats::add(&self.worker.cmd_meta, 1);
-        if self.meta(command, key, flags, data, out) {
-            return key.with(|k| self.persisted(k));
-        }
-        Flow::Done
+        Done::changed_if(self.meta(command, key, flags, data, out))
     }
 
-    /// Runs a meta command; returns whether it changed the key (to persist under `sync`).
+    /// Runs a meta command; returns whether it changed the key.
     fn meta(
         &mut self,
         command: MetaCommand,

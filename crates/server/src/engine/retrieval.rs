@@ -4,7 +4,7 @@
 use kvlab_protocol::response as r;
 use kvlab_protocol::Keys;
 
-use super::{defer, Blocking, ClassOp, Engine, Flow, ReadThrough, WorkerStats};
+use super::{defer, Blocking, ClassOp, Done, Engine, ReadThrough, WorkerStats};
 
 impl Engine {
     /// `get`, `gets` (`cas`). `loaded` lists the keys read through for it so far.
@@ -15,7 +15,7 @@ impl Engine {
         cas: bool,
         out: &mut Vec<u8>,
         loaded: &[ReadThrough],
-    ) -> Flow {
+    ) -> Done {
         let start = out.len();
         let mut n = 0;
         let detail = self.server.admin.detail.enabled();
@@ -31,7 +31,7 @@ impl Engine {
             if item.is_none() && read.is_none() && self.disk.read_through {
                 // In memory when `needs_load` looked, evicted since: read through.
                 out.truncate(start);
-                return defer(Blocking::Load(ReadThrough::new(key)));
+                return Done::Flow(defer(Blocking::Load(ReadThrough::new(key))));
             }
             if detail {
                 self.server.admin.detail.get(key, item.is_some());
@@ -50,10 +50,10 @@ impl Engine {
         }
         WorkerStats::add(&self.worker.cmd_get, n);
         out.extend_from_slice(r::END);
-        Flow::Done
+        Done::Unchanged
     }
 
-    /// `gat`, `gats` (`cas`): get and touch; under `sync` the touched keys are persisted.
+    /// `gat`, `gats` (`cas`): get and touch; the keys it touched changed (a new TTL).
     #[inline]
     pub(super) fn gat(
         &mut self,
@@ -61,9 +61,9 @@ impl Engine {
         keys: Keys<'_>,
         cas: bool,
         out: &mut Vec<u8>,
-    ) -> Flow {
+    ) -> Done {
         let mut n = 0;
-        // Under `sync` a new TTL is a write: the touched keys are persisted.
+        // Only the keys found got a new TTL: those are persisted (listed under `sync` only).
         let mut touched = Vec::new();
         let detail = self.server.admin.detail.enabled();
         for key in keys.iter() {
@@ -90,9 +90,6 @@ impl Engine {
         WorkerStats::add(&self.worker.cmd_get, n);
         WorkerStats::add(&self.worker.cmd_touch, n);
         out.extend_from_slice(r::END);
-        if !touched.is_empty() {
-            return defer(Blocking::PersistKeys(touched));
-        }
-        Flow::Done
+        Done::ChangedKeys(touched)
     }
 }

@@ -4,7 +4,7 @@ use kvlab_protocol::response as r;
 use kvlab_protocol::{StoreCommand, Watch};
 use kvlab_store::{SetMode, SetRequest, SetStatus};
 
-use super::{Engine, Flow, WorkerStats};
+use super::{Done, Engine, WorkerStats};
 
 impl Engine {
     /// A storage command: one argument per field of `Request::Store`, as `apply` takes
@@ -21,7 +21,7 @@ impl Engine {
         cas_unique: u64,
         noreply: bool,
         out: &mut Vec<u8>,
-    ) -> Flow {
+    ) -> Done {
         WorkerStats::add(&self.worker.cmd_set, 1);
         if self.server.admin.detail.enabled() {
             self.server.admin.detail.set(key);
@@ -65,9 +65,6 @@ impl Engine {
         if !noreply {
             out.extend_from_slice(reply);
         }
-        if let SetStatus::Stored { .. } = status {
-            return self.persisted(key);
-        }
-        Flow::Done
+        Done::changed_if(matches!(status, SetStatus::Stored { .. }))
     }
 }

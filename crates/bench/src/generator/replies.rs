@@ -4,11 +4,11 @@
 use kvlab_client::{ConnError, Event, Status};
 use mio::Token;
 
-use super::{connect, note, Engine, STRIDE};
+use super::{connect, note, GeneratorThread, STRIDE};
 use crate::clock::mono_ns;
 use crate::stats::{record, OpKind};
 
-impl Engine<'_> {
+impl GeneratorThread<'_> {
     pub(super) fn on_ready(&mut self, c: usize, n: usize, now: u64) {
         // A warm-up request answered after the warm-up is left out of the measurement.
         let cut = self.cut();

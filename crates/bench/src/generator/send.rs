@@ -9,7 +9,7 @@ use mio::Token;
 use rand::Rng;
 
 use super::router::request_key;
-use super::{connect, note, Engine, Meta, Phase, BACKLOG_MAX, STRIDE};
+use super::{connect, note, GeneratorThread, Meta, Phase, BACKLOG_MAX, STRIDE};
 
 /// `--cluster`: how often a ring is fetched again, or a node that refused a connection
 /// tried again, ns.
@@ -17,7 +17,7 @@ const RETRY_NS: u64 = 100_000_000;
 use crate::clock::mono_ns;
 use crate::workload::Op;
 
-impl Engine<'_> {
+impl GeneratorThread<'_> {
     /// Open loop / think time: planned time `t` of connection `c` has come.
     pub(super) fn fire(&mut self, c: usize, t: u64, now: u64) {
         if !self.open_loop() {

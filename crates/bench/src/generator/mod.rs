@@ -170,7 +170,7 @@ pub fn thread_main(
     start_rx: Receiver<Option<u64>>,
     tx: Sender<Msg>,
 ) {
-    let mut engine = match Engine::new(cfg, ctx, phase, tx.clone()) {
+    let mut generator = match GeneratorThread::new(cfg, ctx, phase, tx.clone()) {
         Ok(e) => e,
         Err(e) => {
             let _ = tx.send(Msg::Failed(e.to_string()));
@@ -183,7 +183,7 @@ pub fn thread_main(
     let Ok(Some(start)) = start_rx.recv() else {
         return;
     };
-    match engine.run(start) {
+    match generator.run(start) {
         Ok(done) => {
             let _ = tx.send(Msg::Done(Box::new(done)));
         }
@@ -193,7 +193,7 @@ pub fn thread_main(
     }
 }
 
-struct Engine<'c> {
+struct GeneratorThread<'c> {
     cfg: &'c Config,
     ctx: ThreadCtx,
     phase: Phase,
@@ -224,7 +224,7 @@ struct Engine<'c> {
     resend: Vec<Meta>,
 }
 
-impl<'c> Engine<'c> {
+impl<'c> GeneratorThread<'c> {
     fn new(
         cfg: &'c Config,
         ctx: ThreadCtx,
@@ -300,7 +300,7 @@ impl<'c> Engine<'c> {
             }
             Protocol::Memcached => {}
         }
-        Ok(Engine {
+        Ok(GeneratorThread {
             cfg,
             ctx,
             phase,
