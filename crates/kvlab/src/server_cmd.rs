@@ -568,6 +568,13 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
         Some(p) => format!("starting server on unix socket {}", p.display()),
         None => format!("starting server on {}:{}", args.listen, args.port),
     })?;
+    // The port file before the line that says the server listens: a reader that waits for
+    // that line finds the file written.
+    if args.unix_socket.is_none() {
+        if let Some(path) = std::env::var_os("MEMCACHED_PORT_FILENAME") {
+            process::write_port_file(std::path::Path::new(&path), server.addr());
+        }
+    }
     eprintln!(
         "kvlab server listening on {} ({} threads, {} MiB{}, eviction {}, io {}{}){}",
         match &args.unix_socket {
@@ -593,11 +600,6 @@ pub fn run(args: ServerArgs) -> anyhow::Result<()> {
                 .map(|a| format!(", REST on http://{a}/"))
                 .unwrap_or_default()
     );
-    if args.unix_socket.is_none() {
-        if let Some(path) = std::env::var_os("MEMCACHED_PORT_FILENAME") {
-            process::write_port_file(std::path::Path::new(&path), server.addr());
-        }
-    }
     let pid_file = args.pid_file.as_deref().and_then(process::PidFile::write);
     if let Some(d) = daemon {
         d.ready(args.verbose > 0);
