@@ -5,10 +5,15 @@
 //! with the listening socket (`addr`, `state conn_listening`, `secs_since_last_cmd`) in its
 //! place among them.
 //!
-//! A connection's entry is written by the thread that serves it (its last command's time
-//! from the coarse monotonic clock, a relaxed store per request) and read under the
-//! registry's lock only by `stats conns`; the registry's lock is taken when a connection
-//! opens or closes.
+//! As memcached keeps a table of connections indexed by descriptor, a connection's entry is
+//! a slot of a table indexed by its descriptor (24 bytes, in chunks of [`CHUNK`] made when
+//! a descriptor of theirs is first used), so an open connection costs the registry no
+//! allocation of its own. The slot is written by the thread that serves the connection (its
+//! last command's time from the coarse monotonic clock, a relaxed store per request) and
+//! read only by `stats conns`. What a slot cannot hold goes to a small map under a lock: a
+//! watcher handed over to the watch thread (it stays listed under its old descriptor,
+//! which a later connection may get too), a descriptor whose slot its closed predecessor
+//! has not yet left, or one past the table.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -18,19 +23,33 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
+/// Slots per chunk of the table.
+const CHUNK: usize = 512;
+
 /// The registry of open connections.
-#[derive(Default)]
 pub struct Conns {
-    /// By descriptor, then registration (a watcher keeps its connection's descriptor
-    /// number, which a later connection may get too).
-    open: Mutex<BTreeMap<(RawFd, u64), Arc<Entry>>>,
+    /// Slots by descriptor, in chunks made on first use; as many chunks as cover the
+    /// open-file hard limit when the registry was made.
+    table: Box<[OnceLock<Box<[Slot; CHUNK]>>]>,
+    /// Entries no slot holds, by descriptor, then registration.
+    others: Mutex<BTreeMap<(RawFd, u64), Arc<Entry>>>,
+    /// Registration ids (from 1: a slot's 0 is "free").
     next_id: AtomicU64,
 }
 
-/// One open connection.
+/// One descriptor's slot.
+#[derive(Default)]
+struct Slot {
+    /// The registration in it (0: free).
+    id: AtomicU64,
+    /// [`seconds`] at its last command (at its opening, before any).
+    last_cmd: AtomicU64,
+    /// It is a `watch` log stream.
+    watching: AtomicBool,
+}
+
+/// A connection listed outside the table.
 struct Entry {
-    /// Tells this connection from a later one on the same descriptor.
-    id: u64,
     /// [`seconds`] at its last command (at its opening, before any).
     last_cmd: AtomicU64,
     /// It is a `watch` log stream.
@@ -44,24 +63,81 @@ struct Entry {
 pub struct Registration {
     conns: Arc<Conns>,
     fd: RawFd,
-    entry: Arc<Entry>,
+    id: u64,
+    /// Its entry, when no slot holds it.
+    entry: Option<Arc<Entry>>,
+}
+
+impl Default for Conns {
+    fn default() -> Self {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: getrlimit with a valid rlimit struct.
+        let max = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+            lim.rlim_max
+        } else {
+            1 << 20
+        };
+        // At most 2^24 descriptors in slots (32,768 chunk pointers); past it, the map.
+        let descriptors = usize::try_from(max).unwrap_or(usize::MAX).clamp(CHUNK, 1 << 24);
+        Conns {
+            table: (0..descriptors.div_ceil(CHUNK))
+                .map(|_| OnceLock::new())
+                .collect(),
+            others: Mutex::default(),
+            next_id: AtomicU64::new(1),
+        }
+    }
 }
 
 impl Conns {
     /// Registers the connection on socket `fd`, opened now.
     pub fn register(self: &Arc<Self>, fd: RawFd) -> Registration {
-        let entry = Arc::new(Entry {
-            id: self.next_id.fetch_add(1, Relaxed),
-            last_cmd: AtomicU64::new(seconds()),
-            watching: AtomicBool::new(false),
-            handed_over: OnceLock::new(),
+        let id = self.next_id.fetch_add(1, Relaxed);
+        let now = seconds();
+        let slot = usize::try_from(fd).ok().and_then(|i| {
+            let chunk = self.table.get(i / CHUNK)?;
+            let slot = &chunk.get_or_init(|| Box::new(std::array::from_fn(|_| Slot::default())))
+                [i % CHUNK];
+            // Taken only if free: a closed predecessor may not have left it yet.
+            slot.id.compare_exchange(0, id, Relaxed, Relaxed).ok()?;
+            Some(slot)
         });
-        self.open.lock().insert((fd, entry.id), entry.clone());
+        let entry = match slot {
+            Some(slot) => {
+                slot.last_cmd.store(now, Relaxed);
+                slot.watching.store(false, Relaxed);
+                None
+            }
+            None => Some(self.enter(fd, id, now)),
+        };
         Registration {
             conns: self.clone(),
             fd,
+            id,
             entry,
         }
+    }
+
+    /// An entry in the map for registration `id` on `fd`.
+    fn enter(&self, fd: RawFd, id: u64, last_cmd: u64) -> Arc<Entry> {
+        let entry = Arc::new(Entry {
+            last_cmd: AtomicU64::new(last_cmd),
+            watching: AtomicBool::new(false),
+            handed_over: OnceLock::new(),
+        });
+        self.others.lock().insert((fd, id), entry.clone());
+        entry
+    }
+
+    /// Registration `id`'s slot, if it holds it.
+    #[inline]
+    fn slot(&self, fd: RawFd, id: u64) -> Option<&Slot> {
+        let i = usize::try_from(fd).ok()?;
+        let slot = &self.table.get(i / CHUNK)?.get()?[i % CHUNK];
+        (slot.id.load(Relaxed) == id).then_some(slot)
     }
 
     /// `stats conns` lines (name, value): every connection by socket, and the listening
@@ -69,24 +145,41 @@ impl Conns {
     /// place; `caller` is the socket of the connection that asks.
     pub fn lines(&self, listener: Option<(RawFd, u64)>, caller: RawFd) -> Vec<(String, String)> {
         let now = seconds();
-        let open = self.open.lock();
+        // Every connection: descriptor, registration, last command, watching, addresses
+        // of a watcher handed over.
+        let mut open: Vec<(RawFd, u64, u64, bool, Option<(String, String)>)> = Vec::new();
+        for (c, chunk) in self.table.iter().enumerate() {
+            let Some(chunk) = chunk.get() else { continue };
+            for (i, slot) in chunk.iter().enumerate() {
+                let id = slot.id.load(Relaxed);
+                if id != 0 {
+                    let fd = RawFd::try_from(c * CHUNK + i).unwrap_or(RawFd::MAX);
+                    let (last, watching) =
+                        (slot.last_cmd.load(Relaxed), slot.watching.load(Relaxed));
+                    open.push((fd, id, last, watching, None));
+                }
+            }
+        }
+        for (&(fd, id), e) in self.others.lock().iter() {
+            let (last, watching) = (e.last_cmd.load(Relaxed), e.watching.load(Relaxed));
+            open.push((fd, id, last, watching, e.handed_over.get().cloned()));
+        }
+        open.sort_unstable_by_key(|&(fd, id, ..)| (fd, id));
         let mut out = Vec::with_capacity(4 * (open.len() + 1));
         let mut listed = |fd: RawFd, lines: &[(&str, String)]| {
             for (name, value) in lines {
                 out.push((format!("{fd}:{name}"), value.clone()));
             }
         };
-        let mut listener = listener.filter(|(l, _)| !open.keys().any(|(fd, _)| fd == l));
-        for (&(fd, _), entry) in open.iter() {
+        let mut listener = listener.filter(|(l, _)| !open.iter().any(|o| o.0 == *l));
+        for (fd, _, last_cmd, watching, handed_over) in open {
             if let Some((l, secs)) = listener.filter(|&(l, _)| l < fd) {
                 listed(l, &listening(l, secs));
                 listener = None;
             }
-            let (peer, local) = match entry.handed_over.get() {
-                Some(addrs) => addrs.clone(),
-                None => (address(fd, true), address(fd, false)),
-            };
-            let state = if entry.watching.load(Relaxed) {
+            let (peer, local) =
+                handed_over.unwrap_or_else(|| (address(fd, true), address(fd, false)));
+            let state = if watching {
                 "conn_watch"
             } else if fd == caller {
                 "conn_parse_cmd"
@@ -101,7 +194,7 @@ impl Conns {
                     ("state", state.to_string()),
                     (
                         "secs_since_last_cmd",
-                        now.saturating_sub(entry.last_cmd.load(Relaxed)).to_string(),
+                        now.saturating_sub(last_cmd).to_string(),
                     ),
                 ],
             );
@@ -191,27 +284,122 @@ impl Registration {
     /// The connection's command, now.
     #[inline]
     pub fn command(&self) {
-        self.entry.last_cmd.store(seconds(), Relaxed);
+        let now = seconds();
+        match &self.entry {
+            None => {
+                if let Some(slot) = self.conns.slot(self.fd, self.id) {
+                    slot.last_cmd.store(now, Relaxed);
+                }
+            }
+            Some(e) => e.last_cmd.store(now, Relaxed),
+        }
     }
 
     /// The connection has become a `watch` log stream.
     pub fn watching(&self) {
-        self.entry.watching.store(true, Relaxed);
+        match &self.entry {
+            None => {
+                if let Some(slot) = self.conns.slot(self.fd, self.id) {
+                    slot.watching.store(true, Relaxed);
+                }
+            }
+            Some(e) => e.watching.store(true, Relaxed),
+        }
     }
 
     /// The connection goes on as a watcher on socket `fd`, a duplicate of its own: it
     /// stays listed under its descriptor, as memcached lists a watcher, with the
-    /// addresses of `fd`.
-    pub fn handed_over(&self, fd: RawFd) {
-        let _ = self
-            .entry
-            .handed_over
-            .set((address(fd, true), address(fd, false)));
+    /// addresses of `fd`. Its slot is left for the next connection on its descriptor.
+    pub fn handed_over(&mut self, fd: RawFd) {
+        if self.entry.is_none() {
+            let (mut last, mut watching) = (seconds(), false);
+            if let Some(slot) = self.conns.slot(self.fd, self.id) {
+                last = slot.last_cmd.load(Relaxed);
+                watching = slot.watching.load(Relaxed);
+                slot.id.store(0, Relaxed);
+            }
+            let entry = self.conns.enter(self.fd, self.id, last);
+            entry.watching.store(watching, Relaxed);
+            self.entry = Some(entry);
+        }
+        if let Some(e) = &self.entry {
+            let _ = e.handed_over.set((address(fd, true), address(fd, false)));
+        }
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.conns.open.lock().remove(&(self.fd, self.entry.id));
+        match self.entry {
+            None => {
+                if let Some(slot) = self.conns.slot(self.fd, self.id) {
+                    // Only its own: a later registration may hold the slot by now.
+                    let _ = slot.id.compare_exchange(self.id, 0, Relaxed, Relaxed);
+                }
+            }
+            Some(_) => {
+                self.conns.others.lock().remove(&(self.fd, self.id));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The descriptors listed, in order, with their state.
+    fn listed(conns: &Conns, caller: RawFd) -> Vec<String> {
+        conns
+            .lines(None, caller)
+            .into_iter()
+            .filter(|(name, _)| name.ends_with(":state"))
+            .map(|(name, state)| format!("{} {state}", name.trim_end_matches(":state")))
+            .collect()
+    }
+
+    #[test]
+    fn slots_by_descriptor_and_the_map_for_what_they_cannot_hold() {
+        let conns = Arc::new(Conns::default());
+        let a = conns.register(700);
+        let b = conns.register(5);
+        assert!(a.entry.is_none() && b.entry.is_none(), "both in slots");
+        // A descriptor reused before its closed predecessor left the slot: the map.
+        let c = conns.register(700);
+        assert!(c.entry.is_some());
+        assert_eq!(
+            listed(&conns, 5),
+            ["5 conn_parse_cmd", "700 conn_read", "700 conn_read"]
+        );
+        // The predecessor leaving does not take the later one out.
+        drop(a);
+        assert_eq!(listed(&conns, 5), ["5 conn_parse_cmd", "700 conn_read"]);
+        drop(c);
+        assert_eq!(listed(&conns, 5), ["5 conn_parse_cmd"]);
+        // A watcher handed over stays listed under its descriptor, which is free again.
+        let mut w = conns.register(9);
+        w.command();
+        w.handed_over(9);
+        w.watching();
+        let d = conns.register(9);
+        assert!(d.entry.is_none(), "the slot is free for the next connection");
+        assert_eq!(
+            listed(&conns, 5),
+            ["5 conn_parse_cmd", "9 conn_watch", "9 conn_read"]
+        );
+        drop(w);
+        drop(d);
+        drop(b);
+        assert!(listed(&conns, 5).is_empty());
+        assert!(conns.others.lock().is_empty());
+    }
+
+    #[test]
+    fn a_descriptor_past_the_table_is_listed_from_the_map() {
+        let conns = Arc::new(Conns::default());
+        let fd = RawFd::try_from(conns.table.len() * CHUNK).unwrap_or(RawFd::MAX);
+        let r = conns.register(fd);
+        assert!(r.entry.is_some());
+        assert_eq!(listed(&conns, -1), [format!("{fd} conn_read")]);
     }
 }

@@ -481,8 +481,8 @@ impl kvlab_net::Service for Engine {
 
     fn take_over(&mut self, socket: std::os::fd::OwnedFd, unsent: &[u8], _unread: &[u8]) {
         let streams = std::mem::take(&mut self.watch);
-        let conn = self.handed_off.take();
-        if let Some(c) = &conn {
+        let mut conn = self.handed_off.take();
+        if let Some(c) = &mut conn {
             c.handed_over(std::os::fd::AsRawFd::as_raw_fd(&socket));
         }
         if let Err(e) = self
