@@ -123,7 +123,7 @@ fn idle_jobs_and_everything_they_fork_run_at_sched_idle() {
     let pid = m.start(0, &jobs[0]).unwrap().unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while processes_in_group(pid as i32).len() < 3 && std::time::Instant::now() < deadline {
-        std::thread::yield_now();
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
     let group = processes_in_group(pid as i32);
     assert!(group.len() >= 3, "{group:?}");
@@ -148,6 +148,6 @@ fn is_sleep(pid: u32) -> bool {
 fn until(mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     while !done() && std::time::Instant::now() < deadline {
-        std::thread::yield_now();
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }

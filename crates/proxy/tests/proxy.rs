@@ -68,7 +68,7 @@ fn eventually(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting: {what}");
-        std::thread::yield_now();
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 

@@ -311,7 +311,7 @@ fn wait_for_stat(
             return st;
         }
         assert!(Instant::now() < deadline, "{field} never got there: {st:?}");
-        std::thread::yield_now();
+        std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
 
