@@ -30,7 +30,7 @@ const CHUNK: usize = 512;
 pub struct Conns {
     /// Slots by descriptor, in chunks made on first use; as many chunks as cover the
     /// open-file hard limit when the registry was made.
-    table: Box<[OnceLock<Box<[Slot; CHUNK]>>]>,
+    table: Box<[OnceLock<Arc<[Slot; CHUNK]>>]>,
     /// Entries no slot holds, by descriptor, then registration.
     others: Mutex<BTreeMap<(RawFd, u64), Arc<Entry>>>,
     /// Registration ids (from 1: a slot's 0 is "free").
@@ -64,8 +64,16 @@ pub struct Registration {
     conns: Arc<Conns>,
     fd: RawFd,
     id: u64,
-    /// Its entry, when no slot holds it.
-    entry: Option<Arc<Entry>>,
+    place: Place,
+}
+
+/// Where a registration is listed.
+enum Place {
+    /// In slot `.1` of a chunk of the table (held, so a request stamps it without a
+    /// lookup).
+    Slot(Arc<[Slot; CHUNK]>, usize),
+    /// In the map.
+    Entry(Arc<Entry>),
 }
 
 impl Default for Conns {
@@ -81,7 +89,9 @@ impl Default for Conns {
             1 << 20
         };
         // At most 2^24 descriptors in slots (32,768 chunk pointers); past it, the map.
-        let descriptors = usize::try_from(max).unwrap_or(usize::MAX).clamp(CHUNK, 1 << 24);
+        let descriptors = usize::try_from(max)
+            .unwrap_or(usize::MAX)
+            .clamp(CHUNK, 1 << 24);
         Conns {
             table: (0..descriptors.div_ceil(CHUNK))
                 .map(|_| OnceLock::new())
@@ -99,25 +109,19 @@ impl Conns {
         let now = seconds();
         let slot = usize::try_from(fd).ok().and_then(|i| {
             let chunk = self.table.get(i / CHUNK)?;
-            let slot = &chunk.get_or_init(|| Box::new(std::array::from_fn(|_| Slot::default())))
-                [i % CHUNK];
+            let chunk = chunk.get_or_init(|| Arc::new(std::array::from_fn(|_| Slot::default())));
+            let slot = &chunk[i % CHUNK];
             // Taken only if free: a closed predecessor may not have left it yet.
             slot.id.compare_exchange(0, id, Relaxed, Relaxed).ok()?;
-            Some(slot)
+            slot.last_cmd.store(now, Relaxed);
+            slot.watching.store(false, Relaxed);
+            Some(Place::Slot(chunk.clone(), i % CHUNK))
         });
-        let entry = match slot {
-            Some(slot) => {
-                slot.last_cmd.store(now, Relaxed);
-                slot.watching.store(false, Relaxed);
-                None
-            }
-            None => Some(self.enter(fd, id, now)),
-        };
         Registration {
             conns: self.clone(),
             fd,
             id,
-            entry,
+            place: slot.unwrap_or_else(|| Place::Entry(self.enter(fd, id, now))),
         }
     }
 
@@ -130,14 +134,6 @@ impl Conns {
         });
         self.others.lock().insert((fd, id), entry.clone());
         entry
-    }
-
-    /// Registration `id`'s slot, if it holds it.
-    #[inline]
-    fn slot(&self, fd: RawFd, id: u64) -> Option<&Slot> {
-        let i = usize::try_from(fd).ok()?;
-        let slot = &self.table.get(i / CHUNK)?.get()?[i % CHUNK];
-        (slot.id.load(Relaxed) == id).then_some(slot)
     }
 
     /// `stats conns` lines (name, value): every connection by socket, and the listening
@@ -285,25 +281,17 @@ impl Registration {
     #[inline]
     pub fn command(&self) {
         let now = seconds();
-        match &self.entry {
-            None => {
-                if let Some(slot) = self.conns.slot(self.fd, self.id) {
-                    slot.last_cmd.store(now, Relaxed);
-                }
-            }
-            Some(e) => e.last_cmd.store(now, Relaxed),
+        match &self.place {
+            Place::Slot(chunk, i) => chunk[*i].last_cmd.store(now, Relaxed),
+            Place::Entry(e) => e.last_cmd.store(now, Relaxed),
         }
     }
 
     /// The connection has become a `watch` log stream.
     pub fn watching(&self) {
-        match &self.entry {
-            None => {
-                if let Some(slot) = self.conns.slot(self.fd, self.id) {
-                    slot.watching.store(true, Relaxed);
-                }
-            }
-            Some(e) => e.watching.store(true, Relaxed),
+        match &self.place {
+            Place::Slot(chunk, i) => chunk[*i].watching.store(true, Relaxed),
+            Place::Entry(e) => e.watching.store(true, Relaxed),
         }
     }
 
@@ -311,18 +299,16 @@ impl Registration {
     /// stays listed under its descriptor, as memcached lists a watcher, with the
     /// addresses of `fd`. Its slot is left for the next connection on its descriptor.
     pub fn handed_over(&mut self, fd: RawFd) {
-        if self.entry.is_none() {
-            let (mut last, mut watching) = (seconds(), false);
-            if let Some(slot) = self.conns.slot(self.fd, self.id) {
-                last = slot.last_cmd.load(Relaxed);
-                watching = slot.watching.load(Relaxed);
-                slot.id.store(0, Relaxed);
-            }
-            let entry = self.conns.enter(self.fd, self.id, last);
-            entry.watching.store(watching, Relaxed);
-            self.entry = Some(entry);
+        if let Place::Slot(chunk, i) = &self.place {
+            let slot = &chunk[*i];
+            let entry = self
+                .conns
+                .enter(self.fd, self.id, slot.last_cmd.load(Relaxed));
+            entry.watching.store(slot.watching.load(Relaxed), Relaxed);
+            slot.id.store(0, Relaxed);
+            self.place = Place::Entry(entry);
         }
-        if let Some(e) = &self.entry {
+        if let Place::Entry(e) = &self.place {
             let _ = e.handed_over.set((address(fd, true), address(fd, false)));
         }
     }
@@ -330,14 +316,9 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        match self.entry {
-            None => {
-                if let Some(slot) = self.conns.slot(self.fd, self.id) {
-                    // Only its own: a later registration may hold the slot by now.
-                    let _ = slot.id.compare_exchange(self.id, 0, Relaxed, Relaxed);
-                }
-            }
-            Some(_) => {
+        match &self.place {
+            Place::Slot(chunk, i) => chunk[*i].id.store(0, Relaxed),
+            Place::Entry(_) => {
                 self.conns.others.lock().remove(&(self.fd, self.id));
             }
         }
@@ -363,10 +344,13 @@ mod tests {
         let conns = Arc::new(Conns::default());
         let a = conns.register(700);
         let b = conns.register(5);
-        assert!(a.entry.is_none() && b.entry.is_none(), "both in slots");
+        assert!(matches!(
+            (&a.place, &b.place),
+            (Place::Slot(..), Place::Slot(..))
+        ));
         // A descriptor reused before its closed predecessor left the slot: the map.
         let c = conns.register(700);
-        assert!(c.entry.is_some());
+        assert!(matches!(c.place, Place::Entry(_)));
         assert_eq!(
             listed(&conns, 5),
             ["5 conn_parse_cmd", "700 conn_read", "700 conn_read"]
@@ -382,7 +366,7 @@ mod tests {
         w.handed_over(9);
         w.watching();
         let d = conns.register(9);
-        assert!(d.entry.is_none(), "the slot is free for the next connection");
+        assert!(matches!(d.place, Place::Slot(..)), "the slot is free again");
         assert_eq!(
             listed(&conns, 5),
             ["5 conn_parse_cmd", "9 conn_watch", "9 conn_read"]
@@ -399,7 +383,7 @@ mod tests {
         let conns = Arc::new(Conns::default());
         let fd = RawFd::try_from(conns.table.len() * CHUNK).unwrap_or(RawFd::MAX);
         let r = conns.register(fd);
-        assert!(r.entry.is_some());
+        assert!(matches!(r.place, Place::Entry(_)));
         assert_eq!(listed(&conns, -1), [format!("{fd} conn_read")]);
     }
 }
