@@ -285,34 +285,42 @@ impl Node {
             }
             self.flush_streams(id, &mut pipes, &mut unconfirmed, future, &target_of)?;
             if last && self.changes.lock().is_empty() {
-                let mut told = true;
-                for i in (0..future.nodes().len()).filter(|&i| future.nodes()[i] != me) {
+                // `drained` to every new owner first, then their answers: each syncs its
+                // store before it answers, so they sync at the same time rather than one
+                // after another.
+                let owners = (0..future.nodes().len()).filter(|&i| future.nodes()[i] != me);
+                let mut failed = Vec::new();
+                for i in owners.clone() {
                     let said = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
                         pipe.line(format!("cluster drained {id} {me}\r\n").as_bytes())?;
-                        // Refused: the new owner could not make what it was sent durable;
-                        // the stream goes again, as one that failed.
-                        match pipe.flush()? {
-                            0 => Ok(()),
-                            _ => Err(ClusterError::Migration(
-                                "the new owner could not sync what it was sent".into(),
-                            )),
-                        }
+                        pipe.send()
                     });
                     if let Err(e) = said {
-                        told = false;
-                        self.lost_stream(
-                            id,
-                            i,
-                            e,
-                            &mut pipes,
-                            &mut unconfirmed,
-                            future,
-                            &target_of,
-                        )?;
+                        failed.push((i, e));
                     }
                 }
-                if told {
+                for i in owners {
+                    let Some(pipe) = pipes.get_mut(&i) else {
+                        continue;
+                    };
+                    // Refused: the new owner could not make what it was sent durable; the
+                    // stream goes again, as one that failed.
+                    match pipe.flush() {
+                        Ok(0) => {}
+                        Ok(_) => failed.push((
+                            i,
+                            ClusterError::Migration(
+                                "the new owner could not sync what it was sent".into(),
+                            ),
+                        )),
+                        Err(e) => failed.push((i, e)),
+                    }
+                }
+                if failed.is_empty() {
                     break;
+                }
+                for (i, e) in failed {
+                    self.lost_stream(id, i, e, &mut pipes, &mut unconfirmed, future, &target_of)?;
                 }
                 continue; // what a failed stream carried goes again first
             }
