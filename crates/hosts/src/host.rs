@@ -196,7 +196,11 @@ impl Host {
             }
         }
         if let Some(a) = &self.listen {
-            if a.is_empty() || !a.chars().all(|c| c.is_ascii_alphanumeric() || ".-:".contains(c)) {
+            if a.is_empty()
+                || !a
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-:".contains(c))
+            {
                 return Err(bad(format!(
                     "address = {a:?}: an IP address or a host name"
                 )));

@@ -266,7 +266,12 @@ impl Placement {
         for p in pools {
             // Reachable now, or nothing starts.
             let agents = p.resolve()?;
-            eprintln!("hosts: agent pool {} at {}: {} agents", p.name, p.address, agents.len());
+            eprintln!(
+                "hosts: agent pool {} at {}: {} agents",
+                p.name,
+                p.address,
+                agents.len()
+            );
         }
         let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
         eprintln!("hosts: connecting {}", names.join(", "));

@@ -170,16 +170,7 @@ fn a_two_part_experiment_runs_on_its_hosts_and_leaves_nothing() {
         assert!(s.offset_ns.unsigned_abs() <= s.bound_ns, "{h:?}");
         assert!(e.offset_ns.unsigned_abs() <= e.bound_ns, "{h:?}");
     }
-    let report = std::fs::read_to_string(&done.report).unwrap();
-    assert!(
-        report.contains("Hosts") && report.contains("± "),
-        "no hosts table"
-    );
-    assert!(done.summary.contains("h3"), "{}", done.summary);
-    // Logs brought back.
-    let logs = files_under(&done.dir.join("logs"));
-    assert!(logs.iter().any(|l| l.starts_with("near-")), "{logs:?}");
-    assert!(logs.iter().any(|l| l.starts_with("agent-h3-0")), "{logs:?}");
+    check_hosts_reported(&done, "h3", &["near-", "agent-h3-0"]);
     // Nothing left: no process but sshd, no port but 22, no file outside the binary and
     // the run directory.
     let run = out.file_name().unwrap().to_string_lossy().into_owned();
@@ -197,6 +188,21 @@ fn a_two_part_experiment_runs_on_its_hosts_and_leaves_nothing() {
         }
     }
     eprintln!("{} runs on 4 hosts in {took:?}", raws.len());
+}
+
+/// The report has the hosts' table, the summary names `host`, and a log of each of `logs`
+/// (name prefixes) was brought back.
+fn check_hosts_reported(done: &kvlab_lab::Finished, host: &str, logs: &[&str]) {
+    let report = std::fs::read_to_string(&done.report).unwrap();
+    assert!(
+        report.contains("Hosts") && report.contains("± "),
+        "no hosts table"
+    );
+    assert!(done.summary.contains(host), "{}", done.summary);
+    let fetched = files_under(&done.dir.join("logs"));
+    for l in logs {
+        assert!(fetched.iter().any(|f| f.starts_with(l)), "{l}: {fetched:?}");
+    }
 }
 
 /// The run's histogram equals its agents' added up, and its count is theirs.
@@ -349,10 +355,9 @@ dir = "{}"
             Some(out.clone()),
         )
         .unwrap();
-    let raw: kvlab_lab::workflow::WorkflowRun = serde_json::from_str(
-        &std::fs::read_to_string(done.dir.join("raw/0001.json")).unwrap(),
-    )
-    .unwrap();
+    let raw: kvlab_lab::workflow::WorkflowRun =
+        serde_json::from_str(&std::fs::read_to_string(done.dir.join("raw/0001.json")).unwrap())
+            .unwrap();
     assert!(raw.error.is_none(), "{:?}", raw.error);
     let outcome = raw.outcome.as_ref().unwrap();
     assert!(outcome.summary.intervals > 0, "{:?}", outcome.summary);
@@ -367,7 +372,11 @@ dir = "{}"
         .map(|p| (p.name.as_str(), p.host.as_str(), p.netns))
         .collect();
     assert_eq!(placed.len(), 2, "{placed:?}");
-    assert_eq!((placed[0].1, placed[0].2), ("here", Some(here)), "{placed:?}");
+    assert_eq!(
+        (placed[0].1, placed[0].2),
+        ("here", Some(here)),
+        "{placed:?}"
+    );
     assert_eq!(
         (placed[1].0, placed[1].1, placed[1].2),
         ("agent-h1-0", "h1", Some(net.netns_inode(0).unwrap())),
@@ -384,12 +393,12 @@ dir = "{}"
         serde_json::from_str(&std::fs::read_to_string(done.dir.join("meta.json")).unwrap())
             .unwrap();
     assert_eq!(meta.hosts.len(), 2);
-    assert!(meta.hosts.iter().all(|h| h.clock_end.is_some()), "{:?}", meta.hosts);
-    let report = std::fs::read_to_string(&done.report).unwrap();
-    assert!(report.contains("Hosts") && report.contains("± "), "no hosts table");
-    assert!(done.summary.contains("h1 (ssh"), "{}", done.summary);
-    let logs = files_under(&done.dir.join("logs"));
-    assert!(logs.iter().any(|l| l.starts_with("agent-h1-0")), "{logs:?}");
+    assert!(
+        meta.hosts.iter().all(|h| h.clock_end.is_some()),
+        "{:?}",
+        meta.hosts
+    );
+    check_hosts_reported(&done, "h1 (ssh", &["agent-h1-0"]);
     net.wait_quiet(0, Duration::from_secs(10))
         .unwrap_or_else(|left| panic!("left on h1: {left:?}"));
     assert_eq!(net.listening(0), vec![22], "h1 still listens");

@@ -49,7 +49,11 @@ impl AgentPool {
         v.sort();
         v.dedup();
         if v.is_empty() {
-            bail!("agent pool {}: {} resolves to no address", self.name, self.address);
+            bail!(
+                "agent pool {}: {} resolves to no address",
+                self.name,
+                self.address
+            );
         }
         Ok(v)
     }

@@ -23,8 +23,8 @@ mod workload;
 
 pub use expand::{Design, Level};
 pub use file::Overrides;
-pub use hosts::{AgentPool, HostNames, HostTable, SshSpec};
 pub(crate) use hosts::{check_agent_host, check_defined, resolve as resolve_hosts, HostFile};
+pub use hosts::{AgentPool, HostNames, HostTable, SshSpec};
 pub use system::{BackendCount, BackendKind, Flags, SystemKind, SystemSpec, MAX_BACKENDS};
 pub use workload::{WorkloadSpec, WORKLOAD_KEYS};
 
@@ -778,7 +778,11 @@ mod tests {
         for (from, to, says) in [
             ("pool = ", "ssh = \"root@h\"\npool = ", "takes no ssh"),
             ("kvlab-bench-agent:5556", "kvlab-bench-agent", "NAME:PORT"),
-            ("address = \"10.0.0.9\"", "address = \"a b\"", "an IP address or a host name"),
+            (
+                "address = \"10.0.0.9\"",
+                "address = \"a b\"",
+                "an IP address or a host name",
+            ),
         ] {
             let e = Experiment::parse(&text(6).replace(from, to), "x", &Overrides::default())
                 .unwrap_err();

@@ -423,7 +423,10 @@ fn check_agents(
         if part.agents.is_empty() {
             continue;
         }
-        let pooled = part.agents.iter().any(|a| pools.iter().any(|p| &p.name == a));
+        let pooled = part
+            .agents
+            .iter()
+            .any(|a| pools.iter().any(|p| &p.name == a));
         if pooled && instances > 1 {
             bail!(
                 "system {:?} runs on {instances} hosts: a pool's agents load one instance",

@@ -241,10 +241,16 @@ impl WorkflowSpec {
         for s in &self.systems {
             let names = s.hosts();
             if names.len() > 1 {
-                bail!("system {:?}: one host (the controller runs beside it)", s.name);
+                bail!(
+                    "system {:?}: one host (the controller runs beside it)",
+                    s.name
+                );
             }
             if !s.backend_hosts.is_empty() {
-                bail!("system {:?}: backend_hosts: the control workflow runs one server", s.name);
+                bail!(
+                    "system {:?}: backend_hosts: the control workflow runs one server",
+                    s.name
+                );
             }
             for h in &names {
                 crate::spec::check_defined(&hosts, &format!("system {:?}", s.name), h)?;
@@ -269,8 +275,14 @@ impl WorkflowSpec {
         let mut used: Vec<String> = self.agents.clone();
         used.extend(self.systems.iter().flat_map(SystemSpec::hosts));
         Ok(PlacedHosts {
-            hosts: hosts.into_iter().filter(|h| used.contains(&h.name)).collect(),
-            pools: pools.into_iter().filter(|p| used.contains(&p.name)).collect(),
+            hosts: hosts
+                .into_iter()
+                .filter(|h| used.contains(&h.name))
+                .collect(),
+            pools: pools
+                .into_iter()
+                .filter(|p| used.contains(&p.name))
+                .collect(),
             ssh,
         })
     }
@@ -673,7 +685,11 @@ qps_intervals = [10]
                 "the controller and its jobs run where the lab runs",
             ),
             ("host = \"s1\"\n", "", "give the system a host"),
-            ("agents = [\"c1\"]", "agents = [\"c9\"]", "host \"c9\" is not defined"),
+            (
+                "agents = [\"c1\"]",
+                "agents = [\"c9\"]",
+                "host \"c9\" is not defined",
+            ),
         ] {
             let bad = text.replace(from, to);
             assert_ne!(&bad, text, "{from}");
