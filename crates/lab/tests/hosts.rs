@@ -170,16 +170,7 @@ fn a_two_part_experiment_runs_on_its_hosts_and_leaves_nothing() {
         assert!(s.offset_ns.unsigned_abs() <= s.bound_ns, "{h:?}");
         assert!(e.offset_ns.unsigned_abs() <= e.bound_ns, "{h:?}");
     }
-    let report = std::fs::read_to_string(&done.report).unwrap();
-    assert!(
-        report.contains("Hosts") && report.contains("± "),
-        "no hosts table"
-    );
-    assert!(done.summary.contains("h3"), "{}", done.summary);
-    // Logs brought back.
-    let logs = files_under(&done.dir.join("logs"));
-    assert!(logs.iter().any(|l| l.starts_with("near-")), "{logs:?}");
-    assert!(logs.iter().any(|l| l.starts_with("agent-h3-0")), "{logs:?}");
+    check_hosts_reported(&done, "h3", &["near-", "agent-h3-0"]);
     // Nothing left: no process but sshd, no port but 22, no file outside the binary and
     // the run directory.
     let run = out.file_name().unwrap().to_string_lossy().into_owned();
@@ -197,6 +188,21 @@ fn a_two_part_experiment_runs_on_its_hosts_and_leaves_nothing() {
         }
     }
     eprintln!("{} runs on 4 hosts in {took:?}", raws.len());
+}
+
+/// The report has the hosts' table, the summary names `host`, and a log of each of `logs`
+/// (name prefixes) was brought back.
+fn check_hosts_reported(done: &kvlab_lab::Finished, host: &str, logs: &[&str]) {
+    let report = std::fs::read_to_string(&done.report).unwrap();
+    assert!(
+        report.contains("Hosts") && report.contains("± "),
+        "no hosts table"
+    );
+    assert!(done.summary.contains(host), "{}", done.summary);
+    let fetched = files_under(&done.dir.join("logs"));
+    for l in logs {
+        assert!(fetched.iter().any(|f| f.starts_with(l)), "{l}: {fetched:?}");
+    }
 }
 
 /// The run's histogram equals its agents' added up, and its count is theirs.
@@ -281,4 +287,120 @@ fn hosts_that_cannot_serve_are_refused_before_any_run() {
         assert!(net.others(i).is_empty(), "h{}: {:?}", i + 1, net.others(i));
     }
     eprintln!("unreachable host refused in {took:?}: {e}");
+}
+
+/// The control workflow with its load from an agent on a namespace host (h1) and the
+/// server, the controller and a tiny job here, on a local host at the bridge's address: the
+/// run completes, the agent runs in h1's namespace and the server in this one, each host's
+/// CPU is read, the hosts' clocks are in meta.json and the report, and nothing is left on
+/// h1.
+#[test]
+fn the_control_workflow_is_loaded_from_another_host() {
+    let Some(net) = NetnsHosts::for_test("control_on_hosts", 1) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let dir = net.scratch();
+    std::fs::write(
+        dir.join("jobs.toml"),
+        "[[job]]\nname = \"nap\"\ncommand = \"sleep 1\"\nthreads = 1\ncores = [1]\n",
+    )
+    .unwrap();
+    let file = dir.join("control-test.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+name = "control-test"
+jobs = "jobs.toml"
+seeds = [1]
+qps_min = 500
+qps_max = 1000
+qps_intervals = [1]
+duration = 3
+grace = 5
+slo_p95_us = 50000
+baseline = false
+agents = ["h1"]
+[workload]
+keys = 1000
+value_size = 32
+threads = 1
+connections = 2
+[[system]]
+name = "kvlab"
+host = "here"
+args = ["-t", "1", "-m", "16"]
+[[policy]]
+name = "static-1"
+policy = "static"
+cores = 1
+[[host]]
+name = "here"
+local = true
+address = "{}"
+dir = "{}"
+{}"#,
+            net.bridge(),
+            dir.join("here").display(),
+            host_table(&net)
+        ),
+    )
+    .unwrap();
+    let out = dir.join("results");
+    let done = Lab::with_kvlab_bin(kvlab_bin())
+        .run(
+            &Source::open(&file.display().to_string()).unwrap(),
+            &Overrides::default(),
+            Some(out.clone()),
+        )
+        .unwrap();
+    let raw: kvlab_lab::workflow::WorkflowRun =
+        serde_json::from_str(&std::fs::read_to_string(done.dir.join("raw/0001.json")).unwrap())
+            .unwrap();
+    assert!(raw.error.is_none(), "{:?}", raw.error);
+    let outcome = raw.outcome.as_ref().unwrap();
+    assert!(outcome.summary.intervals > 0, "{:?}", outcome.summary);
+    // The server here, in this namespace; the agent on h1, in its.
+    let here = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self/ns/net").unwrap().ino()
+    };
+    let placed: Vec<(&str, &str, Option<u64>)> = raw
+        .placed
+        .iter()
+        .map(|p| (p.name.as_str(), p.host.as_str(), p.netns))
+        .collect();
+    assert_eq!(placed.len(), 2, "{placed:?}");
+    assert_eq!(
+        (placed[0].1, placed[0].2),
+        ("here", Some(here)),
+        "{placed:?}"
+    );
+    assert_eq!(
+        (placed[1].0, placed[1].1, placed[1].2),
+        ("agent-h1-0", "h1", Some(net.netns_inode(0).unwrap())),
+        "{placed:?}"
+    );
+    // Each host's CPU, each busy with its process.
+    let hosts: Vec<&str> = raw.hosts.iter().map(|h| h.host.as_str()).collect();
+    assert_eq!(hosts, ["here", "h1"], "{:?}", raw.hosts);
+    for h in &raw.hosts {
+        assert_eq!(h.processes.len(), 1, "{h:?}");
+        assert!(h.processes[0].1 > 0.0, "{h:?}: its process used no CPU");
+    }
+    let meta: kvlab_lab::workflow::WorkflowMeta =
+        serde_json::from_str(&std::fs::read_to_string(done.dir.join("meta.json")).unwrap())
+            .unwrap();
+    assert_eq!(meta.hosts.len(), 2);
+    assert!(
+        meta.hosts.iter().all(|h| h.clock_end.is_some()),
+        "{:?}",
+        meta.hosts
+    );
+    check_hosts_reported(&done, "h1 (ssh", &["agent-h1-0"]);
+    net.wait_quiet(0, Duration::from_secs(10))
+        .unwrap_or_else(|left| panic!("left on h1: {left:?}"));
+    assert_eq!(net.listening(0), vec![22], "h1 still listens");
+    eprintln!("the control workflow on 2 hosts in {:?}", t0.elapsed());
 }

@@ -328,3 +328,67 @@ secs = [30]
         );
     }
 }
+
+/// Pools of agents someone else runs (`pool = "NAME:PORT"`, as for the Kubernetes pool's
+/// Service): two `kvlab bench agent`s started here, one pool each, stand for its pods. The
+/// clients split over the agents, each agent's share is kept, and the lab starts nothing
+/// (no host is connected).
+#[test]
+fn a_pool_of_running_agents_loads_the_system() {
+    let ports = kvlab_process::free_ports(2).unwrap();
+    let agents: Vec<std::process::Child> = ports
+        .iter()
+        .map(|p| {
+            std::process::Command::new(kvlab_bin())
+                .args(["bench", "agent", "--listen", &format!("127.0.0.1:{p}")])
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for p in &ports {
+        kvlab_process::wait_ready(
+            &kvlab_process::Probe::Connects(([127, 0, 0, 1], *p).into()),
+            std::time::Duration::from_secs(20),
+        )
+        .unwrap();
+    }
+    let text = format!(
+        "name = \"pool\"\nrepetitions = 1\nduration = 0.5\nwarmup = 0.2\nagents = [\"k1\", \"k2\"]\n\
+         [[system]]\nname = \"kvlab\"\nargs = [\"-t\", \"1\", \"-m\", \"16\"]\n\
+         [workload]\nkeys = 1000\nvalue_size = 32\nclients = 4\n\
+         [[host]]\nname = \"k1\"\npool = \"127.0.0.1:{}\"\n[[host]]\nname = \"k2\"\npool = \"127.0.0.1:{}\"\n",
+        ports[0], ports[1]
+    );
+    let out = tempfile::tempdir().unwrap();
+    let done = Lab::with_kvlab_bin(kvlab_bin()).run(
+        &Source {
+            label: "pool.toml".into(),
+            text,
+            stem: "pool".into(),
+        },
+        &Overrides::default(),
+        Some(out.path().join("r")),
+    );
+    for mut a in agents {
+        let _ = a.kill();
+        let _ = a.wait();
+    }
+    let done = done.unwrap();
+    let (_, raws) = kvlab_lab::runner::load(&done.dir).unwrap();
+    assert_eq!(raws.len(), 1);
+    let raw = &raws[0];
+    assert!(raw.error.is_none(), "{:?}", raw.error);
+    let hosts: Vec<(&str, usize)> = raw
+        .agents
+        .iter()
+        .map(|a| (a.host.as_str(), a.population))
+        .collect();
+    assert_eq!(hosts, [("k1", 2), ("k2", 2)], "{:?}", raw.agents);
+    assert!(
+        raw.agents.iter().all(|a| a.completed > 0),
+        "{:?}",
+        raw.agents
+    );
+    assert!(raw.placed.is_empty(), "nothing placed: {:?}", raw.placed);
+}

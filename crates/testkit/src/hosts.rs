@@ -141,6 +141,11 @@ impl NetnsHosts {
         format!("root@{}", self.hosts[i].addr)
     }
 
+    /// The bridge's address in the root namespace: where the hosts reach this machine.
+    pub fn bridge(&self) -> String {
+        format!("{}.1", self.subnet)
+    }
+
     /// The client key every host's sshd accepts.
     pub fn identity(&self) -> PathBuf {
         self.state().join("id_ed25519")

@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 
 use kvlab_report::{Row, Section, Table};
 
+use crate::placement::{HostCpu, HostMeta};
 use crate::runner::{Meta, RawRun};
 use crate::spec::levels_text;
 
@@ -21,21 +22,46 @@ pub(super) fn hosts_section(
     if meta.hosts.is_empty() {
         return None;
     }
+    let readings: Vec<&HostCpu> = raws.iter().flat_map(|r| &r.hosts).collect();
+    let mut items = vec![kvlab_report::Item::Table(hosts_table(
+        &meta.hosts,
+        &readings,
+        "measured time",
+        summary,
+    ))];
+    if let Some(t) = law_per_host(raws, tolerance) {
+        items.push(kvlab_report::Item::Table(t));
+    }
+    Some(Section {
+        title: "Hosts".into(),
+        text: Vec::new(),
+        items,
+    })
+}
+
+/// The hosts' table: each host with its clock at the start and the end, and its machine
+/// over the runs (`readings`, each over a run's `span`), means over the runs; its lines go
+/// into `summary`.
+pub(crate) fn hosts_table(
+    hosts: &[HostMeta],
+    readings: &[&HostCpu],
+    span: &str,
+    summary: &mut String,
+) -> Table {
     let clock = |c: Option<crate::placement::Clock>| c.map_or("–".into(), |c| c.to_string());
     let mut rows = Vec::new();
     let _ = writeln!(
         summary,
         "hosts (clock offset ± bound at the start, at the end):"
     );
-    for h in &meta.hosts {
-        let readings: Vec<_> = raws
+    for h in hosts {
+        let readings: Vec<&HostCpu> = readings
             .iter()
-            .flat_map(|r| r.hosts.iter().filter(|x| x.host == h.name))
+            .copied()
+            .filter(|x| x.host == h.name)
             .collect();
         let n = readings.len().max(1) as f64;
-        let mean = |f: &dyn Fn(&crate::placement::HostCpu) -> f64| {
-            readings.iter().map(|x| f(x)).sum::<f64>() / n
-        };
+        let mean = |f: &dyn Fn(&HostCpu) -> f64| readings.iter().map(|x| f(x)).sum::<f64>() / n;
         let mut procs: BTreeMap<String, (f64, usize)> = BTreeMap::new();
         for x in &readings {
             for (name, cores) in &x.processes {
@@ -52,12 +78,26 @@ pub(super) fn hosts_section(
             .collect();
         let _ = writeln!(
             summary,
-            "  {} ({}, {}): {}, {}",
+            "  {} ({}, {}): {}, {}{}",
             h.name,
             h.reach,
             h.address,
             clock(h.clock_start),
-            clock(h.clock_end)
+            clock(h.clock_end),
+            if readings.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; busy {:.2} cores, load {:.2}{}",
+                    mean(&|x| x.busy_cores),
+                    mean(&|x| x.load1),
+                    if procs.is_empty() {
+                        String::new()
+                    } else {
+                        format!(", {}", procs.join(", "))
+                    }
+                )
+            }
         );
         rows.push(Row {
             cells: vec![
@@ -77,7 +117,7 @@ pub(super) fn hosts_section(
             highlight: false,
         });
     }
-    let mut items = vec![kvlab_report::Item::Table(Table {
+    Table {
         title: "Hosts".into(),
         columns: [
             "host",
@@ -92,22 +132,13 @@ pub(super) fn hosts_section(
         .map(String::from)
         .to_vec(),
         rows,
-        caption: Some(
+        caption: Some(format!(
             "Each host's clock against the lab's, over its control connection (the tightest \
              of several round trips; the bound is half of it), and its machine over the runs' \
-             measured time, means over the runs: /proc/stat's busy and steal, /proc/loadavg, \
-             each process' utime + stime."
-                .into(),
-        ),
-    })];
-    if let Some(t) = law_per_host(raws, tolerance) {
-        items.push(kvlab_report::Item::Table(t));
+             {span}, means over the runs: /proc/stat's busy and steal, /proc/loadavg, each \
+             process' utime + stime."
+        )),
     }
-    Some(Section {
-        title: "Hosts".into(),
-        text: Vec::new(),
-        items,
-    })
 }
 
 /// The interactive response-time law per agent host and point (closed loop): N = X (R + Z)

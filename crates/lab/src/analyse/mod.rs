@@ -19,7 +19,7 @@ use kvlab_report::{Estimate, Item, Note, Report};
 use crate::runner::{Meta, RawRun};
 use crate::spec::Experiment;
 
-mod hosts;
+pub(crate) mod hosts;
 mod models;
 mod part;
 mod points;

@@ -307,20 +307,7 @@ pub fn run_experiment(
     meta.runs = runs.len();
     let logs = out.join("logs");
     std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    let run_name: String = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "._-".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let placement = Placement::open(exp, kvlab_bin, &run_name, &logs)?;
+    let placement = Placement::open(exp, kvlab_bin, &crate::placement::run_name(out), &logs)?;
     if let Some(pl) = &placement {
         meta.hosts = pl.meta(&Default::default());
     }
@@ -620,13 +607,10 @@ fn measure(
     let part = &exp.parts[r.part];
     let levels = raw.levels.clone();
     let levels = &levels;
-    let mut wl = part.workload_of(levels)?;
+    let wl = part.workload_of(levels)?;
     if !part.agents.is_empty() {
-        // The part's clients, split evenly over its agents (checked when it was read).
-        let participants = part.agents.len() * inst.addrs().len();
-        wl.clients = wl.clients.map(|c| c / participants);
         let pl = placement.context("agents need the experiment's hosts")?;
-        return measure_on_agents(exp, r, inst, tty, pl, &wl, raw);
+        return measure_on_agents(exp, r, inst, tty, pl, wl, raw);
     }
     let seed = exp.seed.wrapping_add(r.repetition as u64);
     let load = wl.load(part.duration, part.warmup, seed)?;
@@ -701,22 +685,34 @@ fn measure_on_agents(
     inst: &mut Instance,
     tty: bool,
     pl: &Placement,
-    wl: &crate::spec::WorkloadSpec,
+    mut wl: crate::spec::WorkloadSpec,
     raw: &mut RawRun,
 ) -> anyhow::Result<()> {
     let part = &exp.parts[r.part];
     let seed = exp.seed.wrapping_add(r.repetition as u64);
+    let targets = inst.addrs();
+    let interval = wl.load(part.duration, part.warmup, seed)?.interval_s;
+    let agents = pl.agents(
+        &part.agents,
+        &targets,
+        std::time::Duration::from_secs_f64(interval),
+    )?;
+    // The part's clients, split evenly over its agents (checked when it was read, or now
+    // for a pool's, counted when its Service was resolved).
+    if let Some(c) = wl.clients {
+        if c % agents.len() != 0 {
+            anyhow::bail!(
+                "clients = {c} cannot be split evenly over the {} agents",
+                agents.len()
+            );
+        }
+        wl.clients = Some(c / agents.len());
+    }
     let load = wl.load(part.duration, part.warmup, seed)?;
     if load.protocol == Protocol::Http {
         anyhow::bail!("agents load over the memcached protocol (not http)");
     }
-    let targets = inst.addrs();
     let mut cfg = load.config(targets[0])?;
-    let agents = pl.agents(
-        &part.agents,
-        &targets,
-        std::time::Duration::from_nanos(cfg.interval_ns()),
-    )?;
     let per = if load.is_open() { 0 } else { load.population() };
     raw.population = per * agents.len();
     raw.think_s = load.think_us() as f64 / 1e6;

@@ -23,7 +23,8 @@ mod workload;
 
 pub use expand::{Design, Level};
 pub use file::Overrides;
-pub use hosts::{HostNames, HostTable, SshSpec};
+pub(crate) use hosts::{check_agent_host, check_defined, resolve as resolve_hosts, HostFile};
+pub use hosts::{AgentPool, HostNames, HostTable, SshSpec};
 pub use system::{BackendCount, BackendKind, Flags, SystemKind, SystemSpec, MAX_BACKENDS};
 pub use workload::{WorkloadSpec, WORKLOAD_KEYS};
 
@@ -161,6 +162,8 @@ pub struct Experiment {
     pub hosts: Vec<kvlab_hosts::Host>,
     /// How ssh hosts are reached (`[ssh]`).
     pub ssh: SshSpec,
+    /// Pools of running agents (`[[host]]`s with `pool`).
+    pub pools: Vec<AgentPool>,
 }
 
 /// An experiment's `[speedup]`: each batch job of a job file alone at each of its core
@@ -742,6 +745,49 @@ mod tests {
         assert!(e.host("c2").unwrap().is_local());
         assert_eq!(e.ssh.identity.as_deref(), Some(std::path::Path::new("/k")));
         assert_eq!(ov.flags(), "--hosts lab.toml");
+    }
+
+    #[test]
+    fn a_pool_of_running_agents_is_a_host_agents_name() {
+        let text = |clients: u32| {
+            format!(
+                "agents = [\"k8s\"]\n[workload]\nclients = {clients}\n[[system]]\nname = \"kvlab\"\n\
+                 host = \"s1\"\n[[host]]\nname = \"s1\"\nlocal = true\naddress = \"10.0.0.9\"\n\
+                 [[host]]\nname = \"k8s\"\npool = \"kvlab-bench-agent:5556\"\n"
+            )
+        };
+        // Clients split over the pool's agents when a run resolves it: 7 is not refused now.
+        let e = Experiment::parse(&text(7), "x", &Overrides::default()).unwrap();
+        assert_eq!(e.parts[0].agents, ["k8s"]);
+        assert_eq!(
+            e.pools,
+            [AgentPool {
+                name: "k8s".into(),
+                address: "kvlab-bench-agent:5556".into()
+            }]
+        );
+        // Not a host the lab connects to; the local one listens at its address.
+        let used: Vec<String> = e.used_hosts().into_iter().map(|h| h.name).collect();
+        assert_eq!(used, ["s1"]);
+        assert_eq!(e.host("s1").unwrap().address(), "10.0.0.9");
+        let pool = AgentPool {
+            name: "p".into(),
+            address: "127.0.0.1:5556".into(),
+        };
+        assert_eq!(pool.resolve().unwrap().len(), 1);
+        for (from, to, says) in [
+            ("pool = ", "ssh = \"root@h\"\npool = ", "takes no ssh"),
+            ("kvlab-bench-agent:5556", "kvlab-bench-agent", "NAME:PORT"),
+            (
+                "address = \"10.0.0.9\"",
+                "address = \"a b\"",
+                "an IP address or a host name",
+            ),
+        ] {
+            let e = Experiment::parse(&text(6).replace(from, to), "x", &Overrides::default())
+                .unwrap_err();
+            assert!(format!("{e:#}").contains(says), "{to}: {e:#}");
+        }
     }
 
     #[test]

@@ -81,6 +81,21 @@ pub fn analyse(dir: &Path) -> anyhow::Result<PathBuf> {
     if let Some(sec) = calibration_section(dir, &spec) {
         report.sections.push(sec);
     }
+    if !meta.hosts.is_empty() {
+        let readings: Vec<&crate::placement::HostCpu> =
+            runs.iter().flat_map(|r| &r.hosts).collect();
+        let table = crate::analyse::hosts::hosts_table(
+            &meta.hosts,
+            &readings,
+            "load (from the load's start to its end)",
+            &mut String::new(),
+        );
+        report.sections.push(Section {
+            title: "Hosts".into(),
+            text: Vec::new(),
+            items: vec![Item::Table(table)],
+        });
+    }
     for r in &runs {
         report.sections.push(run_section(dir, r, spec.slo()));
     }

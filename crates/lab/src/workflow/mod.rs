@@ -40,6 +40,13 @@
 //! system = "memcached"           # (by name) and trace intervals; the rest of the cross
 //! policies = ["predictive-idle"] # product is not run for it
 //! qps_intervals = [10]
+//! agents = ["c1"]                # optional: the load from a kvlab bench agent on each of
+//!                                # these hosts (the lab's process only collects the rows the
+//!                                # controller reads); every [[system]] then has a `host`, a
+//!                                # `local = true` one (the controller and the jobs run where
+//!                                # the lab runs) whose `address` the agents reach
+//! [[host]]                       # the hosts, as in lab experiments (name, ssh, local, dir,
+//! [ssh]                          # clock, address); `--hosts FILE` replaces them
 //! [[policy]]                     # name (default: the policy), policy = "static" |
 //! policy = "static"              # "reactive" | "predictive"; cores (static); capacity,
 //! cores = 1                      # headroom (predictive); grow_slack, shrink_slack, hold,
@@ -65,7 +72,7 @@ use kvlab_control::summary::{Cost, IdleBound};
 use kvlab_control::{JobFile, PolicySpec, Slack, DEFAULT_HEADROOM, DEFAULT_SLACK};
 use serde::{Deserialize, Serialize};
 
-use crate::spec::SystemSpec;
+use crate::spec::{HostFile, HostTable, SshSpec, SystemSpec};
 
 mod analyse;
 mod run;
@@ -140,6 +147,20 @@ pub struct WorkflowSpec {
     policies: Vec<PolicyEntry>,
     #[serde(default, rename = "restrict")]
     restricts: Vec<Restrict>,
+    /// The load's hosts: a `kvlab bench agent` on each (default: `kvlab bench` here).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    agents: Vec<String>,
+    #[serde(default, rename = "host", skip_serializing_if = "Vec::is_empty")]
+    hosts: Vec<HostFile>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ssh: Option<SshSpec>,
+}
+
+/// The hosts a control experiment's roles name, resolved.
+struct PlacedHosts {
+    hosts: Vec<kvlab_hosts::Host>,
+    pools: Vec<crate::spec::AgentPool>,
+    ssh: SshSpec,
 }
 
 /// A `[[restrict]]`: the runs of one system limited to some policies and trace intervals
@@ -196,6 +217,7 @@ impl WorkflowSpec {
                 }
             }
         }
+        s.placed_hosts()?;
         for k in s.workload.keys() {
             if !crate::spec::WORKLOAD_KEYS.contains(&k.as_str())
                 || ["qps", "qps_list", "qps_interval", "interval"].contains(&k.as_str())
@@ -204,6 +226,72 @@ impl WorkflowSpec {
             }
         }
         Ok(s)
+    }
+
+    /// The hosts its roles name, resolved, and how ssh reaches them (none: everything
+    /// here). Checks the roles against the table: the agents' hosts defined, and with
+    /// agents every system on one host of its own, a `local` one — the controller and the
+    /// jobs run where the lab runs, beside the server they control.
+    fn placed_hosts(&self) -> anyhow::Result<PlacedHosts> {
+        let (hosts, pools, ssh) =
+            crate::spec::resolve_hosts(self.hosts.clone(), self.ssh.clone(), None)?;
+        for a in &self.agents {
+            crate::spec::check_agent_host(&hosts, &pools, "agents", a)?;
+        }
+        for s in &self.systems {
+            let names = s.hosts();
+            if names.len() > 1 {
+                bail!(
+                    "system {:?}: one host (the controller runs beside it)",
+                    s.name
+                );
+            }
+            if !s.backend_hosts.is_empty() {
+                bail!(
+                    "system {:?}: backend_hosts: the control workflow runs one server",
+                    s.name
+                );
+            }
+            for h in &names {
+                crate::spec::check_defined(&hosts, &format!("system {:?}", s.name), h)?;
+                if hosts.iter().any(|x| &x.name == h && !x.is_local()) {
+                    bail!(
+                        "system {:?}: host {h:?} is reached over ssh, but the controller and its \
+                         jobs run where the lab runs, beside the server: run the lab on that \
+                         machine and make it local = true (with the address the agents reach it \
+                         at)",
+                        s.name
+                    );
+                }
+            }
+            if names.is_empty() && !self.agents.is_empty() {
+                bail!(
+                    "system {:?}: the load comes from agents on other hosts: give the system a \
+                     host (local = true, with the address they reach it at)",
+                    s.name
+                );
+            }
+        }
+        let mut used: Vec<String> = self.agents.clone();
+        used.extend(self.systems.iter().flat_map(SystemSpec::hosts));
+        Ok(PlacedHosts {
+            hosts: hosts
+                .into_iter()
+                .filter(|h| used.contains(&h.name))
+                .collect(),
+            pools: pools
+                .into_iter()
+                .filter(|p| used.contains(&p.name))
+                .collect(),
+            ssh,
+        })
+    }
+
+    /// Takes `--hosts FILE`'s table in place of its own.
+    fn use_hosts(&mut self, table: &HostTable) -> anyhow::Result<()> {
+        let (hosts, ssh) = table.parse()?;
+        (self.hosts, self.ssh) = (hosts, ssh);
+        self.placed_hosts().map(|_| ())
     }
 
     /// Its name (default: `stem`).
@@ -360,6 +448,13 @@ pub struct WorkflowRun {
     pub live: String,
     /// What went wrong, if anything.
     pub error: Option<String>,
+    /// The run's processes on hosts (the server's, the agents'), with agents.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placed: Vec<crate::placement::PlacedProcess>,
+    /// Each host's CPU and the lab's processes' on it over the run (load to its end), with
+    /// agents.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<crate::placement::HostCpu>,
 }
 
 /// What `meta.json` of a control experiment holds.
@@ -373,6 +468,9 @@ pub struct WorkflowMeta {
     pub jobs_text: String,
     /// kvlab's version and commit, the date.
     pub facts: Vec<(String, String)>,
+    /// The hosts, with their clocks at the start and the end (none: all here).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<crate::placement::HostMeta>,
 }
 
 /// Whether `dir` holds a control experiment's results.
@@ -390,6 +488,7 @@ pub fn summary_text(dir: &Path) -> anyhow::Result<String> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .collect();
     files.sort();
+    let mut hosts = Vec::new();
     out.push_str(
         "run  system     policy           interval  seed  jobs' total s  viol. % (segments)  \
          viol. % (100 ms)  viol. % (windows)  segments with/without jobs  jobs' cost  \
@@ -397,6 +496,7 @@ pub fn summary_text(dir: &Path) -> anyhow::Result<String> {
     );
     for f in files {
         let r: WorkflowRun = serde_json::from_str(&std::fs::read_to_string(&f)?)?;
+        hosts.extend(r.hosts.clone());
         let (total, seg, viol) =
             r.outcome
                 .as_ref()
@@ -446,6 +546,13 @@ pub fn summary_text(dir: &Path) -> anyhow::Result<String> {
             r.index, r.system, r.policy, r.qps_interval, r.seed, total, seg, viol, w, pair, cost,
             bound, ratio
         ));
+    }
+    let meta = std::fs::read_to_string(dir.join("meta.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<WorkflowMeta>(&t).ok());
+    if let Some(m) = meta.filter(|m| !m.hosts.is_empty()) {
+        let readings: Vec<&crate::placement::HostCpu> = hosts.iter().collect();
+        crate::analyse::hosts::hosts_table(&m.hosts, &readings, "load", &mut out);
     }
     Ok(out)
 }
@@ -537,6 +644,57 @@ qps_intervals = [10]
             let bad = text.replace(from, to);
             assert_ne!(bad, text);
             assert!(WorkflowSpec::parse(&bad).is_err(), "{to}");
+        }
+    }
+
+    #[test]
+    fn control_hosts_places_the_load_on_an_agent_host_and_the_rest_here() {
+        let (_, text) = crate::SHIPPED
+            .iter()
+            .find(|(n, _)| *n == "control-hosts")
+            .unwrap();
+        let spec = WorkflowSpec::parse(text).unwrap();
+        assert_eq!(spec.agents, ["c1"]);
+        let placed = spec.placed_hosts().unwrap();
+        let names: Vec<&str> = placed.hosts.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(names, ["s1", "c1"]);
+        assert!(placed.hosts[0].is_local() && placed.hosts[0].address() == "10.77.40.1");
+        assert_eq!(placed.hosts[1].address(), "10.77.40.11");
+        // Written back (meta.json) as it ran, hosts included.
+        let again = WorkflowSpec::parse(&toml::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(again.placed_hosts().unwrap().hosts, placed.hosts);
+        // --hosts FILE replaces the table: the same experiment elsewhere.
+        let mut other = spec.clone();
+        other
+            .use_hosts(&HostTable {
+                file: "k8s.toml".into(),
+                text: "[[host]]\nname = \"c1\"\npool = \"kvlab-bench-agent:5556\"\n\
+                       [[host]]\nname = \"s1\"\nlocal = true\naddress = \"10.1.2.3\"\n"
+                    .into(),
+            })
+            .unwrap();
+        let placed = other.placed_hosts().unwrap();
+        assert_eq!(placed.pools.len(), 1);
+        assert_eq!(placed.hosts[0].address(), "10.1.2.3");
+        // The controller runs beside the server: not on an ssh host; and the agents must
+        // reach the server: it has a host.
+        for (from, to, says) in [
+            (
+                "name = \"s1\"\nlocal = true",
+                "name = \"s1\"\nssh = \"root@10.77.40.12\"",
+                "the controller and its jobs run where the lab runs",
+            ),
+            ("host = \"s1\"\n", "", "give the system a host"),
+            (
+                "agents = [\"c1\"]",
+                "agents = [\"c9\"]",
+                "host \"c9\" is not defined",
+            ),
+        ] {
+            let bad = text.replace(from, to);
+            assert_ne!(&bad, text, "{from}");
+            let e = WorkflowSpec::parse(&bad).unwrap_err();
+            assert!(format!("{e:#}").contains(says), "{to}: {e:#}");
         }
     }
 

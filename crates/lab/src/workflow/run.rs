@@ -1,8 +1,10 @@
 //! Carrying out a control experiment: the runs in their order, each one a server, the
-//! load as a child process and the controller on this thread.
+//! load as a child process (or from agents on other hosts, collected on a thread here) and
+//! the controller on this thread.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -14,6 +16,7 @@ use kvlab_control::summary;
 use kvlab_control::{CpuSet, JobFile, PolicySpec, Share};
 
 use super::{analyse, row_interval, WorkflowMeta, WorkflowRun, WorkflowSpec};
+use crate::placement::{host_cpu, Placement, Roles};
 use crate::spec::{Flags, SystemSpec};
 use crate::system::Instance;
 
@@ -22,6 +25,44 @@ fn cpu_list(s: &Option<String>) -> anyhow::Result<CpuSet> {
         Some(l) => l.parse()?,
         None => CpuSet::allowed_now()?,
     })
+}
+
+/// The load of one run.
+enum Load {
+    /// `kvlab bench` as a child process, on the generator's CPUs.
+    Child(Child),
+    /// kvlab bench's master on a thread here, which only collects (and writes the rows the
+    /// controller reads); the load comes from agents on their hosts.
+    Agents {
+        stop: kvlab_bench::config::Stop,
+        thread: std::thread::JoinHandle<anyhow::Result<()>>,
+    },
+}
+
+impl Load {
+    /// Whether it ended by itself (the trace is over, or it failed).
+    fn ended(&mut self) -> bool {
+        match self {
+            Load::Child(c) => matches!(c.try_wait(), Ok(Some(_))),
+            Load::Agents { thread, .. } => thread.is_finished(),
+        }
+    }
+
+    /// Stops it and waits for it; an error is the agents' run's.
+    fn end(self) -> anyhow::Result<()> {
+        match self {
+            Load::Child(c) => {
+                end(c);
+                Ok(())
+            }
+            Load::Agents { stop, thread } => {
+                stop.raise();
+                thread
+                    .join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("the load's thread panicked")))
+            }
+        }
+    }
 }
 
 /// Stops a child (the load) and waits for it.
@@ -51,7 +92,10 @@ pub fn run(
 ) -> anyhow::Result<PathBuf> {
     let mut spec = WorkflowSpec::parse(text)?;
     if overrides.warmup.is_some() || !overrides.set.is_empty() {
-        bail!("a control experiment takes --repetitions (seeds) and --duration only");
+        bail!("a control experiment takes --repetitions (seeds), --duration and --hosts only");
+    }
+    if let Some(t) = &overrides.hosts {
+        spec.use_hosts(t)?;
     }
     if let Some(n) = overrides.repetitions {
         spec.seeds = if n <= spec.seeds.len() {
@@ -82,7 +126,8 @@ pub fn run(
     // Absolute: the jobs run in it and name it ({work}).
     let work = work.canonicalize()?;
     let _emptied = spec.work_dir.is_some().then(|| RemoveOnDrop(work.clone()));
-    let meta = WorkflowMeta {
+    let mut meta = WorkflowMeta {
+        hosts: Vec::new(),
         workflow: true,
         text: text.to_string(),
         jobs_text,
@@ -99,6 +144,28 @@ pub fn run(
             ),
         ],
     };
+    // The roles on hosts: the agents' (and the server's, on a local host with the address
+    // they reach it at) connected, checked and prepared before anything starts.
+    let placed = spec.placed_hosts()?;
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    // Ctrl-C ends the run in progress cleanly (below), then everything on the hosts.
+    let roles = Roles {
+        hosts: &placed.hosts,
+        pools: &placed.pools,
+        ssh: &placed.ssh,
+        systems: &spec.systems,
+        exit_on_interrupt: false,
+    };
+    let placement = Placement::open_hosts(
+        &roles,
+        Some(kvlab_bin),
+        &crate::placement::run_name(out),
+        &logs,
+    )?;
+    if let Some(pl) = &placement {
+        meta.hosts = pl.meta(&Default::default());
+    }
     crate::runner::write_json(&out.join("meta.json"), &meta)?;
     eprintln!("making the jobs' inputs in {}", work.display());
     kvlab_control::controller::prepare(&jobs.prepare, &work)?;
@@ -140,6 +207,7 @@ pub fn run(
         out,
         kvlab_bin,
         stop: &stopped,
+        placement: placement.as_ref(),
     };
     // The predictive policies without capacity: calibrated once per system, here.
     let calibrations = calibrate_systems(&ctx, &policies)?;
@@ -277,6 +345,11 @@ pub fn run(
             }
         }
     }
+    if let Some(pl) = placement {
+        let end = pl.finish()?;
+        meta.hosts = pl.meta(&end);
+        crate::runner::write_json(&out.join("meta.json"), &meta)?;
+    }
     analyse(out)
 }
 
@@ -328,6 +401,8 @@ struct Ctx<'a> {
     out: &'a Path,
     kvlab_bin: &'a Path,
     stop: &'a dyn Fn() -> bool,
+    /// The hosts the roles are placed on, if any.
+    placement: Option<&'a Arc<Placement>>,
 }
 
 /// One run: which system, policy, trace.
@@ -353,7 +428,15 @@ fn start_system(ctx: &Ctx, si: usize, sys: &SystemSpec, log: &Path) -> anyhow::R
         backends: None,
         cpus: Some(ctx.cpus.to_string()),
     };
-    Instance::start(si, sys, flags, false, log, Some(ctx.kvlab_bin))
+    Instance::start_in(
+        si,
+        sys,
+        flags,
+        false,
+        log,
+        Some(ctx.kvlab_bin),
+        ctx.placement,
+    )
 }
 
 /// Calibrates each system that runs a predictive policy without capacity, once, on this
@@ -462,6 +545,8 @@ fn one(ctx: &Ctx, p: &Point) -> WorkflowRun {
         control_log: format!("{dir}/control.jsonl"),
         live: format!("{dir}/live.jsonl"),
         error: None,
+        placed: Vec::new(),
+        hosts: Vec::new(),
     };
     if let Err(e) = one_inner(ctx, p, &mut run) {
         run.error = Some(format!("{e:#}"));
@@ -473,11 +558,10 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
     let Ctx {
         spec,
         cpus,
-        generator,
         work,
         out,
-        kvlab_bin,
         stop,
+        ..
     } = *ctx;
     let rdir = out.join(format!("runs/{:04}", run.index));
     std::fs::create_dir_all(&rdir)?;
@@ -486,39 +570,25 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
         .pid
         .context("the server's pid is not known (an external system?)")?;
     let live = out.join(&run.live);
-    let mut bench = Command::new("taskset");
-    bench
-        .args(["-c", generator])
-        .arg(kvlab_bin)
-        .args(["bench", "-q", "-s", &inst.addr.to_string()])
-        .args(["--qps-min", &spec.qps_min.to_string()])
-        .args(["--qps-max", &spec.qps_max.to_string()])
-        .args(["--qps-interval", &run.qps_interval.to_string()])
-        .args(["--qps-seed", &run.seed.to_string()])
-        .args(["--duration", &spec.duration.to_string()])
-        .args(["--interval", &row_interval(run.qps_interval)?.to_string()])
-        .args(["--warmup", "0"])
-        .arg("--live")
-        .arg(&live);
-    for (k, v) in &spec.workload {
-        let v = match v {
-            toml::Value::String(s) => s.clone(),
-            o => o.to_string(),
-        };
-        bench.arg(format!("--{}", k.replace('_', "-"))).arg(v);
-    }
-    let child = bench
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(rdir.join("bench.log"))?)
-        .spawn()
-        .context("starting the load (taskset kvlab bench)")?;
+    let (mut load, procs) = match ctx.placement {
+        Some(pl) if !spec.agents.is_empty() => {
+            let (load, agents) = load_from_agents(ctx, pl, &inst, run, &live)?;
+            let (mut procs, _) = inst.placed_processes();
+            procs.extend(agents);
+            run.placed = procs.iter().map(|p| pl.described(p)).collect();
+            (load, procs)
+        }
+        _ => (load_here(ctx, &inst, run, &live, &rdir)?, Vec::new()),
+    };
+    let before = ctx.placement.map(|pl| pl.read(&procs));
     // The controller starts with the trace (after the load phase fills the cache).
     let deadline = Instant::now() + Duration::from_secs(120);
     while std::fs::metadata(&live).map_or(true, |m| m.len() == 0) {
-        if Instant::now() > deadline || stop() {
-            end(child);
+        if Instant::now() > deadline || stop() || load.ended() {
+            load.end()?;
             bail!(
-                "the load wrote no interval within 120 s (see {}/bench.log)",
+                "the load wrote no interval within 120 s or ended (see {}/bench.log, or the \
+                 agents' logs)",
                 rdir.display()
             );
         }
@@ -556,9 +626,13 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
         baseline: None,
     };
     let outcome = app::control(&options, stop);
-    end(child);
+    let ended = load.end();
+    if let (Some(pl), Some(before)) = (ctx.placement, &before) {
+        run.hosts = host_cpu(before, &pl.read(&procs), &procs);
+    }
     inst.stop();
     let outcome = outcome?;
+    ended.context("the load")?;
     let events = read_log(&options.log)?;
     let rows = LiveFile::new(live).poll();
     let (from, to) = summary::job_span(&events);
@@ -566,4 +640,101 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
         summary::windows(&rows, from, to, spec.window_ms(), spec.slo()).unwrap_or((0, 0));
     run.outcome = Some(outcome);
     Ok(())
+}
+
+/// The run's load as `kvlab bench` here: a child process on the generator's CPUs writing
+/// the rows the controller reads to `live`.
+fn load_here(
+    ctx: &Ctx,
+    inst: &Instance,
+    run: &WorkflowRun,
+    live: &Path,
+    rdir: &Path,
+) -> anyhow::Result<Load> {
+    let spec = ctx.spec;
+    let mut bench = Command::new("taskset");
+    bench
+        .args(["-c", ctx.generator])
+        .arg(ctx.kvlab_bin)
+        .args(["bench", "-q", "-s", &inst.addr.to_string()])
+        .args(["--qps-min", &spec.qps_min.to_string()])
+        .args(["--qps-max", &spec.qps_max.to_string()])
+        .args(["--qps-interval", &run.qps_interval.to_string()])
+        .args(["--qps-seed", &run.seed.to_string()])
+        .args(["--duration", &spec.duration.to_string()])
+        .args(["--interval", &row_interval(run.qps_interval)?.to_string()])
+        .args(["--warmup", "0"])
+        .arg("--live")
+        .arg(live);
+    for (k, v) in &spec.workload {
+        let v = match v {
+            toml::Value::String(s) => s.clone(),
+            o => o.to_string(),
+        };
+        bench.arg(format!("--{}", k.replace('_', "-"))).arg(v);
+    }
+    let child = bench
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(rdir.join("bench.log"))?)
+        .spawn()
+        .context("starting the load (taskset kvlab bench)")?;
+    Ok(Load::Child(child))
+}
+
+/// The run's load from the experiment's agents (one on each of its hosts, started once
+/// through the placement, each its clock offset applied to the common start): the same
+/// trace and workload as [`load_here`]'s flags say (the trace's rate is the total, split
+/// over the agents; each runs the workload's threads and connections), filled from here
+/// first when the workload loads, and kvlab bench's master on a thread here writing the
+/// merged rows to `live`. Also the agents' processes.
+fn load_from_agents(
+    ctx: &Ctx,
+    pl: &Placement,
+    inst: &Instance,
+    run: &WorkflowRun,
+    live: &Path,
+) -> anyhow::Result<(Load, Vec<kvlab_hosts::Started>)> {
+    let spec = ctx.spec;
+    let mut table = spec.workload.clone();
+    for (k, v) in [
+        ("qps_min", spec.qps_min),
+        ("qps_max", spec.qps_max),
+        ("qps_interval", run.qps_interval),
+        ("duration", spec.duration),
+        ("interval", row_interval(run.qps_interval)?),
+        ("warmup", 0.0),
+    ] {
+        table.insert(k.into(), toml::Value::Float(v));
+    }
+    table.insert("qps_seed".into(), toml::Value::Integer(run.seed as i64));
+    let load = load_of(table)?
+        .to_load()
+        .map_err(|e| anyhow::anyhow!("the load: {e}"))?;
+    let cfg = load
+        .config(inst.addr)
+        .map_err(|e| anyhow::anyhow!("the load: {e}"))?;
+    let agents = pl.agents(
+        &spec.agents,
+        &[inst.addr],
+        Duration::from_nanos(cfg.interval_ns()),
+    )?;
+    let agents: Vec<kvlab_bench::run::Agent> = agents.into_iter().map(|(_, a)| a).collect();
+    let mut file =
+        std::fs::File::create(live).with_context(|| format!("creating {}", live.display()))?;
+    let stop = cfg.stop.clone();
+    let thread = std::thread::Builder::new()
+        .name("kvlab-load".into())
+        .spawn(move || {
+            let mut rows = |row: &kvlab_bench::run::IntervalRow| {
+                use std::io::Write as _;
+                // Best effort, as kvlab bench --live: a full disk must not stop the load.
+                let _ = writeln!(file, "{}", kvlab_bench::report::interval_json(row))
+                    .and_then(|()| file.flush());
+            };
+            kvlab_bench::run::run_from(&cfg, false, &agents, &mut rows)
+                .map(|_| ())
+                .map_err(|e| anyhow::anyhow!("the load from the agents: {e}"))
+        })
+        .context("starting the load's thread")?;
+    Ok((Load::Agents { stop, thread }, pl.agent_processes()))
 }
