@@ -141,9 +141,7 @@ impl Conns {
     /// place; `caller` is the socket of the connection that asks.
     pub fn lines(&self, listener: Option<(RawFd, u64)>, caller: RawFd) -> Vec<(String, String)> {
         let now = seconds();
-        // Every connection: descriptor, registration, last command, watching, addresses
-        // of a watcher handed over.
-        let mut open: Vec<(RawFd, u64, u64, bool, Option<(String, String)>)> = Vec::new();
+        let mut open: Vec<Listed> = Vec::new();
         for (c, chunk) in self.table.iter().enumerate() {
             let Some(chunk) = chunk.get() else { continue };
             for (i, slot) in chunk.iter().enumerate() {
@@ -201,6 +199,10 @@ impl Conns {
         out
     }
 }
+
+/// A connection as `stats conns` lists it: descriptor, registration, last command,
+/// watching, the addresses of a watcher handed over.
+type Listed = (RawFd, u64, u64, bool, Option<(String, String)>);
 
 /// The listening socket's lines, as memcached's: its own address, no `listen_addr`.
 fn listening(fd: RawFd, secs: u64) -> [(&'static str, String); 3] {
