@@ -203,7 +203,7 @@ fn fill(
     cluster: &Cluster,
     seeds: &[SocketAddr],
     notes: &mut Vec<String>,
-) -> anyhow::Result<(kvlab_bench::config::Config, u64)> {
+) -> anyhow::Result<(kvlab_bench::config::BenchConfig, u64)> {
     if spec.replicas >= 2 {
         let pairs = open_copy_streams(seeds, spec.replicas as usize)
             .context("opening the nodes' copy streams before the fill")?;
@@ -242,7 +242,7 @@ fn fill(
 /// start; returns the load's result and what happened at each event.
 fn measured_run(
     spec: &ScalingSpec,
-    cfg: &kvlab_bench::config::Config,
+    cfg: &kvlab_bench::config::BenchConfig,
     cluster: &Arc<Mutex<Cluster>>,
 ) -> (
     Result<kvlab_bench::run::RunResult, kvlab_bench::BenchError>,
