@@ -50,7 +50,7 @@ pub struct Load {
     /// Meta protocol: keys travel base64-encoded (`b` flag).
     pub meta_base64: bool,
     /// The target is a node of a kvlab cluster: route every key to its node by the
-    /// cluster's ring and follow redirects (`kvlab_client::cluster`).
+    /// cluster's ring and follow redirects (`kvlab_ring`).
     pub cluster: bool,
     /// Generator threads (per participant: the master and each agent).
     pub threads: usize,

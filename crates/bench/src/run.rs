@@ -35,7 +35,7 @@ use crate::BenchError;
 /// How often the collector looks at a run's stop signal while it waits for reports.
 const STOP_SLICE: Duration = Duration::from_millis(100);
 
-pub use kvlab_client::measure::IntervalRow;
+pub use kvlab_measure::IntervalRow;
 
 /// One rate step (`--scan` step, trace segment, or the whole run at a fixed rate).
 #[derive(Debug, Clone, Serialize, Deserialize)]

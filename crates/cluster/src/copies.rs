@@ -150,7 +150,7 @@ impl Default for Unconfirmed {
 
 impl Unconfirmed {
     fn shard(&self, key: &[u8]) -> &Mutex<HashMap<Vec<u8>, Pending>> {
-        let h = kvlab_client::cluster::key_hash(key) as usize;
+        let h = kvlab_ring::key_hash(key) as usize;
         &self.shards[h % self.shards.len()]
     }
 
@@ -842,7 +842,7 @@ impl Link {
             if loops.is_empty() {
                 return false;
             }
-            let h = kvlab_client::cluster::key_hash(self.holder.as_bytes()) as usize;
+            let h = kvlab_ring::key_hash(self.holder.as_bytes()) as usize;
             loops[h % loops.len()].clone()
         };
         match register(fd, st.id) {

@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use kvlab_client::{Redirect, Ring};
+use kvlab_ring::{Redirect, Ring};
 use kvlab_store::{ScanCursor, Store};
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -686,7 +686,7 @@ impl Gate {
             return Verdict::Redirect(Redirect::TryAgain { epoch: v.epoch });
         }
         let me = self.node.me.as_str();
-        let hash = kvlab_client::cluster::key_hash(key);
+        let hash = kvlab_ring::key_hash(key);
         match v.serving.owner_of_hash(hash) {
             Some(owner) if owner == me => {}
             Some(owner) => {
