@@ -25,7 +25,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{mono_ns, wall_ns};
-use crate::config::{Config, Stop};
+use crate::config::{BenchConfig, Stop};
 use crate::generator::{Msg, Phase};
 use crate::local::{spawn_threads, wait_ready};
 use crate::BenchError;
@@ -35,7 +35,7 @@ use crate::BenchError;
 #[serde(tag = "type", rename_all = "snake_case")]
 enum ToAgent {
     Prepare {
-        config: Box<Config>,
+        config: Box<BenchConfig>,
         participant: u32,
         participants: u32,
     },
@@ -229,7 +229,7 @@ impl AgentLink {
     /// Connects, sends the configuration and waits until the agent's threads are connected.
     pub fn prepare(
         addr: SocketAddr,
-        cfg: &Config,
+        cfg: &BenchConfig,
         participant: u32,
         participants: u32,
     ) -> Result<Self, BenchError> {

@@ -2,7 +2,7 @@
 //! plain data (serde) because the master sends it to agents as JSON. It is derived, never
 //! written by hand outside tests: [`crate::load::Load::config`] is the one conversion from a
 //! load description, which holds the defaults and the checks with user-facing messages;
-//! [`Config::validate`] re-checks what an agent receives.
+//! [`BenchConfig::validate`] re-checks what an agent receives.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -56,7 +56,7 @@ impl Protocol {
 
 /// One run against one target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Config {
+pub struct BenchConfig {
     /// The server.
     pub target: SocketAddr,
     /// What to speak to it.
@@ -157,7 +157,7 @@ pub fn check_meta_base64(
     Ok(())
 }
 
-impl Config {
+impl BenchConfig {
     /// Checks the settings.
     pub fn validate(&self) -> Result<(), BenchError> {
         let bad = |m: &str| Err(BenchError::Spec(m.into()));

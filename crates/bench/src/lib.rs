@@ -7,7 +7,7 @@
 //! # How a run is put together
 //!
 //! ```text
-//!  flags / [workload] ──► load::Options ──► load::Load ──► config::Config ──► run::run
+//!  flags / [workload] ──► load::Options ──► load::Load ──► config::BenchConfig ──► run::run
 //!                          (flat keys)      (description,   (one run; JSON     │
 //!                                            defaults)       to agents)        │
 //!   run ─┬─ local: generator threads ×T, each a mio loop (generator: many pipelined
@@ -23,7 +23,7 @@
 //!
 //! - [`load`]: the one load description — open/closed loop, rate plan, workload, warm-up,
 //!   duration, interval, seed, protocol, threads — with every default, its validation, and
-//!   the one conversion to a [`Config`]; [`load::Options`] is its flat form (flags, files);
+//!   the one conversion to a [`BenchConfig`]; [`load::Options`] is its flat form (flags, files);
 //! - [`workload`]: keys, values (verifiable), operation mix, request composition;
 //! - [`data`]: real data sets (maildir, JSON lines, CSV) as the key space and values;
 //! - [`dist`]: size and key distributions (uniform, sequential, gaussian, zipf, hot set; GEV,
@@ -66,7 +66,7 @@ pub mod stats;
 pub mod sustained;
 pub mod workload;
 
-pub use config::{Config, Protocol};
+pub use config::{BenchConfig, Protocol};
 pub use run::{run, RunResult};
 
 use thiserror::Error;

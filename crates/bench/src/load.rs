@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  kvlab bench flags ─┐                         (all optional: absent = the default here)
-//!  [workload] table ──┼──► Options ──to_load()──► Load ──validate()/config(target)──► Config
+//!  [workload] table ──┼──► Options ──to_load()──► Load ──validate()/config(target)──► BenchConfig
 //!  kvlab populate ────┘    flat keys              the description       the run (wire format
 //!                                                 (serde, defaults)     to agents)
 //! ```
@@ -16,15 +16,15 @@
 //!   write (`qps`, `scan`, `qps_list`, `depth`, `key_size`, …). Each field is optional; absent
 //!   means "the default of the [`Load`]". [`Options::to_load`] is the one mapping from those
 //!   keys to a description, so the same keys give the same run everywhere.
-//! - [`Load::config`] derives the run's [`Config`] (the form agents receive); nothing else
-//!   builds a `Config` from user input.
+//! - [`Load::config`] derives the run's [`BenchConfig`] (the form agents receive); nothing else
+//!   builds a `BenchConfig` from user input.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, Protocol};
+use crate::config::{BenchConfig, Protocol};
 use crate::data::{DataKey, DataSpec, DEFAULT_MAX_ITEM_SIZE};
 use crate::dist::{KeyDist, SizeDist};
 use crate::schedule::{Arrival, RatePlan, Segment};
@@ -50,7 +50,7 @@ pub struct Load {
     /// Meta protocol: keys travel base64-encoded (`b` flag).
     pub meta_base64: bool,
     /// The target is a node of a kvlab cluster: route every key to its node by the
-    /// cluster's ring and follow redirects (`kvlab_client::cluster`).
+    /// cluster's ring and follow redirects (`kvlab_ring`).
     pub cluster: bool,
     /// Generator threads (per participant: the master and each agent).
     pub threads: usize,
@@ -362,10 +362,10 @@ impl Load {
         Ok(wl)
     }
 
-    /// The run against `target`: the one conversion from a description to a [`Config`].
-    pub fn config(&self, target: SocketAddr) -> Result<Config, BenchError> {
+    /// The run against `target`: the one conversion from a description to a [`BenchConfig`].
+    pub fn config(&self, target: SocketAddr) -> Result<BenchConfig, BenchError> {
         self.validate()?;
-        let cfg = Config {
+        let cfg = BenchConfig {
             target,
             protocol: self.protocol,
             meta_base64: self.meta_base64,

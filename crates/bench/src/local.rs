@@ -5,7 +5,7 @@
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::BenchConfig;
 use crate::generator::{thread_main, Msg, Phase, ThreadCtx};
 use crate::BenchError;
 
@@ -13,7 +13,7 @@ use crate::BenchError;
 /// start-time senders.
 pub(crate) fn spawn_threads<'s, 'e: 's>(
     s: &'s std::thread::Scope<'s, 'e>,
-    cfg: &'e Config,
+    cfg: &'e BenchConfig,
     participant: u32,
     participants: u32,
     phase: Phase,

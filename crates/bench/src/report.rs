@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::run::{IntervalRow, RunResult};
 use crate::stats::Percentiles;
 
-pub use kvlab_client::measure::{interval_json, median};
+pub use kvlab_measure::{interval_json, median};
 
 /// One target's medians over its repeats.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::agent::{AgentLink, AgentStop};
 use crate::clock::{mono_ns, wall_ns};
-use crate::config::Config;
+use crate::config::BenchConfig;
 use crate::generator::{Msg, Phase, ThreadDone};
 use crate::local::{spawn_threads, wait_ready};
 use crate::stats::{
@@ -35,7 +35,7 @@ use crate::BenchError;
 /// How often the collector looks at a run's stop signal while it waits for reports.
 const STOP_SLICE: Duration = Duration::from_millis(100);
 
-pub use kvlab_client::measure::IntervalRow;
+pub use kvlab_measure::IntervalRow;
 
 /// One rate step (`--scan` step, trace segment, or the whole run at a fixed rate).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,7 +87,7 @@ pub struct RunResult {
     /// The server.
     pub target: String,
     /// The configuration.
-    pub config: Config,
+    pub config: BenchConfig,
     /// Participants (1 + agents).
     pub participants: usize,
     /// Start of measurement, ms since the Unix epoch.
@@ -167,7 +167,7 @@ impl ParticipantTotals {
 /// Runs `cfg`: the load phase (if asked), then the measured run on local threads and on
 /// `agents`. `progress` sees every interval as soon as all threads have reported it.
 pub fn run(
-    cfg: &Config,
+    cfg: &BenchConfig,
     agents: &[SocketAddr],
     progress: &mut dyn FnMut(&IntervalRow),
 ) -> Result<RunResult, BenchError> {
@@ -205,7 +205,7 @@ impl Agent {
 /// `local` (otherwise the load comes from `agents` alone, participants 0.., and the master
 /// only collects — the load phase still runs here).
 pub fn run_from(
-    cfg: &Config,
+    cfg: &BenchConfig,
     local: bool,
     agents: &[Agent],
     progress: &mut dyn FnMut(&IntervalRow),
@@ -261,7 +261,7 @@ pub fn run_from(
 }
 
 /// Sets every key once from local threads (closed loop, pipelined).
-pub fn load_phase(cfg: &Config) -> Result<Counters, BenchError> {
+pub fn load_phase(cfg: &BenchConfig) -> Result<Counters, BenchError> {
     let (tx, rx) = channel();
     std::thread::scope(|s| {
         let starts = spawn_threads(s, cfg, 0, 1, Phase::Load, &tx)?;
@@ -304,7 +304,7 @@ struct Pending {
 }
 
 fn collect(
-    cfg: &Config,
+    cfg: &BenchConfig,
     rx: &Receiver<Msg>,
     participants: usize,
     start_wall_ns: u64,
@@ -410,7 +410,7 @@ struct Folded {
 
 impl Folded {
     /// Adds one interval; returns its row.
-    fn add(&mut self, cfg: &Config, start_wall_ns: u64, r: &IntervalReport) -> &IntervalRow {
+    fn add(&mut self, cfg: &BenchConfig, start_wall_ns: u64, r: &IntervalReport) -> &IntervalRow {
         if r.start_ns >= cfg.warmup_ns() {
             // Histograms of one configuration always share bounds, so merging cannot fail.
             let _ = self
@@ -436,7 +436,7 @@ impl Folded {
     }
 
     /// Summarises the open steps before `before`.
-    fn close_steps(&mut self, cfg: &Config, start_wall_ns: u64, before: usize) {
+    fn close_steps(&mut self, cfg: &BenchConfig, start_wall_ns: u64, before: usize) {
         while let Some(entry) = self.open.first_entry() {
             if *entry.key() >= before {
                 break;
@@ -451,15 +451,15 @@ fn secs(r: &IntervalReport) -> f64 {
     (r.end_ns.saturating_sub(r.start_ns)) as f64 / 1e9
 }
 
-fn target_of(cfg: &Config, step: usize) -> Option<f64> {
+fn target_of(cfg: &BenchConfig, step: usize) -> Option<f64> {
     cfg.open.map(|_| cfg.plan.segments[step].qps)
 }
 
-fn step_of(cfg: &Config, r: &IntervalReport) -> usize {
+fn step_of(cfg: &BenchConfig, r: &IntervalReport) -> usize {
     cfg.plan.at(r.start_ns.saturating_sub(cfg.warmup_ns())).0
 }
 
-fn interval_row(cfg: &Config, r: &IntervalReport, start_wall_ns: u64) -> IntervalRow {
+fn interval_row(cfg: &BenchConfig, r: &IntervalReport, start_wall_ns: u64) -> IntervalRow {
     let step = step_of(cfg, r);
     IntervalRow {
         ts_start: (start_wall_ns + r.start_ns) / 1_000_000,
@@ -478,7 +478,7 @@ fn interval_row(cfg: &Config, r: &IntervalReport, start_wall_ns: u64) -> Interva
 }
 
 fn summarise(
-    cfg: &Config,
+    cfg: &BenchConfig,
     participants: usize,
     start_wall_ns: u64,
     mut folded: Folded,
@@ -535,7 +535,13 @@ fn summarise(
 
 /// A step's row, with wall-clock timestamps in milliseconds: `r` its intervals merged,
 /// `d` the seconds they measured.
-fn step_row(cfg: &Config, start_wall_ns: u64, step: usize, r: &IntervalReport, d: f64) -> StepRow {
+fn step_row(
+    cfg: &BenchConfig,
+    start_wall_ns: u64,
+    step: usize,
+    r: &IntervalReport,
+    d: f64,
+) -> StepRow {
     StepRow {
         step,
         ts_start: Some((start_wall_ns + r.start_ns) / 1_000_000),
@@ -599,7 +605,11 @@ fn collect_threads(
 
 /// Summarises the actual inter-arrival times of an open-loop run, warning when they do not
 /// follow the planned distribution.
-fn summarise_gaps(cfg: &Config, gaps: &GapStats, warnings: &mut Vec<String>) -> Option<GapSummary> {
+fn summarise_gaps(
+    cfg: &BenchConfig,
+    gaps: &GapStats,
+    warnings: &mut Vec<String>,
+) -> Option<GapSummary> {
     if cfg.open.is_some() && gaps.n > 0 {
         let mut sample = gaps.sample.clone();
         let ks_d = ks_statistic(&mut sample, |x| 1.0 - (-x).exp());
@@ -651,8 +661,8 @@ mod tests {
     use crate::schedule::{Arrival, RatePlan};
     use crate::stats::{new_histogram, record};
 
-    fn config(plan: RatePlan) -> Config {
-        Config {
+    fn config(plan: RatePlan) -> BenchConfig {
+        BenchConfig {
             target: "127.0.0.1:1".parse().unwrap(),
             protocol: Default::default(),
             meta_base64: false,

@@ -8,10 +8,10 @@
 //! and from the actual send (`latency_send`, what a closed-loop tool would report).
 //!
 //! The figures that leave the generator in its rows — counters, percentiles, encoded
-//! histograms — are defined in [`kvlab_client::measure`], which their readers share.
+//! histograms — are defined in [`kvlab_measure`], which their readers share.
 
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
-pub use kvlab_client::measure::{
+pub use kvlab_measure::{
     new_histogram, record, Counters, EncodedHistogram, Histogram, HistogramError, Percentiles,
     MAX_LATENCY_NS,
 };

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::Config;
+use crate::config::BenchConfig;
 use crate::run::RunResult;
 use crate::schedule::{Arrival, RatePlan};
 use crate::stats::Counters;
@@ -298,7 +298,7 @@ impl Search {
 
     /// The run of one step at `qps` from `base` (its target, workload, connections): open
     /// loop with the spec's arrival process, its warm-up and step time, no load phase.
-    pub fn step_config(&self, base: &Config, qps: f64) -> Result<Config, BenchError> {
+    pub fn step_config(&self, base: &BenchConfig, qps: f64) -> Result<BenchConfig, BenchError> {
         let mut cfg = base.clone();
         cfg.load = false;
         cfg.open = Some(self.spec.arrival);
@@ -443,7 +443,7 @@ impl Search {
 /// Runs the search against `base`'s target with `base`'s workload and connections (its load
 /// model and rate plan are replaced). `on_step` sees every step when it is measured.
 pub fn find_sustained(
-    base: &Config,
+    base: &BenchConfig,
     spec: &SearchSpec,
     agents: &[SocketAddr],
     on_step: &mut dyn FnMut(&SearchStep),
@@ -459,9 +459,9 @@ pub fn find_sustained(
 /// [`find_sustained`] with the step runner supplied (tests drive it with a model): a
 /// [`Search`] driven by runs of [`Search::step_config`], within `spec.max_time_s`.
 pub fn find_sustained_with(
-    base: &Config,
+    base: &BenchConfig,
     spec: &SearchSpec,
-    run_step: &mut dyn FnMut(&Config) -> Result<RunResult, BenchError>,
+    run_step: &mut dyn FnMut(&BenchConfig) -> Result<RunResult, BenchError>,
     on_step: &mut dyn FnMut(&SearchStep),
 ) -> Result<SearchResult, BenchError> {
     let mut search = Search::new(spec.clone())?;
@@ -614,7 +614,7 @@ mod tests {
 
     /// A run result for a modelled server: latency 100 µs below `cap` req/s, 5 ms above, and
     /// above `cap` only `cap` replies per second.
-    fn model(cfg: &Config, cap: f64) -> RunResult {
+    fn model(cfg: &BenchConfig, cap: f64) -> RunResult {
         let q = cfg.plan.segments[0].qps;
         let planned = (q * 2.0) as u64;
         let completed = if q <= cap {
@@ -658,8 +658,8 @@ mod tests {
         }
     }
 
-    fn base() -> Config {
-        Config {
+    fn base() -> BenchConfig {
+        BenchConfig {
             target: "127.0.0.1:1".parse().unwrap(),
             protocol: Default::default(),
             meta_base64: false,

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{closed, run};
 use kvlab_bench::dist::SizeDist;
 use kvlab_bench::workload::Mix;
-use kvlab_bench::{Config, Protocol};
+use kvlab_bench::{BenchConfig, Protocol};
 use kvlab_testkit::Memcached;
 
 /// A server under test, stopped on drop.
@@ -57,7 +57,7 @@ fn targets() -> Vec<Target> {
     t
 }
 
-fn meta(target: SocketAddr, requests: u64) -> Config {
+fn meta(target: SocketAddr, requests: u64) -> BenchConfig {
     let mut cfg = closed(target, requests);
     cfg.protocol = Protocol::Meta;
     cfg.depth = 8;
@@ -73,7 +73,7 @@ fn meta(target: SocketAddr, requests: u64) -> Config {
 }
 
 /// What meta sets stored reads back over the text protocol under the plain key, verified.
-fn readable_over_text(t: &Target, cfg: &Config) -> usize {
+fn readable_over_text(t: &Target, cfg: &BenchConfig) -> usize {
     let wl = &cfg.workload;
     let mut buf = [0u8; 256];
     let mut client = kvlab_client::Client::connect(t.addr(), Duration::from_secs(5)).unwrap();

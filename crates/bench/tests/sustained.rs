@@ -35,7 +35,7 @@ fn search(protocol: Protocol, addr: std::net::SocketAddr, threshold: f64, offere
     cfg.connections = 4;
     cfg.depth = 256;
     let mut seen = 0;
-    let mut step = |c: &kvlab_bench::Config| {
+    let mut step = |c: &kvlab_bench::BenchConfig| {
         offered.store(c.plan.segments[0].qps.to_bits(), Ordering::SeqCst);
         kvlab_bench::run(c, &[], &mut |_| {})
     };

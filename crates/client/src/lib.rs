@@ -8,14 +8,13 @@
 //! - [`http`]: the HTTP/1.1 side of kvlab's REST interface (compose requests, parse responses
 //!   incrementally); [`Conn`] speaks it with [`Wire::Http`].
 //! - [`blocking`]: a small blocking client for tools and tests.
-//! - [`cluster`]: a kvlab cluster's ring (key → node), its redirects, and a blocking
-//!   cluster-aware client that follows them.
-//! - [`measure`]: what a load generator measures, as it writes it: counts, latency
-//!   histograms and percentiles, one interval's row (written by `kvlab bench`, read by
-//!   `kvlab control` and `kvlab lab`).
+//! - [`cluster`]: a blocking cluster-aware client: fetches a kvlab cluster's ring, routes
+//!   keys by it and follows the nodes' redirects.
 //!
-//! Starting a system on a free port is `kvlab-process`'s; the tests' scaffolding (the
-//! reference memcached, the wire table) is `kvlab-testkit`'s, a dev-dependency.
+//! The cluster's ring and its redirects are `kvlab-ring`'s; what a load generator measures
+//! is `kvlab-measure`'s. Starting a system on a free port is `kvlab-process`'s; the tests'
+//! scaffolding (the reference memcached, the wire table) is `kvlab-testkit`'s, a
+//! dev-dependency.
 
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -24,9 +23,7 @@ pub mod blocking;
 pub mod cluster;
 pub mod conn;
 pub mod http;
-pub mod measure;
-pub mod redirect;
 
 pub use blocking::{Answer, Client};
-pub use cluster::{ClusterClient, Redirect, Ring};
+pub use cluster::ClusterClient;
 pub use conn::{Conn, ConnError, Event, Outcome, ReqKind, Status, Wire};

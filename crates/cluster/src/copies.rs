@@ -150,7 +150,7 @@ impl Default for Unconfirmed {
 
 impl Unconfirmed {
     fn shard(&self, key: &[u8]) -> &Mutex<HashMap<Vec<u8>, Pending>> {
-        let h = kvlab_client::cluster::key_hash(key) as usize;
+        let h = kvlab_ring::key_hash(key) as usize;
         &self.shards[h % self.shards.len()]
     }
 
@@ -842,7 +842,7 @@ impl Link {
             if loops.is_empty() {
                 return false;
             }
-            let h = kvlab_client::cluster::key_hash(self.holder.as_bytes()) as usize;
+            let h = kvlab_ring::key_hash(self.holder.as_bytes()) as usize;
             loops[h % loops.len()].clone()
         };
         match register(fd, st.id) {
@@ -916,8 +916,8 @@ mod tests {
     /// Copies with a link to a stand-in holder (a listener that only reads), watched as by
     /// an event loop: the copies, the link, and the holder's end of the stream.
     fn watched_link() -> (Copies, Arc<Link>, TcpStream) {
-        use kvlab_store::{Config, SetMode, SetRequest, SystemClock};
-        let store = Arc::new(Store::new(Config::default(), Arc::new(SystemClock)));
+        use kvlab_store::{SetMode, SetRequest, StoreConfig, SystemClock};
+        let store = Arc::new(Store::new(StoreConfig::default(), Arc::new(SystemClock)));
         for key in ["a", "b"] {
             store.set(&SetRequest::new(SetMode::Set, key.as_bytes(), b"v"));
         }

@@ -1,7 +1,7 @@
 //! kvlab's elastic cluster: a ring of `kvlab server --cluster` nodes whose topology (nodes,
 //! ring epoch, the migration under way) lives in a shared [`topology::TopologyStore`] (a
 //! file here; etcd in the `kvlab-etcd` crate, so that a node's build needs no gRPC stack);
-//! clients route keys by the ring (`kvlab_client::cluster`); adding or removing a node moves
+//! clients route keys by the ring (`kvlab_ring`); adding or removing a node moves
 //! the keys that change owner while every node keeps serving.
 //!
 //! - [`topology`]: the topology, its phases, and where it is kept (a file on one machine).
@@ -28,7 +28,7 @@ pub mod serve;
 pub mod topology;
 
 pub use command_line::NodeCommand;
-pub use kvlab_client::Redirect;
+pub use kvlab_ring::Redirect;
 pub use node::{Gate, Import, Node, Verdict};
 pub use serve::{serve, ClusterConfig, NodeApp, NodeEngine};
 pub use topology::{CopyWritePolicy, FileStore, Migration, Phase, Topology, TopologyStore};

@@ -19,7 +19,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kvlab_client::Ring;
+use kvlab_ring::Ring;
 use serde::{Deserialize, Serialize};
 
 use crate::ClusterError;

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use kvlab_client::measure::IntervalRow;
+use kvlab_measure::IntervalRow;
 use serde::{Deserialize, Serialize};
 
 use crate::calibrate::Calibration;

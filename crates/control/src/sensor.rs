@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use std::collections::VecDeque;
 
-use kvlab_client::measure::IntervalRow;
-use kvlab_client::measure::{new_histogram, Percentiles};
+use kvlab_measure::IntervalRow;
+use kvlab_measure::{new_histogram, Percentiles};
 
 use crate::controller::Sensor;
 use crate::event::unix_ms;
@@ -407,7 +407,7 @@ mod tests {
 
     /// [`live_row`] of trace segment `step`.
     fn step_row(end: u64, slow: u64, step: usize) -> String {
-        use kvlab_client::measure::{record, EncodedHistogram};
+        use kvlab_measure::{record, EncodedHistogram};
         let mut h = new_histogram();
         for k in 0..100 {
             record(&mut h, if k < slow { 2_000_000 } else { 200_000 });
@@ -425,7 +425,7 @@ mod tests {
             latency_hist: Some(EncodedHistogram::encode(&h).unwrap()),
         };
         r.counters.completed = 100;
-        kvlab_client::measure::interval_json(&r) + "\n"
+        kvlab_measure::interval_json(&r) + "\n"
     }
 
     #[test]

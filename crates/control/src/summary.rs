@@ -18,8 +18,8 @@
 //! (`IntervalRow::latency_hist`), which add up to the histogram of any span. Rows of an
 //! older `kvlab bench` carry none; those two figures are then absent.
 
-use kvlab_client::measure::IntervalRow;
-use kvlab_client::measure::{new_histogram, Histogram, Percentiles};
+use kvlab_measure::IntervalRow;
+use kvlab_measure::{new_histogram, Histogram, Percentiles};
 use serde::{Deserialize, Serialize};
 
 use crate::event::{Event, What};
@@ -111,7 +111,7 @@ pub struct Regime {
 
 /// The median of `v`, `None` when it is empty.
 fn median(mut v: Vec<f64>) -> Option<f64> {
-    (!v.is_empty()).then(|| kvlab_client::measure::median(&mut v))
+    (!v.is_empty()).then(|| kvlab_measure::median(&mut v))
 }
 
 /// The regime over the samples of `events` and the `rows` inside the span `from..to`.
@@ -432,7 +432,7 @@ pub fn summarise(events: &[Event], intervals: &[IntervalRow], slo_p95_us: f64) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kvlab_client::measure::{record, EncodedHistogram};
+    use kvlab_measure::{record, EncodedHistogram};
 
     fn ev(ms: u64, what: What) -> Event {
         Event {
@@ -585,7 +585,7 @@ mod tests {
                     _ => 0,
                 };
                 let r = row(t0 + step * 1000 + i * 100, 100, step as usize, 100, slow);
-                live.push_str(&kvlab_client::measure::interval_json(&r));
+                live.push_str(&kvlab_measure::interval_json(&r));
                 live.push('\n');
             }
         }

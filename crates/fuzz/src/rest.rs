@@ -13,7 +13,7 @@ use kvlab_server::admin::AdminState;
 use kvlab_server::auth::AuthFile;
 use kvlab_server::stats::{ServerStats, WorkerStats};
 use kvlab_server::ServerState;
-use kvlab_store::{Config, ManualClock, Store};
+use kvlab_store::{ManualClock, Store, StoreConfig};
 use tower::ServiceExt as _;
 
 const METHODS: [Method; 8] = [
@@ -158,11 +158,11 @@ fn line(data: &[u8]) -> (&[u8], &[u8]) {
 }
 
 fn shared(auth: bool) -> Arc<ServerState> {
-    let config = Config {
+    let config = StoreConfig {
         memory_limit: 4 << 20,
         item_size_max: 64 * 1024,
         shards: 1,
-        ..Config::default()
+        ..StoreConfig::default()
     };
     let store = Arc::new(Store::new(
         config,

@@ -12,7 +12,7 @@ use kvlab_server::admin::AdminState;
 use kvlab_server::auth::AuthFile;
 use kvlab_server::stats::{ServerStats, WorkerStats};
 use kvlab_server::{Engine, Session};
-use kvlab_store::{Config, ManualClock, Policy, Store};
+use kvlab_store::{ManualClock, Policy, Store, StoreConfig};
 
 /// What the first byte chooses.
 #[derive(Clone, Copy, Debug)]
@@ -56,7 +56,7 @@ impl Setup {
     }
 
     fn engine(&self) -> Engine {
-        let config = Config {
+        let config = StoreConfig {
             memory_limit: if self.small { 2 << 20 } else { 64 << 20 },
             item_size_max: self.limits().item_size_max,
             policy: self.policy,

@@ -1,7 +1,7 @@
 //! `kvlab bench`: the load generator's command line.
 //!
 //! Maps flags onto a [`kvlab_bench::load::Load`] (through its flat
-//! [`kvlab_bench::load::Options`], one flag per key), derives a [`kvlab_bench::Config`] per
+//! [`kvlab_bench::load::Options`], one flag per key), derives a [`kvlab_bench::BenchConfig`] per
 //! target from it, runs them A B A B … for
 //! `--repeat` rounds, prints a summary per run and the per-target comparison, and writes
 //! `--json` / `--csv`. `kvlab bench agent` serves masters for distributed load.
@@ -22,7 +22,7 @@ use kvlab_bench::report;
 use kvlab_bench::schedule::Arrival;
 use kvlab_bench::sustained::{self, Bound, SearchSpec};
 use kvlab_bench::workload::Workload;
-use kvlab_bench::{Config, Protocol};
+use kvlab_bench::{BenchConfig, Protocol};
 
 /// Flags of `kvlab bench`.
 #[derive(Debug, Args)]
@@ -378,7 +378,7 @@ impl RunArgs {
         Ok(self.options().to_load()?)
     }
 
-    fn configs_of(&self, load: &Load) -> anyhow::Result<Vec<Config>> {
+    fn configs_of(&self, load: &Load) -> anyhow::Result<Vec<BenchConfig>> {
         match &self.cluster {
             Some(seed) => Ok(vec![load.config(resolve(seed)?)?]),
             None => self
@@ -630,7 +630,7 @@ mod tests {
         Cli::try_parse_from(v).unwrap().run
     }
 
-    fn config(flags: &[&str]) -> Config {
+    fn config(flags: &[&str]) -> BenchConfig {
         args(flags)
             .configs_of(&args(flags).load().unwrap())
             .unwrap()[0]

@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
-use kvlab_client::cluster::DEFAULT_VNODES;
 use kvlab_cluster::coordinator::{self, MigrationReport};
 use kvlab_cluster::{ClusterError, CopyWritePolicy, TopologyStore};
 use kvlab_etcd::open_store;
+use kvlab_ring::DEFAULT_VNODES;
 
 mod local;
 

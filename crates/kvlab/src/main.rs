@@ -8,6 +8,7 @@
 //!                                    └─► kvlab_protocol (parse/compose, both directions)
 //! kvlab bench     bench_cmd     ──► kvlab_bench (load description, open/closed loop, agents)
 //!                                    └─► kvlab_client (pipelined connections, HTTP side)
+//!                                    └─► kvlab_measure (the rows and histograms it writes)
 //! kvlab proxy     proxy_cmd     ──► kvlab_proxy (routing, workers, stage times)
 //!                                    └─► kvlab_net (epoll driver), kvlab_protocol
 //! kvlab cluster   cluster_cmd   ──► kvlab_cluster (topology, coordinator) over nodes that

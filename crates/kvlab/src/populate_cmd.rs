@@ -153,8 +153,7 @@ fn fill_dir(
     sample: u64,
 ) -> anyhow::Result<DirFill> {
     use kvlab_store::{
-        Config as StoreConfig, Durability, DurableConfig, SetMode, SetRequest, SetStatus, Store,
-        SystemClock,
+        Durability, DurableConfig, SetMode, SetRequest, SetStatus, Store, StoreConfig, SystemClock,
     };
     let open = || {
         Store::open(

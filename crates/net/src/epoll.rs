@@ -25,7 +25,7 @@ use mio::{Poll, Waker};
 
 use crate::event_loop::{EventLoop, WAKER};
 use crate::service::App;
-use crate::Config;
+use crate::DriverConfig;
 
 /// A running single-loop driver.
 pub struct Epoll {
@@ -38,7 +38,7 @@ impl Epoll {
     pub fn start<A: App>(
         listener: std::net::TcpListener,
         app: Arc<A>,
-        config: Config,
+        config: DriverConfig,
     ) -> io::Result<Epoll> {
         listener.set_nonblocking(true)?;
         let poll = Poll::new()?;

@@ -149,7 +149,7 @@ impl<A: App> EventLoop<A> {
     }
 
     /// A connection answers at most `n` requests per turn (memcached's `-R`; see
-    /// [`crate::Config::reqs_per_event`]): one that has more buffered is served again at
+    /// [`crate::DriverConfig::reqs_per_event`]): one that has more buffered is served again at
     /// the end of the round, after the other ready connections, or in the next round.
     pub fn with_reqs_per_event(mut self, n: Option<u32>) -> Self {
         self.reqs_per_event = n;

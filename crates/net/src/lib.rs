@@ -110,7 +110,7 @@ impl std::str::FromStr for IoModel {
 
 /// What every driver is told.
 #[derive(Clone, Debug)]
-pub struct Config {
+pub struct DriverConfig {
     /// Worker threads (reactor) or helper threads (epoll, signal); `-t`.
     pub threads: usize,
     /// Parsing limits of every session.
@@ -152,7 +152,7 @@ impl Driver {
         io: IoModel,
         listener: std::net::TcpListener,
         app: Arc<A>,
-        config: Config,
+        config: DriverConfig,
     ) -> io::Result<Driver> {
         Ok(match io {
             IoModel::Reactor => Driver::Reactor(reactor::Reactor::start(listener, app, config)?),

@@ -32,7 +32,7 @@ use mio::{Poll, Waker};
 use crate::driver;
 use crate::event_loop::{EventLoop, WAKER};
 use crate::service::App;
-use crate::Config;
+use crate::DriverConfig;
 
 /// A running reactor: its threads and the wakers that stop them.
 pub struct Reactor {
@@ -45,7 +45,7 @@ impl Reactor {
     pub fn start<A: App>(
         listener: std::net::TcpListener,
         app: Arc<A>,
-        config: Config,
+        config: DriverConfig,
     ) -> io::Result<Reactor> {
         listener.set_nonblocking(true)?;
         let mut threads = Vec::new();

@@ -263,7 +263,7 @@ pub trait Service: Send + 'static {
     }
 
     /// A connection gave its turn up with requests still buffered
-    /// ([`crate::Config::reqs_per_event`]; memcached's `conn_yields`).
+    /// ([`crate::DriverConfig::reqs_per_event`]; memcached's `conn_yields`).
     fn yielded(&mut self) {}
 
     /// `n` bytes were read from a connection.

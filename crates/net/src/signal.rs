@@ -32,7 +32,7 @@ use crate::driver::{self, Pump};
 use crate::pool::{Done, HelperPool};
 use crate::service::{App, Service, WorkOf};
 use crate::session::Session;
-use crate::Config;
+use crate::DriverConfig;
 
 /// The real-time signal that carries readiness (SIGRTMIN+3 leaves the low ones to libraries).
 fn io_signal() -> i32 {
@@ -50,7 +50,7 @@ impl SignalDriver {
     pub fn start<A: App>(
         listener: TcpListener,
         app: Arc<A>,
-        config: Config,
+        config: DriverConfig,
     ) -> io::Result<SignalDriver> {
         listener.set_nonblocking(true)?;
         let (wake_r, wake_w) = pipe()?;

@@ -29,7 +29,7 @@ use kvlab_protocol::Limits;
 use crate::driver;
 use crate::service::{App, Service};
 use crate::session::Session;
-use crate::Config;
+use crate::DriverConfig;
 
 const WAKER: mio::Token = mio::Token(usize::MAX);
 
@@ -73,7 +73,7 @@ impl Threaded {
     pub fn start<A: App>(
         listener: std::net::TcpListener,
         app: Arc<A>,
-        config: Config,
+        config: DriverConfig,
     ) -> io::Result<Threaded> {
         listener.set_nonblocking(true)?;
         let poll = Poll::new()?;
@@ -114,7 +114,7 @@ impl Threaded {
 fn spawn_conn<A: App>(
     stream: mio::net::TcpStream,
     app: &Arc<A>,
-    config: &Config,
+    config: &DriverConfig,
     reg: &Arc<Registry>,
 ) -> bool {
     // SAFETY: `into_raw_fd` hands over sole ownership of a valid socket descriptor.

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvlab_net::{App, Completion, Config, Driver, Flow, IoModel, Order, Service, Work};
+use kvlab_net::{App, Completion, Driver, DriverConfig, Flow, IoModel, Order, Service, Work};
 use kvlab_protocol::{Limits, ProtocolError, Request};
 
 /// A helper's state (nothing: the work is a lookup).
@@ -110,7 +110,7 @@ fn replies_completing_out_of_order_leave_in_request_order_under_every_driver() {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let app = Arc::new(ToyApp::default());
-        let config = Config {
+        let config = DriverConfig {
             threads: 2,
             limits: Limits::default(),
             idle_timeout: None,

@@ -87,7 +87,7 @@ from_str_via_serde!(ReplicaWritePolicy: "write policy", ReadPolicy: "read policy
 pub struct Pool {
     /// A kvlab cluster's ring (`--cluster`): the backends are its nodes, in its order, and
     /// keys go where it says.
-    pub cluster: Option<std::sync::Arc<kvlab_client::Ring>>,
+    pub cluster: Option<std::sync::Arc<kvlab_ring::Ring>>,
     /// Its name (in stats and logs).
     pub name: String,
     /// Keys starting with this prefix go to this pool; `""` takes every key no other pool takes.
@@ -212,7 +212,7 @@ impl ProxyConfig {
     pub fn of_cluster(
         &self,
         seed: &str,
-        ring: kvlab_client::Ring,
+        ring: kvlab_ring::Ring,
     ) -> Result<ProxyConfig, ConfigError> {
         let backends = ring
             .nodes()

@@ -373,7 +373,7 @@ impl Proxy {
             io,
             listener,
             app,
-            kvlab_net::Config {
+            kvlab_net::DriverConfig {
                 threads: workers,
                 limits: options.limits,
                 idle_timeout: None,

@@ -95,7 +95,7 @@ pub struct PoolRing {
     /// Ketama: points sorted by value; modula: one entry per unit of weight (value unused).
     points: Vec<Point>,
     /// A kvlab cluster's ring instead (`--cluster`): backends are its nodes, in its order.
-    cluster: Option<Arc<kvlab_client::Ring>>,
+    cluster: Option<Arc<kvlab_ring::Ring>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -133,7 +133,7 @@ impl PoolRing {
     }
 
     /// A kvlab cluster's ring: backend `i` is its node `i`.
-    pub fn of_cluster(ring: Arc<kvlab_client::Ring>) -> PoolRing {
+    pub fn of_cluster(ring: Arc<kvlab_ring::Ring>) -> PoolRing {
         PoolRing {
             distribution: Distribution::Ketama,
             points: Vec::new(),

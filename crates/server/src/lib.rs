@@ -49,9 +49,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvlab_protocol::Limits;
-use kvlab_store::{
-    Clock, Config as StoreConfig, DurableConfig, Policy, SizeClasses, Store, SystemClock,
-};
+use kvlab_store::{Clock, DurableConfig, Policy, SizeClasses, Store, StoreConfig, SystemClock};
 
 use crate::admin::AdminState;
 
@@ -80,7 +78,7 @@ pub struct ServerConfig {
     /// Cache memory limit in bytes (`-m` is in MiB).
     pub memory_limit: usize,
     /// Most items the cache holds at once (`--cache-items`; 0: only `memory_limit`
-    /// bounds it): see [`kvlab_store::Config::max_items`].
+    /// bounds it): see [`kvlab_store::StoreConfig::max_items`].
     pub cache_items: usize,
     /// Connection limit (`-c`).
     pub max_connections: usize,
@@ -527,7 +525,7 @@ impl Server {
             config.crawler.unwrap_or_default(),
             crawler_control,
         )?);
-        let net = kvlab_net::Config {
+        let net = kvlab_net::DriverConfig {
             threads: config.threads,
             limits,
             idle_timeout: config.idle_timeout,

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use kvlab_store::{Config, Durability, DurableConfig, SetMode, SetRequest, Store, SystemClock};
+use kvlab_store::{
+    Durability, DurableConfig, SetMode, SetRequest, Store, StoreConfig, SystemClock,
+};
 
 fn open(dir: &std::path::Path) -> Store {
     let d = DurableConfig {
@@ -14,7 +16,7 @@ fn open(dir: &std::path::Path) -> Store {
         durability: Durability::Sync,
         flush_interval: Duration::from_secs(3600),
     };
-    Store::open(Config::default(), Arc::new(SystemClock), d).expect("open data dir")
+    Store::open(StoreConfig::default(), Arc::new(SystemClock), d).expect("open data dir")
 }
 
 fn bench(c: &mut Criterion) {
@@ -48,9 +50,9 @@ fn bench(c: &mut Criterion) {
         s.set(&SetRequest::new(SetMode::Set, k.as_bytes(), &value));
     }
     drop(s);
-    let small = Config {
+    let small = StoreConfig {
         memory_limit: 256 << 10,
-        ..Config::default()
+        ..StoreConfig::default()
     };
     let d = DurableConfig {
         dir: dir.path().to_path_buf(),

@@ -16,14 +16,14 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvlab_store::{Config, CrawlCursor, ManualClock, SetMode, SetRequest, Store};
+use kvlab_store::{CrawlCursor, ManualClock, SetMode, SetRequest, Store, StoreConfig};
 
 const T0: u64 = 1_700_000_000;
 
 fn populate(items: usize, clock: &Arc<ManualClock>) -> Store {
-    let config = Config {
+    let config = StoreConfig {
         memory_limit: 1 << 30,
-        ..Config::default()
+        ..StoreConfig::default()
     };
     let s = Store::new(config, clock.clone());
     let value = [b'v'; 10];

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvlab_store::{
-    Clock, Config, Durability, DurableConfig, ManualClock, SetMode, SetRequest, Store, SystemClock,
+    Clock, Durability, DurableConfig, ManualClock, SetMode, SetRequest, Store, StoreConfig,
+    SystemClock,
 };
 
 const ROUNDS: usize = 20;
@@ -61,7 +62,7 @@ fn run(
         durability: Durability::Interval,
         flush_interval: Duration::from_millis(10),
     };
-    let s = Store::open(Config::default(), clock, config).expect("open");
+    let s = Store::open(StoreConfig::default(), clock, config).expect("open");
     // Incompressible values (the engine compresses its tables).
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let value: Vec<u8> = (0..value_len)

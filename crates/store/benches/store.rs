@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kvlab_store::{Config, SetMode, SetRequest, Store, SystemClock};
+use kvlab_store::{SetMode, SetRequest, Store, StoreConfig, SystemClock};
 
 const N: usize = 100_000;
 
@@ -23,9 +23,9 @@ fn keys(prefix: char) -> Vec<Vec<u8>> {
 
 fn loaded() -> (Store, Vec<Vec<u8>>) {
     let s = Store::new(
-        Config {
+        StoreConfig {
             memory_limit: 1 << 30,
-            ..Config::default()
+            ..StoreConfig::default()
         },
         Arc::new(SystemClock),
     );

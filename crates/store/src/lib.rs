@@ -38,12 +38,12 @@
 //! real footprint (block header, malloc overhead, slab entry, hash-table slot;
 //! measured by RSS, see [`ITEM_OVERHEAD`]; memcached's real cost for the same items
 //! is 87). Charges go to one atomic budget. A store first reserves its bytes with a
-//! compare-and-swap that never passes `Config::memory_limit`, evicting until the
+//! compare-and-swap that never passes `StoreConfig::memory_limit`, evicting until the
 //! reservation fits, and only then links the item; so [`StoreStats::bytes`] never
 //! exceeds the limit under any interleaving. An item that cannot fit in an empty
 //! store is `OutOfMemory`.
 //!
-//! An optional entry bound ([`Config::max_items`], `--cache-items`) is kept the same
+//! An optional entry bound ([`StoreConfig::max_items`], `--cache-items`) is kept the same
 //! way: a store of a new key takes an item slot from one atomic count with a
 //! compare-and-swap that never passes the bound — under the key's shard lock, where it
 //! is known whether the key already has an item (a replacement takes none) — and
@@ -181,4 +181,4 @@ pub use request::{
     SetRequest, SetStatus,
 };
 pub use stats::{DurableStats, Figure, Kind, StoreStats};
-pub use store::{Config, CrawlCursor, CrawlStep, DiskCursor, ScanCursor, ScanStep, Store};
+pub use store::{CrawlCursor, CrawlStep, DiskCursor, ScanCursor, ScanStep, Store, StoreConfig};

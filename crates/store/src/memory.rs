@@ -8,7 +8,7 @@
 //! is met.
 //!
 //! Beside the bytes, the budget counts items against an optional entry bound
-//! (`Config::max_items`, `--cache-items`) the same way: a store of a *new* key takes an
+//! (`StoreConfig::max_items`, `--cache-items`) the same way: a store of a *new* key takes an
 //! item slot with a compare-and-swap that never passes the bound, under the key's shard
 //! lock and just before it links the item (a replacement takes none: it is known then
 //! whether the key has an item), and unlinking an item gives its slot back. So the

@@ -101,7 +101,7 @@ figures! {
         touch_hits: Counter,
         /// Touches that found nothing.
         touch_misses: Counter,
-        /// The memory limit (`Config::memory_limit`).
+        /// The memory limit (`StoreConfig::memory_limit`).
         limit_maxbytes: Gauge,
         /// Bytes charged against the limit: key + value + [`crate::ITEM_OVERHEAD`] per item.
         bytes: Gauge,

@@ -37,7 +37,7 @@ pub use through::DiskCursor;
 
 /// Store configuration.
 #[derive(Clone, Debug)]
-pub struct Config {
+pub struct StoreConfig {
     /// Memory limit in bytes (memcached `-m`, in bytes). See [`crate::ITEM_OVERHEAD`]
     /// for what counts.
     pub memory_limit: usize,
@@ -58,9 +58,9 @@ pub struct Config {
     pub max_items: usize,
 }
 
-impl Default for Config {
-    fn default() -> Config {
-        Config {
+impl Default for StoreConfig {
+    fn default() -> StoreConfig {
+        StoreConfig {
             memory_limit: 64 << 20,
             item_size_max: 1 << 20,
             policy: Policy::Lru,
@@ -132,7 +132,7 @@ pub struct Store {
     /// Flush state: generation in the high 32 bits, pending flush moment (relative
     /// time, 0 = none) in the low 32 bits. See [`Store::flush_all`].
     flush: AtomicU64,
-    config: Config,
+    config: StoreConfig,
     budget: Budget,
     /// The engine and write-behind state of a durable store ([`Store::open`]).
     durable: Option<Arc<Durable>>,
@@ -163,7 +163,7 @@ fn auto_shards() -> usize {
 
 impl Store {
     /// A store with `config`, reading time from `clock`.
-    pub fn new(config: Config, clock: Arc<dyn Clock>) -> Store {
+    pub fn new(config: StoreConfig, clock: Arc<dyn Clock>) -> Store {
         let mut config = config;
         let n = match (config.shards, config.max_items) {
             // Under a small entry bound, few enough shards that each holds at least 64
@@ -218,7 +218,7 @@ impl Store {
     }
 
     /// The configuration in use (`shards` resolved to the actual count).
-    pub fn config(&self) -> &Config {
+    pub fn config(&self) -> &StoreConfig {
         &self.config
     }
 

@@ -1,4 +1,4 @@
-//! The entry bound (`Config::max_items`, `kvlab server --cache-items`): the item count never
+//! The entry bound (`StoreConfig::max_items`, `kvlab server --cache-items`): the item count never
 //! passes it under any eviction policy, the victim is the policy's, a replacement takes no
 //! slot, and over a durable store the keys it pushes out stay readable from disk.
 
@@ -6,17 +6,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvlab_store::{
-    Config, Durability, DurableConfig, ManualClock, Policy, SetMode, SetRequest, SetStatus, Store,
+    Durability, DurableConfig, ManualClock, Policy, SetMode, SetRequest, SetStatus, Store,
+    StoreConfig,
 };
 
 const T0: u64 = 1_700_000_000;
 
 fn store(policy: Policy, max_items: usize, shards: usize) -> Store {
-    let config = Config {
+    let config = StoreConfig {
         policy,
         shards,
         max_items,
-        ..Config::default()
+        ..StoreConfig::default()
     };
     Store::new(config, Arc::new(ManualClock::new(T0)))
 }
@@ -115,11 +116,11 @@ fn the_victim_is_the_policys() {
 fn a_durable_cache_bounded_by_items_keeps_every_key_on_disk() {
     for policy in [Policy::Fifo, Policy::Lru, Policy::Lfu] {
         let dir = tempfile::tempdir().unwrap();
-        let config = Config {
+        let config = StoreConfig {
             policy,
             shards: 4,
             max_items: 20,
-            ..Config::default()
+            ..StoreConfig::default()
         };
         let durable = DurableConfig {
             dir: dir.path().to_path_buf(),

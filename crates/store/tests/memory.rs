@@ -13,7 +13,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use kvlab_store::{Config, ManualClock, Policy, SetMode, SetRequest, Store, ITEM_OVERHEAD};
+use kvlab_store::{ManualClock, Policy, SetMode, SetRequest, Store, StoreConfig, ITEM_OVERHEAD};
 
 struct Counting;
 
@@ -53,7 +53,7 @@ const KEY_LEN: usize = 10;
 const VALUE_LEN: usize = 100;
 
 fn fill(n: usize, shards: usize) -> Store {
-    let config = Config {
+    let config = StoreConfig {
         memory_limit: 4 << 30,
         item_size_max: 1 << 20,
         policy: Policy::Lru,

@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kvlab_store::{
-    ArithRequest, Config, CrawlCursor, ManualClock, MetaDeleteOpts, MetaGetOpts, Policy, SetMode,
-    SetRequest, SetStatus, Store, ITEM_OVERHEAD,
+    ArithRequest, CrawlCursor, ManualClock, MetaDeleteOpts, MetaGetOpts, Policy, SetMode,
+    SetRequest, SetStatus, Store, StoreConfig, ITEM_OVERHEAD,
 };
 use proptest::prelude::*;
 
@@ -162,7 +162,7 @@ proptest! {
         ops in prop::collection::vec(op(), 1..250),
     ) {
         let clock = Arc::new(ManualClock::new(T0));
-        let config = Config { memory_limit: limit, item_size_max: 8_192, policy, shards, max_items };
+        let config = StoreConfig { memory_limit: limit, item_size_max: 8_192, policy, shards, max_items };
         let s = Store::new(config, clock.clone());
         let mut cursor = CrawlCursor::default();
         for op in &ops {
@@ -273,7 +273,7 @@ proptest! {
         ops in prop::collection::vec(lru_op(), 1..300),
     ) {
         let clock = Arc::new(ManualClock::new(T0));
-        let config = Config { memory_limit: limit, item_size_max: 1 << 20, policy: Policy::Lru, shards: 1, max_items: 0 };
+        let config = StoreConfig { memory_limit: limit, item_size_max: 1 << 20, policy: Policy::Lru, shards: 1, max_items: 0 };
         let s = Store::new(config, clock);
         let mut model = Lru { order: VecDeque::new(), used: 0, limit };
         for op in &ops {
@@ -302,7 +302,7 @@ fn threads_never_exceed_the_limit() {
     use rand::{Rng, SeedableRng};
     for policy in [Policy::Lru, Policy::Lfu, Policy::Largest, Policy::None] {
         let limit = 64 * 1024;
-        let config = Config {
+        let config = StoreConfig {
             memory_limit: limit,
             item_size_max: 16 * 1024,
             policy,

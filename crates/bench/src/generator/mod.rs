@@ -39,7 +39,7 @@ use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::{mono_ns, thread_cpu_ns, Timer};
-use crate::config::{Config, Protocol};
+use crate::config::{BenchConfig, Protocol};
 use crate::dist::mix64;
 use crate::stats::{GapStats, IntervalReport};
 use crate::workload::{Generator, Op};
@@ -164,7 +164,7 @@ fn connect(addr: SocketAddr, wire: kvlab_client::Wire) -> Result<Conn<Meta>, Con
 /// Runs one generator thread: connects, reports `Ready`, waits for the start time (monotonic
 /// ns; `None` aborts), runs, and reports its intervals and `Done` on `tx`.
 pub fn thread_main(
-    cfg: &Config,
+    cfg: &BenchConfig,
     ctx: ThreadCtx,
     phase: Phase,
     start_rx: Receiver<Option<u64>>,
@@ -194,7 +194,7 @@ pub fn thread_main(
 }
 
 struct GeneratorThread<'c> {
-    cfg: &'c Config,
+    cfg: &'c BenchConfig,
     ctx: ThreadCtx,
     phase: Phase,
     tx: Sender<Msg>,
@@ -226,7 +226,7 @@ struct GeneratorThread<'c> {
 
 impl<'c> GeneratorThread<'c> {
     fn new(
-        cfg: &'c Config,
+        cfg: &'c BenchConfig,
         ctx: ThreadCtx,
         phase: Phase,
         tx: Sender<Msg>,

@@ -3,13 +3,13 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use kvlab_client::Ring;
+use kvlab_ring::Ring;
 
 use super::STRIDE;
 use crate::BenchError;
 
 /// `--cluster`: which node each key goes to, by the ring the cluster publishes
-/// (`kvlab_client::cluster`); nodes keep their index for the whole run.
+/// (`kvlab_ring`); nodes keep their index for the whole run.
 pub(super) struct Router {
     pub(super) ring: Ring,
     /// Per ring node, its index in `addrs`.

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use kvlab_bench::schedule::RatePlan;
 use kvlab_bench::workload::{Mix, Workload};
-use kvlab_bench::Config;
+use kvlab_bench::BenchConfig;
 
 /// Faults the test server can inject.
 #[derive(Default, Clone)]
@@ -294,8 +294,8 @@ fn handle(s: TcpStream, sh: &FakeServer) -> std::io::Result<()> {
 }
 
 /// A closed-loop configuration for `target`, bounded by `requests`.
-pub fn closed(target: SocketAddr, requests: u64) -> Config {
-    Config {
+pub fn closed(target: SocketAddr, requests: u64) -> BenchConfig {
+    BenchConfig {
         target,
         protocol: Default::default(),
         meta_base64: false,
@@ -326,7 +326,7 @@ pub fn closed(target: SocketAddr, requests: u64) -> Config {
 }
 
 /// Runs without progress output, one run at a time in this test binary.
-pub fn run(cfg: &Config) -> kvlab_bench::RunResult {
+pub fn run(cfg: &BenchConfig) -> kvlab_bench::RunResult {
     let _one = serial();
     kvlab_bench::run(cfg, &[], &mut |_| {}).unwrap()
 }

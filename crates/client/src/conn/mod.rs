@@ -106,7 +106,7 @@ pub struct Outcome {
     /// For a get: keys asked for and not found.
     pub misses: u32,
     /// The error was a cluster node's redirect (`MOVED`/`TRYAGAIN`, see
-    /// [`crate::cluster`]), under the node's ring of this epoch.
+    /// [`kvlab_ring::Redirect`]), under the node's ring of this epoch.
     pub redirect: Option<u64>,
 }
 
@@ -432,7 +432,7 @@ fn unexpected(reply: &Reply<'_>, kind: Option<ReqKind>) -> ConnError {
 /// The epoch of a cluster node's redirect (`SERVER_ERROR MOVED|TRYAGAIN <epoch> …`).
 fn redirect_epoch(r: &Reply<'_>) -> Option<u64> {
     match r {
-        Reply::ServerError(reason) => crate::redirect::Redirect::parse(reason).map(|r| r.epoch()),
+        Reply::ServerError(reason) => kvlab_ring::Redirect::parse(reason).map(|r| r.epoch()),
         _ => None,
     }
 }

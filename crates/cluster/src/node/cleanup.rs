@@ -66,11 +66,8 @@ impl Node {
         let mut sent: HashMap<String, Vec<&[u8]>> = HashMap::new();
         let mut kept: HashSet<Vec<u8>> = HashSet::new();
         for item in items {
-            view.serving.owners_of_hash(
-                kvlab_client::cluster::key_hash(item.key()),
-                r,
-                &mut owners,
-            );
+            view.serving
+                .owners_of_hash(kvlab_ring::key_hash(item.key()), r, &mut owners);
             for &i in owners.iter() {
                 let node = &view.serving.nodes()[i];
                 if failed.contains(node) {
@@ -153,7 +150,7 @@ impl Node {
                     // items, which are live: a dead record on disk (flushed, or dropped
                     // at the start) must not be copied as a delete to the key's holders.
                     let held = |k: &[u8], owners: &mut Vec<usize>| {
-                        let h = kvlab_client::cluster::key_hash(k);
+                        let h = kvlab_ring::key_hash(k);
                         view.serving.owners_of_hash(h, r, owners);
                         let nodes = view.serving.nodes();
                         let owned = owners.first().is_some_and(|&i| nodes[i] == me);

@@ -173,7 +173,7 @@ impl Node {
         // behind by an earlier migration whose cleanup has not reached it yet) is older
         // than the owner's, and must not race the owner's copy to the new owner.
         let target_of = |key: &[u8]| {
-            let hash = kvlab_client::cluster::key_hash(key);
+            let hash = kvlab_ring::key_hash(key);
             if serving.owner_of_hash(hash) != Some(me) {
                 return None;
             }

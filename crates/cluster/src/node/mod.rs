@@ -28,7 +28,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use kvlab_client::{Redirect, Ring};
+use kvlab_ring::{Redirect, Ring};
 use kvlab_store::{ScanCursor, Store};
 use parking_lot::Mutex;
 use serde::Serialize;
@@ -686,7 +686,7 @@ impl Gate {
             return Verdict::Redirect(Redirect::TryAgain { epoch: v.epoch });
         }
         let me = self.node.me.as_str();
-        let hash = kvlab_client::cluster::key_hash(key);
+        let hash = kvlab_ring::key_hash(key);
         match v.serving.owner_of_hash(hash) {
             Some(owner) if owner == me => {}
             Some(owner) => {
@@ -757,7 +757,7 @@ impl Drop for Gate {
 mod tests {
     use super::*;
     use crate::topology::FileStore;
-    use kvlab_store::{Config, SetMode, SetRequest, SystemClock};
+    use kvlab_store::{SetMode, SetRequest, StoreConfig, SystemClock};
 
     /// A node the ring does not name yet takes items of a migration to it before its own
     /// view shows the migration (the source saw it first). The cleanup of its older epoch,
@@ -769,7 +769,7 @@ mod tests {
         let topology = FileStore::new(&path);
         let t = Topology::new(16, vec!["127.0.0.1:1".into()]);
         assert!(topology.swap(None, &t).unwrap());
-        let store = Arc::new(Store::new(Config::default(), Arc::new(SystemClock)));
+        let store = Arc::new(Store::new(StoreConfig::default(), Arc::new(SystemClock)));
         let node = Node::start(
             "127.0.0.1:2".into(),
             store.clone(),
@@ -839,7 +839,7 @@ mod tests {
         let (me, other) = ("127.0.0.1:2".to_string(), "127.0.0.1:3".to_string());
         let t = Topology::new(16, vec![me.clone(), other.clone()]);
         assert!(topology.swap(None, &t).unwrap());
-        let store = Arc::new(Store::new(Config::default(), Arc::new(SystemClock)));
+        let store = Arc::new(Store::new(StoreConfig::default(), Arc::new(SystemClock)));
         for i in 0..400 {
             let key = format!("k{i}");
             store.set(&SetRequest::new(SetMode::Set, key.as_bytes(), b"v"));

@@ -154,7 +154,7 @@ impl Node {
             items.clear();
             let done = pass.step(&self.store, 512, &mut items, |key| {
                 view.serving
-                    .owners_of_hash(kvlab_client::cluster::key_hash(key), r, &mut owners);
+                    .owners_of_hash(kvlab_ring::key_hash(key), r, &mut owners);
                 // Only what this node holds itself: a stray item (a key it no longer
                 // holds, kept until its nodes confirm they have it) may be older than
                 // the copy the key's holder sends, and `add` keeps whichever is first.

@@ -51,7 +51,7 @@ impl Node {
                     break;
                 }
                 view.serving
-                    .owners_of_hash(kvlab_client::cluster::key_hash(key), r, &mut owners);
+                    .owners_of_hash(kvlab_ring::key_hash(key), r, &mut owners);
                 for &i in owners.iter().skip(1) {
                     let holder = &nodes[i];
                     if *holder == self.me {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use kvlab_protocol::{parse, Admin, Limits, MetaCommand, Parsed, Request, StoreCommand};
 use kvlab_server::engine::Engine;
 use kvlab_server::stats::{ServerStats, WorkerStats};
-use kvlab_store::{Config, Store, SystemClock};
+use kvlab_store::{Store, StoreConfig, SystemClock};
 
 use super::{NodeConn, NodeEngine};
 use crate::node::Node;
@@ -144,7 +144,7 @@ fn node() -> (
     let (me, other) = ("127.0.0.1:2".to_string(), "127.0.0.1:1".to_string());
     let t = Topology::new(16, vec![me.clone(), other]);
     assert!(FileStore::new(&path).swap(None, &t).unwrap());
-    let store = Arc::new(Store::new(Config::default(), Arc::new(SystemClock)));
+    let store = Arc::new(Store::new(StoreConfig::default(), Arc::new(SystemClock)));
     let node = Node::start(me.clone(), store.clone(), Box::new(FileStore::new(&path))).unwrap();
     let ring = t.serving();
     let (mine, theirs): (Vec<String>, Vec<String>) = (0..64)

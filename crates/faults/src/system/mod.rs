@@ -243,7 +243,7 @@ impl System {
         // The topology first: a node reads it when it starts.
         kvlab_cluster::coordinator::create(
             sys.store.as_ref(),
-            kvlab_client::cluster::DEFAULT_VNODES,
+            kvlab_ring::DEFAULT_VNODES,
             sys.cfg.replicas,
             sys.cfg.write_policy,
             names,

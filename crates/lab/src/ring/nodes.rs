@@ -64,7 +64,7 @@ impl Nodes {
             .collect::<anyhow::Result<Vec<_>>>()?;
         coordinator::create(
             nodes.store.as_ref(),
-            kvlab_client::cluster::DEFAULT_VNODES,
+            kvlab_ring::DEFAULT_VNODES,
             1,
             kvlab_cluster::CopyWritePolicy::All,
             addrs.iter().map(|a| a.to_string()).collect(),

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kvlab_bench::data::{DataKey, DataSet, DataSpec, DEFAULT_MAX_ITEM_SIZE};
-use kvlab_client::cluster::{Ring, DEFAULT_VNODES};
 use kvlab_client::ClusterClient;
 use kvlab_faults::netns::Net;
+use kvlab_ring::{Ring, DEFAULT_VNODES};
 
 use super::nodes::{make_net, Nodes};
 use super::report::write;

@@ -769,7 +769,7 @@ fn progress<'a>(
     reader: &'a Reader,
     readings: &'a mut Vec<Reading>,
     tty: bool,
-    cfg: &kvlab_bench::Config,
+    cfg: &kvlab_bench::BenchConfig,
 ) -> impl FnMut(&IntervalRow) + 'a {
     let total_s = cfg.end_ns() as f64 / 1e9;
     let mut first_ts: Option<u64> = None;

@@ -5,7 +5,7 @@
 //! kind = "scaling" experiment ─► start etcd (topology = "etcd"), create the cluster, start
 //!   its N nodes at once (logs in logs/) ─► wait until each serves the ring ─► with copies,
 //!   open every node's copy streams (one write per owner and holder) ─► fill the key space
-//!   ─► one verified run through the cluster's ring (kvlab_bench, Config::cluster) while an
+//!   ─► one verified run through the cluster's ring (kvlab_bench, BenchConfig::cluster) while an
 //!   event thread adds (a node it starts), removes or kills nodes at their times
 //!   (kvlab_cluster::coordinator) ─► scaling.json
 //!   ─► report: a timeline of throughput and errors per interval (then p99, errors) with

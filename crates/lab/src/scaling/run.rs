@@ -9,13 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use kvlab_client::cluster::{fetch_ring, key_hash};
+use kvlab_client::cluster::fetch_ring;
 use kvlab_client::ClusterClient;
 use kvlab_cluster::coordinator::{self, node_status};
 use kvlab_cluster::{NodeCommand, TopologyStore};
 use kvlab_etcd::open_store;
 use kvlab_process::Etcd;
 use kvlab_process::{free_ports, Output, Probe, Process, Spawn};
+use kvlab_ring::key_hash;
 
 use super::{write, Action, EventRecord, EventSpec, IntervalPoint, ScalingResult, ScalingSpec};
 
@@ -178,7 +179,7 @@ fn start_cluster(
     // take that long on a busy machine.
     coordinator::create(
         cluster.store.as_ref(),
-        kvlab_client::cluster::DEFAULT_VNODES,
+        kvlab_ring::DEFAULT_VNODES,
         spec.replicas,
         kvlab_cluster::CopyWritePolicy::All,
         names.clone(),
@@ -203,7 +204,7 @@ fn fill(
     cluster: &Cluster,
     seeds: &[SocketAddr],
     notes: &mut Vec<String>,
-) -> anyhow::Result<(kvlab_bench::config::Config, u64)> {
+) -> anyhow::Result<(kvlab_bench::config::BenchConfig, u64)> {
     if spec.replicas >= 2 {
         let pairs = open_copy_streams(seeds, spec.replicas as usize)
             .context("opening the nodes' copy streams before the fill")?;
@@ -242,7 +243,7 @@ fn fill(
 /// start; returns the load's result and what happened at each event.
 fn measured_run(
     spec: &ScalingSpec,
-    cfg: &kvlab_bench::config::Config,
+    cfg: &kvlab_bench::config::BenchConfig,
     cluster: &Arc<Mutex<Cluster>>,
 ) -> (
     Result<kvlab_bench::run::RunResult, kvlab_bench::BenchError>,

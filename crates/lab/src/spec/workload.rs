@@ -2,7 +2,7 @@
 
 use anyhow::bail;
 use kvlab_bench::load::{Load, Options};
-use kvlab_bench::Config;
+use kvlab_bench::BenchConfig;
 use serde::Deserialize;
 
 use crate::generator::Generator;
@@ -150,7 +150,7 @@ impl WorkloadSpec {
         duration: f64,
         warmup: f64,
         seed: u64,
-    ) -> anyhow::Result<Config> {
+    ) -> anyhow::Result<BenchConfig> {
         Ok(self.load(duration, warmup, seed)?.config(target)?)
     }
 

@@ -451,25 +451,7 @@ impl Worker {
                 data,
                 ..
             } => {
-                // The request line again, without its compare (`C`) and quiet (`q`) tokens.
-                let line_end = memchr::memchr(b'\n', &work.buf).unwrap_or(work.buf.len());
-                let line = work.buf[..line_end].trim_ascii_end();
-                let fixed = if command == MetaCommand::Set { 3 } else { 2 };
-                let words = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
-                for (n, w) in words.enumerate() {
-                    if n >= fixed && (w[0] == b'C' || w[0] == b'q') {
-                        continue;
-                    }
-                    if n > 0 {
-                        follow.push(b' ');
-                    }
-                    follow.extend_from_slice(w);
-                }
-                follow.extend_from_slice(b"\r\n");
-                if command == MetaCommand::Set {
-                    follow.extend_from_slice(data);
-                    follow.extend_from_slice(b"\r\n");
-                }
+                meta_without_compare(&work.buf, command, data, &mut follow);
                 meta_key.with(|k| {
                     self.routing
                         .replicas(self.jobs[i].pool, k, &mut self.replicas);
@@ -521,5 +503,28 @@ impl Worker {
         follow.clear();
         self.assembled = follow;
         self.follow_key = meta_key_bytes;
+    }
+}
+
+/// A replicated meta command's follow-up: its request line again without its compare (`C`)
+/// and quiet (`q`) tokens, and an `ms`'s data block, appended to `follow`.
+fn meta_without_compare(buf: &[u8], command: MetaCommand, data: &[u8], follow: &mut Vec<u8>) {
+    let line_end = memchr::memchr(b'\n', buf).unwrap_or(buf.len());
+    let line = buf[..line_end].trim_ascii_end();
+    let fixed = if command == MetaCommand::Set { 3 } else { 2 };
+    let words = line.split(|&b| b == b' ').filter(|t| !t.is_empty());
+    for (n, w) in words.enumerate() {
+        if n >= fixed && (w[0] == b'C' || w[0] == b'q') {
+            continue;
+        }
+        if n > 0 {
+            follow.push(b' ');
+        }
+        follow.extend_from_slice(w);
+    }
+    follow.extend_from_slice(b"\r\n");
+    if command == MetaCommand::Set {
+        follow.extend_from_slice(data);
+        follow.extend_from_slice(b"\r\n");
     }
 }

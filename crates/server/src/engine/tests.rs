@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use kvlab_net::Work;
 use kvlab_protocol::Limits;
-use kvlab_store::{Config, ManualClock, SetMode, SetRequest, SetStatus};
+use kvlab_store::{ManualClock, SetMode, SetRequest, SetStatus, StoreConfig};
 
 use super::*;
 use crate::cache::MAX_LOADS;
@@ -13,7 +13,7 @@ use crate::Session;
 
 fn engine() -> Engine {
     let store = Arc::new(Store::new(
-        Config::default(),
+        StoreConfig::default(),
         Arc::new(ManualClock::new(1_800_000_000)),
     ));
     engine_over(store)
@@ -55,7 +55,7 @@ fn sync_store(dir: &std::path::Path) -> Arc<Store> {
     let mut durable = kvlab_store::DurableConfig::new(dir);
     durable.durability = kvlab_store::Durability::Sync;
     let clock = Arc::new(ManualClock::new(1_800_000_000));
-    Arc::new(Store::open(Config::default(), clock, durable).expect("store opens"))
+    Arc::new(Store::open(StoreConfig::default(), clock, durable).expect("store opens"))
 }
 
 fn take(s: &mut Session) -> String {
@@ -103,9 +103,9 @@ fn disk_work_is_a_barrier_on_a_loop_with_helpers() {
 
 /// A durable store whose cache holds 64 items (one shard), over `dir`.
 fn small_cache(dir: &std::path::Path) -> Arc<Store> {
-    let config = Config {
+    let config = StoreConfig {
         max_items: 64,
-        ..Config::default()
+        ..StoreConfig::default()
     };
     let clock = Arc::new(ManualClock::new(1_800_000_000));
     let mut durable = kvlab_store::DurableConfig::new(dir);

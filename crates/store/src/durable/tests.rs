@@ -11,14 +11,14 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 
 use crate::{
-    Clock, Config, Durability, DurableConfig, ManualClock, Policy, SetMode, SetRequest, SetStatus,
-    Store,
+    Clock, Durability, DurableConfig, ManualClock, Policy, SetMode, SetRequest, SetStatus, Store,
+    StoreConfig,
 };
 
 const T0: u64 = 1_700_000_000;
 
-fn cfg(memory_limit: usize) -> Config {
-    Config {
+fn cfg(memory_limit: usize) -> StoreConfig {
+    StoreConfig {
         memory_limit,
         item_size_max: 1 << 20,
         policy: Policy::Lru,
@@ -796,7 +796,7 @@ proptest! {
 fn largest_policy_writes_back_victims_from_any_shard() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Arc::new(ManualClock::new(T0));
-    let config = Config {
+    let config = StoreConfig {
         policy: Policy::Largest,
         shards: 16,
         ..cfg(16 << 10)

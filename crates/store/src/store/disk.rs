@@ -17,7 +17,7 @@ use crate::shard::Lookup;
 use crate::stats::DurableStats;
 use crate::wb::{Op, Wb, WbShared};
 
-use super::{pack, Config, Store, MAX_ATTEMPTS};
+use super::{pack, Store, StoreConfig, MAX_ATTEMPTS};
 
 impl Store {
     /// Opens (creating if needed) the data directory `durable.dir` and returns a
@@ -26,7 +26,7 @@ impl Store {
     /// items come back lazily, through [`Store::load`]; the flush generation and the
     /// CAS high-water mark are read now. Starts the flusher thread.
     pub fn open(
-        config: Config,
+        config: StoreConfig,
         clock: Arc<dyn Clock>,
         durable: DurableConfig,
     ) -> io::Result<Store> {

@@ -9,7 +9,7 @@ const DAY: i64 = 86_400;
 
 fn store_with(policy: Policy, memory_limit: usize, shards: usize) -> (Store, Arc<ManualClock>) {
     let clock = Arc::new(ManualClock::new(T0));
-    let config = Config {
+    let config = StoreConfig {
         memory_limit,
         item_size_max: 1 << 20,
         policy,
@@ -955,19 +955,19 @@ fn eviction_crosses_shards_when_own_shard_is_empty() {
 fn config_resolves_shards() {
     let (s, _) = store_with(Policy::Lru, 1 << 20, 5);
     assert_eq!(s.config().shards, 8);
-    let auto = Store::new(Config::default(), Arc::new(ManualClock::new(0)));
+    let auto = Store::new(StoreConfig::default(), Arc::new(ManualClock::new(0)));
     assert!(auto.config().shards >= 64 && auto.config().shards.is_power_of_two());
     // Large limits get enough shards for 24-bit slab indices.
     let big = Store::new(
-        Config {
+        StoreConfig {
             memory_limit: 8 << 30,
             shards: 1,
-            ..Config::default()
+            ..StoreConfig::default()
         },
         Arc::new(ManualClock::new(0)),
     );
     assert_eq!(big.config().shards, 16);
-    let d = Config::default();
+    let d = StoreConfig::default();
     assert_eq!(
         (d.memory_limit, d.item_size_max, d.policy, d.shards),
         (64 << 20, 1 << 20, Policy::Lru, 0)
@@ -978,9 +978,9 @@ fn config_resolves_shards() {
 fn clock_at_zero_works() {
     let clock = Arc::new(ManualClock::new(0));
     let s = Store::new(
-        Config {
+        StoreConfig {
             shards: 1,
-            ..Config::default()
+            ..StoreConfig::default()
         },
         clock.clone(),
     );

@@ -246,8 +246,8 @@ mod tests {
     use std::time::Duration;
 
     use crate::{
-        Config, Durability, DurableConfig, ExportedItem, ManualClock, Policy, ScanCursor, SetMode,
-        SetRequest, SetStatus, Store,
+        Durability, DurableConfig, ExportedItem, ManualClock, Policy, ScanCursor, SetMode,
+        SetRequest, SetStatus, Store, StoreConfig,
     };
 
     use super::DiskCursor;
@@ -256,11 +256,11 @@ mod tests {
 
     /// A durable store whose cache holds at most `items` items.
     fn open(dir: &std::path::Path, items: usize) -> Store {
-        let config = Config {
+        let config = StoreConfig {
             shards: 4,
             max_items: items,
             policy: Policy::Lru,
-            ..Config::default()
+            ..StoreConfig::default()
         };
         let durable = DurableConfig {
             dir: dir.to_path_buf(),
@@ -417,7 +417,7 @@ mod tests {
 
     #[test]
     fn a_memory_only_store_reads_memory_and_has_no_disk() {
-        let s = Store::new(Config::default(), Arc::new(ManualClock::new(T0)));
+        let s = Store::new(StoreConfig::default(), Arc::new(ManualClock::new(T0)));
         let cas = set(&s, "k", "v");
         assert_eq!(value(s.peek_through(b"k").unwrap()).as_deref(), Some("v"));
         let mut out = Vec::new();

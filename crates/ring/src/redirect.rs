@@ -1,5 +1,5 @@
-//! A kvlab cluster node's redirect replies (see [`crate::cluster`]): below both the
-//! connections that recognise them and the cluster client that follows them.
+//! A kvlab cluster node's redirect replies (see the crate's root): what a node writes, what
+//! the connections that recognise them and the cluster-aware clients that follow them read.
 
 /// A node's answer to a key it cannot serve now.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -3,7 +3,11 @@
 //! interval's row — a line of `kvlab bench --live`, an element of `--json`'s `intervals`.
 //!
 //! `kvlab bench` writes these rows; `kvlab control` and `kvlab lab` read them. They live
-//! here, below all three, so that the readers need not depend on the load generator.
+//! here, below all three, so that the readers need not depend on the load generator; this
+//! crate imports no other kvlab crate.
+
+#![deny(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
 /// The histogram type of every latency here (for users that add rows' histograms up).
