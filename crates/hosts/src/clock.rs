@@ -16,8 +16,8 @@ use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::error::{HostError, Result};
-use crate::exec::{kill_group, wait_bounded};
 use crate::remote::Remote;
+use crate::shell::{kill_group, wait_bounded};
 
 /// The clock command when the host names none.
 pub const DEFAULT_CLOCK: &str = "date +%s%N";

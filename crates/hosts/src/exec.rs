@@ -5,12 +5,15 @@
 
 use std::fs::File;
 use std::io::Read;
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::Stdio;
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::error::{HostError, Result};
+use crate::shell::{kill_group, wait_bounded};
 use crate::transport::Transport;
+
+pub use crate::shell::{quote, quote_all};
 
 /// How much longer than the host-side limit the local one is.
 const LOCAL_MARGIN: Duration = Duration::from_secs(2);
@@ -27,54 +30,6 @@ pub(crate) enum Input {
 pub(crate) enum Output {
     Capture,
     File(File),
-}
-
-/// `s` as one word of `sh`: unchanged when it is plain, else single-quoted.
-pub fn quote(s: &str) -> String {
-    if !s.is_empty()
-        && s.chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_./:=@%+,-".contains(c))
-    {
-        s.to_string()
-    } else {
-        format!("'{}'", s.replace('\'', r"'\''"))
-    }
-}
-
-/// Words quoted and joined with spaces: a command line for `sh`.
-pub fn quote_all<S: AsRef<str>>(words: &[S]) -> String {
-    words
-        .iter()
-        .map(|w| quote(w.as_ref()))
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// Waits for `child` at most `limit` (polling with a back-off up to 20 ms); `None` if it
-/// is still running then.
-pub(crate) fn wait_bounded(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    let mut pause = Duration::from_millis(1);
-    loop {
-        match child.try_wait() {
-            Ok(Some(status)) => return Some(status),
-            Ok(None) => {}
-            Err(_) => return None,
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(pause);
-        pause = (pause * 2).min(Duration::from_millis(20));
-    }
-}
-
-/// Kills `child`'s process group (it was started as its leader) and reaps it.
-pub(crate) fn kill_group(child: &mut Child) {
-    // SAFETY: kill has no memory preconditions; the group is our child's own.
-    unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// Runs `script` on `host` through `transport`, at most `limit`; returns its stdout
@@ -194,6 +149,7 @@ fn tail(s: &str, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
 
     #[test]
     fn quoting_survives_sh() {

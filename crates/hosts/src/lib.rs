@@ -45,6 +45,7 @@ pub mod exec;
 mod fleet;
 mod host;
 mod remote;
+mod shell;
 pub mod transport;
 
 use std::path::PathBuf;

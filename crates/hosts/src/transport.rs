@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 use std::os::unix::process::CommandExt;
 
 use crate::error::{HostError, Result};
-use crate::exec::quote;
 use crate::host::SshTarget;
+use crate::shell::{quote, wait_bounded};
 use crate::Settings;
 
 /// What runs a shell script on a host. [`crate::Remote`] builds every operation on these
@@ -189,7 +189,7 @@ impl Ssh {
         else {
             return false;
         };
-        crate::exec::wait_bounded(&mut child, limit).is_some_and(|s| s.success())
+        wait_bounded(&mut child, limit).is_some_and(|s| s.success())
     }
 
     fn log_tail(&self) -> String {
@@ -248,7 +248,7 @@ impl Transport for Ssh {
         if let Some(mut child) = child {
             if matches!(child.try_wait(), Ok(None)) {
                 self.control("exit", Duration::from_secs(2));
-                if crate::exec::wait_bounded(&mut child, Duration::from_secs(2)).is_none() {
+                if wait_bounded(&mut child, Duration::from_secs(2)).is_none() {
                     let _ = child.kill();
                     let _ = child.wait();
                 }

@@ -18,9 +18,9 @@ use kvlab_store::{ExportedItem, ScanCursor, SizeClasses, Store, MAX_CLASSES};
 use parking_lot::{Condvar, Mutex};
 
 use crate::auth::AuthFile;
+use crate::class_counts::ClassEvictions;
 use crate::crawler::{self, CrawlerStats};
 use crate::detail::Detail;
-use crate::slabs::ClassEvictions;
 use crate::watch::Watchers;
 
 /// A request to stop the server (`shutdown`, a signal, `POST /shutdown`) and who waits

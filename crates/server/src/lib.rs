@@ -33,6 +33,7 @@
 pub mod admin;
 pub mod auth;
 pub mod cache;
+mod class_counts;
 pub mod conns;
 pub mod crawler;
 pub mod detail;
@@ -465,7 +466,7 @@ impl Server {
         }
         admin.crawler = crawler::Control::new(config.crawler.is_some());
         let crawler_stats = admin.crawler_stats.clone();
-        admin.evictions = Arc::new(slabs::ClassEvictions::new(
+        admin.evictions = Arc::new(class_counts::ClassEvictions::new(
             admin.classes.clone(),
             admin.watchers.clone(),
         ));

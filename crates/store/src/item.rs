@@ -15,7 +15,7 @@
 //! field is `cas` (an atomic, written under the shard lock when `md … I` bumps it).
 //!
 //! The rest of an item's metadata (expiry, last access, eviction links, flags bits)
-//! lives in the shard's slab entry, see `shard.rs`.
+//! lives in the shard's slab entry, see `slab.rs` and `shard/mod.rs`.
 
 use std::alloc::{self, Layout};
 use std::fmt;

@@ -2,7 +2,7 @@
 //! layer (`durable/mod.rs`). Each shard keeps a [`Wb`] under its lock — queued
 //! [`Op`]s per key (puts of [`Rec`]s, tombstones) and the dirty list — and all
 //! shards share one [`WbShared`] with the flusher (queued bytes, kick,
-//! back-pressure). This module sits below `shard.rs`, which fills the queue, and
+//! back-pressure). This module sits below `shard/`, which fills the queue, and
 //! knows nothing of the engine; the durable layer above drains it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

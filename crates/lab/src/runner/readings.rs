@@ -7,102 +7,13 @@ use std::time::Instant;
 
 use kvlab_analysis::laws;
 use kvlab_process as process;
-use serde::{Deserialize, Serialize};
 
 use std::sync::Arc;
 
-use super::CpuSample;
+use super::results::{CpuSample, MachineCpu, ProxyFigures, RawRun};
 use crate::placement::{host_cpu, HostsReading, Placement};
 use crate::spec::SystemKind;
 use crate::system::Instance;
-
-/// A proxy's own figures over a run's measured time, from its `stats` read at the same two
-/// moments as its CPU time ([`CpuSample`]: the end of the last warm-up interval, or without
-/// warm-up the end of the first interval, and the end of the last one), so the load phase
-/// and the warm-up never count. Each stage's mean is Δsum / Δcount between the two readings
-/// (`proxy_<stage>_sum_us`, `proxy_<stage>_count`); a proxy whose `stats` lacks those gives
-/// each stage's cumulative mean (`proxy_<stage>_mean_us`, 0.1 µs) times `proxy_requests`
-/// instead, an approximation (`exact` false) whose error grows with the requests the proxy
-/// served before the run. The mean queue length is Δ`proxy_queue_area_us` / Δt.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ProxyFigures {
-    /// Requests the proxy finished (`proxy_requests`).
-    pub requests: u64,
-    /// Mean time of the network thread's own parse and hand-off per request, µs.
-    pub net_us: f64,
-    /// Mean time in the queue, µs.
-    pub queue_us: f64,
-    /// Mean time in the worker, µs (backend time included).
-    pub worker_us: f64,
-    /// Mean time waiting for backends (part of the worker's), µs.
-    pub backend_us: f64,
-    /// Mean time in the proxy (queue + worker), µs.
-    pub total_us: f64,
-    /// Time-averaged queue length (requests).
-    pub queue_len: f64,
-    /// Backend requests per request (`proxy_backend_requests`): replicas written, parts of a
-    /// split multi-get.
-    #[serde(default)]
-    pub backend_requests: f64,
-    /// Wall time between the two readings, s.
-    pub elapsed_s: f64,
-    /// The proxy's backends.
-    pub backends: usize,
-    /// The backends' CPU, summed (cores busy), when every backend's could be read.
-    pub backend_cpu: Option<f64>,
-    /// Whether the means come from exact sums and counts (else from rounded cumulative means).
-    pub exact: bool,
-}
-
-impl ProxyFigures {
-    /// The figures between two `stats` readings `elapsed_s` apart (`backends` and
-    /// `backend_cpu` left for the caller); `None` when a needed figure is missing or no
-    /// request finished in between.
-    pub fn between(
-        before: &[(String, String)],
-        after: &[(String, String)],
-        elapsed_s: f64,
-    ) -> Option<ProxyFigures> {
-        let get = |s: &[(String, String)], k: &str| {
-            s.iter()
-                .find(|(n, _)| n == k)
-                .and_then(|(_, v)| v.parse::<f64>().ok())
-        };
-        let delta = |k: &str| Some(get(after, k)? - get(before, k)?);
-        let requests = delta("proxy_requests")?;
-        if !(requests > 0.0 && elapsed_s > 0.0) {
-            return None;
-        }
-        let mut exact = true;
-        let mut mean = |stage: &str| -> Option<f64> {
-            let sum = delta(&format!("proxy_{stage}_sum_us"));
-            let count = delta(&format!("proxy_{stage}_count"));
-            if let (Some(sum), Some(count)) = (sum, count) {
-                return Some(if count > 0.0 { sum / count } else { 0.0 });
-            }
-            exact = false;
-            let mean_us = format!("proxy_{stage}_mean_us");
-            let sum = |s| Some(get(s, &mean_us)? * get(s, "proxy_requests")?);
-            Some(((sum(after)? - sum(before)?) / requests).max(0.0))
-        };
-        let (net_us, queue_us, worker_us) = (mean("net")?, mean("queue")?, mean("worker")?);
-        let (backend_us, total_us) = (mean("backend")?, mean("total")?);
-        Some(ProxyFigures {
-            requests: requests as u64,
-            net_us,
-            queue_us,
-            worker_us,
-            backend_us,
-            total_us,
-            queue_len: delta("proxy_queue_area_us")? / (elapsed_s * 1e6),
-            backend_requests: delta("proxy_backend_requests").unwrap_or(0.0) / requests,
-            elapsed_s,
-            backends: 0,
-            backend_cpu: None,
-            exact,
-        })
-    }
-}
 
 /// How long the runner waits for a proxy's `stats`.
 const STATS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
@@ -157,7 +68,7 @@ impl Reader {
 
     /// Records in `raw` what `readings` (taken by this reader, `ticks` a second) say: the
     /// system's CPU, a proxy's stages, its backends' CPU and the machine's.
-    pub(super) fn record(&self, raw: &mut super::RawRun, ticks: u64, readings: &[Reading]) {
+    pub(super) fn record(&self, raw: &mut RawRun, ticks: u64, readings: &[Reading]) {
         raw.cpu = cpu_sample(self.pid, ticks, readings);
         raw.proxy = self.proxy.and_then(|n| proxy_figures(readings, ticks, n));
         raw.backend_cpu = backend_cpu(readings, ticks);
@@ -176,7 +87,7 @@ impl Reader {
     /// than an interval on a loaded machine, too long to mark an interval's boundary.
     pub(super) fn record_hosts(
         &self,
-        raw: &mut super::RawRun,
+        raw: &mut RawRun,
         ticks: u64,
         a: Option<HostsReading>,
         b: Option<HostsReading>,
@@ -284,18 +195,6 @@ fn backend_cpu(readings: &[Reading], ticks: u64) -> Option<f64> {
         }
         _ => None,
     }
-}
-
-/// The whole machine's CPU over a run's measured time (`/proc/stat`, every CPU summed): what
-/// a request costs everything on the box together — the kernel's loopback TCP work included —
-/// and how much of the time the hypervisor gave the CPUs to others (runs with much of it are
-/// noise).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct MachineCpu {
-    /// CPUs busy (user, nice, system, irq, softirq), cores.
-    pub busy_cores: f64,
-    /// Stolen time, share of all the CPUs' time (0..1).
-    pub steal: f64,
 }
 
 /// The machine's CPU over the measured window.

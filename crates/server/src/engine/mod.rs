@@ -35,8 +35,8 @@ use kvlab_store::{SetStatus, Store};
 use crate::auth::AuthFile;
 use crate::cache::DiskRules;
 pub use crate::cache::{Blocking, Helper, Need, ReadThrough};
+use crate::class_counts::ClassOp;
 use crate::conns::Registration;
-use crate::slabs::ClassOp;
 use crate::stats::{ServerStats, WorkerStats};
 
 mod admin;

@@ -508,7 +508,7 @@ fn purge_removes_every_record_of_an_older_flush_generation() {
     let clock = Arc::new(ManualClock::new(T0));
     {
         // Enough records for several purge steps.
-        let n = super::PURGE_CHUNK * 2 + 100;
+        let n = super::background::PURGE_CHUNK * 2 + 100;
         let s = open(dir.path(), Durability::Interval, 8 << 20, &clock);
         no_background_purge(&s);
         for i in 0..n {

@@ -86,7 +86,7 @@ impl Store {
         store.flusher = Some(
             std::thread::Builder::new()
                 .name("kvlab-flusher".into())
-                .spawn(move || durable::flusher(d2))?,
+                .spawn(move || durable::background::flusher(d2))?,
         );
         store.durable = Some(d);
         Ok(store)
