@@ -69,6 +69,11 @@ pub struct SearchSpec {
     /// workload with deletes starts every step from a full cache.
     #[serde(default)]
     pub reload_each_step: bool,
+    /// A failed rate is measured again up to this many times, and fails only if every try
+    /// does: where the latency does not rise with the rate alone (a virtual CPU's wake-up
+    /// at a low rate), one slow step does not end the growth.
+    #[serde(default)]
+    pub retries: u32,
 }
 
 impl SearchSpec {
@@ -89,6 +94,7 @@ impl SearchSpec {
             max_time_s: 300.0,
             arrival: Arrival::Poisson,
             reload_each_step: false,
+            retries: 0,
         }
     }
 
@@ -267,6 +273,8 @@ pub struct Search {
     bad: Option<f64>,
     steps: Vec<SearchStep>,
     ended: Option<String>,
+    /// Failed tries of the current rate so far.
+    failed_tries: u32,
     /// (kind, first full text, steps that raised it)
     warnings: Vec<(String, String, Vec<usize>)>,
 }
@@ -282,6 +290,7 @@ impl Search {
             bad: None,
             steps: Vec::new(),
             ended: None,
+            failed_tries: 0,
             warnings: Vec::new(),
         })
     }
@@ -340,6 +349,15 @@ impl Search {
     }
 
     fn advance(&mut self, q: f64, ok: bool) {
+        if ok {
+            self.failed_tries = 0;
+        } else if self.failed_tries < self.spec.retries {
+            self.failed_tries += 1;
+            self.next = Some(q);
+            return;
+        } else {
+            self.failed_tries = 0;
+        }
         let spec = &self.spec;
         self.next = None;
         if ok {
@@ -768,6 +786,26 @@ mod tests {
             "{:?}",
             s.ended()
         );
+    }
+
+    #[test]
+    fn with_retries_a_rate_fails_only_when_every_try_does() {
+        let mut spec = SearchSpec::new(Bound::P95, 1000.0);
+        spec.start = 1000.0;
+        spec.retries = 1;
+        let mut s = Search::new(spec).unwrap();
+        let (good, bad) = (true, false);
+        // 1000 passes; 2000 fails once (a slow moment), passes on its retry; 4000 fails
+        // twice: bracketed between 2000 and 4000.
+        let mut walk = Vec::new();
+        for pass in [good, bad, good, bad, bad] {
+            let q = s.next_rate().unwrap();
+            walk.push(q);
+            s.advance(q, pass);
+        }
+        assert_eq!(walk, [1000.0, 2000.0, 2000.0, 4000.0, 4000.0]);
+        assert_eq!(s.sustained_qps(), Some(2000.0));
+        assert_eq!(s.first_bad_qps(), Some(4000.0));
     }
 
     #[test]

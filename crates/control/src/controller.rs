@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use crate::cpus::CpuSet;
 use crate::event::{unix_ms, Event, EventLog, What};
 use crate::jobs::JobSpec;
-use crate::policy::{Decision, Policy, Signal};
+use crate::policy::{Decision, Policy, PolicySpec, Signal};
+use crate::probe::{PauseProbe, Verdict};
 use crate::queue::{Action, Queue, State};
 use crate::ControlError;
 
@@ -104,6 +105,8 @@ pub struct Controller<M: Machine> {
     /// The policy's step (the server's cores, or one more: see [`Share::levels`]).
     level: usize,
     last: Duration,
+    /// With idle jobs and a latency guard: whether a pause of the jobs helps.
+    probe: Option<PauseProbe>,
 }
 
 impl<M: Machine> Controller<M> {
@@ -157,6 +160,14 @@ impl<M: Machine> Controller<M> {
                 signal: None,
             })?;
         }
+        let probe = match policy.spec() {
+            PolicySpec::Reactive { slack } | PolicySpec::Predictive { slack, .. }
+                if share.idle_jobs =>
+            {
+                Some(PauseProbe::new(*slack, slack.hold))
+            }
+            _ => None,
+        };
         Ok(Controller {
             machine,
             queue: Queue::new(jobs),
@@ -165,6 +176,7 @@ impl<M: Machine> Controller<M> {
             share,
             level,
             last: Duration::ZERO,
+            probe,
         })
     }
 
@@ -197,12 +209,13 @@ impl<M: Machine> Controller<M> {
             };
             self.event(now, what, String::new(), None)?;
         }
+        let decision =
+            self.policy
+                .decide(s, self.level, self.share.min_server, self.share.levels());
         let Decision {
             cores: level,
             reason,
-        } = self
-            .policy
-            .decide(s, self.level, self.share.min_server, self.share.levels());
+        } = self.probe_pause(s, decision);
         if level != self.level {
             let (from, was_shared) = (self.server_cores(), self.jobs_share_server_cpus());
             let grow = level > self.level;
@@ -262,6 +275,38 @@ impl<M: Machine> Controller<M> {
             String::new(),
             None,
         )
+    }
+
+    /// With idle jobs, the policy's last step (the jobs paused) goes through the probe: a
+    /// pause that does not bring the latency back ends, and is not tried again for a while
+    /// at a similar rate ([`crate::probe`]).
+    fn probe_pause(&mut self, s: &Signal, mut d: Decision) -> Decision {
+        let Some(probe) = &mut self.probe else {
+            return d;
+        };
+        let pause = self.share.levels();
+        let paused = self.level == pause;
+        if paused {
+            if let Verdict::Useless(why) = probe.sample(s) {
+                d = Decision {
+                    cores: pause - 1,
+                    reason: why,
+                };
+            }
+        }
+        if d.cores == pause && !paused {
+            match probe.hold_off(s) {
+                Some(why) => {
+                    d.cores = pause - 1;
+                    d.reason = format!("{}; {why}", d.reason);
+                }
+                None => probe.start(s),
+            }
+        }
+        if paused && d.cores != pause {
+            probe.abandon();
+        }
+        d
     }
 
     fn count(&self, st: State) -> usize {

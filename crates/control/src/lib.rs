@@ -16,7 +16,7 @@
 //!
 //! Modules: [`app`] (one controlled run, start to figures), [`calibrate`] (the server's
 //! capacity per core count, measured where it runs), [`cpus`] (CPU lists, the split), [`jobs`] (the job file), [`queue`] (which job
-//! runs), [`policy`] (how many cores the server gets), [`controller`] (one step per sample,
+//! runs), [`policy`] (how many cores the server gets), [`probe`] (whether pausing the jobs helps), [`controller`] (one step per sample,
 //! the loop), [`sensor`] (what a sample reads), [`machine`] (cgroups, affinity, signals),
 //! [`event`] (the log), [`speedup`] (each job alone at each core count), [`summary`] (runtimes and SLO violations from a log and the load's
 //! intervals), [`window`] (percentiles over a sample from the server's cumulative
@@ -33,6 +33,7 @@ pub mod event;
 pub mod jobs;
 pub mod machine;
 pub mod policy;
+pub mod probe;
 pub mod queue;
 pub mod sensor;
 pub mod speedup;

@@ -216,6 +216,10 @@ struct RunArgs {
     /// with deletes starts each step from a full cache.
     #[arg(long, requires = "find_sustained")]
     reload_each_step: bool,
+    /// Search: measure a failed rate again up to N times; it fails only if every try does
+    /// (for machines whose latency at a low rate moves with the CPU's wake-ups).
+    #[arg(long, requires = "find_sustained", default_value_t = 0)]
+    retries: u32,
 
     // --- measurement and output ---
     #[arg(long, help = dflt("Time-series interval, seconds", Load::default().interval_s))]
@@ -407,6 +411,7 @@ impl RunArgs {
             spec.precision = p;
         }
         spec.reload_each_step = self.reload_each_step;
+        spec.retries = self.retries;
         if let Some(t) = self.max_time {
             spec.max_time_s = t;
         }
