@@ -203,7 +203,7 @@
 //! [speedup]                   # after the parts: each batch job of a job file alone at
 //! jobs = <required>           # each of its core counts (threads = cores, pinned with
 //! cpus = <any>                # taskset to that many of `cpus`), `repetitions` times;
-//! repetitions = 1             # jobs: shipped (control-jobs, control-jobs-quick) or a path
+//! repetitions = 1             # jobs: shipped (control-jobs, -medium, -quick) or a path
 //!                             # next to this file; stored in speedup.json, reported as a
 //!                             # plot and a table of runtime vs cores (`speedup`)
 //! ```

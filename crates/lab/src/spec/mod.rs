@@ -170,7 +170,7 @@ pub struct Experiment {
 /// counts, after the parts (see [`crate::speedup`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpeedupSpec {
-    /// The job file: shipped (`control-jobs`, `control-jobs-quick`) or a path next to the
+    /// The job file: shipped (`control-jobs`, `control-jobs-medium`, `control-jobs-quick`) or a path next to the
     /// experiment file.
     pub jobs: String,
     /// The CPUs to pin to (default: all this process may use).

@@ -19,7 +19,7 @@
 //! name = "control-workflow"
 //! description = ""
 //! jobs = "control-jobs"          # a job file: a path (relative to this file) or a
-//!                                # shipped one (control-jobs, control-jobs-quick)
+//!                                # shipped one (control-jobs, control-jobs-medium, control-jobs-quick)
 //! seeds = [1, 2, 3]              # trace seeds
 //! qps_min = 5000                 # the trace: a rate drawn in [qps_min, qps_max] ...
 //! qps_max = 100000
@@ -85,6 +85,10 @@ pub const SHIPPED_JOBS: &[(&str, &str)] = &[
     (
         "control-jobs",
         include_str!("../../../../experiments/control-jobs.toml"),
+    ),
+    (
+        "control-jobs-medium",
+        include_str!("../../../../experiments/control-jobs-medium.toml"),
     ),
     (
         "control-jobs-quick",
@@ -398,7 +402,7 @@ pub fn row_interval(qps_interval: f64) -> anyhow::Result<f64> {
     }
 }
 
-/// The job file `name`: a shipped one (`control-jobs`, `control-jobs-quick`) or a path
+/// The job file `name`: a shipped one (`control-jobs`, `control-jobs-medium`, `control-jobs-quick`) or a path
 /// relative to `base` (the experiment file's folder); its text and its jobs.
 pub fn job_file(name: &str, base: &Path) -> anyhow::Result<(String, JobFile)> {
     if let Some((_, text)) = SHIPPED_JOBS.iter().find(|(n, _)| *n == name) {
