@@ -129,11 +129,31 @@ impl Calibration {
             .enumerate()
             .map(|(i, q)| {
                 let s = if i == 0 { "" } else { "s" };
-                format!("{} core{s} {q:.0} req/s", i + 1)
+                let measured = self.scans.get(i).and_then(|c| c.sustained_qps);
+                match measured {
+                    Some(m) if m < *q => format!(
+                        "{} core{s} {q:.0} req/s (measured {m:.0}: taken as fewer cores')",
+                        i + 1
+                    ),
+                    _ => format!("{} core{s} {q:.0} req/s", i + 1),
+                }
             })
             .collect::<Vec<_>>()
             .join(", ")
     }
+}
+
+/// The capacities the policy takes from each core count's measured one: never less than
+/// fewer cores' (a server given more cores can leave one idle; a smaller figure is the
+/// machine's noise at the moment it was measured, not the server's limit).
+fn at_least_fewer_cores(measured: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut best = 0.0f64;
+    measured
+        .map(|q| {
+            best = best.max(q);
+            best
+        })
+        .collect()
 }
 
 /// The calibration's workload from `kvlab bench` keys (`[workload]` of an experiment).
@@ -272,10 +292,7 @@ pub fn calibrate(
         }
         _ => None,
     };
-    let capacity: Vec<f64> = scans
-        .iter()
-        .map(|s| s.sustained_qps.unwrap_or(0.0))
-        .collect();
+    let capacity = at_least_fewer_cores(scans.iter().map(|s| s.sustained_qps.unwrap_or(0.0)));
     if capacity.iter().all(|&c| c <= 0.0) {
         let why: Vec<String> = scans
             .iter()
@@ -318,6 +335,37 @@ mod tests {
         let s = c.spec.search();
         assert_eq!((s.bound, s.bound_us, s.start), (Bound::P95, 1000.0, 5000.0));
         assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn more_cores_are_taken_as_serving_at_least_what_fewer_do() {
+        let measured = [61688.0, 19152.0, 70000.0];
+        assert_eq!(
+            at_least_fewer_cores(measured.into_iter()),
+            [61688.0, 61688.0, 70000.0]
+        );
+        let scan = |cores, q| CoreScan {
+            cores,
+            server_cpus: String::new(),
+            sustained_qps: Some(q),
+            first_bad_qps: None,
+            p95_us: None,
+            steps: 0,
+            ended: String::new(),
+            took_s: 0.0,
+        };
+        let c = Calibration {
+            capacity: at_least_fewer_cores([61688.0, 19152.0].into_iter()),
+            scans: vec![scan(1, 61688.0), scan(2, 19152.0)],
+            spec: CalibrateSpec::new(1000.0, LoadOptions::default()),
+            unix_ms: 0,
+            loadavg: ["0".into(), "0".into()],
+            steal_pct: None,
+        };
+        assert_eq!(
+            c.text(),
+            "1 core 61688 req/s, 2 cores 61688 req/s (measured 19152: taken as fewer cores')"
+        );
     }
 
     #[test]

@@ -286,7 +286,10 @@ impl<M: Machine> Controller<M> {
         };
         let pause = self.share.levels();
         let paused = self.level == pause;
-        if paused {
+        if paused && !probe.is_open() {
+            // The initial pause, or one whose last verdict was that it helped: judged again.
+            probe.start(s);
+        } else if paused {
             if let Verdict::Useless(why) = probe.sample(s) {
                 d = Decision {
                     cores: pause - 1,

@@ -4,6 +4,10 @@
 //! wake-up at a low rate; jobs that keep the CPUs busy can even shorten it), and the pause
 //! only costs the jobs their time.
 //!
+//! Every pause is judged, the initial one (the policy starts from every core to the server)
+//! and a long one again after each verdict that it helped: a load that falls back to where
+//! the machine alone is slow ends it too.
+//!
 //! ```text
 //! policy wants the pause ─► cooling down and the rate ≤ 1.25 × the failed probe's? ─► no pause
 //!                        └► pause; its first `samples` samples counted (requests, slow ones)
@@ -100,6 +104,11 @@ impl PauseProbe {
             last: s.segment,
             ..Open::default()
         });
+    }
+
+    /// Whether a pause is being judged.
+    pub fn is_open(&self) -> bool {
+        self.open.is_some()
     }
 
     /// The pause ended before its verdict (the policy resumed the jobs itself).
