@@ -102,6 +102,11 @@ pub struct ControlArgs {
     /// The longest one core count's calibration may take, s.
     #[arg(long, default_value_t = 30.0)]
     calibrate_time: f64,
+    /// The first rate the calibration tries, req/s: it doubles from there until a rate fails
+    /// (halves while the first ones fail), then bisects. On a virtual machine whose latency
+    /// at low rates follows its CPUs' wake-ups, start near the rates the load will bring.
+    #[arg(long, value_name = "QPS", default_value_t = 5000.0)]
+    calibrate_from: f64,
     /// Calibrate (the server started or attached, no jobs), print the capacity per core
     /// count, write it with --summary, and exit.
     #[arg(long)]
@@ -375,6 +380,10 @@ fn calibrate_spec(a: &ControlArgs) -> anyhow::Result<CalibrateSpec> {
         bail!("--calibrate-time: seconds, above 0");
     }
     c.max_time_s = a.calibrate_time;
+    if !(a.calibrate_from >= 10.0 && a.calibrate_from.is_finite()) {
+        bail!("--calibrate-from: requests/s, at least 10");
+    }
+    c.start_qps = a.calibrate_from;
     Ok(c)
 }
 

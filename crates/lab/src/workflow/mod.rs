@@ -34,6 +34,9 @@
 //!                                # removed afterwards (default: the results' `work`)
 //! cpu_method = "auto"            # as kvlab control's --cpu-method / --pause-method
 //! pause_method = "auto"
+//! calibrate_time = 30            # a predictive policy without `capacity`: the server's
+//! calibrate_from = <qps_max>     # capacity per core count measured first (s a core count;
+//!                                # the search's first rate, req/s)
 //! [workload]                     # more kvlab bench flags (keys, value_size, mix, …)
 //! [[system]]                     # as in lab experiments (name, kind, args, binary, …)
 //! [[restrict]]                   # optional: one system's runs limited to some policies
@@ -143,6 +146,10 @@ pub struct WorkflowSpec {
     baseline: Option<bool>,
     /// The longest one core count's capacity calibration may take, s (default 30).
     calibrate_time: Option<f64>,
+    /// The calibration's first rate, req/s (default: `qps_max`, the trace's highest: the
+    /// search grows from a rate the load brings, not from one where this kind of machine's
+    /// wake-ups decide the latency).
+    calibrate_from: Option<f64>,
     #[serde(default)]
     workload: toml::Table,
     #[serde(rename = "system")]
@@ -195,6 +202,9 @@ impl WorkflowSpec {
         }
         if s.systems.is_empty() {
             bail!("no systems: add a [[system]]");
+        }
+        if let Some(q) = s.calibrate_from.filter(|q| !(*q >= 10.0 && q.is_finite())) {
+            bail!("calibrate_from = {q}: requests/s, at least 10");
         }
         if !(s.qps_min > 0.0 && s.qps_max >= s.qps_min && s.duration > 0.0) {
             bail!("need 0 < qps_min <= qps_max and duration > 0");

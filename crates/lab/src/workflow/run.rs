@@ -462,6 +462,7 @@ fn calibrate_systems(
         let mut c = CalibrateSpec::new(spec.slo(), load_of(spec.workload.clone())?);
         c.generator_cpus = Some(ctx.generator.parse()?);
         c.max_time_s = spec.calibrate_time.unwrap_or(c.max_time_s);
+        c.start_qps = spec.calibrate_from.unwrap_or(spec.qps_max);
         eprintln!(
             "calibrating {} on CPUs {} (generator on {}): capacity per core count, p95 < {} µs",
             sys.name, ctx.cpus, ctx.generator, c.slo_p95_us
