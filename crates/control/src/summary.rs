@@ -263,6 +263,10 @@ pub struct Cost {
     /// `with_jobs - without_jobs`: the jobs' cost in segments (negative when the baseline
     /// violated more).
     pub difference: i64,
+    /// Segments violated in one of the two runs only (whichever): how far apart the two
+    /// runs' verdicts are, not only their counts.
+    #[serde(default)]
+    pub differing: usize,
     /// `difference / segments`: the headline (`None` without segments).
     pub ratio: Option<f64>,
     /// The controlled run's segments the baseline did not reach (left out above).
@@ -273,14 +277,17 @@ pub struct Cost {
 /// (all of a no-jobs run's, [`segments`]); a segment violates above `slo_p95_us`.
 pub fn cost(run: &[Segment], baseline: &[Segment], slo_p95_us: f64) -> Cost {
     let (mut segments, mut with_jobs, mut without_jobs, mut unmatched) = (0, 0, 0, 0);
+    let mut differing = 0;
     for s in run {
         let Some(b) = baseline.iter().find(|b| b.step == s.step) else {
             unmatched += 1;
             continue;
         };
         segments += 1;
-        with_jobs += usize::from(s.p95_us > slo_p95_us);
-        without_jobs += usize::from(b.p95_us > slo_p95_us);
+        let (with, without) = (s.p95_us > slo_p95_us, b.p95_us > slo_p95_us);
+        with_jobs += usize::from(with);
+        without_jobs += usize::from(without);
+        differing += usize::from(with != without);
     }
     let difference = with_jobs as i64 - without_jobs as i64;
     Cost {
@@ -288,6 +295,7 @@ pub fn cost(run: &[Segment], baseline: &[Segment], slo_p95_us: f64) -> Cost {
         with_jobs,
         without_jobs,
         difference,
+        differing,
         ratio: (segments > 0).then(|| difference as f64 / segments as f64),
         unmatched,
     }

@@ -433,6 +433,7 @@ cpus = "0-1"
 generator_cpus = "1"
 cpu_method = "affinity"
 pause_method = "signal"
+baselines = 2
 [workload]
 keys = 1000
 value_size = 32
@@ -479,19 +480,42 @@ idle_jobs = true
         .map(|e| e.unwrap().path())
         .collect();
     raws.sort();
-    // The three policies, then their baseline: the same trace and seed with no jobs.
-    assert_eq!(raws.len(), 4, "{context}");
-    for (f, policy) in raws
-        .iter()
-        .zip(["static-2", "static-2-idle", "reactive-idle", "no jobs"])
-    {
+    // The three policies, then their baseline: the same trace and seed with no jobs, twice
+    // (`baselines = 2`).
+    assert_eq!(raws.len(), 5, "{context}");
+    for (f, policy) in raws.iter().zip([
+        "static-2",
+        "static-2-idle",
+        "reactive-idle",
+        "no jobs",
+        "no jobs (again)",
+    ]) {
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(f).unwrap()).unwrap();
         assert_eq!(v["policy"], policy);
         assert!(v["error"].is_null(), "{policy}: {}\n{context}", v["error"]);
-        assert_eq!(v["baseline"], policy == "no jobs", "{v}");
+        assert_eq!(v["baseline"], policy.starts_with("no jobs"), "{v}");
         let jobs = v["outcome"]["summary"]["jobs"].as_array().unwrap();
-        if policy == "static-2" || policy == "no jobs" {
+        if policy == "no jobs (again)" {
+            // Compared with the first no-jobs run over every segment of the trace: the
+            // machine's own spread.
+            assert!(jobs.is_empty(), "{v}");
+            let c = &v["cost"];
+            let n = v["outcome"]["summary"]["segments"]
+                .as_array()
+                .unwrap()
+                .len() as u64;
+            assert!(n > 0, "{v}");
+            assert_eq!(
+                c["segments"].as_u64().unwrap() + c["unmatched"].as_u64().unwrap(),
+                n
+            );
+            let (d, differ) = (
+                c["difference"].as_i64().unwrap(),
+                c["differing"].as_i64().unwrap(),
+            );
+            assert!(differ >= d.abs() && differ <= n as i64, "{v}");
+        } else if policy == "static-2" || policy == "no jobs" {
             // No core for the jobs, or no jobs: the trace alone.
             assert!(jobs.is_empty(), "{v}");
         } else {

@@ -165,7 +165,10 @@ fn policies_section(runs: &[WorkflowRun], window: f64) -> Section {
              all its requests. Each job's runtime excludes its paused time. Every run set \
              (system × trace interval × seed) ends with a baseline: the same trace with no \
              jobs; the jobs' cost is a run's violated segments less the baseline's among the \
-             same segments (summed over the seeds). The idle-capacity bound is the time from \
+             same segments (summed over the seeds); with `baselines` ≥ 2 the row \"no jobs \
+             (again)\" is the same trace with no jobs once more, its cost column the machine's \
+             own spread against the first no-jobs run (net, and the segments whose verdicts \
+             differ): the noise floor of every jobs' cost beside it. The idle-capacity bound is the time from \
              the jobs' first start until the idle cores the load left in the baseline \
              (/proc/stat's idle time of the shared CPUs) add up to the jobs' work alone on \
              one core (jobs-alone.json)."
@@ -305,17 +308,18 @@ fn policy_row(
     let costs: Vec<&kvlab_control::summary::Cost> =
         of.iter().filter_map(|r| r.cost.as_ref()).collect();
     let sum = |f: fn(&kvlab_control::summary::Cost) -> i64| costs.iter().map(|c| f(c)).sum::<i64>();
-    let (with, without, diff, n) = (
+    let (with, without, diff, n, differ) = (
         sum(|c| c.with_jobs as i64),
         sum(|c| c.without_jobs as i64),
         sum(|c| c.difference),
         sum(|c| c.segments as i64),
+        sum(|c| c.differing as i64),
     );
     let cost_text = if costs.is_empty() {
         ("-".to_string(), "-".to_string())
     } else {
         (
-            format!("{with} / {without} / {diff} of {n}"),
+            format!("{with} / {without} / {diff} of {n} ({differ} differ)"),
             if n > 0 {
                 format!("{:.2}", diff as f64 / n as f64 * 100.0)
             } else {

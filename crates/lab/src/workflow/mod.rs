@@ -34,6 +34,9 @@
 //!                                # removed afterwards (default: the results' `work`)
 //! cpu_method = "auto"            # as kvlab control's --cpu-method / --pause-method
 //! pause_method = "auto"
+//! baseline = true                # each run set ends with its trace run with no jobs ...
+//! baselines = 1                  # ... this many times (from 2: the later ones compared
+//!                                # with the first, the machine's own spread)
 //! calibrate_time = 30            # a predictive policy without `capacity`: the server's
 //! calibrate_from = <qps_max>     # capacity per core count measured first (s a core count;
 //!                                # the search's first rate, req/s)
@@ -144,6 +147,10 @@ pub struct WorkflowSpec {
     /// Every controlled run gets a baseline: the same trace and seed with no jobs, after
     /// the run set's controlled runs (default: true).
     baseline: Option<bool>,
+    /// No-jobs runs per run set (default 1). From 2, each later one is compared with the
+    /// first as a run with jobs is: the machine's own spread between two runs of the same
+    /// trace, the noise floor of the jobs' cost.
+    baselines: Option<usize>,
     /// The longest one core count's capacity calibration may take, s (default 30).
     calibrate_time: Option<f64>,
     /// The calibration's first rate, req/s (default: `qps_max`, the trace's highest: the
@@ -320,6 +327,14 @@ impl WorkflowSpec {
 
     fn baseline(&self) -> bool {
         self.baseline.unwrap_or(true)
+    }
+
+    /// No-jobs runs per run set (0 without baselines).
+    fn baselines(&self) -> usize {
+        match self.baseline() {
+            true => self.baselines.unwrap_or(1).max(1),
+            false => 0,
+        }
     }
 
     fn slo(&self) -> f64 {

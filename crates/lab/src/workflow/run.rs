@@ -194,7 +194,7 @@ pub fn run(
                             .iter()
                             .filter(|p| spec.runs(&s.name, &p.0, i))
                             .count();
-                        n + usize::from(n > 0 && spec.baseline())
+                        n + if n > 0 { spec.baselines() } else { 0 }
                     })
                     .sum::<usize>()
             })
@@ -304,7 +304,7 @@ pub fn run(
                     sys.name
                 );
                 let policy = PolicySpec::Static { cores: cpus.len() };
-                let point = Point {
+                let mut point = Point {
                     index,
                     si,
                     sys,
@@ -321,6 +321,31 @@ pub fn run(
                 base.baseline = true;
                 report_run(&base);
                 crate::runner::write_json(&raw_path(out, index), &base)?;
+                // The same trace with no jobs again: its "cost" against the first is the
+                // machine's own spread.
+                for _ in 1..spec.baselines() {
+                    if stopped() || base.outcome.is_none() {
+                        break;
+                    }
+                    index += 1;
+                    eprintln!(
+                        "[{index}/{total}] {} no jobs again (the machine's spread) interval {interval} s seed {seed}, {limit:.0} s",
+                        sys.name
+                    );
+                    point.index = index;
+                    point.name = BASELINE_AGAIN;
+                    let mut again = one(&ctx, &point);
+                    again.baseline = true;
+                    report_run(&again);
+                    pair(out, &mut again, &base, None, spec.slo());
+                    if let Some(c) = &again.cost {
+                        eprintln!(
+                            "        run {}: {} of {} segments violated with no jobs, {} in the first no-jobs run: the machine's spread {} ({} differ)",
+                            again.index, c.with_jobs, c.segments, c.without_jobs, c.difference, c.differing
+                        );
+                    }
+                    crate::runner::write_json(&raw_path(out, index), &again)?;
+                }
                 if base.outcome.is_some() {
                     for r in &mut group {
                         pair(out, r, &base, work_core_s, spec.slo());
@@ -369,6 +394,8 @@ impl Drop for RemoveOnDrop {
 
 /// The name of the baseline runs (no jobs) in the raw files and the report.
 pub const BASELINE: &str = "no jobs";
+/// The name of the further no-jobs runs (`baselines` ≥ 2), each compared with the first.
+pub const BASELINE_AGAIN: &str = "no jobs (again)";
 
 fn raw_path(out: &Path, index: usize) -> PathBuf {
     out.join("raw").join(format!("{index:04}.json"))
