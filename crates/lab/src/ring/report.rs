@@ -65,6 +65,8 @@ fn busiest_host(runs: &[&MethodRun]) -> Option<BusyHost> {
                 Some(h) => {
                     h.busy += c.busy_cores / n;
                     h.nodes += nodes / n;
+                    // Counted from the ticks over a short span: the largest count read.
+                    h.cpus = h.cpus.max(c.cpus);
                 }
                 None => hosts.push(BusyHost {
                     name: c.host.clone(),
