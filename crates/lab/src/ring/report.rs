@@ -60,7 +60,8 @@ fn busiest_host(runs: &[&MethodRun]) -> Option<BusyHost> {
     let n = runs.len().max(1) as f64;
     for r in runs {
         for c in &r.hosts {
-            let nodes: f64 = c.processes.iter().map(|(_, x)| x).sum();
+            // `+ 0.0`: an empty sum is -0.0.
+            let nodes: f64 = c.processes.iter().map(|(_, x)| x).sum::<f64>() + 0.0;
             match hosts.iter_mut().find(|h| h.name == c.host) {
                 Some(h) => {
                     h.busy += c.busy_cores / n;
