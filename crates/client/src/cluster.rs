@@ -52,6 +52,8 @@ pub struct ClusterClient {
     conns: HashMap<String, Client>,
     seeds: Vec<SocketAddr>,
     timeout: Duration,
+    /// A ring given by the caller, never fetched (plain memcached servers).
+    fixed: bool,
     /// Redirects followed so far (MOVED and TRYAGAIN).
     pub redirects: u64,
 }
@@ -64,10 +66,28 @@ impl ClusterClient {
             conns: HashMap::new(),
             seeds: seeds.to_vec(),
             timeout,
+            fixed: false,
             redirects: 0,
         };
         c.refresh(None)?;
         Ok(c)
+    }
+
+    /// A client of plain servers (memcached, or kvlab servers that are no cluster's nodes)
+    /// behind a client-side ring of `nodes`: each key goes to its owner by the same
+    /// consistent hashing a cluster's ring uses (`vnodes` points per node), the ring
+    /// fixed — nothing is fetched from the servers, and an answer is never a redirect to
+    /// follow. Connects lazily: a server is first reached by the first key it owns.
+    pub fn fixed(nodes: &[SocketAddr], vnodes: u32, timeout: Duration) -> ClusterClient {
+        let names: Vec<String> = nodes.iter().map(|a| a.to_string()).collect();
+        ClusterClient {
+            ring: Ring::new(0, vnodes, &names),
+            conns: HashMap::new(),
+            seeds: Vec::new(),
+            timeout,
+            fixed: true,
+            redirects: 0,
+        }
     }
 
     /// The ring in use.
@@ -78,6 +98,9 @@ impl ClusterClient {
     /// Fetches the ring again: from `hint` (a node that just answered with a newer epoch)
     /// first, then from the ring's nodes and the seeds. Keeps the newest epoch seen.
     pub fn refresh(&mut self, hint: Option<&str>) -> Result<(), ConnError> {
+        if self.fixed {
+            return Ok(());
+        }
         let mut tried: Vec<String> = Vec::new();
         let mut candidates: Vec<String> = hint.into_iter().map(str::to_string).collect();
         candidates.extend(self.ring.nodes().iter().cloned());
@@ -154,6 +177,7 @@ impl ClusterClient {
                 }
             };
             let redirect = match &answer {
+                Answer::Line(_) if self.fixed => None,
                 Answer::Line(line) => line
                     .strip_prefix(b"SERVER_ERROR ")
                     .and_then(Redirect::parse),

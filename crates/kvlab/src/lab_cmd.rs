@@ -1,10 +1,12 @@
 //! `kvlab lab`: the command line of the experiment runner. Parses flags, calls
 //! [`kvlab_lab`] and prints what it wrote; the experiment file's format and the results'
-//! layout are documented there.
+//! layout are documented there. `kvlab lab ring-clients` runs a storage-ring experiment's
+//! clients on a host the lab placed them on.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use kvlab_lab::spec::HostTable;
 use kvlab_lab::{Lab, Overrides, Source, SHIPPED};
@@ -47,6 +49,96 @@ enum LabCommand {
         /// Its name.
         name: String,
     },
+    /// Run a storage-ring experiment's clients here, the original's way (what the lab
+    /// starts on each client host): N threads, each sending --ops requests of random
+    /// messages one at a time, routed by the client ring; prints (or writes) the result as
+    /// JSON: each client's ops/s, errors, the wall and CPU time.
+    RingClients(RingClientsArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("nodes").args(["kvlab", "memcached"])))]
+struct RingClientsArgs {
+    /// A kvlab cluster's nodes (HOST:PORT,…): the ring fetched from them, redirects followed.
+    #[arg(long, value_name = "NODES", value_delimiter = ',')]
+    kvlab: Vec<SocketAddr>,
+    /// Plain memcached servers (HOST:PORT,…) behind a fixed client ring of them (the same
+    /// consistent hashing as a cluster's ring).
+    #[arg(long, value_name = "NODES", value_delimiter = ',')]
+    memcached: Vec<SocketAddr>,
+    /// The messages: a maildir, JSON lines or CSV (keys: the paths in a maildir).
+    #[arg(long, value_name = "PATH")]
+    data: PathBuf,
+    /// Write a synthetic maildir of --messages e-mails at --data first when it is absent (the
+    /// same count writes the same bytes as the lab's).
+    #[arg(long)]
+    synthetic: bool,
+    /// Messages used: the data set's first.
+    #[arg(long, default_value_t = 10_000)]
+    messages: usize,
+    /// Client threads.
+    #[arg(long, default_value_t = 1)]
+    clients: usize,
+    /// The first thread's index among all the run's clients (its choice of messages).
+    #[arg(long, default_value_t = 0)]
+    first: usize,
+    /// Requests each client sends, one at a time.
+    #[arg(long, default_value_t = 1000)]
+    ops: usize,
+    /// get (verified) or put.
+    #[arg(long, default_value = "get", value_parser = ["get", "put"])]
+    op: String,
+    /// The run's seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Start at this instant (ns since the Unix epoch, this machine's clock) once connected.
+    #[arg(long, value_name = "NS")]
+    start_at_ns: Option<u64>,
+    /// Write the result to FILE (default: print it).
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Only make and load the messages; print their fingerprint (count and hash).
+    #[arg(long)]
+    prepare: bool,
+}
+
+fn ring_clients(a: RingClientsArgs) -> anyhow::Result<()> {
+    use kvlab_lab::ring::{ClientsJob, Route};
+    if a.prepare {
+        println!(
+            "{}",
+            kvlab_lab::ring::digest(&a.data, a.messages, a.synthetic)?
+        );
+        return Ok(());
+    }
+    let route = match (a.kvlab.is_empty(), a.memcached.is_empty()) {
+        (false, true) => Route::Cluster(a.kvlab),
+        (true, false) => Route::Fixed(a.memcached),
+        _ => bail!("give the nodes: --kvlab NODES or --memcached NODES"),
+    };
+    if a.clients == 0 || a.ops == 0 {
+        bail!("--clients and --ops must be > 0");
+    }
+    let job = ClientsJob {
+        route,
+        data: a.data,
+        synthetic: a.synthetic,
+        messages: a.messages,
+        clients: a.clients,
+        first: a.first,
+        ops: a.ops,
+        put: a.op == "put",
+        seed: a.seed,
+        start_at_ns: a.start_at_ns,
+    };
+    let out = serde_json::to_string(&kvlab_lab::ring::run_job(&job)?)?;
+    match a.json {
+        Some(f) => std::fs::write(&f, out).with_context(|| format!("writing {}", f.display())),
+        None => {
+            println!("{out}");
+            Ok(())
+        }
+    }
 }
 
 /// Command-line overrides of an experiment file's values, for every part (mapped onto
@@ -116,6 +208,7 @@ pub fn run(args: LabArgs) -> anyhow::Result<()> {
             }
             None => bail!("no shipped experiment {name:?} (see `kvlab lab list`)"),
         },
+        Some(LabCommand::RingClients(a)) => ring_clients(a),
     }
 }
 

@@ -6,7 +6,8 @@
 //! which cannot serve HTTP, runs only the memcached points). Command-line overrides shrink a
 //! two-part file for every part, are recorded and re-analysed, and fail like the file. An
 //! external system (a server the test started) is loaded at its address, its CPU read from
-//! its pid, and left running.
+//! its pid, and left running. The storage ring runs its clients and nodes on namespace hosts
+//! over ssh, memcached behind the same client ring beside its durable nodes.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -863,4 +864,156 @@ repetitions = 1
     }
     let again = kvlab(&["lab", "analyse", out.to_str().unwrap()], dir.path());
     assert!(again.status.success(), "{}", text(&again));
+}
+
+/// The storage ring across hosts, over real ssh to namespace hosts (root only — skipped,
+/// saying why, elsewhere): its clients split over two client hosts (a `kvlab lab
+/// ring-clients` on each), its 2 durable nodes and 2 memcached on a third; both systems
+/// measured the same way, every process in its host's namespace, each host's CPU read, the
+/// report's comparison and hosts tables written, nothing left running on any host.
+#[test]
+fn a_storage_ring_runs_its_clients_and_nodes_on_their_hosts_against_memcached() {
+    use kvlab_testkit::hosts::NetnsHosts;
+    let Some(net) = NetnsHosts::for_test("storage_ring_on_hosts", 3) else {
+        return;
+    };
+    let mut table = format!(
+        "[ssh]\nidentity = {:?}\nknown_hosts = {:?}\nconnect_timeout = 3\n",
+        net.identity().display().to_string(),
+        net.known_hosts().display().to_string()
+    );
+    for (i, name) in ["c1", "c2", "s1"].iter().enumerate() {
+        table.push_str(&format!(
+            "[[host]]\nname = \"{name}\"\nssh = \"{}\"\ndir = \"{}\"\n",
+            net.ssh_target(i),
+            net.scratch().join(name).display()
+        ));
+    }
+    let file = net.scratch().join("ring-hosts.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"kind = "storage-ring"
+messages = 120
+node_args = ["-t", "1", "-m", "64", "--cache-items", "40", "--eviction", "lru"]
+memcached = true
+memcached_args = ["-t", "1", "-m", "64"]
+node_hosts = ["s1"]
+client_hosts = ["c1", "c2"]
+[scale]
+nodes = 0
+[cache]
+sizes = []
+[throughput]
+servers = [2]
+clients = [3]
+ops_per_client = 60
+repetitions = 2
+bench_duration = 0.0
+{table}"#
+        ),
+    )
+    .unwrap();
+    let out = net.scratch().join("results");
+    let o = kvlab(
+        &[
+            "lab",
+            "run",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        &net.scratch(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let res = read_json(&out.join("ring.json"));
+    assert_eq!(
+        res["notes"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        res["notes"]
+    );
+    let inode = |host: &str| {
+        let i = ["c1", "c2", "s1"].iter().position(|h| *h == host).unwrap();
+        net.netns_inode(i).unwrap()
+    };
+    let runs = res["method"].as_array().unwrap();
+    // 2 repetitions × PUT and GET × the two systems, alternated.
+    assert_eq!(runs.len(), 8, "{res}");
+    let (mut node_cpu, mut client_cpu) = ([0.0f64; 2], [0.0f64; 2]);
+    for r in runs {
+        let system = r["system"].as_str().unwrap();
+        assert!(["kvlab", "memcached"].contains(&system), "{r}");
+        assert_eq!(r["errors"], 0, "{r}");
+        let per = r["per_client"].as_array().unwrap();
+        assert_eq!(per.len(), 3, "{r}");
+        assert!(per.iter().all(|x| x.as_f64().unwrap() > 0.0), "{r}");
+        // The nodes of the system measured on s1, the clients on c1 (2) and c2 (1), each in
+        // its host's namespace.
+        let placed = r["placed"].as_array().unwrap();
+        let names: Vec<(&str, &str)> = placed
+            .iter()
+            .map(|p| (p["name"].as_str().unwrap(), p["host"].as_str().unwrap()))
+            .collect();
+        assert_eq!(names.len(), 4, "{names:?}");
+        for (name, host) in &names[..2] {
+            assert!(name.starts_with(system) && *host == "s1", "{names:?}");
+        }
+        assert!(
+            names[2].0.starts_with("clients-") && names[2].1 == "c1",
+            "{names:?}"
+        );
+        assert!(
+            names[3].0.starts_with("clients-") && names[3].1 == "c2",
+            "{names:?}"
+        );
+        for p in placed {
+            let host = p["host"].as_str().unwrap();
+            assert_eq!(
+                p["netns"].as_u64(),
+                Some(inode(host)),
+                "{p}: not in its host"
+            );
+        }
+        // Every host's machine read; the clients' CPU from their processes.
+        let hosts: Vec<&str> = r["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["host"].as_str().unwrap())
+            .collect();
+        assert_eq!(hosts, ["c1", "c2", "s1"], "{r}");
+        // On s1, both systems' nodes read (every ring is up while either is measured).
+        let on_s1 = &r["hosts"][2]["processes"];
+        assert_eq!(on_s1.as_array().map(Vec::len), Some(4), "{r}");
+        // CPU is read in clock ticks: a small run's may round to none; over a system's
+        // runs, its nodes' and its clients' are some.
+        let k = usize::from(system == "memcached");
+        node_cpu[k] += r["cpu"]["nodes"].as_f64().unwrap();
+        client_cpu[k] += r["cpu"]["client"].as_f64().unwrap();
+    }
+    // (memcached's few hundred requests may all fit in less than a tick.)
+    assert!(node_cpu[0] > 0.0, "{node_cpu:?}");
+    assert!(client_cpu.iter().all(|&c| c > 0.0), "{client_cpu:?}");
+    let html = std::fs::read_to_string(out.join("report/index.html")).unwrap();
+    for want in [
+        "Against memcached",
+        "kvlab / memcached",
+        "Hosts",
+        "c1",
+        "s1",
+    ] {
+        assert!(html.contains(want), "the report lacks {want:?}");
+    }
+    let summary = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        summary.contains("GET, 2 servers, 3 clients: kvlab"),
+        "{summary}"
+    );
+    // Nothing left running on any host, no port but sshd's.
+    for i in 0..3 {
+        net.wait_quiet(i, std::time::Duration::from_secs(10))
+            .unwrap_or_else(|left| panic!("left on host {}: {left:?}", i + 1));
+        assert_eq!(net.listening(i), vec![22], "host {} still listens", i + 1);
+    }
 }

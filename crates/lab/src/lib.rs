@@ -12,6 +12,8 @@
 //! - [`ring`]: `kind = "storage-ring"` experiments — durable cluster nodes (bounded caches
 //!   over their stores) loaded with real messages: throughput against servers × clients and
 //!   cache size × policy, scale up and down by one server, a published evaluation beside;
+//!   memcached behind the same client ring as a second system; the throughput part's nodes
+//!   and clients placed on hosts (the clients as `kvlab lab ring-clients` there);
 //! - [`faults`]: `kind = "faults"` experiments — kvlab's fault-injection harness
 //!   (`kvlab_faults`) over seeds and configurations, each run's history checked, anomalies
 //!   at the top of the report and a timeline per run;
@@ -352,6 +354,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
         include_str!("../../../experiments/storage-ring.toml"),
     ),
     (
+        "storage-ring-hosts",
+        include_str!("../../../experiments/storage-ring-hosts.toml"),
+    ),
+    (
         "faults-quick",
         include_str!("../../../experiments/faults-quick.toml"),
     ),
@@ -551,7 +557,7 @@ impl Lab {
             return self.run_faults(source, overrides, out);
         }
         if ring::is_ring(&source.text) {
-            return self.run_ring(source, out);
+            return self.run_ring(source, overrides, out);
         }
         let exp = Experiment::parse(&source.text, &source.stem, overrides).with_context(|| {
             if overrides.is_empty() {
@@ -625,10 +631,20 @@ impl Lab {
 }
 
 impl Lab {
-    /// A `kind = "storage-ring"` experiment (see [`ring`]): overrides do not apply.
-    fn run_ring(&self, source: &Source, out: Option<PathBuf>) -> anyhow::Result<Finished> {
-        let spec = ring::RingSpec::parse(&source.text, &source.stem)
+    /// A `kind = "storage-ring"` experiment (see [`ring`]): of the overrides, only a host
+    /// table (`--hosts FILE`) applies.
+    fn run_ring(
+        &self,
+        source: &Source,
+        overrides: &Overrides,
+        out: Option<PathBuf>,
+    ) -> anyhow::Result<Finished> {
+        let mut spec = ring::RingSpec::parse(&source.text, &source.stem)
             .with_context(|| format!("experiment {}", source.label))?;
+        if let Some(table) = &overrides.hosts {
+            spec.use_hosts(table)
+                .with_context(|| format!("experiment {} with {}", source.label, table.file))?;
+        }
         self.run_on_nodes(&spec.name, "a storage-ring", out, |out, bin| {
             ring::run(&spec, &source.text, out, bin)
         })

@@ -102,6 +102,9 @@ pub struct HostCpu {
     pub host: String,
     /// CPUs busy, cores.
     pub busy_cores: f64,
+    /// Its CPUs (the ticks of all its CPUs over the time, in seconds of it; 0: not read).
+    #[serde(default)]
+    pub cpus: usize,
     /// Stolen time, share of all its CPUs' time.
     pub steal: f64,
     /// Its 1-minute load average at the end.
@@ -459,6 +462,24 @@ impl Placement {
         Ok(self.remote(host)?.run(what, script)?)
     }
 
+    /// Runs a script on host `host` that may take up to `limit`.
+    pub fn run_for(
+        &self,
+        host: &str,
+        what: &str,
+        script: &str,
+        limit: Duration,
+    ) -> anyhow::Result<String> {
+        Ok(self.remote(host)?.run_for(what, script, limit)?)
+    }
+
+    /// Checks that each host has the programs its roles need besides those of the
+    /// experiment's systems (`needs`: host name → programs): one error listing every
+    /// host's missing tools.
+    pub fn check_tools(&self, needs: &[(&str, Vec<&str>)]) -> anyhow::Result<()> {
+        Ok(self.fleet.check_tools(needs)?)
+    }
+
     /// Host `host`'s clock at the start.
     pub fn clock(&self, host: &str) -> Option<Clock> {
         self.clocks.get(host).copied()
@@ -685,6 +706,7 @@ pub fn host_cpu(a: &HostsReading, b: &HostsReading, procs: &[Started]) -> Vec<Ho
             busy_cores: mb.ticks.busy.saturating_sub(ma.ticks.busy) as f64
                 / mb.clk_tck as f64
                 / elapsed,
+            cpus: (all as f64 / mb.clk_tck as f64 / elapsed).round() as usize,
             steal: mb.ticks.steal.saturating_sub(ma.ticks.steal) as f64 / all as f64,
             load1: mb.load[0],
             processes,

@@ -125,7 +125,7 @@ pub fn program(spec: &SystemSpec, kvlab_bin: Option<&Path>) -> anyhow::Result<Op
     }
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }

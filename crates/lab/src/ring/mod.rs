@@ -22,6 +22,16 @@
 //! (`scripts/cluster-netns.sh`, as the fault harness uses it: needs root), so the clients —
 //! threads of this process in the root namespace — reach them across a bridge.
 //!
+//! Placed on hosts (`node_hosts`, `client_hosts`, the `[[host]]` table and `[ssh]` as in
+//! lab experiments, through [`crate::placement`]): the throughput part's nodes start on
+//! their hosts (each a copy of the ring's topology file in its host's run directory: the
+//! ring does not change in that part), and its clients run there as `kvlab lab
+//! ring-clients` ([`clients`]), split over the client hosts, started together at an instant
+//! set on each host's clock; each host's CPU is read around every measured run. With
+//! `memcached = true`, memcached servers — as many as the ring's nodes, on the same hosts —
+//! behind a fixed client ring of them (the same consistent hashing) are the second system,
+//! loaded by the same clients the same way.
+//!
 //! The file (every key optional; defaults after `=`):
 //!
 //! ```toml
@@ -35,6 +45,14 @@
 //! node_args = ["-t", "1", "-m", "256", "--cache-items", "1000", "--eviction", "lru"]
 //!                             # every node's `kvlab server` flags; the lab adds --data-dir
 //! seed = 1                    # the clients' random choice of messages
+//! memcached = false           # [throughput] also against memcached behind the client ring
+//! memcached_args = ["-t", "1", "-m", "256"]  # every memcached's flags (the lab adds -l -p)
+//! node_hosts = []             # the throughput part's nodes (and memcached): node i on
+//!                             # node_hosts[i % len]; [] here (loopback or netns)
+//! client_hosts = []           # its clients: split over these hosts, a `kvlab lab
+//!                             # ring-clients` on each; [] threads of the lab's process
+//! [[host]]                    # the hosts (name, ssh, local, dir, clock, address) and
+//! [ssh]                       # how ssh reaches them, as in lab experiments
 //!
 //! [original]                  # the original evaluation's figures, shown beside kvlab's; only
 //! scale_down_s = 15.6         # those given are compared (none: no comparison)
@@ -62,10 +80,15 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+use crate::placement::{HostCpu, PlacedProcess};
+use crate::spec::{HostFile, HostTable, SshSpec};
+
+pub mod clients;
 mod nodes;
 mod parts;
 mod report;
 
+pub use clients::{digest, run_job, ClientsJob, ClientsOutcome, Route};
 pub use parts::run;
 
 fn d_messages() -> usize {
@@ -87,6 +110,9 @@ fn d_node_args() -> Vec<String> {
 }
 fn d_seed() -> u64 {
     1
+}
+fn d_memcached_args() -> Vec<String> {
+    ["-t", "1", "-m", "256"].map(String::from).to_vec()
 }
 fn d_five() -> usize {
     5
@@ -233,6 +259,24 @@ pub struct RingSpec {
     /// The clients' random choice of messages.
     #[serde(default = "d_seed")]
     pub seed: u64,
+    /// The throughput part also against memcached behind the same client ring.
+    #[serde(default)]
+    pub memcached: bool,
+    /// Every memcached's flags (the lab adds `-l` and `-p`, and `-u root` as root).
+    #[serde(default = "d_memcached_args")]
+    pub memcached_args: Vec<String>,
+    /// The throughput part's nodes: node i on `node_hosts[i % len]` (none: here).
+    #[serde(default)]
+    pub node_hosts: Vec<String>,
+    /// Its clients, split over these hosts (none: threads of the lab's process).
+    #[serde(default)]
+    pub client_hosts: Vec<String>,
+    /// The hosts.
+    #[serde(default, rename = "host")]
+    pub(crate) hosts: Vec<HostFile>,
+    /// How ssh reaches them.
+    #[serde(default)]
+    pub ssh: Option<SshSpec>,
     /// The original's figures.
     #[serde(default)]
     pub original: Original,
@@ -304,7 +348,70 @@ impl RingSpec {
         if s.node_args.iter().any(|a| a.starts_with("--data-dir")) {
             bail!("node_args: the lab gives each node its --data-dir");
         }
+        if s.memcached_args.iter().any(|a| {
+            ["-l", "-p", "--listen", "--port"].contains(&a.as_str())
+                || a.starts_with("--listen=")
+                || a.starts_with("--port=")
+        }) {
+            bail!("memcached_args: the lab gives each memcached its -l and -p");
+        }
+        s.placed()?;
         Ok(s)
+    }
+
+    /// Whether some role is placed on a host.
+    pub fn on_hosts(&self) -> bool {
+        !self.node_hosts.is_empty() || !self.client_hosts.is_empty()
+    }
+
+    /// The hosts the roles name, resolved, and how ssh reaches them; checks the roles
+    /// against the table and what a placed experiment runs.
+    pub(crate) fn placed(&self) -> anyhow::Result<(Vec<kvlab_hosts::Host>, SshSpec)> {
+        let (hosts, pools, ssh) =
+            crate::spec::resolve_hosts(self.hosts.clone(), self.ssh.clone(), None)?;
+        for (role, names) in [
+            ("node_hosts", &self.node_hosts),
+            ("client_hosts", &self.client_hosts),
+        ] {
+            for h in names {
+                crate::spec::check_defined(&hosts, role, h)?;
+            }
+        }
+        if !pools.is_empty() && self.on_hosts() {
+            bail!("[[host]] pool: agent pools load lab experiments; the ring's clients run on ssh or local hosts");
+        }
+        if self.on_hosts() {
+            if self.netns {
+                bail!("netns = true and hosts: the hosts place the nodes (set netns = false)");
+            }
+            if self.scale.nodes > 0 || !self.cache.sizes.is_empty() {
+                bail!(
+                    "[scale] and [cache] are not placed on hosts (a migrating ring shares one \
+                     topology file; the cache part is one node): set [scale] nodes = 0 and \
+                     [cache] sizes = [] with node_hosts or client_hosts"
+                );
+            }
+            if !self.client_hosts.is_empty() && self.throughput.bench_duration > 0.0 {
+                bail!(
+                    "[throughput] bench_duration: kvlab bench's closed loop runs in the lab's \
+                     process, not on the client hosts: set it to 0 with client_hosts"
+                );
+            }
+        }
+        let mut used = self.node_hosts.clone();
+        used.extend(self.client_hosts.iter().cloned());
+        let hosts = hosts
+            .into_iter()
+            .filter(|h| used.contains(&h.name))
+            .collect();
+        Ok((hosts, ssh))
+    }
+
+    /// Takes `--hosts FILE`'s table in place of its own.
+    pub fn use_hosts(&mut self, table: &HostTable) -> anyhow::Result<()> {
+        let (hosts, ssh) = table.parse()?;
+        (self.hosts, self.ssh) = (hosts, ssh);
+        self.placed().map(|_| ())
     }
 }
 
@@ -404,9 +511,30 @@ pub struct MethodRun {
     pub hit_ratio: Option<f64>,
     /// Cache part: entries and policy.
     pub cache: Option<(usize, String)>,
+    /// The system: `kvlab` (the durable ring; also when absent) or `memcached`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub system: String,
+    /// Placed on hosts: where each node and each client process ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placed: Vec<PlacedProcess>,
+    /// Placed on hosts: each host's machine and the lab's processes on it over the run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostCpu>,
+    /// Placed clients: the latest start after the instant set (s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub late_s: Option<f64>,
 }
 
 impl MethodRun {
+    /// The system it measured (`kvlab` when not said).
+    pub fn system(&self) -> &str {
+        if self.system.is_empty() {
+            "kvlab"
+        } else {
+            &self.system
+        }
+    }
+
     /// The mean over clients of their ops/s: the original's figure.
     pub fn mean_per_client(&self) -> f64 {
         self.per_client.iter().sum::<f64>() / self.per_client.len().max(1) as f64
@@ -451,6 +579,12 @@ pub struct RingResult {
     pub mean_message_bytes: f64,
     /// Whether nodes ran in namespaces of their own.
     pub netns: bool,
+    /// The hosts, when roles were placed on them (name, how reached, address, clocks).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<crate::placement::HostMeta>,
+    /// Where the throughput part's nodes and clients ran (`node_hosts`, `client_hosts`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<(Vec<String>, Vec<String>)>,
     /// CPUs of the machine.
     pub cpus: usize,
     /// The original's figures.
@@ -472,4 +606,63 @@ pub fn analyse_dir(dir: &Path) -> anyhow::Result<(String, PathBuf)> {
     let text = std::fs::read(dir.join("ring.json")).context("ring.json")?;
     let res: RingResult = serde_json::from_slice(&text)?;
     report::write(dir, &res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOSTS: &str = r#"
+[[host]]
+name = "c1"
+ssh = "root@10.0.0.1"
+[[host]]
+name = "s1"
+ssh = "root@10.0.0.2"
+"#;
+
+    fn placed(body: &str) -> anyhow::Result<RingSpec> {
+        RingSpec::parse(&format!("kind = \"storage-ring\"\n{body}\n{HOSTS}"), "t")
+    }
+
+    const ONLY_THROUGHPUT: &str = "[scale]\nnodes = 0\n[cache]\nsizes = []\n\
+                                   [throughput]\nbench_duration = 0.0\n";
+
+    #[test]
+    fn placed_roles_name_hosts_of_the_table_and_keep_to_the_throughput_part() {
+        let ok = placed(&format!(
+            "node_hosts = [\"s1\"]\nclient_hosts = [\"c1\"]\nmemcached = true\n{ONLY_THROUGHPUT}"
+        ))
+        .unwrap();
+        assert!(ok.on_hosts());
+        let (hosts, _) = ok.placed().unwrap();
+        assert_eq!(hosts.len(), 2);
+        // The shipped file without hosts: nothing placed.
+        let local = RingSpec::parse(crate::shipped("storage-ring").unwrap(), "s").unwrap();
+        assert!(!local.on_hosts() && !local.memcached);
+        let shipped = RingSpec::parse(crate::shipped("storage-ring-hosts").unwrap(), "s").unwrap();
+        assert!(shipped.on_hosts() && shipped.memcached);
+        for (body, says) in [
+            (
+                format!("node_hosts = [\"s9\"]\n{ONLY_THROUGHPUT}"),
+                "host \"s9\" is not defined",
+            ),
+            (
+                format!("client_hosts = [\"c1\"]\nnetns = true\n{ONLY_THROUGHPUT}"),
+                "netns = true and hosts",
+            ),
+            ("node_hosts = [\"s1\"]\n".to_string(), "[scale] and [cache]"),
+            (
+                "client_hosts = [\"c1\"]\n[scale]\nnodes = 0\n[cache]\nsizes = []\n".into(),
+                "bench_duration",
+            ),
+            (
+                format!("memcached_args = [\"-p\", \"1\"]\n{ONLY_THROUGHPUT}"),
+                "memcached_args",
+            ),
+        ] {
+            let e = format!("{:#}", placed(&body).unwrap_err());
+            assert!(e.contains(says), "{body}: {e}");
+        }
+    }
 }

@@ -1,6 +1,9 @@
-//! A ring of durable kvlab nodes for one part of a storage-ring experiment: each node a
-//! `kvlab server --cluster` process with its own `--data-dir`, on loopback or in a network
-//! namespace of its own; started, added, removed, stopped, and its CPU read.
+//! A ring of nodes for one part of a storage-ring experiment: durable kvlab nodes (each a
+//! `kvlab server --cluster` process with its own `--data-dir`) or plain memcached servers
+//! (the second system, behind a fixed client ring); on loopback, each in a network
+//! namespace of its own, or on the experiment's hosts (node i on `node_hosts[i % len]`,
+//! each with a copy of the ring's topology file in its host's run directory); started,
+//! added, removed, stopped, and their CPU read.
 
 use std::ffi::OsStr;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -8,124 +11,273 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use kvlab_cluster::coordinator::{self, MigrationReport};
 use kvlab_cluster::{NodeCommand, TopologyStore};
 use kvlab_etcd::open_store;
 use kvlab_faults::netns::Net;
+use kvlab_hosts::Started;
 use kvlab_process::{free_ports, Output, Probe, Process, Spawn};
+
+use crate::placement::Placement;
 
 /// The port of a node in a namespace of its own (it has the address to itself).
 const NETNS_PORT: u16 = 11211;
+/// How long a node has to answer once started.
+const READY: Duration = Duration::from_secs(30);
+
+/// Which system the nodes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// Durable kvlab cluster nodes.
+    Kvlab,
+    /// Plain memcached servers.
+    Memcached,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Kvlab => "kvlab",
+            Kind::Memcached => "memcached",
+        }
+    }
+}
+
+/// Where the nodes run: here (loopback), in namespaces, or on hosts.
+#[derive(Clone, Default)]
+pub(super) struct Site {
+    pub net: Option<Arc<Net>>,
+    /// The placement and the nodes' hosts (node i on `hosts[i % len]`).
+    pub hosts: Option<(Arc<Placement>, Vec<String>)>,
+}
+
+/// A node's process.
+pub(super) enum Proc {
+    Local(Process),
+    Remote(Started),
+}
 
 /// One node.
 pub(super) struct Node {
     pub name: String,
     pub addr: SocketAddr,
-    pub process: Process,
+    pub process: Proc,
 }
 
 /// The nodes of one ring (stopped when dropped).
 pub(super) struct Nodes {
+    kind: Kind,
     topology: String,
-    store: Box<dyn TopologyStore>,
+    store: Option<Box<dyn TopologyStore>>,
     pub nodes: Vec<Node>,
     args: Vec<String>,
     bin: PathBuf,
     dir: PathBuf,
-    net: Option<Arc<Net>>,
+    site: Site,
+    /// Nodes placed so far (the next one's host).
+    placed: usize,
 }
 
 impl Nodes {
-    /// Creates a ring of `n` nodes under `dir` (topology, logs, data) and starts them;
-    /// returns once each serves the ring.
+    /// Creates a ring of `n` nodes of `kind` under `dir` (topology, logs, data; on a host,
+    /// its run directory's `dir`'s last component) and starts them; returns once each
+    /// serves (a kvlab node: the ring of `n`).
     pub fn start(
+        kind: Kind,
         n: usize,
         args: &[String],
         bin: &Path,
         dir: &Path,
-        net: Option<Arc<Net>>,
+        site: Site,
     ) -> anyhow::Result<Nodes> {
         std::fs::create_dir_all(dir.join("logs"))
             .with_context(|| format!("creating {}", dir.display()))?;
         let topology = dir.join("topology.json").display().to_string();
-        let store = open_store(&topology)?;
+        let store = match kind {
+            Kind::Kvlab => Some(open_store(&topology)?),
+            Kind::Memcached => None,
+        };
         let mut nodes = Nodes {
+            kind,
             topology,
             store,
             nodes: Vec::new(),
             args: args.to_vec(),
             bin: bin.to_path_buf(),
             dir: dir.to_path_buf(),
-            net,
+            site,
+            placed: 0,
         };
         let addrs = (0..n)
             .map(|_| nodes.next_addr())
             .collect::<anyhow::Result<Vec<_>>>()?;
-        coordinator::create(
-            nodes.store.as_ref(),
-            kvlab_ring::DEFAULT_VNODES,
-            1,
-            kvlab_cluster::CopyWritePolicy::All,
-            addrs.iter().map(|a| a.to_string()).collect(),
-        )?;
+        if let Some(store) = &nodes.store {
+            coordinator::create(
+                store.as_ref(),
+                kvlab_ring::DEFAULT_VNODES,
+                1,
+                kvlab_cluster::CopyWritePolicy::All,
+                addrs.iter().map(|(a, _)| a.to_string()).collect(),
+            )?;
+            nodes.copy_topology()?;
+        }
         let me = &nodes;
         let started = crate::scaling::run::start_all(&addrs, |a| me.spawn(a));
         for node in started {
             nodes.nodes.push(node?);
         }
-        crate::scaling::run::wait_for_ring(&addrs, n)?;
+        if kind == Kind::Kvlab {
+            let plain: Vec<SocketAddr> = addrs.iter().map(|(a, _)| *a).collect();
+            crate::scaling::run::wait_for_ring(&plain, n)?;
+        }
         Ok(nodes)
     }
 
-    /// A new node's address: a free loopback port, or a namespace of its own.
-    fn next_addr(&self) -> anyhow::Result<SocketAddr> {
-        match &self.net {
+    /// The part's directory on host `host` (made if missing).
+    fn remote_dir(&self, pl: &Placement, host: &str) -> anyhow::Result<String> {
+        let part = self
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "ring".into());
+        let d = format!("{}/{part}", pl.run_dir(host)?);
+        pl.run(
+            host,
+            "making the part's directory",
+            &format!("mkdir -p {}", kvlab_hosts::quote(&d)),
+        )?;
+        Ok(d)
+    }
+
+    /// The topology file, copied to each node host's part directory (the ring does not
+    /// change while nodes run on hosts: see [`super::RingSpec::placed`]).
+    fn copy_topology(&self) -> anyhow::Result<()> {
+        let Some((pl, hosts)) = &self.site.hosts else {
+            return Ok(());
+        };
+        let text = std::fs::read_to_string(&self.topology)
+            .with_context(|| format!("reading {}", self.topology))?;
+        let mut done: Vec<&String> = Vec::new();
+        for h in hosts {
+            if done.contains(&h) {
+                continue;
+            }
+            done.push(h);
+            let d = self.remote_dir(pl, h)?;
+            pl.write(h, &format!("{d}/topology.json"), &text)?;
+        }
+        Ok(())
+    }
+
+    /// A new node's address (and its host, when placed): a free loopback port, a
+    /// namespace of its own, or a free port on its host.
+    fn next_addr(&mut self) -> anyhow::Result<(SocketAddr, Option<usize>)> {
+        let i = self.placed;
+        self.placed += 1;
+        if let Some((pl, hosts)) = &self.site.hosts {
+            let h = &hosts[i % hosts.len()];
+            let port = pl.free_ports(h, 1)?[0];
+            let addr: SocketAddr = format!("{}:{port}", pl.address(h)?)
+                .parse()
+                .with_context(|| format!("host {h}: its address is not an IP address"))?;
+            return Ok((addr, Some(i % hosts.len())));
+        }
+        match &self.site.net {
             Some(net) => {
                 let h = net.new_node_host().map_err(anyhow::Error::msg)?;
-                Ok(SocketAddr::new(IpAddr::V4(net.ip(h)), NETNS_PORT))
+                Ok((SocketAddr::new(IpAddr::V4(net.ip(h)), NETNS_PORT), None))
             }
-            None => Ok(SocketAddr::new(
-                IpAddr::V4(Ipv4Addr::LOCALHOST),
-                free_ports(1)?[0],
+            None => Ok((
+                SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), free_ports(1)?[0]),
+                None,
             )),
         }
     }
 
-    /// Starts the node at `addr` (in its namespace, if it has one) and waits until it
-    /// answers.
-    fn spawn(&self, addr: SocketAddr) -> anyhow::Result<Node> {
+    /// The arguments (after the program) of the node at `addr` whose topology and data
+    /// live under `base`; and its program (kvlab, or memcached).
+    fn argv(&self, addr: SocketAddr, base: &str, root: bool) -> Vec<String> {
         let name = addr.to_string();
-        let tag = name.replace([':', '.'], "-");
-        let data = self.dir.join("data").join(format!("node-{tag}"));
-        let mut cmd = match (&self.net, addr.ip()) {
+        match self.kind {
+            Kind::Kvlab => {
+                let tag = name.replace([':', '.'], "-");
+                let data = format!("{base}/data/node-{tag}");
+                let topology = format!("{base}/topology.json");
+                NodeCommand::node(addr.ip(), addr.port(), &topology, &name)
+                    .args([OsStr::new("--data-dir"), OsStr::new(&data)])
+                    .args(&self.args)
+                    .to_args()
+                    .into_iter()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect()
+            }
+            Kind::Memcached => {
+                let mut v: Vec<String> = vec![
+                    "-l".into(),
+                    addr.ip().to_string(),
+                    "-p".into(),
+                    addr.port().to_string(),
+                    "-U".into(),
+                    "0".into(),
+                ];
+                v.extend(self.args.iter().cloned());
+                if root {
+                    v.extend(["-u".into(), "root".into()]);
+                }
+                v
+            }
+        }
+    }
+
+    /// Starts the node at `addr` (in its namespace or on its host, if it has one) and waits
+    /// until it answers.
+    fn spawn(&self, (addr, host): (SocketAddr, Option<usize>)) -> anyhow::Result<Node> {
+        let name = addr.to_string();
+        let tag = format!("{}-{}", self.kind.name(), name.replace([':', '.'], "-"));
+        if let (Some((pl, hosts)), Some(h)) = (&self.site.hosts, host) {
+            let h = &hosts[h];
+            let base = self.remote_dir(pl, h)?;
+            let mut argv = vec![match self.kind {
+                Kind::Kvlab => pl.kvlab(h)?,
+                Kind::Memcached => "memcached".into(),
+            }];
+            argv.extend(self.argv(addr, &base, pl.is_root(h)));
+            let p = pl.start(h, &tag, &argv)?;
+            kvlab_process::wait_ready(&Probe::Version(addr), READY)
+                .with_context(|| format!("host {h}: node {name} does not answer"))?;
+            return Ok(Node {
+                name,
+                addr,
+                process: Proc::Remote(p),
+            });
+        }
+        let base = self.dir.display().to_string();
+        let program: &OsStr = match self.kind {
+            Kind::Kvlab => self.bin.as_os_str(),
+            Kind::Memcached => OsStr::new("memcached"),
+        };
+        let mut cmd = match (&self.site.net, addr.ip()) {
             (Some(net), IpAddr::V4(ip)) => {
                 let h = u32::from(ip.octets()[3]).saturating_sub(10);
-                Spawn::new("ip")
-                    .args(net.exec_args(h))
-                    .arg(self.bin.as_os_str())
+                Spawn::new("ip").args(net.exec_args(h)).arg(program)
             }
-            _ => Spawn::new(self.bin.as_os_str()),
+            _ => Spawn::new(program),
         };
         cmd = cmd
             .output(Output::File(
                 self.dir.join("logs").join(format!("node-{tag}.log")),
             ))
-            .args(
-                NodeCommand::node(addr.ip(), addr.port(), &self.topology, &name)
-                    .args([OsStr::new("--data-dir"), data.as_os_str()])
-                    .args(&self.args)
-                    .to_args(),
-            )
+            .args(self.argv(addr, &base, crate::system::is_root()))
             .ready(Probe::Version(addr))
-            .timeout(Duration::from_secs(30));
+            .timeout(READY);
         let process = cmd
             .start()
             .with_context(|| format!("starting node {name}"))?;
         Ok(Node {
             name,
             addr,
-            process,
+            process: Proc::Local(process),
         })
     }
 
@@ -134,13 +286,36 @@ impl Nodes {
         self.nodes.iter().map(|n| n.addr).collect()
     }
 
+    /// Which system they are.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    fn store(&self) -> anyhow::Result<&dyn TopologyStore> {
+        match &self.store {
+            Some(s) => Ok(s.as_ref()),
+            None => bail!("{} nodes have no topology", self.kind.name()),
+        }
+    }
+
     /// The ring's nodes, sorted.
     pub fn ring(&self) -> Vec<String> {
-        crate::scaling::run::sorted_nodes(&*self.store)
+        match &self.store {
+            Some(s) => crate::scaling::run::sorted_nodes(s.as_ref()),
+            None => {
+                let mut v: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+                v.sort();
+                v
+            }
+        }
     }
 
     /// Starts a node (timed: the seconds it took) and adds it (a migration).
     pub fn add(&mut self) -> anyhow::Result<(String, f64, MigrationReport, f64)> {
+        self.store()?;
+        if self.site.hosts.is_some() {
+            bail!("nodes on hosts are not added to a running ring");
+        }
         let t = std::time::Instant::now();
         let addr = self.next_addr()?;
         let node = self.spawn(addr)?;
@@ -148,29 +323,75 @@ impl Nodes {
         self.nodes.push(node);
         let start_s = t.elapsed().as_secs_f64();
         let t = std::time::Instant::now();
-        let m = coordinator::add(self.store.as_ref(), &name, &mut |_| {})?;
+        let m = coordinator::add(self.store()?, &name, &mut |_| {})?;
         Ok((name, start_s, m, t.elapsed().as_secs_f64()))
     }
 
     /// Removes node `name` (a migration from it; timed), then stops it.
     pub fn remove(&mut self, name: &str) -> anyhow::Result<(MigrationReport, f64)> {
         let t = std::time::Instant::now();
-        let m = coordinator::remove(self.store.as_ref(), name, &mut |_| {})?;
+        let m = coordinator::remove(self.store()?, name, &mut |_| {})?;
         let s = t.elapsed().as_secs_f64();
         self.nodes.retain(|n| n.name != name);
         Ok((m, s))
     }
 
-    /// Every node's CPU time so far, clock ticks.
-    pub fn cpu_ticks(&self) -> Vec<u64> {
+    /// The processes placed on hosts.
+    pub fn remote(&self) -> Vec<Started> {
         self.nodes
             .iter()
-            .map(|n| {
-                kvlab_procfs::read_proc_stat(n.process.pid())
-                    .map(|s| s.cpu_ticks())
-                    .unwrap_or(0)
+            .filter_map(|n| match &n.process {
+                Proc::Remote(p) => Some(p.clone()),
+                Proc::Local(_) => None,
             })
             .collect()
+    }
+
+    /// Every local node's CPU time so far, seconds (`None` for a node on a host: read
+    /// through the placement).
+    pub fn local_cpu_s(&self) -> Vec<Option<f64>> {
+        let hz = kvlab_procfs::clock_ticks_per_second().max(1) as f64;
+        self.nodes
+            .iter()
+            .map(|n| match &n.process {
+                Proc::Local(p) => Some(
+                    kvlab_procfs::read_proc_stat(p.pid())
+                        .map_or(0.0, |s| s.cpu_ticks() as f64 / hz),
+                ),
+                Proc::Remote(_) => None,
+            })
+            .collect()
+    }
+}
+
+impl Drop for Nodes {
+    /// Local nodes stop as their processes drop; nodes on hosts are stopped here, their
+    /// logs brought back to `logs/` and their data removed from the host.
+    fn drop(&mut self) {
+        let Some((pl, _)) = &self.site.hosts else {
+            return;
+        };
+        for n in &self.nodes {
+            if let Proc::Remote(p) = &n.process {
+                pl.stop(p, &self.dir.join("logs").join(format!("{}.log", p.name)));
+            }
+        }
+        if self.kind == Kind::Kvlab {
+            let mut done: Vec<String> = Vec::new();
+            for p in self.remote() {
+                if done.contains(&p.host) {
+                    continue;
+                }
+                if let Ok(d) = self.remote_dir(pl, &p.host) {
+                    let _ = pl.run(
+                        &p.host,
+                        "removing the nodes' data",
+                        &format!("rm -rf {}", kvlab_hosts::quote(&format!("{d}/data"))),
+                    );
+                }
+                done.push(p.host);
+            }
+        }
     }
 }
 

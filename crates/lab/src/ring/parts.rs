@@ -1,40 +1,36 @@
 //! Carrying out a storage-ring experiment: the messages, then each part (scale,
-//! throughput, cache) on rings of its own, the clients as threads of this process.
+//! throughput, cache) on rings of its own, the clients as threads of this process or, placed
+//! on hosts, as `kvlab lab ring-clients` processes there.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Barrier};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
-use kvlab_bench::data::{DataKey, DataSet, DataSpec, DEFAULT_MAX_ITEM_SIZE};
+use anyhow::{bail, Context};
 use kvlab_client::ClusterClient;
 use kvlab_faults::netns::Net;
+use kvlab_hosts::Started;
 use kvlab_ring::{Ring, DEFAULT_VNODES};
 
-use super::nodes::{make_net, Nodes};
+use super::clients::{self, ClientsJob, ClientsOutcome, Messages, Route, TIMEOUT};
+use super::nodes::{make_net, Kind, Nodes, Site};
 use super::report::write;
 use super::{BenchPoint, Cpu, MethodRun, ReadBack, RingResult, RingSpec, ScaleEvent, ScaleResult};
+use crate::placement::{host_cpu, HostsReading, Placement, Roles};
 
-/// How long a client waits for one answer.
-const TIMEOUT: Duration = Duration::from_secs(5);
 /// Threads that write the messages and read them back.
 const FILLERS: usize = 4;
 
-/// The messages: the data set's first `n` records.
-struct Messages {
-    set: Arc<DataSet>,
-    n: u64,
-    path: PathBuf,
-}
-
-impl Messages {
-    fn key(&self, i: u64) -> &[u8] {
-        self.set.key(i)
-    }
-    fn value(&self, i: u64) -> &[u8] {
-        self.set.value(i)
-    }
+/// Where the clients run: threads here, or processes on hosts.
+struct Clients<'a> {
+    msgs: &'a Messages,
+    /// The placement and the client hosts, each with its path to the messages.
+    hosts: Option<(&'a Placement, Vec<(String, String)>)>,
+    /// Whether the messages on the hosts are the synthetic maildir.
+    synthetic: bool,
+    /// Where client processes' logs come back to.
+    logs: &'a Path,
 }
 
 /// Runs a storage-ring experiment into `out` and writes its report; returns the summary.
@@ -68,6 +64,27 @@ pub fn run(
             msgs.n, spec.messages
         ));
     }
+    if spec.memcached && spec.node_hosts.is_empty() && kvlab_process::which("memcached").is_none() {
+        bail!("memcached = true: no memcached here (apt-get install memcached)");
+    }
+    let logs = out.join("logs");
+    let placement = place(spec, out, bin, &logs)?;
+    let client_hosts = match &placement {
+        Some(pl) if !spec.client_hosts.is_empty() => {
+            Some((pl.as_ref(), prepare_clients(spec, pl, &msgs)?))
+        }
+        _ => None,
+    };
+    if let Some(pl) = &placement {
+        res.hosts = pl.meta(&Default::default());
+        res.placement = Some((spec.node_hosts.clone(), spec.client_hosts.clone()));
+    }
+    let clients = Clients {
+        msgs: &msgs,
+        hosts: client_hosts,
+        synthetic: spec.data.is_none(),
+        logs: &logs,
+    };
     let net = match spec.netns {
         true => Some(Arc::new(make_net(&out.join("net"))?)),
         false => None,
@@ -80,8 +97,16 @@ pub fn run(
         }
         save(&res)?;
     }
+    let site = Site {
+        net: net.clone(),
+        hosts: placement
+            .clone()
+            .filter(|_| !spec.node_hosts.is_empty())
+            .map(|pl| (pl, spec.node_hosts.clone())),
+    };
     for &servers in &spec.throughput.servers {
-        if let Err(e) = throughput(spec, &msgs, bin, out, net.clone(), servers, &mut res) {
+        let r = throughput(spec, &clients, bin, out, &site, servers, &mut res);
+        if let Err(e) = r {
             res.notes
                 .push(format!("throughput with {servers} servers failed: {e:#}"));
         }
@@ -101,35 +126,114 @@ pub fn run(
             res.notes.push(format!("taking the network down: {e}"));
         }
     }
+    // The placement's other holders gone first: its teardown is the last word.
+    drop(site);
+    if let Some(pl) = placement {
+        let end = pl.finish()?;
+        res.hosts = pl.meta(&end);
+    }
     save(&res)?;
     write(out, &res)
 }
 
+/// The experiment's hosts connected and prepared (none when no role names one): kvlab
+/// shipped, the run directories made, memcached checked on the node hosts when it runs.
+fn place(
+    spec: &RingSpec,
+    out: &Path,
+    bin: &Path,
+    logs: &Path,
+) -> anyhow::Result<Option<Arc<Placement>>> {
+    if !spec.on_hosts() {
+        return Ok(None);
+    }
+    let (hosts, ssh) = spec.placed()?;
+    std::fs::create_dir_all(logs)?;
+    let roles = Roles {
+        hosts: &hosts,
+        pools: &[],
+        ssh: &ssh,
+        systems: &[],
+        exit_on_interrupt: true,
+    };
+    let pl = Placement::open_hosts(&roles, Some(bin), &crate::placement::run_name(out), logs)?;
+    let Some(pl) = pl else { return Ok(None) };
+    if spec.memcached {
+        let needs: Vec<(&str, Vec<&str>)> = spec
+            .node_hosts
+            .iter()
+            .map(|h| (h.as_str(), vec!["memcached"]))
+            .collect();
+        pl.check_tools(&needs)
+            .context("before any run: the hosts' tools")?;
+    }
+    Ok(Some(pl))
+}
+
+/// Each client host's path to the messages, checked to hold the same messages as here
+/// (`kvlab lab ring-clients --prepare`: the synthetic maildir written in its run directory,
+/// or the data set at the same path).
+fn prepare_clients(
+    spec: &RingSpec,
+    pl: &Placement,
+    msgs: &Messages,
+) -> anyhow::Result<Vec<(String, String)>> {
+    let want = msgs.digest();
+    let mut out = Vec::new();
+    for h in &spec.client_hosts {
+        if out.iter().any(|(x, _)| x == h) {
+            continue;
+        }
+        let path = match &spec.data {
+            Some(d) => d.display().to_string(),
+            None => format!("{}/maildir", pl.run_dir(h)?),
+        };
+        let mut argv = vec![
+            pl.kvlab(h)?,
+            "lab".into(),
+            "ring-clients".into(),
+            "--prepare".into(),
+            "--data".into(),
+            path.clone(),
+            "--messages".into(),
+            spec.messages.to_string(),
+        ];
+        if spec.data.is_none() {
+            argv.push("--synthetic".into());
+        }
+        eprintln!("hosts: {h}: the messages at {path}");
+        let got = pl
+            .run_for(
+                h,
+                "preparing the messages",
+                &kvlab_hosts::quote_all(&argv),
+                Duration::from_secs(600),
+            )?
+            .trim()
+            .to_string();
+        if got != want {
+            bail!(
+                "host {h}: the messages at {path} are not the lab's ({got:?}, here {want:?}): \
+                 give every client host the same data set at the same path"
+            );
+        }
+        out.push((h.clone(), path));
+    }
+    Ok(out)
+}
+
 /// The data set `data` names, or a synthetic maildir written into `out/maildir`.
 fn messages(spec: &RingSpec, out: &Path) -> anyhow::Result<Messages> {
-    let path = match &spec.data {
-        Some(p) => p.clone(),
-        None => {
-            let root = out.join("maildir");
-            kvlab_bench::maildir::write_synthetic_maildir(&root, spec.messages, 7)
-                .with_context(|| format!("writing a synthetic maildir in {}", root.display()))?;
-            root
-        }
-    };
-    let set = DataSet::shared(&DataSpec {
-        path: path.clone(),
-        key: DataKey::Path,
-        max_item_size: DEFAULT_MAX_ITEM_SIZE,
-        base64_keys: false,
-    })?;
-    let n = (spec.messages as u64).min(set.len() as u64);
-    Ok(Messages { set, n, path })
+    match &spec.data {
+        Some(p) => Messages::load(p, spec.messages, false),
+        None => Messages::load(&out.join("maildir"), spec.messages, true),
+    }
 }
 
 /// Splits `0..n` over [`FILLERS`] threads, each with a cluster client; sums what `f`
 /// counted for each index (the first count: errors).
 fn each_message(
-    seeds: &[SocketAddr],
+    route: &Route,
     msgs: &Messages,
     f: &(dyn Fn(&mut ClusterClient, u64) -> [u64; 3] + Sync),
 ) -> anyhow::Result<[u64; 3]> {
@@ -137,7 +241,7 @@ fn each_message(
         let hs: Vec<_> = (0..FILLERS as u64)
             .map(|t| {
                 s.spawn(move || {
-                    let mut c = ClusterClient::connect(seeds, TIMEOUT)?;
+                    let mut c = route.connect()?;
                     let mut sum = [0u64; 3];
                     let mut i = t;
                     while i < msgs.n {
@@ -167,10 +271,10 @@ fn each_message(
 }
 
 /// Writes every message; returns the seconds it took and the writes that failed.
-fn fill(seeds: &[SocketAddr], msgs: &Messages) -> anyhow::Result<(f64, u64)> {
+fn fill(route: &Route, msgs: &Messages) -> anyhow::Result<(f64, u64)> {
     let t = Instant::now();
     let [errors, _, _] = each_message(
-        seeds,
+        route,
         msgs,
         &|c, i| match c.set(msgs.key(i), msgs.value(i)) {
             Ok(true) => [0, 0, 0],
@@ -181,9 +285,9 @@ fn fill(seeds: &[SocketAddr], msgs: &Messages) -> anyhow::Result<(f64, u64)> {
 }
 
 /// Reads every message back and compares its bytes.
-fn read_back(seeds: &[SocketAddr], msgs: &Messages) -> ReadBack {
+fn read_back(route: &Route, msgs: &Messages) -> ReadBack {
     let t = Instant::now();
-    let r = each_message(seeds, msgs, &|c, i| match c.get(msgs.key(i)) {
+    let r = each_message(route, msgs, &|c, i| match c.get(msgs.key(i)) {
         Ok(Some(v)) if v == msgs.value(i) => [0, 0, 0],
         Ok(Some(_)) => [0, 0, 1],
         Ok(None) => [0, 1, 0],
@@ -219,8 +323,16 @@ fn scale(
     dir: &Path,
     net: Option<Arc<Net>>,
 ) -> anyhow::Result<ScaleResult> {
-    let mut nodes = Nodes::start(spec.scale.nodes, &spec.node_args, bin, dir, net)?;
-    let (fill_s, fill_errors) = fill(&nodes.addrs(), msgs)?;
+    let site = Site { net, hosts: None };
+    let mut nodes = Nodes::start(
+        Kind::Kvlab,
+        spec.scale.nodes,
+        &spec.node_args,
+        bin,
+        dir,
+        site,
+    )?;
+    let (fill_s, fill_errors) = fill(&Route::Cluster(nodes.addrs()), msgs)?;
     let mut res = ScaleResult {
         nodes: spec.scale.nodes,
         keys: msgs.n,
@@ -255,7 +367,7 @@ fn scale(
             }
             Err(e) => ev.error = Some(format!("{e:#}")),
         }
-        ev.read_back = read_back(&nodes.addrs(), msgs);
+        ev.read_back = read_back(&Route::Cluster(nodes.addrs()), msgs);
         res.events.push(ev);
     }
     finish(nodes, dir);
@@ -268,107 +380,302 @@ fn finish(nodes: Nodes, dir: &Path) {
     let _ = std::fs::remove_dir_all(dir.join("data"));
 }
 
-/// A pseudo-random number generator (SplitMix64) for the clients' choice of messages.
-fn next(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+/// The route to `nodes`: through the cluster's ring, or a fixed ring of memcached servers.
+fn route(nodes: &Nodes) -> Route {
+    match nodes.kind() {
+        Kind::Kvlab => Route::Cluster(nodes.addrs()),
+        Kind::Memcached => Route::Fixed(nodes.addrs()),
+    }
 }
 
-/// CPU ticks of this process and of every node.
-fn ticks(nodes: &Nodes) -> (u64, Vec<u64>) {
-    let me = kvlab_procfs::read_proc_stat(std::process::id()).map_or(0, |s| s.cpu_ticks());
-    (me, nodes.cpu_ticks())
+/// A reading of the nodes' CPU (local ones from /proc here, those on hosts with every
+/// host's machine, in one round trip per host).
+struct Reading {
+    at: Instant,
+    local: Vec<Option<f64>>,
+    hosts: Option<HostsReading>,
 }
 
-/// The CPU between two readings `wall` seconds apart, in cores.
-fn cpu(before: &(u64, Vec<u64>), after: &(u64, Vec<u64>), wall: f64) -> Cpu {
-    let hz = kvlab_procfs::clock_ticks_per_second().max(1) as f64;
-    let cores = |a: u64, b: u64| b.saturating_sub(a) as f64 / hz / wall.max(1e-9);
-    let per: Vec<f64> = before
-        .1
-        .iter()
-        .zip(&after.1)
-        .map(|(&a, &b)| cores(a, b))
-        .collect();
-    Cpu {
-        client: cores(before.0, after.0),
-        nodes: per.iter().sum(),
-        busiest_node: per.iter().copied().fold(0.0, f64::max),
+/// The rings up (every system's, so a host's readings show them all) and what is read of
+/// them: each ring's nodes on hosts, in order.
+struct Rings<'a> {
+    all: &'a [&'a Nodes],
+    placement: Option<&'a Placement>,
+}
+
+impl Rings<'_> {
+    fn procs(&self) -> Vec<Started> {
+        self.all.iter().flat_map(|n| n.remote()).collect()
+    }
+
+    fn read(&self, of: &Nodes) -> Reading {
+        let hosts = self.placement.map(|pl| pl.read(&self.procs()));
+        Reading {
+            at: hosts.as_ref().map_or_else(Instant::now, |h| h.at),
+            local: of.local_cpu_s(),
+            hosts,
+        }
+    }
+
+    /// The CPU of `of`'s nodes and the clients between two readings, over `wall` seconds
+    /// of requests (the nodes idle outside them); the hosts' machines over the readings.
+    fn cpu(
+        &self,
+        of: &Nodes,
+        a: &Reading,
+        b: &Reading,
+        wall: f64,
+        client_s: f64,
+    ) -> (Cpu, Vec<crate::placement::HostCpu>) {
+        let procs = self.procs();
+        // The index in `procs` of each of `of`'s nodes on a host.
+        let mut remote = of.remote().into_iter();
+        let per: Vec<f64> = a
+            .local
+            .iter()
+            .zip(&b.local)
+            .map(|(x, y)| match (x, y) {
+                (Some(x), Some(y)) => (y - x).max(0.0),
+                _ => {
+                    let p = remote.next();
+                    let i = p.and_then(|p| procs.iter().position(|q| *q == p));
+                    let at = |r: &Reading| r.hosts.as_ref().and_then(|h| h.cpu.get(i?).copied()?);
+                    match (at(a), at(b)) {
+                        (Some(x), Some(y)) => (y - x).max(0.0),
+                        _ => 0.0,
+                    }
+                }
+            })
+            .map(|s| s / wall.max(1e-9))
+            .collect();
+        let hosts = match (&a.hosts, &b.hosts) {
+            (Some(x), Some(y)) => host_cpu(x, y, &procs),
+            _ => Vec::new(),
+        };
+        let cpu = Cpu {
+            client: client_s / wall.max(1e-9),
+            nodes: per.iter().sum(),
+            busiest_node: per.iter().copied().fold(0.0, f64::max),
+        };
+        (cpu, hosts)
     }
 }
 
 /// The original's method: `clients` threads, each sending `ops` requests of random messages
-/// one at a time; each client's ops/s over its own time.
+/// one at a time; each client's ops/s over its own time. Threads of this process, or split
+/// over the client hosts.
+#[allow(clippy::too_many_arguments)] // one measured run: what, against which ring, how
 fn method(
+    rings: &Rings,
     nodes: &Nodes,
-    msgs: &Messages,
+    cl: &Clients,
     clients: usize,
     ops: usize,
     put: bool,
     seed: u64,
+    tag: &str,
 ) -> anyhow::Result<MethodRun> {
-    let seeds = nodes.addrs();
-    let gate = Barrier::new(clients + 1);
-    let mut before = (0, Vec::new());
-    let mut started = Instant::now();
-    let results: Vec<anyhow::Result<(f64, u64)>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..clients as u64)
-            .map(|t| {
-                let (seeds, gate) = (&seeds, &gate);
-                s.spawn(move || {
-                    let client = ClusterClient::connect(seeds, TIMEOUT);
-                    gate.wait();
-                    let mut c = client?;
-                    let mut rng = seed ^ (t + 1).wrapping_mul(0xA076_1D64_78BD_642F);
-                    let mut errors = 0;
-                    let t0 = Instant::now();
-                    for _ in 0..ops {
-                        let i = next(&mut rng) % msgs.n;
-                        let ok = if put {
-                            matches!(c.set(msgs.key(i), msgs.value(i)), Ok(true))
-                        } else {
-                            matches!(c.get(msgs.key(i)), Ok(Some(v)) if v == msgs.value(i))
-                        };
-                        errors += u64::from(!ok);
-                    }
-                    Ok((ops as f64 / t0.elapsed().as_secs_f64().max(1e-9), errors))
-                })
-            })
-            .collect();
-        before = ticks(nodes);
-        started = Instant::now();
-        gate.wait();
-        hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a client panicked")))
-            })
-            .collect()
-    });
-    let wall = started.elapsed().as_secs_f64();
-    let after = ticks(nodes);
+    let job = ClientsJob {
+        route: route(nodes),
+        data: cl.msgs.path.clone(),
+        synthetic: false,
+        messages: cl.msgs.n as usize,
+        clients,
+        first: 0,
+        ops,
+        put,
+        seed,
+        start_at_ns: None,
+    };
     let mut run = MethodRun {
         servers: nodes.nodes.len(),
         clients,
         op: if put { "put" } else { "get" }.into(),
-        cpu: cpu(&before, &after, wall),
-        aggregate: (clients * ops) as f64 / wall.max(1e-9),
+        system: nodes.kind().name().into(),
         ..MethodRun::default()
     };
-    for r in results {
-        let (rate, errors) = r?;
-        run.per_client.push(rate);
-        run.errors += errors;
+    let (outcomes, a, b) = match &cl.hosts {
+        None => {
+            let mut a = None;
+            let o = clients::run(cl.msgs, &job, None, &mut || a = Some(rings.read(nodes)))?;
+            let b = rings.read(nodes);
+            (vec![o], a.unwrap_or_else(|| rings.read(nodes)), b)
+        }
+        Some((pl, hosts)) => {
+            let (o, a, b, placed) = on_hosts(rings, nodes, pl, hosts, cl, &job, tag)?;
+            run.placed = placed;
+            (o, a, b)
+        }
+    };
+    let wall = outcomes.iter().map(|o| o.wall_s).fold(0.0, f64::max);
+    let client_s = outcomes.iter().map(|o| o.cpu_s).sum();
+    let (cpu, hosts) = rings.cpu(nodes, &a, &b, wall, client_s);
+    run.cpu = cpu;
+    run.hosts = hosts;
+    run.aggregate = (clients * ops) as f64 / wall.max(1e-9);
+    if cl.hosts.is_some() {
+        run.late_s = Some(outcomes.iter().map(|o| o.late_s).fold(0.0, f64::max));
+    }
+    if let Some(pl) = rings.placement {
+        let mut placed: Vec<_> = nodes.remote().iter().map(|n| pl.described(n)).collect();
+        placed.append(&mut run.placed);
+        run.placed = placed;
+    }
+    for o in outcomes {
+        run.per_client.extend(o.per_client);
+        run.errors += o.errors;
     }
     Ok(run)
+}
+
+/// How long the client processes have between being started and the instant they start
+/// together (loading the messages, connecting).
+fn lead(messages: u64) -> Duration {
+    Duration::from_millis(1500 + messages / 5)
+}
+
+/// `job`'s clients split over the client hosts (host j of k: `clients / k`, one more for
+/// the first `clients % k`), each a `kvlab lab ring-clients` there, started together at an
+/// instant set on its own clock; the nodes and hosts read just before it and after the
+/// last ends. Returns each host's outcome, the readings, and where the clients ran.
+#[allow(clippy::type_complexity)] // the outcomes, two readings, the processes
+fn on_hosts(
+    rings: &Rings,
+    nodes: &Nodes,
+    pl: &Placement,
+    hosts: &[(String, String)],
+    cl: &Clients,
+    job: &ClientsJob,
+    tag: &str,
+) -> anyhow::Result<(
+    Vec<ClientsOutcome>,
+    Reading,
+    Reading,
+    Vec<crate::placement::PlacedProcess>,
+)> {
+    let k = hosts.len();
+    let start = SystemTime::now() + lead(cl.msgs.n);
+    let start_ns = start.duration_since(UNIX_EPOCH)?.as_nanos() as i128;
+    let mut started: Vec<(Started, String)> = Vec::new();
+    let mut first = 0;
+    let launch = (|| -> anyhow::Result<()> {
+        for (j, (h, data)) in hosts.iter().enumerate() {
+            let n = job.clients / k + usize::from(j < job.clients % k);
+            if n == 0 {
+                continue;
+            }
+            let offset = pl.clock(h).map_or(0, |c| c.offset_ns);
+            let name = format!("clients-{tag}-{h}");
+            let result = format!("{}/{name}.json", pl.run_dir(h)?);
+            let (flag, addrs) = match &job.route {
+                Route::Cluster(a) => ("--kvlab", a),
+                Route::Fixed(a) => ("--memcached", a),
+            };
+            let mut argv = vec![
+                pl.kvlab(h)?,
+                "lab".into(),
+                "ring-clients".into(),
+                flag.into(),
+                addrs
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+                "--data".into(),
+                data.clone(),
+                "--messages".into(),
+                job.messages.to_string(),
+                "--clients".into(),
+                n.to_string(),
+                "--first".into(),
+                first.to_string(),
+                "--ops".into(),
+                job.ops.to_string(),
+                "--op".into(),
+                if job.put { "put" } else { "get" }.into(),
+                "--seed".into(),
+                job.seed.to_string(),
+                "--start-at-ns".into(),
+                (start_ns + i128::from(offset)).to_string(),
+                "--json".into(),
+                result.clone(),
+            ];
+            if cl.synthetic {
+                argv.push("--synthetic".into());
+            }
+            first += n;
+            started.push((pl.start(h, &name, &argv)?, result));
+        }
+        Ok(())
+    })();
+    let stop_all = |started: &[(Started, String)]| {
+        for (p, _) in started {
+            pl.stop(p, &cl.logs.join(format!("{}.log", p.name)));
+        }
+    };
+    if let Err(e) = launch {
+        stop_all(&started);
+        return Err(e);
+    }
+    // The nodes and hosts read just before the start.
+    if let Ok(wait) = (start - Duration::from_millis(100)).duration_since(SystemTime::now()) {
+        std::thread::sleep(wait); // the instant set for the clients
+    }
+    let a = rings.read(nodes);
+    let limit = Instant::now() + Duration::from_secs(120) + TIMEOUT * job.ops as u32 / 10;
+    let mut left: Vec<&Started> = started.iter().map(|(p, _)| p).collect();
+    while !left.is_empty() {
+        let mut still = Vec::new();
+        for p in left {
+            if pl.remote(&p.host)?.running(p)? {
+                still.push(p);
+            }
+        }
+        left = still;
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() > limit {
+            stop_all(&started);
+            bail!("the clients on {} did not end in time", left[0].host);
+        }
+        std::thread::sleep(Duration::from_millis(50)); // a probe: each process's state
+    }
+    let b = rings.read(nodes);
+    let placed = started.iter().map(|(p, _)| pl.described(p)).collect();
+    let mut outcomes = Vec::new();
+    for (p, result) in &started {
+        let text = pl.run(
+            &p.host,
+            "reading the clients' result",
+            &format!("cat {} 2>/dev/null || true", kvlab_hosts::quote(result)),
+        );
+        match text
+            .ok()
+            .and_then(|t| serde_json::from_str::<ClientsOutcome>(&t).ok())
+        {
+            Some(o) => outcomes.push(o),
+            None => {
+                stop_all(&started);
+                let log = std::fs::read_to_string(cl.logs.join(format!("{}.log", p.name)))
+                    .unwrap_or_default();
+                bail!(
+                    "host {}: {} left no result: {}",
+                    p.host,
+                    p.name,
+                    log.trim().lines().last().unwrap_or("(no log)")
+                );
+            }
+        }
+    }
+    stop_all(&started);
+    Ok((outcomes, a, b, placed))
 }
 
 /// kvlab bench's closed loop through the ring: one thread, `clients` connections, only
 /// PUTs or only GETs of the data set's records, for `duration` seconds.
 fn bench(
+    rings: &Rings,
     nodes: &Nodes,
     msgs: &Messages,
     clients: usize,
@@ -391,10 +698,12 @@ fn bench(
     };
     let seed_addr = *nodes.addrs().first().context("no node")?;
     let cfg = opts.to_load()?.config(seed_addr)?;
-    let before = ticks(nodes);
-    let t = Instant::now();
+    let before = rings.read(nodes);
+    let me0 = my_cpu_s();
     let r = kvlab_bench::run::run(&cfg, &[], &mut |_| {})?;
-    let c = cpu(&before, &ticks(nodes), t.elapsed().as_secs_f64());
+    let after = rings.read(nodes);
+    let wall = (after.at - before.at).as_secs_f64();
+    let (c, _) = rings.cpu(nodes, &before, &after, wall, my_cpu_s() - me0);
     let k = &r.counters;
     Ok(BenchPoint {
         servers: nodes.nodes.len(),
@@ -409,33 +718,86 @@ fn bench(
     })
 }
 
-/// The throughput part for one server count: a ring holding every message, then for each
-/// client count PUT and GET the original's way, then kvlab bench's.
+/// This process's CPU time so far, seconds.
+fn my_cpu_s() -> f64 {
+    let hz = kvlab_procfs::clock_ticks_per_second().max(1) as f64;
+    kvlab_procfs::read_proc_stat(std::process::id()).map_or(0.0, |s| s.cpu_ticks() as f64 / hz)
+}
+
+/// The throughput part for one server count: a ring holding every message (and, with
+/// `memcached = true`, memcached servers holding them too), then for each client count,
+/// repetition and op the original's way against each system in turn (A B A B), then
+/// kvlab bench's.
 fn throughput(
     spec: &RingSpec,
-    msgs: &Messages,
+    cl: &Clients,
     bin: &Path,
     out: &Path,
-    net: Option<Arc<Net>>,
+    site: &Site,
     servers: usize,
     res: &mut RingResult,
 ) -> anyhow::Result<()> {
     let t = &spec.throughput;
+    let msgs = cl.msgs;
     let dir = out.join(format!("throughput-{servers}"));
-    let nodes = Nodes::start(servers, &spec.node_args, bin, &dir, net)?;
-    let (_, errors) = fill(&nodes.addrs(), msgs)?;
-    if errors > 0 {
-        res.notes.push(format!(
-            "{servers} servers: {errors} writes of the fill failed"
-        ));
+    let mut systems = vec![Nodes::start(
+        Kind::Kvlab,
+        servers,
+        &spec.node_args,
+        bin,
+        &dir,
+        site.clone(),
+    )?];
+    if spec.memcached {
+        let mdir = out.join(format!("throughput-{servers}-memcached"));
+        systems.push(Nodes::start(
+            Kind::Memcached,
+            servers,
+            &spec.memcached_args,
+            bin,
+            &mdir,
+            site.clone(),
+        )?);
     }
+    for nodes in &systems {
+        let (_, errors) = fill(&route(nodes), msgs)?;
+        if errors > 0 {
+            res.notes.push(format!(
+                "{servers} {} servers: {errors} writes of the fill failed",
+                nodes.kind().name()
+            ));
+        }
+    }
+    let all: Vec<&Nodes> = systems.iter().collect();
+    let rings = Rings {
+        all: &all,
+        placement: site
+            .hosts
+            .as_ref()
+            .map(|(pl, _)| pl.as_ref())
+            .or(cl.hosts.as_ref().map(|(pl, _)| *pl)),
+    };
+    let mut n = 0;
     for &clients in &t.clients {
         for rep in 1..=t.repetitions {
             for put in [true, false] {
-                let seed = spec.seed ^ (rep as u64) << 32 ^ (clients as u64) << 16;
-                let mut run = method(&nodes, msgs, clients, t.ops_per_client, put, seed)?;
-                run.repetition = rep;
-                res.method.push(run);
+                for nodes in &systems {
+                    let seed = spec.seed ^ (rep as u64) << 32 ^ (clients as u64) << 16;
+                    n += 1;
+                    let tag = format!("{servers}-{n}");
+                    let mut run = method(
+                        &rings,
+                        nodes,
+                        cl,
+                        clients,
+                        t.ops_per_client,
+                        put,
+                        seed,
+                        &tag,
+                    )?;
+                    run.repetition = rep;
+                    res.method.push(run);
+                }
             }
         }
     }
@@ -453,7 +815,15 @@ fn throughput(
                 if !put && (msgs.set.len() as u64) > msgs.n {
                     continue;
                 }
-                match bench(&nodes, msgs, clients, put, t.bench_duration, spec.seed) {
+                match bench(
+                    &rings,
+                    &systems[0],
+                    msgs,
+                    clients,
+                    put,
+                    t.bench_duration,
+                    spec.seed,
+                ) {
                     Ok(p) => res.bench.push(p),
                     Err(e) => res.notes.push(format!(
                         "kvlab bench, {servers} servers, {clients} clients: {e:#}"
@@ -462,7 +832,9 @@ fn throughput(
             }
         }
     }
-    finish(nodes, &dir);
+    for nodes in systems {
+        finish(nodes, &dir);
+    }
     Ok(())
 }
 
@@ -509,9 +881,9 @@ fn cache(
     let args = with_flag(&spec.node_args, "--cache-items", &size.to_string());
     let args = with_flag(&args, "--eviction", policy);
     let dir = out.join(format!("cache-{size}-{policy}"));
-    let nodes = Nodes::start(1, &args, bin, &dir, net)?;
+    let nodes = Nodes::start(Kind::Kvlab, 1, &args, bin, &dir, Site { net, hosts: None })?;
     let addr = nodes.addrs()[0];
-    let (_, errors) = fill(&[addr], msgs)?;
+    let (_, errors) = fill(&Route::Cluster(vec![addr]), msgs)?;
     if errors > 0 {
         res.notes.push(format!(
             "cache {size} {policy}: {errors} writes of the fill failed"
@@ -534,7 +906,27 @@ fn cache(
     for rep in 1..=c.repetitions {
         let (gets, reads) = (stat(addr, "cmd_get"), stat(addr, "durable_reads"));
         let seed = spec.seed ^ (rep as u64) << 32;
-        let mut run = method(&nodes, msgs, c.clients, c.ops_per_client, false, seed)?;
+        let cl = Clients {
+            msgs,
+            hosts: None,
+            synthetic: false,
+            logs: &dir,
+        };
+        let rings = Rings {
+            all: &[&nodes],
+            placement: None,
+        };
+        let tag = format!("cache-{rep}");
+        let mut run = method(
+            &rings,
+            &nodes,
+            &cl,
+            c.clients,
+            c.ops_per_client,
+            false,
+            seed,
+            &tag,
+        )?;
         let (gets, reads) = (
             stat(addr, "cmd_get").saturating_sub(gets),
             stat(addr, "durable_reads").saturating_sub(reads),

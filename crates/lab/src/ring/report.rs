@@ -11,6 +11,8 @@ use super::{Cpu, MethodRun, RingResult, ScaleEvent};
 const SCALE_TARGET_S: f64 = 0.2;
 /// The GET target: this many times the original's ops/s per client.
 const GET_TARGET_X: f64 = 100.0;
+/// The durable ring's GET per client against memcached's behind the same client ring.
+const MEMCACHED_TARGET_X: f64 = 0.95;
 
 /// Which process was busy over a measured time, in words.
 pub(super) fn regime(c: &Cpu, cpus: usize) -> String {
@@ -38,6 +40,71 @@ struct Point<'a> {
     cpu: Cpu,
     hit_ratio: Option<f64>,
     reps: usize,
+    /// Placed on hosts: the busiest host (by its share of its CPUs busy, averaged over the
+    /// repetitions).
+    host: Option<BusyHost>,
+}
+
+/// A host's machine over a point's runs, averaged.
+struct BusyHost {
+    name: String,
+    busy: f64,
+    cpus: usize,
+    /// The lab's node processes there, cores.
+    nodes: f64,
+}
+
+/// The busiest host over `runs` (each host's busy cores averaged over the runs).
+fn busiest_host(runs: &[&MethodRun]) -> Option<BusyHost> {
+    let mut hosts: Vec<BusyHost> = Vec::new();
+    let n = runs.len().max(1) as f64;
+    for r in runs {
+        for c in &r.hosts {
+            // `+ 0.0`: an empty sum is -0.0.
+            let nodes: f64 = c.processes.iter().map(|(_, x)| x).sum::<f64>() + 0.0;
+            match hosts.iter_mut().find(|h| h.name == c.host) {
+                Some(h) => {
+                    h.busy += c.busy_cores / n;
+                    h.nodes += nodes / n;
+                    // Counted from the ticks over a short span: the largest count read.
+                    h.cpus = h.cpus.max(c.cpus);
+                }
+                None => hosts.push(BusyHost {
+                    name: c.host.clone(),
+                    busy: c.busy_cores / n,
+                    cpus: c.cpus,
+                    nodes: nodes / n,
+                }),
+            }
+        }
+    }
+    hosts.into_iter().max_by(|a, b| {
+        let share = |h: &BusyHost| h.busy / h.cpus.max(1) as f64;
+        share(a).total_cmp(&share(b))
+    })
+}
+
+/// Which process was busy at a point, in words: on hosts, the busiest host's machine first
+/// (namespaces of one machine each see the whole machine).
+fn regime_of(p: &Point, cpus: usize) -> String {
+    let Some(h) = &p.host else {
+        return regime(&p.cpu, cpus);
+    };
+    let cores = if h.cpus > 0 { h.cpus } else { cpus };
+    if h.busy >= 0.85 * cores as f64 {
+        format!(
+            "CPU-bound: host {} busy {:.2} of {cores} cores, the lab's nodes there {:.2} and \
+             the clients {:.2} (all hosts): the rest is other processes",
+            h.name, h.busy, h.nodes, p.cpu.client
+        )
+    } else {
+        format!(
+            "{}; busiest host {} {:.2} of {cores} cores",
+            regime(&p.cpu, cpus),
+            h.name,
+            h.busy
+        )
+    }
 }
 
 fn points<'a, K: PartialEq>(
@@ -75,16 +142,215 @@ fn points<'a, K: PartialEq>(
             },
             hit_ratio: (!hits.is_empty()).then(|| hits.iter().sum::<f64>() / hits.len() as f64),
             reps: group.len(),
+            host: busiest_host(&group),
         });
     }
     out
 }
 
+/// A point of the throughput part: system, servers, clients, op.
+fn method_key(r: &MethodRun) -> (String, usize, usize, String) {
+    (r.system().to_string(), r.servers, r.clients, r.op.clone())
+}
+
 /// The GET figure the original's way with 2 servers and 5 clients, if measured.
 fn get_2x5(res: &RingResult) -> Option<Point<'_>> {
-    points(&res.method, |r| (r.servers, r.clients, r.op.clone()))
-        .into_iter()
-        .find(|p| p.first.servers == 2 && p.first.clients == 5 && p.first.op == "get")
+    points(&res.method, method_key).into_iter().find(|p| {
+        p.first.system() == "kvlab"
+            && p.first.servers == 2
+            && p.first.clients == 5
+            && p.first.op == "get"
+    })
+}
+
+/// The durable ring's points beside memcached's at the same servers, clients and op:
+/// (kvlab, memcached, kvlab's per-client mean over memcached's).
+fn against_memcached(res: &RingResult) -> Vec<(Point<'_>, Point<'_>, f64)> {
+    let pts = points(&res.method, method_key);
+    let (mut kv, mut mc): (Vec<Point>, Vec<Point>) =
+        pts.into_iter().partition(|p| p.first.system() == "kvlab");
+    let mut out = Vec::new();
+    for k in kv.drain(..) {
+        let same = |m: &Point| {
+            m.first.servers == k.first.servers
+                && m.first.clients == k.first.clients
+                && m.first.op == k.first.op
+        };
+        if let Some(i) = mc.iter().position(same) {
+            let m = mc.remove(i);
+            let ratio = k.per_client.0 / m.per_client.0.max(1e-9);
+            out.push((k, m, ratio));
+        }
+    }
+    out
+}
+
+fn memcached_table(res: &RingResult) -> Option<Table> {
+    let pairs = against_memcached(res);
+    if pairs.is_empty() {
+        return None;
+    }
+    let rows = pairs
+        .iter()
+        .map(|(k, m, ratio)| {
+            let get = k.first.op == "get";
+            let met = *ratio >= MEMCACHED_TARGET_X && k.errors == 0 && m.errors == 0;
+            Row::new([
+                k.first.servers.to_string(),
+                k.first.clients.to_string(),
+                k.first.op.to_uppercase(),
+                format!("{:.0} ± {:.0}", k.per_client.0, k.per_client.1),
+                format!("{:.0} ± {:.0}", m.per_client.0, m.per_client.1),
+                format!("{ratio:.3}×"),
+                if get {
+                    format!("≥ {MEMCACHED_TARGET_X}×")
+                } else {
+                    "–".into()
+                },
+                if !get {
+                    "–".into()
+                } else if met {
+                    "yes".into()
+                } else {
+                    "no".into()
+                },
+                format!("{} / {}", k.errors, m.errors),
+                format!("{} | {}", regime_of(k, res.cpus), regime_of(m, res.cpus)),
+            ])
+            .highlighted(get && !met)
+        })
+        .collect();
+    Some(Table {
+        title: "The durable ring against memcached behind the same client ring".into(),
+        columns: [
+            "servers",
+            "clients",
+            "op",
+            "kvlab ops/s per client",
+            "memcached ops/s per client",
+            "kvlab / memcached",
+            "target",
+            "met",
+            "errors (kvlab / memcached)",
+            "regime (kvlab | memcached)",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+        caption: Some(
+            "Both systems loaded by the same clients, the same way (the same seeds: the same \
+             messages in the same order), placed on the same hosts, their runs alternated; \
+             memcached's servers behind a fixed client ring of them (the same consistent \
+             hashing as the cluster's ring, nothing fetched, no redirects). Mean ± sd over \
+             the repetitions of the per-client mean."
+                .into(),
+        ),
+    })
+}
+
+/// Each host's machine and the lab's processes on it, averaged over each system's runs.
+fn hosts_table(res: &RingResult) -> Option<Table> {
+    if res.hosts.is_empty() {
+        return None;
+    }
+    let mut rows = Vec::new();
+    for h in &res.hosts {
+        for system in ["kvlab", "memcached"] {
+            let runs: Vec<&MethodRun> = res
+                .method
+                .iter()
+                .filter(|r| r.system() == system && !r.hosts.is_empty())
+                .collect();
+            let cpus: Vec<&crate::placement::HostCpu> = runs
+                .iter()
+                .flat_map(|r| r.hosts.iter().filter(|c| c.host == h.name))
+                .collect();
+            if cpus.is_empty() {
+                continue;
+            }
+            let n = cpus.len() as f64;
+            let busy = cpus.iter().map(|c| c.busy_cores).sum::<f64>() / n;
+            let steal = cpus.iter().map(|c| c.steal).sum::<f64>() / n;
+            // The processes of this system's nodes and of the clients on the host.
+            let mut procs: Vec<(String, f64, usize)> = Vec::new();
+            for c in &cpus {
+                for (name, cores) in &c.processes {
+                    if !name.starts_with(system) {
+                        continue;
+                    }
+                    match procs.iter_mut().find(|p| &p.0 == name) {
+                        Some(p) => (p.1, p.2) = (p.1 + cores, p.2 + 1),
+                        None => procs.push((name.clone(), *cores, 1)),
+                    }
+                }
+            }
+            let clients: Vec<&crate::placement::PlacedProcess> = runs
+                .iter()
+                .flat_map(|r| r.placed.iter())
+                .filter(|p| p.host == h.name && p.name.starts_with("clients-"))
+                .collect();
+            let mut what: Vec<String> = procs
+                .iter()
+                .map(|(n, c, k)| format!("{n} {:.2}", c / *k as f64))
+                .collect();
+            if !clients.is_empty() {
+                let per = runs
+                    .iter()
+                    .filter(|r| {
+                        r.placed
+                            .iter()
+                            .any(|p| p.host == h.name && p.name.starts_with("clients-"))
+                    })
+                    .map(|r| r.cpu.client)
+                    .sum::<f64>()
+                    / runs.len().max(1) as f64;
+                what.push(format!(
+                    "client processes ({} runs; all hosts' clients {:.2})",
+                    clients.len() / runs.len().max(1),
+                    per
+                ));
+            }
+            rows.push(Row::new([
+                h.name.clone(),
+                h.reach.clone(),
+                system.to_string(),
+                format!("{busy:.2}"),
+                format!("{:.1}%", 100.0 * steal),
+                if what.is_empty() {
+                    "-".into()
+                } else {
+                    what.join("; ")
+                },
+                format!(
+                    "{} / {}",
+                    h.clock_start.map_or("-".into(), |c| c.to_string()),
+                    h.clock_end.map_or("-".into(), |c| c.to_string())
+                ),
+            ]));
+        }
+    }
+    Some(Table {
+        title: "Hosts".into(),
+        columns: [
+            "host",
+            "reached",
+            "runs of",
+            "busy cores (mean)",
+            "steal",
+            "the lab's processes there (cores)",
+            "clock at the start / the end",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+        caption: Some(
+            "Each host's busy cores (/proc/stat) from just before the clients' start to just \
+             after the last ended, averaged over each system's runs; the nodes' CPU over the \
+             same span. Hosts that are namespaces of one machine share its cores: their busy \
+             cores are each the whole machine's."
+                .into(),
+        ),
+    })
 }
 
 fn event<'a>(res: &'a RingResult, action: &str) -> Option<&'a ScaleEvent> {
@@ -142,7 +408,7 @@ fn comparison(res: &RingResult) -> Table {
                     "{:.0} per client ({:.0} all clients); {}",
                     p.per_client.0,
                     p.aggregate,
-                    regime(&p.cpu, res.cpus)
+                    regime_of(p, res.cpus)
                 ),
                 format!("{:.0}×", p.per_client.0 / orig),
                 p.per_client.0 >= GET_TARGET_X * orig && p.errors == 0,
@@ -255,7 +521,10 @@ fn method_table(res: &RingResult, title: &str, runs: &[MethodRun], cache: bool) 
     let pts = if cache {
         points(runs, |r| r.cache.clone())
     } else {
-        points(runs, |r| (r.servers, r.clients, r.op.clone()))
+        points(runs, |r| {
+            let (s, n, c, o) = method_key(r);
+            (Some(s), n, c, o)
+        })
     };
     let rows = pts
         .iter()
@@ -269,7 +538,10 @@ fn method_table(res: &RingResult, title: &str, runs: &[MethodRun], cache: bool) 
                 _ => cells.extend([
                     r.servers.to_string(),
                     r.clients.to_string(),
-                    r.op.to_uppercase(),
+                    match r.system() {
+                        "kvlab" => r.op.to_uppercase(),
+                        other => format!("{} ({other})", r.op.to_uppercase()),
+                    },
                 ]),
             }
             cells.extend([
@@ -288,7 +560,7 @@ fn method_table(res: &RingResult, title: &str, runs: &[MethodRun], cache: bool) 
                     "{:.2} / {:.2} ({:.2})",
                     p.cpu.client, p.cpu.nodes, p.cpu.busiest_node
                 ),
-                regime(&p.cpu, res.cpus),
+                regime_of(p, res.cpus),
             ]);
             Row::new(cells).highlighted(p.errors > 0)
         })
@@ -387,15 +659,25 @@ pub(super) fn write(out: &Path, res: &RingResult) -> anyhow::Result<(String, Pat
             res.messages,
             res.data,
             res.mean_message_bytes,
-            if res.netns {
-                "each in a network namespace of its own, the clients across a bridge"
-            } else {
-                "on loopback"
-            },
+            where_(res),
             res.cpus
         )],
         items: vec![Item::Table(comparison(res))],
     }];
+    if let Some(t) = memcached_table(res) {
+        sections.push(Section {
+            title: "Against memcached".into(),
+            text: vec![],
+            items: vec![Item::Table(t)],
+        });
+    }
+    if let Some(t) = hosts_table(res) {
+        sections.push(Section {
+            title: "Hosts".into(),
+            text: vec![],
+            items: vec![Item::Table(t)],
+        });
+    }
     if let Some(t) = scale_table(res) {
         sections.push(Section {
             title: "Scale up and down".into(),
@@ -457,6 +739,32 @@ pub(super) fn write(out: &Path, res: &RingResult) -> anyhow::Result<(String, Pat
     Ok((summary_text(res), files.index))
 }
 
+/// Where the nodes and the clients ran, in words.
+fn where_(res: &RingResult) -> String {
+    match &res.placement {
+        Some((nodes, clients)) => format!(
+            "the throughput part's on {}, its clients on {}",
+            if nodes.is_empty() {
+                "this machine".to_string()
+            } else {
+                format!("hosts {}", nodes.join(", "))
+            },
+            if clients.is_empty() {
+                "this machine (threads of the lab)".to_string()
+            } else {
+                format!(
+                    "hosts {} (a kvlab lab ring-clients on each)",
+                    clients.join(", ")
+                )
+            }
+        ),
+        None if res.netns => {
+            "each in a network namespace of its own, the clients across a bridge".into()
+        }
+        None => "on loopback".into(),
+    }
+}
+
 /// What `kvlab lab` prints.
 fn summary_text(res: &RingResult) -> String {
     let mut s = format!(
@@ -484,8 +792,42 @@ fn summary_text(res: &RingResult) -> String {
             "  GET, 2 servers, 5 clients, the original's method: {:.0} ops/s per client ({:.0} all); {}\n",
             p.per_client.0,
             p.aggregate,
-            regime(&p.cpu, res.cpus)
+            regime_of(&p, res.cpus)
         ));
+    }
+    for (k, m, ratio) in against_memcached(res) {
+        s.push_str(&format!(
+            "  {}, {} servers, {} clients: kvlab {:.0} ops/s per client, memcached {:.0}: {ratio:.3}×{}; {} | {}\n",
+            k.first.op.to_uppercase(),
+            k.first.servers,
+            k.first.clients,
+            k.per_client.0,
+            m.per_client.0,
+            if k.first.op == "get" {
+                format!(" (goal ≥ {MEMCACHED_TARGET_X}×)")
+            } else {
+                String::new()
+            },
+            regime_of(&k, res.cpus),
+            regime_of(&m, res.cpus),
+        ));
+    }
+    for h in &res.hosts {
+        let busy: Vec<f64> = res
+            .method
+            .iter()
+            .flat_map(|r| r.hosts.iter().filter(|c| c.host == h.name))
+            .map(|c| c.busy_cores)
+            .collect();
+        if !busy.is_empty() {
+            s.push_str(&format!(
+                "  host {} ({}): busy {:.2} cores on average over the runs; clock {}\n",
+                h.name,
+                h.reach,
+                busy.iter().sum::<f64>() / busy.len() as f64,
+                h.clock_start.map_or("-".into(), |c| c.to_string())
+            ));
+        }
     }
     s.push_str(&format!(
         "  {} runs the original's way, {} kvlab bench points, {} cache runs\n",
