@@ -23,6 +23,15 @@ fn kvlab(args: &[&str], cwd: &Path) -> Output {
         .expect("kvlab runs")
 }
 
+/// `kvlab lab run FILE --out OUT` in `cwd`.
+fn lab_run(file: &Path, out: &Path, cwd: &Path) -> Output {
+    let (file, out) = (
+        file.to_str().expect("utf-8 path"),
+        out.to_str().expect("utf-8 path"),
+    );
+    kvlab(&["lab", "run", file, "--out", out], cwd)
+}
+
 fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
@@ -214,16 +223,7 @@ clients = [1, 2]
     let path = tmp.path().join("outside.toml");
     std::fs::write(&path, file).expect("write experiment");
     let out = tmp.path().join("out");
-    let o = kvlab(
-        &[
-            "lab",
-            "run",
-            path.to_str().expect("utf-8 path"),
-            "--out",
-            out.to_str().expect("utf-8 path"),
-        ],
-        tmp.path(),
-    );
+    let o = lab_run(&path, &out, tmp.path());
     assert!(o.status.success(), "{}", text(&o));
     let raws = raw_runs(&out);
     assert_eq!(raws.len(), 2, "{}", text(&o));
@@ -576,16 +576,7 @@ clients = 4
     )
     .expect("write experiment");
     let out = tmp.path().join("out");
-    let o = kvlab(
-        &[
-            "lab",
-            "run",
-            path.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        tmp.path(),
-    );
+    let o = lab_run(&path, &out, tmp.path());
     assert!(o.status.success(), "{}", text(&o));
     let runs = raw_runs(&out);
     assert_eq!(runs.len(), 1);
@@ -803,16 +794,7 @@ repetitions = 1
     )
     .unwrap();
     let out = dir.path().join("out");
-    let o = kvlab(
-        &[
-            "lab",
-            "run",
-            file.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
+    let o = lab_run(&file, &out, dir.path());
     assert!(o.status.success(), "{}", text(&o));
     let res: serde_json::Value =
         serde_json::from_slice(&std::fs::read(out.join("ring.json")).unwrap()).unwrap();
@@ -915,16 +897,7 @@ bench_duration = 0.0
     )
     .unwrap();
     let out = net.scratch().join("results");
-    let o = kvlab(
-        &[
-            "lab",
-            "run",
-            file.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        &net.scratch(),
-    );
+    let o = lab_run(&file, &out, &net.scratch());
     assert!(o.status.success(), "{}", text(&o));
     let res = read_json(&out.join("ring.json"));
     assert_eq!(
