@@ -12,6 +12,7 @@
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -113,11 +114,24 @@ pub struct Event {
     pub signal: Option<Signal>,
 }
 
-/// Now, ms since the Unix epoch.
+/// This machine's clock minus the clock the controller's times are in, µs: 0 (this
+/// machine's) unless [`set_clock_offset_us`] says otherwise.
+static CLOCK_OFFSET_US: AtomicI64 = AtomicI64::new(0);
+
+/// Puts every time this process reads with [`unix_ms`] (its events', and the freshness of
+/// the load's rows) in another machine's clock: this one's minus `offset_us`. A controller
+/// that the lab starts on another host is given that host's offset to the lab's machine,
+/// which writes the load's rows, so that rows and events line up.
+pub fn set_clock_offset_us(offset_us: i64) {
+    CLOCK_OFFSET_US.store(offset_us, Ordering::Relaxed);
+}
+
+/// Now, ms since the Unix epoch (in the clock [`set_clock_offset_us`] chose).
 pub fn unix_ms() -> u64 {
-    SystemTime::now()
+    let us = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+        .map_or(0, |d| d.as_micros() as i64);
+    (us - CLOCK_OFFSET_US.load(Ordering::Relaxed)).max(0) as u64 / 1000
 }
 
 /// Where events go: a file (JSON lines) and memory (every event but samples).

@@ -195,6 +195,61 @@ pub enum PolicySpec {
 }
 
 impl PolicySpec {
+    /// The `kvlab control` flags that give this policy, all but the SLO (`--slo-p95-us`,
+    /// which the command takes once, for the policy and for the summary): how the lab runs
+    /// the controller on another host.
+    pub fn flags(&self) -> Vec<String> {
+        let mut f = vec!["--policy".to_string(), self.name().to_string()];
+        let mut push = |k: &str, v: String| {
+            f.push(k.to_string());
+            f.push(v);
+        };
+        let slack = match self {
+            PolicySpec::Static { cores } => {
+                push("--static-cores", cores.to_string());
+                return f;
+            }
+            PolicySpec::Reactive { slack } => slack,
+            PolicySpec::Predictive {
+                slack,
+                capacity,
+                headroom,
+            } => {
+                if !capacity.is_empty() {
+                    let list: Vec<String> = capacity.iter().map(f64::to_string).collect();
+                    push("--capacity", list.join(","));
+                }
+                push("--headroom", headroom.to_string());
+                slack
+            }
+        };
+        push("--grow-slack", slack.grow_slack.to_string());
+        push("--shrink-slack", slack.shrink_slack.to_string());
+        push("--hold", slack.hold.to_string());
+        push("--latency", slack.latency.name().to_string());
+        if let Some(q) = slack.max_queued {
+            push("--max-queued", q.to_string());
+        }
+        push(
+            "--latency-window",
+            (slack.latency_window_ms as f64 / 1000.0).to_string(),
+        );
+        if let Some(b) = slack.segment_budget {
+            push("--segment-budget", b.to_string());
+        }
+        f
+    }
+
+    /// The SLO its slack keeps, µs (none for a static split).
+    pub fn slo_p95_us(&self) -> Option<f64> {
+        match self {
+            PolicySpec::Static { .. } => None,
+            PolicySpec::Reactive { slack } | PolicySpec::Predictive { slack, .. } => {
+                Some(slack.slo_p95_us)
+            }
+        }
+    }
+
     /// Its name.
     pub fn name(&self) -> &'static str {
         match self {

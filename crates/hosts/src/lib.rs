@@ -13,6 +13,8 @@
 //!        ├─ Remote::start(name, argv)    setsid in the run directory, NAME.log, pid recorded
 //!        ├─ Remote::cpu_seconds, machine /proc/PID/stat; /proc/stat steal, /proc/loadavg
 //!        ├─ Remote::fetch                a file back (over the connection: `cat`)
+//!        ├─ Remote::append_to            a file there written as it grows here (a stream:
+//!        │                               `cat >> FILE`), e.g. rows a controller there reads
 //!        ├─ clock_offsets                tightest of several round trips: offset ± RTT/2
 //!        └─ teardown (and drop, and      TERM then KILL of everything started, every host at
 //!           teardown_on_interrupt)       once; a lost host named, the others still cleaned
@@ -39,6 +41,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod append;
 pub mod clock;
 mod error;
 pub mod exec;
@@ -51,6 +54,7 @@ pub mod transport;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use append::Appender;
 pub use clock::ClockOffset;
 pub use error::{HostError, Result};
 pub use exec::{quote, quote_all};

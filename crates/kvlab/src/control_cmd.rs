@@ -156,6 +156,17 @@ pub struct ControlArgs {
     /// Write the run's figures as JSON.
     #[arg(long, value_name = "FILE")]
     summary: Option<PathBuf>,
+    /// This machine's clock minus the clock the log's and the load's rows' times are in,
+    /// µs: subtracted from every time the controller reads. The lab gives it when it runs
+    /// the controller on another host than its own, which writes the load's rows (the
+    /// offset it measured to that host).
+    #[arg(
+        long,
+        value_name = "US",
+        default_value_t = 0,
+        allow_hyphen_values = true
+    )]
+    clock_offset_us: i64,
     /// The server to start, with its arguments (after `--`), e.g.
     /// `-- memcached -p 11311 -t 2` (needs --addr to know when it is ready).
     #[arg(last = true, value_name = "SERVER")]
@@ -231,6 +242,7 @@ fn resolve(a: &str) -> anyhow::Result<SocketAddr> {
 /// Runs `kvlab control`.
 pub fn run(a: ControlArgs) -> anyhow::Result<()> {
     let spec = policy(&a)?;
+    kvlab_control::event::set_clock_offset_us(a.clock_offset_us);
     let jobs = match &a.jobs {
         Some(p) => JobFile::load(p)?,
         None => JobFile::default(),
@@ -542,6 +554,41 @@ mod tests {
                 assert_eq!(headroom, DEFAULT_HEADROOM);
             }
             p => panic!("{p:?}"),
+        }
+    }
+
+    #[test]
+    fn a_policy_s_own_flags_give_it_back() {
+        let slack = Slack {
+            slo_p95_us: DEFAULT_SLACK.slo_p95_us,
+            grow_slack: 0.07,
+            shrink_slack: 0.31,
+            hold: 7,
+            latency: kvlab_control::policy::LatencySource::Client,
+            max_queued: Some(1.5),
+            latency_window_ms: 2500,
+            segment_budget: Some(0.025),
+        };
+        for p in [
+            PolicySpec::Static { cores: 3 },
+            PolicySpec::Reactive {
+                slack: DEFAULT_SLACK,
+            },
+            PolicySpec::Reactive { slack },
+            PolicySpec::Predictive {
+                slack,
+                capacity: vec![12345.6, 0.1 + 0.2],
+                headroom: 0.3,
+            },
+            PolicySpec::Predictive {
+                slack,
+                capacity: Vec::new(),
+                headroom: DEFAULT_HEADROOM,
+            },
+        ] {
+            let flags = p.flags();
+            let argv: Vec<&str> = flags.iter().map(String::as_str).collect();
+            assert_eq!(spec(&argv).unwrap(), p, "{flags:?}");
         }
     }
 
