@@ -79,7 +79,7 @@ pub fn fill(text: &str, work: &Path) -> String {
     text.replace("{work}", &work.display().to_string())
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileSpec {
     #[serde(default)]
@@ -171,6 +171,24 @@ impl JobFile {
         })
     }
 
+    /// The file's text (TOML) that parses back to these jobs in this order (each job's
+    /// `order` its place): how the lab hands a job file to a controller on another host.
+    pub fn to_toml(&self) -> String {
+        let file = FileSpec {
+            prepare: self.prepare.clone(),
+            jobs: self
+                .jobs
+                .iter()
+                .enumerate()
+                .map(|(i, j)| JobSpec {
+                    order: Some(i as i64),
+                    ..j.clone()
+                })
+                .collect(),
+        };
+        toml::to_string(&file).unwrap_or_default()
+    }
+
     /// Index of a job by name.
     pub fn index(&self, name: &str) -> Option<usize> {
         self.jobs.iter().position(|j| j.name == name)
@@ -180,6 +198,38 @@ impl JobFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_job_file_s_text_gives_it_back_in_its_order() {
+        let f = JobFile::parse(
+            "prepare = [\"seq 9 > {work}/n\"]\n\
+             [[job]]\nname = \"late\"\ncommand = \"true\"\norder = 5\n\
+             [[job]]\nname = \"x\"\ncommand = \"sort {work}/n\"\nthreads = 2\ncores = [1, 2]\norder = 100\n\
+             [[job]]\nname = \"y\"\ncommand = \"true\"\norder = 100\nafter = [\"x\"]\n\
+             [[job]]\nname = \"z\"\ncommand = \"true\"\norder = 100\n\
+             [[job]]\nname = \"w\"\ncommand = \"true\"\norder = 100\n\
+             [[job]]\nname = \"n\"\ncommand = \"true\"\n",
+        )
+        .unwrap();
+        let names = |f: &JobFile| f.jobs.iter().map(|j| j.name.clone()).collect::<Vec<_>>();
+        // "n" (no order: its place, 5) ties with "late" (5), which comes first in the file.
+        assert_eq!(names(&f), ["late", "n", "x", "y", "z", "w"]);
+        let back = JobFile::parse(&f.to_toml()).unwrap();
+        assert_eq!(names(&back), names(&f));
+        assert_eq!(back.prepare, f.prepare);
+        for (a, b) in back.jobs.iter().zip(&f.jobs) {
+            assert_eq!(
+                JobSpec {
+                    order: None,
+                    ..a.clone()
+                },
+                JobSpec {
+                    order: None,
+                    ..b.clone()
+                }
+            );
+        }
+    }
 
     #[test]
     fn jobs_are_sorted_by_order_and_checked() {

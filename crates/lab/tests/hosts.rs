@@ -404,3 +404,142 @@ dir = "{}"
     assert_eq!(net.listening(0), vec![22], "h1 still listens");
     eprintln!("the control workflow on 2 hosts in {:?}", t0.elapsed());
 }
+
+/// The control workflow with the server, the controller and its jobs on an ssh host (h1)
+/// and the load from an agent on another (h2): the calibration, the jobs alone on one core
+/// and every run's `kvlab control` run on h1 (each process in h1's namespace), the load's
+/// rows streamed to it; its events come back in the lab's clock (the jobs ran inside the
+/// load's rows' span), and nothing is left on either host.
+#[test]
+fn the_controller_and_its_jobs_run_on_the_server_s_ssh_host() {
+    let Some(net) = NetnsHosts::for_test("control_there", 2) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let dir = net.scratch();
+    std::fs::write(
+        dir.join("jobs.toml"),
+        "prepare = [\"echo made > {work}/input\"]\n\
+         [[job]]\nname = \"nap\"\ncommand = \"cat {work}/input && sleep 1\"\nthreads = 1\ncores = [1]\n",
+    )
+    .unwrap();
+    let file = dir.join("control-there.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+name = "control-there"
+jobs = "jobs.toml"
+seeds = [1]
+qps_min = 500
+qps_max = 1000
+qps_intervals = [1]
+duration = 3
+grace = 5
+slo_p95_us = 50000
+calibrate_time = 1
+calibrate_from = 1000
+cpus = "0-1"
+agents = ["h2"]
+[workload]
+keys = 1000
+value_size = 32
+threads = 1
+connections = 2
+[[system]]
+name = "kvlab"
+host = "h1"
+args = ["-t", "1", "-m", "16"]
+[[policy]]
+name = "static-1"
+policy = "static"
+cores = 1
+[[policy]]
+policy = "predictive"
+{}"#,
+            host_table(&net)
+        ),
+    )
+    .unwrap();
+    let out = dir.join("results");
+    let done = Lab::with_kvlab_bin(kvlab_bin())
+        .run(
+            &Source::open(&file.display().to_string()).unwrap(),
+            &Overrides::default(),
+            Some(out.clone()),
+        )
+        .unwrap();
+    let h1 = net.netns_inode(0).unwrap();
+    // The calibration and the jobs' work alone were measured on h1.
+    assert!(done.dir.join("calibration-kvlab.json").exists());
+    assert!(done.dir.join("jobs-alone-h1.json").exists());
+    assert!(!done.dir.join("jobs-alone.json").exists());
+    let mut runs = Vec::new();
+    for i in 1..=3 {
+        let raw: kvlab_lab::workflow::WorkflowRun = serde_json::from_str(
+            &std::fs::read_to_string(done.dir.join(format!("raw/{i:04}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert!(raw.error.is_none(), "run {i}: {:?}", raw.error);
+        runs.push(raw);
+    }
+    let policies: Vec<&str> = runs.iter().map(|r| r.policy.as_str()).collect();
+    assert_eq!(policies, ["static-1", "predictive", "no jobs"]);
+    for raw in &runs {
+        let outcome = raw.outcome.as_ref().unwrap();
+        // The server and the controller on h1, the agent on h2.
+        let placed: Vec<(&str, &str, Option<u64>)> = raw
+            .placed
+            .iter()
+            .map(|p| (p.name.as_str(), p.host.as_str(), p.netns))
+            .collect();
+        assert_eq!(placed.len(), 3, "{placed:?}");
+        assert_eq!((placed[0].1, placed[0].2), ("h1", Some(h1)), "{placed:?}");
+        assert_eq!(placed[1].1, "h2", "{placed:?}");
+        assert_eq!(
+            (placed[2].0, placed[2].1, placed[2].2),
+            (format!("control-{:04}", raw.index).as_str(), "h1", Some(h1)),
+            "{placed:?}"
+        );
+        let events = kvlab_control::event::read_log(&done.dir.join(&raw.control_log)).unwrap();
+        let rows = kvlab_control::sensor::LiveFile::new(done.dir.join(&raw.live)).poll();
+        let (first, last) = (rows.first().unwrap().ts_start, rows.last().unwrap().ts_end);
+        if raw.policy == "no jobs" {
+            assert!(outcome.summary.jobs.is_empty());
+            assert!(outcome.summary.intervals > 0, "{:?}", outcome.summary);
+            continue;
+        }
+        // The job ran there (its input made there), after the load began: the controller
+        // starts with the load's first row.
+        let job = &outcome.summary.jobs[0];
+        assert_eq!(job.exit, Some(0), "{job:?}");
+        let (from, to) = kvlab_control::summary::job_span(&events);
+        assert!(
+            first <= from && from <= to,
+            "jobs {from}..{to}, rows {first}..{last}"
+        );
+        assert!(raw.cost.is_some(), "{raw:?}");
+        // With one core for the server, the other is the job's at once: it ran within the
+        // load's rows (the controller's clock is the lab's) and the SLO was judged over it.
+        // (The predictive policy may keep both cores for the server until the trace ends.)
+        if raw.policy == "static-1" {
+            assert!(to <= last + 1000, "jobs {from}..{to}, rows {first}..{last}");
+            assert!(outcome.summary.intervals > 0, "{:?}", outcome.summary);
+            assert!(raw.idle_bound.is_some(), "{raw:?}");
+        }
+    }
+    let predictive = runs[1].outcome.as_ref().unwrap();
+    assert_eq!(
+        predictive.capacity.as_ref().map(|c| c.1.as_str()),
+        Some("calibrated here"),
+        "{:?}",
+        predictive.capacity
+    );
+    assert!(predictive.calibration.is_some());
+    for i in 0..2 {
+        net.wait_quiet(i, Duration::from_secs(10))
+            .unwrap_or_else(|left| panic!("left on h{}: {left:?}", i + 1));
+        assert_eq!(net.listening(i), vec![22], "h{} still listens", i + 1);
+    }
+    eprintln!("the controller on its server's host in {:?}", t0.elapsed());
+}

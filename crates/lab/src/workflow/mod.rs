@@ -48,9 +48,10 @@
 //! qps_intervals = [10]
 //! agents = ["c1"]                # optional: the load from a kvlab bench agent on each of
 //!                                # these hosts (the lab's process only collects the rows the
-//!                                # controller reads); every [[system]] then has a `host`, a
-//!                                # `local = true` one (the controller and the jobs run where
-//!                                # the lab runs) whose `address` the agents reach
+//!                                # controller reads); every [[system]] then has a `host`
+//!                                # whose `address` the agents reach. The controller and the
+//!                                # jobs run beside the server: here on a `local = true`
+//!                                # host, over ssh (`kvlab control` there) on an ssh one
 //! [[host]]                       # the hosts, as in lab experiments (name, ssh, local, dir,
 //! [ssh]                          # clock, address); `--hosts FILE` replaces them
 //! [[policy]]                     # name (default: the policy), policy = "static" |
@@ -82,6 +83,7 @@ use crate::spec::{HostFile, HostTable, SshSpec, SystemSpec};
 
 mod analyse;
 mod run;
+mod there;
 
 pub use analyse::{analyse, mean_sd};
 pub use run::run;
@@ -251,8 +253,8 @@ impl WorkflowSpec {
 
     /// The hosts its roles name, resolved, and how ssh reaches them (none: everything
     /// here). Checks the roles against the table: the agents' hosts defined, and with
-    /// agents every system on one host of its own, a `local` one — the controller and the
-    /// jobs run where the lab runs, beside the server they control.
+    /// agents every system on a host — one: the controller and the jobs run beside the
+    /// server they control (here for a `local` host, over ssh on an ssh one).
     fn placed_hosts(&self) -> anyhow::Result<PlacedHosts> {
         let (hosts, pools, ssh) =
             crate::spec::resolve_hosts(self.hosts.clone(), self.ssh.clone(), None)?;
@@ -275,20 +277,12 @@ impl WorkflowSpec {
             }
             for h in &names {
                 crate::spec::check_defined(&hosts, &format!("system {:?}", s.name), h)?;
-                if hosts.iter().any(|x| &x.name == h && !x.is_local()) {
-                    bail!(
-                        "system {:?}: host {h:?} is reached over ssh, but the controller and its \
-                         jobs run where the lab runs, beside the server: run the lab on that \
-                         machine and make it local = true (with the address the agents reach it \
-                         at)",
-                        s.name
-                    );
-                }
             }
             if names.is_empty() && !self.agents.is_empty() {
                 bail!(
                     "system {:?}: the load comes from agents on other hosts: give the system a \
-                     host (local = true, with the address they reach it at)",
+                     host (an ssh one, or this machine as local = true with the address they \
+                     reach it at)",
                     s.name
                 );
             }
@@ -705,14 +699,15 @@ qps_intervals = [10]
         let placed = other.placed_hosts().unwrap();
         assert_eq!(placed.pools.len(), 1);
         assert_eq!(placed.hosts[0].address(), "10.1.2.3");
-        // The controller runs beside the server: not on an ssh host; and the agents must
-        // reach the server: it has a host.
+        // The server (and with it the controller and the jobs) on an ssh host too.
+        let far = text.replace(
+            "name = \"s1\"\nlocal = true",
+            "name = \"s1\"\nssh = \"root@10.77.40.12\"",
+        );
+        let placed = WorkflowSpec::parse(&far).unwrap().placed_hosts().unwrap();
+        assert!(!placed.hosts[0].is_local() && placed.hosts[0].address() == "10.77.40.12");
+        // The agents must reach the server: it has a host.
         for (from, to, says) in [
-            (
-                "name = \"s1\"\nlocal = true",
-                "name = \"s1\"\nssh = \"root@10.77.40.12\"",
-                "the controller and its jobs run where the lab runs",
-            ),
             ("host = \"s1\"\n", "", "give the system a host"),
             (
                 "agents = [\"c1\"]",

@@ -15,6 +15,7 @@ use kvlab_control::sensor::LiveFile;
 use kvlab_control::summary;
 use kvlab_control::{CpuSet, JobFile, PolicySpec, Share};
 
+use super::there::There;
 use super::{analyse, row_interval, WorkflowMeta, WorkflowRun, WorkflowSpec};
 use crate::placement::{host_cpu, Placement, Roles};
 use crate::spec::{Flags, SystemSpec};
@@ -167,8 +168,26 @@ pub fn run(
         meta.hosts = pl.meta(&Default::default());
     }
     crate::runner::write_json(&out.join("meta.json"), &meta)?;
-    eprintln!("making the jobs' inputs in {}", work.display());
-    kvlab_control::controller::prepare(&jobs.prepare, &work)?;
+    // The controller beside each server on an ssh host: its job file there, its inputs made.
+    let mut there: Vec<There> = Vec::new();
+    if let Some(pl) = &placement {
+        let rows = spec
+            .qps_intervals
+            .iter()
+            .map(|&i| row_interval(i))
+            .collect::<anyhow::Result<Vec<f64>>>()?
+            .into_iter()
+            .fold(f64::INFINITY, f64::min);
+        for h in spec.systems.iter().flat_map(SystemSpec::hosts) {
+            if !pl.remote(&h)?.host().is_local() && !there.iter().any(|t| t.host() == h) {
+                there.push(There::open(pl, &h, &jobs, Duration::from_secs_f64(rows))?);
+            }
+        }
+    }
+    if spec.systems.iter().any(|s| there_for(&there, s).is_none()) {
+        eprintln!("making the jobs' inputs in {}", work.display());
+        kvlab_control::controller::prepare(&jobs.prepare, &work)?;
+    }
     let policies: Vec<(String, PolicySpec, bool)> = spec
         .policies
         .iter()
@@ -208,22 +227,11 @@ pub fn run(
         kvlab_bin,
         stop: &stopped,
         placement: placement.as_ref(),
+        there: &there,
     };
-    // The predictive policies without capacity: calibrated once per system, here.
+    // The predictive policies without capacity: calibrated once per system, where it runs.
     let calibrations = calibrate_systems(&ctx, &policies)?;
-    // The jobs' work alone on one core: what the idle-capacity bound divides.
-    let work_core_s = if spec.baseline() && !jobs.jobs.is_empty() {
-        eprintln!("the jobs alone on one core (their work for the idle-capacity bound)");
-        let mut one = jobs.clone();
-        for j in &mut one.jobs {
-            j.cores = vec![1];
-        }
-        let rows = kvlab_control::speedup::speedup(&one, &cpus, &work)?;
-        crate::runner::write_json(&out.join("jobs-alone.json"), &rows)?;
-        Some(rows.iter().map(|r| r.wall_s).sum::<f64>())
-    } else {
-        None
-    };
+    let work_alone = jobs_alone(&ctx, &jobs)?;
     let no_jobs = JobFile::default();
     'all: for &seed in &spec.seeds {
         for &interval in &spec.qps_intervals {
@@ -347,6 +355,8 @@ pub fn run(
                     crate::runner::write_json(&raw_path(out, index), &again)?;
                 }
                 if base.outcome.is_some() {
+                    let at = there_for(ctx.there, sys).map(|t| t.host().to_string());
+                    let work_core_s = work_alone.iter().find(|(h, _)| *h == at).map(|w| w.1);
                     for r in &mut group {
                         pair(out, r, &base, work_core_s, spec.slo());
                         if let Some(c) = &r.cost {
@@ -419,6 +429,53 @@ fn report_run(run: &WorkflowRun) {
     }
 }
 
+/// Where `sys`'s controller runs, when not here: on its ssh host.
+fn there_for<'a>(there: &'a [There], sys: &SystemSpec) -> Option<&'a There> {
+    let hosts = sys.hosts();
+    there
+        .iter()
+        .find(|t| hosts.first().is_some_and(|h| h == t.host()))
+}
+
+/// The jobs' work alone on one core, core-seconds, where each system's controller runs
+/// (`None`: here; else its host): what the idle-capacity bound divides. Kept in
+/// `jobs-alone.json` (here) and `jobs-alone-HOST.json`.
+fn jobs_alone(ctx: &Ctx, jobs: &JobFile) -> anyhow::Result<Vec<(Option<String>, f64)>> {
+    let mut out = Vec::new();
+    if !ctx.spec.baseline() || jobs.jobs.is_empty() {
+        return Ok(out);
+    }
+    let mut one = jobs.clone();
+    for j in &mut one.jobs {
+        j.cores = vec![1];
+    }
+    for sys in &ctx.spec.systems {
+        let at = there_for(ctx.there, sys);
+        let key = at.map(|t| t.host().to_string());
+        if out.iter().any(|(k, _)| *k == key) {
+            continue;
+        }
+        let rows = match at {
+            Some(t) => {
+                eprintln!(
+                    "the jobs alone on one core on host {} (their work for the idle-capacity bound)",
+                    t.host()
+                );
+                let file = ctx.out.join(format!("jobs-alone-{}.json", t.host()));
+                t.speedup(&one, ctx.cpus, &file)?
+            }
+            None => {
+                eprintln!("the jobs alone on one core (their work for the idle-capacity bound)");
+                let rows = kvlab_control::speedup::speedup(&one, ctx.cpus, ctx.work)?;
+                crate::runner::write_json(&ctx.out.join("jobs-alone.json"), &rows)?;
+                rows
+            }
+        };
+        out.push((key, rows.iter().map(|r| r.wall_s).sum::<f64>()));
+    }
+    Ok(out)
+}
+
 /// What every run of the experiment shares.
 struct Ctx<'a> {
     spec: &'a WorkflowSpec,
@@ -430,6 +487,8 @@ struct Ctx<'a> {
     stop: &'a dyn Fn() -> bool,
     /// The hosts the roles are placed on, if any.
     placement: Option<&'a Arc<Placement>>,
+    /// The controllers on ssh hosts (beside their servers).
+    there: &'a [There],
 }
 
 /// One run: which system, policy, trace.
@@ -499,7 +558,13 @@ fn calibrate_systems(
         let pid = inst
             .pid
             .context("the server's pid is not known (an external system?)")?;
-        let r = calibrate(pid, inst.addr, ctx.cpus, &c, ctx.stop);
+        let r = match there_for(ctx.there, sys) {
+            Some(t) => {
+                let file = ctx.out.join(format!("calibration-{}.json", sys.name));
+                t.calibrate(pid, inst.addr, ctx.cpus, &c, &spec.workload, &file)
+            }
+            None => calibrate(pid, inst.addr, ctx.cpus, &c, ctx.stop).map_err(Into::into),
+        };
         inst.stop();
         let cal = r.with_context(|| format!("calibrating {}", sys.name))?;
         eprintln!(
@@ -623,12 +688,17 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
         std::thread::sleep(Duration::from_millis(20));
     }
     let (policy, idle_jobs) = (p.policy, p.idle_jobs);
+    let there = there_for(ctx.there, p.sys);
+    let methods = (
+        spec.cpu_method.as_deref().unwrap_or("auto"),
+        spec.pause_method.as_deref().unwrap_or("auto"),
+    );
     let options = app::Options {
         pid,
         stats: Some(inst.addr),
         live: Some(live.clone()),
         jobs: p.jobs.clone(),
-        work: work.to_path_buf(),
+        work: there.map_or_else(|| work.to_path_buf(), |t| PathBuf::from(t.work())),
         prepare: false,
         policy: policy.clone(),
         share: Share {
@@ -636,8 +706,8 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
             min_server: 1,
             idle_jobs,
         },
-        cpu_method: spec.cpu_method.as_deref().unwrap_or("auto").parse()?,
-        pause_method: spec.pause_method.as_deref().unwrap_or("auto").parse()?,
+        cpu_method: methods.0.parse()?,
+        pause_method: methods.1.parse()?,
         interval: app::DEFAULT_INTERVAL,
         // A static split that leaves the jobs no core runs the trace alone: no grace.
         max: Duration::from_secs_f64(match (p.limit, policy) {
@@ -653,7 +723,16 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
         calibration: p.calibration.clone(),
         baseline: None,
     };
-    let outcome = app::control(&options, stop);
+    let outcome = match (there, ctx.placement) {
+        (Some(t), Some(pl)) => {
+            t.control(run.index, &options, methods, stop)
+                .map(|(outcome, controller)| {
+                    run.placed.push(pl.described(&controller));
+                    outcome
+                })
+        }
+        _ => app::control(&options, stop).map_err(Into::into),
+    };
     let ended = load.end();
     if let (Some(pl), Some(before)) = (ctx.placement, &before) {
         run.hosts = host_cpu(before, &pl.read(&procs), &procs);
