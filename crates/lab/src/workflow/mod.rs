@@ -671,7 +671,7 @@ qps_intervals = [10]
     }
 
     #[test]
-    fn control_hosts_places_the_load_on_an_agent_host_and_the_rest_here() {
+    fn control_hosts_places_the_load_on_one_host_and_the_server_and_controller_on_another() {
         let (_, text) = crate::SHIPPED
             .iter()
             .find(|(n, _)| *n == "control-hosts")
@@ -681,7 +681,7 @@ qps_intervals = [10]
         let placed = spec.placed_hosts().unwrap();
         let names: Vec<&str> = placed.hosts.iter().map(|h| h.name.as_str()).collect();
         assert_eq!(names, ["s1", "c1"]);
-        assert!(placed.hosts[0].is_local() && placed.hosts[0].address() == "10.77.40.1");
+        assert!(!placed.hosts[0].is_local() && placed.hosts[0].address() == "10.77.40.12");
         assert_eq!(placed.hosts[1].address(), "10.77.40.11");
         // Written back (meta.json) as it ran, hosts included.
         let again = WorkflowSpec::parse(&toml::to_string(&spec).unwrap()).unwrap();
@@ -699,13 +699,13 @@ qps_intervals = [10]
         let placed = other.placed_hosts().unwrap();
         assert_eq!(placed.pools.len(), 1);
         assert_eq!(placed.hosts[0].address(), "10.1.2.3");
-        // The server (and with it the controller and the jobs) on an ssh host too.
-        let far = text.replace(
-            "name = \"s1\"\nlocal = true",
+        // Or the server (and with it the controller and the jobs) here, where the lab runs.
+        let here = text.replace(
             "name = \"s1\"\nssh = \"root@10.77.40.12\"",
+            "name = \"s1\"\nlocal = true\naddress = \"10.77.40.1\"",
         );
-        let placed = WorkflowSpec::parse(&far).unwrap().placed_hosts().unwrap();
-        assert!(!placed.hosts[0].is_local() && placed.hosts[0].address() == "10.77.40.12");
+        let placed = WorkflowSpec::parse(&here).unwrap().placed_hosts().unwrap();
+        assert!(placed.hosts[0].is_local() && placed.hosts[0].address() == "10.77.40.1");
         // The agents must reach the server: it has a host.
         for (from, to, says) in [
             ("host = \"s1\"\n", "", "give the system a host"),
