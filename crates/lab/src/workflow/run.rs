@@ -178,10 +178,22 @@ pub fn run(
             .collect::<anyhow::Result<Vec<f64>>>()?
             .into_iter()
             .fold(f64::INFINITY, f64::min);
+        let mut far: Vec<String> = Vec::new();
         for h in spec.systems.iter().flat_map(SystemSpec::hosts) {
-            if !pl.remote(&h)?.host().is_local() && !there.iter().any(|t| t.host() == h) {
-                there.push(There::open(pl, &h, &jobs, Duration::from_secs_f64(rows))?);
+            if !pl.remote(&h)?.host().is_local() && !far.contains(&h) {
+                far.push(h);
             }
+        }
+        // The jobs' programs on each of those hosts, said before anything starts there.
+        let programs = super::there::programs(&jobs);
+        let needs: Vec<(&str, Vec<&str>)> = far
+            .iter()
+            .map(|h| (h.as_str(), programs.iter().map(String::as_str).collect()))
+            .collect();
+        pl.check_tools(&needs)
+            .context("the jobs' programs on the controller's hosts")?;
+        for h in &far {
+            there.push(There::open(pl, h, &jobs, Duration::from_secs_f64(rows))?);
         }
     }
     if spec.systems.iter().any(|s| there_for(&there, s).is_none()) {

@@ -336,6 +336,33 @@ impl There {
     }
 }
 
+/// The programs `jobs` run (their commands' and `prepare`'s): of each part of a command
+/// line (split at `|`, `;`, `&&` and `||`), the first word after any `NAME=value`, when
+/// it is a plain program name — what `command -v` must find on a host before any run.
+pub(super) fn programs(jobs: &JobFile) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let lines = jobs
+        .prepare
+        .iter()
+        .chain(jobs.jobs.iter().map(|j| &j.command));
+    for line in lines {
+        for part in line.split(['|', ';', '&']) {
+            let word = part
+                .split_whitespace()
+                .find(|w| !w.contains('='))
+                .unwrap_or_default();
+            let plain = !word.is_empty()
+                && word
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "._-+/".contains(c));
+            if plain && !out.iter().any(|p| p == word) {
+                out.push(word.to_string());
+            }
+        }
+    }
+    out
+}
+
 /// Appends the lines the load adds to `local` to `rows` until `done` (then what is left).
 fn forward_rows(
     local: &Path,
@@ -361,5 +388,27 @@ fn forward_rows(
             return Ok(rows.finish()?);
         }
         std::thread::sleep(FORWARD);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
+
+    use super::*;
+
+    #[test]
+    fn the_programs_of_a_job_file_are_its_commands_first_words() {
+        let jobs = JobFile::parse(
+            "prepare = [\"vips gaussnoise {work}/n.v 10 10\", \"seq 9 > {work}/x\"]\n\
+             [[job]]\nname = \"a\"\ncommand = \"VIPS_CONCURRENCY={threads} vips resize x y 2\"\n\
+             [[job]]\nname = \"b\"\ncommand = \"head -c 9 {work}/x | xz -T{threads} > y && sync\"\n\
+             [[job]]\nname = \"c\"\ncommand = \"stress-ng --cache 1 --cache-ops $((6 / 2)) -q\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            programs(&jobs),
+            ["vips", "seq", "head", "xz", "sync", "stress-ng"]
+        );
     }
 }
