@@ -461,6 +461,28 @@ policy = "predictive"
         ),
     )
     .unwrap();
+    // A job whose program h1 lacks: refused before anything starts, naming host and program.
+    let jobs = std::fs::read_to_string(dir.join("jobs.toml")).unwrap();
+    std::fs::write(
+        dir.join("jobs.toml"),
+        jobs.replace("sleep 1", "kvlab-no-such-program 1"),
+    )
+    .unwrap();
+    let refused = Lab::with_kvlab_bin(kvlab_bin())
+        .run(
+            &Source::open(&file.display().to_string()).unwrap(),
+            &Overrides::default(),
+            Some(dir.join("refused")),
+        )
+        .unwrap_err();
+    let e = format!("{refused:#}");
+    assert!(
+        e.contains("h1") && e.contains("kvlab-no-such-program"),
+        "{e}"
+    );
+    assert!(!dir.join("refused/raw/0001.json").exists());
+    assert!(net.others(0).is_empty(), "{:?}", net.others(0));
+    std::fs::write(dir.join("jobs.toml"), jobs).unwrap();
     let out = dir.join("results");
     let done = Lab::with_kvlab_bin(kvlab_bin())
         .run(
