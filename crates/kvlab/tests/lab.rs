@@ -7,7 +7,8 @@
 //! two-part file for every part, are recorded and re-analysed, and fail like the file. An
 //! external system (a server the test started) is loaded at its address, its CPU read from
 //! its pid, and left running. The storage ring runs its clients and nodes on namespace hosts
-//! over ssh, memcached behind the same client ring beside its durable nodes.
+//! over ssh, memcached behind the same client ring beside its durable nodes; and its scale
+//! part there, a node added on a host and one removed, the topology in an etcd here.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
