@@ -7,7 +7,8 @@
 //! two-part file for every part, are recorded and re-analysed, and fail like the file. An
 //! external system (a server the test started) is loaded at its address, its CPU read from
 //! its pid, and left running. The storage ring runs its clients and nodes on namespace hosts
-//! over ssh, memcached behind the same client ring beside its durable nodes.
+//! over ssh, memcached behind the same client ring beside its durable nodes; and its scale
+//! part there, a node added on a host and one removed, the topology in an etcd here.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -988,5 +989,170 @@ bench_duration = 0.0
         net.wait_quiet(i, std::time::Duration::from_secs(10))
             .unwrap_or_else(|left| panic!("left on host {}: {left:?}", i + 1));
         assert_eq!(net.listening(i), vec![22], "host {} still listens", i + 1);
+    }
+}
+
+/// The storage ring's scale part with its nodes on two namespace hosts, its topology in an
+/// etcd the lab starts here (a local host at the bridge's address, where the hosts reach
+/// this machine): a node added on a host, one removed and stopped there, every message read
+/// back after each; the cache part's node on a host too; nothing left anywhere.
+#[test]
+fn a_storage_ring_adds_and_removes_nodes_on_hosts_over_etcd() {
+    use kvlab_testkit::hosts::NetnsHosts;
+    use std::os::unix::fs::MetadataExt;
+    let Some(net) = NetnsHosts::for_test("storage_ring_scales_on_hosts", 2) else {
+        return;
+    };
+    if kvlab_process::which("etcd").is_none() {
+        eprintln!("skipped: no etcd (apt-get install etcd-server)");
+        return;
+    }
+    let scratch = net.scratch();
+    let mut table = format!(
+        "[ssh]\nidentity = {:?}\nknown_hosts = {:?}\nconnect_timeout = 3\n",
+        net.identity().display().to_string(),
+        net.known_hosts().display().to_string()
+    );
+    for (i, name) in ["s1", "s2"].iter().enumerate() {
+        table.push_str(&format!(
+            "[[host]]\nname = \"{name}\"\nssh = \"{}\"\ndir = \"{}\"\n",
+            net.ssh_target(i),
+            scratch.join(name).display()
+        ));
+    }
+    table.push_str(&format!(
+        "[[host]]\nname = \"lab\"\nlocal = true\naddress = \"{}\"\ndir = \"{}\"\n",
+        net.bridge(),
+        scratch.join("lab").display()
+    ));
+    let file = scratch.join("ring-scale.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"kind = "storage-ring"
+messages = 150
+node_args = ["-t", "1", "-m", "64", "--cache-items", "40", "--eviction", "lru"]
+node_hosts = ["s1", "s2"]
+[scale]
+nodes = 2
+[throughput]
+servers = []
+[cache]
+sizes = [20]
+policies = ["lru"]
+clients = 2
+ops_per_client = 30
+repetitions = 1
+{table}"#
+        ),
+    )
+    .unwrap();
+    let out = scratch.join("results");
+    let o = lab_run(&file, &out, &scratch);
+    assert!(o.status.success(), "{}", text(&o));
+    let res = read_json(&out.join("ring.json"));
+    assert_eq!(
+        res["notes"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        res["notes"]
+    );
+    let inode = |host: &str| match host {
+        "s1" => net.netns_inode(0).unwrap(),
+        "s2" => net.netns_inode(1).unwrap(),
+        _ => std::fs::metadata("/proc/self/ns/net").unwrap().ino(),
+    };
+    // etcd here, on the bridge's address: the hosts' nodes and the lab's coordinator
+    // shared it.
+    let topology = res["topology"].as_str().unwrap();
+    assert!(
+        topology.starts_with(&format!("etcd {}:", net.bridge())) && topology.ends_with("lab"),
+        "{topology}"
+    );
+    let etcd = &res["etcd"];
+    assert_eq!(etcd["host"], "lab", "{etcd}");
+    assert_eq!(etcd["netns"].as_u64(), Some(inode("lab")), "{etcd}");
+    let scale = &res["scale"];
+    let events = scale["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2, "{scale}");
+    for (e, action) in events.iter().zip(["add", "remove"]) {
+        assert_eq!(e["action"], action, "{e}");
+        assert!(e["error"].is_null(), "{e}");
+        let m = &e["migration"];
+        assert!(m["keys_copied"].as_u64().unwrap() > 0, "{e}");
+        assert_eq!(m["keys_copied"], e["expected_keys"], "{e}");
+        // Every message read back after it: none lost, no errors.
+        let r = &e["read_back"];
+        assert_eq!(r["read"], 150, "{e}");
+        assert_eq!(
+            (
+                r["missing"].as_u64(),
+                r["wrong"].as_u64(),
+                r["errors"].as_u64()
+            ),
+            (Some(0), Some(0), Some(0)),
+            "{e}"
+        );
+    }
+    // Nodes 0 and 1 on s1 and s2, the added node 2 on s1 again; the removed one was on a
+    // host too. Each ran in its host's namespace.
+    assert_eq!(events[0]["host"], "s1", "{scale}");
+    assert_eq!(events[0]["nodes_before"], 2, "{scale}");
+    assert!(events[1]["host"].is_string(), "{scale}");
+    let placed = scale["placed"].as_array().unwrap();
+    let hosts: Vec<&str> = placed.iter().map(|p| p["host"].as_str().unwrap()).collect();
+    assert_eq!(hosts, ["s1", "s2", "s1"], "{scale}");
+    for p in placed {
+        assert!(p["name"].as_str().unwrap().starts_with("kvlab-"), "{p}");
+        let host = p["host"].as_str().unwrap();
+        assert_eq!(
+            p["netns"].as_u64(),
+            Some(inode(host)),
+            "{p}: not in its host"
+        );
+    }
+    let added = events[0]["node"].as_str().unwrap();
+    assert!(
+        added.starts_with(&net.hosts()[0].addr.to_string()),
+        "{added}: not at s1's address"
+    );
+    // The cache part's node on the first node host.
+    let cache = res["cache"].as_array().unwrap();
+    assert_eq!(cache.len(), 1, "{res}");
+    assert_eq!(cache[0]["errors"], 0, "{}", cache[0]);
+    assert!(cache[0]["hit_ratio"].as_f64().is_some(), "{}", cache[0]);
+    let node = &cache[0]["placed"][0];
+    assert_eq!(node["host"], "s1", "{}", cache[0]);
+    assert_eq!(node["netns"].as_u64(), Some(inode("s1")), "{node}");
+    let summary = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        summary.contains(&format!("add {added} on s1 (2 nodes)")),
+        "{summary}"
+    );
+    let html = std::fs::read_to_string(out.join("report/index.html")).unwrap();
+    for want in ["Scale up and down", " on s1", "Hosts", "etcd"] {
+        assert!(html.contains(want), "the report lacks {want:?}");
+    }
+    // Nothing left: no process or port but sshd's on either host, etcd gone here, the
+    // nodes' data and etcd's removed.
+    for i in 0..2 {
+        net.wait_quiet(i, std::time::Duration::from_secs(10))
+            .unwrap_or_else(|left| panic!("left on host {}: {left:?}", i + 1));
+        assert_eq!(net.listening(i), vec![22], "host {} still listens", i + 1);
+    }
+    // (Stopped, it may stay a zombie until this machine's init reaps it.)
+    let pid = etcd["pid"].as_u64().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+    assert!(
+        !stat.contains("(etcd)") || state == Some("Z"),
+        "etcd (pid {pid}) still runs: {stat}"
+    );
+    for dir in [
+        "s1/runs/results/scale/data",
+        "s2/runs/results/scale/data",
+        "lab/runs/results/etcd",
+    ] {
+        assert!(!scratch.join(dir).exists(), "{dir} is left");
     }
 }

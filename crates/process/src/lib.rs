@@ -510,29 +510,38 @@ impl Etcd {
             source,
         })?;
         let addr = SocketAddr::from(([127, 0, 0, 1], ports[0]));
-        let client = format!("http://{addr}");
-        let peer = format!("http://127.0.0.1:{}", ports[1]);
+        let peer = SocketAddr::from(([127, 0, 0, 1], ports[1]));
         let process = Spawn::new(Self::program())
-            .arg("--data-dir")
-            .arg(dir.as_os_str())
-            .args(["--name", "kvlab"])
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("kvlab={peer}")])
+            .args(Self::member_args(&dir.display().to_string(), addr, peer))
             .timeout(std::time::Duration::from_secs(15))
             .ready(Probe::HttpGetPath(addr, "/health"))
             .start()?;
         Ok(Etcd { process, addr })
+    }
+
+    /// The flags (after the program) of a one-member etcd keeping its data in `dir`,
+    /// serving clients at `client` and listening for peers at `peer`: what [`Etcd::start`]
+    /// runs here, and the lab runs on a host.
+    pub fn member_args(dir: &str, client: SocketAddr, peer: SocketAddr) -> Vec<String> {
+        let (client, peer) = (format!("http://{client}"), format!("http://{peer}"));
+        [
+            "--data-dir",
+            dir,
+            "--name",
+            "kvlab",
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+            "--initial-cluster",
+            &format!("kvlab={peer}"),
+        ]
+        .map(String::from)
+        .to_vec()
     }
 
     /// The `--cluster`/`--topology` spelling of a cluster `name` in this etcd.

@@ -22,14 +22,19 @@
 //! (`scripts/cluster-netns.sh`, as the fault harness uses it: needs root), so the clients —
 //! threads of this process in the root namespace — reach them across a bridge.
 //!
-//! Placed on hosts (`node_hosts`, `client_hosts`, the `[[host]]` table and `[ssh]` as in
-//! lab experiments, through [`crate::placement`]): the throughput part's nodes start on
-//! their hosts (each a copy of the ring's topology file in its host's run directory: the
-//! ring does not change in that part), and its clients run there as `kvlab lab
-//! ring-clients` ([`clients`]), split over the client hosts, started together at an instant
-//! set on each host's clock; each host's CPU is read around every measured run. With
-//! `memcached = true`, memcached servers — as many as the ring's nodes, on the same hosts —
-//! behind a fixed client ring of them (the same consistent hashing) are the second system,
+//! Placed on hosts (`node_hosts`, `client_hosts`, `etcd_host`, the `[[host]]` table and
+//! `[ssh]` as in lab experiments, through [`crate::placement`]): every part's nodes start on
+//! their hosts (node i on `node_hosts[i % len]`; the cache part's on the first), and the
+//! clients of the throughput and cache parts run there as `kvlab lab ring-clients`
+//! ([`clients`]), split over the client hosts, started together at an instant set on each
+//! host's clock; each host's CPU is read around every measured run. A ring that does not
+//! change may keep its topology in a file (a copy in each node host's run directory); the
+//! scale part's, which migrates, lives in etcd (module `etcd`: on `etcd_host`, or here at the
+//! address the hosts reach this machine at), which its nodes on every host and the lab's
+//! coordinator share — its added node starts on the next node host in turn, its removed
+//! one is stopped there once the migration is done. With `memcached = true`, memcached
+//! servers — as many as the ring's nodes, on the same hosts — behind a fixed client ring
+//! of them (the same consistent hashing) are the second system of the throughput part,
 //! loaded by the same clients the same way.
 //!
 //! The file (every key optional; defaults after `=`):
@@ -47,10 +52,22 @@
 //! seed = 1                    # the clients' random choice of messages
 //! memcached = false           # [throughput] also against memcached behind the client ring
 //! memcached_args = ["-t", "1", "-m", "256"]  # every memcached's flags (the lab adds -l -p)
-//! node_hosts = []             # the throughput part's nodes (and memcached): node i on
-//!                             # node_hosts[i % len]; [] here (loopback or netns)
-//! client_hosts = []           # its clients: split over these hosts, a `kvlab lab
-//!                             # ring-clients` on each; [] threads of the lab's process
+//! node_hosts = []             # every part's nodes (and memcached): node i on
+//!                             # node_hosts[i % len], the scale part's added one too, the
+//!                             # cache part's on the first; [] here (loopback or netns)
+//! client_hosts = []           # the throughput and cache parts' clients: split over
+//!                             # these hosts, a `kvlab lab ring-clients` on each; []
+//!                             # threads of the lab's process
+//! topology = "file"           # where each ring's topology lives: "file" (one each) or
+//!                             # "etcd" (a cluster each in one etcd); the default is "etcd"
+//!                             # with etcd_host, or with node_hosts and [scale] nodes > 0
+//!                             # (nodes on several hosts share no file), where "file" is
+//!                             # refused; "etcd" with netns = true is refused
+//! etcd_host = ""              # the host etcd runs on, listening on its address (etcd
+//!                             # must be installed there); none: here — on 127.0.0.1 when
+//!                             # every node is here, else at the first `local = true`
+//!                             # host's `address` (where the node hosts reach this machine;
+//!                             # without one, an error says so)
 //! [[host]]                    # the hosts (name, ssh, local, dir, clock, address) and
 //! [ssh]                       # how ssh reaches them, as in lab experiments
 //!
@@ -84,6 +101,7 @@ use crate::placement::{HostCpu, PlacedProcess};
 use crate::spec::{HostFile, HostTable, SshSpec};
 
 pub mod clients;
+mod etcd;
 mod nodes;
 mod parts;
 mod report;
@@ -265,12 +283,22 @@ pub struct RingSpec {
     /// Every memcached's flags (the lab adds `-l` and `-p`, and `-u root` as root).
     #[serde(default = "d_memcached_args")]
     pub memcached_args: Vec<String>,
-    /// The throughput part's nodes: node i on `node_hosts[i % len]` (none: here).
+    /// Every part's nodes: node i on `node_hosts[i % len]` (none: here).
     #[serde(default)]
     pub node_hosts: Vec<String>,
-    /// Its clients, split over these hosts (none: threads of the lab's process).
+    /// The throughput and cache parts' clients, split over these hosts (none: threads of the
+    /// lab's process).
     #[serde(default)]
     pub client_hosts: Vec<String>,
+    /// Where the rings' topologies live: `file` (one per ring) or `etcd` (one etcd, a
+    /// cluster per ring); default `etcd` when `etcd_host` is set or the scale part runs on
+    /// `node_hosts`, else `file`.
+    #[serde(default)]
+    pub topology: Option<String>,
+    /// The host etcd runs on (none: here — at the address the node hosts reach this
+    /// machine at, a `local = true` host's `address`, when nodes are on hosts).
+    #[serde(default)]
+    pub etcd_host: Option<String>,
     /// The hosts.
     #[serde(default, rename = "host")]
     pub(crate) hosts: Vec<HostFile>,
@@ -361,7 +389,95 @@ impl RingSpec {
 
     /// Whether some role is placed on a host.
     pub fn on_hosts(&self) -> bool {
-        !self.node_hosts.is_empty() || !self.client_hosts.is_empty()
+        !self.node_hosts.is_empty() || !self.client_hosts.is_empty() || self.etcd_host.is_some()
+    }
+
+    /// Whether the rings' topologies live in etcd (`topology`, or its default: with
+    /// `etcd_host`, or with the scale part's nodes on hosts).
+    pub fn uses_etcd(&self) -> bool {
+        match self.topology.as_deref() {
+            Some(t) => t == "etcd",
+            None => {
+                self.etcd_host.is_some() || (!self.node_hosts.is_empty() && self.scale.nodes > 0)
+            }
+        }
+    }
+
+    /// Where etcd runs, the table's hosts resolved (see [`RingSpec::etcd_at`]).
+    pub(crate) fn etcd_place(&self) -> anyhow::Result<EtcdAt> {
+        let (hosts, _, _) = crate::spec::resolve_hosts(self.hosts.clone(), self.ssh.clone(), None)?;
+        self.etcd_at(&hosts)
+    }
+
+    /// Where etcd runs, if it does: `etcd_host`; else, with nodes on hosts, the table's
+    /// first `local = true` host with an address other than loopback (where the node hosts
+    /// reach this machine); else here on 127.0.0.1. Refused: a migrating ring on hosts
+    /// over a topology file, etcd with `netns = true`, and an etcd the node hosts could not
+    /// reach (on loopback while a node runs on another machine).
+    pub(crate) fn etcd_at(&self, hosts: &[kvlab_hosts::Host]) -> anyhow::Result<EtcdAt> {
+        match self.topology.as_deref() {
+            None | Some("file" | "etcd") => {}
+            Some(t) => bail!("topology = {t:?}: \"file\" or \"etcd\""),
+        }
+        if !self.uses_etcd() {
+            if self.etcd_host.is_some() {
+                bail!(
+                    "etcd_host with topology = \"file\": etcd runs with topology = \"etcd\" \
+                     (or leave topology out)"
+                );
+            }
+            if !self.node_hosts.is_empty() && self.scale.nodes > 0 {
+                bail!(
+                    "topology = \"file\" with node_hosts and [scale]: nodes on several hosts \
+                     cannot share one topology file while the ring migrates — set topology = \
+                     \"etcd\" (the default there), or [scale] nodes = 0"
+                );
+            }
+            return Ok(EtcdAt::None);
+        }
+        if self.netns {
+            bail!(
+                "topology = \"etcd\" and netns = true: nodes in namespaces of their own do not \
+                 reach an etcd on 127.0.0.1 (netns = false, or nodes on hosts with node_hosts)"
+            );
+        }
+        let at = match &self.etcd_host {
+            Some(h) => {
+                crate::spec::check_defined(hosts, "etcd_host", h)?;
+                h.clone()
+            }
+            None if self.node_hosts.is_empty() => return Ok(EtcdAt::Here),
+            None => hosts
+                .iter()
+                .find(|h| h.is_local() && h.listen.as_deref().is_some_and(|a| !loopback(a)))
+                .map(|h| h.name.clone())
+                .context(
+                    "topology = \"etcd\" with node_hosts: etcd runs here unless etcd_host names \
+                     a host, and the nodes on hosts must reach it — add a [[host]] with local = \
+                     true and address = the address the node hosts reach this machine at (e.g. \
+                     its address on their bridge), or set etcd_host = \"NAME\"",
+                )?,
+        };
+        let host = hosts
+            .iter()
+            .find(|h| h.name == at)
+            .with_context(|| format!("etcd_host: host {at:?} is not defined"))?;
+        if loopback(host.address()) {
+            let elsewhere = self.node_hosts.iter().find(|n| {
+                hosts
+                    .iter()
+                    .find(|h| &h.name == *n)
+                    .is_some_and(|h| !h.is_local())
+            });
+            if let Some(n) = elsewhere {
+                bail!(
+                    "etcd on host {at:?} would listen on {}, which node host {n:?} cannot reach: \
+                     give host {at:?} the address the other hosts reach it at (address = \"…\")",
+                    host.address()
+                );
+            }
+        }
+        Ok(EtcdAt::Host(at))
     }
 
     /// The hosts the roles name, resolved, and how ssh reaches them; checks the roles
@@ -384,13 +500,6 @@ impl RingSpec {
             if self.netns {
                 bail!("netns = true and hosts: the hosts place the nodes (set netns = false)");
             }
-            if self.scale.nodes > 0 || !self.cache.sizes.is_empty() {
-                bail!(
-                    "[scale] and [cache] are not placed on hosts (a migrating ring shares one \
-                     topology file; the cache part is one node): set [scale] nodes = 0 and \
-                     [cache] sizes = [] with node_hosts or client_hosts"
-                );
-            }
             if !self.client_hosts.is_empty() && self.throughput.bench_duration > 0.0 {
                 bail!(
                     "[throughput] bench_duration: kvlab bench's closed loop runs in the lab's \
@@ -400,6 +509,9 @@ impl RingSpec {
         }
         let mut used = self.node_hosts.clone();
         used.extend(self.client_hosts.iter().cloned());
+        if let EtcdAt::Host(h) = self.etcd_at(&hosts)? {
+            used.push(h);
+        }
         let hosts = hosts
             .into_iter()
             .filter(|h| used.contains(&h.name))
@@ -415,6 +527,24 @@ impl RingSpec {
     }
 }
 
+/// Where a storage-ring experiment's etcd runs (see [`RingSpec::etcd_at`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EtcdAt {
+    /// Nowhere: a topology file per ring.
+    None,
+    /// Here, on 127.0.0.1 (every node runs here).
+    Here,
+    /// On this host, through the placement, listening on its address.
+    Host(String),
+}
+
+/// Whether `address` is this machine's loopback (nothing on another host reaches it).
+fn loopback(address: &str) -> bool {
+    address
+        .parse::<std::net::IpAddr>()
+        .map_or(address == "localhost", |ip| ip.is_loopback())
+}
+
 /// One scaling event.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ScaleEvent {
@@ -422,6 +552,9 @@ pub struct ScaleEvent {
     pub action: String,
     /// The node.
     pub node: String,
+    /// Its host, when placed on one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
     /// Nodes in the ring before it.
     pub nodes_before: usize,
     /// Seconds the migration took (the coordinator's add or remove, start to end).
@@ -475,6 +608,9 @@ pub struct ScaleResult {
     pub fill_errors: u64,
     /// The add, then the remove.
     pub events: Vec<ScaleEvent>,
+    /// Placed on hosts: where each of its nodes ran (those at the start, then the added).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placed: Vec<PlacedProcess>,
 }
 
 /// CPU used over a measured time, cores (CPU seconds per second).
@@ -582,9 +718,15 @@ pub struct RingResult {
     /// The hosts, when roles were placed on them (name, how reached, address, clocks).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<crate::placement::HostMeta>,
-    /// Where the throughput part's nodes and clients ran (`node_hosts`, `client_hosts`).
+    /// Where the nodes and the clients ran (`node_hosts`, `client_hosts`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<(Vec<String>, Vec<String>)>,
+    /// Where the rings' topologies lived: `file`, or `etcd ADDR` (and its host).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub topology: String,
+    /// etcd, when placed on a host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<PlacedProcess>,
     /// CPUs of the machine.
     pub cpus: usize,
     /// The original's figures.
@@ -629,7 +771,7 @@ ssh = "root@10.0.0.2"
                                    [throughput]\nbench_duration = 0.0\n";
 
     #[test]
-    fn placed_roles_name_hosts_of_the_table_and_keep_to_the_throughput_part() {
+    fn placed_roles_name_hosts_of_the_table_and_a_ring_that_migrates_on_hosts_is_in_etcd() {
         let ok = placed(&format!(
             "node_hosts = [\"s1\"]\nclient_hosts = [\"c1\"]\nmemcached = true\n{ONLY_THROUGHPUT}"
         ))
@@ -642,6 +784,19 @@ ssh = "root@10.0.0.2"
         assert!(!local.on_hosts() && !local.memcached);
         let shipped = RingSpec::parse(crate::shipped("storage-ring-hosts").unwrap(), "s").unwrap();
         assert!(shipped.on_hosts() && shipped.memcached);
+        // The scale part on hosts: etcd, on etcd_host or here at a local host's address.
+        let on = |body: &str| placed(&format!("node_hosts = [\"s1\"]\n{body}")).unwrap();
+        let s = on("etcd_host = \"c1\"");
+        assert!(s.uses_etcd());
+        assert_eq!(s.etcd_place().unwrap(), EtcdAt::Host("c1".into()));
+        assert_eq!(s.placed().unwrap().0.len(), 2, "s1 and etcd's c1");
+        let s = on("[[host]]\nname = \"lab\"\nlocal = true\naddress = \"10.0.0.9\"");
+        assert_eq!(s.etcd_place().unwrap(), EtcdAt::Host("lab".into()));
+        let s = on("[scale]\nnodes = 0\n");
+        assert!(!s.uses_etcd());
+        assert_eq!(s.etcd_place().unwrap(), EtcdAt::None);
+        let here = RingSpec::parse("kind = \"storage-ring\"\ntopology = \"etcd\"", "t").unwrap();
+        assert_eq!(here.etcd_place().unwrap(), EtcdAt::Here);
         for (body, says) in [
             (
                 format!("node_hosts = [\"s9\"]\n{ONLY_THROUGHPUT}"),
@@ -651,7 +806,32 @@ ssh = "root@10.0.0.2"
                 format!("client_hosts = [\"c1\"]\nnetns = true\n{ONLY_THROUGHPUT}"),
                 "netns = true and hosts",
             ),
-            ("node_hosts = [\"s1\"]\n".to_string(), "[scale] and [cache]"),
+            (
+                "node_hosts = [\"s1\"]\n[throughput]\nbench_duration = 0.0\n".to_string(),
+                "add a [[host]] with local = true",
+            ),
+            (
+                "node_hosts = [\"s1\"]\ntopology = \"file\"\n".to_string(),
+                "cannot share one topology file",
+            ),
+            (
+                format!("etcd_host = \"s1\"\ntopology = \"file\"\n{ONLY_THROUGHPUT}"),
+                "etcd_host with topology = \"file\"",
+            ),
+            (
+                "netns = true\ntopology = \"etcd\"\n".to_string(),
+                "netns = true",
+            ),
+            (
+                "node_hosts = [\"s1\"]\netcd_host = \"here\"\n\
+                 [[host]]\nname = \"here\"\nlocal = true\n"
+                    .to_string(),
+                "which node host \"s1\" cannot reach",
+            ),
+            (
+                format!("topology = \"zk\"\n{ONLY_THROUGHPUT}"),
+                "\"file\" or \"etcd\"",
+            ),
             (
                 "client_hosts = [\"c1\"]\n[scale]\nnodes = 0\n[cache]\nsizes = []\n".into(),
                 "bench_duration",

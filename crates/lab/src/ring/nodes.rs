@@ -2,8 +2,11 @@
 //! `kvlab server --cluster` process with its own `--data-dir`) or plain memcached servers
 //! (the second system, behind a fixed client ring); on loopback, each in a network
 //! namespace of its own, or on the experiment's hosts (node i on `node_hosts[i % len]`,
-//! each with a copy of the ring's topology file in its host's run directory); started,
-//! added, removed, stopped, and their CPU read.
+//! its data in its host's run directory); started, added, removed, stopped, and their CPU
+//! read. The ring's topology is a file — on hosts each node has a copy of it, so the ring
+//! does not change there — or a cluster of the experiment's etcd (`etcd://ADDR/PART`),
+//! which nodes on every host and the lab's coordinator share: a ring on hosts grows and
+//! shrinks only so.
 
 use std::ffi::OsStr;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -50,6 +53,9 @@ pub(super) struct Site {
     pub net: Option<Arc<Net>>,
     /// The placement and the nodes' hosts (node i on `hosts[i % len]`).
     pub hosts: Option<(Arc<Placement>, Vec<String>)>,
+    /// The etcd (`ADDR:PORT`) the kvlab rings' topologies live in (a cluster each, named
+    /// after its part), or none: a topology file each.
+    pub etcd: Option<String>,
 }
 
 /// A node's process.
@@ -93,7 +99,10 @@ impl Nodes {
     ) -> anyhow::Result<Nodes> {
         std::fs::create_dir_all(dir.join("logs"))
             .with_context(|| format!("creating {}", dir.display()))?;
-        let topology = dir.join("topology.json").display().to_string();
+        let topology = match (&site.etcd, kind) {
+            (Some(etcd), Kind::Kvlab) => format!("etcd://{etcd}/{}", cluster_name(dir)),
+            _ => dir.join("topology.json").display().to_string(),
+        };
         let store = match kind {
             Kind::Kvlab => Some(open_store(&topology)?),
             Kind::Memcached => None,
@@ -150,12 +159,16 @@ impl Nodes {
         Ok(d)
     }
 
-    /// The topology file, copied to each node host's part directory (the ring does not
-    /// change while nodes run on hosts: see [`super::RingSpec::placed`]).
+    /// The topology file, copied to each node host's part directory (a ring on hosts
+    /// over a file does not change: see [`super::RingSpec::etcd_at`]); nothing to copy with
+    /// etcd.
     fn copy_topology(&self) -> anyhow::Result<()> {
         let Some((pl, hosts)) = &self.site.hosts else {
             return Ok(());
         };
+        if self.site.etcd.is_some() {
+            return Ok(());
+        }
         let text = std::fs::read_to_string(&self.topology)
             .with_context(|| format!("reading {}", self.topology))?;
         let mut done: Vec<&String> = Vec::new();
@@ -201,9 +214,11 @@ impl Nodes {
         let name = addr.to_string();
         match self.kind {
             Kind::Kvlab => {
-                let tag = name.replace([':', '.'], "-");
-                let data = format!("{base}/data/node-{tag}");
-                let topology = format!("{base}/topology.json");
+                let data = format!("{base}/data/node-{}", tag(addr));
+                let topology = match self.site.etcd {
+                    Some(_) => self.topology.clone(),
+                    None => format!("{base}/topology.json"),
+                };
                 NodeCommand::node(addr.ip(), addr.port(), &topology, &name)
                     .args([OsStr::new("--data-dir"), OsStr::new(&data)])
                     .args(&self.args)
@@ -310,11 +325,12 @@ impl Nodes {
         }
     }
 
-    /// Starts a node (timed: the seconds it took) and adds it (a migration).
+    /// Starts a node (timed: the seconds it took; on a host, the next of the node hosts
+    /// in turn) and adds it (a migration).
     pub fn add(&mut self) -> anyhow::Result<(String, f64, MigrationReport, f64)> {
         self.store()?;
-        if self.site.hosts.is_some() {
-            bail!("nodes on hosts are not added to a running ring");
+        if self.site.hosts.is_some() && self.site.etcd.is_none() {
+            bail!("nodes on hosts join a running ring only with topology = \"etcd\"");
         }
         let t = std::time::Instant::now();
         let addr = self.next_addr()?;
@@ -327,13 +343,44 @@ impl Nodes {
         Ok((name, start_s, m, t.elapsed().as_secs_f64()))
     }
 
-    /// Removes node `name` (a migration from it; timed), then stops it.
+    /// Removes node `name` (a migration from it; timed), then stops it (on a host: its
+    /// log brought back, its data removed there; an error if it still runs).
     pub fn remove(&mut self, name: &str) -> anyhow::Result<(MigrationReport, f64)> {
         let t = std::time::Instant::now();
         let m = coordinator::remove(self.store()?, name, &mut |_| {})?;
         let s = t.elapsed().as_secs_f64();
-        self.nodes.retain(|n| n.name != name);
+        let Some(i) = self.nodes.iter().position(|n| n.name == name) else {
+            return Ok((m, s));
+        };
+        let node = self.nodes.remove(i);
+        if let (Proc::Remote(p), Some((pl, _))) = (&node.process, &self.site.hosts) {
+            pl.stop(p, &self.dir.join("logs").join(format!("{}.log", p.name)));
+            if pl.remote(&p.host)?.running(p)? {
+                bail!("node {name} still runs on host {} after its stop", p.host);
+            }
+            let data = format!(
+                "{}/data/node-{}",
+                self.remote_dir(pl, &p.host)?,
+                tag(node.addr)
+            );
+            pl.run(
+                &p.host,
+                "removing the node's data",
+                &format!("rm -rf {}", kvlab_hosts::quote(&data)),
+            )?;
+        }
         Ok((m, s))
+    }
+
+    /// The host of node `name`, when it runs on one.
+    pub fn host_of(&self, name: &str) -> Option<String> {
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .and_then(|n| match &n.process {
+                Proc::Remote(p) => Some(p.host.clone()),
+                Proc::Local(_) => None,
+            })
     }
 
     /// The processes placed on hosts.
@@ -393,6 +440,19 @@ impl Drop for Nodes {
             }
         }
     }
+}
+
+/// A node's address as its files name it (`10-0-0-5-21000`).
+fn tag(addr: SocketAddr) -> String {
+    addr.to_string().replace([':', '.'], "-")
+}
+
+/// The etcd cluster a part's ring lives in: the part's directory's name (`scale`,
+/// `throughput-2`), one etcd serving every ring of the run.
+fn cluster_name(dir: &Path) -> String {
+    dir.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "ring".into())
 }
 
 /// A network of namespaces for this run, named after this process, on the first of a few

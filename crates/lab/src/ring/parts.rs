@@ -9,14 +9,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use kvlab_client::ClusterClient;
-use kvlab_faults::netns::Net;
 use kvlab_hosts::Started;
 use kvlab_ring::{Ring, DEFAULT_VNODES};
 
 use super::clients::{self, ClientsJob, ClientsOutcome, Messages, Route, TIMEOUT};
+use super::etcd::RingEtcd;
 use super::nodes::{make_net, Kind, Nodes, Site};
 use super::report::write;
-use super::{BenchPoint, Cpu, MethodRun, ReadBack, RingResult, RingSpec, ScaleEvent, ScaleResult};
+use super::{
+    BenchPoint, Cpu, EtcdAt, MethodRun, ReadBack, RingResult, RingSpec, ScaleEvent, ScaleResult,
+};
 use crate::placement::{host_cpu, HostsReading, Placement, Roles};
 
 /// Threads that write the messages and read them back.
@@ -68,7 +70,8 @@ pub fn run(
         bail!("memcached = true: no memcached here (apt-get install memcached)");
     }
     let logs = out.join("logs");
-    let placement = place(spec, out, bin, &logs)?;
+    let etcd_at = spec.etcd_place()?;
+    let placement = place(spec, out, bin, &logs, &etcd_at)?;
     let client_hosts = match &placement {
         Some(pl) if !spec.client_hosts.is_empty() => {
             Some((pl.as_ref(), prepare_clients(spec, pl, &msgs)?))
@@ -90,20 +93,24 @@ pub fn run(
         false => None,
     };
     let save = |res: &RingResult| crate::runner::write_json(&out.join("ring.json"), res);
-    if spec.scale.nodes > 0 {
-        match scale(spec, &msgs, bin, &out.join("scale"), net.clone()) {
-            Ok(s) => res.scale = Some(s),
-            Err(e) => res.notes.push(format!("the scale part failed: {e:#}")),
-        }
-        save(&res)?;
-    }
+    let etcd = RingEtcd::start(&etcd_at, placement.as_ref(), out, &logs)?;
+    res.topology = etcd.as_ref().map_or("file".into(), RingEtcd::describe);
+    res.etcd = etcd.as_ref().and_then(RingEtcd::placed);
     let site = Site {
         net: net.clone(),
         hosts: placement
             .clone()
             .filter(|_| !spec.node_hosts.is_empty())
             .map(|pl| (pl, spec.node_hosts.clone())),
+        etcd: etcd.as_ref().map(|e| e.addr().to_string()),
     };
+    if spec.scale.nodes > 0 {
+        match scale(spec, &msgs, bin, &out.join("scale"), &site) {
+            Ok(s) => res.scale = Some(s),
+            Err(e) => res.notes.push(format!("the scale part failed: {e:#}")),
+        }
+        save(&res)?;
+    }
     for &servers in &spec.throughput.servers {
         let r = throughput(spec, &clients, bin, out, &site, servers, &mut res);
         if let Err(e) = r {
@@ -114,7 +121,8 @@ pub fn run(
     }
     for &size in &spec.cache.sizes {
         for policy in &spec.cache.policies {
-            if let Err(e) = cache(spec, &msgs, bin, out, net.clone(), size, policy, &mut res) {
+            let point = (size, policy.as_str());
+            if let Err(e) = cache(spec, &clients, bin, out, &site, point, &mut res) {
                 res.notes
                     .push(format!("cache {size} {policy} failed: {e:#}"));
             }
@@ -126,8 +134,10 @@ pub fn run(
             res.notes.push(format!("taking the network down: {e}"));
         }
     }
-    // The placement's other holders gone first: its teardown is the last word.
+    // The placement's other holders gone first (etcd after every ring): its teardown is
+    // the last word.
     drop(site);
+    drop(etcd);
     if let Some(pl) = placement {
         let end = pl.finish()?;
         res.hosts = pl.meta(&end);
@@ -137,12 +147,14 @@ pub fn run(
 }
 
 /// The experiment's hosts connected and prepared (none when no role names one): kvlab
-/// shipped, the run directories made, memcached checked on the node hosts when it runs.
+/// shipped, the run directories made, memcached checked on the node hosts when it runs and
+/// etcd on its host.
 fn place(
     spec: &RingSpec,
     out: &Path,
     bin: &Path,
     logs: &Path,
+    etcd: &EtcdAt,
 ) -> anyhow::Result<Option<Arc<Placement>>> {
     if !spec.on_hosts() {
         return Ok(None);
@@ -158,12 +170,18 @@ fn place(
     };
     let pl = Placement::open_hosts(&roles, Some(bin), &crate::placement::run_name(out), logs)?;
     let Some(pl) = pl else { return Ok(None) };
+    let mut needs: Vec<(&str, Vec<&str>)> = Vec::new();
     if spec.memcached {
-        let needs: Vec<(&str, Vec<&str>)> = spec
-            .node_hosts
-            .iter()
-            .map(|h| (h.as_str(), vec!["memcached"]))
-            .collect();
+        needs.extend(
+            spec.node_hosts
+                .iter()
+                .map(|h| (h.as_str(), vec!["memcached"])),
+        );
+    }
+    if let EtcdAt::Host(h) = etcd {
+        needs.push((h.as_str(), vec!["etcd"]));
+    }
+    if !needs.is_empty() {
         pl.check_tools(&needs)
             .context("before any run: the hosts' tools")?;
     }
@@ -315,23 +333,28 @@ fn moved(msgs: &Messages, a: &[String], b: &[String]) -> u64 {
 }
 
 /// The scale part: `nodes` durable nodes, every message written, one node added and one
-/// removed, every message read back after each.
+/// removed, every message read back after each. On hosts (`site`'s, with etcd), node i on
+/// the node hosts' i-th in turn — the added one too —, the removed one stopped there.
 fn scale(
     spec: &RingSpec,
     msgs: &Messages,
     bin: &Path,
     dir: &Path,
-    net: Option<Arc<Net>>,
+    site: &Site,
 ) -> anyhow::Result<ScaleResult> {
-    let site = Site { net, hosts: None };
     let mut nodes = Nodes::start(
         Kind::Kvlab,
         spec.scale.nodes,
         &spec.node_args,
         bin,
         dir,
-        site,
+        site.clone(),
     )?;
+    let pl = site.hosts.as_ref().map(|(pl, _)| pl.clone());
+    let placed = |nodes: &Nodes| -> Vec<crate::placement::PlacedProcess> {
+        let Some(pl) = &pl else { return Vec::new() };
+        nodes.remote().iter().map(|p| pl.described(p)).collect()
+    };
     let (fill_s, fill_errors) = fill(&Route::Cluster(nodes.addrs()), msgs)?;
     let mut res = ScaleResult {
         nodes: spec.scale.nodes,
@@ -339,6 +362,7 @@ fn scale(
         fill_s,
         fill_errors,
         events: Vec::new(),
+        placed: placed(&nodes),
     };
     for action in ["add", "remove"] {
         let before = nodes.ring();
@@ -350,12 +374,19 @@ fn scale(
         };
         let outcome = match action {
             "add" => nodes.add().map(|(name, start_s, m, s)| {
+                ev.host = nodes.host_of(&name);
                 ev.node = name;
                 ev.start_s = start_s;
+                for p in placed(&nodes) {
+                    if !res.placed.contains(&p) {
+                        res.placed.push(p);
+                    }
+                }
                 (m, s)
             }),
             _ => {
                 ev.node = before.first().cloned().unwrap_or_default();
+                ev.host = nodes.host_of(&ev.node);
                 nodes.remove(&ev.node)
             }
         };
@@ -864,24 +895,24 @@ fn stat(addr: SocketAddr, name: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The cache part for one size and policy: one node holding every message, GETs the
-/// original's way; the hit ratio from the node's gets and its store's reads.
-#[allow(clippy::too_many_arguments)] // one point of the grid: what it is and where it goes
+/// The cache part for one size and policy: one node holding every message (on hosts, on
+/// the first node host), GETs the original's way (by `cl`: threads here or processes on the
+/// client hosts); the hit ratio from the node's gets and its store's reads.
 fn cache(
     spec: &RingSpec,
-    msgs: &Messages,
+    cl: &Clients,
     bin: &Path,
     out: &Path,
-    net: Option<Arc<Net>>,
-    size: usize,
-    policy: &str,
+    site: &Site,
+    (size, policy): (usize, &str),
     res: &mut RingResult,
 ) -> anyhow::Result<()> {
     let c = &spec.cache;
+    let msgs = cl.msgs;
     let args = with_flag(&spec.node_args, "--cache-items", &size.to_string());
     let args = with_flag(&args, "--eviction", policy);
     let dir = out.join(format!("cache-{size}-{policy}"));
-    let nodes = Nodes::start(Kind::Kvlab, 1, &args, bin, &dir, Site { net, hosts: None })?;
+    let nodes = Nodes::start(Kind::Kvlab, 1, &args, bin, &dir, site.clone())?;
     let addr = nodes.addrs()[0];
     let (_, errors) = fill(&Route::Cluster(vec![addr]), msgs)?;
     if errors > 0 {
@@ -906,21 +937,19 @@ fn cache(
     for rep in 1..=c.repetitions {
         let (gets, reads) = (stat(addr, "cmd_get"), stat(addr, "durable_reads"));
         let seed = spec.seed ^ (rep as u64) << 32;
-        let cl = Clients {
-            msgs,
-            hosts: None,
-            synthetic: false,
-            logs: &dir,
-        };
         let rings = Rings {
             all: &[&nodes],
-            placement: None,
+            placement: site
+                .hosts
+                .as_ref()
+                .map(|(pl, _)| pl.as_ref())
+                .or(cl.hosts.as_ref().map(|(pl, _)| *pl)),
         };
-        let tag = format!("cache-{rep}");
+        let tag = format!("cache-{size}-{policy}-{rep}");
         let mut run = method(
             &rings,
             &nodes,
-            &cl,
+            cl,
             c.clients,
             c.ops_per_client,
             false,

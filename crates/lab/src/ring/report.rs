@@ -254,7 +254,15 @@ fn hosts_table(res: &RingResult) -> Option<Table> {
         return None;
     }
     let mut rows = Vec::new();
+    let clocks = |h: &crate::placement::HostMeta| {
+        format!(
+            "{} / {}",
+            h.clock_start.map_or("-".into(), |c| c.to_string()),
+            h.clock_end.map_or("-".into(), |c| c.to_string())
+        )
+    };
     for h in &res.hosts {
+        let before = rows.len();
         for system in ["kvlab", "memcached"] {
             let runs: Vec<&MethodRun> = res
                 .method
@@ -321,11 +329,30 @@ fn hosts_table(res: &RingResult) -> Option<Table> {
                 } else {
                     what.join("; ")
                 },
-                format!(
-                    "{} / {}",
-                    h.clock_start.map_or("-".into(), |c| c.to_string()),
-                    h.clock_end.map_or("-".into(), |c| c.to_string())
-                ),
+                clocks(h),
+            ]));
+        }
+        if rows.len() == before {
+            // No measured run read it: what ran there (the scale part's nodes, etcd).
+            let scale = res.scale.iter().flat_map(|s| &s.placed);
+            let mut what: Vec<String> = scale
+                .chain(&res.etcd)
+                .filter(|p| p.host == h.name)
+                .map(|p| p.name.clone())
+                .collect();
+            what.dedup();
+            rows.push(Row::new([
+                h.name.clone(),
+                h.reach.clone(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                if what.is_empty() {
+                    "-".into()
+                } else {
+                    what.join(", ")
+                },
+                clocks(h),
             ]));
         }
     }
@@ -452,7 +479,10 @@ fn scale_table(res: &RingResult) -> Option<Table> {
             let moved = m.map_or(0, |m| m.keys_copied);
             let bad = e.error.is_some() || e.read_back.lost() > 0 || e.read_back.errors > 0;
             Row::new([
-                format!("{} {}", e.action, e.node),
+                match &e.host {
+                    Some(h) => format!("{} {} on {h}", e.action, e.node),
+                    None => format!("{} {}", e.action, e.node),
+                },
                 format!(
                     "{} → {}",
                     e.nodes_before,
@@ -655,11 +685,15 @@ pub(super) fn write(out: &Path, res: &RingResult) -> anyhow::Result<(String, Pat
     let mut sections = vec![Section {
         title: "The original's figures beside kvlab's".into(),
         text: vec![format!(
-            "{} messages of {} (mean {:.0} bytes); nodes {}; {} CPUs.",
+            "{} messages of {} (mean {:.0} bytes); nodes {}; {}{} CPUs.",
             res.messages,
             res.data,
             res.mean_message_bytes,
             where_(res),
+            match res.topology.as_str() {
+                "" | "file" => String::new(),
+                t => format!("the rings' topologies in {t}; "),
+            },
             res.cpus
         )],
         items: vec![Item::Table(comparison(res))],
@@ -743,11 +777,11 @@ pub(super) fn write(out: &Path, res: &RingResult) -> anyhow::Result<(String, Pat
 fn where_(res: &RingResult) -> String {
     match &res.placement {
         Some((nodes, clients)) => format!(
-            "the throughput part's on {}, its clients on {}",
+            "on {}, the clients on {}",
             if nodes.is_empty() {
                 "this machine".to_string()
             } else {
-                format!("hosts {}", nodes.join(", "))
+                format!("hosts {} (node i on the i-th in turn)", nodes.join(", "))
             },
             if clients.is_empty() {
                 "this machine (threads of the lab)".to_string()
@@ -774,9 +808,10 @@ fn summary_text(res: &RingResult) -> String {
     if let Some(sc) = &res.scale {
         for e in &sc.events {
             s.push_str(&format!(
-                "  {} {} ({} nodes): {:.3} s, {} keys moved (expected {}), {} lost, {} read errors{}\n",
+                "  {} {}{} ({} nodes): {:.3} s, {} keys moved (expected {}), {} lost, {} read errors{}\n",
                 e.action,
                 e.node,
+                e.host.as_ref().map(|h| format!(" on {h}")).unwrap_or_default(),
                 e.nodes_before,
                 e.seconds,
                 e.migration.as_ref().map_or(0, |m| m.keys_copied),
