@@ -33,6 +33,21 @@ fn lab_run(file: &Path, out: &Path, cwd: &Path) -> Output {
     kvlab(&["lab", "run", file, "--out", out], cwd)
 }
 
+/// Runs the storage-ring experiment `file` into `out`; its `ring.json`, which must have no
+/// notes (nothing the run had to say was wrong), and what it printed.
+fn run_ring(file: &Path, out: &Path, cwd: &Path) -> (serde_json::Value, String) {
+    let o = lab_run(file, out, cwd);
+    assert!(o.status.success(), "{}", text(&o));
+    let res = read_json(&out.join("ring.json"));
+    assert_eq!(
+        res["notes"].as_array().map(Vec::len),
+        Some(0),
+        "{}",
+        res["notes"]
+    );
+    (res, String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
 fn text(o: &Output) -> String {
     format!(
         "status {:?}\nstdout:\n{}\nstderr:\n{}",
@@ -898,15 +913,7 @@ bench_duration = 0.0
     )
     .unwrap();
     let out = net.scratch().join("results");
-    let o = lab_run(&file, &out, &net.scratch());
-    assert!(o.status.success(), "{}", text(&o));
-    let res = read_json(&out.join("ring.json"));
-    assert_eq!(
-        res["notes"].as_array().map(Vec::len),
-        Some(0),
-        "{}",
-        res["notes"]
-    );
+    let (res, summary) = run_ring(&file, &out, &net.scratch());
     let inode = |host: &str| {
         let i = ["c1", "c2", "s1"].iter().position(|h| *h == host).unwrap();
         net.netns_inode(i).unwrap()
@@ -979,7 +986,6 @@ bench_duration = 0.0
     ] {
         assert!(html.contains(want), "the report lacks {want:?}");
     }
-    let summary = String::from_utf8_lossy(&o.stdout);
     assert!(
         summary.contains("GET, 2 servers, 3 clients: kvlab"),
         "{summary}"
@@ -1048,15 +1054,7 @@ repetitions = 1
     )
     .unwrap();
     let out = scratch.join("results");
-    let o = lab_run(&file, &out, &scratch);
-    assert!(o.status.success(), "{}", text(&o));
-    let res = read_json(&out.join("ring.json"));
-    assert_eq!(
-        res["notes"].as_array().map(Vec::len),
-        Some(0),
-        "{}",
-        res["notes"]
-    );
+    let (res, summary) = run_ring(&file, &out, &scratch);
     let inode = |host: &str| match host {
         "s1" => net.netns_inode(0).unwrap(),
         "s2" => net.netns_inode(1).unwrap(),
@@ -1124,7 +1122,6 @@ repetitions = 1
     let node = &cache[0]["placed"][0];
     assert_eq!(node["host"], "s1", "{}", cache[0]);
     assert_eq!(node["netns"].as_u64(), Some(inode("s1")), "{node}");
-    let summary = String::from_utf8_lossy(&o.stdout);
     assert!(
         summary.contains(&format!("add {added} on s1 (2 nodes)")),
         "{summary}"

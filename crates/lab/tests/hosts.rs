@@ -289,23 +289,17 @@ fn hosts_that_cannot_serve_are_refused_before_any_run() {
     eprintln!("unreachable host refused in {took:?}: {e}");
 }
 
-/// The control workflow with its load from an agent on a namespace host (h1) and the
-/// server, the controller and a tiny job here, on a local host at the bridge's address: the
-/// run completes, the agent runs in h1's namespace and the server in this one, each host's
-/// CPU is read, the hosts' clocks are in meta.json and the report, and nothing is left on
-/// h1.
-#[test]
-fn the_control_workflow_is_loaded_from_another_host() {
-    let Some(net) = NetnsHosts::for_test("control_on_hosts", 1) else {
-        return;
-    };
-    let t0 = Instant::now();
-    let dir = net.scratch();
-    std::fs::write(
-        dir.join("jobs.toml"),
-        "[[job]]\nname = \"nap\"\ncommand = \"sleep 1\"\nthreads = 1\ncores = [1]\n",
-    )
-    .unwrap();
+/// Writes a tiny control experiment to `dir` (its job file `jobs`, as `jobs.toml`): one
+/// 3 s trace at 500–1,000 req/s, the kvlab server on host `server`, a static-1 policy;
+/// `head` adds top-level keys, `tail` more tables (policies, hosts). Returns its path.
+fn control_experiment(
+    dir: &Path,
+    jobs: &str,
+    head: &str,
+    server: &str,
+    tail: &str,
+) -> std::path::PathBuf {
+    std::fs::write(dir.join("jobs.toml"), jobs).unwrap();
     let file = dir.join("control-test.toml");
     std::fs::write(
         &file,
@@ -320,8 +314,7 @@ qps_intervals = [1]
 duration = 3
 grace = 5
 slo_p95_us = 50000
-baseline = false
-agents = ["h1"]
+{head}
 [workload]
 keys = 1000
 value_size = 32
@@ -329,24 +322,43 @@ threads = 1
 connections = 2
 [[system]]
 name = "kvlab"
-host = "here"
+host = "{server}"
 args = ["-t", "1", "-m", "16"]
 [[policy]]
 name = "static-1"
 policy = "static"
 cores = 1
-[[host]]
-name = "here"
-local = true
-address = "{}"
-dir = "{}"
-{}"#,
+{tail}"#
+        ),
+    )
+    .unwrap();
+    file
+}
+
+/// The control workflow with its load from an agent on a namespace host (h1) and the
+/// server, the controller and a tiny job here, on a local host at the bridge's address: the
+/// run completes, the agent runs in h1's namespace and the server in this one, each host's
+/// CPU is read, the hosts' clocks are in meta.json and the report, and nothing is left on
+/// h1.
+#[test]
+fn the_control_workflow_is_loaded_from_another_host() {
+    let Some(net) = NetnsHosts::for_test("control_on_hosts", 1) else {
+        return;
+    };
+    let t0 = Instant::now();
+    let dir = net.scratch();
+    let file = control_experiment(
+        &dir,
+        "[[job]]\nname = \"nap\"\ncommand = \"sleep 1\"\nthreads = 1\ncores = [1]\n",
+        "baseline = false\nagents = [\"h1\"]",
+        "here",
+        &format!(
+            "[[host]]\nname = \"here\"\nlocal = true\naddress = \"{}\"\ndir = \"{}\"\n{}",
             net.bridge(),
             dir.join("here").display(),
             host_table(&net)
         ),
-    )
-    .unwrap();
+    );
     let out = dir.join("results");
     let done = Lab::with_kvlab_bin(kvlab_bin())
         .run(
@@ -417,50 +429,14 @@ fn the_controller_and_its_jobs_run_on_the_server_s_ssh_host() {
     };
     let t0 = Instant::now();
     let dir = net.scratch();
-    std::fs::write(
-        dir.join("jobs.toml"),
+    let file = control_experiment(
+        &dir,
         "prepare = [\"echo made > {work}/input\"]\n\
          [[job]]\nname = \"nap\"\ncommand = \"cat {work}/input && sleep 1\"\nthreads = 1\ncores = [1]\n",
-    )
-    .unwrap();
-    let file = dir.join("control-there.toml");
-    std::fs::write(
-        &file,
-        format!(
-            r#"
-name = "control-there"
-jobs = "jobs.toml"
-seeds = [1]
-qps_min = 500
-qps_max = 1000
-qps_intervals = [1]
-duration = 3
-grace = 5
-slo_p95_us = 50000
-calibrate_time = 1
-calibrate_from = 1000
-cpus = "0-1"
-agents = ["h2"]
-[workload]
-keys = 1000
-value_size = 32
-threads = 1
-connections = 2
-[[system]]
-name = "kvlab"
-host = "h1"
-args = ["-t", "1", "-m", "16"]
-[[policy]]
-name = "static-1"
-policy = "static"
-cores = 1
-[[policy]]
-policy = "predictive"
-{}"#,
-            host_table(&net)
-        ),
-    )
-    .unwrap();
+        "calibrate_time = 1\ncalibrate_from = 1000\ncpus = \"0-1\"\nagents = [\"h2\"]",
+        "h1",
+        &format!("[[policy]]\npolicy = \"predictive\"\n{}", host_table(&net)),
+    );
     // A job whose program h1 lacks: refused before anything starts, naming host and program.
     let jobs = std::fs::read_to_string(dir.join("jobs.toml")).unwrap();
     std::fs::write(
