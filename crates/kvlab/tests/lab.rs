@@ -531,6 +531,8 @@ fn shipped_experiments_are_listed() {
         "sustained-ab",
         "sustained-etc",
         "cluster-failure",
+        "cluster-scaling-hosts",
+        "storage-ring-hosts",
         "faults-quick",
         "faults-soak",
     ] {
