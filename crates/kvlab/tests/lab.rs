@@ -1255,10 +1255,7 @@ node = 1
         assert_eq!(e["placed"]["host"], host, "{e}");
         assert_eq!(e["placed"]["netns"].as_u64(), Some(inode(host)), "{e}");
         if action != "kill" {
-            assert!(
-                e["migration"]["keys_copied"].as_u64().unwrap() > 0,
-                "{e}"
-            );
+            assert!(e["migration"]["keys_copied"].as_u64().unwrap() > 0, "{e}");
         }
     }
     // The added node is the 4th: on s2, at its address.
@@ -1274,7 +1271,11 @@ node = 1
     for p in placed {
         assert!(p["name"].as_str().unwrap().starts_with("kvlab-"), "{p}");
         let host = p["host"].as_str().unwrap();
-        assert_eq!(p["netns"].as_u64(), Some(inode(host)), "{p}: not in its host");
+        assert_eq!(
+            p["netns"].as_u64(),
+            Some(inode(host)),
+            "{p}: not in its host"
+        );
     }
     // The verified load saw every acknowledged write.
     let t = &res["totals"];

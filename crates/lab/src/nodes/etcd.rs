@@ -172,41 +172,41 @@ pub(crate) fn etcd_at(
     node_hosts: &[String],
     hosts: &[kvlab_hosts::Host],
 ) -> anyhow::Result<EtcdAt> {
-        let at = match etcd_host {
-            Some(h) => {
-                crate::spec::check_defined(hosts, "etcd_host", h)?;
-                h.to_string()
-            }
-            None if node_hosts.is_empty() => return Ok(EtcdAt::Here),
-            None => hosts
-                .iter()
-                .find(|h| h.is_local() && h.listen.as_deref().is_some_and(|a| !loopback(a)))
-                .map(|h| h.name.clone())
-                .context(
-                    "topology = \"etcd\" with node_hosts: etcd runs here unless etcd_host names \
+    let at = match etcd_host {
+        Some(h) => {
+            crate::spec::check_defined(hosts, "etcd_host", h)?;
+            h.to_string()
+        }
+        None if node_hosts.is_empty() => return Ok(EtcdAt::Here),
+        None => hosts
+            .iter()
+            .find(|h| h.is_local() && h.listen.as_deref().is_some_and(|a| !loopback(a)))
+            .map(|h| h.name.clone())
+            .context(
+                "topology = \"etcd\" with node_hosts: etcd runs here unless etcd_host names \
                      a host, and the nodes on hosts must reach it — add a [[host]] with local = \
                      true and address = the address the node hosts reach this machine at (e.g. \
                      its address on their bridge), or set etcd_host = \"NAME\"",
-                )?,
-        };
-        let host = hosts
-            .iter()
-            .find(|h| h.name == at)
-            .with_context(|| format!("etcd_host: host {at:?} is not defined"))?;
-        if loopback(host.address()) {
-            let elsewhere = node_hosts.iter().find(|n| {
-                hosts
-                    .iter()
-                    .find(|h| &h.name == *n)
-                    .is_some_and(|h| !h.is_local())
-            });
-            if let Some(n) = elsewhere {
-                bail!(
-                    "etcd on host {at:?} would listen on {}, which node host {n:?} cannot reach: \
+            )?,
+    };
+    let host = hosts
+        .iter()
+        .find(|h| h.name == at)
+        .with_context(|| format!("etcd_host: host {at:?} is not defined"))?;
+    if loopback(host.address()) {
+        let elsewhere = node_hosts.iter().find(|n| {
+            hosts
+                .iter()
+                .find(|h| &h.name == *n)
+                .is_some_and(|h| !h.is_local())
+        });
+        if let Some(n) = elsewhere {
+            bail!(
+                "etcd on host {at:?} would listen on {}, which node host {n:?} cannot reach: \
                      give host {at:?} the address the other hosts reach it at (address = \"…\")",
-                    host.address()
-                );
-            }
+                host.address()
+            );
         }
-        Ok(EtcdAt::Host(at))
     }
+    Ok(EtcdAt::Host(at))
+}

@@ -13,12 +13,10 @@ use kvlab_hosts::Started;
 use kvlab_ring::{Ring, DEFAULT_VNODES};
 
 use super::clients::{self, ClientsJob, ClientsOutcome, Messages, Route, TIMEOUT};
+use super::report::write;
+use super::{BenchPoint, Cpu, MethodRun, ReadBack, RingResult, RingSpec, ScaleEvent, ScaleResult};
 use crate::nodes::etcd::{ClusterEtcd, EtcdAt};
 use crate::nodes::{make_net, open_placement, Kind, Nodes, Site};
-use super::report::write;
-use super::{
-    BenchPoint, Cpu, MethodRun, ReadBack, RingResult, RingSpec, ScaleEvent, ScaleResult,
-};
 use crate::placement::{host_cpu, HostsReading, Placement};
 
 /// Threads that write the messages and read them back.

@@ -52,10 +52,10 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
 use crate::nodes::etcd::EtcdAt;
 use crate::placement::{HostMeta, PlacedProcess};
 use crate::spec::{HostFile, HostTable, SshSpec};
+use anyhow::{bail, Context};
 use kvlab_bench::load::Options;
 use kvlab_cluster::coordinator::MigrationReport;
 use serde::{Deserialize, Serialize};
@@ -438,7 +438,10 @@ mod tests {
                 format!("node_hosts = [\"s1\"]\ntopology = \"file\"\n{add}"),
                 "cannot share one topology file",
             ),
-            ("node_hosts = [\"s9\"]".to_string(), "host \"s9\" is not defined"),
+            (
+                "node_hosts = [\"s9\"]".to_string(),
+                "host \"s9\" is not defined",
+            ),
             (
                 format!("node_hosts = [\"s1\"]\n{add}"),
                 "add a [[host]] with local = true",
