@@ -273,8 +273,22 @@ impl Nodes {
             }];
             argv.extend(self.argv(addr, &base, pl.is_root(h)));
             let p = pl.start(h, &tag, &argv)?;
-            kvlab_process::wait_ready(&Probe::Version(addr), READY)
-                .with_context(|| format!("host {h}: node {name} does not answer"))?;
+            if let Err(e) = kvlab_process::wait_ready(&Probe::Version(addr), READY) {
+                // Its log's last lines say why, when it exited (a bad flag, a port taken).
+                let tail = pl
+                    .run(
+                        h,
+                        "reading the node's log",
+                        &format!("tail -n 5 {}", kvlab_hosts::quote(&p.log)),
+                    )
+                    .unwrap_or_default();
+                let tail = match tail.trim() {
+                    "" => String::new(),
+                    t => format!("; its log ({} there) ends: {t}", p.log),
+                };
+                return Err(e)
+                    .with_context(|| format!("host {h}: node {name} does not answer{tail}"));
+            }
             return Ok(Node {
                 name,
                 addr,
