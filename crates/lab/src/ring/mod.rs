@@ -29,9 +29,9 @@
 //! ([`clients`]), split over the client hosts, started together at an instant set on each
 //! host's clock; each host's CPU is read around every measured run. A ring that does not
 //! change may keep its topology in a file (a copy in each node host's run directory); the
-//! scale part's, which migrates, lives in etcd (module `etcd`: on `etcd_host`, or here at the
-//! address the hosts reach this machine at), which its nodes on every host and the lab's
-//! coordinator share — its added node starts on the next node host in turn, its removed
+//! scale part's, which migrates, lives in etcd (`crate::nodes::etcd`, the nodes' module
+//! shared with the scaling kind: on `etcd_host`, or here at the address the hosts reach
+//! this machine at), which its nodes on every host and the lab's coordinator share — its added node starts on the next node host in turn, its removed
 //! one is stopped there once the migration is done. With `memcached = true`, memcached
 //! servers — as many as the ring's nodes, on the same hosts — behind a fixed client ring
 //! of them (the same consistent hashing) are the second system of the throughput part,
