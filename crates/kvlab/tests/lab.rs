@@ -546,6 +546,8 @@ fn shipped_experiments_are_listed() {
         "sustained-ab",
         "sustained-etc",
         "cluster-failure",
+        "cluster-scaling-hosts",
+        "storage-ring-hosts",
         "faults-quick",
         "faults-soak",
     ] {
@@ -1152,4 +1154,155 @@ repetitions = 1
     ] {
         assert!(!scratch.join(dir).exists(), "{dir} is left");
     }
+}
+
+/// The scaling kind across hosts (namespace hosts over ssh): a cluster of 3 nodes with two
+/// copies on s1 and s2 (node i on `node_hosts[i % 2]`), its topology in an etcd here at the
+/// bridge's address, under the verified load from the lab's process; a node added (on s2,
+/// the next in turn), one removed (stopped on its host) and one killed with kill -9 through
+/// the placement. Every node ran in its host's namespace, no acknowledged write was lost,
+/// and nothing is left on the hosts afterwards.
+#[test]
+fn a_scaling_experiment_adds_removes_and_kills_nodes_on_hosts() {
+    use kvlab_testkit::hosts::NetnsHosts;
+    use std::os::unix::fs::MetadataExt;
+    let Some(net) = NetnsHosts::for_test("scaling_on_hosts", 2) else {
+        return;
+    };
+    if kvlab_process::which("etcd").is_none() {
+        eprintln!("skipped: no etcd (apt-get install etcd-server)");
+        return;
+    }
+    let scratch = net.scratch();
+    let mut table = format!(
+        "[ssh]\nidentity = {:?}\nknown_hosts = {:?}\nconnect_timeout = 3\n",
+        net.identity().display().to_string(),
+        net.known_hosts().display().to_string()
+    );
+    for (i, name) in ["s1", "s2"].iter().enumerate() {
+        table.push_str(&format!(
+            "[[host]]\nname = \"{name}\"\nssh = \"{}\"\ndir = \"{}\"\n",
+            net.ssh_target(i),
+            scratch.join(name).display()
+        ));
+    }
+    table.push_str(&format!(
+        "[[host]]\nname = \"lab\"\nlocal = true\naddress = \"{}\"\ndir = \"{}\"\n",
+        net.bridge(),
+        scratch.join("lab").display()
+    ));
+    let file = scratch.join("scale-hosts.toml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"kind = "scaling"
+nodes = 3
+replicas = 2
+node_hosts = ["s1", "s2"]
+duration = 13.0
+interval = 0.5
+node_args = ["-t", "1", "-m", "64"]
+[workload]
+keys = 4000
+qps = 1000
+threads = 1
+connections = 4
+[[event]]
+at = 1.5
+action = "add"
+[[event]]
+at = 4.0
+action = "remove"
+node = 0
+[[event]]
+at = 6.0
+action = "kill"
+node = 1
+{table}"#
+        ),
+    )
+    .unwrap();
+    let out = scratch.join("results");
+    let started = std::time::Instant::now();
+    let o = lab_run(&file, &out, &scratch);
+    eprintln!("the run took {:.1} s", started.elapsed().as_secs_f64());
+    assert!(o.status.success(), "{}", text(&o));
+    let res = read_json(&out.join("scaling.json"));
+    let inode = |host: &str| match host {
+        "s1" => net.netns_inode(0).unwrap(),
+        "s2" => net.netns_inode(1).unwrap(),
+        _ => std::fs::metadata("/proc/self/ns/net").unwrap().ino(),
+    };
+    // etcd here (the local host "lab"), on the bridge's address.
+    let topology = res["topology"].as_str().unwrap();
+    assert!(
+        topology.starts_with(&format!("etcd {}:", net.bridge())) && topology.ends_with("lab"),
+        "{topology}"
+    );
+    let etcd = &res["etcd"];
+    assert_eq!(etcd["host"], "lab", "{etcd}");
+    assert_eq!(etcd["netns"].as_u64(), Some(inode("lab")), "{etcd}");
+    let events = res["events"].as_array().unwrap();
+    assert_eq!(events.len(), 3, "{res}");
+    for (e, action) in events.iter().zip(["add", "remove", "kill"]) {
+        assert_eq!(e["action"], action, "{e}");
+        assert!(e["error"].is_null(), "{e}");
+        // Each event's node ran on a host, in its namespace.
+        let host = e["host"].as_str().unwrap_or_else(|| panic!("no host: {e}"));
+        assert_eq!(e["placed"]["host"], host, "{e}");
+        assert_eq!(e["placed"]["netns"].as_u64(), Some(inode(host)), "{e}");
+        if action != "kill" {
+            assert!(e["migration"]["keys_copied"].as_u64().unwrap() > 0, "{e}");
+        }
+    }
+    // The added node is the 4th: on s2, at its address.
+    assert_eq!(events[0]["host"], "s2", "{res}");
+    let added = events[0]["node"].as_str().unwrap();
+    assert!(
+        added.starts_with(&format!("{}:", net.hosts()[1].addr)),
+        "{added}: not at s2's address"
+    );
+    let placed = res["placed"].as_array().unwrap();
+    let hosts: Vec<&str> = placed.iter().map(|p| p["host"].as_str().unwrap()).collect();
+    assert_eq!(hosts, ["s1", "s2", "s1", "s2"], "{res}");
+    for p in placed {
+        assert!(p["name"].as_str().unwrap().starts_with("kvlab-"), "{p}");
+        let host = p["host"].as_str().unwrap();
+        assert_eq!(
+            p["netns"].as_u64(),
+            Some(inode(host)),
+            "{p}: not in its host"
+        );
+    }
+    // The verified load saw every acknowledged write.
+    let t = &res["totals"];
+    assert!(t["completed"].as_u64().unwrap() > 1000, "{t}");
+    for k in ["verify_errors", "misses"] {
+        assert_eq!(t[k].as_u64(), Some(0), "{k}: {t}");
+    }
+    let summary = String::from_utf8_lossy(&o.stdout);
+    assert!(summary.contains(&format!("add {added} on s2")), "{summary}");
+    assert!(summary.contains(" 0 lost writes"), "{summary}");
+    let html = std::fs::read_to_string(out.join("report/index.html")).unwrap();
+    for want in ["Events", "Hosts: where the nodes ran", " on s2"] {
+        assert!(html.contains(want), "the report lacks {want:?}");
+    }
+    // Nothing left: no process or port but sshd's on either host, etcd gone here, its data
+    // removed.
+    for i in 0..2 {
+        net.wait_quiet(i, std::time::Duration::from_secs(10))
+            .unwrap_or_else(|left| panic!("left on host {}: {left:?}", i + 1));
+        assert_eq!(net.listening(i), vec![22], "host {} still listens", i + 1);
+    }
+    let pid = etcd["pid"].as_u64().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+    assert!(
+        !stat.contains("(etcd)") || state == Some("Z"),
+        "etcd (pid {pid}) still runs: {stat}"
+    );
+    assert!(
+        !scratch.join("lab/runs/results/etcd").exists(),
+        "etcd's data is left"
+    );
 }

@@ -231,6 +231,7 @@
 pub mod analyse;
 pub mod faults;
 pub mod generator;
+mod nodes;
 pub mod placement;
 pub mod ring;
 pub mod runner;
@@ -348,6 +349,10 @@ pub const SHIPPED: &[(&str, &str)] = &[
     (
         "cluster-failure",
         include_str!("../../../experiments/cluster-failure.toml"),
+    ),
+    (
+        "cluster-scaling-hosts",
+        include_str!("../../../experiments/cluster-scaling-hosts.toml"),
     ),
     (
         "storage-ring",
@@ -551,7 +556,7 @@ impl Lab {
             });
         }
         if scaling::is_scaling(&source.text) {
-            return self.run_scaling(source, out);
+            return self.run_scaling(source, overrides, out);
         }
         if faults::is_faults(&source.text) {
             return self.run_faults(source, overrides, out);
@@ -593,10 +598,20 @@ impl Lab {
 }
 
 impl Lab {
-    /// A `kind = "scaling"` experiment (see [`scaling`]): overrides do not apply.
-    fn run_scaling(&self, source: &Source, out: Option<PathBuf>) -> anyhow::Result<Finished> {
-        let spec = scaling::ScalingSpec::parse(&source.text, &source.stem)
+    /// A `kind = "scaling"` experiment (see [`scaling`]): of the overrides, only a host
+    /// table (`--hosts FILE`) applies.
+    fn run_scaling(
+        &self,
+        source: &Source,
+        overrides: &Overrides,
+        out: Option<PathBuf>,
+    ) -> anyhow::Result<Finished> {
+        let mut spec = scaling::ScalingSpec::parse(&source.text, &source.stem)
             .with_context(|| format!("experiment {}", source.label))?;
+        if let Some(table) = &overrides.hosts {
+            spec.use_hosts(table)
+                .with_context(|| format!("experiment {} with {}", source.label, table.file))?;
+        }
         self.run_on_nodes(&spec.name, "a scaling", out, |out, bin| {
             scaling::run(&spec, &source.text, out, bin)
         })

@@ -447,6 +447,28 @@ impl Placement {
         }
     }
 
+    /// `kill -9` of `p` on its host (a crash, as a scaling experiment's kill event): SIGKILL
+    /// to its process group, if it is still the process started (pid and start time);
+    /// waits until it is gone. It stays recorded: the teardown finds it gone.
+    pub fn kill(&self, p: &Started) -> anyhow::Result<()> {
+        let script = format!(
+            "alive() {{ s=$(cat /proc/{pid}/stat 2>/dev/null) || return 1; s=${{s##*) }}; \
+             set -- $s; [ \"$1\" != Z ] && [ \"${{20}}\" = {st} ]; }}\n\
+             alive || {{ echo 'not running' >&2; exit 1; }}\n\
+             kill -KILL -{pid} 2>/dev/null || kill -KILL {pid}\n\
+             i=0; while alive && [ $i -lt 100 ]; do sleep 0.05; i=$((i+1)); done\n\
+             ! alive",
+            pid = p.pid,
+            st = p.start_time
+        );
+        self.run(
+            &p.host,
+            &format!("kill -9 of {} (pid {})", p.name, p.pid),
+            &script,
+        )
+        .map(|_| ())
+    }
+
     /// Writes `text` to `path` on host `host`.
     pub fn write(&self, host: &str, path: &str, text: &str) -> anyhow::Result<()> {
         let q = kvlab_hosts::quote;

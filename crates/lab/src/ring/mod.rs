@@ -29,9 +29,9 @@
 //! ([`clients`]), split over the client hosts, started together at an instant set on each
 //! host's clock; each host's CPU is read around every measured run. A ring that does not
 //! change may keep its topology in a file (a copy in each node host's run directory); the
-//! scale part's, which migrates, lives in etcd (module `etcd`: on `etcd_host`, or here at the
-//! address the hosts reach this machine at), which its nodes on every host and the lab's
-//! coordinator share — its added node starts on the next node host in turn, its removed
+//! scale part's, which migrates, lives in etcd (`crate::nodes::etcd`, the nodes' module
+//! shared with the scaling kind: on `etcd_host`, or here at the address the hosts reach
+//! this machine at), which its nodes on every host and the lab's coordinator share — its added node starts on the next node host in turn, its removed
 //! one is stopped there once the migration is done. With `memcached = true`, memcached
 //! servers — as many as the ring's nodes, on the same hosts — behind a fixed client ring
 //! of them (the same consistent hashing) are the second system of the throughput part,
@@ -97,12 +97,11 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use serde::{Deserialize, Serialize};
 
+use crate::nodes::etcd::EtcdAt;
 use crate::placement::{HostCpu, PlacedProcess};
 use crate::spec::{HostFile, HostTable, SshSpec};
 
 pub mod clients;
-mod etcd;
-mod nodes;
 mod parts;
 mod report;
 
@@ -441,43 +440,7 @@ impl RingSpec {
                  reach an etcd on 127.0.0.1 (netns = false, or nodes on hosts with node_hosts)"
             );
         }
-        let at = match &self.etcd_host {
-            Some(h) => {
-                crate::spec::check_defined(hosts, "etcd_host", h)?;
-                h.clone()
-            }
-            None if self.node_hosts.is_empty() => return Ok(EtcdAt::Here),
-            None => hosts
-                .iter()
-                .find(|h| h.is_local() && h.listen.as_deref().is_some_and(|a| !loopback(a)))
-                .map(|h| h.name.clone())
-                .context(
-                    "topology = \"etcd\" with node_hosts: etcd runs here unless etcd_host names \
-                     a host, and the nodes on hosts must reach it — add a [[host]] with local = \
-                     true and address = the address the node hosts reach this machine at (e.g. \
-                     its address on their bridge), or set etcd_host = \"NAME\"",
-                )?,
-        };
-        let host = hosts
-            .iter()
-            .find(|h| h.name == at)
-            .with_context(|| format!("etcd_host: host {at:?} is not defined"))?;
-        if loopback(host.address()) {
-            let elsewhere = self.node_hosts.iter().find(|n| {
-                hosts
-                    .iter()
-                    .find(|h| &h.name == *n)
-                    .is_some_and(|h| !h.is_local())
-            });
-            if let Some(n) = elsewhere {
-                bail!(
-                    "etcd on host {at:?} would listen on {}, which node host {n:?} cannot reach: \
-                     give host {at:?} the address the other hosts reach it at (address = \"…\")",
-                    host.address()
-                );
-            }
-        }
-        Ok(EtcdAt::Host(at))
+        crate::nodes::etcd::etcd_at(self.etcd_host.as_deref(), &self.node_hosts, hosts)
     }
 
     /// The hosts the roles name, resolved, and how ssh reaches them; checks the roles
@@ -525,24 +488,6 @@ impl RingSpec {
         (self.hosts, self.ssh) = (hosts, ssh);
         self.placed().map(|_| ())
     }
-}
-
-/// Where a storage-ring experiment's etcd runs (see [`RingSpec::etcd_at`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum EtcdAt {
-    /// Nowhere: a topology file per ring.
-    None,
-    /// Here, on 127.0.0.1 (every node runs here).
-    Here,
-    /// On this host, through the placement, listening on its address.
-    Host(String),
-}
-
-/// Whether `address` is this machine's loopback (nothing on another host reaches it).
-fn loopback(address: &str) -> bool {
-    address
-        .parse::<std::net::IpAddr>()
-        .map_or(address == "localhost", |ip| ip.is_loopback())
 }
 
 /// One scaling event.

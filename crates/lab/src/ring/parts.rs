@@ -13,13 +13,11 @@ use kvlab_hosts::Started;
 use kvlab_ring::{Ring, DEFAULT_VNODES};
 
 use super::clients::{self, ClientsJob, ClientsOutcome, Messages, Route, TIMEOUT};
-use super::etcd::RingEtcd;
-use super::nodes::{make_net, Kind, Nodes, Site};
 use super::report::write;
-use super::{
-    BenchPoint, Cpu, EtcdAt, MethodRun, ReadBack, RingResult, RingSpec, ScaleEvent, ScaleResult,
-};
-use crate::placement::{host_cpu, HostsReading, Placement, Roles};
+use super::{BenchPoint, Cpu, MethodRun, ReadBack, RingResult, RingSpec, ScaleEvent, ScaleResult};
+use crate::nodes::etcd::{ClusterEtcd, EtcdAt};
+use crate::nodes::{make_net, open_placement, Kind, Nodes, Site};
+use crate::placement::{host_cpu, HostsReading, Placement};
 
 /// Threads that write the messages and read them back.
 const FILLERS: usize = 4;
@@ -93,10 +91,12 @@ pub fn run(
         false => None,
     };
     let save = |res: &RingResult| crate::runner::write_json(&out.join("ring.json"), res);
-    let etcd = RingEtcd::start(&etcd_at, placement.as_ref(), out, &logs)?;
-    res.topology = etcd.as_ref().map_or("file".into(), RingEtcd::describe);
-    res.etcd = etcd.as_ref().and_then(RingEtcd::placed);
+    let etcd = ClusterEtcd::start(&etcd_at, placement.as_ref(), out, &logs)?;
+    res.topology = etcd.as_ref().map_or("file".into(), ClusterEtcd::describe);
+    res.etcd = etcd.as_ref().and_then(ClusterEtcd::placed);
     let site = Site {
+        replicas: 1,
+        durable: true,
         net: net.clone(),
         hosts: placement
             .clone()
@@ -160,16 +160,6 @@ fn place(
         return Ok(None);
     }
     let (hosts, ssh) = spec.placed()?;
-    std::fs::create_dir_all(logs)?;
-    let roles = Roles {
-        hosts: &hosts,
-        pools: &[],
-        ssh: &ssh,
-        systems: &[],
-        exit_on_interrupt: true,
-    };
-    let pl = Placement::open_hosts(&roles, Some(bin), &crate::placement::run_name(out), logs)?;
-    let Some(pl) = pl else { return Ok(None) };
     let mut needs: Vec<(&str, Vec<&str>)> = Vec::new();
     if spec.memcached {
         needs.extend(
@@ -181,11 +171,7 @@ fn place(
     if let EtcdAt::Host(h) = etcd {
         needs.push((h.as_str(), vec!["etcd"]));
     }
-    if !needs.is_empty() {
-        pl.check_tools(&needs)
-            .context("before any run: the hosts' tools")?;
-    }
-    Ok(Some(pl))
+    open_placement(&hosts, &ssh, bin, out, logs, &needs)
 }
 
 /// Each client host's path to the messages, checked to hold the same messages as here
@@ -350,11 +336,7 @@ fn scale(
         dir,
         site.clone(),
     )?;
-    let pl = site.hosts.as_ref().map(|(pl, _)| pl.clone());
-    let placed = |nodes: &Nodes| -> Vec<crate::placement::PlacedProcess> {
-        let Some(pl) = &pl else { return Vec::new() };
-        nodes.remote().iter().map(|p| pl.described(p)).collect()
-    };
+    let placed = Nodes::placed;
     let (fill_s, fill_errors) = fill(&Route::Cluster(nodes.addrs()), msgs)?;
     let mut res = ScaleResult {
         nodes: spec.scale.nodes,

@@ -2,12 +2,15 @@
 //! or killed on a timed schedule, and the report of what each event cost.
 //!
 //! ```text
-//! kind = "scaling" experiment ─► start etcd (topology = "etcd"), create the cluster, start
-//!   its N nodes at once (logs in logs/) ─► wait until each serves the ring ─► with copies,
+//! kind = "scaling" experiment ─► (placed: connect the hosts, ship kvlab, check etcd on its
+//!   host) ─► start etcd (topology = "etcd": here, or on etcd_host) ─► create the cluster,
+//!   start its N nodes at once, here or on node_hosts (crate::nodes; logs in logs/) ─► wait
+//!   until each serves the ring ─► with copies,
 //!   open every node's copy streams (one write per owner and holder) ─► fill the key space
 //!   ─► one verified run through the cluster's ring (kvlab_bench, BenchConfig::cluster) while an
 //!   event thread adds (a node it starts), removes or kills nodes at their times
 //!   (kvlab_cluster::coordinator) ─► scaling.json
+//!   ─► every node, etcd and the hosts' processes stopped (also on an error)
 //!   ─► report: a timeline of throughput and errors per interval (then p99, errors) with
 //!   each event's start and end marked; a table per event: time, keys moved vs expected,
 //!   MB/s, the client errors after it and how long they were seen; lost writes
@@ -21,7 +24,17 @@
 //! description = ""
 //! nodes = 3                   # nodes at the start
 //! replicas = 1                # copies of every key (kill needs 2 to lose nothing)
-//! topology = "file"           # file | etcd (Debian's etcd, started for the run)
+//! topology = "file"           # file | etcd (Debian's etcd, started for the run); with
+//!                             # node_hosts or etcd_host the default is etcd, and "file"
+//!                             # is refused there with an add or a remove
+//! node_hosts = []             # node i on node_hosts[i % len] (the added ones too),
+//!                             # listening on its host's address; [] = here
+//! etcd_host = ""              # etcd's host (listening on its address); none with
+//!                             # node_hosts: here, at a `local = true` host's `address`
+//! [[host]]                    # the hosts (name, ssh, local, dir, address) and [ssh], as
+//! [ssh]                       # in lab experiments (docs/lab.md, Hosts); `--hosts FILE`
+//!                             # replaces them. The verified load and the coordinator run
+//!                             # in the lab's process and reach the nodes' addresses
 //! node_args = ["-t", "1", "-m", "512"]   # every node's `kvlab server` flags
 //! duration = 20.0             # seconds of the measured run
 //! interval = 0.5              # seconds per point of the time series
@@ -32,12 +45,16 @@
 //!
 //! [[event]]
 //! at = 6.0                    # seconds into the measured run
-//! action = "add"              # add (starts a node) | remove | kill (kill -9)
+//! action = "add"              # add (starts a node) | remove | kill (kill -9; on a host,
+//!                             # through the placement: SIGKILL to the process there)
 //! node = 0                    # remove, kill: which of the nodes in the ring (sorted), 0..
 //! ```
 
 use std::path::{Path, PathBuf};
 
+use crate::nodes::etcd::EtcdAt;
+use crate::placement::{HostMeta, PlacedProcess};
+use crate::spec::{HostFile, HostTable, SshSpec};
 use anyhow::{bail, Context};
 use kvlab_bench::load::Options;
 use kvlab_cluster::coordinator::MigrationReport;
@@ -80,9 +97,6 @@ fn d_nodes() -> usize {
 fn d_one() -> u32 {
     1
 }
-fn d_topology() -> String {
-    "file".into()
-}
 fn d_node_args() -> Vec<String> {
     ["-t", "1", "-m", "512"].map(String::from).to_vec()
 }
@@ -111,9 +125,22 @@ pub struct ScalingSpec {
     /// Copies of every key.
     #[serde(default = "d_one")]
     pub replicas: u32,
-    /// `file` or `etcd`.
-    #[serde(default = "d_topology")]
-    pub topology: String,
+    /// `file` or `etcd`; default `etcd` when a role is placed on a host, else `file`.
+    #[serde(default)]
+    pub topology: Option<String>,
+    /// Node i on `node_hosts[i % len]` (none: here).
+    #[serde(default)]
+    pub node_hosts: Vec<String>,
+    /// The host etcd runs on (none: here — with nodes on hosts, at a `local = true` host's
+    /// `address`).
+    #[serde(default)]
+    pub etcd_host: Option<String>,
+    /// The hosts.
+    #[serde(default, rename = "host")]
+    pub(crate) hosts: Vec<HostFile>,
+    /// How ssh reaches them.
+    #[serde(default)]
+    pub ssh: Option<SshSpec>,
     /// Every node's `kvlab server` flags.
     #[serde(default = "d_node_args")]
     pub node_args: Vec<String>,
@@ -162,8 +189,9 @@ impl ScalingSpec {
                 s.replicas
             );
         }
-        if s.topology != "file" && s.topology != "etcd" {
-            bail!("topology = {:?}: file or etcd", s.topology);
+        match s.topology.as_deref() {
+            None | Some("file" | "etcd") => {}
+            Some(t) => bail!("topology = {t:?}: file or etcd"),
         }
         if !(s.duration > 0.0 && s.interval > 0.0) {
             bail!("duration and interval must be positive");
@@ -193,7 +221,82 @@ impl ScalingSpec {
             }
         }
         s.load()?;
+        s.placed()?;
         Ok(s)
+    }
+
+    /// Whether some role is placed on a host.
+    pub fn on_hosts(&self) -> bool {
+        !self.node_hosts.is_empty() || self.etcd_host.is_some()
+    }
+
+    /// Whether the topology lives in etcd (`topology`, or its default: on hosts).
+    pub fn uses_etcd(&self) -> bool {
+        match self.topology.as_deref() {
+            Some(t) => t == "etcd",
+            None => self.on_hosts(),
+        }
+    }
+
+    /// Where etcd runs, the table's hosts resolved: none with a topology file — refused
+    /// with nodes on hosts and an add or a remove, as nodes on several hosts cannot share
+    /// one file while the ring changes; else as [`crate::nodes::etcd::etcd_at`] says.
+    pub(crate) fn etcd_place(&self) -> anyhow::Result<EtcdAt> {
+        let (hosts, _, _) = crate::spec::resolve_hosts(self.hosts.clone(), self.ssh.clone(), None)?;
+        self.etcd_at(&hosts)
+    }
+
+    fn etcd_at(&self, hosts: &[kvlab_hosts::Host]) -> anyhow::Result<EtcdAt> {
+        if !self.uses_etcd() {
+            if self.etcd_host.is_some() {
+                bail!(
+                    "etcd_host with topology = \"file\": etcd runs with topology = \"etcd\" \
+                     (or leave topology out)"
+                );
+            }
+            let changes = self
+                .event
+                .iter()
+                .any(|e| matches!(e.action, Action::Add | Action::Remove));
+            if !self.node_hosts.is_empty() && changes {
+                bail!(
+                    "topology = \"file\" with node_hosts and an add or a remove: nodes on \
+                     several hosts cannot share one topology file while the ring changes (each \
+                     reads a copy of it) — set topology = \"etcd\" (the default there)"
+                );
+            }
+            return Ok(EtcdAt::None);
+        }
+        crate::nodes::etcd::etcd_at(self.etcd_host.as_deref(), &self.node_hosts, hosts)
+    }
+
+    /// The hosts the roles name, resolved, and how ssh reaches them; checks the roles
+    /// against the table.
+    pub(crate) fn placed(&self) -> anyhow::Result<(Vec<kvlab_hosts::Host>, SshSpec)> {
+        let (hosts, pools, ssh) =
+            crate::spec::resolve_hosts(self.hosts.clone(), self.ssh.clone(), None)?;
+        for h in &self.node_hosts {
+            crate::spec::check_defined(&hosts, "node_hosts", h)?;
+        }
+        if !pools.is_empty() && self.on_hosts() {
+            bail!("[[host]] pool: agent pools load lab experiments; a scaling experiment's nodes run on ssh or local hosts");
+        }
+        let mut used = self.node_hosts.clone();
+        if let EtcdAt::Host(h) = self.etcd_at(&hosts)? {
+            used.push(h);
+        }
+        let hosts = hosts
+            .into_iter()
+            .filter(|h| used.contains(&h.name))
+            .collect();
+        Ok((hosts, ssh))
+    }
+
+    /// Takes `--hosts FILE`'s table in place of its own.
+    pub fn use_hosts(&mut self, table: &HostTable) -> anyhow::Result<()> {
+        let (hosts, ssh) = table.parse()?;
+        (self.hosts, self.ssh) = (hosts, ssh);
+        self.placed().map(|_| ())
     }
 
     fn load(&self) -> anyhow::Result<kvlab_bench::load::Load> {
@@ -216,6 +319,12 @@ pub struct EventRecord {
     pub action: String,
     /// The node.
     pub node: String,
+    /// Its host, when placed on one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Its process there (host, pid, network namespace), when placed on a host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placed: Option<PlacedProcess>,
     /// Seconds into the run when it began and when it was over (migration done, or the
     /// ring healed).
     pub started: f64,
@@ -266,6 +375,18 @@ pub struct ScalingResult {
     /// What the load generator noted (connection problems, its self-checks).
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Where the topology lived: `file`, `etcd ADDR, here` or `etcd ADDR on host H`.
+    #[serde(default)]
+    pub topology: String,
+    /// Placed on hosts: etcd's process there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<PlacedProcess>,
+    /// Placed on hosts: where each node ran (those at the start, then the added).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placed: Vec<PlacedProcess>,
+    /// The hosts, when roles were placed on them (name, how reached, address, clocks).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostMeta>,
 }
 
 /// Re-renders a scaling results directory's report from its `scaling.json`.
@@ -273,4 +394,65 @@ pub fn analyse_dir(dir: &Path) -> anyhow::Result<(String, PathBuf)> {
     let text = std::fs::read(dir.join("scaling.json")).context("scaling.json")?;
     let res: ScalingResult = serde_json::from_slice(&text)?;
     write(dir, &res)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HOSTS: &str = "[[host]]\nname = \"s1\"\nssh = \"root@10.0.0.11\"\n\
+                         [[host]]\nname = \"s2\"\nssh = \"root@10.0.0.12\"\n";
+
+    fn spec(body: &str) -> anyhow::Result<ScalingSpec> {
+        ScalingSpec::parse(
+            &format!("kind = \"scaling\"\nnodes = 2\n{body}\n{HOSTS}"),
+            "t",
+        )
+    }
+
+    #[test]
+    fn nodes_on_hosts_change_the_ring_only_over_etcd_that_the_hosts_reach() {
+        let shipped =
+            ScalingSpec::parse(crate::shipped("cluster-scaling-hosts").unwrap(), "s").unwrap();
+        assert!(shipped.on_hosts() && shipped.uses_etcd());
+        assert_eq!(shipped.etcd_place().unwrap(), EtcdAt::Host("s3".into()));
+        assert_eq!(shipped.placed().unwrap().0.len(), 3, "s1, s2 and etcd's s3");
+        let local = ScalingSpec::parse(crate::shipped("cluster-scaling").unwrap(), "s").unwrap();
+        assert!(!local.on_hosts() && !local.uses_etcd());
+        assert_eq!(local.etcd_place().unwrap(), EtcdAt::None);
+        // etcd on a host of the table, or here at a local host's address.
+        let s = spec("node_hosts = [\"s1\", \"s2\"]\netcd_host = \"s2\"").unwrap();
+        assert_eq!(s.etcd_place().unwrap(), EtcdAt::Host("s2".into()));
+        let s = spec(
+            "node_hosts = [\"s1\"]\n[[host]]\nname = \"lab\"\nlocal = true\naddress = \"10.0.0.1\"",
+        )
+        .unwrap();
+        assert!(s.uses_etcd());
+        assert_eq!(s.etcd_place().unwrap(), EtcdAt::Host("lab".into()));
+        // A file is fine on hosts while the ring does not change.
+        let s = spec("node_hosts = [\"s1\"]\ntopology = \"file\"").unwrap();
+        assert_eq!(s.etcd_place().unwrap(), EtcdAt::None);
+        let add = "[[event]]\nat = 1.0\naction = \"add\"";
+        for (body, says) in [
+            (
+                format!("node_hosts = [\"s1\"]\ntopology = \"file\"\n{add}"),
+                "cannot share one topology file",
+            ),
+            (
+                "node_hosts = [\"s9\"]".to_string(),
+                "host \"s9\" is not defined",
+            ),
+            (
+                format!("node_hosts = [\"s1\"]\n{add}"),
+                "add a [[host]] with local = true",
+            ),
+            (
+                "etcd_host = \"s1\"\ntopology = \"file\"".to_string(),
+                "etcd_host with topology = \"file\"",
+            ),
+        ] {
+            let e = format!("{:#}", spec(&body).unwrap_err());
+            assert!(e.contains(says), "{body}: {e}");
+        }
+    }
 }

@@ -207,12 +207,51 @@ fn over_time_items(res: &ScalingResult) -> Vec<Item> {
     over_time
 }
 
-/// "Events": a row per event, the whole run's totals, and the run's notes.
+/// The event's node, and its host when placed on one (`10.0.0.5:21000 on s1`).
+fn node_on(e: &EventRecord) -> String {
+    match &e.host {
+        Some(h) => format!("{} on {h}", e.node),
+        None => e.node.clone(),
+    }
+}
+
+/// "Events": a row per event, the whole run's totals, where the cluster ran (placed on
+/// hosts), and the run's notes.
 fn events_items(res: &ScalingResult) -> Vec<Item> {
     let mut events_items = vec![
         Item::Table(events_table(res)),
         Item::Table(totals_table(res)),
     ];
+    if !res.hosts.is_empty() {
+        let mut rows: Vec<Row> = res
+            .placed
+            .iter()
+            .map(|p| {
+                Row::new([
+                    p.name.clone(),
+                    p.host.clone(),
+                    p.pid.to_string(),
+                    p.netns.map_or("-".into(), |n| n.to_string()),
+                ])
+            })
+            .collect();
+        if let Some(p) = &res.etcd {
+            rows.push(Row::new([
+                "etcd".into(),
+                p.host.clone(),
+                p.pid.to_string(),
+                p.netns.map_or("-".into(), |n| n.to_string()),
+            ]));
+        }
+        events_items.push(Item::Table(Table {
+            title: format!("Hosts: where the nodes ran (topology: {})", res.topology),
+            columns: ["process", "host", "pid", "network namespace"]
+                .map(String::from)
+                .to_vec(),
+            rows,
+            ..Table::default()
+        }));
+    }
     if !res.notes.is_empty() {
         events_items.push(Item::Note(Note::info(
             "Notes of the run",
@@ -232,7 +271,7 @@ fn events_table(res: &ScalingResult) -> Table {
         rows.push(
             Row::new([
                 format!("{:.1}", e.started),
-                format!("{} {}", e.action, e.node),
+                format!("{} {}", e.action, node_on(e)),
                 format!("{:.3}", e.finished - e.started),
                 m.map_or("-".into(), |m| {
                     format!("{:.3} / {:.3}", m.copy_s, m.handoff_s)
@@ -317,7 +356,7 @@ fn summary_text(res: &ScalingResult) -> String {
             "  {:>5.1} s {} {}: {:.3} s{}; {} client errors after it, seen for {:.1} s{}\n",
             e.started,
             e.action,
-            e.node,
+            node_on(e),
             e.finished - e.started,
             e.migration
                 .as_ref()

@@ -9,37 +9,24 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use kvlab_client::cluster::fetch_ring;
 use kvlab_client::ClusterClient;
-use kvlab_cluster::coordinator::{self, node_status};
-use kvlab_cluster::{NodeCommand, TopologyStore};
-use kvlab_etcd::open_store;
-use kvlab_process::Etcd;
-use kvlab_process::{free_ports, Output, Probe, Process, Spawn};
+use kvlab_cluster::coordinator::node_status;
 use kvlab_ring::key_hash;
 
 use super::{write, Action, EventRecord, EventSpec, IntervalPoint, ScalingResult, ScalingSpec};
+use crate::nodes::etcd::{ClusterEtcd, EtcdAt};
+use crate::nodes::{open_placement, Kind, Nodes, Site};
+use crate::placement::Placement;
 
-/// The cluster under test: its topology store, its nodes (each stopped when dropped) and
-/// what starting another one takes.
+/// The cluster under test: its nodes (here or on hosts; stopped when dropped, before its
+/// etcd), and its etcd, if its topology lives in one.
 struct Cluster {
-    topology: String,
-    store: Box<dyn TopologyStore>,
-    nodes: Vec<(String, Process)>,
-    args: Vec<String>,
-    bin: PathBuf,
+    nodes: Nodes,
+    etcd: Option<ClusterEtcd>,
     logs: PathBuf,
-    _etcd: Option<Etcd>,
 }
 
 impl Cluster {
-    fn start_node(&mut self, port: u16) -> anyhow::Result<String> {
-        let p = spawn_node(&self.bin, &self.topology, &self.args, &self.logs, port)?;
-        let name = format!("127.0.0.1:{port}");
-        self.nodes.push((name.clone(), p));
-        Ok(name)
-    }
-
     fn items(&self) -> u64 {
         self.ring()
             .iter()
@@ -49,152 +36,124 @@ impl Cluster {
     }
 
     fn ring(&self) -> Vec<String> {
-        sorted_nodes(&*self.store)
+        self.nodes.ring()
     }
 }
 
-/// Starts one node per address at once (one after the other, many nodes — durable ones
-/// above all — take a while to start): each's outcome, in order.
-pub(crate) fn start_all<A: Copy + Send, T: Send>(
-    addrs: &[A],
-    start: impl Fn(A) -> anyhow::Result<T> + Sync,
-) -> Vec<anyhow::Result<T>> {
-    std::thread::scope(|s| {
-        let start = &start;
-        let handles: Vec<_> = addrs.iter().map(|&a| s.spawn(move || start(a))).collect();
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("starting a node panicked")))
-            })
-            .collect()
-    })
-}
-
-/// The nodes of the ring `store` holds, sorted (none if it holds none or cannot be read).
-pub(crate) fn sorted_nodes(store: &dyn TopologyStore) -> Vec<String> {
-    store
-        .load()
-        .ok()
-        .flatten()
-        .map(|t| {
-            let mut n = t.nodes;
-            n.sort();
-            n
-        })
-        .unwrap_or_default()
-}
-
-/// Starts a node (`kvlab server --cluster`) on `port`, its log in `logs`, and waits until it
-/// answers.
-fn spawn_node(
-    bin: &Path,
-    topology: &str,
-    args: &[String],
-    logs: &Path,
-    port: u16,
-) -> anyhow::Result<Process> {
-    let name = format!("127.0.0.1:{port}");
-    Spawn::new(bin.as_os_str())
-        .output(Output::File(logs.join(format!("node-{port}.log"))))
-        .args(
-            NodeCommand::node("127.0.0.1", port, topology, &name)
-                .args(args)
-                .to_args(),
-        )
-        .ready(Probe::Version(SocketAddr::from(([127, 0, 0, 1], port))))
-        .start()
-        .with_context(|| format!("starting node {name}"))
-}
-
-/// Runs a scaling experiment into `out` and writes its report; returns the summary.
+/// Runs a scaling experiment into `out` and writes its report; returns the summary. Placed
+/// on hosts, the hosts are connected (kvlab shipped, etcd checked on its host) first, and
+/// whatever the run started there is stopped before it returns, on an error too.
 pub fn run(
     spec: &ScalingSpec,
     text: &str,
     out: &Path,
     bin: &Path,
 ) -> anyhow::Result<(String, PathBuf)> {
-    let (cluster, seeds) = start_cluster(spec, out, bin)?;
+    let logs = out.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let etcd_at = spec.etcd_place()?;
+    let placement = match spec.on_hosts() {
+        true => {
+            let (hosts, ssh) = spec.placed()?;
+            let needs: Vec<(&str, Vec<&str>)> = match &etcd_at {
+                EtcdAt::Host(h) => vec![(h.as_str(), vec!["etcd"])],
+                _ => Vec::new(),
+            };
+            open_placement(&hosts, &ssh, bin, out, &logs, &needs)?
+        }
+        false => None,
+    };
+    let mut res = ScalingResult {
+        spec_text: text.to_string(),
+        name: spec.name.clone(),
+        ..ScalingResult::default()
+    };
+    if let Some(pl) = &placement {
+        res.hosts = pl.meta(&Default::default());
+    }
+    // Every node and etcd are gone when it returns (dropped), before the placement's
+    // teardown, which stops whatever else it started on the hosts.
+    let outcome = run_cluster(spec, out, bin, &etcd_at, placement.as_ref(), &mut res);
+    if let Some(pl) = placement {
+        match pl.finish() {
+            Ok(end) => res.hosts = pl.meta(&end),
+            Err(e) if outcome.is_ok() => return Err(e.context("the hosts' teardown")),
+            Err(e) => eprintln!("note: the hosts' teardown: {e:#}"),
+        }
+    }
+    outcome?;
+    crate::runner::write_json(&out.join("scaling.json"), &res)?;
+    write(out, &res)
+}
+
+/// Starts etcd and the cluster, fills it and runs the measured run with its events into
+/// `res`; stops the cluster and etcd.
+fn run_cluster(
+    spec: &ScalingSpec,
+    out: &Path,
+    bin: &Path,
+    etcd_at: &EtcdAt,
+    placement: Option<&Arc<Placement>>,
+    res: &mut ScalingResult,
+) -> anyhow::Result<()> {
+    let (cluster, seeds) = start_cluster(spec, out, bin, etcd_at, placement)?;
+    res.topology = cluster
+        .etcd
+        .as_ref()
+        .map_or("file".into(), ClusterEtcd::describe);
+    res.etcd = cluster.etcd.as_ref().and_then(ClusterEtcd::placed);
+    res.placed = cluster.nodes.placed();
     let mut notes = Vec::new();
     let (cfg, keys) = fill(spec, &cluster, &seeds, &mut notes)?;
     let cluster = Arc::new(Mutex::new(cluster));
     let (result, events) = measured_run(spec, &cfg, &cluster);
     let result = result.context("the load run")?;
-    let res = ScalingResult {
-        spec_text: text.to_string(),
-        name: spec.name.clone(),
-        intervals: interval_points(&result),
-        events,
-        totals: result.counters,
-        keys,
-        notes: notes
-            .into_iter()
-            .chain(result.notes.iter().chain(&result.warnings).cloned())
-            .collect(),
-    };
-    crate::runner::write_json(&out.join("scaling.json"), &res)?;
-    if let Ok(mut c) = cluster.lock() {
-        c.nodes.clear(); // stops them
+    res.intervals = interval_points(&result);
+    res.events = events;
+    res.totals = result.counters;
+    res.keys = keys;
+    res.notes = notes
+        .into_iter()
+        .chain(result.notes.iter().chain(&result.warnings).cloned())
+        .collect();
+    if let Ok(c) = cluster.lock() {
+        for p in c.nodes.placed() {
+            if !res.placed.contains(&p) {
+                res.placed.push(p);
+            }
+        }
     }
-    write(out, &res)
+    Ok(())
 }
 
-/// Starts etcd (with `topology = "etcd"`), creates the ring, starts its nodes at once and
-/// waits until each serves it; returns the cluster and its nodes' addresses.
+/// Starts etcd (with `topology = "etcd"`: here, or on its host), creates the ring, starts
+/// its nodes at once (here, or node i on `node_hosts[i % len]`) and waits until each serves
+/// it; returns the cluster and its nodes' addresses.
 fn start_cluster(
     spec: &ScalingSpec,
     out: &Path,
     bin: &Path,
+    etcd_at: &EtcdAt,
+    placement: Option<&Arc<Placement>>,
 ) -> anyhow::Result<(Cluster, Vec<SocketAddr>)> {
-    let etcd = if spec.topology == "etcd" {
-        Some(
-            Etcd::start(&out.join("etcd"))
-                .context("starting etcd (apt-get install etcd-server)")?,
-        )
-    } else {
-        None
-    };
-    let topology = match &etcd {
-        Some(e) => e.spec(&spec.name),
-        None => out.join("topology.json").display().to_string(),
-    };
-    let store = open_store(&topology)?;
-    let ports = free_ports(spec.nodes)?;
-    let names: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
     let logs = out.join("logs");
-    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    let mut cluster = Cluster {
-        topology,
-        store,
-        nodes: Vec::new(),
-        args: spec.node_args.clone(),
-        bin: bin.to_path_buf(),
-        logs,
-        _etcd: etcd,
+    let etcd = ClusterEtcd::start(etcd_at, placement, out, &logs)?;
+    let site = Site {
+        replicas: spec.replicas,
+        durable: false,
+        net: None,
+        hosts: placement
+            .filter(|_| !spec.node_hosts.is_empty())
+            .map(|pl| (pl.clone(), spec.node_hosts.clone())),
+        etcd: etcd.as_ref().map(|e| e.addr().to_string()),
     };
     // The ring first (a node reads it as it starts), then every node at once: with leases,
     // a node of the ring that is not alive for a lease's time (3 s with etcd) is taken out
     // of it by the others, and one after the other, each waiting to answer, the starts can
     // take that long on a busy machine.
-    coordinator::create(
-        cluster.store.as_ref(),
-        kvlab_ring::DEFAULT_VNODES,
-        spec.replicas,
-        kvlab_cluster::CopyWritePolicy::All,
-        names.clone(),
-    )?;
-    let c = &cluster;
-    let started = start_all(&ports, |p| {
-        spawn_node(&c.bin, &c.topology, &c.args, &c.logs, p)
-    });
-    for (name, p) in names.iter().zip(started) {
-        // Those started are stopped (dropped) if one failed.
-        cluster.nodes.push((name.clone(), p?));
-    }
-    let seeds: Vec<SocketAddr> = names.iter().filter_map(|n| n.parse().ok()).collect();
-    wait_for_ring(&seeds, spec.nodes)?;
-    Ok((cluster, seeds))
+    let nodes = Nodes::start(Kind::Kvlab, spec.nodes, &spec.node_args, bin, out, site)?;
+    let seeds = nodes.addrs();
+    Ok((Cluster { nodes, etcd, logs }, seeds))
 }
 
 /// Opens the copy streams (with copies) and sets every key; returns the measured run's
@@ -296,32 +255,6 @@ fn interval_points(result: &kvlab_bench::run::RunResult) -> Vec<IntervalPoint> {
     intervals
 }
 
-/// Waits (up to 20 s) until every node serves a ring of `nodes` nodes: each has taken up
-/// the topology just created.
-pub(crate) fn wait_for_ring(seeds: &[SocketAddr], nodes: usize) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let behind: Vec<String> = seeds
-            .iter()
-            .filter(|a| {
-                fetch_ring(**a, Duration::from_secs(2)).map_or(true, |r| r.nodes().len() != nodes)
-            })
-            .map(|a| a.to_string())
-            .collect();
-        if behind.is_empty() {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{} did not serve the ring of {nodes} nodes within 20 s",
-                behind.join(", ")
-            );
-        }
-        // A readiness probe: the nodes poll or watch the topology store.
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Opens every node's copy streams before the fill: for each (owner, copy holder) pair of
 /// the ring, a key that the one owns and the other holds a copy of is set and deleted from
 /// one connection, one write at a time; returns how many pairs. A node opens its stream to
@@ -417,26 +350,31 @@ fn event(e: &EventSpec, cluster: &Mutex<Cluster>, origin: Instant) -> EventRecor
     let outcome: anyhow::Result<()> = (|| {
         match e.action {
             Action::Add => {
-                let port = free_ports(1)?[0];
-                let name = c.start_node(port)?;
-                rec.node = name.clone();
                 rec.expected_fraction = 1.0 / (ring.len() as f64 + 1.0);
-                rec.migration = Some(coordinator::add(c.store.as_ref(), &name, &mut |_| {})?);
+                // On hosts, the next node host in turn; the migration to it timed by the
+                // event's start and end.
+                let (name, _, m, _) = c.nodes.add()?;
+                rec.host = c.nodes.host_of(&name);
+                rec.placed = c.nodes.placed_node(&name);
+                rec.node = name;
+                rec.migration = Some(m);
             }
             Action::Remove => {
                 let name = nth(&ring, e.node)?;
                 rec.node = name.clone();
+                rec.host = c.nodes.host_of(&name);
+                rec.placed = c.nodes.placed_node(&name);
                 let items = node_status(&name)?["items"].as_u64().unwrap_or(0);
                 rec.expected_fraction = items as f64 / rec.items_before.max(1) as f64;
-                rec.migration = Some(coordinator::remove(c.store.as_ref(), &name, &mut |_| {})?);
-                c.nodes.retain(|(n, _)| *n != name); // stops it
+                // Stopped afterwards (on a host: its log brought back).
+                rec.migration = Some(c.nodes.remove(&name)?.0);
             }
             Action::Kill => {
                 let name = nth(&ring, e.node)?;
                 rec.node = name.clone();
-                if let Some((_, p)) = c.nodes.iter_mut().find(|(n, _)| *n == name) {
-                    p.kill();
-                }
+                rec.host = c.nodes.host_of(&name);
+                rec.placed = c.nodes.placed_node(&name);
+                c.nodes.kill(&name)?;
                 // Over when the ring no longer has it (copies and leases heal it).
                 let deadline = Instant::now() + Duration::from_secs(20);
                 while c.ring().contains(&name) {

@@ -1,18 +1,21 @@
-//! A ring of nodes for one part of a storage-ring experiment: durable kvlab nodes (each a
-//! `kvlab server --cluster` process with its own `--data-dir`) or plain memcached servers
-//! (the second system, behind a fixed client ring); on loopback, each in a network
-//! namespace of its own, or on the experiment's hosts (node i on `node_hosts[i % len]`,
-//! its data in its host's run directory); started, added, removed, stopped, and their CPU
-//! read. The ring's topology is a file — on hosts each node has a copy of it, so the ring
-//! does not change there — or a cluster of the experiment's etcd (`etcd://ADDR/PART`),
-//! which nodes on every host and the lab's coordinator share: a ring on hosts grows and
-//! shrinks only so.
+//! The nodes of a cluster an experiment starts — the storage ring's parts and the scaling
+//! kind's cluster: kvlab nodes (each a `kvlab server --cluster` process; durable ones with
+//! their own `--data-dir`) or plain memcached servers (the storage ring's second system,
+//! behind a fixed client ring); on loopback, each in a network namespace of its own, or on
+//! the experiment's hosts (node i on `node_hosts[i % len]`, its data in its host's run
+//! directory); started, added, removed, killed, stopped, and their CPU read. The ring's
+//! topology is a file — on hosts each node has a copy of it, so the ring does not change
+//! there — or a cluster of the experiment's etcd ([`etcd`]: `etcd://ADDR/NAME`), which
+//! nodes on every host and the lab's coordinator share: a ring on hosts grows and shrinks
+//! only so.
 
 use std::ffi::OsStr;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use kvlab_client::cluster::fetch_ring;
 
 use anyhow::{bail, Context};
 use kvlab_cluster::coordinator::{self, MigrationReport};
@@ -22,7 +25,9 @@ use kvlab_faults::netns::Net;
 use kvlab_hosts::Started;
 use kvlab_process::{free_ports, Output, Probe, Process, Spawn};
 
-use crate::placement::Placement;
+use crate::placement::{Placement, Roles};
+
+pub(crate) mod etcd;
 
 /// The port of a node in a namespace of its own (it has the address to itself).
 const NETNS_PORT: u16 = 11211;
@@ -31,7 +36,7 @@ const READY: Duration = Duration::from_secs(30);
 
 /// Which system the nodes are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
+pub(crate) enum Kind {
     /// Durable kvlab cluster nodes.
     Kvlab,
     /// Plain memcached servers.
@@ -47,9 +52,14 @@ impl Kind {
     }
 }
 
-/// Where the nodes run: here (loopback), in namespaces, or on hosts.
+/// Where the nodes run: here (loopback), in namespaces, or on hosts; and what the ring
+/// keeps.
 #[derive(Clone, Default)]
-pub(super) struct Site {
+pub(crate) struct Site {
+    /// Copies of every key (kvlab nodes; 0 is taken as 1).
+    pub replicas: u32,
+    /// Each kvlab node with a `--data-dir` of its own.
+    pub durable: bool,
     pub net: Option<Arc<Net>>,
     /// The placement and the nodes' hosts (node i on `hosts[i % len]`).
     pub hosts: Option<(Arc<Placement>, Vec<String>)>,
@@ -59,20 +69,20 @@ pub(super) struct Site {
 }
 
 /// A node's process.
-pub(super) enum Proc {
+pub(crate) enum Proc {
     Local(Process),
     Remote(Started),
 }
 
 /// One node.
-pub(super) struct Node {
+pub(crate) struct Node {
     pub name: String,
     pub addr: SocketAddr,
     pub process: Proc,
 }
 
 /// The nodes of one ring (stopped when dropped).
-pub(super) struct Nodes {
+pub(crate) struct Nodes {
     kind: Kind,
     topology: String,
     store: Option<Box<dyn TopologyStore>>,
@@ -125,20 +135,20 @@ impl Nodes {
             coordinator::create(
                 store.as_ref(),
                 kvlab_ring::DEFAULT_VNODES,
-                1,
+                nodes.site.replicas.max(1),
                 kvlab_cluster::CopyWritePolicy::All,
                 addrs.iter().map(|(a, _)| a.to_string()).collect(),
             )?;
             nodes.copy_topology()?;
         }
         let me = &nodes;
-        let started = crate::scaling::run::start_all(&addrs, |a| me.spawn(a));
+        let started = start_all(&addrs, |a| me.spawn(a));
         for node in started {
             nodes.nodes.push(node?);
         }
         if kind == Kind::Kvlab {
             let plain: Vec<SocketAddr> = addrs.iter().map(|(a, _)| *a).collect();
-            crate::scaling::run::wait_for_ring(&plain, n)?;
+            wait_for_ring(&plain, n)?;
         }
         Ok(nodes)
     }
@@ -219,8 +229,12 @@ impl Nodes {
                     Some(_) => self.topology.clone(),
                     None => format!("{base}/topology.json"),
                 };
+                let data: &[&OsStr] = match self.site.durable {
+                    true => &[OsStr::new("--data-dir"), OsStr::new(&data)],
+                    false => &[],
+                };
                 NodeCommand::node(addr.ip(), addr.port(), &topology, &name)
-                    .args([OsStr::new("--data-dir"), OsStr::new(&data)])
+                    .args(data)
                     .args(&self.args)
                     .to_args()
                     .into_iter()
@@ -259,8 +273,22 @@ impl Nodes {
             }];
             argv.extend(self.argv(addr, &base, pl.is_root(h)));
             let p = pl.start(h, &tag, &argv)?;
-            kvlab_process::wait_ready(&Probe::Version(addr), READY)
-                .with_context(|| format!("host {h}: node {name} does not answer"))?;
+            if let Err(e) = kvlab_process::wait_ready(&Probe::Version(addr), READY) {
+                // Its log's last lines say why, when it exited (a bad flag, a port taken).
+                let tail = pl
+                    .run(
+                        h,
+                        "reading the node's log",
+                        &format!("tail -n 5 {}", kvlab_hosts::quote(&p.log)),
+                    )
+                    .unwrap_or_default();
+                let tail = match tail.trim() {
+                    "" => String::new(),
+                    t => format!("; its log ({} there) ends: {t}", p.log),
+                };
+                return Err(e)
+                    .with_context(|| format!("host {h}: node {name} does not answer{tail}"));
+            }
             return Ok(Node {
                 name,
                 addr,
@@ -316,7 +344,7 @@ impl Nodes {
     /// The ring's nodes, sorted.
     pub fn ring(&self) -> Vec<String> {
         match &self.store {
-            Some(s) => crate::scaling::run::sorted_nodes(s.as_ref()),
+            Some(s) => sorted_nodes(s.as_ref()),
             None => {
                 let mut v: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
                 v.sort();
@@ -383,6 +411,47 @@ impl Nodes {
             })
     }
 
+    /// `kill -9` of node `name` (a crash): here, its process; on a host, through the
+    /// placement (SIGKILL to the placed process there). It stays among the nodes: its log
+    /// comes back when they stop.
+    pub fn kill(&mut self, name: &str) -> anyhow::Result<()> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .with_context(|| format!("no node {name} was started"))?;
+        match &mut node.process {
+            Proc::Local(p) => {
+                p.kill();
+                Ok(())
+            }
+            Proc::Remote(p) => match &self.site.hosts {
+                Some((pl, _)) => pl.kill(p),
+                None => bail!("node {name} runs on host {} with no placement", p.host),
+            },
+        }
+    }
+
+    /// The nodes placed on hosts, as a raw run names them (host, pid, namespace).
+    pub fn placed(&self) -> Vec<crate::placement::PlacedProcess> {
+        let Some((pl, _)) = &self.site.hosts else {
+            return Vec::new();
+        };
+        self.remote().iter().map(|p| pl.described(p)).collect()
+    }
+
+    /// Node `name`'s process, as a raw run names it, when it runs on a host.
+    pub fn placed_node(&self, name: &str) -> Option<crate::placement::PlacedProcess> {
+        let (pl, _) = self.site.hosts.as_ref()?;
+        self.nodes
+            .iter()
+            .find(|n| n.name == name)
+            .and_then(|n| match &n.process {
+                Proc::Remote(p) => Some(pl.described(p)),
+                Proc::Local(_) => None,
+            })
+    }
+
     /// The processes placed on hosts.
     pub fn remote(&self) -> Vec<Started> {
         self.nodes
@@ -442,6 +511,94 @@ impl Drop for Nodes {
     }
 }
 
+/// Starts one node per address at once (one after the other, many nodes — durable ones
+/// above all — take a while to start): each's outcome, in order.
+pub(crate) fn start_all<A: Copy + Send, T: Send>(
+    addrs: &[A],
+    start: impl Fn(A) -> anyhow::Result<T> + Sync,
+) -> Vec<anyhow::Result<T>> {
+    std::thread::scope(|s| {
+        let start = &start;
+        let handles: Vec<_> = addrs.iter().map(|&a| s.spawn(move || start(a))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("starting a node panicked")))
+            })
+            .collect()
+    })
+}
+
+/// The nodes of the ring `store` holds, sorted (none if it holds none or cannot be read).
+pub(crate) fn sorted_nodes(store: &dyn TopologyStore) -> Vec<String> {
+    store
+        .load()
+        .ok()
+        .flatten()
+        .map(|t| {
+            let mut n = t.nodes;
+            n.sort();
+            n
+        })
+        .unwrap_or_default()
+}
+
+/// Waits (up to 20 s) until every node serves a ring of `nodes` nodes: each has taken up
+/// the topology just created.
+pub(crate) fn wait_for_ring(seeds: &[SocketAddr], nodes: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let behind: Vec<String> = seeds
+            .iter()
+            .filter(|a| {
+                fetch_ring(**a, Duration::from_secs(2)).map_or(true, |r| r.nodes().len() != nodes)
+            })
+            .map(|a| a.to_string())
+            .collect();
+        if behind.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} did not serve the ring of {nodes} nodes within 20 s",
+                behind.join(", ")
+            );
+        }
+        // A readiness probe: the nodes poll or watch the topology store.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An experiment's hosts connected and prepared (none when no role names one): kvlab
+/// shipped, the run directories made, and each host checked for the programs `needs` says
+/// its roles run there (etcd on its host, memcached on the node hosts) before anything
+/// starts.
+pub(crate) fn open_placement(
+    hosts: &[kvlab_hosts::Host],
+    ssh: &crate::spec::SshSpec,
+    bin: &Path,
+    out: &Path,
+    logs: &Path,
+    needs: &[(&str, Vec<&str>)],
+) -> anyhow::Result<Option<Arc<Placement>>> {
+    std::fs::create_dir_all(logs)?;
+    let roles = Roles {
+        hosts,
+        pools: &[],
+        ssh,
+        systems: &[],
+        exit_on_interrupt: true,
+    };
+    let pl = Placement::open_hosts(&roles, Some(bin), &crate::placement::run_name(out), logs)?;
+    let Some(pl) = pl else { return Ok(None) };
+    if !needs.is_empty() {
+        pl.check_tools(needs)
+            .context("before any run: the hosts' tools")?;
+    }
+    Ok(Some(pl))
+}
+
 /// A node's address as its files name it (`10-0-0-5-21000`).
 fn tag(addr: SocketAddr) -> String {
     addr.to_string().replace([':', '.'], "-")
@@ -457,7 +614,7 @@ fn cluster_name(dir: &Path) -> String {
 
 /// A network of namespaces for this run, named after this process, on the first of a few
 /// subnets that is free here.
-pub(super) fn make_net(dir: &Path) -> anyhow::Result<Net> {
+pub(crate) fn make_net(dir: &Path) -> anyhow::Result<Net> {
     kvlab_faults::netns::preflight().map_err(anyhow::Error::msg)?;
     let pid = std::process::id();
     let name = format!("kvr{}", pid % 100_000);
