@@ -243,8 +243,9 @@ impl Remote {
     }
 
     /// Starts `argv` in the background on the host, in the run directory, in a session of
-    /// its own (`setsid`), its stdout and stderr in `NAME.log` there and its pid in
-    /// `NAME.pid`; records it, so that [`Remote::stop_all`] (and the fleet's teardown) stops
+    /// its own (`setsid`), its stdout and stderr in `NAME.log` there, its pid in `NAME.pid`
+    /// and its network namespace (`net:[INODE]`, written by the process itself before it
+    /// becomes `argv`, so known however soon it exits) in `NAME.netns`; records it, so that [`Remote::stop_all`] (and the fleet's teardown) stops
     /// it. Returns at once: readiness is the caller's to wait for, over the network.
     pub fn start(&self, name: &str, argv: &[String]) -> Result<Started> {
         let bad = |detail: String| HostError::Config {
@@ -269,7 +270,7 @@ impl Remote {
         let log = format!("{dir}/{name}.log");
         let script = format!(
             "cd {d} || exit 1\n\
-             setsid sh -c 'exec \"$@\"' {name} {argv} </dev/null >{log} 2>&1 &\n\
+             setsid sh -c 'readlink /proc/self/ns/net >\"$0.netns\" 2>/dev/null; exec \"$@\"' {name} {argv} </dev/null >{log} 2>&1 &\n\
              p=$!\n\
              echo \"$p\" > {pidf}\n\
              cat /proc/$p/stat",

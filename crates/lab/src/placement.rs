@@ -398,11 +398,17 @@ impl Placement {
     pub fn start(&self, host: &str, name: &str, argv: &[String]) -> anyhow::Result<Started> {
         let r = self.remote(host)?;
         let p = r.start(name, argv)?;
-        // `net:[INODE]`; a process that already exited has none.
+        // `net:[INODE]`, as the process wrote it before it became `argv` (see
+        // [`Remote::start`]); if it has not yet, as /proc says while it runs.
+        let netns = format!("{}.netns", p.log.strip_suffix(".log").unwrap_or(&p.log));
         let ns = r
             .run(
                 "reading its namespace",
-                &format!("readlink /proc/{}/ns/net || true", p.pid),
+                &format!(
+                    "f={}; if [ -s \"$f\" ]; then cat \"$f\"; else readlink /proc/{}/ns/net || true; fi",
+                    kvlab_hosts::quote(&netns),
+                    p.pid
+                ),
             )
             .ok()
             .and_then(|t| {

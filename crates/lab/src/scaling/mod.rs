@@ -372,6 +372,10 @@ pub struct ScalingResult {
     pub totals: kvlab_bench::stats::Counters,
     /// Keys in the key space.
     pub keys: u64,
+    /// Copies of every key (`replicas`): the store's items are this many per key, while a
+    /// migration counts each key it moves once.
+    #[serde(default = "one_copy")]
+    pub replicas: u32,
     /// What the load generator noted (connection problems, its self-checks).
     #[serde(default)]
     pub notes: Vec<String>,
@@ -455,4 +459,8 @@ mod tests {
             assert!(e.contains(says), "{body}: {e}");
         }
     }
+}
+
+fn one_copy() -> u32 {
+    1
 }

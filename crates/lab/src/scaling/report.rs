@@ -280,7 +280,9 @@ fn events_table(res: &ScalingResult) -> Table {
                 m.map_or("-".into(), |_| {
                     format!(
                         "{:.1}% (expected {:.1}%)",
-                        100.0 * moved as f64 / e.items_before.max(1) as f64,
+                        // Keys moved of the keys held (the items over their copies).
+                        100.0 * moved as f64 * f64::from(res.replicas.max(1))
+                            / e.items_before.max(1) as f64,
                         100.0 * e.expected_fraction
                     )
                 }),
@@ -389,6 +391,28 @@ mod tests {
             qps: 100.0,
             errors,
             ..IntervalPoint::default()
+        }
+    }
+
+    #[test]
+    fn the_share_moved_is_of_the_keys_held_whatever_their_copies() {
+        for (replicas, items_before, share) in [(1, 20_000, "25.0%"), (2, 40_000, "25.0%")] {
+            let res = ScalingResult {
+                replicas,
+                events: vec![EventRecord {
+                    action: "add".into(),
+                    items_before,
+                    expected_fraction: 0.25,
+                    migration: Some(kvlab_cluster::coordinator::MigrationReport {
+                        keys_copied: 5_000,
+                        ..Default::default()
+                    }),
+                    ..EventRecord::default()
+                }],
+                ..ScalingResult::default()
+            };
+            let t = events_table(&res);
+            assert_eq!(t.rows[0].cells[5], format!("{share} (expected 25.0%)"));
         }
     }
 

@@ -66,6 +66,7 @@ pub fn run(
     let mut res = ScalingResult {
         spec_text: text.to_string(),
         name: spec.name.clone(),
+        replicas: spec.replicas,
         ..ScalingResult::default()
     };
     if let Some(pl) = &placement {
