@@ -340,13 +340,14 @@ fn attached_without_the_load_s_figures_the_server_s_windowed_latency_drives_the_
     // Every sample after the first has the server's window (the first has no earlier
     // reading to difference), except one whose `stats` or `stats latency` did not answer
     // within the sensor's 50 ms (a loaded machine): that sample has no window at all. At
-    // most two of those.
+    // most a tenth of them (two when there are fewer than twenty): a CI run with other
+    // test binaries beside this one saw 4 of 49.
     let read: Vec<&serde_json::Value> = all[1..]
         .iter()
         .filter(|s| signal(s, "server_p95_us").is_some())
         .collect();
     assert!(
-        read.len() + 2 >= all.len() - 1,
+        read.len() + ((all.len() - 1) / 10).max(2) >= all.len() - 1,
         "{} of {} samples without the server's window\n{context}",
         all.len() - 1 - read.len(),
         all.len() - 1
