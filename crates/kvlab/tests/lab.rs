@@ -1000,20 +1000,14 @@ bench_duration = 0.0
     }
 }
 
-/// The storage ring's scale part with its nodes on two namespace hosts, its topology in an
-/// etcd the lab starts here (a local host at the bridge's address, where the hosts reach
-/// this machine): a node added on a host, one removed and stopped there, every message read
-/// back after each; the cache part's node on a host too; nothing left anywhere.
-#[test]
-fn a_storage_ring_adds_and_removes_nodes_on_hosts_over_etcd() {
-    use kvlab_testkit::hosts::NetnsHosts;
-    use std::os::unix::fs::MetadataExt;
-    let Some(net) = NetnsHosts::for_test("storage_ring_scales_on_hosts", 2) else {
-        return;
-    };
+/// Two namespace hosts s1, s2 (ssh) and this machine as `lab` (local, at the bridge's
+/// address, where etcd runs for them), with their `[[host]]` table and `[ssh]`; `None`
+/// (the test skipped, saying why) without root or without etcd.
+fn two_hosts_and_etcd_here(test: &str) -> Option<(kvlab_testkit::hosts::NetnsHosts, String)> {
+    let net = kvlab_testkit::hosts::NetnsHosts::for_test(test, 2)?;
     if kvlab_process::which("etcd").is_none() {
         eprintln!("skipped: no etcd (apt-get install etcd-server)");
-        return;
+        return None;
     }
     let scratch = net.scratch();
     let mut table = format!(
@@ -1033,6 +1027,20 @@ fn a_storage_ring_adds_and_removes_nodes_on_hosts_over_etcd() {
         net.bridge(),
         scratch.join("lab").display()
     ));
+    Some((net, table))
+}
+
+/// The storage ring's scale part with its nodes on two namespace hosts, its topology in an
+/// etcd the lab starts here (a local host at the bridge's address, where the hosts reach
+/// this machine): a node added on a host, one removed and stopped there, every message read
+/// back after each; the cache part's node on a host too; nothing left anywhere.
+#[test]
+fn a_storage_ring_adds_and_removes_nodes_on_hosts_over_etcd() {
+    use std::os::unix::fs::MetadataExt;
+    let Some((net, table)) = two_hosts_and_etcd_here("storage_ring_scales_on_hosts") else {
+        return;
+    };
+    let scratch = net.scratch();
     let file = scratch.join("ring-scale.toml");
     std::fs::write(
         &file,
@@ -1164,33 +1172,11 @@ repetitions = 1
 /// and nothing is left on the hosts afterwards.
 #[test]
 fn a_scaling_experiment_adds_removes_and_kills_nodes_on_hosts() {
-    use kvlab_testkit::hosts::NetnsHosts;
     use std::os::unix::fs::MetadataExt;
-    let Some(net) = NetnsHosts::for_test("scaling_on_hosts", 2) else {
+    let Some((net, table)) = two_hosts_and_etcd_here("scaling_on_hosts") else {
         return;
     };
-    if kvlab_process::which("etcd").is_none() {
-        eprintln!("skipped: no etcd (apt-get install etcd-server)");
-        return;
-    }
     let scratch = net.scratch();
-    let mut table = format!(
-        "[ssh]\nidentity = {:?}\nknown_hosts = {:?}\nconnect_timeout = 3\n",
-        net.identity().display().to_string(),
-        net.known_hosts().display().to_string()
-    );
-    for (i, name) in ["s1", "s2"].iter().enumerate() {
-        table.push_str(&format!(
-            "[[host]]\nname = \"{name}\"\nssh = \"{}\"\ndir = \"{}\"\n",
-            net.ssh_target(i),
-            scratch.join(name).display()
-        ));
-    }
-    table.push_str(&format!(
-        "[[host]]\nname = \"lab\"\nlocal = true\naddress = \"{}\"\ndir = \"{}\"\n",
-        net.bridge(),
-        scratch.join("lab").display()
-    ));
     let file = scratch.join("scale-hosts.toml");
     std::fs::write(
         &file,

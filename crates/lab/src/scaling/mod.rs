@@ -400,6 +400,10 @@ pub fn analyse_dir(dir: &Path) -> anyhow::Result<(String, PathBuf)> {
     write(dir, &res)
 }
 
+fn one_copy() -> u32 {
+    1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -459,8 +463,4 @@ mod tests {
             assert!(e.contains(says), "{body}: {e}");
         }
     }
-}
-
-fn one_copy() -> u32 {
-    1
 }
