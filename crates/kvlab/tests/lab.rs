@@ -1030,6 +1030,24 @@ fn two_hosts_and_etcd_here(test: &str) -> Option<(kvlab_testkit::hosts::NetnsHos
     Some((net, table))
 }
 
+/// No process or port but sshd's on either of `two_hosts_and_etcd_here`'s hosts, and the
+/// etcd the run started here (`etcd`: its record, with its pid) gone — stopped, it may stay
+/// a zombie until this machine's init reaps it.
+fn nothing_left_and_etcd_gone(net: &kvlab_testkit::hosts::NetnsHosts, etcd: &serde_json::Value) {
+    for i in 0..2 {
+        net.wait_quiet(i, std::time::Duration::from_secs(10))
+            .unwrap_or_else(|left| panic!("left on host {}: {left:?}", i + 1));
+        assert_eq!(net.listening(i), vec![22], "host {} still listens", i + 1);
+    }
+    let pid = etcd["pid"].as_u64().unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
+    assert!(
+        !stat.contains("(etcd)") || state == Some("Z"),
+        "etcd (pid {pid}) still runs: {stat}"
+    );
+}
+
 /// The storage ring's scale part with its nodes on two namespace hosts, its topology in an
 /// etcd the lab starts here (a local host at the bridge's address, where the hosts reach
 /// this machine): a node added on a host, one removed and stopped there, every message read
@@ -1142,19 +1160,7 @@ repetitions = 1
     }
     // Nothing left: no process or port but sshd's on either host, etcd gone here, the
     // nodes' data and etcd's removed.
-    for i in 0..2 {
-        net.wait_quiet(i, std::time::Duration::from_secs(10))
-            .unwrap_or_else(|left| panic!("left on host {}: {left:?}", i + 1));
-        assert_eq!(net.listening(i), vec![22], "host {} still listens", i + 1);
-    }
-    // (Stopped, it may stay a zombie until this machine's init reaps it.)
-    let pid = etcd["pid"].as_u64().unwrap();
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
-    assert!(
-        !stat.contains("(etcd)") || state == Some("Z"),
-        "etcd (pid {pid}) still runs: {stat}"
-    );
+    nothing_left_and_etcd_gone(&net, &etcd);
     for dir in [
         "s1/runs/results/scale/data",
         "s2/runs/results/scale/data",
@@ -1275,18 +1281,7 @@ node = 1
     }
     // Nothing left: no process or port but sshd's on either host, etcd gone here, its data
     // removed.
-    for i in 0..2 {
-        net.wait_quiet(i, std::time::Duration::from_secs(10))
-            .unwrap_or_else(|left| panic!("left on host {}: {left:?}", i + 1));
-        assert_eq!(net.listening(i), vec![22], "host {} still listens", i + 1);
-    }
-    let pid = etcd["pid"].as_u64().unwrap();
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
-    assert!(
-        !stat.contains("(etcd)") || state == Some("Z"),
-        "etcd (pid {pid}) still runs: {stat}"
-    );
+    nothing_left_and_etcd_gone(&net, &etcd);
     assert!(
         !scratch.join("lab/runs/results/etcd").exists(),
         "etcd's data is left"
