@@ -1039,7 +1039,7 @@ fn nothing_left_and_etcd_gone(net: &kvlab_testkit::hosts::NetnsHosts, etcd: &ser
             .unwrap_or_else(|left| panic!("left on host {}: {left:?}", i + 1));
         assert_eq!(net.listening(i), vec![22], "host {} still listens", i + 1);
     }
-    let pid = etcd["pid"].as_u64().unwrap();
+    let pid = etcd["pid"].as_u64().expect("etcd's pid in the result");
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let state = stat.rsplit_once(") ").map(|(_, rest)| &rest[..1]);
     assert!(
@@ -1160,7 +1160,7 @@ repetitions = 1
     }
     // Nothing left: no process or port but sshd's on either host, etcd gone here, the
     // nodes' data and etcd's removed.
-    nothing_left_and_etcd_gone(&net, &etcd);
+    nothing_left_and_etcd_gone(&net, etcd);
     for dir in [
         "s1/runs/results/scale/data",
         "s2/runs/results/scale/data",
@@ -1281,7 +1281,7 @@ node = 1
     }
     // Nothing left: no process or port but sshd's on either host, etcd gone here, its data
     // removed.
-    nothing_left_and_etcd_gone(&net, &etcd);
+    nothing_left_and_etcd_gone(&net, etcd);
     assert!(
         !scratch.join("lab/runs/results/etcd").exists(),
         "etcd's data is left"
