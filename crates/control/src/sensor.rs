@@ -3,7 +3,8 @@
 //! - the server's CPU: `utime + stime` of `/proc/PID/stat` (all its threads), as cores busy
 //!   over the last sample;
 //! - its request rate and connections from `stats` (`cmd_get + cmd_set`, `curr_connections`:
-//!   kvlab's server and memcached alike), when its address is known;
+//!   kvlab's server and memcached alike), when its address is known — asked over one kept
+//!   connection, `stats latency` in the same round trip, within 50 ms or not at all;
 //! - from a kvlab server also `stats latency`, whose cumulative histograms differenced
 //!   over the sample ([`crate::window`]) give the server's own p95 (service time plus the
 //!   wait for an event loop) and the connections queued for its loops. A server that
@@ -37,7 +38,7 @@ use crate::window::{Cumulative, Differ};
 /// An interval that ended longer ago than this (ms) is not used.
 pub const STALE_MS: u64 = 2_000;
 
-/// How long one `stats` may take before the sample goes without it.
+/// How long one `stats` read may take before the sample goes without the server's figures.
 const STATS_TIMEOUT: Duration = Duration::from_millis(50);
 
 /// Reads a growing file of JSON lines (a `kvlab bench --live` file).
@@ -90,7 +91,8 @@ impl LiveFile {
 #[derive(Debug)]
 pub struct ServerSensor {
     pid: u32,
-    stats: Option<SocketAddr>,
+    /// The server's `stats`, over one kept connection.
+    stats: Option<kvlab_process::StatsConn>,
     live: Option<LiveFile>,
     /// The load's p95 is over its intervals of this many ms (0: the newest one's).
     window_ms: u64,
@@ -156,7 +158,7 @@ impl ServerSensor {
     ) -> ServerSensor {
         ServerSensor {
             pid,
-            stats,
+            stats: stats.map(|a| kvlab_process::StatsConn::new(a, STATS_TIMEOUT)),
             live: live.map(LiveFile::new),
             window_ms: window.as_millis() as u64,
             recent: VecDeque::new(),
@@ -275,26 +277,30 @@ impl Sensor for ServerSensor {
                 s.idle_cores = rate(&mut self.last_idle, t, idle).map(|r| r / self.ticks_per_s);
             }
         }
-        if let Some(addr) = self.stats {
-            if let Ok(st) = kvlab_process::stats(addr, None, STATS_TIMEOUT) {
-                let get = |k: &str| {
-                    st.iter()
-                        .find(|(n, _)| n == k)
-                        .and_then(|(_, v)| v.parse::<u64>().ok())
-                };
-                s.conns = get("curr_connections");
-                if let (Some(g), Some(w)) = (get("cmd_get"), get("cmd_set")) {
-                    s.qps = rate(&mut self.last_requests, t, g + w);
-                }
-                if self.latency.supported != Some(false) {
-                    match kvlab_process::stats(addr, Some("latency"), STATS_TIMEOUT) {
-                        Ok(lines) => self.latency.read(t, &lines, &mut s),
-                        // Not a timeout: the server does not know the group.
-                        Err(e) if e.kind() == std::io::ErrorKind::Other => {
-                            self.latency.supported = Some(false);
-                        }
-                        Err(_) => {}
+        if let Some(conn) = &mut self.stats {
+            // `stats` and `stats latency` in one round trip; both or neither.
+            let groups: &[Option<&str>] = match self.latency.supported {
+                Some(false) => &[None],
+                _ => &[None, Some("latency")],
+            };
+            if let Ok(answers) = conn.ask(groups) {
+                let mut answers = answers.into_iter();
+                if let Some(Ok(st)) = answers.next() {
+                    let get = |k: &str| {
+                        st.iter()
+                            .find(|(n, _)| n == k)
+                            .and_then(|(_, v)| v.parse::<u64>().ok())
+                    };
+                    s.conns = get("curr_connections");
+                    if let (Some(g), Some(w)) = (get("cmd_get"), get("cmd_set")) {
+                        s.qps = rate(&mut self.last_requests, t, g + w);
                     }
+                }
+                match answers.next() {
+                    Some(Ok(lines)) => self.latency.read(t, &lines, &mut s),
+                    // The server does not know the group (memcached: `ERROR`).
+                    Some(Err(_)) => self.latency.supported = Some(false),
+                    None => {}
                 }
             }
         }

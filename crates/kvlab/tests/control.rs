@@ -337,22 +337,23 @@ fn attached_without_the_load_s_figures_the_server_s_windowed_latency_drives_the_
     assert!(idle_before >= 8, "{context}");
     let all = samples(&log);
     let signal = |s: &serde_json::Value, k: &str| s["signal"][k].as_f64();
-    // Every sample after the first has the server's window (the first has no earlier
-    // reading to difference), except one whose `stats` or `stats latency` did not answer
-    // within the sensor's 50 ms (a loaded machine): that sample has no window at all. At
-    // most a tenth of them (two when there are fewer than twenty): a CI run with other
-    // test binaries beside this one saw 4 of 49.
-    let read: Vec<&serde_json::Value> = all[1..]
+    // `stats` and `stats latency` are asked in one round trip: every sample whose `stats`
+    // answered carries the server's window too, but for the first answered (no earlier
+    // reading to difference). A sample whose answer came later than the sensor's 50 ms has
+    // neither (a loaded machine: a CI run with other test binaries beside this one saw 18 of
+    // 84): at least half of them answered.
+    let answered: Vec<&serde_json::Value> = all
         .iter()
-        .filter(|s| signal(s, "server_p95_us").is_some())
+        .filter(|s| signal(s, "conns").is_some())
         .collect();
     assert!(
-        read.len() + ((all.len() - 1) / 10).max(2) >= all.len() - 1,
-        "{} of {} samples without the server's window\n{context}",
-        all.len() - 1 - read.len(),
-        all.len() - 1
+        answered.len() * 2 >= all.len(),
+        "{} of {} samples without the server's stats\n{context}",
+        all.len() - answered.len(),
+        all.len()
     );
-    for s in &read {
+    for s in &answered[1..] {
+        assert!(signal(s, "server_p95_us").is_some(), "{s}");
         assert!(signal(s, "queued").is_some(), "{s}");
     }
     // Idle windows: nothing served (the controller's own `stats` are not timed).
@@ -372,10 +373,10 @@ fn attached_without_the_load_s_figures_the_server_s_windowed_latency_drives_the_
         "{} loaded samples\n{context}",
         loaded.len()
     );
-    // Each has a positive p95, but for at most two: the sample's rate comes from its
-    // `stats` and its window from its `stats latency`, two reads that a loaded machine may
-    // set far enough apart for a burst of the load to fall between one pair and not the
-    // other (seen once: 4,639 req/s with an empty window, in a CI run beside a build).
+    // Each has a positive p95, but for at most two (the rate is the requests counted between
+    // two `stats`, the window the requests timed between the two `stats latency` just after
+    // them: a burst's last requests may fall between; seen once, when the two were asked on
+    // two connections: 4,639 req/s with an empty window, in a CI run beside a build).
     let empty: Vec<&&serde_json::Value> = loaded
         .iter()
         .filter(|s| signal(s, "server_p95_us").is_none_or(|p| p <= 0.0))
@@ -404,7 +405,9 @@ fn attached_without_the_load_s_figures_the_server_s_windowed_latency_drives_the_
 /// `control-workflow`, shrunk): one seed, one trace interval, the static split that leaves
 /// the jobs no core (the trace alone), the same with idle jobs, and reactive with idle jobs,
 /// on kvlab's server; every run is stored without error, the idle ones' job ends, and the
-/// report is written.
+/// report is written. Idle jobs run at `SCHED_IDLE`: beside other busy tests they get little
+/// CPU (a CI run saw its 0.3 core-s job unfinished after 20 s), so the job is small and the
+/// grace long (a run ends when its jobs do).
 #[test]
 fn a_tiny_control_workflow_runs_every_policy_and_writes_its_report() {
     if !two_cpus() {
@@ -413,7 +416,7 @@ fn a_tiny_control_workflow_runs_every_policy_and_writes_its_report() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("jobs.toml"),
-        "[[job]]\nname = \"sort\"\ncommand = \"seq 1 200000 | sort -rn > {work}/sorted\"\n\
+        "[[job]]\nname = \"sort\"\ncommand = \"seq 1 50000 | sort -rn > {work}/sorted\"\n\
          cores = [1, 2]\n",
     )
     .unwrap();
@@ -428,7 +431,7 @@ qps_min = 500
 qps_max = 2000
 qps_intervals = [1]
 duration = 3
-grace = 20
+grace = 60
 slo_p95_us = 100000
 cpus = "0-1"
 generator_cpus = "1"

@@ -16,7 +16,8 @@
 //! before the child binds it, and then the probe fails with a clear error.
 //!
 //! [`stats`] asks a running server for its `stats` (e.g. `threads`), the same for kvlab
-//! and memcached. [`Etcd`] starts Debian's etcd this way (the lab's cluster experiments
+//! and memcached; [`StatsConn`] keeps one connection to ask them every sample. [`Etcd`]
+//! starts Debian's etcd this way (the lab's cluster experiments
 //! keep their topology in one).
 
 #![deny(missing_docs)]
@@ -442,16 +443,34 @@ pub fn stats(
     timeout: Duration,
 ) -> io::Result<Vec<(String, String)>> {
     let mut s = connect(addr, timeout)?;
-    match arg {
-        Some(a) => s.write_all(format!("stats {a}\r\n").as_bytes())?,
-        None => s.write_all(b"stats\r\n")?,
-    }
-    let mut r = BufReader::new(s);
-    let mut out = Vec::new();
+    let mut request = String::new();
+    push_request(&mut request, arg);
+    s.write_all(request.as_bytes())?;
     let mut line = String::new();
+    read_stats(&mut BufReader::new(s), &mut line)?
+        .map_err(|l| io::Error::other(format!("unexpected reply: {l:?}")))
+}
+
+/// Appends `stats` (or `stats ARG`) and its line end to `into`.
+fn push_request(into: &mut String, arg: Option<&str>) {
+    into.push_str("stats");
+    if let Some(a) = arg {
+        into.push(' ');
+        into.push_str(a);
+    }
+    into.push_str("\r\n");
+}
+
+/// One `stats` answer: its `STAT name value` pairs up to `END`, or the server's one-line
+/// refusal (`ERROR`: memcached asked for a group it does not know).
+fn read_stats(
+    r: &mut BufReader<TcpStream>,
+    line: &mut String,
+) -> io::Result<Result<Vec<(String, String)>, String>> {
+    let mut out = Vec::new();
     loop {
         line.clear();
-        if r.read_line(&mut line)? == 0 {
+        if r.read_line(line)? == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
                 "connection closed before END",
@@ -459,12 +478,81 @@ pub fn stats(
         }
         let l = line.trim_end();
         if l == "END" {
-            return Ok(out);
+            return Ok(Ok(out));
         }
         match l.strip_prefix("STAT ").and_then(|kv| kv.split_once(' ')) {
             Some((k, v)) => out.push((k.to_string(), v.to_string())),
+            None if out.is_empty() => return Ok(Err(l.to_string())),
             None => return Err(io::Error::other(format!("unexpected reply: {l:?}"))),
         }
+    }
+}
+
+/// A kept connection to ask a server's `stats` again and again (a sampler's every 100 ms):
+/// the groups asked together in one write and answered in one round trip, no connection
+/// opened per sample (the server being watched accepts nothing new for it). A failed ask
+/// (a timeout, a closed connection) drops the connection, since a late answer would be read
+/// as the next one's; the next ask connects again.
+#[derive(Debug)]
+pub struct StatsConn {
+    addr: SocketAddr,
+    timeout: Duration,
+    conn: Option<BufReader<TcpStream>>,
+    request: String,
+    line: String,
+}
+
+impl StatsConn {
+    /// Asks at `addr`, each connect, write and read bounded by `timeout`.
+    pub fn new(addr: SocketAddr, timeout: Duration) -> StatsConn {
+        StatsConn {
+            addr,
+            timeout,
+            conn: None,
+            request: String::new(),
+            line: String::new(),
+        }
+    }
+
+    /// The address asked.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Asks each of `groups` (`None`: plain `stats`; `Some("latency")`: `stats latency`) and
+    /// returns their answers in order: the pairs, or the server's refusal line.
+    #[allow(clippy::type_complexity)] // an answer per group: its pairs or the refusal
+    pub fn ask(
+        &mut self,
+        groups: &[Option<&str>],
+    ) -> io::Result<Vec<Result<Vec<(String, String)>, String>>> {
+        let answers = self.ask_on(groups);
+        if answers.is_err() {
+            self.conn = None;
+        }
+        answers
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn ask_on(
+        &mut self,
+        groups: &[Option<&str>],
+    ) -> io::Result<Vec<Result<Vec<(String, String)>, String>>> {
+        let r = match &mut self.conn {
+            Some(r) => r,
+            None => self
+                .conn
+                .insert(BufReader::new(connect(self.addr, self.timeout)?)),
+        };
+        self.request.clear();
+        for g in groups {
+            push_request(&mut self.request, *g);
+        }
+        r.get_mut().write_all(self.request.as_bytes())?;
+        groups
+            .iter()
+            .map(|_| read_stats(r, &mut self.line))
+            .collect()
     }
 }
 
@@ -604,6 +692,49 @@ mod tests {
         let st = stats(addr, None, d).unwrap();
         assert_eq!(st[0], ("threads".into(), "3".into()));
         t.join().unwrap();
+    }
+
+    /// Against memcached (CI installs it): `stats` and a group it does not know asked
+    /// together, many times over one connection (its `total_connections` does not grow);
+    /// the refusal is that group's answer and the connection stays in step; after the
+    /// server is gone an ask fails, and a new server at the address is asked again.
+    #[test]
+    fn a_kept_stats_connection_asks_memcached_again_and_again() {
+        if which("memcached").is_none() {
+            eprintln!("memcached is not installed: skipped");
+            return;
+        }
+        let port = free_port().unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let start = || {
+            Spawn::new("memcached")
+                .args(["-u", "root", "-l", "127.0.0.1", "-U", "0", "-p"])
+                .arg(port.to_string())
+                .ready(Probe::Version(addr))
+                .start()
+                .unwrap()
+        };
+        let server = start();
+        let mut conn = StatsConn::new(addr, Duration::from_secs(5));
+        let total = |a: &[(String, String)]| {
+            a.iter()
+                .find(|(k, _)| k == "total_connections")
+                .map(|(_, v)| v.parse::<u64>().unwrap())
+                .unwrap()
+        };
+        let mut seen = Vec::new();
+        for _ in 0..20 {
+            let answers = conn.ask(&[None, Some("latency"), None]).unwrap();
+            assert_eq!(answers.len(), 3);
+            assert_eq!(answers[1], Err("ERROR".to_string()));
+            seen.push(total(answers[0].as_ref().unwrap()));
+            assert_eq!(total(answers[2].as_ref().unwrap()), seen[seen.len() - 1]);
+        }
+        assert!(seen.iter().all(|&n| n == seen[0]), "{seen:?}");
+        drop(server);
+        assert!(conn.ask(&[None]).is_err());
+        let _again = start();
+        assert!(conn.ask(&[None]).unwrap()[0].is_ok());
     }
 
     #[test]
