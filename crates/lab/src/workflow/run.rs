@@ -686,19 +686,6 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
         _ => (load_here(ctx, &inst, run, &live, &rdir)?, Vec::new()),
     };
     let before = ctx.placement.map(|pl| pl.read(&procs));
-    // The controller starts with the trace (after the load phase fills the cache).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while std::fs::metadata(&live).map_or(true, |m| m.len() == 0) {
-        if Instant::now() > deadline || stop() || load.ended() {
-            load.end()?;
-            bail!(
-                "the load wrote no interval within 120 s or ended (see {}/bench.log, or the \
-                 agents' logs)",
-                rdir.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
     let (policy, idle_jobs) = (p.policy, p.idle_jobs);
     let there = there_for(ctx.there, p.sys);
     let methods = (
@@ -735,14 +722,35 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
         calibration: p.calibration.clone(),
         baseline: None,
     };
-    let outcome = match (there, ctx.placement) {
-        (Some(t), Some(pl)) => {
-            t.control(run.index, &options, methods, stop)
-                .map(|(outcome, controller)| {
-                    run.placed.push(pl.described(&controller));
-                    outcome
-                })
+    // A controller on a host is started now, to become `kvlab control` at the first row.
+    let running = match (there, ctx.placement) {
+        (Some(t), Some(_)) => match t.start_control(run.index, &options, methods) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                load.end()?;
+                return Err(e);
+            }
+        },
+        _ => None,
+    };
+    // The controller starts with the trace (after the load phase fills the cache).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while std::fs::metadata(&live).map_or(true, |m| m.len() == 0) {
+        if Instant::now() > deadline || stop() || load.ended() {
+            load.end()?;
+            bail!(
+                "the load wrote no interval within 120 s or ended (see {}/bench.log, or the \
+                 agents' logs)",
+                rdir.display()
+            );
         }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let outcome = match (running, ctx.placement) {
+        (Some(r), Some(pl)) => r.finish(&options, stop).map(|(outcome, controller)| {
+            run.placed.push(pl.described(&controller));
+            outcome
+        }),
         _ => app::control(&options, stop).map_err(Into::into),
     };
     let ended = load.end();
@@ -750,10 +758,13 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
         run.hosts = host_cpu(before, &pl.read(&procs), &procs);
     }
     inst.stop();
-    let outcome = outcome?;
+    let mut outcome = outcome?;
     ended.context("the load")?;
     let events = read_log(&options.log)?;
     let rows = LiveFile::new(live).poll();
+    if there.is_some() {
+        outcome.summary = super::there::summary_here(&events, &rows, spec.slo());
+    }
     let (from, to) = summary::job_span(&events);
     (run.slo_windows, run.slo_window_violations) =
         summary::windows(&rows, from, to, spec.window_ms(), spec.slo()).unwrap_or((0, 0));

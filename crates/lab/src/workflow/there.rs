@@ -2,13 +2,15 @@
 //! lab hands `kvlab control` there what it would run here, as flags — the job file (written
 //! once, its inputs made once), the calibration (`--calibrate-only`), the jobs alone on one
 //! core (`--speedup`), and each run (the policy's own flags, `--pid` of the server placed
-//! there) — streams the load's rows, which the lab writes, into the file the controller
-//! reads, and brings the control log and the outcome back. The controller reads its times
+//! there; started while the load begins, it becomes the controller at the load's first row)
+//! — streams the load's rows, which the lab writes, into the file the controller reads, and
+//! brings the control log and the outcome back; the run's figures are counted from the lab's
+//! own rows. The controller reads its times
 //! in the lab's clock (`--clock-offset-us`, the host's offset measured when it connected),
 //! so that its events and the load's rows line up as they do here.
 
 use std::io::Read;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -197,18 +199,18 @@ impl There {
         self.fetch_json("jobs-alone.json", local)
     }
 
-    /// One run's controller on the host: `o` as `kvlab control` flags (`o.log` and the
-    /// outcome brought back beside `o.log` here), the load's rows from `o.live` (a file here
-    /// the load writes) streamed to it while it runs; `methods` how CPUs move and jobs
-    /// pause. Also the controller's process (ended by the time this returns). A stop ends
-    /// it as a signal ends `kvlab control`: the jobs stopped, the outcome written.
-    pub(super) fn control(
+    /// Starts one run's controller on the host: `o` as `kvlab control` flags, `methods` how
+    /// CPUs move and jobs pause, the load's rows from `o.live` (a file here the load writes)
+    /// streamed to it. Started before the load's first row — its directory, job file, stream
+    /// and process made over ssh while the load begins — it becomes `kvlab control` once the
+    /// first row is there, as a controller here starts with the trace. [`Running::finish`]
+    /// waits for it; dropped unfinished (the load wrote nothing), it is stopped.
+    pub(super) fn start_control(
         &self,
         index: usize,
         o: &app::Options,
         methods: (&str, &str),
-        stop: &dyn Fn() -> bool,
-    ) -> anyhow::Result<(Outcome, Started)> {
+    ) -> anyhow::Result<Running<'_>> {
         let rdir = self.path(&format!("runs/{index:04}"));
         self.pl.run(
             &self.host,
@@ -224,7 +226,13 @@ impl There {
             }
         }
         let live = format!("{rdir}/live.jsonl");
+        // `sh -c SCRIPT sh LIVE KVLAB ARGS…`: waits for the first row, then is the controller.
         let mut argv = vec![
+            "sh".into(),
+            "-c".into(),
+            "f=$1; shift; until [ -s \"$f\" ]; do sleep 0.01; done; exec \"$@\"".into(),
+            "sh".into(),
+            live.clone(),
             self.kvlab.clone(),
             "control".into(),
             "--pid".into(),
@@ -285,34 +293,17 @@ impl There {
                 .context("starting the rows' stream")?
         };
         let name = format!("control-{index:04}");
-        let started = self.pl.start(&self.host, &name, &argv);
-        let waited = started
-            .as_ref()
-            .map_err(|e| anyhow::anyhow!("{e:#}"))
-            .and_then(|p| self.wait(p, o.max + Duration::from_secs(60), stop));
-        done.store(true, Ordering::Relaxed);
-        let forwarded = forward
-            .join()
-            .unwrap_or_else(|_| Err(anyhow::anyhow!("the rows' stream panicked")));
-        let started = started?;
-        let here = o.log.with_file_name(format!("{name}.log"));
-        self.pl.stop(&started, &here);
-        waited?;
-        forwarded.with_context(|| format!("streaming the load's rows to host {}", self.host))?;
-        remote.fetch(&format!("{rdir}/control.jsonl"), &o.log)?;
-        let summary = o.log.with_file_name("outcome.json");
-        let mut outcome: Outcome = self
-            .fetch_json(&format!("runs/{index:04}/outcome.json"), &summary)
-            .with_context(|| {
-                format!(
-                    "the controller on host {} wrote no outcome (its output: {})",
-                    self.host,
-                    here.display()
-                )
-            })?;
-        outcome.capacity = app::capacity_used(&o.policy, o.calibration.as_ref());
-        outcome.calibration = o.calibration.clone();
-        Ok((outcome, started))
+        let mut running = Running {
+            there: self,
+            index,
+            name,
+            here: o.log.clone(),
+            started: None,
+            forward: Some((forward, done)),
+        };
+        running.here.set_file_name(format!("{}.log", running.name));
+        running.started = Some(self.pl.start(&self.host, &running.name, &argv)?);
+        Ok(running)
     }
 
     /// Waits until `p` has ended (stopping it at `stop()` or after `limit`); a lost host is
@@ -334,6 +325,99 @@ impl There {
             std::thread::sleep(POLL);
         }
     }
+}
+
+/// A controller started on its host ([`There::start_control`]).
+pub(super) struct Running<'a> {
+    there: &'a There,
+    index: usize,
+    name: String,
+    /// Where its output goes here.
+    here: PathBuf,
+    started: Option<Started>,
+    /// The rows' stream and the flag that ends it.
+    forward: Option<(std::thread::JoinHandle<anyhow::Result<()>>, Arc<AtomicBool>)>,
+}
+
+impl Running<'_> {
+    /// Waits for the controller to end (at most `o.max` and a minute; a stop ends it as a
+    /// signal ends `kvlab control`: the jobs stopped, the outcome written), then brings its
+    /// log (to `o.log`) and its outcome back. Also the controller's process.
+    pub(super) fn finish(
+        mut self,
+        o: &app::Options,
+        stop: &dyn Fn() -> bool,
+    ) -> anyhow::Result<(Outcome, Started)> {
+        let t = self.there;
+        let started = self
+            .started
+            .take()
+            .context("the controller was not started")?;
+        let waited = t.wait(&started, o.max + Duration::from_secs(60), stop);
+        let forwarded = self.end_stream();
+        t.pl.stop(&started, &self.here);
+        waited?;
+        forwarded.with_context(|| format!("streaming the load's rows to host {}", t.host))?;
+        let rdir = format!("runs/{:04}", self.index);
+        let remote = t.pl.remote(&t.host)?;
+        remote.fetch(&t.path(&format!("{rdir}/control.jsonl")), &o.log)?;
+        let summary = o.log.with_file_name("outcome.json");
+        let mut outcome: Outcome = t
+            .fetch_json(&format!("{rdir}/outcome.json"), &summary)
+            .with_context(|| {
+                format!(
+                    "the controller on host {} wrote no outcome (its output: {})",
+                    t.host,
+                    self.here.display()
+                )
+            })?;
+        outcome.capacity = app::capacity_used(&o.policy, o.calibration.as_ref());
+        outcome.calibration = o.calibration.clone();
+        Ok((outcome, started))
+    }
+
+    /// Ends the rows' stream (what is left sent first).
+    fn end_stream(&mut self) -> anyhow::Result<()> {
+        let Some((thread, done)) = self.forward.take() else {
+            return Ok(());
+        };
+        done.store(true, Ordering::Relaxed);
+        thread
+            .join()
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the rows' stream panicked")))
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.started.take() {
+            self.there.pl.stop(&p, &self.here);
+        }
+        if let Err(e) = self.end_stream() {
+            eprintln!("note: the rows' stream to host {}: {e:#}", self.there.host);
+        }
+    }
+}
+
+/// A remote controller's figures counted again here, from its log (brought back) and the
+/// lab's own rows of the load: the rows streamed to the host can lag the load (a loaded
+/// machine, a slow ssh), and a controller that ends when its jobs do may have counted too few
+/// of them; the lab's are whole. As `kvlab control` counts them: the segments over the jobs'
+/// span, or, when no job ran or one had not ended, the rows up to the controller's last
+/// event (it saw no later ones).
+pub(super) fn summary_here(
+    events: &[kvlab_control::event::Event],
+    rows: &[kvlab_bench::run::IntervalRow],
+    slo_p95_us: f64,
+) -> kvlab_control::summary::RunSummary {
+    use kvlab_control::summary::{job_span, summarise};
+    let end = match job_span(events) {
+        (_, u64::MAX) => events.iter().map(|e| e.unix_ms).max().unwrap_or(u64::MAX),
+        _ => u64::MAX,
+    };
+    let seen: Vec<kvlab_bench::run::IntervalRow> =
+        rows.iter().filter(|r| r.ts_end <= end).cloned().collect();
+    summarise(events, &seen, slo_p95_us)
 }
 
 /// The programs `jobs` run (their commands' and `prepare`'s): of each part of a command
@@ -396,6 +480,78 @@ mod tests {
     #![allow(clippy::unwrap_used)] // tests: a failed unwrap is a failed test
 
     use super::*;
+
+    /// The load as `kvlab bench --live` writes it, from t = 100 s: 1 s trace segments (steps
+    /// 0..6) in 100 ms rows of 100 requests at 200 µs.
+    fn load_rows() -> Vec<kvlab_bench::run::IntervalRow> {
+        let mut h = kvlab_measure::new_histogram();
+        for _ in 0..100 {
+            kvlab_measure::record(&mut h, 200_000);
+        }
+        let hist = kvlab_measure::EncodedHistogram::encode(&h).unwrap();
+        (0..60u64)
+            .map(|i| {
+                let mut r = kvlab_bench::run::IntervalRow {
+                    ts_start: 100_000 + i * 100,
+                    ts_end: 100_100 + i * 100,
+                    warmup: false,
+                    step: (i / 10) as usize,
+                    target_qps: Some(1000.0),
+                    achieved_qps: 1000.0,
+                    counters: Default::default(),
+                    latency: Default::default(),
+                    latency_send: Default::default(),
+                    latency_hist: Some(hist.clone()),
+                };
+                r.counters.completed = 100;
+                r
+            })
+            .collect()
+    }
+
+    fn events(log: &str) -> Vec<kvlab_control::event::Event> {
+        log.lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_remote_controller_s_figures_are_counted_from_the_lab_s_rows() {
+        use kvlab_control::summary::summarise;
+        let rows = load_rows();
+        let steps = |s: &kvlab_control::summary::RunSummary| -> Vec<usize> {
+            s.segments.iter().map(|g| g.step).collect()
+        };
+        // The job ran from 102.5 s to 103.5 s: segments 2 and 3, whole in the lab's rows.
+        // The host had been streamed rows up to 102.2 s when its controller ended (a lagging
+        // stream): segment 2 unfinished there, it counted none (no baseline could follow).
+        let job = events(
+            r#"{"t_s":0.0,"unix_ms":100000,"event":"sample","cores":2,"running":0,"paused":0}
+{"t_s":2.5,"unix_ms":102500,"event":"start","job":"a","cores":1,"pid":7,"reason":"1 core(s) free"}
+{"t_s":3.5,"unix_ms":103500,"event":"end","job":"a","exit":0,"runtime_s":1.0,"paused_s":0.0,"pauses":0}
+{"t_s":3.6,"unix_ms":103600,"event":"stop","why":"every job ended"}"#,
+        );
+        let lagged: Vec<_> = rows
+            .iter()
+            .filter(|r| r.ts_end <= 102_200)
+            .cloned()
+            .collect();
+        let there = summarise(&job, &lagged, 1000.0);
+        assert!(steps(&there).is_empty());
+        let here = summary_here(&job, &rows, 1000.0);
+        assert_eq!(steps(&here), [2, 3]);
+        assert_eq!(here.segments[0].requests, 1000);
+        assert_eq!(here.jobs.len(), 1);
+        // No job (a baseline): the rows up to the controller's last event, 104 s, and no
+        // later one the load wrote before the lab stopped it.
+        let none = events(
+            r#"{"t_s":0.0,"unix_ms":100000,"event":"sample","cores":2,"running":0,"paused":0}
+{"t_s":4.0,"unix_ms":104000,"event":"stop","why":"time limit (4 s)"}"#,
+        );
+        let here = summary_here(&none, &rows, 1000.0);
+        assert_eq!(steps(&here), [0, 1, 2, 3]);
+        assert_eq!(here.intervals, 40);
+    }
 
     #[test]
     fn the_programs_of_a_job_file_are_its_commands_first_words() {
