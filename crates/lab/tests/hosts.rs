@@ -472,14 +472,48 @@ fn the_controller_and_its_jobs_run_on_the_server_s_ssh_host() {
     assert!(done.dir.join("calibration-kvlab.json").exists());
     assert!(done.dir.join("jobs-alone-h1.json").exists());
     assert!(!done.dir.join("jobs-alone.json").exists());
-    let mut runs = Vec::new();
+    let mut runs: Vec<kvlab_lab::workflow::WorkflowRun> = Vec::new();
     for i in 1..=3 {
-        let raw: kvlab_lab::workflow::WorkflowRun = serde_json::from_str(
-            &std::fs::read_to_string(done.dir.join(format!("raw/{i:04}.json"))).unwrap(),
-        )
-        .unwrap();
-        assert!(raw.error.is_none(), "run {i}: {:?}", raw.error);
-        runs.push(raw);
+        let Ok(text) = std::fs::read_to_string(done.dir.join(format!("raw/{i:04}.json"))) else {
+            break;
+        };
+        runs.push(serde_json::from_str(&text).unwrap());
+    }
+    // Where each run's jobs ran against its load's rows (the lab's clock), said before any
+    // assertion.
+    for raw in &runs {
+        let events = kvlab_control::event::read_log(&done.dir.join(&raw.control_log)).unwrap();
+        let rows = kvlab_control::sensor::LiveFile::new(done.dir.join(&raw.live)).poll();
+        let (from, to) = kvlab_control::summary::job_span(&events);
+        let (first, last) = (
+            rows.first().map_or(0, |r| r.ts_start),
+            rows.last().map_or(0, |r| r.ts_end),
+        );
+        let (started, ended) = (
+            events.first().map_or(0, |e| e.unix_ms),
+            events.last().map_or(0, |e| e.unix_ms),
+        );
+        let jobs = match (from, to) {
+            (0, _) => "no job".to_string(),
+            (f, u64::MAX) => format!("jobs from {} ms, not ended", f as i64 - first as i64),
+            (f, t) => format!(
+                "jobs {} to {} ms",
+                f as i64 - first as i64,
+                t as i64 - first as i64
+            ),
+        };
+        eprintln!(
+            "run {} {}: rows {first}..{last}; from the first row: controller {} to {} ms, {jobs}; error {:?}",
+            raw.index,
+            raw.policy,
+            started as i64 - first as i64,
+            ended as i64 - first as i64,
+            raw.error
+        );
+    }
+    assert_eq!(runs.len(), 3, "the runs and their baseline");
+    for (i, raw) in runs.iter().enumerate() {
+        assert!(raw.error.is_none(), "run {}: {:?}", i + 1, raw.error);
     }
     let policies: Vec<&str> = runs.iter().map(|r| r.policy.as_str()).collect();
     assert_eq!(policies, ["static-1", "predictive", "no jobs"]);
@@ -502,6 +536,7 @@ fn the_controller_and_its_jobs_run_on_the_server_s_ssh_host() {
         let events = kvlab_control::event::read_log(&done.dir.join(&raw.control_log)).unwrap();
         let rows = kvlab_control::sensor::LiveFile::new(done.dir.join(&raw.live)).poll();
         let (first, last) = (rows.first().unwrap().ts_start, rows.last().unwrap().ts_end);
+        let (from, to) = kvlab_control::summary::job_span(&events);
         if raw.policy == "no jobs" {
             assert!(outcome.summary.jobs.is_empty());
             assert!(outcome.summary.intervals > 0, "{:?}", outcome.summary);
@@ -511,7 +546,6 @@ fn the_controller_and_its_jobs_run_on_the_server_s_ssh_host() {
         // starts with the load's first row.
         let job = &outcome.summary.jobs[0];
         assert_eq!(job.exit, Some(0), "{job:?}");
-        let (from, to) = kvlab_control::summary::job_span(&events);
         assert!(
             first <= from && from <= to,
             "jobs {from}..{to}, rows {first}..{last}"

@@ -675,17 +675,6 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
         .pid
         .context("the server's pid is not known (an external system?)")?;
     let live = out.join(&run.live);
-    let (mut load, procs) = match ctx.placement {
-        Some(pl) if !spec.agents.is_empty() => {
-            let (load, agents) = load_from_agents(ctx, pl, &inst, run, &live)?;
-            let (mut procs, _) = inst.placed_processes();
-            procs.extend(agents);
-            run.placed = procs.iter().map(|p| pl.described(p)).collect();
-            (load, procs)
-        }
-        _ => (load_here(ctx, &inst, run, &live, &rdir)?, Vec::new()),
-    };
-    let before = ctx.placement.map(|pl| pl.read(&procs));
     let (policy, idle_jobs) = (p.policy, p.idle_jobs);
     let there = there_for(ctx.there, p.sys);
     let methods = (
@@ -722,17 +711,23 @@ fn one_inner(ctx: &Ctx, p: &Point, run: &mut WorkflowRun) -> anyhow::Result<()> 
         calibration: p.calibration.clone(),
         baseline: None,
     };
-    // A controller on a host is started now, to become `kvlab control` at the first row.
+    // A controller on a host is started before the load, to become `kvlab control` at the
+    // load's first row: ready when the trace begins, however long ssh takes.
     let running = match (there, ctx.placement) {
-        (Some(t), Some(_)) => match t.start_control(run.index, &options, methods) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                load.end()?;
-                return Err(e);
-            }
-        },
+        (Some(t), Some(_)) => Some(t.start_control(run.index, &options, methods)?),
         _ => None,
     };
+    let (mut load, procs) = match ctx.placement {
+        Some(pl) if !spec.agents.is_empty() => {
+            let (load, agents) = load_from_agents(ctx, pl, &inst, run, &live)?;
+            let (mut procs, _) = inst.placed_processes();
+            procs.extend(agents);
+            run.placed = procs.iter().map(|p| pl.described(p)).collect();
+            (load, procs)
+        }
+        _ => (load_here(ctx, &inst, run, &live, &rdir)?, Vec::new()),
+    };
+    let before = ctx.placement.map(|pl| pl.read(&procs));
     // The controller starts with the trace (after the load phase fills the cache).
     let deadline = Instant::now() + Duration::from_secs(120);
     while std::fs::metadata(&live).map_or(true, |m| m.len() == 0) {
