@@ -46,7 +46,9 @@ fn run(dir: &Path, seed: u64, args: &[&str]) -> (serde_json::Value, i32) {
 }
 
 /// The run checked a history of at least `min_ops` operations, and checking the recorded
-/// history again finds what the run found.
+/// history again finds what the run found. `min_ops` says the history is not trivial, not
+/// how fast the cluster is: set well below what a run does on a loaded machine (a durable
+/// run with two copies did 781 in a CI run beside other tests).
 fn checked(dir: &Path, seed: u64, summary: &serde_json::Value, min_ops: u64) {
     checked_as(dir, seed, summary, min_ops, "all");
 }
@@ -236,7 +238,7 @@ fn durable_nodes_two_copies_with_kill_9() {
         "kill,pause,add,remove",
     ];
     let (summary, _) = run(dir.path(), DURABLE_TWO_COPIES_SEED, &args);
-    checked(dir.path(), DURABLE_TWO_COPIES_SEED, &summary, 1000);
+    checked(dir.path(), DURABLE_TWO_COPIES_SEED, &summary, 500);
     assert!(
         kills_restarted(dir.path(), DURABLE_TWO_COPIES_SEED) >= 1,
         "{summary}"
