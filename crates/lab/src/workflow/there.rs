@@ -2,7 +2,7 @@
 //! lab hands `kvlab control` there what it would run here, as flags — the job file (written
 //! once, its inputs made once), the calibration (`--calibrate-only`), the jobs alone on one
 //! core (`--speedup`), and each run (the policy's own flags, `--pid` of the server placed
-//! there; started while the load begins, it becomes the controller at the load's first row)
+//! there; started before the load, it becomes the controller at the load's first row)
 //! — streams the load's rows, which the lab writes, into the file the controller reads, and
 //! brings the control log and the outcome back; the run's figures are counted from the lab's
 //! own rows. The controller reads its times
@@ -201,10 +201,10 @@ impl There {
 
     /// Starts one run's controller on the host: `o` as `kvlab control` flags, `methods` how
     /// CPUs move and jobs pause, the load's rows from `o.live` (a file here the load writes)
-    /// streamed to it. Started before the load's first row — its directory, job file, stream
-    /// and process made over ssh while the load begins — it becomes `kvlab control` once the
+    /// streamed to it. Started before the load — its directory, job file, stream and process
+    /// made over ssh, however long that takes — it becomes `kvlab control` once the load's
     /// first row is there, as a controller here starts with the trace. [`Running::finish`]
-    /// waits for it; dropped unfinished (the load wrote nothing), it is stopped.
+    /// waits for it; dropped unfinished (the load failed or wrote nothing), it is stopped.
     pub(super) fn start_control(
         &self,
         index: usize,
