@@ -515,7 +515,18 @@ impl<'c> GeneratorThread<'c> {
     /// in the last interval, so a run's slowest requests are measured rather than dropped.
     /// Requests still unanswered then are left out (`sent` − `completed` shows them);
     /// open-loop requests still held back in a backlog stay unsent (`planned` − `sent`).
+    /// Both are said in the run's notes, with their numbers.
     fn drain(&mut self) -> Result<(), BenchError> {
+        let unsent: usize = self.slots.iter().map(|s| s.backlog.len()).sum();
+        if unsent > 0 {
+            note(
+                &mut self.notes,
+                format!(
+                    "{unsent} planned requests were still held back at the end (their \
+                     connections had every request of their depth in flight) and were never sent"
+                ),
+            );
+        }
         let grace = self.timeout_ns.min(self.cfg.interval_ns());
         let limit = mono_ns().saturating_add(grace);
         loop {
