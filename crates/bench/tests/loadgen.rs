@@ -193,13 +193,7 @@ fn scan_gives_one_row_per_step_and_warmup_is_discarded() {
             t + i.counters.timeouts,
         )
     });
-    let count = |what: &str| -> u64 {
-        r.notes
-            .iter()
-            .filter(|n| n.contains(what))
-            .map(|n| n.split(' ').next().unwrap().parse::<u64>().unwrap())
-            .sum()
-    };
+    let count = |what: &str| said(&r.notes, what);
     let (unanswered, unsent) = (count("unanswered"), count("never sent"));
     assert_eq!(
         all.0 - all.1,
@@ -215,6 +209,16 @@ fn scan_gives_one_row_per_step_and_warmup_is_discarded() {
         .map(|i| i.counters.completed)
         .sum();
     assert_eq!(measured, r.counters.completed, "totals exclude the warm-up");
+}
+
+/// The requests a run's notes say were left out for `what` ("unanswered", "never sent"):
+/// each such note starts with their number.
+fn said(notes: &[String], what: &str) -> u64 {
+    notes
+        .iter()
+        .filter(|n| n.contains(what))
+        .map(|n| n.split(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
 }
 
 /// Open loop against a server that stops answering from ~0.15 s until after the end: the
@@ -233,13 +237,7 @@ fn planned_requests_never_sent_are_counted_and_said() {
     cfg.open = Some(Arrival::Fixed);
     cfg.plan = RatePlan::fixed(2000.0, 0.5).unwrap();
     let r = run(&cfg);
-    let count = |what: &str| -> u64 {
-        r.notes
-            .iter()
-            .filter(|n| n.contains(what))
-            .map(|n| n.split(' ').next().unwrap().parse::<u64>().unwrap())
-            .sum()
-    };
+    let count = |what: &str| said(&r.notes, what);
     let c = &r.counters;
     let unsent = count("never sent");
     assert!(unsent >= 100, "{c:?} {:?}", r.notes);
