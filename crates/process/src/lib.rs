@@ -442,12 +442,9 @@ pub fn stats(
     arg: Option<&str>,
     timeout: Duration,
 ) -> io::Result<Vec<(String, String)>> {
-    let mut s = connect(addr, timeout)?;
-    let mut request = String::new();
-    push_request(&mut request, arg);
-    s.write_all(request.as_bytes())?;
-    let mut line = String::new();
-    read_stats(&mut BufReader::new(s), &mut line)?
+    let answer = StatsConn::new(addr, timeout).ask(&[arg])?.pop();
+    answer
+        .unwrap_or_else(|| Err(String::new()))
         .map_err(|l| io::Error::other(format!("unexpected reply: {l:?}")))
 }
 
@@ -463,10 +460,10 @@ fn push_request(into: &mut String, arg: Option<&str>) {
 
 /// One `stats` answer: its `STAT name value` pairs up to `END`, or the server's one-line
 /// refusal (`ERROR`: memcached asked for a group it does not know).
-fn read_stats(
-    r: &mut BufReader<TcpStream>,
-    line: &mut String,
-) -> io::Result<Result<Vec<(String, String)>, String>> {
+pub type StatsAnswer = Result<Vec<(String, String)>, String>;
+
+/// Reads one [`StatsAnswer`].
+fn read_stats(r: &mut BufReader<TcpStream>, line: &mut String) -> io::Result<StatsAnswer> {
     let mut out = Vec::new();
     loop {
         line.clear();
@@ -514,18 +511,9 @@ impl StatsConn {
         }
     }
 
-    /// The address asked.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
     /// Asks each of `groups` (`None`: plain `stats`; `Some("latency")`: `stats latency`) and
     /// returns their answers in order: the pairs, or the server's refusal line.
-    #[allow(clippy::type_complexity)] // an answer per group: its pairs or the refusal
-    pub fn ask(
-        &mut self,
-        groups: &[Option<&str>],
-    ) -> io::Result<Vec<Result<Vec<(String, String)>, String>>> {
+    pub fn ask(&mut self, groups: &[Option<&str>]) -> io::Result<Vec<StatsAnswer>> {
         let answers = self.ask_on(groups);
         if answers.is_err() {
             self.conn = None;
@@ -533,11 +521,7 @@ impl StatsConn {
         answers
     }
 
-    #[allow(clippy::type_complexity)]
-    fn ask_on(
-        &mut self,
-        groups: &[Option<&str>],
-    ) -> io::Result<Vec<Result<Vec<(String, String)>, String>>> {
+    fn ask_on(&mut self, groups: &[Option<&str>]) -> io::Result<Vec<StatsAnswer>> {
         let r = match &mut self.conn {
             Some(r) => r,
             None => self

@@ -296,13 +296,11 @@ impl There {
         let mut running = Running {
             there: self,
             index,
-            name,
-            here: o.log.clone(),
+            here: o.log.with_file_name(format!("{name}.log")),
             started: None,
             forward: Some((forward, done)),
         };
-        running.here.set_file_name(format!("{}.log", running.name));
-        running.started = Some(self.pl.start(&self.host, &running.name, &argv)?);
+        running.started = Some(self.pl.start(&self.host, &name, &argv)?);
         Ok(running)
     }
 
@@ -331,7 +329,6 @@ impl There {
 pub(super) struct Running<'a> {
     there: &'a There,
     index: usize,
-    name: String,
     /// Where its output goes here.
     here: PathBuf,
     started: Option<Started>,
