@@ -12,8 +12,10 @@
 //!
 //! Readiness is polled (a bounded back-off between probes, at most 50 ms), never assumed
 //! after a sleep; a child that exits while it is awaited fails at once with its status.
-//! A free port is found by binding port 0 and releasing it: another process could take it
-//! before the child binds it, and then the probe fails with a clear error.
+//! A free port comes from below the kernel's ephemeral range, reserved machine-wide among
+//! kvlab processes until this one ends; a probe counts only when the child (or a process it
+//! started) holds the socket that answered, so a server another process left on the port
+//! is never taken for the child (the `ports` module says how).
 //!
 //! [`stats`] asks a running server for its `stats` (e.g. `threads`), the same for kvlab
 //! and memcached; [`StatsConn`] keeps one connection to ask them every sample. [`Etcd`]
@@ -25,10 +27,13 @@
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+mod ports;
+pub use ports::{free_consecutive_ports, free_ports};
 
 /// Why a system did not start or did not become ready.
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +53,19 @@ pub enum SpawnError {
         program: String,
         /// Its exit status.
         status: ExitStatus,
+        /// The probe awaited.
+        what: String,
+    },
+    /// Another process held the port and answered the probe; the program then exited (it
+    /// could not bind it).
+    #[error("{program} exited ({status}): {addr} is taken — another process listens there and answered {what}")]
+    Taken {
+        /// The program.
+        program: String,
+        /// Its exit status.
+        status: ExitStatus,
+        /// The address another process holds.
+        addr: SocketAddr,
         /// The probe awaited.
         what: String,
     },
@@ -97,6 +115,17 @@ impl Probe {
             Probe::Connects(addr) => std::net::TcpStream::connect_timeout(&addr, timeout)
                 .map(|_| format!("connected to {addr}")),
             Probe::HttpGetPath(addr, path) => probe_http_path(addr, path, timeout),
+        }
+    }
+
+    /// The address it asks.
+    pub fn addr(&self) -> SocketAddr {
+        match *self {
+            Probe::Version(a)
+            | Probe::HttpGet(a)
+            | Probe::Answers(a)
+            | Probe::Connects(a)
+            | Probe::HttpGetPath(a, _) => a,
         }
     }
 
@@ -263,18 +292,45 @@ fn wait_for(
 ) -> Result<String, SpawnError> {
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(1);
+    // Set when the probe was answered by a process other than the child.
+    let mut stranger = None;
     loop {
         if let Some(c) = child.as_deref_mut() {
             if let Ok(Some(status)) = c.try_wait() {
-                return Err(SpawnError::Exited {
-                    program: program.into(),
-                    status,
-                    what: probe.describe(),
+                let (program, what) = (program.to_string(), probe.describe());
+                return Err(match stranger {
+                    Some(addr) => SpawnError::Taken {
+                        program,
+                        status,
+                        addr,
+                        what,
+                    },
+                    None => SpawnError::Exited {
+                        program,
+                        status,
+                        what,
+                    },
                 });
             }
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        match probe.ask(PROBE_TIMEOUT.min(left.max(Duration::from_millis(10)))) {
+        let answer = probe.ask(PROBE_TIMEOUT.min(left.max(Duration::from_millis(10))));
+        // An answer counts when the child holds the socket that gave it.
+        let answer = match (answer, child.as_deref()) {
+            (Ok(reply), Some(c)) if ports::owned_by(c.id(), probe.addr()) == Some(false) => {
+                stranger = Some(probe.addr());
+                Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "{} answered {reply:?}, but from a process other than {program} (pid {}): the port is taken",
+                        probe.addr(),
+                        c.id()
+                    ),
+                ))
+            }
+            (answer, _) => answer,
+        };
+        match answer {
             Ok(reply) => return Ok(reply),
             Err(last) if Instant::now() >= deadline => {
                 return Err(SpawnError::NotReady {
@@ -380,21 +436,9 @@ impl Drop for Process {
     }
 }
 
-/// A free 127.0.0.1 port (see the module doc for the race this leaves).
+/// A free 127.0.0.1 port, reserved until the child binds it (see [`free_ports`]).
 pub fn free_port() -> io::Result<u16> {
     Ok(free_ports(1)?[0])
-}
-
-/// `n` distinct free 127.0.0.1 ports (each listener is held until all are found, so the
-/// kernel cannot hand out the same port twice).
-pub fn free_ports(n: usize) -> io::Result<Vec<u16>> {
-    let listeners = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<io::Result<Vec<_>>>()?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect()
 }
 
 fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
@@ -625,14 +669,36 @@ impl Etcd {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
 
+    /// A server of another process on the child's port answers the probe: that does not
+    /// make the child ready; memcached, which cannot bind the port, exits, and the error
+    /// says the port is taken.
     #[test]
-    fn free_ports_are_distinct() {
-        let ports = free_ports(4).unwrap();
-        let mut sorted = ports.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        assert_eq!(sorted.len(), 4, "{ports:?}");
+    fn a_port_answered_by_another_process_is_not_the_child_ready() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let answering = std::thread::spawn(move || {
+            for s in l.incoming().take(50) {
+                let Ok(mut s) = s else { break };
+                let mut line = String::new();
+                let _ = BufReader::new(s.try_clone().unwrap()).read_line(&mut line);
+                if s.write_all(b"VERSION stranger\r\n").is_err() || line.is_empty() {
+                    break;
+                }
+            }
+        });
+        let err = Spawn::new("memcached")
+            .args(["-l", "127.0.0.1", "-U", "0", "-p", &addr.port().to_string()])
+            .ready(Probe::Version(addr))
+            .timeout(Duration::from_secs(5))
+            .start()
+            .unwrap_err();
+        assert!(matches!(err, SpawnError::Taken { .. }), "{err}");
+        assert!(err.to_string().contains("is taken"), "{err}");
+        // The stranger's thread ends at its next connection.
+        let _ = TcpStream::connect(addr);
+        answering.join().unwrap();
     }
 
     #[test]

@@ -274,17 +274,5 @@ pub fn grow_and_shrink_under_load(
 
 /// The first of `n` consecutive free 127.0.0.1 ports (for `up --base-port`).
 pub fn consecutive_free_ports(n: u16) -> u16 {
-    for _ in 0..100 {
-        let first = kvlab_process::free_ports(1).unwrap()[0];
-        let Some(end) = first.checked_add(n) else {
-            continue;
-        };
-        let held: Result<Vec<std::net::TcpListener>, _> = (first..end)
-            .map(|p| std::net::TcpListener::bind(("127.0.0.1", p)))
-            .collect();
-        if held.is_ok() {
-            return first;
-        }
-    }
-    panic!("no {n} consecutive free ports");
+    kvlab_process::free_consecutive_ports(n).unwrap()
 }
