@@ -177,9 +177,56 @@ pub fn add(
         return Err(ClusterError::Invalid(format!("{node} is already a node")));
     }
     node_status(node)?; // it must be up and a cluster node
+    let t = follows(store, node, t)?;
     let mut to = t.nodes.clone();
     to.push(node.to_string());
     migrate(store, t, to, progress)
+}
+
+/// How long `add` waits for a node to show the topology's epoch.
+const FOLLOW_LIMIT: Duration = Duration::from_secs(3);
+
+/// Whether `node` follows this topology: it shows the epoch and ring `store` holds (a node
+/// reads its topology every 20 ms; a new one may lag by a poll). A node started on another
+/// topology — another cluster's, or a typo in its `--cluster` — would be given keys that
+/// this cluster's clients then never find; it is refused, naming what it follows.
+/// Returns the topology as last read.
+fn follows(
+    store: &dyn TopologyStore,
+    node: &str,
+    mut t: Topology,
+) -> Result<Topology, ClusterError> {
+    let deadline = Instant::now() + FOLLOW_LIMIT;
+    loop {
+        let s = node_status(node)?;
+        let epoch = s["epoch"].as_u64().unwrap_or(0);
+        let mut ring: Vec<String> = s["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n.as_str().map(String::from))
+            .collect();
+        ring.sort_unstable();
+        let mut ours = t.nodes.clone();
+        ours.sort_unstable();
+        if epoch == t.epoch && ring == ours {
+            return Ok(t);
+        }
+        if Instant::now() >= deadline {
+            return Err(ClusterError::Invalid(format!(
+                "{node} follows another topology: it is at epoch {epoch} with the ring [{}], \
+                 this cluster ({}) at epoch {} with [{}] — start it with this cluster's \
+                 `--cluster` (a node of another cluster cannot join)",
+                ring.join(" "),
+                store.describe(),
+                t.epoch,
+                ours.join(" ")
+            )));
+        }
+        // Waiting for the node's next read of the topology: a bounded poll.
+        std::thread::sleep(Duration::from_millis(20));
+        t = load(store)?;
+    }
 }
 
 /// Removes `node`, moving its keys to the others first.

@@ -998,13 +998,14 @@ impl Drop for Reap {
     }
 }
 
-/// `add` of a server that is no cluster node says what it is and why it cannot join; of an
-/// address where nothing listens, that it cannot be reached and why.
+/// `add` of a server that is no cluster node says what it is and why it cannot join; of a
+/// node of another cluster, what it follows; of an address where nothing listens, that it
+/// cannot be reached and why. None of them changes the topology.
 #[test]
 fn add_of_a_server_that_is_no_cluster_node_says_what_it_is() {
     let dir = tempfile::tempdir().unwrap();
     let topology = dir.path().join("topology.json").display().to_string();
-    let ports = free_ports(3).unwrap();
+    let ports = free_ports(4).unwrap();
     cluster(&topology, &["create", &format!("127.0.0.1:{}", ports[0])]);
 
     let memcached = Memcached::start_with(&["-m", "64"]).unwrap();
@@ -1033,6 +1034,20 @@ fn add_of_a_server_that_is_no_cluster_node_says_what_it_is() {
         said.contains(&format!("{name} is not a kvlab cluster node"))
             && said.contains("kvlab")
             && said.contains("without --cluster"),
+        "{said}"
+    );
+
+    // A node of another cluster (its own topology file): it would take keys that this
+    // cluster's clients never look for there.
+    let other = dir.path().join("other.json").display().to_string();
+    let stranger = format!("127.0.0.1:{}", ports[3]);
+    cluster(&other, &["create", &stranger]);
+    let _stranger = node(&other, ports[3]);
+    let said = cluster_fails(&topology, &["add", &stranger]);
+    assert!(
+        said.contains(&format!("{stranger} follows another topology"))
+            && said.contains(&format!("[{stranger}]"))
+            && said.contains("--cluster"),
         "{said}"
     );
 
