@@ -198,6 +198,10 @@ fn follows(
 ) -> Result<Topology, ClusterError> {
     let deadline = Instant::now() + FOLLOW_LIMIT;
     loop {
+        if t.migration.is_some() {
+            // Refused by `migrate`, which says why.
+            return Ok(t);
+        }
         let s = node_status(node)?;
         let epoch = s["epoch"].as_u64().unwrap_or(0);
         let mut ring: Vec<String> = s["nodes"]
