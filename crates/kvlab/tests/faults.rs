@@ -144,7 +144,7 @@ fn two_copies_under_write_policy_owner_with_kill_9_in_etcd() {
     let args = [&KILLS_IN_ETCD[..], &["--write-policy", "owner"]].concat();
     let (summary, _) = run(dir.path(), 16, &args);
     checked_as(dir.path(), 16, &summary, 100, "owner");
-    assert_eq!(summary["anomalies"].as_u64(), Some(0), "{summary}");
+    no_anomalies(dir.path(), 16, &summary);
 }
 
 /// A nemesis that flushes nodes loses acknowledged writes behind the cluster's back: the
@@ -158,6 +158,77 @@ fn the_checker_sees_a_flushed_node() {
     let n = |f: &str| summary[f].as_u64().unwrap();
     assert!(n("stale_reads") + n("lost_writes") > 0, "{summary}");
     assert!(n("anomalies") > 0 && code != 0, "{summary}");
+    // What a failed run prints: the evidence of its anomalies.
+    let said = std::panic::catch_unwind(|| no_anomalies(dir.path(), 14, &summary))
+        .expect_err("anomalies were found");
+    let said = said.downcast_ref::<String>().expect("a message");
+    for part in [
+        "== timeline",
+        "flush",
+        "== anomalies",
+        "== history of fk:",
+        "== topology.json",
+        "(last lines)",
+    ] {
+        assert!(said.contains(part), "lacks {part}: {said}");
+    }
+}
+
+/// The run found no anomaly; if it did, the assertion prints what a reader needs to find
+/// out why, since the run's directory goes with the test: the nemesis's timeline, the
+/// anomalies, each anomalous key's history (the first four keys), the topology at the end
+/// and the last lines of every node's log.
+fn no_anomalies(dir: &Path, seed: u64, summary: &serde_json::Value) {
+    if summary["anomalies"].as_u64() == Some(0) {
+        return;
+    }
+    let run = dir.join(format!("seed-{seed}"));
+    let read =
+        |f: &str| std::fs::read_to_string(run.join(f)).unwrap_or_else(|e| format!("({f}: {e})"));
+    let mut said = format!("{summary}\n\n== timeline (nemesis)\n");
+    for l in read("timeline.txt")
+        .lines()
+        .filter(|l| !l.contains("ops in this second"))
+    {
+        said.push_str(l);
+        said.push('\n');
+    }
+    let anomalies: serde_json::Value =
+        serde_json::from_str(&read("anomalies.json")).unwrap_or_default();
+    let listed = anomalies["anomalies"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    said.push_str("\n== anomalies\n");
+    for a in &listed {
+        said.push_str(&format!("{a}\n"));
+    }
+    let mut keys: Vec<&str> = listed.iter().filter_map(|a| a["key"].as_str()).collect();
+    keys.dedup();
+    let history = read("history.jsonl");
+    for key in keys.iter().take(4) {
+        said.push_str(&format!("\n== history of {key}\n"));
+        let quoted = format!("\"key\":\"{key}\"");
+        for l in history.lines().filter(|l| l.contains(&quoted)).take(200) {
+            said.push_str(l);
+            said.push('\n');
+        }
+    }
+    said.push_str(&format!("\n== topology.json\n{}\n", read("topology.json")));
+    let mut logs: Vec<_> = std::fs::read_dir(run.join("nodes"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    logs.sort();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        said.push_str(&format!("\n== {} (last lines)\n", log.display()));
+        for l in &lines[lines.len().saturating_sub(12)..] {
+            said.push_str(l);
+            said.push('\n');
+        }
+    }
+    panic!("anomalies found:\n{said}");
 }
 
 /// The kills a run's timeline records as made and restarted (`kill -9, restarted after`).
@@ -216,7 +287,7 @@ fn durable_nodes_one_copy_with_kill_9() {
         "{summary}"
     );
     durable_nodes_restarted_over_their_data(dir.path(), DURABLE_ONE_COPY_SEED);
-    assert_eq!(summary["anomalies"].as_u64(), Some(0), "{summary}");
+    no_anomalies(dir.path(), DURABLE_ONE_COPY_SEED, &summary);
     assert_eq!(summary["unverified_keys"].as_u64(), Some(0), "{summary}");
 }
 
@@ -243,7 +314,7 @@ fn durable_nodes_two_copies_with_kill_9() {
         kills_restarted(dir.path(), DURABLE_TWO_COPIES_SEED) >= 1,
         "{summary}"
     );
-    assert_eq!(summary["anomalies"].as_u64(), Some(0), "{summary}");
+    no_anomalies(dir.path(), DURABLE_TWO_COPIES_SEED, &summary);
 }
 
 /// Its seed: three kills (at 1.2, 7.6 and 9.5 s), two adds and two removals.
