@@ -672,31 +672,43 @@ mod tests {
     use std::net::TcpListener;
 
     /// A server of another process on the child's port answers the probe: that does not
-    /// make the child ready; memcached, which cannot bind the port, exits, and the error
-    /// says the port is taken.
+    /// make the child ready. A child that stays is not ready within the timeout, and the
+    /// error says the port is taken; one that exits after such an answer (a server that
+    /// could not bind) is `Taken`.
     #[test]
     fn a_port_answered_by_another_process_is_not_the_child_ready() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
         let answering = std::thread::spawn(move || {
-            for s in l.incoming().take(50) {
+            for s in l.incoming() {
+                if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
                 let Ok(mut s) = s else { break };
                 let mut line = String::new();
                 let _ = BufReader::new(s.try_clone().unwrap()).read_line(&mut line);
-                if s.write_all(b"VERSION stranger\r\n").is_err() || line.is_empty() {
-                    break;
-                }
+                let _ = s.write_all(b"VERSION stranger\r\n");
             }
         });
-        let err = Spawn::new("memcached")
-            .args(["-l", "127.0.0.1", "-U", "0", "-p", &addr.port().to_string()])
+        let stays = Spawn::new("sleep")
+            .arg("30")
             .ready(Probe::Version(addr))
-            .timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(1))
             .start()
             .unwrap_err();
-        assert!(matches!(err, SpawnError::Taken { .. }), "{err}");
-        assert!(err.to_string().contains("is taken"), "{err}");
-        // The stranger's thread ends at its next connection.
+        assert!(matches!(stays, SpawnError::NotReady { .. }), "{stays}");
+        assert!(stays.to_string().contains("the port is taken"), "{stays}");
+        let exits = Spawn::new("sh")
+            .args(["-c", "sleep 1; exit 3"])
+            .ready(Probe::Version(addr))
+            .timeout(Duration::from_secs(20))
+            .start()
+            .unwrap_err();
+        assert!(matches!(exits, SpawnError::Taken { .. }), "{exits}");
+        assert!(exits.to_string().contains("is taken"), "{exits}");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let _ = TcpStream::connect(addr);
         answering.join().unwrap();
     }
