@@ -10,12 +10,12 @@
 //!                  /proc/PID/fd (and its descendants'): is one of them the child's?
 //! ```
 //!
-//! Before, a port came from bind(0): the kernel could hand the same port to another
-//! process between its release and the child's bind, and a server of another test could
-//! answer the child's readiness probe — a cluster then added a node that was not its own.
-//! The reservation closes the first door, the ownership check the second: a probe that
-//! another process answers does not count, and a child that then exits is said to have
-//! found its port taken.
+//! Why both: a port found by bind(0) and released can be handed by the kernel to another
+//! process before the child binds it, and that process's server then answers the child's
+//! readiness probe — a cluster would add a node that is not its own. The reservation keeps
+//! kvlab processes off each other's ports; the ownership check catches any other process:
+//! its answer does not count, and a child that then exits is said to have found its port
+//! taken.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -48,7 +48,7 @@ fn range() -> Option<Range<u16>> {
 }
 
 /// Reserves `port` for this process's lifetime (machine-wide, among kvlab processes in
-/// this network namespace); `false` if another process holds it.
+/// this network namespace); `None` if another process holds it.
 fn reserve(port: u16) -> io::Result<Option<UnixListener>> {
     let name = format!("kvlab-port-{port}");
     match UnixListener::bind_addr(&UnixAddr::from_abstract_name(name.as_bytes())?) {
