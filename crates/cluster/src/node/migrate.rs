@@ -4,6 +4,59 @@
 
 use super::*;
 
+/// Where a migration takes a key's item from this node. Nowhere unless this node serves
+/// the key now: an item of a key it no longer owns (left by an earlier migration whose
+/// clean-up has not reached it yet) is older than the owner's, and must not race the
+/// owner's copy to the new owner. Else to the key's owner under the future ring, and
+/// (with copies) to every node that holds the key's copies there but not now. Such a node
+/// may still keep an item of the key from an earlier ring (a stray its clean-up had not
+/// removed): without the stream it would take that older item for its copy once the
+/// migration ends, and an owner that restarts empty would take it back from there.
+pub(super) struct Route<'r> {
+    pub(super) me: &'r str,
+    pub(super) serving: &'r Ring,
+    pub(super) future: &'r Ring,
+    pub(super) replicas: usize,
+}
+
+/// The owner lists [`Route::targets`] reuses from key to key.
+#[derive(Default)]
+pub(super) struct RouteScratch {
+    now: Vec<usize>,
+    next: Vec<usize>,
+    out: Vec<usize>,
+}
+
+impl Route<'_> {
+    /// The future ring's indexes of the nodes a key of hash `hash` goes to, in `out`.
+    pub(super) fn targets(&self, hash: u64, scratch: &mut RouteScratch, out: &mut Vec<usize>) {
+        out.clear();
+        if self.serving.owner_of_hash(hash) != Some(self.me) {
+            return;
+        }
+        let r = self.replicas.max(1);
+        self.serving.owners_of_hash(hash, r, &mut scratch.now);
+        self.future.owners_of_hash(hash, r, &mut scratch.next);
+        for (rank, &i) in scratch.next.iter().enumerate() {
+            let node = self.future.nodes()[i].as_str();
+            let holds_now = scratch.now.iter().any(|&j| self.serving.nodes()[j] == node);
+            if node != self.me && (rank == 0 || !holds_now) {
+                out.push(i);
+            }
+        }
+    }
+
+    /// Whether a key of hash `hash` goes to future node `i`: `Some(true)` as the key's
+    /// owner there, `Some(false)` as a holder of its copies only.
+    fn goes_to(&self, hash: u64, i: usize, scratch: &mut RouteScratch) -> Option<bool> {
+        let mut out = std::mem::take(&mut scratch.out);
+        self.targets(hash, scratch, &mut out);
+        let goes = out.contains(&i);
+        scratch.out = out;
+        goes.then(|| self.future.index_of_hash(hash) == Some(i))
+    }
+}
+
 impl Node {
     /// `cluster import ID FROM [GEN]`: the stream that connection now carries.
     pub fn open_import(&self, id: u64, from: &str, gen: u64) -> Import {
@@ -169,18 +222,14 @@ impl Node {
     ) -> Result<(), ClusterError> {
         let mut pipes: HashMap<usize, Pipe> = HashMap::new();
         let me = self.me.as_str();
-        // Only what this node serves now leaves it: an item of a key it no longer owns (left
-        // behind by an earlier migration whose cleanup has not reached it yet) is older
-        // than the owner's, and must not race the owner's copy to the new owner.
-        let target_of = |key: &[u8]| {
-            let hash = kvlab_ring::key_hash(key);
-            if serving.owner_of_hash(hash) != Some(me) {
-                return None;
-            }
-            future
-                .index_of_hash(hash)
-                .filter(|&i| future.nodes()[i] != me)
+        let route = Route {
+            me,
+            serving,
+            future,
+            replicas: self.view().replicas as usize,
         };
+        let mut scratch = RouteScratch::default();
+        let mut targets = Vec::new();
         // Every write begun before this node took the copy view (and so not logged as a
         // change) is applied before the snapshot starts, so the snapshot sees it.
         self.grace(id);
@@ -195,32 +244,33 @@ impl Node {
                 return Ok(());
             }
             items.clear();
-            let done = pass.step(&self.store, 512, &mut items, |key| target_of(key).is_some())?;
+            let done = pass.step(&self.store, 512, &mut items, |key| {
+                route.targets(kvlab_ring::key_hash(key), &mut scratch, &mut targets);
+                !targets.is_empty()
+            })?;
             for item in &items {
-                let Some(i) = target_of(item.key()) else {
-                    continue;
-                };
-                let sent = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
-                    pipe.set(item.key(), item.flags(), item.exptime(), item.value())
-                });
-                match sent {
-                    Ok(()) => {
-                        let mut p = self.progress.lock();
-                        p.keys_copied += 1;
-                        p.bytes_sent += item.value().len() as u64;
+                let hash = kvlab_ring::key_hash(item.key());
+                route.targets(hash, &mut scratch, &mut targets);
+                let owner = future.index_of_hash(hash);
+                for &i in &targets {
+                    let sent = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
+                        pipe.set(item.key(), item.flags(), item.exptime(), item.value())
+                    });
+                    match sent {
+                        Ok(()) => {
+                            let mut p = self.progress.lock();
+                            // Each key once, sent to its new owner (a new holder's
+                            // copy counts in the bytes only).
+                            p.keys_copied += u64::from(owner == Some(i));
+                            p.bytes_sent += item.value().len() as u64;
+                        }
+                        Err(e) => {
+                            self.lost_stream(id, i, e, &mut pipes, &mut unconfirmed, &route)?
+                        }
                     }
-                    Err(e) => self.lost_stream(
-                        id,
-                        i,
-                        e,
-                        &mut pipes,
-                        &mut unconfirmed,
-                        future,
-                        &target_of,
-                    )?,
                 }
             }
-            self.flush_streams(id, &mut pipes, &mut unconfirmed, future, &target_of)?;
+            self.flush_streams(id, &mut pipes, &mut unconfirmed, &route)?;
             if done {
                 break;
             }
@@ -241,7 +291,10 @@ impl Node {
             let keys: Vec<Vec<u8>> = self.changes.lock().drain().collect();
             let idle = keys.is_empty();
             for key in keys {
-                let Some(i) = target_of(&key) else { continue };
+                route.targets(kvlab_ring::key_hash(&key), &mut scratch, &mut targets);
+                if targets.is_empty() {
+                    continue;
+                }
                 // The key's state wherever it is: a durable node may have evicted it to
                 // disk since the write (absent from memory is not deleted).
                 let now = match self.store.peek_through(&key) {
@@ -252,38 +305,30 @@ impl Node {
                         return Err(ClusterError::Migration(e));
                     }
                 };
-                let sent = self
-                    .pipe(&mut pipes, i, future, id)
-                    .and_then(|pipe| match &now {
-                        Some(item) => {
-                            pipe.set(&key, item.flags(), item.exptime(), item.value())?;
-                            Ok(item.value().len() as u64)
+                self.progress.lock().changes_sent += 1;
+                for &i in &targets {
+                    let sent = self
+                        .pipe(&mut pipes, i, future, id)
+                        .and_then(|pipe| match &now {
+                            Some(item) => {
+                                pipe.set(&key, item.flags(), item.exptime(), item.value())?;
+                                Ok(item.value().len() as u64)
+                            }
+                            None => pipe.delete(&key).map(|()| 0),
+                        });
+                    match sent {
+                        Ok(bytes) => {
+                            self.progress.lock().bytes_sent += bytes;
+                            unconfirmed.entry(i).or_default().push(key.clone());
                         }
-                        None => pipe.delete(&key).map(|()| 0),
-                    });
-                match sent {
-                    Ok(bytes) => {
-                        let mut p = self.progress.lock();
-                        p.bytes_sent += bytes;
-                        p.changes_sent += 1;
-                        drop(p);
-                        unconfirmed.entry(i).or_default().push(key);
-                    }
-                    Err(e) => {
-                        self.changes.lock().insert(key);
-                        self.lost_stream(
-                            id,
-                            i,
-                            e,
-                            &mut pipes,
-                            &mut unconfirmed,
-                            future,
-                            &target_of,
-                        )?;
+                        Err(e) => {
+                            self.changes.lock().insert(key.clone());
+                            self.lost_stream(id, i, e, &mut pipes, &mut unconfirmed, &route)?;
+                        }
                     }
                 }
             }
-            self.flush_streams(id, &mut pipes, &mut unconfirmed, future, &target_of)?;
+            self.flush_streams(id, &mut pipes, &mut unconfirmed, &route)?;
             if last && self.changes.lock().is_empty() {
                 // `drained` to every new owner first, then their answers: each syncs its
                 // store before it answers, so they sync at the same time rather than one
@@ -320,7 +365,7 @@ impl Node {
                     break;
                 }
                 for (i, e) in failed {
-                    self.lost_stream(id, i, e, &mut pipes, &mut unconfirmed, future, &target_of)?;
+                    self.lost_stream(id, i, e, &mut pipes, &mut unconfirmed, &route)?;
                 }
                 continue; // what a failed stream carried goes again first
             }
@@ -339,8 +384,7 @@ impl Node {
         id: u64,
         pipes: &mut HashMap<usize, Pipe>,
         unconfirmed: &mut HashMap<usize, Vec<Vec<u8>>>,
-        future: &Ring,
-        target_of: &dyn Fn(&[u8]) -> Option<usize>,
+        route: &Route<'_>,
     ) -> Result<(), ClusterError> {
         let open: Vec<usize> = pipes.keys().copied().collect();
         for i in open {
@@ -354,7 +398,7 @@ impl Node {
                         self.progress.lock().refused += refused;
                     }
                 }
-                Err(e) => self.lost_stream(id, i, e, pipes, unconfirmed, future, target_of)?,
+                Err(e) => self.lost_stream(id, i, e, pipes, unconfirmed, route)?,
             }
         }
         Ok(())
@@ -366,7 +410,6 @@ impl Node {
     /// back to the change log, and once the node answers again it is sent all its keys
     /// again on a new stream, which replaces the old one there. A node that restarted
     /// empty refuses them while it catches up, and takes them from this node afterwards.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn lost_stream(
         &self,
         id: u64,
@@ -374,8 +417,7 @@ impl Node {
         error: ClusterError,
         pipes: &mut HashMap<usize, Pipe>,
         unconfirmed: &mut HashMap<usize, Vec<Vec<u8>>>,
-        future: &Ring,
-        target_of: &dyn Fn(&[u8]) -> Option<usize>,
+        route: &Route<'_>,
     ) -> Result<(), ClusterError> {
         pipes.remove(&i);
         let copying = self
@@ -389,13 +431,13 @@ impl Node {
         self.changes
             .lock()
             .extend(unconfirmed.remove(&i).unwrap_or_default());
-        let node = &future.nodes()[i];
+        let node = &route.future.nodes()[i];
         tracing::warn!("migration {id}: the stream to {node} failed ({error}); its keys go again once it answers");
         let mut reason = error.to_string();
         let mut pause = Duration::from_millis(50);
         while !self.abandoned(id) {
             self.progress.lock().waiting_for = Some(format!("{node}: {reason}"));
-            match self.resend(id, i, future, target_of) {
+            match self.resend(id, i, route) {
                 Ok(pipe) => {
                     pipes.insert(i, pipe);
                     self.progress.lock().waiting_for = None;
@@ -409,29 +451,40 @@ impl Node {
         Ok(())
     }
 
-    /// A new stream to new owner `i` of migration `id` that carries every key of it this
-    /// node serves, as it is now.
+    /// A new stream to new node `i` of migration `id` that carries every key of it this
+    /// node serves, as it is now: with `set` the keys `i` owns (it serves none of them
+    /// before this node's `drained`), with `add` those it only holds copies of — their
+    /// owner may be serving them already (it had this node's `drained`, the stream to `i`
+    /// failed after), and its newer copies must stay.
     pub(super) fn resend(
         &self,
         id: u64,
         i: usize,
-        future: &Ring,
-        target_of: &dyn Fn(&[u8]) -> Option<usize>,
+        route: &Route<'_>,
     ) -> Result<Pipe, ClusterError> {
-        let mut pipe = Pipe::connect(&future.nodes()[i], STREAM_TIMEOUT)?.import_generation(
+        let mut pipe = Pipe::connect(&route.future.nodes()[i], STREAM_TIMEOUT)?.import_generation(
             id,
             &self.me,
             next_generation(),
         )?;
         let mut pass = Pass::default();
         let mut items = Vec::with_capacity(512);
+        let mut scratch = RouteScratch::default();
         loop {
             items.clear();
             let done = pass.step(&self.store, 512, &mut items, |key| {
-                target_of(key) == Some(i)
+                route
+                    .goes_to(kvlab_ring::key_hash(key), i, &mut scratch)
+                    .is_some()
             })?;
             for item in &items {
-                pipe.set(item.key(), item.flags(), item.exptime(), item.value())?;
+                let (key, flags, exptime, value) =
+                    (item.key(), item.flags(), item.exptime(), item.value());
+                match route.goes_to(kvlab_ring::key_hash(key), i, &mut scratch) {
+                    Some(true) => pipe.set(key, flags, exptime, value)?,
+                    Some(false) => pipe.add(key, flags, exptime, value)?,
+                    None => {}
+                }
             }
             let refused = pipe.flush()?;
             if refused > 0 {

@@ -39,6 +39,7 @@ pub use crate::copies::{REPLICA_BACKOFF, REPLICA_TIMEOUT};
 use crate::pipe::Pipe;
 use crate::topology::{CopyWritePolicy, Phase, Topology, TopologyStore};
 use crate::ClusterError;
+use migrate::{Route, RouteScratch};
 
 mod cleanup;
 mod migrate;
@@ -102,9 +103,10 @@ pub struct MigrationView {
 /// The answer for one key of a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// Serve it; `log`: a write to it must go to the change log (the key is leaving).
+    /// Serve it; `leaving`: a write to it must go to the change log.
     Serve {
-        /// The key is leaving this node in the migration under way.
+        /// The migration under way sends the key on from this node: to its new owner, or
+        /// to a node that holds its copies after the migration and not before.
         leaving: bool,
     },
     /// Answer with this redirect instead.
@@ -121,7 +123,8 @@ pub struct Progress {
     /// The migration whose hand-off this node finished (sent `drained` to every new
     /// owner).
     pub handed_off: u64,
-    /// Items sent by the snapshot pass.
+    /// Keys the snapshot pass sent to their new owner (each once; an item also sent to a
+    /// new holder of the key's copies counts in `bytes_sent` only).
     pub keys_copied: u64,
     /// Changes sent from the change log (stores and deletes).
     pub changes_sent: u64,
@@ -319,6 +322,8 @@ impl Node {
             node: self.clone(),
             running,
             view: self.view(),
+            scratch: RouteScratch::default(),
+            targets: Vec::new(),
         }
     }
 
@@ -597,6 +602,9 @@ pub struct Gate {
     node: Arc<Node>,
     running: Arc<AtomicU64>,
     view: Arc<View>,
+    /// Reused by [`Gate::check`] during a migration's copy (where a key goes).
+    scratch: RouteScratch,
+    targets: Vec<usize>,
 }
 
 impl Gate {
@@ -680,7 +688,7 @@ impl Gate {
     }
 
     /// Whether this node serves `key` under the view taken by [`Gate::begin`].
-    pub fn check(&self, key: &[u8]) -> Verdict {
+    pub fn check(&mut self, key: &[u8]) -> Verdict {
         let v = &self.view;
         if self.node.recovering.load(Ordering::Relaxed) {
             return Verdict::Redirect(Redirect::TryAgain { epoch: v.epoch });
@@ -701,9 +709,20 @@ impl Gate {
         }
         match &v.migration {
             Some(m) => match m.phase {
-                Phase::Copy => Verdict::Serve {
-                    leaving: m.other.owner_of_hash(hash) != Some(me),
-                },
+                Phase::Copy => {
+                    // A write to a key the copy sends on (to its new owner, or to a new
+                    // holder of its copies) goes to the change log.
+                    let route = Route {
+                        me,
+                        serving: &v.serving,
+                        future: &m.other,
+                        replicas: v.replicas as usize,
+                    };
+                    route.targets(hash, &mut self.scratch, &mut self.targets);
+                    Verdict::Serve {
+                        leaving: !self.targets.is_empty(),
+                    }
+                }
                 Phase::Handoff => match m.other.owner_of_hash(hash) {
                     Some(prev) if prev != me && !m.drained.iter().any(|d| d == prev) => {
                         Verdict::Redirect(Redirect::TryAgain { epoch: v.epoch })
