@@ -10,8 +10,10 @@ use super::*;
 /// owner's copy to the new owner. Else to the key's owner under the future ring, and
 /// (with copies) to every node that holds the key's copies there but not now. Such a node
 /// may still keep an item of the key from an earlier ring (a stray its clean-up had not
-/// removed): without the stream it would take that older item for its copy once the
-/// migration ends, and an owner that restarts empty would take it back from there.
+/// removed): without the item it would take that older one for its copy once the
+/// migration ends, and an owner that restarts empty would take it back from there. A key
+/// this node owns under both rings goes to its new holders down the copy links, not a
+/// migration stream ([`Route::stays`]).
 pub(super) struct Route<'r> {
     pub(super) me: &'r str,
     pub(super) serving: &'r Ring,
@@ -46,9 +48,19 @@ impl Route<'_> {
         }
     }
 
-    /// Whether a key of hash `hash` goes to future node `i`: `Some(true)` as the key's
-    /// owner there, `Some(false)` as a holder of its copies only.
+    /// Whether this node owns a key of hash `hash` under the future ring too: its new
+    /// holders then get it down the copy links, not a migration stream (see
+    /// [`Node::copy`]).
+    fn stays(&self, hash: u64) -> bool {
+        self.future.owner_of_hash(hash) == Some(self.me)
+    }
+
+    /// Whether a migration stream takes a key of hash `hash` to future node `i`:
+    /// `Some(true)` as the key's owner there, `Some(false)` as a holder of its copies only.
     fn goes_to(&self, hash: u64, i: usize, scratch: &mut RouteScratch) -> Option<bool> {
+        if self.stays(hash) {
+            return None;
+        }
         let mut out = std::mem::take(&mut scratch.out);
         self.targets(hash, scratch, &mut out);
         let goes = out.contains(&i);
@@ -222,14 +234,27 @@ impl Node {
     ) -> Result<(), ClusterError> {
         let mut pipes: HashMap<usize, Pipe> = HashMap::new();
         let me = self.me.as_str();
+        let now = self.view();
         let route = Route {
             me,
             serving,
             future,
-            replicas: self.view().replicas as usize,
+            replicas: now.replicas as usize,
         };
         let mut scratch = RouteScratch::default();
         let mut targets = Vec::new();
+        // A key this node owns under both rings goes to its new holders the way its
+        // write-through copies do — down the one copy link to each, in order with the
+        // copies of later writes (in the hand-off this node serves the key and copies it
+        // there itself): the future ring as a view.
+        let ahead = View {
+            epoch: now.epoch,
+            serving: future.clone(),
+            replicas: now.replicas,
+            write_policy: now.write_policy,
+            migration: None,
+        };
+        let mut staying: Vec<Vec<u8>> = Vec::new();
         // Every write begun before this node took the copy view (and so not logged as a
         // change) is applied before the snapshot starts, so the snapshot sees it.
         self.grace(id);
@@ -251,6 +276,10 @@ impl Node {
             for item in &items {
                 let hash = kvlab_ring::key_hash(item.key());
                 route.targets(hash, &mut scratch, &mut targets);
+                if route.stays(hash) {
+                    staying.push(item.key().to_vec());
+                    continue;
+                }
                 let owner = future.index_of_hash(hash);
                 for &i in &targets {
                     let sent = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
@@ -269,6 +298,10 @@ impl Node {
                         }
                     }
                 }
+            }
+            if !staying.is_empty() {
+                self.replicate_all(&ahead, &staying)?;
+                staying.clear();
             }
             self.flush_streams(id, &mut pipes, &mut unconfirmed, &route)?;
             if done {
@@ -291,8 +324,13 @@ impl Node {
             let keys: Vec<Vec<u8>> = self.changes.lock().drain().collect();
             let idle = keys.is_empty();
             for key in keys {
-                route.targets(kvlab_ring::key_hash(&key), &mut scratch, &mut targets);
+                let hash = kvlab_ring::key_hash(&key);
+                route.targets(hash, &mut scratch, &mut targets);
                 if targets.is_empty() {
+                    continue;
+                }
+                if route.stays(hash) {
+                    staying.push(key);
                     continue;
                 }
                 // The key's state wherever it is: a durable node may have evicted it to
@@ -327,6 +365,22 @@ impl Node {
                         }
                     }
                 }
+            }
+            if !staying.is_empty() {
+                self.progress.lock().changes_sent += staying.len() as u64;
+                if let Err(e) = self.replicate_all(&ahead, &staying) {
+                    // As a stream that failed: while copying the migration fails; in the
+                    // hand-off the keys go again (the holder may be paused or restarting).
+                    self.changes.lock().extend(staying.drain(..));
+                    if self.copying(id) {
+                        return Err(e);
+                    }
+                    self.progress.lock().waiting_for = Some(e.to_string());
+                    std::thread::sleep(Duration::from_millis(50));
+                } else {
+                    self.progress.lock().waiting_for = None;
+                }
+                staying.clear();
             }
             self.flush_streams(id, &mut pipes, &mut unconfirmed, &route)?;
             if last && self.changes.lock().is_empty() {
@@ -420,12 +474,7 @@ impl Node {
         route: &Route<'_>,
     ) -> Result<(), ClusterError> {
         pipes.remove(&i);
-        let copying = self
-            .view()
-            .migration
-            .as_ref()
-            .is_some_and(|m| m.id == id && m.phase == Phase::Copy);
-        if copying {
+        if self.copying(id) {
             return Err(error);
         }
         self.changes
@@ -494,6 +543,14 @@ impl Node {
                 return Ok(pipe);
             }
         }
+    }
+
+    /// Whether migration `id` is still in its copy (a failure then rolls it back).
+    fn copying(&self, id: u64) -> bool {
+        self.view()
+            .migration
+            .as_ref()
+            .is_some_and(|m| m.id == id && m.phase == Phase::Copy)
     }
 
     pub(super) fn abandoned(&self, id: u64) -> bool {

@@ -160,12 +160,21 @@ impl Node {
 
     /// With copies: keeps a copy sender (and its open stream) for every other ring node,
     /// so that a write's first copy finds its stream open, and stops those of nodes that
-    /// left.
+    /// left. During a migration, for the nodes of both rings: the copier sends the keys
+    /// this node keeps owning to their new holders down these links ([`Node::copy`]).
     pub(super) fn follow_holders(&self) {
         let v = self.view();
         if v.replicas < 2 {
             return;
         }
-        self.copies.follow(v.serving.nodes());
+        let mut nodes = v.serving.nodes().to_vec();
+        if let Some(m) = &v.migration {
+            for n in m.other.nodes() {
+                if !nodes.contains(n) {
+                    nodes.push(n.clone());
+                }
+            }
+        }
+        self.copies.follow(&nodes);
     }
 }
