@@ -512,11 +512,11 @@ fn a_node_restarted_empty_as_another_leaves_gets_the_leavers_items() {
 
 /// A holder paused as the ring changes: four nodes with two copies, the fourth removed
 /// (driven by hand on the topology file). Keys owned by A whose copy was on the leaver
-/// now have C as their holder, and C is paused when the ring changes, so A's copy to C
-/// fails. The leaver is stopped before C answers (its hand-over to C cannot finish), and
-/// C is continued: A must send C those copies again — they are nowhere else — before it
-/// reports its clean-up done. Then A is killed and restarts empty: it catches up from B
-/// and C, and every key reads back.
+/// now have C as their holder (A sent them to C down its copy link during the copy), and
+/// C is paused when the ring changes, so the copies A's clean-up sends again fail. The
+/// leaver is stopped before C answers (its hand-over to C cannot finish), and C is
+/// continued: A must have C confirm those copies before it reports its clean-up done. Then
+/// A is killed and restarts empty: it catches up from B and C, and every key reads back.
 #[test]
 fn a_holder_paused_as_the_ring_changes_gets_its_copies_once_it_answers() {
     let TwoCopies {
