@@ -548,12 +548,13 @@ fn a_holder_paused_as_the_ring_changes_gets_its_copies_once_it_answers() {
 
 /// The leaver stopped at once, the new owner dead before its re-copy (the soak's seed 3004):
 /// four nodes with two copies, the fourth (D) removed by hand on the topology file. Keys D
-/// owned with their copy on A are A's now, with their second copy due on another node, X,
-/// from one of two senders: A's clean-up re-copies them, D's hand-over sends them. A is
-/// paused as the ring changes, so it cannot; D is stopped (SIGTERM) as soon as it sees the
-/// new ring — as the harness stops a leaver when it killed the `cluster remove` that
-/// waited for its hand-over — and must finish handing over to X before it exits. Then A is
-/// killed and restarts empty: it catches up from B and C, and every key reads back.
+/// owned with their copy on A are A's now, with their second copy due on another node, X
+/// (D's migration stream gave it to X during the copy; A's clean-up re-copies them, D's
+/// hand-over sends them again). A is paused as the ring changes, so it cannot; D is
+/// stopped (SIGTERM) as soon as it sees the new ring — as the harness stops a leaver when
+/// it killed the `cluster remove` that waited for its hand-over — and must finish handing
+/// over to X before it exits. Then A is killed and restarts empty: it catches up from B
+/// and C, and every key reads back.
 #[test]
 fn a_leaver_stopped_as_it_leaves_hands_over_before_it_exits() {
     let TwoCopies {
