@@ -12,6 +12,8 @@
 //!                                               (`cluster import` connections), then the
 //!                                               change log, until the hand-off: grace, last
 //!                                               drain, `cluster drained` to every new owner
+//!                                               (with copies, new holders of a key's copies
+//!                                               get it too: see `migrate::Route`)
 //! ```
 //!
 //! The hand-off needs no write lock: when the watcher installs the hand-off ring, every
