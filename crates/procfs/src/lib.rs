@@ -134,6 +134,25 @@ pub fn read_proc_stat_at(path: impl AsRef<Path>) -> Result<ProcStat> {
     parse_proc_stat(text.trim_end())
 }
 
+/// CPU time this process has used (every thread, user and system), seconds, to the
+/// nanosecond (`CLOCK_PROCESS_CPUTIME_ID`): a short phase of its work reads as what it
+/// took, where `/proc`'s ticks (10 ms each, charged to whoever runs when one falls) may
+/// round it to none. 0 if the clock cannot be read.
+pub fn own_cpu_s() -> f64 {
+    #[cfg(unix)]
+    {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant.
+        if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) } == 0 {
+            return ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9;
+        }
+    }
+    0.0
+}
+
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, the unit of utime and stime); 100,
 /// the value on every mainstream Linux build, if the call fails or is unavailable.
 pub fn clock_ticks_per_second() -> u64 {
@@ -294,6 +313,21 @@ mod tests {
     }
 
     use super::*;
+
+    /// A millisecond of work reads as about that (a tick would be 10 ms, or none).
+    #[test]
+    fn own_cpu_reads_a_short_phase() {
+        let t0 = own_cpu_s();
+        let spin = std::time::Instant::now();
+        let mut x = 0u64;
+        while spin.elapsed() < std::time::Duration::from_millis(2) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let used = own_cpu_s() - t0;
+        // Preempted or not, the spin ran on a CPU for part of its 2 ms: never a zero, as a
+        // reading in ticks (10 ms) would mostly be.
+        assert!(used > 0.0 && used < 1.0, "{used}");
+    }
 
     #[test]
     fn idle_of_some_cpus_is_their_idle_and_iowait() {

@@ -151,11 +151,6 @@ pub(super) fn next(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
-fn my_cpu_s() -> f64 {
-    let hz = kvlab_procfs::clock_ticks_per_second().max(1) as f64;
-    kvlab_procfs::read_proc_stat(std::process::id()).map_or(0.0, |s| s.cpu_ticks() as f64 / hz)
-}
-
 /// The fingerprint of the messages at `path` ([`Messages::digest`]; the synthetic maildir
 /// written there first when `synthetic` and it is absent).
 pub fn digest(path: &Path, n: usize, synthetic: bool) -> anyhow::Result<String> {
@@ -220,7 +215,7 @@ pub(super) fn run(
             }
         }
         at_start();
-        cpu0 = my_cpu_s();
+        cpu0 = kvlab_procfs::own_cpu_s();
         started = Instant::now();
         gate.wait();
         hs.into_iter()
@@ -232,7 +227,7 @@ pub(super) fn run(
     });
     let mut out = ClientsOutcome {
         wall_s: started.elapsed().as_secs_f64(),
-        cpu_s: (my_cpu_s() - cpu0).max(0.0),
+        cpu_s: (kvlab_procfs::own_cpu_s() - cpu0).max(0.0),
         late_s,
         ..ClientsOutcome::default()
     };
