@@ -438,19 +438,11 @@ fn a_new_holder_of_a_keys_copies_gets_the_key_over_an_older_item() {
         }
     }
     assert!(planted.len() > 100, "{} keys gain a holder", planted.len());
-    let store = TwoCopies::hand_off(&topology, &names, &names[..3]);
+    TwoCopies::hand_off(&topology, &names, &names[..3]);
     let mut stale = Vec::new();
     for (n, key) in &planted {
-        let s = &mut streams[*n];
-        write!(s, "get {key}\r\n").unwrap();
-        let head = reply_line(s);
-        let value = if head.starts_with("VALUE") {
-            let v = reply_line(s);
-            assert_eq!(reply_line(s), "END\r\n");
-            v.trim_end().to_string()
-        } else {
-            head.trim_end().to_string()
-        };
+        let value = get_line(&mut streams[*n], key).unwrap_or_else(|line| line);
+        let value = value.trim_end();
         let i = &key[1..];
         if value != format!("v{i}") {
             stale.push(format!("{key} at {}: {value}", names[*n]));
@@ -463,7 +455,6 @@ fn a_new_holder_of_a_keys_copies_gets_the_key_over_an_older_item() {
         planted.len(),
         &stale[..stale.len().min(5)]
     );
-    drop(store);
     let out = cluster(&topology, &["resume"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
     TwoCopies::restart_first_empty(&topology, &ports, &names, &mut nodes);
@@ -999,21 +990,30 @@ fn owner_acknowledges_before_the_copy(durable: bool) {
 /// Reads `key` on `writer` until the read succeeds (its copy holder has the value and
 /// confirmed it): the value's data line.
 fn read_once_held(writer: &mut TcpStream, key: &str) -> String {
-    use std::io::Write;
     let mut value = String::new();
     until("a read of the value once its holder has it", || {
-        writer
-            .write_all(format!("get {key}\r\n").as_bytes())
-            .unwrap();
-        let first = reply_line(writer);
-        if first.starts_with("SERVER_ERROR") {
-            return false;
+        match get_line(writer, key) {
+            Ok(v) => value = v,
+            Err(line) if line.starts_with("SERVER_ERROR") => return false,
+            Err(line) => panic!("get {key}: {line}"),
         }
-        value = reply_line(writer);
-        assert_eq!(reply_line(writer), "END\r\n");
         true
     });
     value
+}
+
+/// `get KEY` on `s`: the value's line (with its `\r\n`), or the reply's first line when
+/// it is no value.
+fn get_line(s: &mut TcpStream, key: &str) -> Result<String, String> {
+    use std::io::Write;
+    s.write_all(format!("get {key}\r\n").as_bytes()).unwrap();
+    let first = reply_line(s);
+    if !first.starts_with("VALUE") {
+        return Err(first);
+    }
+    let value = reply_line(s);
+    assert_eq!(reply_line(s), "END\r\n");
+    Ok(value)
 }
 
 /// `kvlab cluster ARGS`, expected to fail: its stderr.

@@ -21,7 +21,7 @@ pub(super) struct Route<'r> {
     pub(super) replicas: usize,
 }
 
-/// The owner lists [`Route::targets`] reuses from key to key.
+/// The lists [`Route::targets`] reuses from key to key.
 #[derive(Default)]
 pub(super) struct RouteScratch {
     now: Vec<usize>,
@@ -30,22 +30,24 @@ pub(super) struct RouteScratch {
 }
 
 impl Route<'_> {
-    /// The future ring's indexes of the nodes a key of hash `hash` goes to, in `out`.
-    pub(super) fn targets(&self, hash: u64, scratch: &mut RouteScratch, out: &mut Vec<usize>) {
+    /// The future ring's indexes of the nodes a key of hash `hash` goes to.
+    pub(super) fn targets<'s>(&self, hash: u64, scratch: &'s mut RouteScratch) -> &'s [usize] {
+        let RouteScratch { now, next, out } = scratch;
         out.clear();
         if self.serving.owner_of_hash(hash) != Some(self.me) {
-            return;
+            return out;
         }
         let r = self.replicas.max(1);
-        self.serving.owners_of_hash(hash, r, &mut scratch.now);
-        self.future.owners_of_hash(hash, r, &mut scratch.next);
-        for (rank, &i) in scratch.next.iter().enumerate() {
+        self.serving.owners_of_hash(hash, r, now);
+        self.future.owners_of_hash(hash, r, next);
+        for (rank, &i) in next.iter().enumerate() {
             let node = self.future.nodes()[i].as_str();
-            let holds_now = scratch.now.iter().any(|&j| self.serving.nodes()[j] == node);
+            let holds_now = now.iter().any(|&j| self.serving.nodes()[j] == node);
             if node != self.me && (rank == 0 || !holds_now) {
                 out.push(i);
             }
         }
+        out
     }
 
     /// Whether this node owns a key of hash `hash` under the future ring too: its new
@@ -58,13 +60,7 @@ impl Route<'_> {
     /// Whether a migration stream takes a key of hash `hash` to future node `i`:
     /// `Some(true)` as the key's owner there, `Some(false)` as a holder of its copies only.
     fn goes_to(&self, hash: u64, i: usize, scratch: &mut RouteScratch) -> Option<bool> {
-        if self.stays(hash) {
-            return None;
-        }
-        let mut out = std::mem::take(&mut scratch.out);
-        self.targets(hash, scratch, &mut out);
-        let goes = out.contains(&i);
-        scratch.out = out;
+        let goes = !self.stays(hash) && self.targets(hash, scratch).contains(&i);
         goes.then(|| self.future.index_of_hash(hash) == Some(i))
     }
 }
@@ -242,7 +238,6 @@ impl Node {
             replicas: now.replicas as usize,
         };
         let mut scratch = RouteScratch::default();
-        let mut targets = Vec::new();
         // A key this node owns under both rings goes to its new holders the way its
         // write-through copies do — down the one copy link to each, in order with the
         // copies of later writes (in the hand-off this node serves the key and copies it
@@ -270,18 +265,18 @@ impl Node {
             }
             items.clear();
             let done = pass.step(&self.store, 512, &mut items, |key| {
-                route.targets(kvlab_ring::key_hash(key), &mut scratch, &mut targets);
-                !targets.is_empty()
+                !route
+                    .targets(kvlab_ring::key_hash(key), &mut scratch)
+                    .is_empty()
             })?;
             for item in &items {
                 let hash = kvlab_ring::key_hash(item.key());
-                route.targets(hash, &mut scratch, &mut targets);
                 if route.stays(hash) {
                     staying.push(item.key().to_vec());
                     continue;
                 }
                 let owner = future.index_of_hash(hash);
-                for &i in &targets {
+                for &i in route.targets(hash, &mut scratch) {
                     let sent = self.pipe(&mut pipes, i, future, id).and_then(|pipe| {
                         pipe.set(item.key(), item.flags(), item.exptime(), item.value())
                     });
@@ -325,8 +320,7 @@ impl Node {
             let idle = keys.is_empty();
             for key in keys {
                 let hash = kvlab_ring::key_hash(&key);
-                route.targets(hash, &mut scratch, &mut targets);
-                if targets.is_empty() {
+                if route.targets(hash, &mut scratch).is_empty() {
                     continue;
                 }
                 if route.stays(hash) {
@@ -344,7 +338,7 @@ impl Node {
                     }
                 };
                 self.progress.lock().changes_sent += 1;
-                for &i in &targets {
+                for &i in route.targets(hash, &mut scratch) {
                     let sent = self
                         .pipe(&mut pipes, i, future, id)
                         .and_then(|pipe| match &now {

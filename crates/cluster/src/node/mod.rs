@@ -325,7 +325,6 @@ impl Node {
             running,
             view: self.view(),
             scratch: RouteScratch::default(),
-            targets: Vec::new(),
         }
     }
 
@@ -606,7 +605,6 @@ pub struct Gate {
     view: Arc<View>,
     /// Reused by [`Gate::check`] during a migration's copy (where a key goes).
     scratch: RouteScratch,
-    targets: Vec<usize>,
 }
 
 impl Gate {
@@ -720,9 +718,8 @@ impl Gate {
                         future: &m.other,
                         replicas: v.replicas as usize,
                     };
-                    route.targets(hash, &mut self.scratch, &mut self.targets);
                     Verdict::Serve {
-                        leaving: !self.targets.is_empty(),
+                        leaving: !route.targets(hash, &mut self.scratch).is_empty(),
                     }
                 }
                 Phase::Handoff => match m.other.owner_of_hash(hash) {

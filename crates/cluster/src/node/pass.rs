@@ -51,15 +51,11 @@ impl Pass {
             .scan_disk(&mut self.disk, max, items, |_, k| keep(k))
             .map_err(|e| ClusterError::Migration(format!("reading the data directory: {e}")))?;
         if !self.from_memory.is_empty() {
-            let mut i = first;
-            while i < items.len() {
-                let again = self.from_memory.get(items[i].key()) == Some(&items[i].cas());
-                if again {
-                    items.swap_remove(i);
-                } else {
-                    i += 1;
-                }
-            }
+            let mut at = 0;
+            items.retain(|item| {
+                at += 1;
+                at <= first || self.from_memory.get(item.key()) != Some(&item.cas())
+            });
         }
         Ok(step.done)
     }

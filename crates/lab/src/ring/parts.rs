@@ -712,11 +712,17 @@ fn bench(
     let seed_addr = *nodes.addrs().first().context("no node")?;
     let cfg = opts.to_load()?.config(seed_addr)?;
     let before = rings.read(nodes);
-    let me0 = my_cpu_s();
+    let me0 = kvlab_procfs::own_cpu_s();
     let r = kvlab_bench::run::run(&cfg, &[], &mut |_| {})?;
     let after = rings.read(nodes);
     let wall = (after.at - before.at).as_secs_f64();
-    let (c, _) = rings.cpu(nodes, &before, &after, wall, my_cpu_s() - me0);
+    let (c, _) = rings.cpu(
+        nodes,
+        &before,
+        &after,
+        wall,
+        kvlab_procfs::own_cpu_s() - me0,
+    );
     let k = &r.counters;
     Ok(BenchPoint {
         servers: nodes.nodes.len(),
@@ -729,12 +735,6 @@ fn bench(
         errors: k.errors + k.timeouts + k.verify_errors + k.misses,
         cpu: c,
     })
-}
-
-/// This process's CPU time so far, seconds.
-fn my_cpu_s() -> f64 {
-    let hz = kvlab_procfs::clock_ticks_per_second().max(1) as f64;
-    kvlab_procfs::read_proc_stat(std::process::id()).map_or(0.0, |s| s.cpu_ticks() as f64 / hz)
 }
 
 /// The throughput part for one server count: a ring holding every message (and, with
