@@ -164,16 +164,18 @@ pub(super) async fn root(State(app): State<App>, version: Version) -> Response {
 }
 
 pub(super) async fn put_body(State(app): State<App>, uri: Uri, req: Request) -> Response {
-    let key = match key_of(&uri) {
-        Ok(k) => k,
-        Err(e) => return e.into_response(),
-    };
-    let opts = match put_options(&uri) {
-        Ok(o) => o,
-        Err(e) => return e.into_response(),
+    let (parts, body) = req.into_parts();
+    // Refused for its key or query, the request's body is still read (and dropped, as a
+    // too-large one's is): with it unread the connection would close after the reply, and
+    // a client's next request on it find it gone.
+    let (key, opts) = match key_of(&uri).and_then(|k| Ok((k, put_options(&uri)?))) {
+        Ok(v) => v,
+        Err(e) => {
+            drain(body, 0).await;
+            return e.into_response();
+        }
     };
     let limit = app.shared.store.config().item_size_max;
-    let (parts, body) = req.into_parts();
     let value = match read_body(&parts.headers, body, limit).await {
         Ok(v) => v,
         Err(e) => {

@@ -493,6 +493,28 @@ fn oversize_values_are_413_and_the_connection_survives() {
     );
 }
 
+/// A PUT refused for its query keeps its connection when its body comes a moment after its
+/// head: the body is read and dropped, and the next request on the connection is answered
+/// (a keep-alive client whose body went out after the refusal found the connection gone).
+#[test]
+fn a_put_refused_for_its_query_keeps_its_connection() {
+    let (server, _clock) = start_http(|_| {});
+    let mut s = raw_connect(kvlab_rest::rest_addr(&server).expect("http"));
+    s.write_all(b"PUT /key/k?ttl=abc HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n")
+        .expect("write");
+    std::thread::sleep(Duration::from_millis(100));
+    s.write_all(b"vGET /key/k HTTP/1.1\r\nHost: x\r\n\r\n")
+        .expect("write");
+    let mut buf = Vec::new();
+    let r = read_reply(&mut s, &mut buf, false);
+    assert_eq!(r.status, 400, "{}", r.head);
+    let r = read_reply(&mut s, &mut buf, false);
+    assert_eq!(
+        r.status, 404,
+        "the next request on the connection is answered"
+    );
+}
+
 #[test]
 fn out_of_memory_without_eviction_is_507() {
     let (server, _clock) = start_http(|c| {
